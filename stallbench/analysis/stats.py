@@ -1,0 +1,72 @@
+"""Small, honest statistics for few repeats on a noisy shared machine.
+
+Every interval here is computed from raw repeats, seeded so a report or a gate decision is
+reproducible from the same result files.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float, float]:
+    """Student-t interval of the mean; degenerate (the value itself) with one sample."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return (math.nan, math.nan)
+    m = statistics.fmean(vals)
+    if len(vals) < 2:
+        return (m, m)
+    se = statistics.stdev(vals) / math.sqrt(len(vals))
+    h = float(_st.t.ppf(0.5 + confidence / 2, len(vals) - 1)) * se
+    return (m - h, m + h)
+
+
+def bootstrap_ci(
+    groups: Mapping[str, Sequence[float]],
+    statistic: Callable[[Mapping[str, float]], float],
+    confidence: float = 0.9,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap of ``statistic`` over independently resampled groups.
+
+    Each group (e.g. the repeats of one ablation) is resampled with replacement and reduced to
+    its mean; ``statistic`` combines the group means. With one repeat per group the interval
+    collapses to the point estimate, which is the honest answer: no spread was measured.
+    """
+    rng = np.random.default_rng(seed)
+    arrays = {k: np.asarray([v for v in vals if v is not None and math.isfinite(v)], dtype=float)
+              for k, vals in groups.items()}
+    if any(a.size == 0 for a in arrays.values()):
+        return (math.nan, math.nan)
+    draws = np.empty(n_boot)
+    means = {k: rng.choice(a, size=(n_boot, a.size), replace=True).mean(axis=1)
+             for k, a in arrays.items()}
+    for i in range(n_boot):
+        draws[i] = statistic({k: float(m[i]) for k, m in means.items()})
+    lo, hi = np.quantile(draws, [0.5 - confidence / 2, 0.5 + confidence / 2])
+    return (float(lo), float(hi))
+
+
+def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided exact Mann-Whitney U p-value (asv's test for 'really different')."""
+    if len(a) < 1 or len(b) < 1:
+        return 1.0
+    if len(set(a) | set(b)) == 1:
+        return 1.0
+    return float(_st.mannwhitneyu(a, b, alternative="two-sided", method="exact").pvalue)
+
+
+def min_p_possible(n_a: int, n_b: int) -> float:
+    """Smallest two-sided exact U p-value reachable with these sample sizes.
+
+    When it is above the gate's alpha, the rank test can never decide, and the gate must fall
+    back to non-overlapping intervals (asv does the same).
+    """
+    return 2.0 / math.comb(n_a + n_b, n_a)

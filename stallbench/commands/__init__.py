@@ -1,0 +1,1 @@
+"""Subcommands: each module offers ``add_parser(subparsers)`` and ``run(args) -> int``."""

@@ -1,0 +1,568 @@
+"""CI regression gate: fail a change that really slowed the pipeline, not one the noise slowed.
+
+Rows
+    One row per scenario / variant / metric. Baseline and current results are paired by scenario
+    name (the newest result by ``created_utc`` when a side has several) and variants by name.
+
+Metrics and their orientation
+    ``throughput``   samples/s, higher is better. Change = current median / baseline median.
+    ``stall_share``  share of trainer time stalled, lower is better. It is often ~0, where a ratio
+                     explodes, so its change is the *difference* current - baseline in share
+                     points and the threshold is read as points (10% -> 0.10 = 10 points).
+    ``peak_rss_mb``  (optional, ``include_memory``) lower is better, ratio like throughput.
+    "slower" always means *worse* and "faster" *better*, whatever the metric's direction.
+
+Decision rule (asv's)
+    A row is *slower*/*faster* only when BOTH
+      1. the effect is beyond the threshold: ratio < 1 - t (or > 1 + t) for ratio metrics,
+         difference > +t (or < -t) for share metrics; AND
+      2. it is significant: the two-sided exact Mann-Whitney U test on the raw repeats gives
+         p < alpha, used whenever ``min_p_possible(n_a, n_b) < alpha`` (5 vs 5 repeats reach
+         p = 0.0079, so alpha = 0.01 needs 5 repeats a side); with fewer repeats the test can never
+         reach alpha, so significance falls back to non-overlapping (1 - alpha) Student-t
+         intervals of the two sides' means.
+    Beyond the threshold but not significant -> *inconclusive* (warned, never fails). Within the
+    threshold -> *same*. The ratio's interval shown is a seeded percentile bootstrap (over repeats,
+    ratio of means, confidence 1 - alpha); it informs, it does not decide.
+
+Cross-machine rule
+    Absolute throughput from two different machines says nothing about the change. When the two
+    results of a scenario come from different machines (``cpu_model`` or ``cores_logical``
+    differ; override with ``machine="same"|"cross"``), every metric is taken *within the run*,
+    relative to the scenario's reference variant (the baseline's first variant) in the same
+    repeat: ``throughput_vs_<ref>`` = variant / reference throughput per repeat index,
+    ``stall_share_vs_<ref>`` = variant - reference share, ``peak_rss_mb_vs_<ref>`` = ratio. Those
+    figures are then compared with the same rule. The reference itself gets no row; a scenario
+    with a single variant has nothing within-run to compare and is "not comparable".
+
+Exit codes (``exit_code``)
+    0 nothing regressed; 1 a row is slower (or faster, with ``fail_on_improvement``). Bad input is
+    raised as ``ResultError`` (exit 2): different schema versions, a scenario whose fingerprint
+    differs between the sides, fewer than 2 repeats on either side of a compared variant (one
+    repeat measures no spread, so noise cannot be told from change), or nothing comparable at
+    all. A variant or scenario present on one side only is a "not comparable" row, not a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from .analysis.stats import bootstrap_ci, mann_whitney_p, min_p_possible, t_interval
+from .errors import ResultError, UserError
+from .results import Result, VariantResult, load, write_atomic
+
+FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
+    "faster", "slower", "same", "inconclusive", "not comparable")
+VERDICTS = (SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE)
+MIN_REPEATS = 2
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How to read one gated figure off a variant and which direction is worse."""
+
+    name: str
+    attr: str                  # VariantResult attribute holding a Summary
+    higher_is_better: bool
+    kind: str                  # "ratio" (current / baseline) or "points" (current - baseline)
+
+
+METRICS: dict[str, Metric] = {
+    "throughput": Metric("throughput", "throughput_samples_s", True, "ratio"),
+    "stall_share": Metric("stall_share", "stall_share", False, "points"),
+    "peak_rss_mb": Metric("peak_rss_mb", "peak_rss_mb", False, "ratio"),
+}
+
+
+@dataclass
+class Row:
+    """One compared figure. ``change`` is a ratio or a difference, as ``change_kind`` says."""
+
+    scenario: str
+    variant: str
+    metric: str
+    baseline: float            # median over the baseline repeats
+    current: float             # median over the current repeats
+    change: float              # ratio current/baseline ("ratio") or current - baseline ("points")
+    change_kind: str
+    ci_low: float
+    ci_high: float
+    p_value: float | None
+    test: str                  # "mann-whitney", "ci-overlap" or "" (not compared)
+    verdict: str
+    n_baseline: int = 0
+    n_current: int = 0
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}/{self.variant} {self.metric}"
+
+
+@dataclass
+class GateReport:
+    rows: list[Row]
+    threshold: float
+    alpha: float
+    fail_on_improvement: bool = False
+    modes: dict[str, str] = field(default_factory=dict)    # scenario -> same-machine|cross-machine
+    notes: list[str] = field(default_factory=list)
+
+    def count(self, verdict: str) -> int:
+        return sum(r.verdict == verdict for r in self.rows)
+
+    @property
+    def failing(self) -> list[Row]:
+        bad = {SLOWER, FASTER} if self.fail_on_improvement else {SLOWER}
+        return [r for r in self.rows if r.verdict in bad]
+
+
+# ------------------------------------------------------------------------------ compare
+
+def compare(
+    baseline: Sequence[Result],
+    current: Sequence[Result],
+    *,
+    threshold: float,
+    alpha: float = 0.01,
+    metrics: Iterable[str] = ("throughput", "stall_share"),
+    include_memory: bool = False,
+    fail_on_improvement: bool = False,
+    machine: str = "auto",
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> GateReport:
+    """Compare two result sets row by row with the module's decision rule.
+
+    ``machine``: "auto" (cross-machine rule when the machines differ), "same" or "cross".
+    ``n_boot`` only sizes the displayed bootstrap interval; decisions do not depend on it.
+    """
+    chosen = _metrics(metrics, include_memory)
+    _check_args(threshold, alpha, machine)
+    if not baseline:
+        raise ResultError("gate: no baseline results")
+    if not current:
+        raise ResultError("gate: no current results")
+    _check_schema(baseline, current)
+    base, cur = _newest_by_scenario(baseline), _newest_by_scenario(current)
+    report = GateReport([], threshold, alpha, fail_on_improvement)
+    ctx = _Ctx(threshold, alpha, n_boot, seed)
+    for name in list(base) + [n for n in cur if n not in base]:
+        _compare_scenario(report, ctx, name, base.get(name), cur.get(name), chosen, machine)
+    if not any(r.verdict != NOT_COMPARABLE for r in report.rows):
+        why = "; ".join(report.notes) or "no scenario/variant present on both sides"
+        raise ResultError(f"gate: nothing comparable between baseline and current ({why})")
+    return report
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    threshold: float
+    alpha: float
+    n_boot: int
+    seed: int
+
+
+def _metrics(names: Iterable[str], include_memory: bool) -> list[Metric]:
+    out: list[Metric] = []
+    for n in list(names) + (["peak_rss_mb"] if include_memory else []):
+        if n not in METRICS:
+            raise UserError(f"gate: unknown metric {n!r}; choose from {', '.join(METRICS)}")
+        if METRICS[n] not in out:
+            out.append(METRICS[n])
+    if not out:
+        raise UserError("gate: no metric to compare")
+    return out
+
+
+def _check_args(threshold: float, alpha: float, machine: str) -> None:
+    if not (isinstance(threshold, (int, float)) and 0 < threshold < 1):
+        raise UserError("gate: threshold must be between 0 and 100% (exclusive), "
+                        f"got {threshold!r}")
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 0.5):
+        raise UserError(f"gate: alpha must be between 0 and 0.5 (exclusive), got {alpha!r}")
+    if machine not in ("auto", "same", "cross"):
+        raise UserError(f"gate: machine must be auto, same or cross, got {machine!r}")
+
+
+def _check_schema(baseline: Sequence[Result], current: Sequence[Result]) -> None:
+    """Two schema versions may mean two meanings of a field: refuse rather than guess."""
+    versions = {r.schema_version for r in baseline} | {r.schema_version for r in current}
+    if len(versions) > 1:
+        raise ResultError(f"gate: results have different schema versions {sorted(versions)}; "
+                          "re-run the baseline with this stallbench")
+
+
+def _created(r: Result) -> datetime | str:
+    try:
+        return datetime.fromisoformat(r.created_utc)
+    except (TypeError, ValueError):
+        return str(r.created_utc)
+
+
+def _newest_by_scenario(results: Sequence[Result]) -> dict[str, Result]:
+    """One result per scenario name: the newest, so a results dir with history still works."""
+    out: dict[str, Result] = {}
+    for r in results:
+        name = r.scenario.get("name", "?")
+        if name not in out or _later(r, out[name]):
+            out[name] = r
+    return out
+
+
+def _later(a: Result, b: Result) -> bool:
+    ca, cb = _created(a), _created(b)
+    if type(ca) is not type(cb):
+        return str(a.created_utc) >= str(b.created_utc)
+    try:
+        return ca >= cb  # type: ignore[operator]
+    except TypeError:  # naive vs aware datetimes
+        return str(a.created_utc) >= str(b.created_utc)
+
+
+def machines_differ(a: Result, b: Result) -> bool:
+    """Different CPU model or logical core count: absolute throughput is not comparable."""
+    keys = ("cpu_model", "cores_logical")
+    return any(a.machine.get(k) != b.machine.get(k) for k in keys)
+
+
+def _machine_label(r: Result) -> str:
+    return f"{r.machine.get('cpu_model', '?')} x{r.machine.get('cores_logical', '?')}"
+
+
+def _compare_scenario(report: GateReport, ctx: _Ctx, name: str, b: Result | None,
+                      c: Result | None, metrics: list[Metric], machine: str) -> None:
+    if b is None or c is None:
+        side = "current" if c is None else "baseline"
+        present = b or c
+        assert present is not None
+        report.rows.extend(_not_comparable(name, v.name, m.name, f"scenario missing in {side}")
+                           for v in present.variants for m in metrics)
+        return
+    fb, fc = b.scenario.get("fingerprint"), c.scenario.get("fingerprint")
+    if fb != fc:
+        raise ResultError(f"gate: scenario {name!r} differs between baseline (fingerprint {fb}) "
+                          f"and current (fingerprint {fc}); refresh the baseline with "
+                          "--update-baseline or gate against a matching one")
+    cross = machine == "cross" or (machine == "auto" and machines_differ(b, c))
+    report.modes[name] = "cross-machine" if cross else "same-machine"
+    if cross:
+        ref = b.variants[0].name if b.variants else "?"
+        why = "forced" if machine == "cross" else (
+            f"machines differ: {_machine_label(b)} vs {_machine_label(c)}")
+        report.notes.append(f"{name}: cross-machine ({why}); figures are relative to the "
+                            f"reference variant {ref!r} measured in the same run")
+        _rows_within_run(report, ctx, name, b, c, metrics)
+    else:
+        _rows_absolute(report, ctx, name, b, c, metrics)
+
+
+def _variant_names(b: Result, c: Result) -> list[str]:
+    names = [v.name for v in b.variants]
+    return names + [v.name for v in c.variants if v.name not in names]
+
+
+def _get(r: Result, name: str) -> VariantResult | None:
+    return next((v for v in r.variants if v.name == name), None)
+
+
+def _check_repeats(name: str, vname: str, side: str, v: VariantResult) -> None:
+    n = len(v.throughput_samples_s.values)
+    if n < MIN_REPEATS:
+        raise ResultError(f"gate: {name}/{vname} has {n} repeat in the {side}; the gate needs at "
+                          f"least {MIN_REPEATS} repeats a side (5 recommended) to tell noise from "
+                          "change: re-run with more repeats")
+
+
+def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Result,
+                   metrics: list[Metric]) -> None:
+    for vname in _variant_names(b, c):
+        vb, vc = _get(b, vname), _get(c, vname)
+        if vb is None or vc is None:
+            side = "current" if vc is None else "baseline"
+            report.rows.extend(_not_comparable(name, vname, m.name, f"variant missing in {side}")
+                               for m in metrics)
+            continue
+        _check_repeats(name, vname, "baseline", vb)
+        _check_repeats(name, vname, "current", vc)
+        for m in metrics:
+            report.rows.append(_row(ctx, name, vname, m.name, m, _values(vb, m), _values(vc, m)))
+
+
+def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Result,
+                     metrics: list[Metric]) -> None:
+    ref = b.variants[0].name if b.variants else None
+    rb, rc = (_get(b, ref), _get(c, ref)) if ref else (None, None)
+    if rb is None or rc is None:
+        report.notes.append(f"{name}: cross-machine, but the reference variant {ref!r} is missing "
+                            "in the current result; no within-run ratio to compare")
+    others = [n for n in _variant_names(b, c) if n != ref]
+    if not others:
+        report.notes.append(f"{name}: cross-machine and a single variant: no within-run ratio to "
+                            "compare (use --same-machine to compare absolute figures)")
+        report.rows.extend(_not_comparable(name, ref or "?", m.name,
+                                           "cross-machine, single variant") for m in metrics)
+        return
+    for vname in others:
+        vb, vc = _get(b, vname), _get(c, vname)
+        for m in metrics:
+            mname = f"{m.name}_vs_{ref}"
+            if vb is None or vc is None or rb is None or rc is None:
+                why = "reference missing" if rb is None or rc is None else (
+                    f"variant missing in {'current' if vc is None else 'baseline'}")
+                report.rows.append(_not_comparable(name, vname, mname, why))
+                continue
+            _check_repeats(name, vname, "baseline", vb)
+            _check_repeats(name, vname, "current", vc)
+            report.rows.append(_row(ctx, name, vname, mname, m,
+                                    _relative(vb, rb, m), _relative(vc, rc, m)))
+
+
+def _values(v: VariantResult, m: Metric) -> list[float]:
+    return _finite(getattr(v, m.attr).values)
+
+
+def _relative(v: VariantResult, ref: VariantResult, m: Metric) -> list[float]:
+    """Per repeat index, the variant relative to the reference measured in the same run."""
+    out = []
+    for x, r in zip(getattr(v, m.attr).values, getattr(ref, m.attr).values):
+        if m.kind == "points":
+            out.append(x - r if _ok(x) and _ok(r) else math.nan)
+        else:
+            out.append(x / r if _ok(x) and _ok(r) and r != 0 else math.nan)
+    return _finite(out)
+
+
+def _ok(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _finite(values: Iterable[object]) -> list[float]:
+    return [float(x) for x in values if _ok(x)]  # type: ignore[arg-type]
+
+
+def _not_comparable(scenario: str, variant: str, metric: str, note: str) -> Row:
+    nan = math.nan
+    return Row(scenario, variant, metric, nan, nan, nan, "", nan, nan, None, "", NOT_COMPARABLE,
+               note=note)
+
+
+# ------------------------------------------------------------------------------ one row
+
+def _row(ctx: _Ctx, scenario: str, variant: str, metric: str, m: Metric,
+         base: list[float], cur: list[float]) -> Row:
+    if len(base) < MIN_REPEATS or len(cur) < MIN_REPEATS:
+        return _not_comparable(scenario, variant, metric, "no data")
+    mb, mc = statistics.median(base), statistics.median(cur)
+    if m.kind == "ratio" and mb <= 0:
+        return _not_comparable(scenario, variant, metric, "baseline median is 0")
+    change = mc / mb if m.kind == "ratio" else mc - mb
+    lo, hi = _change_ci(ctx, m.kind, base, cur)
+    significant, p, test = significance(base, cur, ctx.alpha)
+    verdict = decide(change, m, ctx.threshold, significant)
+    return Row(scenario, variant, metric, mb, mc, change, m.kind, lo, hi, p, test, verdict,
+               len(base), len(cur))
+
+
+def _change_ci(ctx: _Ctx, kind: str, base: list[float], cur: list[float]) -> tuple[float, float]:
+    stat: Callable[[dict[str, float]], float]
+    if kind == "ratio":
+        stat = lambda g: g["c"] / g["b"] if g["b"] else math.nan  # noqa: E731
+    else:
+        stat = lambda g: g["c"] - g["b"]  # noqa: E731
+    return bootstrap_ci({"b": base, "c": cur}, stat, confidence=1 - ctx.alpha,
+                        n_boot=ctx.n_boot, seed=ctx.seed)
+
+
+def significance(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[bool, float, str]:
+    """(significant, Mann-Whitney p, test that decided) -- asv's rule.
+
+    The rank test decides when it can reach ``alpha`` with these sample sizes; otherwise the
+    (1 - alpha) t-intervals of the two means must not overlap.
+    """
+    p = mann_whitney_p(list(a), list(b))
+    if min_p_possible(len(a), len(b)) < alpha:
+        return p < alpha, p, "mann-whitney"
+    la, ha = t_interval(a, 1 - alpha)
+    lb, hb = t_interval(b, 1 - alpha)
+    return (ha < lb or hb < la), p, "ci-overlap"
+
+
+def decide(change: float, m: Metric, threshold: float, significant: bool) -> str:
+    """Verdict from the effect (vs threshold) and significance; see the module docstring."""
+    if m.kind == "points":
+        up, down = change > threshold, change < -threshold
+    else:
+        up, down = change > 1 + threshold, change < 1 - threshold
+    worse, better = (down, up) if m.higher_is_better else (up, down)
+    if not (worse or better):
+        return SAME
+    if not significant:
+        return INCONCLUSIVE
+    return SLOWER if worse else FASTER
+
+
+def exit_code(report: GateReport) -> int:
+    """0 nothing regressed, 1 a regression (or improvement with fail_on_improvement)."""
+    return 1 if report.failing else 0
+
+
+# ------------------------------------------------------------------------------ formatting
+
+def _num(x: float) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.1f}"
+    return f"{x:.2f}" if abs(x) >= 10 else f"{x:.3f}"
+
+
+def _value(r: Row, x: float) -> str:
+    if r.change_kind == "points" and math.isfinite(x):
+        return f"{x * 100:.1f}%"
+    return _num(x)
+
+
+def _change(r: Row) -> str:
+    if not math.isfinite(r.change):
+        return "-"
+    if r.change_kind == "points":
+        return f"{r.change * 100:+.1f} pt"
+    return f"{r.change:.3f} ({(r.change - 1) * 100:+.1f}%)"
+
+
+def _ci(r: Row) -> str:
+    if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
+        return "-"
+    if r.change_kind == "points":
+        return f"[{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}] pt"
+    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
+
+
+def _p(r: Row) -> str:
+    return "-" if r.p_value is None else f"{r.p_value:.3g}"
+
+
+def _cells(report: GateReport) -> tuple[list[str], list[list[str]]]:
+    conf = f"{(1 - report.alpha) * 100:g}% CI"
+    head = ["scenario", "variant", "metric", "baseline", "current", "change", conf, "p", "test",
+            "verdict"]
+    body = [[r.scenario, r.variant, r.metric, _value(r, r.baseline), _value(r, r.current),
+             _change(r), _ci(r), _p(r), r.test or "-",
+             r.verdict + (f" ({r.note})" if r.note else "")] for r in report.rows]
+    return head, body
+
+
+def summary_line(report: GateReport) -> str:
+    """One line a CI log reader can grep: PASS/FAIL and the verdict counts."""
+    status = "FAIL" if report.failing else "PASS"
+    counts = ", ".join(f"{report.count(v)} {v}" for v in VERDICTS)
+    extra = ", fail on improvement" if report.fail_on_improvement else ""
+    return (f"gate {status}: {counts} (threshold {report.threshold * 100:g}%, "
+            f"alpha {report.alpha:g}{extra})")
+
+
+def format_table(report: GateReport) -> str:
+    head, body = _cells(report)
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    lines += [f"note: {n}" for n in report.notes]
+    lines.append(summary_line(report))
+    return "\n".join(lines) + "\n"
+
+
+def format_markdown(report: GateReport) -> str:
+    head, body = _cells(report)
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
+    lines.append("")
+    lines += [f"- {n}" for n in report.notes]
+    lines.append(f"**{summary_line(report)}**")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(x: object) -> object:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def format_json(report: GateReport) -> str:
+    data = {
+        "passed": not report.failing,
+        "exit_code": exit_code(report),
+        "threshold": report.threshold,
+        "alpha": report.alpha,
+        "fail_on_improvement": report.fail_on_improvement,
+        "counts": {v: report.count(v) for v in VERDICTS},
+        "modes": report.modes,
+        "notes": report.notes,
+        "rows": [asdict(r) for r in report.rows],
+    }
+    return json.dumps(_jsonable(data), indent=1) + "\n"
+
+
+def _gh_escape(s: str) -> str:
+    """GitHub workflow-command data escaping (``%``, CR, LF), or the annotation is mangled."""
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def format_github(report: GateReport) -> str:
+    """``::error::``/``::warning::`` annotations for the rows that matter, then the table."""
+    lines = []
+    for r in report.rows:
+        what = f"{r.label}: {r.verdict}, change {_change(r)}, p={_p(r)} ({r.test})"
+        if r.verdict == SLOWER:
+            lines.append(f"::error title=stallbench gate::{_gh_escape(what)}")
+        elif r.verdict == FASTER and report.fail_on_improvement:
+            what += "; refresh the baseline (--update-baseline)"
+            lines.append(f"::error title=stallbench gate::{_gh_escape(what)}")
+        elif r.verdict == INCONCLUSIVE:
+            what += " (over threshold, not significant)"
+            lines.append(f"::warning title=stallbench gate::{_gh_escape(what)}")
+    return "\n".join(lines) + ("\n" if lines else "") + format_markdown(report)
+
+
+FORMATTERS: dict[str, Callable[[GateReport], str]] = {
+    "table": format_table, "json": format_json, "markdown": format_markdown,
+    "github": format_github,
+}
+
+
+# ------------------------------------------------------------------------------ baseline
+
+def update_baseline(current_paths: Sequence[str | Path], baseline_dir: str | Path) -> list[Path]:
+    """Copy the newest current result of each scenario into ``baseline_dir``, atomically.
+
+    Older baseline files of the same scenario are removed only after the new file is written, so
+    an interrupted update never leaves a scenario without a baseline. Files are copied verbatim.
+    """
+    bdir = Path(baseline_dir)
+    if bdir.exists() and not bdir.is_dir():
+        raise UserError(f"{bdir}: --update-baseline needs a baseline directory, not a file")
+    existing = {p: load(p) for p in sorted(bdir.glob("*.json"))} if bdir.is_dir() else {}
+    loaded = {Path(p): load(p) for p in current_paths}
+    newest = _newest_by_scenario(list(loaded.values()))
+    written: list[Path] = []
+    for name, res in newest.items():
+        src = next(p for p, r in loaded.items() if r is res)
+        dest = bdir / src.name
+        write_atomic(dest, src.read_text(encoding="utf-8"))
+        written.append(dest)
+        for old, r in existing.items():
+            if r.scenario.get("name") == name and old.resolve() != dest.resolve():
+                old.unlink(missing_ok=True)
+    return written

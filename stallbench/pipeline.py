@@ -1,0 +1,221 @@
+"""A variant's pipeline: the stages wired together, and the ablated forms of each.
+
+``Plan.produce`` is what a producer (loader worker, Ray task, or the trainer itself) runs for
+one unit of work; ``Plan.receive`` is the trainer's half. An ``Ablation`` replaces stages by
+their ideal form using caches filled *before* the timed run, which is how the differential
+analysis isolates each stage (DS-Analyzer's method): the pipeline around them stays the same.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+
+from .data.parquet import Dataset, open_dataset
+from .data.schema import FeatureSchema, Shard
+from .errors import ScenarioError
+from .scenario import Config
+from .stages import compute as compute_mod
+from .stages.batch_format import TensorBatch
+from .stages.fetch import Fetch
+from .stages.preprocess import Preprocess, TransformSpecError
+from .stages.transfer import Payload, Transfer
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Which stages run in their ideal (instant) form."""
+
+    fetch: bool = False
+    preprocess: bool = False
+    transfer: bool = False
+
+    @property
+    def name(self) -> str:
+        gone = [s for s in ("fetch", "preprocess", "transfer") if getattr(self, s)]
+        if not gone:
+            return "full"
+        if len(gone) == 3:
+            return "compute_only"
+        return "no_" + "_".join(gone)
+
+    @property
+    def compute_only(self) -> bool:
+        return self.fetch and self.preprocess and self.transfer
+
+    @classmethod
+    def from_name(cls, name: str) -> "Ablation":
+        for a in ALL_ABLATIONS:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+ALL_ABLATIONS = [Ablation(f, p, t) for f in (False, True) for p in (False, True) for t in (False, True)]
+FULL = Ablation()
+
+
+@dataclass
+class StageTimes:
+    """Producer-side time per stage for one unit of work (wall and thread CPU)."""
+
+    fetch_s: float = 0.0
+    fetch_io_wait_s: float = 0.0     # emulated storage wait inside fetch_s
+    preprocess_s: float = 0.0
+    transfer_s: float = 0.0          # encode + compress (+ emulated wire wait)
+    fetch_cpu_s: float = 0.0
+    preprocess_cpu_s: float = 0.0
+    transfer_cpu_s: float = 0.0
+    rows_in: int = 0
+    rows_out: int = 0
+    storage_bytes: int = 0
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+    worker: int = 0                  # pid of the producer
+
+
+@dataclass
+class ShardOutput:
+    item: int                                 # position in the run's work list
+    shard: int
+    payloads: list[Payload] | None            # None: transfer is ideal, trainer uses its cache
+    batches: int
+    rows: int
+    times: StageTimes = field(default_factory=StageTimes)
+
+
+class Plan:
+    """Everything one measured run needs; picklable so executors can ship it to workers."""
+
+    def __init__(self, config: Config, dataset: Dataset, ablation: Ablation = FULL,
+                 scenario_file: str = "<scenario>") -> None:
+        self.config = config
+        self.dataset = dataset
+        self.ablation = ablation
+        self.fetch = Fetch(dataset, config.storage)
+        try:
+            self.preprocess = Preprocess(config.preprocess, dataset.schema, seed=config.dataset.seed)
+        except TransformSpecError as exc:
+            raise ScenarioError(scenario_file, f"preprocess.transforms[{exc.index}]", str(exc)) from None
+        self.schema: FeatureSchema = self.preprocess.output_schema
+        self.transfer = Transfer(config.loader, self.schema)
+        self.items: list[Shard] = select_work(dataset.shards, config)
+        self.max_batches = config.loader.max_batches or math.inf
+        self.caches: "StageCaches | None" = None
+
+    def with_ablation(self, ablation: Ablation, caches: "StageCaches | None") -> "Plan":
+        clone = object.__new__(Plan)
+        clone.__dict__.update(self.__dict__)
+        clone.ablation = ablation
+        clone.caches = caches
+        return clone
+
+    # ---------------------------------------------------------------------- producer side
+    def produce(self, item: int, shared: bool = False) -> ShardOutput:
+        shard = self.items[item]
+        t = StageTimes(worker=os.getpid())
+        a, c = self.ablation, self.caches
+        w0, c0 = time.perf_counter(), time.thread_time()
+        table = None
+        if a.fetch:
+            if not a.preprocess:
+                table = c.fetched[shard.index]
+        else:
+            table = self.fetch(shard)   # real even when preprocess is ideal: its cost stays in
+            t.fetch_io_wait_s = self.fetch.emulated_io_s(shard)
+            t.storage_bytes = shard.compressed_bytes
+        w1, c1 = time.perf_counter(), time.thread_time()
+        t.fetch_s, t.fetch_cpu_s = w1 - w0, c1 - c0
+        t.rows_in = shard.rows
+        table = c.prepped[shard.index] if a.preprocess else self.preprocess(table, shard.index)
+        w2, c2 = time.perf_counter(), time.thread_time()
+        t.preprocess_s, t.preprocess_cpu_s = w2 - w1, c2 - c1
+        t.rows_out = table.num_rows
+        n_batches = -(-table.num_rows // self.config.loader.batch_size)
+        payloads = None
+        if not a.transfer:
+            payloads = [self.transfer.send(b, f"{shard.index}:{i}", shared)
+                        for i, b in enumerate(self.transfer.split(table))]
+            t.raw_bytes = sum(p.raw_bytes for p in payloads)
+            t.wire_bytes = sum(p.wire_bytes for p in payloads)
+        w3, c3 = time.perf_counter(), time.thread_time()
+        t.transfer_s, t.transfer_cpu_s = w3 - w2, c3 - c2
+        return ShardOutput(item, shard.index, payloads, n_batches, table.num_rows, t)
+
+    # ----------------------------------------------------------------------- trainer side
+    def receive(self, out: ShardOutput) -> Iterator[tuple[TensorBatch, int, float]]:
+        """Yield (batch, rows, trainer-side transfer seconds) for one delivered unit."""
+        if out.payloads is None:
+            for b in self.caches.final[out.shard]:
+                yield b, int(b["label"].shape[0]), 0.0
+            return
+        for p in out.payloads:
+            t0 = time.perf_counter()
+            batch = self.transfer.receive(p)
+            yield batch, p.rows, time.perf_counter() - t0
+
+    def build_compute(self) -> compute_mod.Compute:
+        return compute_mod.build(self.config.model, self.schema)
+
+
+@dataclass
+class StageCaches:
+    """Stage outputs computed ahead of ablation runs, so a stage can be made free.
+
+    Filled once per variant outside any timed region and shared by all its ablations.
+    """
+
+    fetched: dict[int, pa.Table] = field(default_factory=dict)
+    prepped: dict[int, pa.Table] = field(default_factory=dict)
+    final: dict[int, list[TensorBatch]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, plan: Plan) -> "StageCaches":
+        c = cls()
+        seen: set[int] = set()
+        for shard in plan.items:
+            if shard.index in seen:
+                continue
+            seen.add(shard.index)
+            table = plan.dataset.read_shard(shard)
+            c.fetched[shard.index] = table
+            prepped = plan.preprocess(table, shard.index)
+            c.prepped[shard.index] = prepped
+            batches = []
+            for i, b in enumerate(plan.transfer.split(prepped)):
+                p = plan.transfer.send(b, f"{shard.index}:{i}", shared=False, emulate_wire=False)
+                batches.append({k: v.clone() for k, v in plan.transfer.receive(p).items()})
+            c.final[shard.index] = batches
+        return c
+
+
+def select_work(shards: list[Shard], config: Config) -> list[Shard]:
+    """The run's work list: shards x epochs, cut once enough batches are covered."""
+    cap = config.loader.max_batches
+    bs = config.loader.batch_size
+    out: list[Shard] = []
+    covered = 0
+    for _ in range(config.loader.epochs):
+        for s in shards:
+            if cap and covered >= cap:
+                return out
+            out.append(s)
+            covered += -(-s.rows // bs)
+    return out
+
+
+_DATASETS: dict[tuple, Dataset] = {}
+
+
+def dataset_for(config: Config, cache_dir: Path, scenario_file: str) -> Dataset:
+    """Open (and generate if synthetic) a dataset once per process and spec."""
+    key = (repr(config.dataset), str(cache_dir))
+    if key not in _DATASETS:
+        _DATASETS[key] = open_dataset(config.dataset, cache_dir, scenario_file)
+    return _DATASETS[key]

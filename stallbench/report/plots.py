@@ -1,0 +1,377 @@
+"""The report's figures: one function per figure, each returning a base64 PNG or None.
+
+Every function takes plain data (lists, dicts, floats) so it can be called and tested without a
+Result, and returns None when there is nothing to draw; the page then says so in one line.
+Figures are drawn on a bare ``matplotlib.figure.Figure`` (Agg canvas, no pyplot global state),
+small and at ~100 dpi so a report with a dozen figures stays a few hundred KB.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)  # never a GUI backend, even if pyplot is imported elsewhere
+
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+DPI = 100
+WIDTH_IN = 9.2
+
+# One palette for the page and the figures (the CSS uses the same hex values).
+STAGE_COLORS = {
+    "compute": "#3b6fb6",
+    "fetch": "#e0922f",
+    "preprocess": "#c8463d",
+    "transfer": "#7d5fb2",
+    "wait": "#e0922f",
+    "other": "#9aa5b1",
+}
+RUN_COLORS = ["#9aa5b1", "#3b6fb6", "#2a9d8f", "#e0922f", "#7d5fb2", "#c8463d"]
+INK = "#1f2933"
+MUTED = "#616e7c"
+GRID = "#e4e7eb"
+
+_RC = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.labelsize": 9,
+    "axes.labelcolor": INK,
+    "axes.edgecolor": "#cbd2d9",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "axes.axisbelow": True,
+    "grid.color": GRID,
+    "grid.linewidth": 0.8,
+    "xtick.color": MUTED,
+    "ytick.color": MUTED,
+    "xtick.labelsize": 8.5,
+    "ytick.labelsize": 8.5,
+    "legend.fontsize": 8.5,
+    "legend.frameon": False,
+    "text.color": INK,
+}
+
+
+# ------------------------------------------------------------------------------- helpers
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _floats(xs: Iterable[Any]) -> list[float]:
+    return [float(x) for x in xs if _finite(x)]
+
+
+def _figure(height_in: float, width_in: float = WIDTH_IN) -> Figure:
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
+    return fig
+
+
+def _png(fig: Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, facecolor="white", metadata={"Software": None})
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _rate_fmt(x: float, _pos: Any = None) -> str:
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.1f}M"
+    if abs(x) >= 1e3:
+        return f"{x / 1e3:.0f}k"
+    return f"{x:.0f}"
+
+
+def _human_rate(x: float) -> str:
+    if abs(x) >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if abs(x) >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    if abs(x) >= 1e3:
+        return f"{x / 1e3:.2f}k"
+    return f"{x:.0f}"
+
+
+def _ctx() -> Any:
+    return matplotlib.rc_context(_RC)
+
+
+# ------------------------------------------------------------------------- epoch breakdown
+
+def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """Stacked horizontal bars of the epoch time per variant.
+
+    ``rows``: ``[{"name": str, "segments": [(stage, seconds, (lo, hi) | None), ...],
+    "total_range": (min, max) | None}]``. Stage names pick the colour (compute, fetch,
+    preprocess, transfer, wait, other). Each segment with an interval gets a whisker at its end.
+    """
+    rows = [r for r in rows if any(_finite(s[1]) and s[1] > 0 for s in r.get("segments", []))]
+    if not rows:
+        return None
+    with _ctx():
+        fig = _figure(0.9 + 0.42 * len(rows))
+        ax = fig.add_subplot()
+        names = [r["name"] for r in rows]
+        y = list(range(len(rows)))[::-1]
+        seen: set[str] = set()
+        xmax = 0.0
+        for yi, row in zip(y, rows):
+            left = 0.0
+            for stage, sec, interval in row["segments"]:
+                if not _finite(sec) or sec <= 0:
+                    continue
+                color = STAGE_COLORS.get(stage.split()[0], STAGE_COLORS["other"])
+                label = None if stage in seen else stage
+                seen.add(stage)
+                ax.barh(yi, sec, left=left, height=0.62, color=color, label=label,
+                        edgecolor="white", linewidth=0.8)
+                if interval and len(interval) == 2 and all(_finite(v) for v in interval):
+                    lo, hi = float(interval[0]), float(interval[1])
+                    end = left + sec
+                    ax.errorbar(end, yi, xerr=[[max(0.0, sec - lo)], [max(0.0, hi - sec)]],
+                                fmt="none", ecolor=INK, elinewidth=0.9, capsize=2.5, alpha=0.75)
+                    xmax = max(xmax, left + hi)
+                left += sec
+            xmax = max(xmax, left)
+            tr = row.get("total_range")
+            label_x = left
+            if tr and all(_finite(v) for v in tr):
+                label_x = max(left, float(tr[1]))
+            ax.text(label_x + xmax * 0.012 if xmax else label_x, yi, f"{left:.2f} s", va="center",
+                    ha="left", fontsize=8.5, color=INK)
+        ax.set_yticks(y, names)
+        ax.set_xlim(0, xmax * 1.13 if xmax else 1)
+        ax.set_xlabel("seconds per measured run")
+        ax.grid(axis="y", visible=False)
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=6, handlelength=1.2,
+                  columnspacing=1.2)
+        return _png(fig)
+
+
+# ------------------------------------------------------------------------------- throughput
+
+def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Throughput per variant: median bar, min..max whisker, one dot per repeat.
+
+    ``runs``: ``[{"label": str, "values": {variant: [samples/s per repeat]}}]`` oldest first;
+    with several runs the bars of one variant sit side by side, one colour per run.
+    """
+    have = [v for v in variants
+            if any(_floats(r.get("values", {}).get(v, [])) for r in runs)]
+    if not have:
+        return None
+    nruns = len(runs)
+    colors = [RUN_COLORS[1]] if nruns == 1 else [RUN_COLORS[i % len(RUN_COLORS)] for i in range(nruns)]
+    with _ctx():
+        fig = _figure(0.8 + max(0.42, 0.3 * nruns) * len(have) + (0.25 if nruns > 1 else 0))
+        ax = fig.add_subplot()
+        group_h = 0.72
+        bar_h = group_h / nruns
+        ymax = 0.0
+        for ri, run in enumerate(runs):
+            for vi, name in enumerate(have):
+                vals = _floats(run.get("values", {}).get(name, []))
+                if not vals:
+                    continue
+                yc = (len(have) - 1 - vi) + group_h / 2 - bar_h * (ri + 0.5)
+                srt = sorted(vals)
+                med = srt[len(srt) // 2] if len(srt) % 2 else (srt[len(srt) // 2 - 1] + srt[len(srt) // 2]) / 2
+                ax.barh(yc, med, height=bar_h * 0.82, color=colors[ri], alpha=0.9,
+                        label=run.get("label") if vi == 0 and nruns > 1 else None)
+                if len(vals) > 1:
+                    ax.plot([min(vals), max(vals)], [yc, yc], color=INK, lw=1.1, solid_capstyle="butt")
+                    for end in (min(vals), max(vals)):
+                        ax.plot([end, end], [yc - bar_h * 0.22, yc + bar_h * 0.22], color=INK, lw=1.1)
+                n = len(vals)
+                offs = [(-0.18 + 0.36 * i / (n - 1)) * bar_h if n > 1 else 0.0 for i in range(n)]
+                ax.scatter(vals, [yc + o for o in offs], s=13, color="white", edgecolor=INK,
+                           linewidth=0.8, zorder=3)
+                ymax = max(ymax, max(vals))
+                ax.text(max(vals) + 0.0, yc, f"  {_human_rate(med)}/s", va="center", ha="left",
+                        fontsize=8.5, color=INK)
+        ax.set_yticks(range(len(have))[::-1], have)
+        ax.set_xlim(0, ymax * 1.18 if ymax else 1)
+        ax.xaxis.set_major_formatter(FuncFormatter(_rate_fmt))
+        ax.set_xlabel("samples / s  (bar: median · whisker: min..max · dots: repeats)")
+        ax.grid(axis="y", visible=False)
+        if nruns > 1:
+            ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(nruns, 4))
+        return _png(fig)
+
+
+# ---------------------------------------------------------------------------------- what-if
+
+def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, Any]] = (),
+           knee: Mapping[str, Any] | None = None, axis: str = "workers") -> str | None:
+    """Predicted throughput against workers/nodes, measured points on top, knee marked."""
+    pts = sorted((p for p in points if _finite(p.get("n")) and _finite(p.get("predicted_samples_s"))),
+                 key=lambda p: p["n"])
+    if not pts:
+        return None
+    with _ctx():
+        fig = _figure(3.3)
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, "PREDICTED", transform=ax.transAxes, ha="center", va="center",
+                fontsize=46, fontweight="bold", color="#eef0f3", zorder=0)
+        xs = [p["n"] for p in pts]
+        ys = [p["predicted_samples_s"] for p in pts]
+        ax.plot(xs, ys, color=MUTED, lw=1.2, ls="--", zorder=2)
+        seen: set[str] = set()
+        for p in pts:
+            b = str(p.get("bound_by") or "unknown")
+            color = STAGE_COLORS.get(b, STAGE_COLORS["other"])
+            ax.scatter([p["n"]], [p["predicted_samples_s"]], s=26, color=color, zorder=3,
+                       label=None if b in seen else f"predicted, {b}-bound")
+            seen.add(b)
+        mpts = [m for m in measured if _finite(m.get("n")) and _finite(m.get("measured_samples_s"))]
+        for i, m in enumerate(mpts):
+            ax.scatter([m["n"]], [m["measured_samples_s"]], marker="D", s=34, color=INK, zorder=4,
+                       label="measured" if i == 0 else None)
+            if _finite(m.get("predicted_samples_s")):
+                ax.plot([m["n"], m["n"]], [m["measured_samples_s"], m["predicted_samples_s"]],
+                        color=INK, lw=0.8, alpha=0.5, zorder=3)
+        top = max(ys + [m["measured_samples_s"] for m in mpts])
+        if knee and _finite(knee.get("n")):
+            ax.axvline(knee["n"], color=STAGE_COLORS["preprocess"], lw=1, ls=":", zorder=1)
+            ax.annotate(f"knee: {knee['n']} {axis}" + (f" ({knee['bound_by']}-bound beyond)"
+                                                       if knee.get("bound_by") else ""),
+                        xy=(knee["n"], top * 1.04), xytext=(6, 0), textcoords="offset points",
+                        fontsize=8.5, color=STAGE_COLORS["preprocess"], va="center")
+        ax.set_ylim(0, top * 1.14)
+        ax.yaxis.set_major_formatter(FuncFormatter(_rate_fmt))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(f"CPU {axis}")
+        ax.set_ylabel("samples / s")
+        ax.set_title(f"PREDICTED throughput vs {axis} (model, not measured)", color=INK)
+        ax.legend(loc="lower right")
+        return _png(fig)
+
+
+# --------------------------------------------------------------------------------- timeline
+
+def timeline(tl: Mapping[str, Sequence[Any]]) -> str | None:
+    """Per-batch timeline of one run: when the trainer waited, unpacked and computed.
+
+    Top: the run as one lane over wall time. Bottom: each batch's wait / transfer / compute.
+    """
+    starts = list(tl.get("t_start_s") or [])
+    n = len(starts)
+    if n == 0:
+        return None
+
+    def col(key: str) -> list[float]:
+        vals = list(tl.get(key) or [])
+        return [float(v) if _finite(v) else 0.0 for v in (vals + [0.0] * n)[:n]]
+
+    wait, transfer, compute = col("wait_s"), col("transfer_s"), col("compute_s")
+    starts_f = [float(s) if _finite(s) else 0.0 for s in starts]
+    parts = (("wait", wait, STAGE_COLORS["wait"]), ("transfer", transfer, STAGE_COLORS["transfer"]),
+             ("compute", compute, STAGE_COLORS["compute"]))
+    with _ctx():
+        fig = _figure(3.4)
+        gs = fig.add_gridspec(2, 1, height_ratios=[1, 2.6])
+        lane = fig.add_subplot(gs[0])
+        left = list(starts_f)
+        for name, vals, color in parts:
+            lane.broken_barh(list(zip(left, vals)), (0, 1), facecolors=color, label=name)
+            left = [a + b for a, b in zip(left, vals)]
+        lane.set_ylim(0, 1)
+        lane.set_yticks([])
+        lane.set_xlim(0, max(left) if left else 1)
+        lane.set_xlabel("wall time in the run (s)")
+        lane.grid(False)
+        lane.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, handlelength=1.2)
+
+        bars = fig.add_subplot(gs[1])
+        idx = list(range(n))
+        bottom = [0.0] * n
+        width = 0.85 if n < 200 else 1.0
+        for name, vals, color in parts:
+            ms = [v * 1e3 for v in vals]
+            bars.bar(idx, ms, bottom=bottom, width=width, color=color, linewidth=0)
+            bottom = [a + b for a, b in zip(bottom, ms)]
+        bars.set_xlim(-0.8, n - 0.2)
+        srt = sorted(bottom)
+        p98 = srt[min(n - 1, int(0.98 * n))]
+        if srt[-1] > 2.5 * max(p98, 1e-9):  # one huge first batch should not flatten the rest
+            bars.set_ylim(0, p98 * 1.35)
+            for i, b in enumerate(bottom):
+                if b > p98 * 1.35:
+                    bars.annotate(f"{b:.0f} ms ↑", xy=(i, p98 * 1.3), ha="left", va="top",
+                                  fontsize=7.5, color=INK, xytext=(3, 0), textcoords="offset points")
+        bars.set_xlabel("batch")
+        bars.set_ylabel("ms per batch")
+        bars.xaxis.set_major_locator(MaxNLocator(integer=True))
+        bars.grid(axis="x", visible=False)
+        return _png(fig)
+
+
+# -------------------------------------------------------------------------------- resources
+
+def resources(res: Mapping[str, Any]) -> str | None:
+    """CPU per core, RSS, object store and GPU utilisation over one run, sharing the time axis."""
+    t = _floats(res.get("t_s") or [])
+    if not t:
+        return None
+    n = len(t)
+
+    def series(vals: Any) -> list[float] | None:
+        if not isinstance(vals, (list, tuple)) or not vals:
+            return None
+        out = [float(v) if _finite(v) else math.nan for v in vals][:n]
+        return out if len(out) == n and any(math.isfinite(v) for v in out) else None
+
+    cores = [s for s in (series(c) for c in (res.get("cpu_percent_per_core") or [])) if s]
+    panels: list[tuple[str, Any]] = []
+    if cores:
+        panels.append(("cpu", cores))
+    for key, label, color in (("rss_mb", "RSS (MB)", STAGE_COLORS["compute"]),
+                              ("object_store_mb", "object store (MB)", "#2a9d8f"),
+                              ("gpu_util_percent", "GPU util (%)", "#76b041")):
+        s = series(res.get(key))
+        if s:
+            panels.append((key, (label, color, s)))
+    if not panels:
+        return None
+    with _ctx():
+        fig = _figure(0.55 + 1.35 * len(panels))
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, (kind, data) in zip(axes, panels):
+            if kind == "cpu":
+                if len(data) <= 8:
+                    palette = ["#3b6fb6", "#e0922f", "#2a9d8f", "#c8463d", "#7d5fb2", "#76b041",
+                               "#9aa5b1", "#1f2933"]
+                    for i, s in enumerate(data):
+                        ax.plot(t, s, lw=1.1, color=palette[i % len(palette)], label=f"core {i}")
+                    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), handlelength=1.2)
+                else:  # many cores: mean with the min..max band
+                    lo = [min(c[i] for c in data) for i in range(n)]
+                    hi = [max(c[i] for c in data) for i in range(n)]
+                    mean = [sum(c[i] for c in data) / len(data) for i in range(n)]
+                    ax.fill_between(t, lo, hi, color="#3b6fb6", alpha=0.2, lw=0, label="min..max core")
+                    ax.plot(t, mean, color="#3b6fb6", lw=1.2, label=f"mean of {len(data)} cores")
+                    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+                ax.set_ylim(0, 105)
+                ax.set_ylabel("CPU %")
+            else:
+                label, color, s = data
+                ax.plot(t, s, color=color, lw=1.3)
+                ax.fill_between(t, 0, [v if math.isfinite(v) else 0 for v in s], color=color,
+                                alpha=0.12, lw=0)
+                if kind == "gpu_util_percent":
+                    ax.set_ylim(0, 105)
+                else:
+                    finite = [v for v in s if math.isfinite(v)]
+                    ax.set_ylim(0, max(finite) * 1.15 if finite and max(finite) > 0 else 1)
+                ax.set_ylabel(label)
+        axes[-1].set_xlabel("wall time in the run (s)")
+        axes[-1].set_xlim(t[0], t[-1])
+        return _png(fig)

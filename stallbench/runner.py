@@ -1,0 +1,164 @@
+"""Run a scenario: every variant, every repeat, every ablation -> one Result.
+
+Runs are interleaved per repeat (full, then each ablation, then the next repeat) so slow drift
+of a shared machine spreads over all of them instead of biasing one. Nothing is written until
+the whole scenario has run; the result file is then written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__, machine
+from .analysis import differential, rates, summary
+from .data.parquet import describe
+from .executors import base as executors
+from .measure.probe import measured_run
+from .pipeline import FULL, Ablation, Plan, StageCaches, dataset_for
+from .results import SCHEMA_VERSION, RepeatFigures, Result, Summary, VariantResult, now_utc
+from .scenario import Scenario, Variant
+
+
+def default_cache_dir() -> Path:
+    """Generated datasets live outside git: $STALLBENCH_CACHE or ./.cache/stallbench."""
+    return Path(os.environ.get("STALLBENCH_CACHE", Path.cwd() / ".cache" / "stallbench"))
+
+
+@dataclass
+class RunOptions:
+    repeats: int | None = None           # None: the scenario's run.repeats
+    analyze: bool | None = None          # None: the scenario's analysis.differential
+    cache_dir: Path | None = None
+    progress: bool = True
+    max_batches: int | None = None       # CLI override, e.g. for a quick smoke run
+
+
+def _progress(desc: str, total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="batch", leave=False, disable=not enabled,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
+    """Open datasets and build every variant's plan before anything runs, so a bad transform
+    or an unreadable file fails in seconds, not after an hour of measurements."""
+    cache = opts.cache_dir or default_cache_dir()
+    plans = []
+    for v in scenario.variants:
+        cfg = v.config
+        if opts.max_batches is not None:
+            cfg = cfg.replace(loader=_replace(cfg.loader, max_batches=opts.max_batches))
+        ds = dataset_for(cfg, cache, scenario.path)
+        plans.append(Plan(cfg, ds, FULL, scenario.path))
+    return plans
+
+
+def _replace(obj: Any, **kw: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenario_file: str,
+                progress: bool) -> VariantResult:
+    cfg = plan.config
+    ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]
+    extra_runs = [a for a in ablations if a != FULL]
+    executor = executors.get(cfg.executor.kind)(cfg, scenario_file)
+    runs: dict[str, list[RepeatFigures]] = {a.name: [] for a in [FULL, *extra_runs]}
+    timeline: dict[str, list[float]] = {}
+    resources: dict[str, Any] = {}
+    est_batches = sum(-(-s.rows // cfg.loader.batch_size) for s in plan.items)
+    if cfg.loader.max_batches:
+        est_batches = min(est_batches, cfg.loader.max_batches)
+    bar = _progress(variant.name, est_batches * repeats * (1 + len(extra_runs)), progress)
+    try:
+        t0 = time.perf_counter()
+        executor.start()
+        startup = time.perf_counter() - t0
+        caches = StageCaches.build(plan) if extra_runs else None
+        compute = plan.build_compute()
+        for r in range(repeats):
+            for ablation in [FULL, *extra_runs]:
+                p = plan.with_ablation(ablation, caches)
+                done = [0]
+
+                def on_batch(n: int, samples: int, elapsed: float, done: list[int] = done) -> None:
+                    bar.update(n - done[0])
+                    done[0] = n
+                    if n % 8 == 0 and elapsed > 0:
+                        bar.set_postfix_str(f"{ablation.name} {samples / elapsed:,.0f} samples/s",
+                                            refresh=False)
+
+                fig, tl, res = measured_run(p, executor, compute,
+                                            warmup_batches=cfg.run.warmup_batches,
+                                            sample_interval_s=cfg.run.sample_interval_s,
+                                            on_batch=on_batch)
+                fig.startup_s = startup
+                runs[ablation.name].append(fig)
+                if ablation == FULL and r == 0:
+                    timeline, resources = tl, res
+    finally:
+        bar.close()
+        executor.stop()
+    return _variant_result(variant, cfg, runs, timeline, resources, analyze, plan)
+
+
+def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigures]],
+                    timeline: dict, resources: dict, analyze: bool, plan: Plan) -> VariantResult:
+    full = runs["full"]
+    vr = VariantResult(
+        name=variant.name, knobs=variant.knobs, config=cfg.to_dict(), emulated=cfg.emulated(),
+        throughput_samples_s=Summary.of([f.throughput_samples_s for f in full]),
+        epoch_s=Summary.of([f.epoch_s for f in full]),
+        stall_s=Summary.of([f.stall_s for f in full]),
+        stall_share=Summary.of([f.stall_s / f.epoch_s if f.epoch_s else 0.0 for f in full]),
+        time_to_first_batch_s=Summary.of([f.time_to_first_batch_s for f in full]),
+        peak_rss_mb=Summary.of([f.peak_rss_mb for f in full]),
+        repeats=full,
+        ablations={k: v for k, v in runs.items() if k != "full"},
+        timeline=timeline, resources=resources,
+    )
+    vr.stage_rates = rates.stage_rates(full, runs.get(Ablation(True, True, True).name))
+    vr.bytes = rates.byte_figures(full)
+    notes = plan.transfer.notes()
+    if notes:
+        vr.analysis["notes"] = notes
+    if analyze:
+        epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
+        vr.analysis.update(differential.analyse(epochs, cfg.analysis.method,
+                                                cfg.analysis.confidence))
+    return vr
+
+
+def run_scenario(scenario: Scenario, opts: RunOptions,
+                 say: Callable[[str], None] = lambda s: None) -> Result:
+    plans = prepare(scenario, opts)
+    variants = []
+    repeats = opts.repeats or scenario.base.run.repeats
+    for v, plan in zip(scenario.variants, plans):
+        analyze = v.config.analysis.differential if opts.analyze is None else opts.analyze
+        say(f"  variant {v.name}: {len(plan.items)} row groups, {repeats} repeat(s)"
+            f"{', differential ' + v.config.analysis.method if analyze else ''}")
+        variants.append(run_variant(v, plan, repeats, analyze, scenario.path, opts.progress))
+    return Result(
+        schema_version=SCHEMA_VERSION,
+        tool={"name": "stallbench", "version": __version__},
+        created_utc=now_utc(),
+        scenario={"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256,
+                  "fingerprint": scenario.fingerprint, "text": scenario.text,
+                  "matrix": scenario.matrix, "description": scenario.description},
+        machine=machine.metadata(),
+        settings={"repeats": repeats, "argv": sys.argv[1:],
+                  "max_batches_override": opts.max_batches,
+                  "cache_dir": str(opts.cache_dir or default_cache_dir())},
+        dataset=describe(plans[0].dataset) if plans else {},
+        variants=variants,
+        analysis=summary.scenario_analysis(variants),
+    )

@@ -1,0 +1,502 @@
+"""Scenario files: TOML -> validated, frozen dataclasses -> concrete variants.
+
+The key names are a public contract (users' CI files depend on them). Each section is a
+dataclass whose fields *are* the schema: validation, defaults, the README reference and the
+"did you mean" suggestions are all derived from these fields, so a new knob is one new field.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import itertools
+import json
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ScenarioError
+
+
+def knob(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
+         choices: tuple[Any, ...] | None = None, exclusive_min: bool = False) -> Any:
+    """A scenario key: its default, its one-line documentation and its constraints."""
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "exclusive_min": exclusive_min}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    path: str | None = knob(None, "Existing Parquet file, directory or glob. Unset: a synthetic "
+                                  "recommender table is generated (and cached) from the keys below.")
+    label_column: str = knob("label", "Label column of an existing dataset.")
+    dense_columns: list[str] | None = knob(None, "Existing dataset: dense columns (default: every "
+                                                 "floating-point column but the label).")
+    sparse_columns: list[str] | None = knob(None, "Existing dataset: categorical id columns (default: "
+                                                  "integer, string and dictionary columns).")
+    sequence_columns: list[str] | None = knob(None, "Existing dataset: list-of-id columns (default: "
+                                                    "every list<int> / list<string> column).")
+    rows: int = knob(100_000, "Synthetic rows.", min=1)
+    dense_features: int = knob(13, "Synthetic dense float features.", min=0)
+    sparse_features: int = knob(8, "Synthetic categorical id features.", min=0)
+    sparse_cardinality: int = knob(100_000, "Distinct ids per sparse feature (Zipf-like).", min=1)
+    sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0)
+    sequence_max_len: int = knob(20, "Longest sequence; also the padded length tensors get.", min=1)
+    row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).", min=1)
+    files: int = knob(2, "Number of Parquet files.", min=1)
+    codec: str = knob("snappy", "Parquet compression codec.",
+                      choices=("none", "snappy", "zstd", "gzip", "lz4", "brotli"))
+    seed: int = knob(0, "Generator seed: same seed, same bytes.", min=0)
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    bandwidth_mb_s: float | None = knob(None, "EMULATED remote storage bandwidth in MB/s "
+                                              "(compressed bytes of each row group). Unset: local disk.",
+                                        min=0, exclusive_min=True)
+    latency_ms: float = knob(0.0, "EMULATED latency per storage request (one row group).", min=0)
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    name: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    transforms: list[Any] = knob([], "Ordered transforms: a name (\"log_dense\") or a table "
+                                     "({name = \"hash_ids\", buckets = 1000}) or \"pkg.mod:fn\".")
+    cpu_cost_us_per_row: float = knob(0.0, "Calibrated busy CPU cost per row in microseconds "
+                                           "(thread CPU time, so known by construction).", min=0)
+
+    @property
+    def transform_specs(self) -> list[TransformSpec]:
+        out = []
+        for t in self.transforms:
+            if isinstance(t, str):
+                out.append(TransformSpec(t, {}))
+            else:
+                params = {k: v for k, v in t.items() if k != "name"}
+                out.append(TransformSpec(t["name"], params))
+        return out
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    kind: str = knob("dlrm", "\"dlrm\" (real torch model), \"emulated\" (fixed step_ms), or "
+                             "\"pkg.mod:factory\" for your own.")
+    step_ms: float = knob(0.0, "EMULATED compute per batch (kind = \"emulated\").", min=0)
+    embedding_dim: int = knob(16, "DLRM embedding width.", min=1)
+    embedding_rows: int = knob(100_000, "DLRM rows per embedding table (ids are taken modulo).", min=1)
+    bottom_mlp: list[int] = knob([64, 16], "DLRM dense MLP widths.")
+    top_mlp: list[int] = knob([64, 1], "DLRM top MLP widths (last must be 1).")
+    lr: float = knob(0.01, "SGD learning rate.", min=0, exclusive_min=True)
+    torch_threads: int = knob(1, "torch intra-op threads in the trainer (leave cores to the loader).",
+                              min=1)
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    batch_size: int = knob(4096, "Rows per batch.", min=1)
+    num_workers: int = knob(0, "Loader worker processes (0: everything in the trainer process).", min=0)
+    prefetch_factor: int = knob(2, "Batches (row groups) each worker keeps ready.", min=1)
+    epochs: int = knob(1, "Passes over the data per measured run.", min=1)
+    max_batches: int = knob(0, "Stop each run after this many batches (0: no limit).", min=0)
+    execution: str = knob("streaming", "\"streaming\" overlaps stages with bounded buffers; \"bulk\" "
+                                       "prepares the whole epoch before training.",
+                          choices=("streaming", "bulk"))
+    batch_format: str = knob("columnar", "What producers hand over: \"rows\" (row dicts), "
+                                         "\"columnar\" (arrays) or \"single_buffer\" (one buffer).",
+                             choices=("rows", "columnar", "single_buffer"))
+    compression: str = knob("none", "Compression of what crosses a process boundary.",
+                            choices=("none", "zstd"))
+    compression_level: int = knob(1, "zstd level.", min=1, max=22)
+    collate: str = knob("producer", "Where rows become tensors: \"producer\" or \"trainer\".",
+                        choices=("producer", "trainer"))
+    pin_memory: bool = knob(False, "Pin host memory (a labelled no-op without a GPU).")
+    prefetch_batches: int = knob(0, "Trainer-side preload thread keeping N batches ready.", min=0)
+    wire_bandwidth_mb_s: float | None = knob(None, "EMULATED producer->trainer link bandwidth in MB/s "
+                                                   "(e.g. preprocessing on another node).",
+                                             min=0, exclusive_min=True)
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    kind: str = knob("local", "\"local\" (torch DataLoader on the trainer) or \"ray\" (Ray Data).")
+    ray_address: str | None = knob(None, "Existing Ray cluster (\"auto\", \"ray://host:10001\"); "
+                                         "unset: a local Ray started for the run.")
+    cpus: int | None = knob(None, "CPUs of the local Ray (default: all).", min=1)
+    simulated_nodes: int = knob(0, "Simulated CPU nodes on this machine (ray.cluster_utils.Cluster).",
+                                min=0)
+    cpus_per_node: int = knob(1, "CPUs per simulated node.", min=1)
+    object_store_mb: int = knob(512, "Object store per local Ray node (MB).", min=64)
+    ray_mode: str = knob("stallbench", "\"stallbench\" (single buffer, collate in Ray workers) or "
+                                       "\"stock\" (read_parquet -> map_batches -> iter_torch_batches).",
+                         choices=("stallbench", "stock"))
+    concurrency: int | None = knob(None, "Ray preprocessing tasks in flight (default: CPUs available).",
+                                   min=1)
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    differential: bool = knob(True, "Run ablations and attribute the epoch time to stages.")
+    method: str = knob("chain", "\"chain\" (DS-Analyzer order, 4 runs) or \"shapley\" (all 8 "
+                                "ablation subsets, order-free).", choices=("chain", "shapley"))
+    confidence: float = knob(0.9, "Confidence level of the intervals.", min=0.5, max=0.999)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    repeats: int = knob(1, "Measured runs per variant (CLI --repeats overrides).", min=1)
+    warmup_batches: int = knob(0, "Batches excluded from steady-state throughput.", min=0)
+    sample_interval_s: float = knob(0.1, "Resource sampler period.", min=0.01)
+
+
+SECTIONS: dict[str, type] = {
+    "dataset": DatasetSpec,
+    "storage": StorageSpec,
+    "preprocess": PreprocessSpec,
+    "model": ModelSpec,
+    "loader": LoaderSpec,
+    "executor": ExecutorSpec,
+    "analysis": AnalysisSpec,
+    "run": RunSpec,
+}
+TOP_LEVEL = ("name", "description", "matrix", *SECTIONS)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One fully resolved set of knobs: what a single variant runs with."""
+
+    dataset: DatasetSpec
+    storage: StorageSpec
+    preprocess: PreprocessSpec
+    model: ModelSpec
+    loader: LoaderSpec
+    executor: ExecutorSpec
+    analysis: AnalysisSpec
+    run: RunSpec
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: Any) -> "Config":
+        return dataclasses.replace(self, **sections)
+
+    def get(self, dotted: str) -> Any:
+        section, key = dotted.split(".", 1)
+        return getattr(getattr(self, section), key)
+
+    def emulated(self) -> list[str]:
+        """Which figures of a run come from an emulation rather than the real thing."""
+        out = []
+        if self.storage.bandwidth_mb_s is not None:
+            out.append("storage.bandwidth_mb_s")
+        if self.storage.latency_ms:
+            out.append("storage.latency_ms")
+        if self.loader.wire_bandwidth_mb_s is not None:
+            out.append("loader.wire_bandwidth_mb_s")
+        if self.model.kind == "emulated":
+            out.append("model.step_ms")
+        if self.preprocess.cpu_cost_us_per_row:
+            out.append("preprocess.cpu_cost_us_per_row")
+        if self.executor.kind == "ray" and self.executor.simulated_nodes:
+            out.append("executor.simulated_nodes")
+        return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    knobs: dict[str, Any]
+    config: Config
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    path: str
+    text: str
+    sha256: str
+    matrix: dict[str, list[Any]]
+    base: Config
+    variants: list[Variant]
+
+    @property
+    def fingerprint(self) -> str:
+        """What must match for two runs to be comparable: the scenario minus cosmetic text.
+
+        Hashes the resolved base config and the matrix, so comments, key order and the
+        description do not break comparability, but any knob that changes the work does.
+        """
+        blob = json.dumps({"base": self.base.to_dict(), "matrix": self.matrix}, sort_keys=True,
+                          default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _type_name(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args)
+    if origin is list:
+        (arg,) = typing.get_args(tp) or (Any,)
+        return "a list" if arg is Any else f"a list of {_type_name(arg).split(' ', 1)[-1]}s"
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return (ok, coerced value). Ints are accepted where floats are expected, never bools."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return True, None
+                continue
+            ok, v = _check_type(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if origin is list:
+        if not isinstance(value, list):
+            return False, value
+        (arg,) = typing.get_args(tp) or (Any,)
+        if arg is Any:
+            return True, list(value)
+        out = []
+        for item in value:
+            ok, v = _check_type(item, arg)
+            if not ok:
+                return False, value
+            out.append(v)
+        return True, out
+    if tp is Any:
+        return True, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is str:
+        return isinstance(value, str), value
+    return isinstance(value, tp), value
+
+
+def _suggest(key: str, valid: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _build_section(cls: type, table: Any, file: str, section: str) -> Any:
+    if not isinstance(table, dict):
+        raise ScenarioError(file, section, f"expected a table [{section}], got {_show(table)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in fields:
+            raise ScenarioError(file, f"{section}.{key}",
+                                f"unknown key{_suggest(key, fields)} (valid: {', '.join(fields)})")
+    values = {}
+    for name, f in fields.items():
+        if name not in table:
+            continue
+        dotted = f"{section}.{name}"
+        ok, value = _check_type(table[name], hints[name])
+        if not ok:
+            raise ScenarioError(file, dotted,
+                                f"expected {_type_name(hints[name])}, got {_show(table[name])}")
+        meta = f.metadata
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            lo, hi = meta.get("min"), meta.get("max")
+            if lo is not None and (value < lo or (meta.get("exclusive_min") and value <= lo)):
+                bound = f"> {lo:g}" if meta.get("exclusive_min") else f">= {lo:g}"
+                raise ScenarioError(file, dotted, f"expected a value {bound}, got {_show(value)}")
+            if hi is not None and value > hi:
+                raise ScenarioError(file, dotted, f"expected a value <= {hi:g}, got {_show(value)}")
+        if meta.get("choices") and value not in meta["choices"]:
+            valid = ", ".join(_show(c) for c in meta["choices"])
+            raise ScenarioError(file, dotted, f"expected one of {valid}, got {_show(value)}"
+                                f"{_suggest(str(value), [str(c) for c in meta['choices']])}")
+        values[name] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:  # pragma: no cover - dataclass mismatch is a bug
+        raise ScenarioError(file, section, str(exc)) from None
+
+
+def _check_transforms(spec: PreprocessSpec, file: str) -> None:
+    for i, t in enumerate(spec.transforms):
+        key = f"preprocess.transforms[{i}]"
+        if isinstance(t, str):
+            if not t:
+                raise ScenarioError(file, key, "expected a transform name, got \"\"")
+        elif isinstance(t, dict):
+            if not isinstance(t.get("name"), str):
+                raise ScenarioError(file, key, "expected a table with a string key 'name'")
+        else:
+            raise ScenarioError(file, key, f"expected a name or a table, got {_show(t)}")
+
+
+def _check_cross(cfg: Config, file: str) -> None:
+    """Rules that span keys; kept here so every variant is checked before anything runs."""
+    if cfg.model.kind == "emulated" and cfg.model.step_ms < 0:
+        raise ScenarioError(file, "model.step_ms", "expected a value >= 0")
+    if cfg.model.kind == "dlrm" and (not cfg.model.top_mlp or cfg.model.top_mlp[-1] != 1):
+        raise ScenarioError(file, "model.top_mlp", "expected a list ending in 1 (one logit)")
+    if cfg.model.kind not in ("dlrm", "emulated") and ":" not in cfg.model.kind:
+        raise ScenarioError(file, "model.kind",
+                            f"expected \"dlrm\", \"emulated\" or \"pkg.module:factory\", got "
+                            f"{_show(cfg.model.kind)}{_suggest(cfg.model.kind, ['dlrm', 'emulated'])}")
+    if cfg.executor.kind not in ("local", "ray"):
+        raise ScenarioError(file, "executor.kind",
+                            f"expected one of \"local\", \"ray\", got {_show(cfg.executor.kind)}"
+                            f"{_suggest(cfg.executor.kind, ['local', 'ray'])}")
+    if cfg.dataset.path is None and (cfg.dataset.dense_features + cfg.dataset.sparse_features
+                                     + cfg.dataset.sequence_features) == 0:
+        raise ScenarioError(file, "dataset", "a synthetic dataset needs at least one feature")
+
+
+def _resolve(raw: dict[str, Any], file: str) -> Config:
+    sections = {}
+    for name, cls in SECTIONS.items():
+        table = raw.get(name, {})
+        sections[name] = _build_section(cls, table, file, name)
+    cfg = Config(**sections)
+    _check_transforms(cfg.preprocess, file)
+    _check_cross(cfg, file)
+    return cfg
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    section, key = dotted.split(".", 1)
+    raw.setdefault(section, {})
+    raw[section][key] = value
+
+
+def _variant_name(knobs: dict[str, Any]) -> str:
+    if not knobs:
+        return "default"
+    short = [k.split(".", 1)[1] for k in knobs]
+    labels = short if len(set(short)) == len(short) else list(knobs)
+    return ",".join(f"{label}={_fmt(v)}" for label, v in zip(labels, knobs.values()))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return f"{v:g}"
+    return str(v)
+
+
+def parse(text: str, file: str = "<scenario>") -> Scenario:
+    """Parse scenario text; every problem is a ScenarioError naming file and key."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(file, None, f"TOML syntax error: {exc}") from None
+    for key in raw:
+        if key not in TOP_LEVEL:
+            raise ScenarioError(file, key, f"unknown key{_suggest(key, TOP_LEVEL)} "
+                                           f"(valid: {', '.join(TOP_LEVEL)})")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ScenarioError(file, "name", f"expected a non-empty string, got "
+                                          f"{_show(name) if name is not None else 'nothing'}")
+    if any(c in name for c in "/\\\0") or name.startswith("."):
+        raise ScenarioError(file, "name", f"expected a name usable as a file name, got {_show(name)}")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise ScenarioError(file, "description", f"expected a string, got {_show(description)}")
+    base = _resolve(raw, file)
+
+    matrix = raw.get("matrix", {})
+    if not isinstance(matrix, dict):
+        raise ScenarioError(file, "matrix", "expected a table of \"section.key\" = [values]")
+    for dotted, values in matrix.items():
+        mkey = f"matrix.{dotted!r}" if "." in dotted else f"matrix.{dotted}"
+        if "." not in dotted or dotted.split(".", 1)[0] not in SECTIONS:
+            raise ScenarioError(file, mkey, "expected a quoted dotted key like \"loader.num_workers\" "
+                                            f"with a section of {', '.join(SECTIONS)}")
+        section, key = dotted.split(".", 1)
+        names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        if key not in names:
+            raise ScenarioError(file, mkey, f"unknown key {dotted!r}{_suggest(key, names)}")
+        if not isinstance(values, list) or not values:
+            raise ScenarioError(file, mkey, f"expected a non-empty list of values, got {_show(values)}")
+
+    variants = []
+    keys = list(matrix)
+    for combo in itertools.product(*(matrix[k] for k in keys)):
+        knobs = dict(zip(keys, combo))
+        vraw = copy.deepcopy(raw)
+        for k, v in knobs.items():
+            _set_dotted(vraw, k, v)
+        try:
+            cfg = _resolve(vraw, file)
+        except ScenarioError as exc:
+            raise ScenarioError(file, exc.key, f"{exc.message} (from [matrix])") from None
+        variants.append(Variant(_variant_name(knobs), knobs, cfg))
+    seen = set()
+    for v in variants:
+        if v.name in seen:
+            raise ScenarioError(file, "matrix", f"duplicate variant {v.name!r}: repeated values")
+        seen.add(v.name)
+    return Scenario(
+        name=name, description=description, path=file, text=text,
+        sha256=hashlib.sha256(text.encode()).hexdigest(), matrix=matrix, base=base,
+        variants=variants,
+    )
+
+
+def load(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(str(path), None, "no such scenario file") from None
+    except IsADirectoryError:
+        raise ScenarioError(str(path), None, "expected a .toml file, got a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(str(path), None, f"cannot read: {exc}") from None
+    return parse(text, str(path))
+
+
+def reference_markdown() -> str:
+    """The README's scenario key reference, generated from the dataclasses above."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines.append(f"\n### `[{section}]`\n\n| key | default | meaning |\n|---|---|---|")
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            d = "unset" if default is None else _show(default)
+            extra = f.metadata.get("doc", "")
+            if f.metadata.get("choices"):
+                extra += " One of: " + ", ".join(_show(c) for c in f.metadata["choices"]) + "."
+            lines.append(f"| `{f.name}` | `{d}` | {extra} |")
+    return "\n".join(lines) + "\n"

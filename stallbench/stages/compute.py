@@ -1,0 +1,136 @@
+"""Compute: one training step per batch, real (DLRM-style torch model) or emulated.
+
+The emulated step stands in for an accelerator faster than this CPU: it waits a fixed time
+without using the CPU (a GPU step leaves the host cores to the loader), and results label it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+
+from ..data.schema import FeatureSchema
+from ..registry import Registry, import_object
+from ..scenario import ModelSpec
+from .batch_format import TensorBatch
+from .costs import precise_wait
+from .transfer import device
+
+MODELS: Registry[type["Compute"]] = Registry("model")
+
+
+class Compute:
+    name: ClassVar[str]
+    emulated: ClassVar[bool] = False
+
+    def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
+        self.spec = spec
+        self.schema = schema
+
+    def step(self, batch: TensorBatch) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Wait for queued device work so step timings are real (no-op on CPU)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+@MODELS.register("emulated")
+class EmulatedCompute(Compute):
+    name = "emulated"
+    emulated = True
+
+    def step(self, batch: TensorBatch) -> None:
+        precise_wait(self.spec.step_ms / 1000.0)
+
+
+def _mlp(sizes: list[int], final_act: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or final_act:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """DLRM-style: bottom MLP on dense, sum-pooled embedding bags for ids and sequences,
+    concatenated into a top MLP. Sparse gradients keep the embedding update proportional to
+    the ids seen, as in production recommenders."""
+
+    def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
+        super().__init__()
+        d = spec.embedding_dim
+        self.rows = spec.embedding_rows
+        self.bottom = _mlp([max(len(schema.dense), 1), *spec.bottom_mlp], final_act=True)
+        self.sparse = nn.ModuleList(nn.EmbeddingBag(self.rows, d, mode="sum", sparse=True)
+                                    for _ in schema.sparse)
+        # row 0 is padding for sequences; real ids map to 1..rows-1
+        self.seq = nn.ModuleList(nn.EmbeddingBag(self.rows, d, mode="mean", sparse=True,
+                                                 padding_idx=0) for _ in schema.sequence)
+        width = spec.bottom_mlp[-1] + d * (len(schema.sparse) + len(schema.sequence))
+        self.top = _mlp([width, *spec.top_mlp], final_act=False)
+
+    def forward(self, b: TensorBatch) -> torch.Tensor:
+        dense = b["dense"] if b["dense"].shape[1] else torch.zeros(b["label"].shape[0], 1)
+        parts = [self.bottom(dense)]
+        sparse = b["sparse"] % self.rows
+        for j, emb in enumerate(self.sparse):
+            parts.append(emb(sparse[:, j:j + 1]))
+        seq = b["seq"]
+        for j, emb in enumerate(self.seq):
+            s = seq[:, j, :]
+            idx = torch.where(s >= 0, s % (self.rows - 1) + 1, torch.zeros_like(s))
+            parts.append(emb(idx))
+        return self.top(torch.cat(parts, dim=1)).squeeze(1)
+
+
+class TorchCompute(Compute):
+    """forward + BCE loss + backward + SGD step on a torch module."""
+
+    def __init__(self, spec: ModelSpec, schema: FeatureSchema, module: nn.Module) -> None:
+        super().__init__(spec, schema)
+        torch.set_num_threads(spec.torch_threads)
+        self.device = device()
+        self.model = module.to(self.device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.lr)
+        self.loss = nn.BCEWithLogitsLoss()
+        self.last_loss = float("nan")
+
+    def step(self, batch: TensorBatch) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss(self.model(batch), batch["label"])
+        loss.backward()
+        self.opt.step()
+        self.last_loss = loss.detach()
+
+
+@MODELS.register("dlrm")
+class DLRMCompute(TorchCompute):
+    name = "dlrm"
+
+    def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
+        torch.manual_seed(0)
+        super().__init__(spec, schema, DLRM(spec, schema))
+
+
+class UserCompute(TorchCompute):
+    """A user's ``factory(schema, spec) -> nn.Module`` whose forward returns logits."""
+
+    name = "user"
+
+    def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
+        factory: Callable[..., Any] = import_object(spec.kind)  # type: ignore[assignment]
+        module = factory(schema, spec)
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"{spec.kind} returned {type(module).__name__}, expected torch.nn.Module")
+        super().__init__(spec, schema, module)
+
+
+def build(spec: ModelSpec, schema: FeatureSchema) -> Compute:
+    if ":" in spec.kind:
+        return UserCompute(spec, schema)
+    return MODELS.get(spec.kind)(spec, schema)

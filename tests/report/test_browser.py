@@ -1,0 +1,126 @@
+"""Open the rendered report in real headless Chromium (Debian's package, driven by Playwright).
+
+Checks what a reader would notice: every figure loads, the page raises no console or page
+error, it requests nothing but itself, and the verdict is visible. A full-page screenshot goes
+to ``test-artifacts/`` (git-ignored) for a human to look at.
+
+Chromium missing: skipped locally, a failure when ``CI`` is set (CI must not go green by
+silently skipping the only test that looks at the page).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallbench.report import render
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parent.parent.parent
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so the browser test must run: "
+                    "apt-get install -y chromium; pip install playwright)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    exe = os.environ.get("STALLBENCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(exe).exists():
+        _unavailable(f"no headless Chromium at {exe}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright Python package is not installed")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=exe, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
+    """Load ``html`` and collect what the checks need; saves a full-page screenshot."""
+    url = html.resolve().as_uri()
+    seen: dict[str, list[str]] = {"requests": [], "console": [], "pageerrors": [], "failed": []}
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1,
+                              java_script_enabled=True)
+    page = ctx.new_page()
+    page.on("request", lambda r: seen["requests"].append(r.url))
+    page.on("requestfailed", lambda r: seen["failed"].append(r.url))
+    page.on("console", lambda m: seen["console"].append(f"{m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: seen["pageerrors"].append(str(e)))
+    # Anything but the file itself (and its data: URIs) would be the network: block and record.
+    page.route(lambda u: not (u == url or u.startswith("data:")),
+               lambda route: route.abort())
+    page.goto(url, wait_until="load")
+    imgs = page.eval_on_selector_all(
+        "img", "els => els.map(e => ({alt: e.alt, complete: e.complete, w: e.naturalWidth,"
+               " src: e.src.slice(0, 22)}))")
+    verdict = page.locator(".verdict").first
+    seen["verdict_visible"] = verdict.is_visible()
+    seen["verdict_text"] = verdict.inner_text()
+    seen["imgs"] = imgs
+    seen["title"] = page.title()
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(screenshot), full_page=True)
+    ctx.close()
+    seen["url"] = url
+    return seen
+
+
+def _check(seen: dict[str, Any], expect_verdict: str | None = None) -> None:
+    assert seen["pageerrors"] == [], seen["pageerrors"]
+    errors = [c for c in seen["console"] if c.startswith("error")]
+    assert errors == [], errors
+    foreign = [u for u in seen["requests"] if u != seen["url"] and not u.startswith("data:")]
+    assert foreign == [], f"the report requested something besides itself: {foreign}"
+    assert seen["failed"] == [], seen["failed"]
+    assert seen["imgs"], "the report has no figure at all"
+    broken = [i for i in seen["imgs"] if not (i["complete"] and i["w"] > 0)]
+    assert broken == [], f"figures that did not load: {broken}"
+    assert all(i["src"].startswith("data:image/png") for i in seen["imgs"])
+    assert seen["verdict_visible"], "the verdict is not visible"
+    if expect_verdict:
+        assert expect_verdict in seen["verdict_text"]
+
+
+def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: Any,
+                                   write_result: Any) -> None:
+    current = make_result(seed=2, speed=1.25, created_utc="2025-11-21T09:30:00+00:00",
+                          git_commit="7c0ffee", object_store=True, gpu=True)
+    paths = [
+        write_result(make_result(seed=1, created_utc="2025-11-19T08:00:00+00:00", git_commit="1a2b3c4"),
+                     "baseline/recsys.json"),
+        write_result(current, "current/recsys.json"),
+        write_result(make_result("no-analysis", analysis=False, whatif=False, timeline=False,
+                                 resources=False), "current/bare.json"),
+    ]
+    out = render(paths, tmp_path / "report" / "index.html")
+    seen = _open(browser, out, ARTIFACTS / "report.png")
+    _check(seen, expect_verdict=current.analysis["verdict"])
+    # 2 runs x (breakdown, throughput, what-if, 3 variants x (timeline, resources)) + comparison
+    # + the bare scenario's breakdown and throughput.
+    assert len(seen["imgs"]) == 2 * (3 + 3 * 2) + 1 + 2
+    assert "recsys-workers" in seen["title"] or seen["title"].startswith("stallbench report")
+
+
+def test_example_results_in_chromium(browser: Any, tmp_path: Path, example_results: list[Path]) -> None:
+    if not example_results:
+        pytest.skip("no committed example results under results/examples/ yet")
+    out = render(example_results, tmp_path / "index.html")
+    seen = _open(browser, out, ARTIFACTS / "report-examples.png")
+    _check(seen)

@@ -1,0 +1,419 @@
+"""The CI gate: decision rule, exit codes, cross-machine ratios, formats, and its error rates.
+
+Result sets are built in memory (``make_result``) so every test is fast and deterministic; CLI
+tests write them as JSON the way ``stallbench run`` would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stallbench import gate
+from stallbench.commands import gate as gate_cmd
+from stallbench.errors import ResultError, UserError
+from stallbench.results import RepeatFigures, Result, Summary, VariantResult, load
+
+FP = "0123456789abcdef"
+MACHINE = {"cpu_model": "Test CPU 3000", "cores_logical": 2, "memory_gb": 8}
+
+
+# ------------------------------------------------------------------------------ factory
+
+def _repeat(tp: float, share: float, rss: float) -> RepeatFigures:
+    samples = 10_000
+    epoch = samples / tp
+    return RepeatFigures(epoch_s=epoch, samples=samples, batches=40, throughput_samples_s=tp,
+                         steady_throughput_samples_s=tp, stall_s=share * epoch,
+                         wait_s=share * epoch, trainer_transfer_s=0.0,
+                         compute_s=(1 - share) * epoch, time_to_first_batch_s=0.1,
+                         peak_rss_mb=rss)
+
+
+def make_variant(name: str, tp: list[float], share: list[float] | None = None,
+                 rss: list[float] | None = None) -> VariantResult:
+    share = share if share is not None else [0.2] * len(tp)
+    rss = rss if rss is not None else [500.0] * len(tp)
+    reps = [_repeat(t, s, m) for t, s, m in zip(tp, share, rss)]
+    return VariantResult(
+        name=name, knobs={}, config={}, emulated=[],
+        throughput_samples_s=Summary.of(tp), epoch_s=Summary.of([r.epoch_s for r in reps]),
+        stall_s=Summary.of([r.stall_s for r in reps]), stall_share=Summary.of(share),
+        time_to_first_batch_s=Summary.of([0.1] * len(tp)), peak_rss_mb=Summary.of(rss),
+        repeats=reps)
+
+
+def make_result(variants: dict[str, list[float]] | list[VariantResult], *, scenario: str = "tiny",
+                fingerprint: str = FP, machine: dict | None = None,
+                created: str = "2024-05-01T12:00:00+00:00", schema_version: int = 1) -> Result:
+    """A result whose variants have the given per-repeat throughputs (or are given whole)."""
+    vs = (variants if isinstance(variants, list)
+          else [make_variant(n, tp) for n, tp in variants.items()])
+    return Result(
+        schema_version=schema_version, tool={"name": "stallbench", "version": "0.1.0"},
+        created_utc=created,
+        scenario={"name": scenario, "path": f"scenarios/{scenario}.toml", "sha256": "0" * 64,
+                  "fingerprint": fingerprint, "text": "", "matrix": {}},
+        machine=dict(machine or MACHINE), settings={"repeats": len(vs[0].repeats)}, dataset={},
+        variants=vs)
+
+
+def save(result: Result, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_dict()), encoding="utf-8")
+    return path
+
+
+BASE = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+
+
+def scaled(values: list[float], factor: float) -> list[float]:
+    return [v * factor for v in values]
+
+
+def cmp(base: Result, cur: Result, **kw) -> gate.GateReport:
+    kw.setdefault("threshold", 0.10)
+    kw.setdefault("n_boot", 200)
+    return gate.compare([base], [cur], **kw)
+
+
+def row(report: gate.GateReport, metric: str = "throughput", variant: str = "opt") -> gate.Row:
+    return next(r for r in report.rows if r.metric == metric and r.variant == variant)
+
+
+# ------------------------------------------------------------------------------ decision rule
+
+def test_identical_inputs_never_fail() -> None:
+    r = make_result({"naive": BASE, "opt": scaled(BASE, 3)})
+    report = cmp(r, r)
+    assert gate.exit_code(report) == 0
+    assert {x.verdict for x in report.rows} == {"same"}
+    assert row(report).change == 1.0
+
+
+def test_30_percent_slowdown_with_5_repeats_fails() -> None:
+    base = make_result({"naive": BASE, "opt": scaled(BASE, 3)})
+    cur = make_result({"naive": BASE, "opt": scaled(BASE, 3 * 0.7)})
+    report = cmp(base, cur)
+    r = row(report)
+    assert r.verdict == "slower" and r.test == "mann-whitney"
+    assert r.p_value < 0.01 and r.change == pytest.approx(0.7)
+    assert r.ci_low <= 0.7 <= r.ci_high
+    assert row(report, variant="naive").verdict == "same"
+    assert gate.exit_code(report) == 1
+
+
+def test_3_percent_noise_passes() -> None:
+    base = make_result({"opt": BASE})
+    cur = make_result({"opt": scaled(BASE, 0.97)})
+    report = cmp(base, cur)
+    assert row(report).verdict == "same"
+    assert gate.exit_code(report) == 0
+
+
+def test_over_threshold_but_noisy_is_inconclusive_and_passes() -> None:
+    base = make_result({"opt": [1000, 1500, 700, 1300, 800]})
+    cur = make_result({"opt": [800, 1200, 650, 1100, 600]})
+    report = cmp(base, cur)
+    r = row(report)
+    assert r.change < 0.9 and r.p_value >= 0.01
+    assert r.verdict == "inconclusive"
+    assert gate.exit_code(report) == 0
+
+
+def test_improvement_fails_only_with_fail_on_improvement() -> None:
+    base = make_result({"opt": BASE})
+    cur = make_result({"opt": scaled(BASE, 1.5)})
+    assert row(cmp(base, cur)).verdict == "faster"
+    assert gate.exit_code(cmp(base, cur)) == 0
+    assert gate.exit_code(cmp(base, cur, fail_on_improvement=True)) == 1
+
+
+def test_few_repeats_fall_back_to_interval_overlap() -> None:
+    """3 vs 3 repeats cannot reach p < 0.01 with a rank test; a clear shift still decides."""
+    base = make_result({"opt": BASE[:3]})
+    cur = make_result({"opt": scaled(BASE[:3], 0.5)})
+    r = row(cmp(base, cur))
+    assert r.test == "ci-overlap" and r.verdict == "slower"
+
+
+def test_stall_share_regression_uses_share_points() -> None:
+    def res(share: list[float]) -> Result:
+        return make_result([make_variant("opt", BASE, share=share)])
+
+    base = res([0.00, 0.01, 0.00, 0.02, 0.01])
+    worse = res([0.20, 0.22, 0.19, 0.21, 0.20])
+    report = cmp(base, worse)
+    r = row(report, "stall_share")
+    assert r.change_kind == "points" and r.change == pytest.approx(0.19)
+    assert r.verdict == "slower" and gate.exit_code(report) == 1
+    # +5 points is under a 10% (= 10 points) threshold even though the ratio would be huge.
+    slightly = res([0.05, 0.06, 0.05, 0.07, 0.06])
+    assert row(cmp(base, slightly), "stall_share").verdict == "same"
+
+
+def test_memory_only_with_include_memory() -> None:
+    base = make_result([make_variant("opt", BASE, rss=[500, 505, 498, 502, 501])])
+    cur = make_result([make_variant("opt", BASE, rss=[800, 805, 798, 802, 801])])
+    assert not [r for r in cmp(base, cur).rows if r.metric == "peak_rss_mb"]
+    report = cmp(base, cur, include_memory=True)
+    assert row(report, "peak_rss_mb").verdict == "slower"
+    assert gate.exit_code(report) == 1
+
+
+def test_missing_variant_is_not_comparable_not_a_failure() -> None:
+    base = make_result({"naive": BASE, "opt": BASE})
+    cur = make_result({"naive": BASE, "new": BASE})
+    report = cmp(base, cur)
+    verdicts = {(r.variant, r.verdict) for r in report.rows}
+    assert ("opt", "not comparable") in verdicts and ("new", "not comparable") in verdicts
+    assert gate.exit_code(report) == 0
+
+
+def test_newest_result_per_scenario_is_used() -> None:
+    base = make_result({"opt": BASE})
+    old = make_result({"opt": scaled(BASE, 0.5)}, created="2024-05-01T10:00:00+00:00")
+    new = make_result({"opt": BASE}, created="2024-05-02T10:00:00+00:00")
+    assert gate.exit_code(gate.compare([base], [new, old], threshold=0.1, n_boot=50)) == 0
+    assert gate.exit_code(gate.compare([base], [old], threshold=0.1, n_boot=50)) == 1
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def test_fingerprint_mismatch_is_bad_input() -> None:
+    base = make_result({"opt": BASE})
+    cur = make_result({"opt": BASE}, fingerprint="fedcba9876543210")
+    with pytest.raises(ResultError, match="fingerprint"):
+        cmp(base, cur)
+
+
+def test_single_repeat_is_bad_input() -> None:
+    base = make_result({"opt": BASE[:1]})
+    with pytest.raises(ResultError, match="repeat"):
+        cmp(base, base)
+
+
+def test_schema_version_mismatch_is_bad_input() -> None:
+    with pytest.raises(ResultError, match="schema"):
+        cmp(make_result({"opt": BASE}), make_result({"opt": BASE}, schema_version=2))
+
+
+def test_nothing_comparable_is_bad_input() -> None:
+    with pytest.raises(ResultError, match="nothing comparable"):
+        cmp(make_result({"opt": BASE}, scenario="a"), make_result({"opt": BASE}, scenario="b"))
+
+
+# ------------------------------------------------------------------------------ cross-machine
+
+OTHER = {"cpu_model": "Other CPU 9000", "cores_logical": 16}
+
+
+def test_cross_machine_compares_within_run_ratios() -> None:
+    base = make_result({"naive": BASE, "opt": scaled(BASE, 3)})
+    # A machine twice as fast, same code: the absolute figures double, the ratio does not move.
+    fast = make_result({"naive": scaled(BASE, 2), "opt": scaled(BASE, 6)}, machine=OTHER)
+    report = cmp(base, fast)
+    assert report.modes == {"tiny": "cross-machine"}
+    assert "machines differ" in gate.format_table(report)
+    assert [r.metric for r in report.rows] == ["throughput_vs_naive", "stall_share_vs_naive"]
+    assert row(report, "throughput_vs_naive").change == pytest.approx(1.0)
+    assert gate.exit_code(report) == 0
+    # Same faster machine, but the optimised variant lost 30% against the reference.
+    regressed = make_result({"naive": scaled(BASE, 2), "opt": scaled(BASE, 6 * 0.7)}, machine=OTHER)
+    report = cmp(base, regressed)
+    assert row(report, "throughput_vs_naive").verdict == "slower"
+    assert gate.exit_code(report) == 1
+    # Forcing absolute comparison on a 2x machine calls the unchanged code "faster".
+    assert row(cmp(base, fast, machine="same")).verdict == "faster"
+
+
+def test_cross_machine_single_variant_is_not_comparable() -> None:
+    base = make_result({"opt": BASE})
+    with pytest.raises(ResultError, match="single variant"):
+        cmp(base, make_result({"opt": BASE}, machine=OTHER))
+
+
+# ------------------------------------------------------------------------------ formats
+
+GOLDEN_TABLE = """\
+scenario  variant  metric       baseline  current  change          99% CI           p        test          verdict
+tiny      naive    throughput   1,000     1,000    1.000 (+0.0%)   [0.988, 1.011]   1        mann-whitney  same
+tiny      naive    stall_share  20.0%     20.0%    +0.0 pt         [+0.0, +0.0] pt  1        mann-whitney  same
+tiny      opt      throughput   3,000     2,100    0.700 (-30.0%)  [0.692, 0.708]   0.00794  mann-whitney  slower
+tiny      opt      stall_share  20.0%     20.0%    +0.0 pt         [+0.0, +0.0] pt  1        mann-whitney  same
+gate FAIL: 1 slower, 0 faster, 0 inconclusive, 3 same, 0 not comparable (threshold 10%, alpha 0.01)
+"""
+
+
+def _golden_pair() -> tuple[Result, Result]:
+    return (make_result({"naive": BASE, "opt": scaled(BASE, 3)}),
+            make_result({"naive": BASE, "opt": scaled(BASE, 2.1)}))
+
+
+def test_table_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, cur = _golden_pair()
+    code = cli(["--baseline", str(save(base, tmp_path / "b" / "tiny-1.json")),
+                "--current", str(save(cur, tmp_path / "c" / "tiny-2.json")),
+                "--threshold", "10%"])
+    assert code == 1
+    assert capsys.readouterr().out == GOLDEN_TABLE
+
+
+def test_json_markdown_github_formats() -> None:
+    report = cmp(*_golden_pair())
+    data = json.loads(gate.format_json(report))
+    assert data["exit_code"] == 1 and data["counts"]["slower"] == 1
+    assert data["rows"][2]["verdict"] == "slower" and data["rows"][2]["change"] == pytest.approx(0.7)
+    md = gate.format_markdown(report)
+    assert md.startswith("| scenario | variant |") and "**gate FAIL" in md
+    gh = gate.format_github(report).splitlines()
+    assert gh[0].startswith("::error title=stallbench gate::tiny/opt throughput: slower")
+    assert "%25" in gh[0] and not any(l.startswith("::") for l in gh[1:])
+
+
+def test_github_warns_on_inconclusive() -> None:
+    base = make_result({"opt": [1000, 1500, 700, 1300, 800]})
+    cur = make_result({"opt": [800, 1200, 650, 1100, 600]})
+    assert gate.format_github(cmp(base, cur)).startswith("::warning ")
+
+
+# ------------------------------------------------------------------------------ CLI
+
+def cli(argv: list[str]) -> int:
+    """What stallbench.cli does: parse, run, and turn a UserError into exit 2."""
+    parser = argparse.ArgumentParser(prog="stallbench")
+    gate_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["gate", *argv])
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(f"error: {err}")
+        return err.exit_code
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = save(make_result({"naive": BASE, "opt": scaled(BASE, 3)}), tmp_path / "b" / "tiny.json")
+    same = save(make_result({"naive": BASE, "opt": scaled(BASE, 3)}), tmp_path / "same" / "t.json")
+    slow = save(make_result({"naive": BASE, "opt": scaled(BASE, 2.1)}), tmp_path / "slow" / "t.json")
+    fast = save(make_result({"naive": BASE, "opt": scaled(BASE, 4.5)}), tmp_path / "fast" / "t.json")
+    one = save(make_result({"naive": BASE[:1], "opt": BASE[:1]}), tmp_path / "one" / "t.json")
+    other_fp = save(make_result({"opt": BASE}, fingerprint="f" * 16), tmp_path / "fp" / "t.json")
+    bad_json = tmp_path / "bad" / "t.json"
+    bad_json.parent.mkdir()
+    bad_json.write_text("{not json", encoding="utf-8")
+    v2 = tmp_path / "v2" / "t.json"
+    v2.parent.mkdir()
+    v2.write_text(json.dumps({**json.loads(base.read_text()), "schema_version": 99}))
+
+    def run(cur: Path | str, *extra: str) -> int:
+        return cli(["--baseline", str(base.parent), "--current", str(cur), "--threshold", "10%",
+                    *extra])
+
+    assert run(same) == 0
+    assert run(same.parent, "--format", "json") == 0
+    assert run(slow) == 1
+    assert run(fast) == 0
+    assert run(fast, "--fail-on-improvement") == 1
+    capsys.readouterr()
+    for bad, message in [(tmp_path / "missing.json", "no such result"), (bad_json, "not valid JSON"),
+                         (v2, "schema_version"), (other_fp, "fingerprint"), (one, "repeat")]:
+        assert run(bad) == 2, bad
+        out = capsys.readouterr().out
+        assert message in out and len(out.strip().splitlines()) == 1, out
+    assert run(same, "--threshold", "fast") == 2
+    assert run(same, "--threshold", "10") == 2
+    assert "did you mean 10%" in capsys.readouterr().out
+    assert run(same, "--alpha", "2") == 2
+
+
+@pytest.mark.parametrize("text,value", [("10%", 0.10), ("0.1", 0.1), (" 2.5% ", 0.025)])
+def test_parse_threshold(text: str, value: float) -> None:
+    assert gate_cmd.parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "-5%", "100%", "10", "1.5"])
+def test_parse_threshold_rejects(text: str) -> None:
+    with pytest.raises(UserError, match="--threshold"):
+        gate_cmd.parse_threshold(text)
+
+
+def test_cli_metric_selection_and_cross_machine_override(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    base = save(make_result({"naive": BASE, "opt": scaled(BASE, 3)}), tmp_path / "b" / "t.json")
+    cur = save(make_result({"naive": BASE, "opt": scaled(BASE, 3)}), tmp_path / "c" / "t.json")
+    assert cli(["--baseline", str(base), "--current", str(cur), "--threshold", "0.1",
+                "--metric", "throughput", "--cross-machine", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["metric"] for r in rows] == ["throughput_vs_naive"]
+
+
+# ------------------------------------------------------------------------------ update-baseline
+
+def test_update_baseline_replaces_same_scenario(tmp_path: Path) -> None:
+    bdir = tmp_path / "baseline"
+    old = save(make_result({"opt": BASE}), bdir / "tiny-old.json")
+    keep = save(make_result({"opt": BASE}, scenario="other"), bdir / "other.json")
+    cur = save(make_result({"opt": scaled(BASE, 1.01)}, created="2024-06-01T00:00:00+00:00"),
+               tmp_path / "cur" / "tiny-new.json")
+    written = gate.update_baseline([cur], bdir)
+    assert written == [bdir / "tiny-new.json"]
+    assert not old.exists() and keep.exists()
+    assert (bdir / "tiny-new.json").read_text() == cur.read_text()
+    assert not list(bdir.glob(".*.tmp"))
+
+
+def test_cli_update_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bdir = tmp_path / "baseline"
+    first = save(make_result({"opt": BASE}), tmp_path / "r1" / "tiny-1.json")
+    args = ["--baseline", str(bdir), "--threshold", "10%", "--update-baseline", "--current"]
+    assert cli([*args, str(first)]) == 0                       # no baseline yet: created
+    assert [p.name for p in bdir.glob("*.json")] == ["tiny-1.json"]
+    slow = save(make_result({"opt": scaled(BASE, 0.5)}), tmp_path / "r2" / "tiny-2.json")
+    assert cli([*args, str(slow)]) == 1                        # a regression is never accepted
+    assert [p.name for p in bdir.glob("*.json")] == ["tiny-1.json"]
+    fast = save(make_result({"opt": scaled(BASE, 1.5)}), tmp_path / "r3" / "tiny-3.json")
+    assert cli([*args, str(fast)]) == 0                        # an improvement refreshes it
+    assert [p.name for p in bdir.glob("*.json")] == ["tiny-3.json"]
+    assert load(bdir / "tiny-3.json").variants[0].throughput_samples_s.median == 1500
+
+
+# ------------------------------------------------------------------------------ error rates
+
+REPEATS = 5          # what the CI scenarios run
+PAIRS = 400
+
+
+def _draw(rng: np.random.Generator, cv: float, slowdown: float = 1.0) -> Result:
+    """Two variants with lognormal throughput noise of the given CV and noisy stall shares."""
+    sigma = math.sqrt(math.log(1 + cv * cv))
+    noise = lambda: list(rng.lognormal(0.0, sigma, REPEATS))  # noqa: E731
+    share = lambda m, sd: list(np.clip(rng.normal(m, sd, REPEATS), 0, 1))  # noqa: E731
+    return make_result([
+        make_variant("naive", scaled(noise(), 1000.0), share=share(0.6, 0.03)),
+        make_variant("opt", scaled(noise(), 3000.0 / slowdown), share=share(0.1, 0.02)),
+    ])
+
+
+def _failure_rate(cv: float, slowdown: float, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    fails = 0
+    for _ in range(PAIRS):
+        report = gate.compare([_draw(rng, cv)], [_draw(rng, cv, slowdown)], threshold=0.10,
+                              alpha=0.01, n_boot=50)
+        fails += gate.exit_code(report)
+    return fails / PAIRS
+
+
+def test_aa_false_positive_rate_under_5_percent() -> None:
+    """Same noise on both sides (CV 8%, the noisy end): the gate almost never fails."""
+    assert _failure_rate(cv=0.08, slowdown=1.0, seed=1) < 0.05
+
+
+def test_ab_30_percent_slowdown_caught_over_95_percent() -> None:
+    """Epoch time x1.3 (throughput / 1.3) at CV 6% with 5 repeats: caught in > 95% of draws."""
+    assert _failure_rate(cv=0.06, slowdown=1.3, seed=2) > 0.95
