@@ -209,41 +209,61 @@ def find(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def write_atomic(path: Path, payload: str) -> None:
-    """Write via a temp file in the same directory + rename: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _write_temp(directory: Path, name: str, payload: str) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_atomic(path: Path, payload: str) -> None:
+    """Write via a temp file in the same directory + rename: a crash never leaves half a file."""
+    tmp = _write_temp(path.parent, path.name, payload)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink(tmp)
         raise
 
 
-def result_path(out_dir: Path, scenario_name: str, created: datetime | None = None) -> Path:
-    """``<scenario>-<UTC timestamp>.json``; never an existing file (a suffix is added)."""
+def result_stem(scenario_name: str, created: datetime | None = None) -> str:
     created = created or datetime.now(timezone.utc)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario_name)
-    base = f"{stem}-{created.strftime('%Y%m%dT%H%M%SZ')}"
-    path = out_dir / f"{base}.json"
-    n = 1
-    while path.exists():
-        path = out_dir / f"{base}-{n}.json"
-        n += 1
-    return path
+    return f"{stem}-{created.strftime('%Y%m%dT%H%M%SZ')}"
 
 
 def save(result: Result, out_dir: Path) -> Path:
-    path = result_path(Path(out_dir), result.scenario["name"])
-    write_atomic(path, json.dumps(result.to_dict(), indent=1, sort_keys=False) + "\n")
-    return path
+    """Atomically publish ``<scenario>-<UTC time>.json`` in ``out_dir``, never replacing an
+    existing file: the complete temp file is hard-linked under the first free name (link
+    fails if the name exists, so two concurrent runs cannot clobber each other)."""
+    out_dir = Path(out_dir)
+    base = result_stem(result.scenario["name"])
+    tmp = _write_temp(out_dir, base, json.dumps(result.to_dict(), indent=1) + "\n")
+    try:
+        n = 0
+        while True:
+            path = out_dir / (f"{base}.json" if n == 0 else f"{base}-{n}.json")
+            try:
+                os.link(tmp, path)
+                return path
+            except FileExistsError:
+                n += 1
+    finally:
+        _unlink(tmp)
 
 
 def now_utc() -> str:

@@ -19,7 +19,7 @@ from .analysis import differential, rates, summary
 from .data.parquet import describe
 from .executors import base as executors
 from .measure.probe import measured_run
-from .pipeline import FULL, Ablation, Plan, StageCaches, dataset_for
+from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from .results import SCHEMA_VERSION, RepeatFigures, Result, Summary, VariantResult, now_utc
 from .scenario import Scenario, Variant
 
@@ -125,7 +125,7 @@ def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigur
         ablations={k: v for k, v in runs.items() if k != "full"},
         timeline=timeline, resources=resources,
     )
-    vr.stage_rates = rates.stage_rates(full, runs.get(Ablation(True, True, True).name))
+    vr.stage_rates = rates.stage_rates(full, runs.get(COMPUTE_ONLY.name))
     vr.bytes = rates.byte_figures(full)
     notes = plan.transfer.notes()
     if notes:

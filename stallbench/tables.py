@@ -61,12 +61,13 @@ def attribution_table(result: Result) -> str | None:
             return f"{num(a[key], '.2f')} [{num(lo, '.2f')},{num(hi, '.2f')}]"
 
         rows.append([v.name, part("compute_s"), part("fetch_stall_s"), part("preprocess_stall_s"),
-                     part("transfer_stall_s"), pct(a["stall_share"]), a["bound_by"]])
+                     part("transfer_stall_s"), part("overhead_s"), pct(a["stall_share"]),
+                     a["bound_by"]])
     if not rows:
         return None
     head = ["variant", "compute s", "fetch stall s", "preprocess stall s", "transfer stall s",
-            "stall %", "bound by"]
-    return table(head, rows, right={1, 2, 3, 4, 5})
+            "loader overhead s", "stall %", "bound by"]
+    return table(head, rows, right={1, 2, 3, 4, 5, 6})
 
 
 def verdicts(result: Result) -> list[str]:

@@ -3,13 +3,19 @@
 The same variant is run with stages replaced by their ideal (instant) form. Differences of
 mean epoch time attribute the wall time:
 
-- ``chain`` (DS-Analyzer's order, 4 runs): full -> no fetch -> no fetch+preprocess ->
-  compute-only. fetch stall = T(full) - T(no_fetch), preprocess stall = T(no_fetch) -
-  T(no_fetch_preprocess), transfer stall = T(no_fetch_preprocess) - T(compute_only),
-  compute = T(compute_only). The parts sum to T(full) by construction.
-- ``shapley`` (all 8 subsets): each stage's stall is its Shapley value over the ablation
-  lattice, i.e. its marginal saving averaged over every removal order. Needed when stages
-  overlap in parallel workers: then the chain's answer depends on the order of removal.
+- ``chain`` (DS-Analyzer's order, 5 runs): full -> no fetch -> no fetch+preprocess -> all
+  three free (loader still running) -> compute-only (no loader). fetch stall = T(full) -
+  T(no_fetch), preprocess stall = T(no_fetch) - T(no_fetch_preprocess), transfer stall =
+  T(no_fetch_preprocess) - T(no_fetch_preprocess_transfer), loader overhead =
+  T(no_fetch_preprocess_transfer) - T(compute_only), compute = T(compute_only). The parts sum
+  to T(full) by construction.
+- ``shapley`` (all 8 subsets + compute-only): each stage's stall is its Shapley value over the
+  ablation lattice, i.e. its marginal saving averaged over every removal order. Needed when
+  stages overlap in parallel workers: then the chain's answer depends on the order of removal.
+
+The loader overhead (worker start-up, hand-off of empty work) is reported as ``overhead_s``
+beside the three stage stalls; the bounding stage is chosen among fetch, preprocess and
+transfer, because only those can be made cheaper by the knobs the verdict names.
 
 Intervals are percentile bootstrap intervals over the repeats of each run (resampled
 independently); with one repeat they collapse to the point estimate.
@@ -21,18 +27,18 @@ import math
 from itertools import combinations
 from typing import Mapping, Sequence
 
-from ..pipeline import ALL_ABLATIONS, Ablation
+from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
 from .stats import bootstrap_ci
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
-         Ablation(True, True, True)]
+         Ablation(True, True, True), COMPUTE_ONLY]
 # Below this stall share, the data pipeline keeps up: the variant is compute-bound.
 COMPUTE_BOUND_SHARE = 0.05
 
 
 def ablations_for(method: str) -> list[Ablation]:
-    return list(CHAIN) if method == "chain" else list(ALL_ABLATIONS)
+    return list(CHAIN) if method == "chain" else [*ALL_ABLATIONS, COMPUTE_ONLY]
 
 
 def _ab(fetch: bool, prep: bool, xfer: bool) -> str:
@@ -41,12 +47,13 @@ def _ab(fetch: bool, prep: bool, xfer: bool) -> str:
 
 def attribute(means: Mapping[str, float], method: str) -> dict[str, float]:
     """Stage stalls and compute from mean epoch times keyed by ablation name."""
+    free, compute = means[_ab(True, True, True)], means[COMPUTE_ONLY.name]
     if method == "chain":
-        f, fp, c = (means[a.name] for a in CHAIN[1:])
+        f, fp = means[CHAIN[1].name], means[CHAIN[2].name]
         full = means["full"]
         return {"fetch_stall_s": full - f, "preprocess_stall_s": f - fp,
-                "transfer_stall_s": fp - c, "compute_s": c}
-    out = {"compute_s": means[_ab(True, True, True)]}
+                "transfer_stall_s": fp - free, "overhead_s": free - compute, "compute_s": compute}
+    out = {"compute_s": compute, "overhead_s": free - compute}
     n = len(STAGES)
     for i, stage in enumerate(STAGES):
         others = [s for s in range(n) if s != i]
@@ -81,19 +88,21 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
                               confidence=confidence, seed=seed)
         intervals[key] = [lo, hi]
     epoch = means["full"]
-    stall = sum(point[f"{s}_stall_s"] for s in STAGES)
+    stage_stall = sum(point[f"{s}_stall_s"] for s in STAGES)
+    stall = stage_stall + point["overhead_s"]
     share = stall / epoch if epoch > 0 else math.nan
-    bound, speedup = _bound(point, epoch, share)
+    bound, speedup = _bound(point, epoch, stage_stall / epoch if epoch > 0 else math.nan)
     parts = point["compute_s"] + stall
     result = {
         "method": method,
         "interval": f"bootstrap percentile {confidence:.0%} over repeats "
                     f"({min(len(v) for v in groups.values())} per run)",
         **{k: point[k] for k in ("compute_s", "fetch_stall_s", "preprocess_stall_s",
-                                 "transfer_stall_s")},
+                                 "transfer_stall_s", "overhead_s")},
         "epoch_s": epoch,
         "stall_s": stall,
         "stall_share": share,
+        "overhead_share": point["overhead_s"] / epoch if epoch > 0 else math.nan,
         "bound_by": bound,
         "ideal_speedup": speedup,
         "intervals": intervals,
@@ -105,8 +114,8 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
     return result
 
 
-def _bound(point: Mapping[str, float], epoch: float, share: float) -> tuple[str, float]:
-    if not (share >= COMPUTE_BOUND_SHARE):
+def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tuple[str, float]:
+    if not (stage_share >= COMPUTE_BOUND_SHARE):
         return "compute", 1.0
     stage = max(STAGES, key=lambda s: point[f"{s}_stall_s"])
     rest = epoch - point[f"{stage}_stall_s"]
@@ -115,9 +124,12 @@ def _bound(point: Mapping[str, float], epoch: float, share: float) -> tuple[str,
 
 def verdict(a: Mapping[str, float | str]) -> str:
     share = float(a["stall_share"])
+    overhead = float(a["overhead_share"])
+    tail = (f" (loader start-up/hand-off alone: {overhead:.0%})"
+            if overhead >= COMPUTE_BOUND_SHARE else "")
     if a["bound_by"] == "compute":
         return (f"compute-bound: trainer waits {max(share, 0):.0%} of the epoch; "
-                "the data pipeline keeps up")
+                f"the data stages keep up{tail}")
     stage = a["bound_by"]
     return (f"{stage}-bound: trainer waits {share:.0%} of the epoch; ideal {stage} would give "
-            f"{float(a['ideal_speedup']):.2f}x")
+            f"{float(a['ideal_speedup']):.2f}x{tail}")

@@ -53,6 +53,9 @@ def byte_figures(full: Sequence[RepeatFigures]) -> dict[str, float | None]:
     if not f:
         return {}
     raw, wire = f.bytes.get("raw_bytes", 0), f.bytes.get("wire_bytes", 0)
+    # ipc_bytes: what crossed a process boundary (absent in old results: unknown, None).
+    ipc = f.bytes.get("ipc_bytes")
     return {"storage_bytes": f.bytes.get("storage_bytes", 0), "raw_bytes": raw, "wire_bytes": wire,
+            "ipc_bytes": ipc, "crossed_process": None if ipc is None else ipc > 0,
             "compression_ratio": raw / wire if wire else None,
             "wire_bytes_per_sample": wire / f.samples if f.samples else None}

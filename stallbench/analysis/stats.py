@@ -11,7 +11,6 @@ import statistics
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float, float]:
@@ -22,6 +21,8 @@ def t_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float,
     m = statistics.fmean(vals)
     if len(vals) < 2:
         return (m, m)
+    from scipy import stats as _st  # lazy: keeps `stallbench --help` fast
+
     se = statistics.stdev(vals) / math.sqrt(len(vals))
     h = float(_st.t.ppf(0.5 + confidence / 2, len(vals) - 1)) * se
     return (m - h, m + h)
@@ -60,6 +61,8 @@ def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
         return 1.0
     if len(set(a) | set(b)) == 1:
         return 1.0
+    from scipy import stats as _st
+
     return float(_st.mannwhitneyu(a, b, alternative="two-sided", method="exact").pvalue)
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from .. import results, scenario, tables
 from ..errors import UserError
-from ..runner import RunOptions, run_scenario
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -47,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats: expected a positive integer, got {args.repeats}")
     if args.max_batches is not None and args.max_batches < 1:
         raise UserError(f"--max-batches: expected a positive integer, got {args.max_batches}")
+    from ..runner import RunOptions, run_scenario  # heavy (torch): only when running
+
     # Parse every scenario first: a typo in the third file fails before the first one runs.
     scenarios = [scenario.load(p) for p in _expand(args.scenarios)]
     opts = RunOptions(repeats=args.repeats, analyze=args.analyze, cache_dir=args.cache_dir,

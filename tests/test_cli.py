@@ -1,0 +1,168 @@
+"""The CLI as users call it: exit codes, one-line errors, golden output shapes, no partial
+results on crash or Ctrl-C. Runs the real ``stallbench`` entry point in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden"
+
+TINY = """
+name = "tiny"
+[dataset]
+rows = 4096
+row_group_rows = 1024
+files = 1
+dense_features = 3
+sparse_features = 2
+sequence_features = 1
+sequence_max_len = 4
+[model]
+kind = "emulated"
+step_ms = 1
+[loader]
+batch_size = 512
+[analysis]
+differential = {analyze}
+[run]
+repeats = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    e = dict(os.environ)
+    e["STALLBENCH_CACHE"] = str(tmp_path_factory.mktemp("cli-cache"))
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def sb(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallbench", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def mask(text: str) -> str:
+    """Golden comparison of output whose numbers are measured: numbers become N, run-specific
+    paths and timestamps are dropped, column padding is normalised."""
+    text = re.sub(r"result: .*", "result: <path>", text)
+    text = re.sub(r"-?\d[\d,]*(\.\d+)?%?", "N", text)
+    text = re.sub(r"\(N\.\.N\)", "(N..N)", text)
+    text = re.sub(r"\[N,N\]", "", text)
+    text = re.sub(r"-{3,}", "---", text)
+    text = re.sub(r"\b(fetch|preprocess|transfer|compute)(-bound|$)", r"<stage>\2", text, flags=re.M)
+    text = re.sub(r"ideal <stage> would give Nx|the data stages keep up", "<consequence>", text)
+    return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
+
+
+def check_golden(name: str, actual: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("STALLBENCH_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(actual)
+    assert actual == path.read_text(), f"golden {name} differs; set STALLBENCH_UPDATE_GOLDEN=1 to refresh"
+
+
+@pytest.mark.parametrize("text, line", [
+    (None, "stallbench: error: missing.toml: no such scenario file\n"),
+    ('name = "x"\n[loader]\nbatch_sise = 3\n',
+     "stallbench: error: s.toml: loader.batch_sise: unknown key; did you mean 'batch_size'? "
+     "(valid: batch_size, num_workers, prefetch_factor, epochs, max_batches, execution, "
+     "batch_format, compression, compression_level, collate, pin_memory, prefetch_batches, "
+     "wire_bandwidth_mb_s)\n"),
+    ('name = "x"\n[dataset]\nrows = -5\n',
+     "stallbench: error: s.toml: dataset.rows: expected a value >= 1, got -5\n"),
+    ('name = "x"\n[preprocess]\ntransforms = ["hash_idz"]\n',
+     "stallbench: error: s.toml: preprocess.transforms[0]: unknown transform 'hash_idz'; did you "
+     "mean 'hash_ids'? (valid: filter, hash_ids, join, log_dense, negative_downsample, "
+     "normalize_dense, truncate_sequences)\n"),
+])
+def test_bad_scenario_one_line_exit_2(tmp_path: Path, env: dict, text: str | None, line: str) -> None:
+    target = "missing.toml" if text is None else write(tmp_path, text).name
+    r = sb(["run", target, "--out", "out", "--no-progress"], env, tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_corrupt_parquet_one_line_exit_2(tmp_path: Path, env: dict) -> None:
+    (tmp_path / "data.parquet").write_bytes(b"not parquet at all" * 10)
+    write(tmp_path, 'name = "x"\n[dataset]\npath = "data.parquet"\n')
+    r = sb(["run", "s.toml", "--out", "out"], env, tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("stallbench: error: s.toml: dataset.path: ")
+    assert "data.parquet" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
+    write(tmp_path, TINY.format(analyze="true"))
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    files = list((tmp_path / "out").glob("tiny-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["schema_version"] == 1
+    v = data["variants"][0]
+    assert len(v["throughput_samples_s"]["values"]) == 2
+    assert v["analysis"]["bound_by"] in {"fetch", "preprocess", "transfer", "compute"}
+    check_golden("run_tiny.txt", mask(r.stdout))
+
+
+def test_crash_mid_run_leaves_no_result(tmp_path: Path, env: dict) -> None:
+    (tmp_path / "boom.py").write_text(
+        "def fail_on_third(table, **kw):\n"
+        "    import os\n"
+        "    n = int(os.environ.get('BOOM_COUNT', '0')) + 1\n"
+        "    os.environ['BOOM_COUNT'] = str(n)\n"
+        "    if n == 3:\n"
+        "        raise RuntimeError('injected failure')\n"
+        "    return table\n")
+    write(tmp_path, TINY.format(analyze="false") + '[preprocess]\ntransforms = ["boom:fail_on_third"]\n')
+    e = {**env, "PYTHONPATH": str(tmp_path)}
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], e, tmp_path)
+    assert r.returncode != 0
+    assert "injected failure" in r.stderr
+    out = tmp_path / "out"
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_ctrl_c_leaves_no_result(tmp_path: Path, env: dict) -> None:
+    slow = TINY.format(analyze="false").replace("step_ms = 1", "step_ms = 400")
+    write(tmp_path, slow)
+    p = subprocess.Popen([sys.executable, "-m", "stallbench", "run", "s.toml", "--out", "out",
+                          "--no-progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    line = ""
+    while "variant" not in line and time.time() < deadline:
+        line = p.stdout.readline()
+    time.sleep(1.0)   # inside the measured run
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted; no result written" in err
+    o = tmp_path / "out"
+    assert not o.exists() or not list(o.iterdir())
+
+
+def test_version_and_help(env: dict, tmp_path: Path) -> None:
+    r = sb(["--version"], env, tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("stallbench ")
+    r = sb([], env, tmp_path)
+    assert r.returncode == 2 and "COMMAND" in r.stderr

@@ -1,0 +1,118 @@
+"""Scenario parsing: the public key contract, matrix expansion and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stallbench import scenario
+from stallbench.errors import ScenarioError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(text: str) -> scenario.Scenario:
+    return scenario.parse(text, "s.toml")
+
+
+def error(text: str) -> ScenarioError:
+    with pytest.raises(ScenarioError) as info:
+        parse(text)
+    return info.value
+
+
+def test_defaults_and_sections() -> None:
+    sc = parse('name = "x"\n[loader]\nbatch_size = 512\n')
+    assert sc.name == "x"
+    assert sc.base.loader.batch_size == 512
+    assert sc.base.loader.num_workers == 0
+    assert sc.base.dataset.path is None
+    assert [v.name for v in sc.variants] == ["default"]
+
+
+def test_matrix_expands_cartesian_product_in_order() -> None:
+    sc = parse('name = "x"\n[matrix]\n"loader.num_workers" = [0, 1, 2]\n'
+               '"loader.batch_format" = ["rows", "single_buffer"]\n')
+    assert [v.name for v in sc.variants] == [
+        "num_workers=0,batch_format=rows", "num_workers=0,batch_format=single_buffer",
+        "num_workers=1,batch_format=rows", "num_workers=1,batch_format=single_buffer",
+        "num_workers=2,batch_format=rows", "num_workers=2,batch_format=single_buffer"]
+    v = sc.variants[3]
+    assert v.config.loader.num_workers == 1 and v.config.loader.batch_format == "single_buffer"
+    assert v.knobs == {"loader.num_workers": 1, "loader.batch_format": "single_buffer"}
+
+
+def test_int_accepted_for_float_but_bool_is_not_int() -> None:
+    sc = parse('name = "x"\n[storage]\nbandwidth_mb_s = 100\n')
+    assert sc.base.storage.bandwidth_mb_s == 100.0
+    e = error('name = "x"\n[loader]\nbatch_size = true\n')
+    assert e.key == "loader.batch_size" and "integer" in e.message
+
+
+@pytest.mark.parametrize("text, key, fragment", [
+    ('name = "x"\n[loader]\nbatch_sise = 3\n', "loader.batch_sise", "did you mean 'batch_size'"),
+    ('name = "x"\n[loadr]\nbatch_size = 3\n', "loadr", "did you mean 'loader'"),
+    ('name = "x"\n[loader]\nbatch_size = -3\n', "loader.batch_size", "expected a value >= 1, got -3"),
+    ('name = "x"\n[dataset]\nrows = "many"\n', "dataset.rows", 'expected an integer, got "many"'),
+    ('name = "x"\n[loader]\nbatch_format = "colunmar"\n', "loader.batch_format",
+     "did you mean 'columnar'"),
+    ('name = "x"\n[storage]\nbandwidth_mb_s = 0\n', "storage.bandwidth_mb_s", "expected a value > 0"),
+    ('[loader]\nbatch_size = 3\n', "name", "expected a non-empty string"),
+    ('name = "a/b"\n', "name", "file name"),
+    ('name = "x"\n[matrix]\n"loader.workers" = [1]\n', "matrix.'loader.workers'",
+     "did you mean 'num_workers'"),
+    ('name = "x"\n[matrix]\n"loader.num_workers" = []\n', "matrix.'loader.num_workers'",
+     "non-empty list"),
+    ('name = "x"\n[matrix]\n"loader.num_workers" = [0, -1]\n', "loader.num_workers",
+     "(from [matrix])"),
+    ('name = "x"\n[model]\nkind = "dlrn"\n', "model.kind", "did you mean 'dlrm'"),
+    ('name = "x"\n[preprocess]\ntransforms = [3]\n', "preprocess.transforms[0]", "a name or a table"),
+    ('name = "x"\n[executor]\nkind = "rey"\n', "executor.kind", "did you mean 'ray'"),
+])
+def test_bad_input_names_file_key_and_expectation(text: str, key: str, fragment: str) -> None:
+    e = error(text)
+    assert e.file == "s.toml"
+    assert e.key == key
+    assert fragment in str(e)
+    assert str(e).startswith(f"s.toml: {key}: ")
+    assert "\n" not in str(e)
+
+
+def test_toml_syntax_error_is_one_line() -> None:
+    e = error('name = "x"\n[loader\n')
+    assert e.key is None and "TOML syntax error" in str(e) and "\n" not in str(e)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="no such scenario file"):
+        scenario.load(tmp_path / "nope.toml")
+    with pytest.raises(ScenarioError, match="directory"):
+        scenario.load(tmp_path)
+
+
+def test_fingerprint_ignores_comments_but_not_knobs() -> None:
+    a = parse('name = "x"\n[loader]\nbatch_size = 512\n')
+    b = parse('# a comment\nname = "x"\ndescription = "d"\n[loader]\nbatch_size = 512\n')
+    c = parse('name = "x"\n[loader]\nbatch_size = 1024\n')
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    assert a.sha256 != b.sha256
+
+
+def test_emulated_labels() -> None:
+    sc = parse('name = "x"\n[model]\nkind = "emulated"\nstep_ms = 3\n[storage]\nlatency_ms = 2\n')
+    assert set(sc.base.emulated()) == {"model.step_ms", "storage.latency_ms"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "scenarios").glob("**/*.toml")), ids=lambda p: p.name)
+def test_committed_scenarios_parse(path: Path) -> None:
+    sc = scenario.load(path)
+    assert sc.variants
+
+
+def test_reference_lists_every_key() -> None:
+    ref = scenario.reference_markdown()
+    for section, cls in scenario.SECTIONS.items():
+        assert f"[{section}]" in ref
+        for f in cls.__dataclass_fields__:
+            assert f"`{f}`" in ref
