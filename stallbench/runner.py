@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__, machine
-from .analysis import differential, rates, summary
+from .analysis import differential, rates, summary, whatif
 from .data.parquet import describe
 from .executors import base as executors
 from .measure.probe import measured_run
@@ -147,7 +147,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions,
         say(f"  variant {v.name}: {len(plan.items)} row groups, {repeats} repeat(s)"
             f"{', differential ' + v.config.analysis.method if analyze else ''}")
         variants.append(run_variant(v, plan, repeats, analyze, scenario.path, opts.progress))
-    return Result(
+    result = Result(
         schema_version=SCHEMA_VERSION,
         tool={"name": "stallbench", "version": __version__},
         created_utc=now_utc(),
@@ -162,3 +162,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions,
         variants=variants,
         analysis=summary.scenario_analysis(variants),
     )
+    check = whatif.validate(result)
+    if check:
+        result.analysis["whatif"] = check
+    return result

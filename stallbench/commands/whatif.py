@@ -1,18 +1,115 @@
-"""``stallbench whatif``: placeholder until the what-if model lands (issue 6)."""
+"""``stallbench whatif RESULT.json``: predicted throughput for more workers/nodes, cache and
+storage bandwidth, from the rates one measured configuration gave (every figure PREDICTED)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 from ..errors import UserError
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
-    p = sub.add_parser("whatif", help="predict throughput for more workers/nodes (not yet)")
-    p.add_argument("result")
+    p = sub.add_parser("whatif", help="predict throughput for more CPU workers/nodes, cache, bandwidth",
+                       description="Fit the bottleneck model on one measured variant and predict "
+                                   "other configurations. Every figure printed is a prediction.")
+    p.add_argument("result", help="a stallbench result JSON")
+    p.add_argument("--variant", help="variant to fit on (default: the what-if fit variant, or the first)")
+    axis = p.add_mutually_exclusive_group()
+    axis.add_argument("--workers", default=None, help="worker counts: N, A..B or A,B,C (default 0..16)")
+    axis.add_argument("--nodes", default=None, help="CPU node counts: N, A..B or A,B,C")
+    p.add_argument("--cpus-per-node", type=int, default=None,
+                   help="cores per CPU node (default: the fit variant's executor.cpus_per_node)")
+    p.add_argument("--cores", type=float, default=None,
+                   help="cores shared by trainer and workers (default: the measured machine's)")
+    p.add_argument("--cache", type=float, default=0.0, help="share of data already in memory, 0..1")
+    p.add_argument("--bandwidth-mb-s", type=float, default=None,
+                   help="storage bandwidth per stream in MB/s (replaces the measured storage wait)")
+    p.add_argument("--storage-cap-mb-s", type=float, default=None, help="aggregate storage bandwidth cap")
+    p.add_argument("--cpu-node-cost", type=float, default=None, help="price of a CPU node per hour")
+    p.add_argument("--gpu-node-cost", type=float, default=None, help="price of the trainer node per hour")
     p.set_defaults(func=run)
     return p
 
 
+def parse_range(text: str, flag: str) -> list[int]:
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split("..", 1))
+            values = list(range(lo, hi + 1))
+        else:
+            values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UserError(f"{flag}: expected N, A..B or A,B,C with whole numbers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise UserError(f"{flag}: expected non-negative counts, got {text!r}")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
-    raise UserError("whatif: not implemented yet")
+    from .. import results, tables
+    from ..analysis import whatif
+
+    if not 0 <= args.cache < 1:
+        raise UserError(f"--cache: expected a share in [0, 1), got {args.cache}")
+    for flag in ("bandwidth_mb_s", "storage_cap_mb_s", "cores"):
+        val = getattr(args, flag)
+        if val is not None and val <= 0:
+            raise UserError(f"--{flag.replace('_', '-')}: expected a positive number, got {val}")
+    r = results.load(args.result)
+    stored = r.analysis.get("whatif") or {}
+    name = args.variant or stored.get("fit_variant") or r.variants[0].name
+    try:
+        v = r.variant(name)
+    except KeyError:
+        raise UserError(f"{args.result}: no variant {name!r} (have: "
+                        f"{', '.join(x.name for x in r.variants)})") from None
+    if not v.repeats or not v.repeats[0].samples:
+        raise UserError(f"{args.result}: variant {name!r} has no measured runs to fit on")
+    m = whatif.fit(v, r.machine)
+    cpn = args.cpus_per_node or m.cpus_per_node
+    if args.nodes is not None:
+        nodes = parse_range(args.nodes, "--nodes")
+        counts = [n * cpn for n in nodes]
+        label = "nodes"
+        # real nodes bring their own cores; the trainer keeps the measured machine's
+        cores = lambda n: (args.cores or m.cores) + n  # noqa: E731
+    else:
+        nodes = parse_range(args.workers or "0..16", "--workers")
+        counts = nodes
+        label = "workers"
+        cores = lambda n: args.cores or m.cores  # noqa: E731
+    kw = dict(cache=args.cache, bandwidth_mb_s=args.bandwidth_mb_s,
+              storage_cap_mb_s=args.storage_cap_mb_s)
+    preds = [whatif.predict(m, c, cores=cores(c), **kw) for c in counts]
+    samples = v.repeats[0].samples
+    rows, cheapest = [], None
+    for n, p in zip(nodes, preds):
+        row = [str(n), tables.num(p.throughput_samples_s), tables.pct(p.stall_share), p.bound_by]
+        if args.cpu_node_cost is not None or args.gpu_node_cost is not None:
+            hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
+            cpu_nodes = n if label == "nodes" else 0
+            cost = hours * ((args.cpu_node_cost or 0) * cpu_nodes + (args.gpu_node_cost or 0))
+            row.append(f"{cost:.6f}")
+            if p.stall_share < 0.05 and (cheapest is None or cost < cheapest[1]):
+                cheapest = (n, cost)
+        rows.append(row + [p.why])
+    head = [label, "PREDICTED samples/s", "stall %", "bound by"]
+    if args.cpu_node_cost is not None or args.gpu_node_cost is not None:
+        head.append("cost/run")
+    print(f"what-if for {r.scenario['name']} / {v.name} (fitted on this variant's measured rates; "
+          f"every figure below is PREDICTED)")
+    print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
+          f"{whatif.workers_of(v)} worker(s) on {m.cores:g} cores")
+    print(tables.table(head + ["why"], rows, right=set(range(1, len(head)))))
+    k = whatif.knee(m, counts[1:] if counts and counts[0] == 0 else counts, **kw)
+    print(f"knee: {k['explanation']}")
+    if cheapest:
+        print(f"cheapest configuration without stall: {cheapest[0]} {label}, {cheapest[1]:.6f} per run")
+    check = stored.get("measured")
+    if check:
+        errs = [f"{x['n']}: {x['error']:+.0%}" for x in check if not x.get("is_fit") and x.get("error") is not None]
+        if errs:
+            print(f"validation in this result (fitted on {stored.get('fit_variant')}): prediction error "
+                  + ", ".join(errs))
+    return 0

@@ -1,0 +1,225 @@
+"""What-if: predict throughput for more CPU workers or nodes, cache and storage bandwidth.
+
+A small, explainable bottleneck model in the spirit of DS-Analyzer (predict from measured
+fetch/prep rates) and Plumber (per-stage per-core rates against a core budget). Everything is
+per *sample* the trainer consumes, measured in ONE configuration (the fit point):
+
+- ``p_wall``: producer seconds per sample for fetch + preprocess + producer-side transfer, as a
+  producer worker lives it (includes storage waits, which use no CPU);
+- ``p_cpu``: the CPU seconds of the same work (thread CPU clocks);
+- ``t_trainer``: trainer seconds per sample outside the producers: trainer-side transfer,
+  the loader's hand-off overhead (measured by the differential run) and the compute step;
+- ``t_cpu``: the trainer's CPU seconds per sample (compute counts only when it runs on the CPU).
+
+Predicted throughput with N producer workers (N = 0: the trainer does everything in turn):
+
+    N = 0:  X = 1 / (p_wall + t_trainer)
+    N >= 1: X = min(N / p_wall,                 # the workers' own pace
+                    cores / (p_cpu + t_cpu),    # all CPU work shares the cores
+                    1 / t_trainer,              # the trainer: compute + its share of data work
+                    storage_MB_s / MB_per_sample)   # optional aggregate storage cap
+
+The binding term names the bound; the knee is the fewest workers (or nodes) with no stall,
+i.e. where the trainer term binds. ``cache`` removes that share of the fetch cost;
+``bandwidth_mb_s`` replaces the measured storage wait by bytes / bandwidth. Nodes add
+``cpus_per_node`` cores and workers each, unless they are simulated on one machine, where they
+share its cores. The limits: no contention model beyond a core budget, no memory bandwidth, no
+network between nodes except what the trainer-side transfer measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+from ..results import Result, VariantResult
+
+DATA_STAGES = ("fetch", "preprocess", "transfer")
+
+
+@dataclass(frozen=True)
+class Model:
+    p_wall: float
+    p_cpu: float
+    t_trainer: float
+    t_cpu: float
+    cores: float                 # cores of the machine the fit ran on
+    stage_wall: dict[str, float]  # per-sample producer wall time per stage (explanations)
+    io_wait: float               # per-sample storage wait inside p_wall
+    io_bytes: float              # storage bytes per sample
+    compute: float               # compute seconds per sample (inside t_trainer)
+    fit_workers: int
+    fit_variant: str
+    cpus_per_node: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    n: int
+    throughput_samples_s: float
+    stall_share: float
+    bound_by: str
+    why: str
+
+
+def _median(xs: Iterable[float]) -> float:
+    vals = sorted(x for x in xs if x is not None and math.isfinite(x))
+    if not vals:
+        return math.nan
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
+def workers_of(v: VariantResult) -> int:
+    ex = v.config.get("executor", {})
+    if ex.get("kind") == "ray":
+        nodes = ex.get("simulated_nodes") or 0
+        return nodes * (ex.get("cpus_per_node") or 1) if nodes else (ex.get("cpus") or 1)
+    return int(v.config.get("loader", {}).get("num_workers", 0))
+
+
+def compute_on_cpu(v: VariantResult, machine: dict[str, Any]) -> bool:
+    return "model.step_ms" not in v.emulated and not machine.get("gpu")
+
+
+def fit(v: VariantResult, machine: dict[str, Any]) -> Model:
+    """Per-sample costs from the variant's full runs (medians over repeats)."""
+    reps = v.repeats
+    s = lambda key: _median(f.stage_s.get(key, 0.0) / max(f.samples, 1) for f in reps)  # noqa: E731
+    fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
+    cpu = s("fetch_cpu") + s("preprocess_cpu") + s("transfer_producer_cpu")
+    trainer_xfer = s("transfer_trainer")
+    compute = _median(f.compute_s / max(f.samples, 1) for f in reps)
+    overhead = 0.0
+    if v.analysis.get("overhead_s") is not None and workers_of(v) > 0:
+        samples = _median(f.samples for f in reps)
+        overhead = max(float(v.analysis["overhead_s"]), 0.0) / max(samples, 1)
+    t_cpu = trainer_xfer + (compute if compute_on_cpu(v, machine) else 0.0)
+    io_bytes = _median(f.bytes.get("storage_bytes", 0) / max(f.samples, 1) for f in reps)
+    ex = v.config.get("executor", {})
+    return Model(
+        p_wall=fetch + prep + xfer, p_cpu=cpu, t_trainer=trainer_xfer + overhead + compute,
+        t_cpu=t_cpu, cores=float(machine.get("cpu_affinity") or machine.get("cores_logical") or 1),
+        stage_wall={"fetch": fetch, "preprocess": prep, "transfer": xfer,
+                    "transfer_trainer": trainer_xfer, "overhead": overhead},
+        io_wait=s("fetch_io_wait"), io_bytes=io_bytes, compute=compute,
+        fit_workers=workers_of(v), fit_variant=v.name,
+        cpus_per_node=int(ex.get("cpus_per_node") or 1),
+    )
+
+
+def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
+            storage_cap_mb_s: float | None = None, cores: float | None = None) -> Prediction:
+    fetch_wall = m.stage_wall["fetch"]
+    io = m.io_wait
+    if bandwidth_mb_s:
+        io_new = m.io_bytes / (bandwidth_mb_s * 1e6)
+        fetch_wall = fetch_wall - io + io_new
+        io = io_new
+    fetch_cpu_share = m.p_cpu * (m.stage_wall["fetch"] - m.io_wait) / max(m.p_wall - m.io_wait, 1e-12)
+    fetch_wall *= (1.0 - cache)
+    p_wall = fetch_wall + m.stage_wall["preprocess"] + m.stage_wall["transfer"]
+    p_cpu = m.p_cpu - cache * fetch_cpu_share
+    cores = cores if cores is not None else m.cores
+    stages = {"fetch": fetch_wall, "preprocess": m.stage_wall["preprocess"],
+              "transfer": m.stage_wall["transfer"]}
+    heaviest = max(stages, key=stages.get)
+    if workers == 0:
+        x = 1.0 / (p_wall + m.t_trainer)
+        bound = heaviest if p_wall > 0.05 * (p_wall + m.t_trainer) else "compute"
+        why = (f"no workers: the trainer does {p_wall * 1e6:.1f} us/sample of data work "
+               f"({heaviest} heaviest) before each {m.t_trainer * 1e6:.1f} us/sample step")
+    else:
+        terms = {
+            "workers": workers / p_wall if p_wall > 0 else math.inf,
+            "cores": cores / (p_cpu + m.t_cpu) if p_cpu + m.t_cpu > 0 else math.inf,
+            "trainer": 1.0 / m.t_trainer if m.t_trainer > 0 else math.inf,
+        }
+        if storage_cap_mb_s and m.io_bytes:
+            terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
+        binding = min(terms, key=terms.get)
+        x = terms[binding]
+        if binding == "trainer":
+            data_t = m.stage_wall["transfer_trainer"] + m.stage_wall["overhead"]
+            bound = "compute" if m.compute >= data_t else "transfer"
+            why = (f"the trainer binds: {m.compute * 1e6:.1f} us/sample compute + "
+                   f"{data_t * 1e6:.1f} us/sample trainer-side data work")
+        elif binding == "workers":
+            bound = heaviest
+            why = (f"{workers} worker(s) at {p_wall * 1e6:.1f} us/sample each "
+                   f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
+        elif binding == "cores":
+            bound = heaviest
+            why = (f"CPU-bound: {p_cpu * 1e6:.1f} + {m.t_cpu * 1e6:.1f} us CPU/sample on "
+                   f"{cores:g} cores ({heaviest} heaviest)")
+        else:
+            bound = "fetch"
+            why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
+    stall = max(0.0, 1.0 - x * m.compute) if math.isfinite(x) else 0.0
+    return Prediction(workers, x, stall, bound, why)
+
+
+def knee(m: Model, candidates: Sequence[int], **kw: Any) -> dict[str, Any]:
+    """The fewest workers with no data stall, or what bounds once more workers stop helping."""
+    preds = [predict(m, n, **kw) for n in candidates]
+    for p in preds:
+        if p.bound_by == "compute" and p.n > 0:
+            return {"n": p.n, "bound_by": "compute",
+                    "explanation": f"{p.n} worker(s) remove the data stall: {p.why}"}
+    best = max(preds, key=lambda p: p.throughput_samples_s) if preds else None
+    if best is None:
+        return {"n": None, "bound_by": None, "explanation": "no candidates"}
+    first_best = next(p for p in preds if p.throughput_samples_s >= 0.99 * best.throughput_samples_s)
+    return {"n": None, "bound_by": first_best.bound_by, "saturates_at": first_best.n,
+            "explanation": f"no worker count removes the stall; from {first_best.n} on, "
+                           f"{first_best.why}"}
+
+
+def _group_key(v: VariantResult) -> tuple:
+    return tuple(sorted((k, repr(x)) for k, x in v.knobs.items()
+                        if k not in ("loader.num_workers", "executor.simulated_nodes")))
+
+
+def validate(result: Result, *, axis_max: int = 16) -> dict[str, Any] | None:
+    """Fit on the smallest worker/node count of each group of variants, predict the others,
+    and store predicted vs measured with the error; also a predicted curve and its knee."""
+    groups: dict[tuple, list[VariantResult]] = {}
+    for v in result.variants:
+        if v.repeats and v.repeats[0].samples:
+            groups.setdefault(_group_key(v), []).append(v)
+    best = max(groups.values(), key=len, default=[])
+    if len(best) < 2 or len({workers_of(v) for v in best}) < 2:
+        return None
+    best.sort(key=workers_of)
+    fit_v = next((v for v in best if workers_of(v) >= 1), best[0])
+    m = fit(fit_v, result.machine)
+    simulated = any(v.config.get("executor", {}).get("simulated_nodes") for v in best)
+    measured = []
+    for v in best:
+        p = predict(m, workers_of(v))
+        got = v.throughput_samples_s.median
+        measured.append({"n": workers_of(v), "variant": v.name, "measured_samples_s": got,
+                         "predicted_samples_s": p.throughput_samples_s,
+                         "error": (p.throughput_samples_s - got) / got if got else None,
+                         "is_fit": v is fit_v, "bound_by": p.bound_by})
+    ns = list(range(0, axis_max + 1))
+    points = [asdict(predict(m, n)) for n in ns]
+    for pt in points:
+        pt["predicted_samples_s"] = pt.pop("throughput_samples_s")
+    errors = [abs(x["error"]) for x in measured if not x["is_fit"] and x["error"] is not None]
+    return {
+        "label": "predicted",
+        "axis": "workers" if not simulated else "simulated node CPUs",
+        "fit_variant": fit_v.name,
+        "model": m.to_dict(),
+        "points": points,
+        "measured": measured,
+        "max_abs_error": max(errors) if errors else None,
+        "knee": knee(m, ns[1:]),
+        "note": ("fitted on one configuration, the rest predicted; simulated nodes share this "
+                 "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
+    }
