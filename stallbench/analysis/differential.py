@@ -27,8 +27,9 @@ import math
 from itertools import combinations
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
-from .stats import bootstrap_ci
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
@@ -82,11 +83,7 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
     full_median = full_values[len(full_values) // 2] if len(full_values) % 2 else \
         sum(full_values[len(full_values) // 2 - 1:len(full_values) // 2 + 1]) / 2
     groups = {k: epochs[k] for k in needed}
-    intervals = {}
-    for key in point:
-        lo, hi = bootstrap_ci(groups, lambda m, key=key: attribute(m, method)[key],
-                              confidence=confidence, seed=seed)
-        intervals[key] = [lo, hi]
+    intervals = bootstrap_parts(groups, method, confidence, seed)
     epoch = means["full"]
     stage_stall = sum(point[f"{s}_stall_s"] for s in STAGES)
     stall = stage_stall + point["overhead_s"]
@@ -112,6 +109,18 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
     }
     result["verdict"] = verdict(result)
     return result
+
+
+def bootstrap_parts(groups: Mapping[str, Sequence[float]], method: str, confidence: float,
+                    seed: int, n_boot: int = 2000) -> dict[str, list[float]]:
+    """Percentile bootstrap of every part at once: the attribution is linear in the group
+    means, so it is evaluated on whole arrays of resampled means (fast, same answer as a loop)."""
+    rng = np.random.default_rng(seed)
+    means = {k: rng.choice(np.asarray(v, dtype=float), size=(n_boot, len(v)), replace=True).mean(axis=1)
+             for k, v in groups.items()}
+    draws = attribute(means, method)
+    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
+    return {k: [float(x) for x in np.quantile(d, q)] for k, d in draws.items()}
 
 
 def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tuple[str, float]:

@@ -1,0 +1,63 @@
+"""Differential attribution on synthetic epoch times with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallbench.analysis.differential import ablations_for, analyse, attribute
+
+
+def chain_epochs(full=10.0, nf=7.0, nfp=4.0, free=3.5, compute=3.0, n=3, jitter=0.0):
+    names = ["full", "no_fetch", "no_fetch_preprocess", "no_fetch_preprocess_transfer", "compute_only"]
+    vals = [full, nf, nfp, free, compute]
+    return {k: [v + jitter * (i - 1) for i in range(n)] for k, v in zip(names, vals)}
+
+
+def test_chain_parts_close_and_bound() -> None:
+    a = analyse(chain_epochs(), "chain")
+    assert a["fetch_stall_s"] == pytest.approx(3.0)
+    assert a["preprocess_stall_s"] == pytest.approx(3.0)
+    assert a["transfer_stall_s"] == pytest.approx(0.5)
+    assert a["overhead_s"] == pytest.approx(0.5)
+    assert a["compute_s"] == pytest.approx(3.0)
+    assert a["closure_error"] == pytest.approx(0.0)
+    assert a["bound_by"] in {"fetch", "preprocess"}
+    assert a["stall_share"] == pytest.approx(0.7)
+    assert a["ideal_speedup"] == pytest.approx(10 / 7)
+    assert "-bound: trainer waits 70% of the epoch" in a["verdict"]
+
+
+def test_intervals_collapse_without_spread_and_widen_with_it() -> None:
+    a = analyse(chain_epochs(n=1), "chain")
+    lo, hi = a["intervals"]["fetch_stall_s"]
+    assert lo == pytest.approx(hi) == pytest.approx(3.0)
+    b = analyse(chain_epochs(n=5, jitter=0.2), "chain")
+    lo, hi = b["intervals"]["fetch_stall_s"]
+    assert lo < 3.0 < hi
+
+
+def test_compute_bound_verdict() -> None:
+    a = analyse(chain_epochs(full=3.05, nf=3.04, nfp=3.03, free=3.02, compute=3.0), "chain")
+    assert a["bound_by"] == "compute" and a["ideal_speedup"] == 1.0
+    assert a["verdict"].startswith("compute-bound")
+
+
+def test_shapley_splits_overlapping_stages_symmetrically() -> None:
+    # Two stages of 1 s each in one worker, overlapped with 1.5 s of compute: removing either
+    # alone brings the producer to 1 s (< 1.5 s compute), so order matters for the chain.
+    v = {}
+    for ab in ablations_for("shapley"):
+        producer = (0 if ab.fetch else 1.0) + (0 if ab.preprocess else 1.0)
+        v[ab.name] = max(producer, 1.5) if not ab.bypass else 1.5
+    parts = attribute(v, "shapley")
+    assert parts["fetch_stall_s"] == pytest.approx(0.25)
+    assert parts["preprocess_stall_s"] == pytest.approx(0.25)
+    assert parts["transfer_stall_s"] == pytest.approx(0.0)
+    assert sum(parts.values()) == pytest.approx(v["full"])
+    chain = attribute(v, "chain")
+    assert chain["fetch_stall_s"] == pytest.approx(0.5) and chain["preprocess_stall_s"] == pytest.approx(0.0)
+
+
+def test_missing_runs_are_an_error() -> None:
+    with pytest.raises(ValueError, match="missing ablation runs"):
+        analyse({"full": [1.0]}, "chain")

@@ -1,0 +1,86 @@
+"""The what-if model on synthetic rates, where the right answer is known exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stallbench.analysis.whatif import Model, knee, predict
+
+US = 1e-6
+
+
+def model(fetch=1.0, prep=1.0, xfer=1.0, compute=10.0, trainer_xfer=0.0, cores=64.0, io=0.0,
+          cpu_scale=1.0, io_bytes=0.0) -> Model:
+    p_wall = (fetch + prep + xfer) * US
+    return Model(p_wall=p_wall, p_cpu=(p_wall - io * US) * cpu_scale, t_trainer=(compute + trainer_xfer) * US,
+                 t_cpu=trainer_xfer * US, cores=cores,
+                 stage_wall={"fetch": fetch * US, "preprocess": prep * US, "transfer": xfer * US,
+                             "transfer_trainer": trainer_xfer * US, "overhead": 0.0},
+                 io_wait=io * US, io_bytes=io_bytes, compute=compute * US, fit_workers=1,
+                 fit_variant="v")
+
+
+def test_no_workers_is_sequential() -> None:
+    p = predict(model(fetch=2, prep=3, xfer=5, compute=10), 0)
+    assert p.throughput_samples_s == pytest.approx(1 / 20e-6)
+    assert p.stall_share == pytest.approx(0.5)
+    assert p.bound_by == "transfer"
+
+
+def test_compute_bound_when_producers_keep_up() -> None:
+    p = predict(model(compute=10), 1)                 # producer 3 us < compute 10 us
+    assert p.throughput_samples_s == pytest.approx(1e5)
+    assert p.bound_by == "compute" and p.stall_share == pytest.approx(0.0)
+
+
+def test_one_stage_bounds_until_enough_workers() -> None:
+    m = model(fetch=1, prep=38, xfer=1, compute=10)   # 40 us per sample per worker
+    for n in (1, 2, 3):
+        p = predict(m, n)
+        assert p.bound_by == "preprocess"
+        assert p.throughput_samples_s == pytest.approx(n / 40e-6)
+        assert p.stall_share == pytest.approx(1 - n * 10 / 40)
+    assert predict(m, 4).bound_by == "compute"
+    k = knee(m, list(range(1, 9)))
+    assert k["n"] == 4 and k["bound_by"] == "compute"
+
+
+def test_cores_saturate() -> None:
+    m = model(fetch=0, prep=100, xfer=0, compute=10, cores=2)
+    assert predict(m, 2).throughput_samples_s == pytest.approx(2 / 100e-6)
+    assert predict(m, 8).throughput_samples_s == pytest.approx(2 / 100e-6)   # no more cores
+    assert "CPU-bound" in predict(m, 8).why
+    k = knee(m, list(range(1, 9)))
+    assert k["n"] is None and k["saturates_at"] == 2 and k["bound_by"] == "preprocess"
+
+
+def test_trainer_cpu_counts_against_cores() -> None:
+    m = model(fetch=0, prep=10, xfer=0, compute=1, trainer_xfer=10, cores=1)
+    # all CPU work (10 producer + 10 trainer us) shares one core -> 50k samples/s
+    assert predict(m, 4).throughput_samples_s == pytest.approx(1 / 20e-6)
+
+
+def test_storage_wait_uses_no_cpu_and_bandwidth_replaces_it() -> None:
+    m = model(fetch=90, prep=5, xfer=5, compute=10, io=80, io_bytes=800, cores=2)
+    # 100 us wall per worker but only 20 us CPU: 5 workers on 2 cores -> 50k samples/s
+    assert predict(m, 5).throughput_samples_s == pytest.approx(5 / 100e-6)
+    assert predict(m, 5).bound_by == "fetch"
+    # 800 bytes at 80 MB/s = 10 us instead of 80 us of storage wait
+    p = predict(m, 1, bandwidth_mb_s=80)
+    assert p.throughput_samples_s == pytest.approx(1 / 30e-6)
+
+
+def test_cache_removes_fetch_share() -> None:
+    m = model(fetch=40, prep=5, xfer=5, compute=1)
+    full = predict(m, 1).throughput_samples_s
+    half = predict(m, 1, cache=0.5).throughput_samples_s
+    assert full == pytest.approx(1 / 50e-6) and half == pytest.approx(1 / 30e-6)
+
+
+def test_storage_cap() -> None:
+    m = model(fetch=1, prep=1, xfer=1, compute=1, io_bytes=1000)
+    p = predict(m, 8, storage_cap_mb_s=100)          # 100 MB/s / 1 KB = 100k samples/s
+    assert p.throughput_samples_s == pytest.approx(1e5) and p.bound_by == "fetch"
+    assert math.isfinite(p.stall_share)
