@@ -11,12 +11,14 @@ from __future__ import annotations
 import base64
 import io
 import math
+import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg", force=False)  # never a GUI backend, even if pyplot is imported elsewhere
 
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
@@ -31,6 +33,7 @@ STAGE_COLORS = {
     "transfer": "#7d5fb2",
     "wait": "#e0922f",
     "other": "#9aa5b1",
+    "loader": "#52606d",   # loader overhead: start-up and hand-off, no stage's fault
 }
 RUN_COLORS = ["#9aa5b1", "#3b6fb6", "#2a9d8f", "#e0922f", "#7d5fb2", "#c8463d"]
 INK = "#1f2933"
@@ -79,7 +82,19 @@ def _figure(height_in: float, width_in: float = WIDTH_IN) -> Figure:
 def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, facecolor="white", metadata={"Software": None})
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    data = buf.getvalue()
+    try:  # a 256-colour palette is visually lossless for line art and ~3x smaller
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(data)).convert("RGB").quantize(
+            colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        small = io.BytesIO()
+        img.save(small, format="PNG", optimize=True)
+        if small.tell() < len(data):
+            data = small.getvalue()
+    except Exception:  # pragma: no cover - Pillow comes with matplotlib; keep the full PNG
+        pass
+    return base64.b64encode(data).decode("ascii")
 
 
 def _rate_fmt(x: float, _pos: Any = None) -> str:
@@ -114,6 +129,8 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
     preprocess, transfer, wait, other). Each segment with an interval gets a whisker at its end.
     """
     rows = [r for r in rows if any(_finite(s[1]) and s[1] > 0 for s in r.get("segments", []))]
+    # A negative part (a difference of noisy means) cannot be stacked: it is left out of the
+    # bar and named beside the total, which is still the signed sum (the epoch).
     if not rows:
         return None
     with _ctx():
@@ -123,8 +140,13 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
         y = list(range(len(rows)))[::-1]
         seen: set[str] = set()
         xmax = 0.0
+        ends: list[tuple[float, float, float]] = []
         for yi, row in zip(y, rows):
             left = 0.0
+            reach = 0.0  # right end of the bar including its whiskers
+            signed = sum(float(s[1]) for s in row["segments"] if _finite(s[1]))
+            negative = [f"{s[0]} {float(s[1]):+.2g} s" for s in row["segments"]
+                        if _finite(s[1]) and s[1] < 0]
             for stage, sec, interval in row["segments"]:
                 if not _finite(sec) or sec <= 0:
                     continue
@@ -138,17 +160,24 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
                     end = left + sec
                     ax.errorbar(end, yi, xerr=[[max(0.0, sec - lo)], [max(0.0, hi - sec)]],
                                 fmt="none", ecolor=INK, elinewidth=0.9, capsize=2.5, alpha=0.75)
-                    xmax = max(xmax, left + hi)
+                    reach = max(reach, left + hi)
                 left += sec
-            xmax = max(xmax, left)
+            reach = max(reach, left)
             tr = row.get("total_range")
-            label_x = left
             if tr and all(_finite(v) for v in tr):
-                label_x = max(left, float(tr[1]))
-            ax.text(label_x + xmax * 0.012 if xmax else label_x, yi, f"{left:.2f} s", va="center",
-                    ha="left", fontsize=8.5, color=INK)
+                lo, hi = float(tr[0]), float(tr[1])
+                if hi > lo:  # spread of the measured epoch over repeats
+                    ax.errorbar(left, yi, xerr=[[max(0.0, left - lo)], [max(0.0, hi - left)]],
+                                fmt="none", ecolor=INK, elinewidth=0.9, capsize=2.5, alpha=0.75)
+                reach = max(reach, hi)
+            xmax = max(xmax, reach)
+            ends.append((yi, signed, reach, negative))
+        for yi, total, reach, negative in ends:
+            note = f"  ({', '.join(negative)}: not drawn)" if negative else ""
+            ax.text(reach + xmax * 0.012, yi, f"{total:.2f} s{note}", va="center", ha="left",
+                    fontsize=8.5, color=INK)
         ax.set_yticks(y, names)
-        ax.set_xlim(0, xmax * 1.13 if xmax else 1)
+        ax.set_xlim(0, xmax * (1.45 if any(e[3] for e in ends) else 1.13) if xmax else 1)
         ax.set_xlabel("seconds per measured run")
         ax.grid(axis="y", visible=False)
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=6, handlelength=1.2,
@@ -182,8 +211,7 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
                 if not vals:
                     continue
                 yc = (len(have) - 1 - vi) + group_h / 2 - bar_h * (ri + 0.5)
-                srt = sorted(vals)
-                med = srt[len(srt) // 2] if len(srt) % 2 else (srt[len(srt) // 2 - 1] + srt[len(srt) // 2]) / 2
+                med = statistics.median(vals)
                 ax.barh(yc, med, height=bar_h * 0.82, color=colors[ri], alpha=0.9,
                         label=run.get("label") if vi == 0 and nruns > 1 else None)
                 if len(vals) > 1:
@@ -212,8 +240,8 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
 def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, Any]] = (),
            knee: Mapping[str, Any] | None = None, axis: str = "workers") -> str | None:
     """Predicted throughput against workers/nodes, measured points on top, knee marked."""
-    pts = sorted((p for p in points if _finite(p.get("n")) and _finite(p.get("predicted_samples_s"))),
-                 key=lambda p: p["n"])
+    pts = sorted((p for p in points if isinstance(p, Mapping) and _finite(p.get("n"))
+                  and _finite(p.get("predicted_samples_s"))), key=lambda p: p["n"])
     if not pts:
         return None
     with _ctx():
@@ -231,19 +259,29 @@ def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, 
             ax.scatter([p["n"]], [p["predicted_samples_s"]], s=26, color=color, zorder=3,
                        label=None if b in seen else f"predicted, {b}-bound")
             seen.add(b)
-        mpts = [m for m in measured if _finite(m.get("n")) and _finite(m.get("measured_samples_s"))]
-        for i, m in enumerate(mpts):
-            ax.scatter([m["n"]], [m["measured_samples_s"]], marker="D", s=34, color=INK, zorder=4,
-                       label="measured" if i == 0 else None)
+        mpts = [m for m in measured if isinstance(m, Mapping) and _finite(m.get("n"))
+                and _finite(m.get("measured_samples_s"))]
+        labelled: set[bool] = set()
+        for m in mpts:
+            is_fit = bool(m.get("is_fit"))
+            ax.scatter([m["n"]], [m["measured_samples_s"]], marker="D", s=34, zorder=4,
+                       color="white" if is_fit else INK, edgecolor=INK, linewidth=1.2,
+                       label=None if is_fit in labelled else
+                       ("measured (the model was fitted here)" if is_fit else "measured"))
+            labelled.add(is_fit)
             if _finite(m.get("predicted_samples_s")):
                 ax.plot([m["n"], m["n"]], [m["measured_samples_s"], m["predicted_samples_s"]],
                         color=INK, lw=0.8, alpha=0.5, zorder=3)
         top = max(ys + [m["measured_samples_s"] for m in mpts])
-        if knee and _finite(knee.get("n")):
-            ax.axvline(knee["n"], color=STAGE_COLORS["preprocess"], lw=1, ls=":", zorder=1)
-            ax.annotate(f"knee: {knee['n']} {axis}" + (f" ({knee['bound_by']}-bound beyond)"
-                                                       if knee.get("bound_by") else ""),
-                        xy=(knee["n"], top * 1.04), xytext=(6, 0), textcoords="offset points",
+        knee = knee if isinstance(knee, Mapping) else {}
+        mark, what = knee.get("n"), "knee"
+        if not _finite(mark) and _finite(knee.get("saturates_at")):
+            mark, what = knee["saturates_at"], "saturates at"
+        if _finite(mark):
+            bound = knee.get("bound_by")
+            ax.axvline(mark, color=STAGE_COLORS["preprocess"], lw=1, ls=":", zorder=1)
+            ax.annotate(f"{what}: {mark:g} {axis}" + (f" ({bound}-bound beyond)" if bound else ""),
+                        xy=(mark, top * 1.04), xytext=(6, 0), textcoords="offset points",
                         fontsize=8.5, color=STAGE_COLORS["preprocess"], va="center")
         ax.set_ylim(0, top * 1.14)
         ax.yaxis.set_major_formatter(FuncFormatter(_rate_fmt))
@@ -256,6 +294,16 @@ def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, 
 
 
 # --------------------------------------------------------------------------------- timeline
+
+def _vbars(ax: Any, x: Sequence[float], heights: Sequence[float], bottoms: Sequence[float],
+           width: float, color: str) -> None:
+    """Many vertical bars as one PolyCollection: ``ax.bar`` makes one patch per bar, which is
+    slow to lay out and draw for thousands of batches."""
+    h = width / 2
+    verts = [[(xi - h, b), (xi - h, b + hi), (xi + h, b + hi), (xi + h, b)]
+             for xi, hi, b in zip(x, heights, bottoms) if hi > 0]
+    ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
+
 
 def timeline(tl: Mapping[str, Sequence[Any]]) -> str | None:
     """Per-batch timeline of one run: when the trainer waited, unpacked and computed.
@@ -273,6 +321,9 @@ def timeline(tl: Mapping[str, Sequence[Any]]) -> str | None:
 
     wait, transfer, compute = col("wait_s"), col("transfer_s"), col("compute_s")
     starts_f = [float(s) if _finite(s) else 0.0 for s in starts]
+    if starts_f and min(starts_f) > 1e4:  # an absolute clock (time.time / perf_counter): from 0
+        t0 = min(starts_f)
+        starts_f = [s - t0 for s in starts_f]
     parts = (("wait", wait, STAGE_COLORS["wait"]), ("transfer", transfer, STAGE_COLORS["transfer"]),
              ("compute", compute, STAGE_COLORS["compute"]))
     with _ctx():
@@ -296,8 +347,9 @@ def timeline(tl: Mapping[str, Sequence[Any]]) -> str | None:
         width = 0.85 if n < 200 else 1.0
         for name, vals, color in parts:
             ms = [v * 1e3 for v in vals]
-            bars.bar(idx, ms, bottom=bottom, width=width, color=color, linewidth=0)
+            _vbars(bars, idx, ms, bottom, width, color)
             bottom = [a + b for a, b in zip(bottom, ms)]
+        bars.set_ylim(0, max(bottom) * 1.05 if max(bottom) > 0 else 1)
         bars.set_xlim(-0.8, n - 0.2)
         srt = sorted(bottom)
         p98 = srt[min(n - 1, int(0.98 * n))]
@@ -322,6 +374,8 @@ def resources(res: Mapping[str, Any]) -> str | None:
     if not t:
         return None
     n = len(t)
+    if t[0] > 1e4:  # an absolute clock: show seconds since the first sample
+        t = [x - t[0] for x in t]
 
     def series(vals: Any) -> list[float] | None:
         if not isinstance(vals, (list, tuple)) or not vals:
@@ -329,11 +383,17 @@ def resources(res: Mapping[str, Any]) -> str | None:
         out = [float(v) if _finite(v) else math.nan for v in vals][:n]
         return out if len(out) == n and any(math.isfinite(v) for v in out) else None
 
-    cores = [s for s in (series(c) for c in (res.get("cpu_percent_per_core") or [])) if s]
+    per_core = res.get("cpu_percent_per_core") or []
+    if (isinstance(per_core, list) and len(per_core) == n and n > 1
+            and all(isinstance(c, (list, tuple)) for c in per_core)
+            and len({len(c) for c in per_core}) == 1 and len(per_core[0]) != n):
+        per_core = [list(col) for col in zip(*per_core)]  # given per sample, not per core
+    cores = [s for s in (series(c) for c in per_core) if s]
     panels: list[tuple[str, Any]] = []
     if cores:
         panels.append(("cpu", cores))
-    for key, label, color in (("rss_mb", "RSS (MB)", STAGE_COLORS["compute"]),
+    pss = res.get("memory_metric") == "pss"
+    for key, label, color in (("rss_mb", "memory, PSS (MB)" if pss else "RSS (MB)", STAGE_COLORS["compute"]),
                               ("object_store_mb", "object store (MB)", "#2a9d8f"),
                               ("gpu_util_percent", "GPU util (%)", "#76b041")):
         s = series(res.get(key))
@@ -350,7 +410,8 @@ def resources(res: Mapping[str, Any]) -> str | None:
                     palette = ["#3b6fb6", "#e0922f", "#2a9d8f", "#c8463d", "#7d5fb2", "#76b041",
                                "#9aa5b1", "#1f2933"]
                     for i, s in enumerate(data):
-                        ax.plot(t, s, lw=1.1, color=palette[i % len(palette)], label=f"core {i}")
+                        ax.plot(t, s, lw=1.1, color=palette[i % len(palette)], label=f"core {i}",
+                                marker="o" if n < 30 else None, ms=3)
                     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), handlelength=1.2)
                 else:  # many cores: mean with the min..max band
                     lo = [min(c[i] for c in data) for i in range(n)]
@@ -363,14 +424,21 @@ def resources(res: Mapping[str, Any]) -> str | None:
                 ax.set_ylabel("CPU %")
             else:
                 label, color, s = data
-                ax.plot(t, s, color=color, lw=1.3)
+                ax.plot(t, s, color=color, lw=1.3, label="PSS sum" if kind == "rss_mb" and pss else None,
+                        marker="o" if n < 30 else None, ms=3)
                 ax.fill_between(t, 0, [v if math.isfinite(v) else 0 for v in s], color=color,
                                 alpha=0.12, lw=0)
+                top = [v for v in s if math.isfinite(v)]
+                extra = series(res.get("rss_sum_mb")) if kind == "rss_mb" and pss else None
+                if extra:
+                    ax.plot(t, extra, color=color, lw=1, ls="--", alpha=0.7,
+                            label="RSS sum (shared pages\ncounted per process)")
+                    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), handlelength=1.6)
+                    top += [v for v in extra if math.isfinite(v)]
                 if kind == "gpu_util_percent":
                     ax.set_ylim(0, 105)
                 else:
-                    finite = [v for v in s if math.isfinite(v)]
-                    ax.set_ylim(0, max(finite) * 1.15 if finite and max(finite) > 0 else 1)
+                    ax.set_ylim(0, max(top) * 1.15 if top and max(top) > 0 else 1)
                 ax.set_ylabel(label)
         axes[-1].set_xlabel("wall time in the run (s)")
         axes[-1].set_xlim(t[0], t[-1])

@@ -57,6 +57,8 @@ def fmt_s(x: Any) -> str:
     v = _num(x)
     if v is None:
         return "—"
+    if v == 0:
+        return "0 s"
     if abs(v) < 0.01:
         return f"{v * 1e3:.2f} ms"
     if abs(v) < 1:
@@ -102,8 +104,10 @@ def fmt_value(x: Any) -> str:
         return "—"
     if isinstance(x, bool):
         return "yes" if x else "no"
+    if isinstance(x, int) and abs(x) >= 10_000:
+        return f"{x:,}"
     if isinstance(x, float):
-        return f"{x:g}"
+        return f"{x:,.0f}" if x.is_integer() and abs(x) >= 10_000 else f"{x:g}"
     if isinstance(x, dict):
         return ", ".join(f"{k}={fmt_value(v)}" for k, v in x.items()) or "—"
     if isinstance(x, (list, tuple)):
@@ -150,7 +154,7 @@ def _draw(fn: Callable[..., str | None], *args: Any, alt: str, missing: str, **k
     """Draw one figure; odd data in a result never takes the whole report down."""
     try:
         return Figure(fn(*args, **kw), alt, missing)
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
         print(f"stallbench report: could not draw {alt!r}: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return Figure(None, alt, missing, error=f"could not draw this figure from the result "
@@ -188,6 +192,9 @@ class RunView:
     emulated: list[dict[str, Any]]
     predicted: list[str]
     anchor: str
+    has_inside: bool = False
+    emulated_uniform: bool = True   # every variant emulates the same knobs (no per-row badge)
+    pss: bool = False               # memory figures are PSS sums (sampler), not RSS
 
 
 def _variant_split(v: VariantResult) -> tuple[list[tuple[str, float, Any]], str]:
@@ -198,6 +205,8 @@ def _variant_split(v: VariantResult) -> tuple[list[tuple[str, float, Any]], str]
         for st in STAGES:
             x = _num(a.get(f"{st}_stall_s"))
             segs.append((f"{st} stall", x if x is not None else 0.0, iv.get(f"{st}_stall_s")))
+        if _num(a.get("overhead_s")) is not None:
+            segs.append(("loader overhead", float(a["overhead_s"]), iv.get("overhead_s")))
         return segs, "attributed"
     reps = v.repeats
     compute = _median(r.compute_s for r in reps)
@@ -244,7 +253,8 @@ def _resource_stats(res: dict[str, Any]) -> list[tuple[str, str]]:
                  ([float(x) for x in c if _num(x) is not None] for c in cores) if vals]
         if means:
             out.append((f"CPU mean over {len(means)} cores", f"{statistics.fmean(means):.0f}%"))
-    for key, label, f in (("rss_mb", "RSS peak", fmt_mb), ("object_store_mb", "object store peak", fmt_mb),
+    rss_label = "memory (PSS) peak" if res.get("memory_metric") == "pss" else "RSS peak"
+    for key, label, f in (("rss_mb", rss_label, fmt_mb), ("object_store_mb", "object store peak", fmt_mb),
                           ("gpu_util_percent", "GPU util mean", lambda x: f"{x:.0f}%")):
         vals = [float(x) for x in res.get(key) or [] if _num(x) is not None]
         if vals:
@@ -315,7 +325,8 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
     wi = (r.analysis or {}).get("whatif") or {}
     wi_fig = _draw(plots.whatif, wi.get("points") or [], wi.get("measured") or [], wi.get("knee"),
                    wi.get("axis") or "workers", alt="what-if: predicted throughput",
-                   missing="No what-if prediction in this result (it needs the differential analysis).")
+                   missing="No what-if prediction in this result (it needs variants that differ "
+                           "only in their worker or node count).")
     measured_by_n = {m.get("n"): m for m in wi.get("measured") or [] if isinstance(m, dict)}
     wi_rows = []
     for p in wi.get("points") or []:
@@ -332,7 +343,8 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
     for key, vnames in emulated.items():
         vals = {fmt_value(_dig(v.config, key)) for v in r.variants if v.name in vnames}
         vals.discard("—")
-        emu_rows.append({"key": key, "meaning": EMULATED_MEANING.get(key, "emulated, not measured on real hardware"),
+        meaning = EMULATED_MEANING.get(key, "emulated, not measured on real hardware")
+        emu_rows.append({"key": key, "meaning": meaning,
                          "variants": "all variants" if len(vnames) == len(r.variants) else ", ".join(vnames),
                          "value": ", ".join(sorted(vals))})
     predicted = []
@@ -346,12 +358,26 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
     if methods:
         intervals = {(v.analysis or {}).get("interval") for v in r.variants} - {None}
         predicted.append("Stall attribution per stage (" + ", ".join(sorted(methods)) + ") is derived from "
-                         "ablation runs" + (f"; intervals are {', '.join(sorted(intervals))}" if intervals else "")
+                         "ablation runs"
+                         + (f"; intervals are {', '.join(sorted(intervals))}" if intervals else "")
                          + ".")
     return RunView(result=r, path=path, label=label, color=color, variants=views, headline=head,
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
                    whatif={**wi, "rows": wi_rows}, emulated=emu_rows, predicted=predicted,
-                   anchor=anchor)
+                   anchor=anchor,
+                   pss=any((v.resources or {}).get("memory_metric") == "pss" for v in r.variants),
+                   emulated_uniform=len({tuple(sorted(v.emulated or [])) for v in r.variants}) <= 1,
+                   has_inside=any(vv.timeline_fig.png or vv.resources_fig.png or vv.timeline_fig.error
+                                  or vv.resources_fig.error for vv in views))
+
+
+def _commit(machine: dict[str, Any]) -> str:
+    git = machine.get("git_commit") or machine.get("git")
+    if isinstance(git, dict):
+        dirty = "-dirty" if git.get("dirty") else ""
+        git = git.get("commit") or git.get("sha") or ""
+        return str(git)[:7] + dirty if git else ""
+    return str(git or "")
 
 
 def _run_labels(loaded: Sequence[tuple[Path, Result]]) -> list[str]:
@@ -362,7 +388,7 @@ def _run_labels(loaded: Sequence[tuple[Path, Result]]) -> list[str]:
             when = datetime.fromisoformat(r.created_utc).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
         except (TypeError, ValueError):
             when = str(r.created_utc)
-        commit = str((r.machine or {}).get("git_commit") or "")[:7]
+        commit = _commit(r.machine or {})
         label = when + (f" @{commit}" if commit else "")
         if len(parents) > 1:
             label = f"{p.resolve().parent.name}: {label}"
@@ -371,6 +397,14 @@ def _run_labels(loaded: Sequence[tuple[Path, Result]]) -> list[str]:
         if labels.count(lab) > 1:
             labels[i] = f"{lab} ({loaded[i][0].name})"
     return labels
+
+
+def _shown_path(p: Path) -> str:
+    """A result path as the user would type it: relative to the working directory if inside."""
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(p)
 
 
 def _slug(s: str) -> str:
@@ -397,9 +431,11 @@ def _compare(runs: list[RunView]) -> dict[str, Any]:
         delta, verdict = None, ""
         if first and last and _num(first["median"]) and _num(last["median"]):
             delta = last["median"] / first["median"] - 1
-            if _num(last["min"]) is not None and _num(first["max"]) is not None and last["min"] > first["max"]:
+            lo_new, hi_new = _num(last["min"]), _num(last["max"])
+            lo_old, hi_old = _num(first["min"]), _num(first["max"])
+            if lo_new is not None and hi_old is not None and lo_new > hi_old:
                 verdict = "faster"
-            elif _num(last["max"]) is not None and _num(first["min"]) is not None and last["max"] < first["min"]:
+            elif hi_new is not None and lo_old is not None and hi_new < lo_old:
                 verdict = "slower"
             else:
                 verdict = "within noise"
@@ -447,7 +483,7 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
     colors = ([plots.RUN_COLORS[1]] if len(loaded) == 1
               else [plots.RUN_COLORS[i % len(plots.RUN_COLORS)] for i in range(len(loaded))])
     slug = f"s{index}-{_slug(name)}"
-    runs = [_build_run(r, p, lab, col, f"{slug}-run{i}")
+    runs = [_build_run(r, Path(_shown_path(p)), lab, col, f"{slug}-run{i}")
             for i, ((p, r), lab, col) in enumerate(zip(loaded, labels, colors))]
     primary = runs[-1]
     sc = primary.result.scenario or {}
@@ -456,10 +492,13 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
         "older": runs[:-1][::-1],
         "compare": _compare(runs) if len(runs) > 1 else None,
         "machine": _machine_table(runs),
-        "settings": _flatten(primary.result.settings),
+        "machine_missing": all(not run.result.machine for run in runs),
+        "settings": [(k, "stallbench " + " ".join(map(str, v)) if k == "argv" and isinstance(v, list) else v)
+                     for k, v in _flatten(primary.result.settings)],
         "dataset": _flatten(primary.result.dataset),
         "text": sc.get("text") or "",
-        "scenario_meta": [(k, fmt_value(sc.get(k))) for k in ("path", "fingerprint", "sha256", "matrix")
+        "scenario_meta": [(k, fmt_value(sc.get(k)) if k != "sha256" else str(sc.get(k))[:16] + "…")
+                          for k in ("path", "fingerprint", "sha256", "matrix")
                           if sc.get(k) not in (None, "", {})],
         "description": sc.get("description") or "",
     }
@@ -489,10 +528,11 @@ def render(result_paths: Sequence[str | Path], out: str | Path) -> Path:
     for p, r in loaded:
         groups.setdefault(str((r.scenario or {}).get("name") or p.stem), []).append((p, r))
     scenarios = [_scenario_view(name, runs, i) for i, (name, runs) in enumerate(groups.items())]
-    version = next((str((r.tool or {}).get("version")) for _, r in loaded if (r.tool or {}).get("version")), "")
+    version = next((str(r.tool["version"]) for _, r in loaded
+                    if isinstance(r.tool, dict) and r.tool.get("version")), "")
     html = _environment().get_template("report.html").render(
         scenarios=scenarios,
-        files=[str(p) for p in paths],
+        files=[_shown_path(p) for p in paths],
         generated_utc=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         version=version,
     )

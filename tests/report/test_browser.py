@@ -118,9 +118,11 @@ def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: An
     assert "recsys-workers" in seen["title"] or seen["title"].startswith("stallbench report")
 
 
-def test_example_results_in_chromium(browser: Any, tmp_path: Path, example_results: list[Path]) -> None:
+def test_example_results_in_chromium(request: pytest.FixtureRequest, tmp_path: Path,
+                                     example_results: list[Path]) -> None:
     if not example_results:
         pytest.skip("no committed example results under results/examples/ yet")
+    browser = request.getfixturevalue("browser")
     out = render(example_results, tmp_path / "index.html")
     seen = _open(browser, out, ARTIFACTS / "report-examples.png")
     _check(seen)
