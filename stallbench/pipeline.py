@@ -23,6 +23,7 @@ from .errors import ScenarioError
 from .scenario import Config
 from .stages import compute as compute_mod
 from .stages.batch_format import TensorBatch
+from .stages.buffers import SlotAllocator
 from .stages.fetch import Fetch
 from .stages.preprocess import Preprocess, TransformSpecError
 from .stages.transfer import Payload, Transfer
@@ -123,7 +124,10 @@ class Plan:
         return clone
 
     # ---------------------------------------------------------------------- producer side
-    def produce(self, item: int, shared: bool = False) -> ShardOutput:
+    def produce(self, item: int, shared: bool | SlotAllocator = False) -> ShardOutput:
+        """Fetch, preprocess and encode one work item. ``shared``: the payloads will cross to
+        another process (True: fresh shared memory where the format can use it; a
+        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``)."""
         shard = self.items[item]
         t = StageTimes(worker=os.getpid())
         a, c = self.ablation, self.caches

@@ -54,6 +54,7 @@ def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
         cfg = v.config
         if opts.max_batches is not None:
             cfg = cfg.replace(loader=_replace(cfg.loader, max_batches=opts.max_batches))
+        executors.get(cfg.executor.kind).check(cfg, scenario.path)   # e.g. Ray not installed
         ds = dataset_for(cfg, cache, scenario.path)
         plans.append(Plan(cfg, ds, FULL, scenario.path))
     return plans
@@ -83,6 +84,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         executor.start()
         startup = time.perf_counter() - t0
         caches = StageCaches.build(plan) if extra_runs else None
+        executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         compute = plan.build_compute()
         for r in range(repeats):
             for ablation in [FULL, *extra_runs]:

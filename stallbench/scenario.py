@@ -143,6 +143,11 @@ class ExecutorSpec:
                          choices=("stallbench", "stock"))
     concurrency: int | None = knob(None, "Ray preprocessing tasks in flight (default: CPUs available).",
                                    min=1)
+    ray_pool: str = knob("tasks", "Ray Data compute for the producer operator: \"tasks\" (a task "
+                                  "pool) or \"actors\" (a fixed actor pool of `concurrency` actors).",
+                         choices=("tasks", "actors"))
+    connect_timeout_s: float = knob(20.0, "Seconds to wait for the cluster at `ray_address` before "
+                                          "giving up with an error.", min=1)
 
 
 @dataclass(frozen=True)
@@ -376,6 +381,9 @@ def _check_cross(cfg: Config, file: str) -> None:
         raise ScenarioError(file, "executor.kind",
                             f"expected one of \"local\", \"ray\", got {_show(cfg.executor.kind)}"
                             f"{_suggest(cfg.executor.kind, ['local', 'ray'])}")
+    if cfg.executor.kind == "ray" and cfg.executor.ray_address and cfg.executor.simulated_nodes:
+        raise ScenarioError(file, "executor.simulated_nodes",
+                            "a simulated cluster runs on this machine; unset it or ray_address")
     if cfg.dataset.path is None and (cfg.dataset.dense_features + cfg.dataset.sparse_features
                                      + cfg.dataset.sequence_features) == 0:
         raise ScenarioError(file, "dataset", "a synthetic dataset needs at least one feature")
@@ -396,6 +404,36 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     section, key = dotted.split(".", 1)
     raw.setdefault(section, {})
     raw[section][key] = value
+
+
+def _check_section_axis(file: str, mkey: str, section: str, values: Any) -> None:
+    """A section axis: ``executor = [{kind = "local"}, {kind = "ray", simulated_nodes = 2}]``
+    gives one variant per table (keys varied together, not as a product)."""
+    if not isinstance(values, list) or not values or not all(isinstance(v, dict) for v in values):
+        raise ScenarioError(file, mkey, f"expected a non-empty list of tables of [{section}] keys, "
+                                        f"got {_show(values)}")
+    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    for i, table in enumerate(values):
+        if not table:
+            raise ScenarioError(file, f"{mkey}[{i}]", "expected at least one key")
+        for key in table:
+            if key not in names:
+                raise ScenarioError(file, f"{mkey}[{i}].{key}",
+                                    f"unknown key {section}.{key}{_suggest(key, names)}")
+
+
+def _flatten_axes(knobs: dict[str, Any], matrix: dict[str, Any], base: "Config") -> dict[str, Any]:
+    """Section-axis values -> dotted knobs; every variant of an axis names the same keys
+    (those missing from its table take the base value), so results compare like with like."""
+    out: dict[str, Any] = {}
+    for k, v in knobs.items():
+        if "." in k:
+            out[k] = v
+            continue
+        union = list(dict.fromkeys(key for table in matrix[k] for key in table))
+        for key in union:
+            out[f"{k}.{key}"] = v.get(key, base.get(f"{k}.{key}"))
+    return out
 
 
 def _variant_name(knobs: dict[str, Any]) -> str:
@@ -440,6 +478,9 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
         raise ScenarioError(file, "matrix", "expected a table of \"section.key\" = [values]")
     for dotted, values in matrix.items():
         mkey = f"matrix.{dotted!r}" if "." in dotted else f"matrix.{dotted}"
+        if "." not in dotted and dotted in SECTIONS:
+            _check_section_axis(file, mkey, dotted, values)
+            continue
         if "." not in dotted or dotted.split(".", 1)[0] not in SECTIONS:
             raise ScenarioError(file, mkey, "expected a quoted dotted key like \"loader.num_workers\" "
                                             f"with a section of {', '.join(SECTIONS)}")
@@ -453,7 +494,7 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     variants = []
     keys = list(matrix)
     for combo in itertools.product(*(matrix[k] for k in keys)):
-        knobs = dict(zip(keys, combo))
+        knobs = _flatten_axes(dict(zip(keys, combo)), matrix, base)
         vraw = copy.deepcopy(raw)
         for k, v in knobs.items():
             _set_dotted(vraw, k, v)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Iterator
 
-from ..pipeline import Plan, ShardOutput
+from ..pipeline import Plan, ShardOutput, StageCaches
 from ..registry import Registry
 from ..scenario import Config
 
@@ -24,8 +24,16 @@ class Executor:
         self.config = config
         self.scenario_file = scenario_file
 
+    @classmethod
+    def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
+        """Fail fast (UserError) before anything runs if this executor cannot work here."""
+
     def start(self) -> None:
         """Bring up whatever runtime the executor needs (timed as start-up)."""
+
+    def prepare(self, plan: Plan, caches: StageCaches | None) -> None:
+        """Called once per variant after ``start``, outside any timed region, with the caches
+        its ablations will use (e.g. to place them where remote producers can reach them)."""
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
         """One measured pass over ``plan.items``; must be closeable mid-way (generator close)."""

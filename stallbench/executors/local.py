@@ -2,8 +2,20 @@
 
 Work items are shards (Parquet row groups), served by a map-style dataset in the plan's order;
 the DataLoader preserves that order whatever ``num_workers`` is, so batches are identical
-across worker counts. ``execution = "bulk"`` produces the whole epoch before the first batch
-is handed to the trainer (time to first batch and memory grow with the data).
+across worker counts.
+
+- ``num_workers = 0``: the trainer process produces its own batches, one work item at a time
+  (in the trainer thread, or in the preload thread when ``prefetch_batches > 0``). Nothing
+  crosses a process boundary; ``single_buffer`` batches still recycle their memory through
+  a small trainer-local ``BufferPool``.
+- ``num_workers > 0``: forked DataLoader workers produce whole work items; at most
+  ``prefetch_factor`` items per worker are in flight (the DataLoader's bounded queue is the
+  backpressure). ``single_buffer`` payloads are packed straight into shared memory: into the
+  slots of a ``BufferPool`` mapped before the fork, falling back to fresh shared memory when
+  no slot is free, so only a small reference crosses the process boundary.
+- ``execution = "streaming"`` hands each work item to the trainer as soon as it is produced,
+  so memory is bounded by what is in flight; ``"bulk"`` produces the whole epoch before the
+  first batch is handed to the trainer (time to first batch and memory grow with the data).
 """
 
 from __future__ import annotations
@@ -13,37 +25,119 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..pipeline import Plan, ShardOutput
+from ..stages.buffers import BufferPool, PooledBuffer
+from ..stages.batch_format import collated_fields
 from .base import EXECUTORS, Executor
+
+# Header room in a pool slot on top of the collated data (a JSON header of a few hundred bytes
+# per field, generous for wide uncollated tables; a payload that does not fit falls back).
+_SLOT_HEADER_BYTES = 64 * 1024
 
 
 class _Shards(Dataset):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, pool: BufferPool | None) -> None:
         self.plan = plan
+        self.pool = pool
 
     def __len__(self) -> int:
         return len(self.plan.items)
 
     def __getitem__(self, i: int) -> ShardOutput:
+        info = get_worker_info()
+        if info is None:
+            return self.plan.produce(i)
         # In a worker process, allocate single buffers in shared memory directly.
-        return self.plan.produce(i, shared=get_worker_info() is not None)
+        return self.plan.produce(i, shared=self.pool.allocator(info.id) if self.pool else True)
 
 
 def _identity(x: Any) -> Any:
     return x
 
 
+def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
+    """(partitions, slots per partition, slot bytes) of the pool a plan's workers can use, or
+    None when their payloads cannot live in one (not single_buffer, compressed, no workers,
+    or transfer ablated away)."""
+    lc = plan.config.loader
+    if (lc.batch_format != "single_buffer" or lc.compression != "none"
+            or plan.ablation.transfer or not plan.items):
+        return None
+    per_item = max(-(-s.rows // lc.batch_size) for s in plan.items)
+    if lc.num_workers == 0:
+        # The trainer packs for itself: recycling buffers still saves fresh pages per batch.
+        # Room for the item being consumed, the next one and the preload queue.
+        return 1, 2 * per_item + lc.prefetch_batches + 1, _slot_bytes(plan)
+    # A worker's items in flight (prefetch_factor), the one it is producing, and the trainer's
+    # share of what it holds (the item it is consuming plus its preload queue).
+    slots = (lc.prefetch_factor + 2) * per_item + -(-lc.prefetch_batches // lc.num_workers) + 1
+    return lc.num_workers, slots, _slot_bytes(plan)
+
+
+def _slot_bytes(plan: Plan) -> int:
+    data = sum(-(-(dt.itemsize * _prod(shape)) // 64) * 64
+               for _, dt, shape in collated_fields(plan.schema, plan.config.loader.batch_size))
+    return data + _SLOT_HEADER_BYTES
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
 @EXECUTORS.register("local")
 class LocalExecutor(Executor):
     name = "local"
 
+    def __init__(self, config: Any, scenario_file: str = "<scenario>") -> None:
+        super().__init__(config, scenario_file)
+        self._pool: BufferPool | None = None
+        self._figures: dict[str, Any] = {}
+
+    def _pool_for(self, plan: Plan) -> BufferPool | None:
+        """One pool per executor (mapped once, reused by every run), rebuilt if the plan
+        needs a different shape; freed slots are reclaimed before workers start."""
+        shape = pool_shape(plan)
+        if shape is None:
+            return None
+        p = self._pool
+        if p is None or (p.partitions, p.slots) != shape[:2] or p.slot_bytes < shape[2]:
+            if p is not None:
+                p.close()
+            self._pool = p = BufferPool(*shape)
+        p.reclaim()
+        return p
+
     def _stream(self, plan: Plan) -> Iterator[ShardOutput]:
+        pool = self._pool_for(plan)
+        counts = {"pooled": 0, "fresh": 0}
+        outs = self._produce(plan, pool)
+        try:
+            for out in outs:
+                for p in out.payloads or ():
+                    counts["pooled" if isinstance(p.data, PooledBuffer) else "fresh"] += 1
+                yield out
+        finally:
+            outs.close()   # workers are shut down now, not whenever the generator is collected
+            if pool is not None:
+                # Said in results: how many batches reused a pool slot, how many needed new
+                # memory (shared with workers) because every slot was held.
+                self._figures["buffer_pool"] = {
+                    "slots": pool.partitions * pool.slots, "slot_bytes": pool.slot_bytes,
+                    "pooled_batches": counts["pooled"],
+                    ("fresh_shared_batches" if self.config.loader.num_workers
+                     else "fresh_batches"): counts["fresh"]}
+
+    def _produce(self, plan: Plan, pool: BufferPool | None) -> Iterator[ShardOutput]:
         lc = self.config.loader
         if lc.num_workers == 0:
+            alloc = pool.allocator(0, fallback_shared=False) if pool else False
             for i in range(len(plan.items)):
-                yield plan.produce(i)
+                yield plan.produce(i, shared=alloc)
             return
         loader = DataLoader(
-            _Shards(plan), batch_size=None, shuffle=False, num_workers=lc.num_workers,
+            _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
             prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=False,
             multiprocessing_context="fork",
         )
@@ -57,8 +151,17 @@ class LocalExecutor(Executor):
                 shutdown()
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
+        self._figures = {}
         if self.config.loader.execution == "bulk":
             done = list(self._stream(plan))   # the whole epoch, before the first batch
             yield from done
         else:
             yield from self._stream(plan)
+
+    def run_figures(self) -> dict[str, Any]:
+        return dict(self._figures)
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None

@@ -12,6 +12,7 @@ is a second it waits for data, which also makes the stall attribution close exac
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -50,9 +51,13 @@ class StageTotals:
         "transfer_producer_cpu": 0.0})
     rows: dict[str, int] = field(default_factory=lambda: {"fetch": 0, "preprocess": 0,
                                                           "transfer": 0})
+    # raw_bytes: encoded batches before compression; wire_bytes: what producers handed over
+    # (compressed size when compressed); ipc_bytes: the part of wire_bytes that crossed a
+    # process boundary (0 when the trainer produced its own batches, num_workers = 0).
     bytes: dict[str, int] = field(default_factory=lambda: {"storage_bytes": 0, "raw_bytes": 0,
-                                                           "wire_bytes": 0})
+                                                           "wire_bytes": 0, "ipc_bytes": 0})
     workers: set[int] = field(default_factory=set)
+    trainer_pid: int = field(default_factory=os.getpid)
 
     def add(self, out: ShardOutput) -> None:
         t = out.times
@@ -69,6 +74,8 @@ class StageTotals:
         self.bytes["storage_bytes"] += t.storage_bytes
         self.bytes["raw_bytes"] += t.raw_bytes
         self.bytes["wire_bytes"] += t.wire_bytes
+        if t.worker != self.trainer_pid:
+            self.bytes["ipc_bytes"] += t.wire_bytes
         self.workers.add(t.worker)
 
 

@@ -9,13 +9,26 @@ process boundary, which is exactly what the field's optimisations change:
 - ``columnar``: numpy columns -> tensors (zero-copy ``from_numpy``);
 - ``single_buffer``: every tensor of a batch packed into one contiguous buffer with a small
   header (Pinterest/Yelp's trick), unpacked by the trainer as zero-copy views.
+
+``collate`` says where rows become the four batch tensors. With ``collate = "producer"`` the
+producer hands over finished tensors; with ``"trainer"`` it hands over one array per feature
+column (sequences as offsets + values) and the trainer stacks and pads them. That holds for
+``single_buffer`` too: the buffer then carries the uncollated columns (still one buffer, still
+zero-copy to unpack), and the trainer pays for collation, which is what that variant measures.
+
+The conversions are on the hot path of every variant, so they avoid per-column copies: Arrow
+columns of the canonical types are read as zero-copy numpy views, and the single buffer is
+allocated first (in shared memory inside a loader worker) so collation writes each value
+exactly once, straight into the buffer that crosses the process boundary.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
-from typing import Any, ClassVar
+import threading
+from typing import Any, ClassVar, Iterable, Union
 
 import numpy as np
 import pyarrow as pa
@@ -25,22 +38,63 @@ import torch
 from ..data.schema import FeatureSchema
 from ..errors import PayloadError
 from ..registry import Registry
+from .buffers import PooledBuffer, SlotAllocator
 
 TensorBatch = dict[str, torch.Tensor]
 FORMATS: Registry[type["BatchFormat"]] = Registry("batch format")
 PAD_ID = -1
+COLLATED = ("dense", "sparse", "seq", "label")
+
+_ARROW_TYPES = {np.dtype(np.float32): pa.float32(), np.dtype(np.int64): pa.int64()}
 
 
 # ------------------------------------------------------------------- arrow -> numpy helpers
 
-def _np(col: pa.ChunkedArray | pa.Array, dtype: Any) -> np.ndarray:
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dtype)
+def flat(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """One contiguous Arrow array (no copy when the column has a single chunk, the usual case)."""
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
+
+
+def column_numpy(col: pa.ChunkedArray | pa.Array, dtype: Any) -> np.ndarray:
+    """A numpy view of a primitive column: zero-copy (read-only) when the column already has
+    ``dtype`` and no nulls, as normalised tables always do; a converted copy otherwise."""
+    arr = flat(col)
+    dt = np.dtype(dtype)
+    if arr.null_count == 0 and arr.type == _ARROW_TYPES.get(dt):
+        return primitive_view(arr, dt)
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=dt)
+
+
+def primitive_view(arr: pa.Array, dt: np.dtype) -> np.ndarray:
+    """Read-only numpy view of a null-free fixed-width Arrow array's data buffer.
+
+    Straight from the buffer rather than ``Array.to_numpy``: no per-call conversion checks,
+    and no lazy import of pandas (which ``to_numpy`` triggers on first use, costing every
+    freshly forked loader worker ~0.5 s before its first batch)."""
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.empty(0, dtype=dt)
+    return np.frombuffer(buf, dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
 
 
 def seq_parts(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, values) of a list column, offsets relative to the returned values."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    """(offsets, values) of a list column, offsets int64 relative to the returned values.
+
+    Zero-copy for the values of a null-free list<int64> (the canonical sequence type); only
+    the n+1 offsets are rebased.
+    """
+    arr = flat(col)
+    if (arr.null_count == 0 and pa.types.is_list(arr.type)
+            and arr.type.value_type == pa.int64()):
+        raw = primitive_view(arr.offsets, np.dtype(np.int32))
+        if raw.size == 0:
+            return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        lo, hi = int(raw[0]), int(raw[-1])
+        child = arr.values
+        values = column_numpy(child.slice(lo, hi - lo), np.int64)
+        return raw.astype(np.int64) - lo, values
     lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -48,61 +102,119 @@ def seq_parts(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets, values
 
 
-def pad_sequences(offsets: np.ndarray, values: np.ndarray, seq_len: int, out: np.ndarray) -> None:
+_POSITIONS = np.arange(4096, dtype=np.int64)
+
+
+def pad_sequences(offsets: np.ndarray, values: np.ndarray, seq_len: int, out: np.ndarray,
+                  prefilled: bool = False) -> None:
     """Scatter variable-length rows into ``out`` (rows, seq_len), keeping each row's first
-    ``seq_len`` items; vectorised (no Python loop over rows)."""
-    out.fill(PAD_ID)
-    lengths = np.diff(offsets)
-    if values.size == 0:
+    ``seq_len`` items and padding with ``PAD_ID``; vectorised (no Python loop over rows).
+
+    ``out`` may be a strided view (one sequence feature of a (B, Q, L) batch), so padding
+    writes straight into the final tensor; ``prefilled`` says it already holds ``PAD_ID``
+    (one contiguous fill of the whole block is cheaper than one strided fill per feature).
+    When no row is longer than ``seq_len`` (the usual case) a boolean mask places the values
+    in row-major order in one pass (measured fastest of mask, index scatter, sliding-window
+    gather); otherwise the overlong rows' tails are dropped first.
+    """
+    if not prefilled:
+        out.fill(PAD_ID)
+    n = out.shape[0]
+    if n == 0 or values.size == 0:
         return
-    row = np.repeat(np.arange(lengths.size), lengths)
-    pos = np.arange(values.size) - offsets[:-1][row]
-    keep = pos < seq_len
-    out[row[keep], pos[keep]] = values[keep]
+    lengths = np.diff(offsets)
+    pos = _POSITIONS[:seq_len] if seq_len <= _POSITIONS.size else np.arange(seq_len)
+    if int(lengths.max()) > seq_len:
+        row = np.repeat(np.arange(n), lengths)
+        within = np.arange(values.size) - offsets[:-1][row]
+        values = values[within < seq_len]
+        lengths = np.minimum(lengths, seq_len)
+    out[pos < lengths[:, None]] = values
+
+
+def collated_fields(schema: FeatureSchema, rows: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """Name, dtype and shape of each tensor of a collated batch of ``rows`` rows."""
+    return [("dense", np.dtype(np.float32), (rows, len(schema.dense))),
+            ("sparse", np.dtype(np.int64), (rows, len(schema.sparse))),
+            ("seq", np.dtype(np.int64), (rows, len(schema.sequence), schema.seq_len)),
+            ("label", np.dtype(np.float32), (rows,))]
+
+
+_SCRATCH = threading.local()
+
+
+def _stack(columns: list[np.ndarray], out: np.ndarray) -> None:
+    """``out[:, j] = columns[j]`` for a row-major (rows, k) ``out``, via a reused column-major
+    scratch and one transposing copy, so the (cold, shared) destination is written in one
+    sequential pass instead of once per column with a stride."""
+    n, k = out.shape
+    if n == 0 or k == 0:
+        return
+    bufs = _SCRATCH.__dict__.setdefault("bufs", {})
+    scratch = bufs.get(out.dtype)
+    if scratch is None or scratch.size < k * n:
+        scratch = bufs[out.dtype] = np.empty(k * n, dtype=out.dtype)
+    tmp = scratch[:k * n].reshape(k, n)
+    for j, c in enumerate(columns):
+        tmp[j] = c
+    out[...] = tmp.T
+
+
+def fill_collated(table: pa.Table, schema: FeatureSchema, out: dict[str, np.ndarray]) -> None:
+    """Collate ``table`` into preallocated arrays (e.g. views into a shared single buffer).
+
+    Source columns are zero-copy views of the Arrow buffers; nothing is allocated per batch
+    (dense and sparse go through a reused per-thread scratch, sequences are padded in place).
+    """
+    _stack([column_numpy(table.column(c), np.float32) for c in schema.dense], out["dense"])
+    _stack([column_numpy(table.column(c), np.int64) for c in schema.sparse], out["sparse"])
+    seq = out["seq"]
+    seq.fill(PAD_ID)
+    for j, c in enumerate(schema.sequence):
+        off, vals = seq_parts(table.column(c))
+        pad_sequences(off, vals, schema.seq_len, seq[:, j, :], prefilled=True)
+    out["label"][:] = column_numpy(table.column(schema.label), np.float32)
 
 
 def to_arrays(table: pa.Table, schema: FeatureSchema) -> dict[str, np.ndarray]:
-    """The collated numpy form of a batch (what ``TensorBatch`` wraps)."""
-    n = table.num_rows
-    dense = np.empty((n, len(schema.dense)), dtype=np.float32)
-    for j, c in enumerate(schema.dense):
-        dense[:, j] = _np(table[c], np.float32)
-    sparse = np.empty((n, len(schema.sparse)), dtype=np.int64)
-    for j, c in enumerate(schema.sparse):
-        sparse[:, j] = _np(table[c], np.int64)
-    seq = np.empty((n, len(schema.sequence), schema.seq_len), dtype=np.int64)
-    for j, c in enumerate(schema.sequence):
-        off, vals = seq_parts(table[c])
-        pad_sequences(off, vals, schema.seq_len, seq[:, j, :])
-    label = np.array(_np(table[schema.label], np.float32))  # writable: tensors may be written
-    return {"dense": dense, "sparse": sparse, "seq": seq, "label": label}
+    """The collated numpy form of a batch (what ``TensorBatch`` wraps); arrays are writable."""
+    out = {name: np.empty(shape, dtype=dt) for name, dt, shape in
+           collated_fields(schema, table.num_rows)}
+    fill_collated(table, schema, out)
+    return out
 
 
 def to_columns(table: pa.Table, schema: FeatureSchema) -> dict[str, Any]:
-    """Uncollated columns: one numpy array per feature, sequences as (offsets, values)."""
+    """Uncollated columns: one numpy array per feature, sequences as (offsets, values).
+
+    Arrays are zero-copy, read-only views of the Arrow buffers where possible; collation
+    (or pickling across a process boundary) makes the copies.
+    """
     cols: dict[str, Any] = {}
     for c in schema.dense:
-        cols[c] = _np(table[c], np.float32)
+        cols[c] = column_numpy(table.column(c), np.float32)
     for c in schema.sparse:
-        cols[c] = _np(table[c], np.int64)
+        cols[c] = column_numpy(table.column(c), np.int64)
     for c in schema.sequence:
-        cols[c] = seq_parts(table[c])
-    cols[schema.label] = np.array(_np(table[schema.label], np.float32))
+        cols[c] = seq_parts(table.column(c))
+    cols[schema.label] = column_numpy(table.column(schema.label), np.float32)
     return cols
 
 
 def collate_columns(cols: dict[str, Any], schema: FeatureSchema) -> dict[str, np.ndarray]:
-    n = len(cols[schema.label])
+    """Stack and pad uncollated columns into the four collated arrays (fresh, writable)."""
+    label = np.array(cols[schema.label], dtype=np.float32)   # copy: tensors may be written
+    n = len(label)
     dense = np.empty((n, len(schema.dense)), dtype=np.float32)
     for j, c in enumerate(schema.dense):
         dense[:, j] = cols[c]
     sparse = np.empty((n, len(schema.sparse)), dtype=np.int64)
     for j, c in enumerate(schema.sparse):
         sparse[:, j] = cols[c]
-    seq = np.empty((n, len(schema.sequence), schema.seq_len), dtype=np.int64)
+    seq = np.full((n, len(schema.sequence), schema.seq_len), PAD_ID, dtype=np.int64)
     for j, c in enumerate(schema.sequence):
-        pad_sequences(*cols[c], schema.seq_len, seq[:, j, :])
-    return {"dense": dense, "sparse": sparse, "seq": seq, "label": cols[schema.label]}
+        pad_sequences(*cols[c], schema.seq_len, seq[:, j, :], prefilled=True)
+    return {"dense": dense, "sparse": sparse, "seq": seq, "label": label}
 
 
 def tensors(arrays: dict[str, np.ndarray]) -> TensorBatch:
@@ -113,6 +225,8 @@ def nbytes(obj: Any) -> int:
     """Bytes of array data in a payload (pickle framing excluded)."""
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return len(obj)
+    if isinstance(obj, PooledBuffer):
+        return obj.nbytes
     if isinstance(obj, np.ndarray):
         return obj.nbytes
     if isinstance(obj, torch.Tensor):
@@ -126,10 +240,212 @@ def nbytes(obj: Any) -> int:
     return 8
 
 
+# --------------------------------------------------------------------------- single buffer
+#
+# Layout: b"SBB1" | uint32 little-endian header length | JSON header | zero padding to 64 |
+# data. The header names the batch and lists each field's name, dtype, shape, offset (from
+# the data start, 64-byte aligned) and nbytes, plus the total data length. Unpacking checks
+# all of it, so a damaged or truncated payload is an error naming the batch, never a tensor
+# of garbage. (Bit flips inside the data area of an *uncompressed* buffer are not detectable
+# without a checksum over every byte, which would cost as much as the copy the format
+# avoids; compressed payloads carry zstd's frame checksum.)
+
+_MAGIC = b"SBB1"
+_PREFIX = 8
+_ALIGN = 64
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64,
+                                   "int32": torch.int32, "int64": torch.int64,
+                                   "uint8": torch.uint8}
+_ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in _DTYPES.items()}
+_FIELDS = COLLATED
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+Buffer = Union[torch.Tensor, PooledBuffer]
+
+
+def allocate(fields: Iterable[tuple[str, Any, tuple[int, ...]]], batch_id: str,
+             shared: bool | SlotAllocator = False) -> tuple[Buffer, dict[str, np.ndarray]]:
+    """A single buffer with its header written, and writable numpy views of each field.
+
+    Callers fill the views in place (``fill_collated`` writes collated tensors straight into
+    them), so packing costs no intermediate arrays. Where the buffer lives:
+
+    - ``shared=False``: ordinary memory (the trainer packs for itself, or compression follows);
+    - ``shared=True``: a fresh shared-memory buffer, so handing it to another process costs a
+      file descriptor, not a copy of every tensor (which is what torch does for ordinary
+      tensors);
+    - a ``SlotAllocator``: a reusable slot of a ``BufferPool`` mapped before the workers forked
+      (no page faults, no descriptor passing); the returned handle is then a tiny
+      ``PooledBuffer`` reference. Falls back to fresh memory (shared or not, as the allocator
+      says) when no slot is free.
+    """
+    entries, offset = [], 0
+    for name, dtype, shape in fields:
+        dt = np.dtype(dtype)
+        if dt.name not in _DTYPES:
+            raise ValueError(f"single buffer cannot hold dtype {dt.name} (field {name!r})")
+        nb = int(math.prod(shape)) * dt.itemsize
+        entries.append({"name": name, "dtype": dt.name, "shape": [int(s) for s in shape],
+                        "offset": offset, "nbytes": nb})
+        offset += _aligned(nb)
+    header = json.dumps({"batch": batch_id, "fields": entries, "data_bytes": offset},
+                        separators=(",", ":")).encode()
+    start = _aligned(_PREFIX + len(header))
+    total = start + offset
+    handle: Buffer
+    raw = None
+    if isinstance(shared, SlotAllocator):
+        got = shared.take(total)
+        if got is not None:
+            raw, handle = got
+        shared = shared.fallback_shared
+    if raw is None:
+        if shared:
+            handle = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
+        else:
+            handle = torch.empty(total, dtype=torch.uint8)
+        raw = handle.numpy()
+    raw[:4] = np.frombuffer(_MAGIC, dtype=np.uint8)
+    raw[4:8] = np.frombuffer(struct.pack("<I", len(header)), dtype=np.uint8)
+    raw[8:8 + len(header)] = np.frombuffer(header, dtype=np.uint8)
+    raw[8 + len(header):start] = 0
+    views = {}
+    for e in entries:
+        lo = start + e["offset"]
+        views[e["name"]] = raw[lo:lo + e["nbytes"]].view(e["dtype"]).reshape(e["shape"])
+    return handle, views
+
+
+def pack(arrays: dict[str, np.ndarray], batch_id: str,
+         shared: bool | SlotAllocator = False) -> Buffer:
+    """All arrays of a batch in one uint8 tensor (see ``allocate`` for the layout)."""
+    buf, views = allocate(((k, a.dtype, a.shape) for k, a in arrays.items()), batch_id, shared)
+    for k, a in arrays.items():
+        views[k][...] = a
+    return buf
+
+
+def _as_buffer(buf: Any, batch_id: str) -> torch.Tensor:
+    if isinstance(buf, PooledBuffer):
+        try:
+            buf = buf.resolve()
+        except LookupError as exc:
+            raise PayloadError(f"batch {batch_id}: {exc}") from None
+    if isinstance(buf, torch.Tensor):
+        if buf.dtype != torch.uint8 or buf.dim() != 1 or not buf.is_contiguous():
+            raise PayloadError(f"batch {batch_id}: single-buffer payload is not a flat byte "
+                               f"buffer (got {buf.dtype} of shape {tuple(buf.shape)})")
+        return buf
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        if not len(buf):
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(bytearray(buf), dtype=torch.uint8)
+    raise PayloadError(f"batch {batch_id}: single-buffer payload is a {type(buf).__name__}, "
+                       f"not a byte buffer")
+
+
+def _int(x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(x)
+    return x
+
+
+def unpack_fields(buf: Buffer | bytes | bytearray | memoryview,
+                  batch_id: str = "?") -> dict[str, torch.Tensor]:
+    """Zero-copy tensor views of every field in a single buffer, after checking its structure.
+
+    Every check fails loudly with a ``PayloadError`` naming the batch: magic, header length,
+    header JSON, the batch id it was packed for, total length (truncated or extra bytes),
+    each field's dtype/shape/size, fields overflowing the data or overlapping each other.
+    """
+    buf = _as_buffer(buf, batch_id)
+    n = buf.numel()
+    raw = buf.numpy()
+    if n < _PREFIX or raw[:4].tobytes() != _MAGIC:
+        raise PayloadError(f"batch {batch_id}: single-buffer payload has a bad magic number")
+    (hlen,) = struct.unpack("<I", raw[4:8].tobytes())
+    if _PREFIX + hlen > n:
+        raise PayloadError(f"batch {batch_id}: header length {hlen} exceeds the payload of "
+                           f"{n} bytes (truncated?)")
+    try:
+        header = json.loads(raw[8:8 + hlen].tobytes().decode("utf-8"))
+        fields = header["fields"]
+        data_bytes = _int(header["data_bytes"])
+        packed_for = header["batch"]
+        if not isinstance(fields, list) or not isinstance(packed_for, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise PayloadError(f"batch {batch_id}: single-buffer header is not valid") from None
+    if batch_id != "?" and packed_for != batch_id:
+        raise PayloadError(f"batch {batch_id}: payload was packed for batch {packed_for!r}")
+    start = _aligned(_PREFIX + hlen)
+    if start + data_bytes != n:
+        what = "truncated" if n < start + data_bytes else "extra bytes"
+        raise PayloadError(f"batch {batch_id}: payload is {n} bytes but its header says "
+                           f"{start + data_bytes} ({what})")
+    out: dict[str, torch.Tensor] = {}
+    spans = []
+    for f in fields:
+        try:
+            name = f["name"]
+            dtype = f["dtype"]
+            shape = [_int(s) for s in f["shape"]]
+            off, nb = _int(f["offset"]), _int(f["nbytes"])
+            if not isinstance(name, str) or dtype not in _DTYPES:
+                raise TypeError
+        except (KeyError, TypeError, ValueError):
+            raise PayloadError(f"batch {batch_id}: bad field entry {f!r} in header") from None
+        if name in out:
+            raise PayloadError(f"batch {batch_id}: field {name!r} appears twice in the header")
+        size = _ITEMSIZE[dtype]
+        if (any(s < 0 for s in shape) or nb != math.prod(shape) * size or off < 0
+                or off % size or off + nb > data_bytes):
+            raise PayloadError(f"batch {batch_id}: field {name!r} ({dtype} {shape} at offset "
+                               f"{off}, {nb} bytes) does not fit the {data_bytes}-byte payload")
+        spans.append((off, off + nb, name))
+        lo = start + off
+        out[name] = buf[lo:lo + nb].view(_DTYPES[dtype]).view(shape)
+    spans.sort()
+    for (_, end, a), (lo, _, b) in zip(spans, spans[1:]):
+        if lo < end:
+            raise PayloadError(f"batch {batch_id}: fields {a!r} and {b!r} overlap")
+    return out
+
+
+def unpack(buf: Buffer | bytes | bytearray | memoryview, batch_id: str = "?") -> TensorBatch:
+    """The four collated tensors of a single buffer, as zero-copy views into ``buf``."""
+    fields = unpack_fields(buf, batch_id)
+    missing = [k for k in _FIELDS if k not in fields]
+    if missing:
+        raise PayloadError(f"batch {batch_id}: single-buffer payload lacks {missing}")
+    return {k: fields[k] for k in _FIELDS}
+
+
+def check_batch(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
+                rows: int | None = None) -> TensorBatch:
+    """The decoded batch has exactly the dtypes and shapes the schema promises (cheap: shapes
+    only), so a payload that decodes but does not fit is an error, not a model crash."""
+    n = rows if rows is not None else (int(batch["label"].shape[0]) if "label" in batch else -1)
+    for name, dt, shape in collated_fields(schema, n):
+        t = batch.get(name)
+        want = _DTYPES[dt.name]
+        if not isinstance(t, torch.Tensor) or t.dtype != want or tuple(t.shape) != shape:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise PayloadError(f"batch {batch_id}: {name!r} is {got}, expected {want} {shape}")
+    return batch
+
+
 # --------------------------------------------------------------------------------- formats
 
 class BatchFormat:
-    """``encode`` runs in the producer, ``decode`` in the trainer; both are timed as transfer."""
+    """``encode`` runs in the producer, ``decode`` in the trainer; both are timed as transfer.
+
+    ``decode`` must return the collated ``TensorBatch`` or raise ``PayloadError``.
+    """
 
     name: ClassVar[str]
 
@@ -137,11 +453,26 @@ class BatchFormat:
         self.schema = schema
         self.collate = collate
 
-    def encode(self, table: pa.Table, batch_id: str, shared: bool) -> Any:
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
+        """``shared``: the payload will cross to another process (True, or a pool partition
+        to pack into); formats that can place their payload in shared memory do."""
         raise NotImplementedError
 
-    def decode(self, data: Any, batch_id: str) -> TensorBatch:
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
         raise NotImplementedError
+
+
+def _as_tensors(data: Any, batch_id: str) -> TensorBatch:
+    """A collated dict whose values may have become numpy arrays on the way (pickled)."""
+    if not isinstance(data, dict):
+        raise PayloadError(f"batch {batch_id}: expected a dict of tensors, got "
+                           f"{type(data).__name__}")
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, np.ndarray):
+            v = torch.from_numpy(v)
+        out[k] = v
+    return out
 
 
 @FORMATS.register("rows")
@@ -158,9 +489,9 @@ class RowsFormat(BatchFormat):
             padded = np.empty((table.num_rows, s.seq_len), dtype=np.int64)
             pad_sequences(*cols[c], s.seq_len, padded)
             seq[c] = padded
-        flat = {**{c: cols[c] for c in (*s.dense, *s.sparse, s.label)}, **seq}
-        names = list(flat)
-        arrays = [flat[c] for c in names]
+        flat_cols = {**{c: cols[c] for c in (*s.dense, *s.sparse, s.label)}, **seq}
+        names = list(flat_cols)
+        arrays = [flat_cols[c] for c in names]
         return [{k: a[i] for k, a in zip(names, arrays)} for i in range(table.num_rows)]
 
     def _assemble(self, per_feature: dict[str, torch.Tensor]) -> TensorBatch:
@@ -179,117 +510,98 @@ class RowsFormat(BatchFormat):
             "label": per_feature[s.label],
         }
 
-    def encode(self, table: pa.Table, batch_id: str, shared: bool) -> Any:
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
         rows = self._rows(table)
         if self.collate == "producer":
             return self._assemble(torch.utils.data.default_collate(rows))
         return rows
 
-    def decode(self, data: Any, batch_id: str) -> TensorBatch:
-        if isinstance(data, dict):
-            return data
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
+        if self.collate == "producer":
+            return check_batch(_as_tensors(data, batch_id), self.schema, batch_id, rows)
         if not isinstance(data, list) or not data:
             raise PayloadError(f"batch {batch_id}: expected a non-empty list of rows")
-        return self._assemble(torch.utils.data.default_collate(data))
+        try:
+            batch = self._assemble(torch.utils.data.default_collate(data))
+        except (KeyError, TypeError, RuntimeError) as exc:
+            raise PayloadError(f"batch {batch_id}: rows do not collate ({exc})") from None
+        return check_batch(batch, self.schema, batch_id, rows)
 
 
 @FORMATS.register("columnar")
 class ColumnarFormat(BatchFormat):
     name = "columnar"
 
-    def encode(self, table: pa.Table, batch_id: str, shared: bool) -> Any:
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
         if self.collate == "producer":
             return tensors(to_arrays(table, self.schema))
         return to_columns(table, self.schema)
 
-    def decode(self, data: Any, batch_id: str) -> TensorBatch:
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
         if self.collate == "producer":
-            return data
-        return tensors(collate_columns(data, self.schema))
-
-
-_MAGIC = b"SBB1"
-_ALIGN = 64
-_FIELDS = ("dense", "sparse", "seq", "label")
-_DTYPES = {"float32": torch.float32, "int64": torch.int64}
-
-
-def pack(arrays: dict[str, np.ndarray], batch_id: str, shared: bool = False) -> torch.Tensor:
-    """All arrays of a batch in one uint8 tensor: magic, header length, JSON header, data.
-
-    With ``shared`` the buffer is allocated in shared memory up front, so handing it to another
-    process costs a file descriptor, not a copy of every tensor.
-    """
-    fields, offset = [], 0
-    for name in _FIELDS:
-        a = arrays[name]
-        fields.append({"name": name, "dtype": str(a.dtype), "shape": list(a.shape),
-                       "offset": offset, "nbytes": a.nbytes})
-        offset += -(-a.nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"batch": batch_id, "fields": fields, "data_bytes": offset}).encode()
-    start = -(-(8 + len(header)) // _ALIGN) * _ALIGN
-    total = start + offset
-    if shared:
-        buf = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
-    else:
-        buf = torch.empty(total, dtype=torch.uint8)
-    view = buf.numpy()
-    view[:4] = np.frombuffer(_MAGIC, dtype=np.uint8)
-    view[4:8] = np.frombuffer(struct.pack("<I", len(header)), dtype=np.uint8)
-    view[8:8 + len(header)] = np.frombuffer(header, dtype=np.uint8)
-    for f, name in zip(fields, _FIELDS):
-        a = np.ascontiguousarray(arrays[name])
-        lo = start + f["offset"]
-        view[lo:lo + f["nbytes"]] = a.reshape(-1).view(np.uint8)
-    return buf
-
-
-def unpack(buf: torch.Tensor | bytes | bytearray | memoryview, batch_id: str = "?") -> TensorBatch:
-    """Zero-copy tensor views into ``buf``; every structural check fails loudly, naming the
-    batch, rather than producing a garbage tensor."""
-    if not isinstance(buf, torch.Tensor):
-        buf = torch.frombuffer(bytearray(buf), dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
-    n = buf.numel()
-    raw = buf.numpy()
-    if n < 8 or raw[:4].tobytes() != _MAGIC:
-        raise PayloadError(f"batch {batch_id}: single-buffer payload has a bad magic number")
-    (hlen,) = struct.unpack("<I", raw[4:8].tobytes())
-    if 8 + hlen > n:
-        raise PayloadError(f"batch {batch_id}: header length {hlen} exceeds payload of {n} bytes")
-    try:
-        header = json.loads(raw[8:8 + hlen].tobytes())
-        fields = header["fields"]
-    except (ValueError, KeyError, TypeError):
-        raise PayloadError(f"batch {batch_id}: single-buffer header is not valid") from None
-    bid = header.get("batch", batch_id)
-    start = -(-(8 + hlen) // _ALIGN) * _ALIGN
-    if start + int(header.get("data_bytes", -1)) != n:
-        raise PayloadError(f"batch {bid}: payload is {n} bytes, header says "
-                           f"{start + int(header.get('data_bytes', 0))}")
-    out: TensorBatch = {}
-    for f in fields:
+            return check_batch(_as_tensors(data, batch_id), self.schema, batch_id, rows)
         try:
-            dtype = _DTYPES[f["dtype"]]
-            shape = [int(x) for x in f["shape"]]
-            lo, nb = start + int(f["offset"]), int(f["nbytes"])
-        except (KeyError, TypeError, ValueError):
-            raise PayloadError(f"batch {bid}: bad field entry {f!r} in header") from None
-        count = int(np.prod(shape)) if shape else 1
-        if nb != count * torch.empty(0, dtype=dtype).element_size() or lo < start or lo + nb > n:
-            raise PayloadError(f"batch {bid}: field {f.get('name')!r} does not fit the payload")
-        out[f["name"]] = buf[lo:lo + nb].view(dtype).view(shape)
-    missing = set(_FIELDS) - set(out)
-    if missing:
-        raise PayloadError(f"batch {bid}: single-buffer payload lacks {sorted(missing)}")
-    return out
+            batch = tensors(collate_columns(data, self.schema))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise PayloadError(f"batch {batch_id}: columns do not collate ({exc!r})") from None
+        return check_batch(batch, self.schema, batch_id, rows)
+
+
+def column_key(column: str, part: str | None = None) -> str:
+    """Field name of an uncollated column in a single buffer. The prefixes keep a column's
+    name from ever colliding with a sequence part (``seq:<name>:offsets|values``)."""
+    return f"col:{column}" if part is None else f"seq:{column}:{part}"
 
 
 @FORMATS.register("single_buffer")
 class SingleBufferFormat(BatchFormat):
+    """One contiguous buffer per batch: collated tensors (collate = "producer") or one field
+    per feature column (collate = "trainer", sequences as offsets + values)."""
+
     name = "single_buffer"
 
-    def encode(self, table: pa.Table, batch_id: str, shared: bool) -> Any:
-        return pack(to_arrays(table, self.schema), batch_id, shared=shared)
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
+        s = self.schema
+        if self.collate == "producer":
+            buf, views = allocate(collated_fields(s, table.num_rows), batch_id, shared)
+            fill_collated(table, s, views)
+            return buf
+        cols = to_columns(table, s)
+        arrays: dict[str, np.ndarray] = {}
+        for c in (*s.dense, *s.sparse, s.label):
+            arrays[column_key(c)] = cols[c]
+        for c in s.sequence:
+            arrays[column_key(c, "offsets")], arrays[column_key(c, "values")] = cols[c]
+        return pack(arrays, batch_id, shared)
 
-    def decode(self, data: Any, batch_id: str) -> TensorBatch:
-        return unpack(data, batch_id)
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
+        s = self.schema
+        if self.collate == "producer":
+            return check_batch(unpack(data, batch_id), s, batch_id, rows)
+        fields = unpack_fields(data, batch_id)
+        n = rows if rows is not None else -1
+        cols: dict[str, Any] = {}
+        try:
+            kinds = [(c, torch.float32) for c in s.dense] + \
+                [(c, torch.int64) for c in s.sparse] + [(s.label, torch.float32)]
+            for c, want in kinds:
+                t = fields[column_key(c)]
+                if t.dtype != want or t.dim() != 1 or (n >= 0 and t.shape[0] != n):
+                    raise ValueError(f"column {c!r} is {t.dtype} {tuple(t.shape)}, expected "
+                                     f"{want} ({n if n >= 0 else 'B'},)")
+                n = t.shape[0]
+                cols[c] = t.numpy()
+            for c in s.sequence:
+                off = fields[column_key(c, "offsets")].numpy()
+                vals = fields[column_key(c, "values")].numpy()
+                if (off.dtype != np.int64 or vals.dtype != np.int64 or vals.ndim != 1
+                        or off.shape != (n + 1,) or off[0] != 0
+                        or off[-1] != vals.size or (n and np.diff(off).min() < 0)):
+                    raise ValueError(f"sequence {c!r} has inconsistent offsets")
+                cols[c] = (off, vals)
+        except KeyError as exc:
+            raise PayloadError(f"batch {batch_id}: single-buffer payload lacks field "
+                               f"{exc.args[0]!r}") from None
+        except ValueError as exc:
+            raise PayloadError(f"batch {batch_id}: {exc}") from None
+        return check_batch(tensors(collate_columns(cols, s)), s, batch_id, rows)

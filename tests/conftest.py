@@ -1,0 +1,34 @@
+"""Fixtures shared by every test directory.
+
+``ray_session``: ONE real local Ray per test session (2 CPUs, a 256 MB object store, no
+dashboard), started on first use and shut down at the end. Ray costs ~6-10 s to start here, so
+every Ray test shares it; stallbench's ``RayExecutor`` sees Ray already initialised and reuses
+it (and never shuts it down). Tests that need a runtime of their own (a simulated multi-node
+cluster, the CLI) run stallbench in a subprocess instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    from stallbench.executors.ray_cluster import RUNTIME_ENV, import_ray
+
+    import_ray()
+    started = False
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20,
+                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                 namespace="stallbench-tests", runtime_env=RUNTIME_ENV)
+        started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()

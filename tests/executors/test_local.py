@@ -1,0 +1,184 @@
+"""The on-trainer executor: bulk vs streaming, worker hand-off through the buffer pool, bytes
+that crossed a process boundary, and clean shutdown when the trainer stops early."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from stallbench import scenario
+from stallbench.executors import base as executors
+from stallbench.executors.local import pool_shape
+from stallbench.measure.probe import measured_run
+from stallbench.pipeline import Plan, ShardOutput, dataset_for
+from stallbench.stages.buffers import PooledBuffer
+
+BASE = """
+name = "local"
+[dataset]
+rows = 1200
+row_group_rows = 200
+files = 2
+dense_features = 3
+sparse_features = 2
+sequence_features = 1
+sequence_max_len = 4
+[model]
+kind = "emulated"
+[loader]
+batch_size = 100
+"""
+
+
+class StampedPlan(Plan):
+    """Records when each work item finished, on a clock shared by all processes."""
+
+    def produce(self, item: int, shared: Any = False) -> ShardOutput:
+        out = super().produce(item, shared)
+        out.done_at = time.monotonic()   # type: ignore[attr-defined]
+        return out
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("local-cache")
+
+
+def _setup(cache: Path, loader: str, plan_cls: type[Plan] = Plan) -> tuple[Plan, Any]:
+    cfg = scenario.parse(BASE + loader, "local.toml").base
+    plan = plan_cls(cfg, dataset_for(cfg, cache, "local.toml"), scenario_file="local.toml")
+    return plan, executors.get("local")(cfg, "local.toml")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bulk_produces_the_whole_epoch_before_the_first_batch(cache: Path, workers: int) -> None:
+    for execution, everything_first in (("bulk", True), ("streaming", False)):
+        plan, ex = _setup(cache, f'num_workers = {workers}\nexecution = "{execution}"\n'
+                                 f'prefetch_factor = 1\n', StampedPlan)
+        with ex:
+            run = ex.run(plan)
+            first = next(run)
+            received_at = time.monotonic()
+            rest = list(run)
+        outs = [first, *rest]
+        assert [o.item for o in outs] == list(range(len(plan.items)))
+        all_before = all(o.done_at <= received_at for o in outs)
+        assert all_before == everything_first, execution
+
+
+def test_worker_batches_cross_through_the_pool_and_count_as_ipc(cache: Path) -> None:
+    plan, ex = _setup(cache, 'num_workers = 2\nbatch_format = "single_buffer"\n')
+    seen = []
+    with ex:
+        for out in ex.run(plan):
+            seen += [type(p.data) for p in out.payloads]
+        figs = ex.run_figures()["buffer_pool"]
+    assert set(seen) == {PooledBuffer}                # only a reference was pickled
+    assert figs["pooled_batches"] == len(seen) and figs["fresh_shared_batches"] == 0
+
+    with ex:
+        fig, _, _ = measured_run(plan, ex, plan.build_compute())
+    assert fig.bytes["ipc_bytes"] == fig.bytes["wire_bytes"] > 0
+    assert fig.workers == 2
+
+
+def test_bulk_overflows_the_pool_into_fresh_shared_memory(cache: Path) -> None:
+    plan, ex = _setup(cache, 'num_workers = 1\nbatch_format = "single_buffer"\n'
+                             'execution = "bulk"\nprefetch_factor = 1\n')
+    parts, slots, _ = pool_shape(plan)
+    total = sum(-(-s.rows // 100) for s in plan.items)
+    assert parts * slots < total                      # this test is about the overflow
+    with ex:
+        fig, _, _ = measured_run(plan, ex, plan.build_compute())
+    pool = fig.extra["buffer_pool"]
+    assert pool["pooled_batches"] == parts * slots
+    assert pool["pooled_batches"] + pool["fresh_shared_batches"] == total == fig.batches
+
+
+@pytest.mark.parametrize("loader", ['num_workers = 0\n', 'num_workers = 0\nbatch_format = "single_buffer"\n',
+                                    'num_workers = 0\ncompression = "zstd"\n'])
+def test_nothing_crosses_a_process_without_workers(cache: Path, loader: str) -> None:
+    plan, ex = _setup(cache, loader)
+    with ex:
+        fig, _, _ = measured_run(plan, ex, plan.build_compute())
+    assert fig.bytes["ipc_bytes"] == 0 and fig.bytes["wire_bytes"] > 0 and fig.workers == 1
+    if "single_buffer" in loader:                     # the trainer recycles its own buffers
+        assert fig.extra["buffer_pool"]["pooled_batches"] == fig.batches
+        assert fig.extra["buffer_pool"]["fresh_batches"] == 0
+
+
+def test_stopping_early_shuts_workers_down(cache: Path) -> None:
+    me = psutil.Process()
+    plan, ex = _setup(cache, 'num_workers = 2\nmax_batches = 3\nbatch_format = "single_buffer"\n'
+                             'prefetch_batches = 2\n')
+    with ex:
+        fig, _, _ = measured_run(plan, ex, plan.build_compute())
+    assert fig.batches == 3
+    deadline = time.monotonic() + 5
+    while me.children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [c for c in me.children() if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_pool_slots_are_reclaimed_between_runs(cache: Path) -> None:
+    """A run stopped early leaves references nobody resolved (their slots stay taken); the
+    next run reclaims them before its workers start, so slots never leak across runs."""
+    plan, ex = _setup(cache, 'num_workers = 1\nmax_batches = 1\nbatch_format = "single_buffer"\n')
+    with ex:
+        for _ in range(3):
+            fig, _, _ = measured_run(plan, ex, plan.build_compute())
+            assert fig.batches == 1 and fig.extra["buffer_pool"]["fresh_shared_batches"] == 0
+            pool = ex._pool
+            assert pool.state.sum() >= 1              # the unread second batch of the item
+            pool.reclaim()
+            assert pool.state.sum() == 0              # the trainer holds nothing now
+
+
+def test_forked_workers_memory_is_not_double_counted() -> None:
+    """peak_rss_mb is the tree's PSS sum: pages a forked child shares with the trainer count
+    once, where an RSS sum counts them once per process."""
+    import os
+    import signal
+
+    import numpy as np
+
+    from stallbench.measure.sampler import Sampler, tree_pss_mb, tree_rss_mb
+
+    block = np.ones(200 * 2**20 // 8)                 # 200 MB, touched
+    pid = os.fork()
+    if pid == 0:                                      # child: share the pages, do nothing
+        time.sleep(30)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        me = psutil.Process()
+        rss, pss = tree_rss_mb(me), tree_pss_mb(me)
+        assert rss - pss > 150, (rss, pss)            # RSS counts the block twice
+        with Sampler(0.01) as s:
+            time.sleep(0.1)
+        res = s.resources()
+        assert res["memory_metric"] == "pss" and res["pss_exact_sweeps"] >= 1
+        assert s.peak_rss_mb < max(res["rss_sum_mb"]) - 150
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    del block
+
+
+def test_handed_over_shared_memory_counts_even_untouched() -> None:
+    """A batch in shared memory that no process has touched since its producer let go (a
+    bulk epoch waiting in the trainer) is in nobody's PSS; it is memory all the same."""
+    import torch
+
+    from stallbench.measure.sampler import tree_pss_mb, tree_rss_mb
+
+    me = psutil.Process()
+    pss0, rss0 = tree_pss_mb(me), tree_rss_mb(me)
+    held = torch.UntypedStorage._new_shared(64 * 2**20)      # mapped, never touched here
+    assert tree_pss_mb(me) - pss0 > 60
+    assert tree_rss_mb(me) - rss0 < 10
+    del held

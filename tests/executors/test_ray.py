@@ -1,0 +1,485 @@
+"""The Ray executor on a real local Ray: same batches as the local executor, ablation caches
+through the object store, Ray's own figures, a worker killed mid-epoch, clusters that do not
+answer, and no Ray process left behind (errors, Ctrl-C, simulated multi-node clusters).
+
+In-process tests share ONE Ray runtime per session (``ray_session`` in tests/conftest.py);
+tests that need their own runtime run the ``stallbench`` CLI in a subprocess, tagged with an
+environment variable so every process that subprocess started can be found afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from stallbench import scenario
+from stallbench.errors import ScenarioError, UserError
+from stallbench.executors import base as executors
+from stallbench.executors.ray_cluster import RayRuntime
+from stallbench.measure.probe import measured_run
+from stallbench.pipeline import Ablation, Plan, StageCaches, dataset_for
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = """
+name = "raytest"
+[dataset]
+rows = 2400
+row_group_rows = 300
+files = 2
+dense_features = 3
+sparse_features = 2
+sequence_features = 2
+sequence_max_len = 5
+[preprocess]
+transforms = ["log_dense", {{name = "hash_ids", buckets = 1000}}]
+cpu_cost_us_per_row = {cost}
+[model]
+kind = "emulated"
+step_ms = {step}
+[loader]
+batch_size = 128
+batch_format = "{fmt}"
+compression = "{comp}"
+execution = "{execution}"
+[executor]
+kind = "{kind}"
+ray_mode = "{mode}"
+ray_pool = "{pool}"
+"""
+
+
+def _text(**kw: Any) -> str:
+    d = dict(cost=0, step=0, fmt="single_buffer", comp="none", execution="streaming",
+             kind="ray", mode="stallbench", pool="tasks")
+    d.update(kw)
+    return BASE.format(**d)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ray-cache")
+
+
+def _plan(cache: Path, **kw: Any) -> Plan:
+    cfg = scenario.parse(_text(**kw), "ray.toml").base
+    return Plan(cfg, dataset_for(cfg, cache, "ray.toml"), scenario_file="ray.toml")
+
+
+@pytest.fixture(scope="module")
+def ray_ex(ray_session: Any, cache: Path) -> Any:
+    """One started RayExecutor on the session's Ray (reused: stop() leaves Ray running)."""
+    cfg = _plan(cache).config
+    ex = executors.get("ray")(cfg, "ray.toml")
+    ex.start()
+    yield ex
+    ex.stop()
+    assert ray_session.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    e = dict(os.environ)
+    e["STALLBENCH_CACHE"] = str(tmp_path_factory.mktemp("ray-cli-cache"))
+    e["PYTHONUNBUFFERED"] = "1"
+    e.pop("RAY_ADDRESS", None)
+    return e
+
+
+class _Background:
+    """A ``stallbench run`` started early in its own Ray runtime, checked by a later test:
+    the CLI tests' Ray start-ups overlap the in-process tests instead of adding to them."""
+
+    def __init__(self, cwd: Path, env: dict[str, str], args: list[str],
+                 interrupt: bool = False) -> None:
+        self.cwd = cwd
+        self.tag = uuid.uuid4().hex
+        # Files, not pipes: nobody reads a pipe until the test runs, and a full one blocks.
+        self.out, self.err = open(cwd / "stdout.txt", "w"), open(cwd / "stderr.txt", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "stallbench", *args], cwd=cwd,
+                                     env={**env, "STALLBENCH_TEST_TAG": self.tag},
+                                     stdout=self.out, stderr=self.err, text=True)
+        self.interrupted_at: float | None = None
+        self.watcher = None
+        if interrupt:
+            self.watcher = threading.Thread(target=self._interrupt, daemon=True)
+            self.watcher.start()
+
+    def _interrupt(self) -> None:
+        """Ctrl-C once Ray runs producer work (a Ray worker process exists) plus 3 s."""
+        deadline = time.time() + 120
+        while time.time() < deadline and self.proc.poll() is None:
+            if any(n.startswith("ray::") and "Agent" not in n
+                   for n in (_name(q) for q in _tagged(self.tag))):
+                break
+            time.sleep(0.3)
+        time.sleep(3.0)
+        if self.proc.poll() is None:
+            self.interrupted_at = time.time()
+            self.proc.send_signal(signal.SIGINT)
+
+    def result(self, timeout: float = 240) -> subprocess.CompletedProcess:
+        try:
+            if self.watcher is not None:
+                self.watcher.join(timeout=timeout)
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.out.close()
+            self.err.close()
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode,
+                                           (self.cwd / "stdout.txt").read_text(),
+                                           (self.cwd / "stderr.txt").read_text())
+
+
+BOOM = ("import os\n"
+        "def fail_on_second(table, **kw):\n"
+        "    n = int(os.environ.get('BOOM_COUNT', '0')) + 1\n"
+        "    os.environ['BOOM_COUNT'] = str(n)\n"
+        "    if n == 2:\n"
+        "        raise RuntimeError('injected failure')\n"
+        "    return table\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               cli_env: dict[str, str]) -> Any:
+    """Start the heavy CLI runs of the tests selected in this session, at module start."""
+    selected = {item.name for item in request.session.items}
+    runs: dict[str, _Background] = {}
+    if "test_cli_error_mid_run_leaves_no_ray_process" in selected:
+        d = tmp_path_factory.mktemp("ray-cli-error")
+        (d / "boom.py").write_text(BOOM)
+        text = _text().replace('transforms = ["log_dense",',
+                               'transforms = ["boom:fail_on_second", "log_dense",')
+        (d / "s.toml").write_text(text + "[analysis]\ndifferential = false\n")
+        runs["error"] = _Background(d, {**cli_env, "PYTHONPATH": str(d)},
+                                    ["run", "s.toml", "--no-progress"])
+    if "test_cli_simulated_nodes_end_to_end" in selected:
+        d = tmp_path_factory.mktemp("ray-cli-sim")
+        (d / "s.toml").write_text(
+            _text(step=1) + "simulated_nodes = 2\ncpus_per_node = 1\nobject_store_mb = 128\n"
+            "[analysis]\nmethod = \"chain\"\n")
+        runs["simulated"] = _Background(d, cli_env, ["run", "s.toml", "--out", "out",
+                                                     "--no-progress"])
+    if "test_cli_ctrl_c_shuts_ray_down" in selected:
+        d = tmp_path_factory.mktemp("ray-cli-ctrl-c")
+        (d / "s.toml").write_text(_text(step=300) + "[analysis]\ndifferential = false\n")
+        runs["ctrl_c"] = _Background(d, cli_env, ["run", "s.toml", "--no-progress"],
+                                     interrupt=True)
+    yield runs
+    for r in runs.values():
+        if r.proc.poll() is None:
+            r.proc.kill()
+            r.proc.wait()
+        for p in _tagged(r.tag):
+            p.kill()
+
+
+def _epoch(plan: Plan, ex: Any) -> dict[str, torch.Tensor]:
+    """Every batch the trainer would see, concatenated per tensor (order matters)."""
+    parts: dict[str, list[torch.Tensor]] = {}
+    for out in ex.run(plan):
+        for batch, _, _ in plan.receive(out):
+            for k in ("dense", "sparse", "seq", "label"):
+                parts.setdefault(k, []).append(batch[k].clone())
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def _batches(plan: Plan, ex: Any) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.clone() for k, v in b.items()} for out in ex.run(plan)
+            for b, _, _ in plan.receive(out)]
+
+
+def _local(plan: Plan) -> Any:
+    ex = executors.get("local")(plan.config, "ray.toml")
+    ex.start()
+    return ex
+
+
+def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for k in ("dense", "sparse", "seq", "label"):
+            assert torch.equal(x[k], y[k]), k
+
+
+# ------------------------------------------------------------------------- same batches
+
+@pytest.mark.parametrize("fmt,comp,execution,pool", [
+    ("single_buffer", "none", "streaming", "tasks"),
+    ("columnar", "zstd", "bulk", "tasks"),
+    ("rows", "none", "streaming", "actors"),
+])
+def test_same_batches_as_local(ray_ex: Any, cache: Path, fmt: str, comp: str, execution: str,
+                               pool: str) -> None:
+    plan = _plan(cache, fmt=fmt, comp=comp, execution=execution, pool=pool)
+    if pool == "actors":    # one actor: each costs a process start (and imports) per run
+        plan.config = plan.config.replace(executor=dataclasses.replace(plan.config.executor,
+                                                                        concurrency=1))
+    want = _batches(plan, _local(plan))
+    ray_ex.spec = plan.config.executor           # pool and mode come from the executor spec
+    try:
+        got = _batches(plan, ray_ex)
+    finally:
+        ray_ex.spec = ray_ex.config.executor
+    _same(got, want)
+    fig = ray_ex.run_figures()
+    assert fig["ray"]["complete"] and fig["ray"]["execution"] == execution
+    assert fig["faults"]["duplicates_dropped"] == 0
+
+
+def test_ablation_caches_reach_workers_through_the_object_store(ray_ex: Any, cache: Path) -> None:
+    plan = _plan(cache)
+    want = _batches(plan, _local(plan))
+    caches = StageCaches.build(plan)
+    ray_ex.prepare(plan, caches)
+    for ab in (Ablation(fetch=True), Ablation(True, True), Ablation(True, True, True),
+               Ablation(preprocess=True)):
+        p = plan.with_ablation(ab, caches)
+        _same(_batches(p, ray_ex), want)
+        # What each task receives is the plan plus ObjectRefs, never the cached tables.
+        job = pickle.dumps(ray_ex._job(p))
+        cached = sum(t.nbytes for t in caches.prepped.values())
+        assert len(job) < 64_000 < cached
+
+
+def test_stock_mode_delivers_the_same_rows(ray_ex: Any, cache: Path) -> None:
+    plan = _plan(cache, mode="stock", fmt="columnar")
+    want = _epoch(plan, _local(plan))
+    ray_ex.spec = plan.config.executor
+    try:
+        got = _epoch(plan, ray_ex)
+    finally:
+        ray_ex.spec = ray_ex.config.executor
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    names = [op["name"] for op in ray_ex.run_figures()["ray"]["operators"]]
+    assert any("ReadFiles" in n or "ReadParquet" in n for n in names), names
+
+
+def test_measured_run_records_ray_figures(ray_ex: Any, cache: Path) -> None:
+    plan = _plan(cache, step=2)
+    fig, _, res = measured_run(plan, ray_ex, plan.build_compute(), sample_interval_s=0.05)
+    ray = fig.extra["ray"]
+    why = json.dumps(fig.extra, default=str)[:3000]
+    assert fig.samples == 2400 and fig.time_to_first_batch_s > 0, why
+    assert ray["cluster"]["cpus"] == 2 and ray["cluster"]["mode"] == "reused", why
+    assert ray["nodes_used"] == 1 and ray["producer_processes"] >= 1, why
+    assert ray["first_block_s"] is not None and ray["blocks"] == len(plan.items), why
+    ops = {op["name"]: op for op in ray["operators"]}
+    produce = next(op for name, op in ops.items() if "MapBatches" in name)
+    assert produce["tasks"] == len(plan.items) and produce["wall_s"] > 0, why
+    assert "object_store_mb" in res, sorted(res)
+    assert fig.extra["faults"]["worker_deaths"] == 0, why
+    assert fig.stage_s["preprocess"] > 0 and fig.stage_rows["fetch"] == 2400, fig.stage_s
+
+
+# ---------------------------------------------------------------------------------- faults
+
+def test_worker_killed_mid_epoch_every_row_once(ray_ex: Any, cache: Path) -> None:
+    # ~0.25 s of preprocess per row group, so a task is running when the kill lands.
+    plan = _plan(cache, cost=800)
+    want = _batches(plan.with_ablation(plan.ablation, None), _local(plan))
+    got: list[dict[str, torch.Tensor]] = []
+    killed: list[int] = []
+    for out in ray_ex.run(plan):
+        got.extend({k: v.clone() for k, v in b.items()} for b, _, _ in plan.receive(out))
+        if not killed:
+            deadline = time.time() + 10
+            while not killed and time.time() < deadline:
+                for pid in ray_ex.worker_pids():
+                    try:
+                        title = " ".join(psutil.Process(pid).cmdline())
+                    except psutil.Error:
+                        continue
+                    if "MapBatches" in title:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                        break
+                ray_ex.runtime._pids_cache = (0.0, [])
+                time.sleep(0.02)
+    assert killed, "no producer task was running to kill"
+    _same(got, want)                                    # every row exactly once, in order
+    faults = ray_ex.run_figures()["faults"]
+    assert faults["worker_deaths"] >= 1, faults
+    assert killed[0] in [w["pid"] for w in faults["dead_workers"]]
+    assert faults["task_retries"] >= 1, faults
+
+
+# ------------------------------------------------------------------ clusters that do not answer
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_refused_address_is_a_user_error_at_once() -> None:
+    spec = scenario.parse(_text() + f'ray_address = "127.0.0.1:{_free_port()}"\n', "a.toml").base
+    t0 = time.time()
+    with pytest.raises(ScenarioError) as e:
+        RayRuntime(spec.executor, "a.toml")._connect(spec.executor.ray_address)
+    assert e.value.key == "executor.ray_address" and "no Ray cluster answers" in str(e.value)
+    assert time.time() - t0 < 10
+
+
+def test_silent_address_times_out_as_a_user_error() -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def accept() -> None:       # accept and say nothing, like a wrong service would
+        conns = []
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conns.append(srv.accept()[0])
+            except OSError:
+                pass
+        for c in conns:
+            c.close()
+
+    th = threading.Thread(target=accept, daemon=True)
+    th.start()
+    try:
+        port = srv.getsockname()[1]
+        spec = scenario.parse(_text() + f'ray_address = "127.0.0.1:{port}"\n'
+                              "connect_timeout_s = 4\n", "a.toml").base
+        t0 = time.time()
+        with pytest.raises(ScenarioError) as e:
+            RayRuntime(spec.executor, "a.toml")._connect(spec.executor.ray_address)
+        assert "no Ray cluster answered within 4 s" in str(e.value)
+        assert time.time() - t0 < 30
+    finally:
+        stop.set()
+        th.join()
+        srv.close()
+
+
+def test_simulated_nodes_need_a_fresh_process(ray_session: Any) -> None:
+    spec = scenario.parse(_text() + "simulated_nodes = 2\n", "a.toml").base
+    with pytest.raises(UserError, match="already initialised"):
+        RayRuntime(spec.executor, "a.toml").open()
+
+
+# --------------------------------------------------------------------- the CLI, own runtimes
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    """Every live process that inherited the test's tag (i.e. that the subprocess started)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("STALLBENCH_TEST_TAG") == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _assert_no_leftovers(tag: str) -> None:
+    deadline = time.time() + 10
+    left = _tagged(tag)
+    while left and time.time() < deadline:
+        time.sleep(0.3)
+        left = _tagged(tag)
+    names = []
+    for p in left:
+        try:
+            names.append(f"{p.pid}:{p.name()}")
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes left behind: {names}"
+
+
+def _sb(args: list[str], env: dict[str, str], cwd: Path, tag: str,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallbench", *args], cwd=cwd,
+                          env={**env, "STALLBENCH_TEST_TAG": tag}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_unreachable_address_one_line_exit_2(tmp_path: Path, cli_env: dict) -> None:
+    (tmp_path / "s.toml").write_text(_text() + f'ray_address = "127.0.0.1:{_free_port()}"\n')
+    t0 = time.time()
+    r = _sb(["run", "s.toml", "--no-progress"], cli_env, tmp_path, uuid.uuid4().hex, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "executor.ray_address" in lines[0], r.stderr
+    assert time.time() - t0 < 30
+
+
+def test_cli_without_ray_one_line_exit_2(tmp_path: Path, cli_env: dict) -> None:
+    (tmp_path / "s.toml").write_text(_text())
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from stallbench.cli import main\n"
+            "sys.exit(main(['run', 's.toml', '--no-progress']))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=cli_env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "needs Ray" in lines[0] and "pip install" in lines[0], r.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_cli_error_mid_run_leaves_no_ray_process(background: dict) -> None:
+    run = background["error"]
+    r = run.result()
+    assert r.returncode != 0
+    assert "injected failure" in r.stderr
+    _assert_no_leftovers(run.tag)
+
+
+def test_cli_ctrl_c_shuts_ray_down(background: dict) -> None:
+    run = background["ctrl_c"]
+    r = run.result()
+    assert run.interrupted_at is not None, "the run ended before Ctrl-C: " + r.stderr[-2000:]
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert "interrupted" in r.stderr
+    _assert_no_leftovers(run.tag)
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def test_cli_simulated_nodes_end_to_end(background: dict) -> None:
+    """A 2-node simulated cluster: preprocessing stays off the trainer's (head) node, the
+    differential attribution works through Ray, and every process ends with the run."""
+    run = background["simulated"]
+    r = run.result()
+    assert r.returncode == 0, r.stderr[-3000:]
+    (result,) = list((run.cwd / "out").glob("*.json"))
+    v = json.loads(result.read_text())["variants"][0]
+    ray = v["repeats"][0]["extra"]["ray"]
+    cl = ray["cluster"]
+    assert cl["mode"] == "simulated" and cl["nodes"] == 3 and cl["cpu_nodes"] == 2
+    assert cl["head_node_id"] not in ray["producer_nodes"]
+    assert 1 <= ray["nodes_used"] <= 2
+    assert "executor.simulated_nodes" in v["emulated"]
+    assert v["analysis"]["bound_by"] in {"fetch", "preprocess", "transfer", "compute"}
+    assert set(v["ablations"]) >= {"no_fetch", "no_fetch_preprocess", "compute_only"}
+    _assert_no_leftovers(run.tag)
