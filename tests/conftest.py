@@ -10,6 +10,7 @@ cluster, the CLI) run stallbench in a subprocess instead.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Iterator
 
 import pytest
@@ -23,6 +24,7 @@ def ray_session() -> Iterator[Any]:
     import_ray()
     started = False
     if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20,
                  include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                  namespace="stallbench-tests", runtime_env=RUNTIME_ENV)

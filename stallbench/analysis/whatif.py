@@ -179,9 +179,22 @@ def knee(m: Model, candidates: Sequence[int], **kw: Any) -> dict[str, Any]:
                            f"{first_best.why}"}
 
 
+_SCALING_KEYS = {"loader.num_workers", "executor.simulated_nodes"}
+
+
 def _group_key(v: VariantResult) -> tuple:
-    return tuple(sorted((k, repr(x)) for k, x in v.knobs.items()
-                        if k not in ("loader.num_workers", "executor.simulated_nodes")))
+    """Variants that differ only in worker/node count form one scaling curve (also when the
+    matrix varies a whole section, e.g. ``executor = [{kind = "ray", simulated_nodes = 2}]``)."""
+    items = []
+    for k, x in v.knobs.items():
+        if k in _SCALING_KEYS:
+            continue
+        if isinstance(x, dict):
+            x = {kk: vv for kk, vv in x.items() if f"{k}.{kk}" not in _SCALING_KEYS}
+        items.append((k, repr(sorted(x.items()) if isinstance(x, dict) else x)))
+    ex = v.config.get("executor", {})
+    items.append(("executor.kind", ex.get("kind")))
+    return tuple(sorted(items))
 
 
 def validate(result: Result, *, axis_max: int = 16) -> dict[str, Any] | None:

@@ -143,6 +143,8 @@ class RayRuntime:
             self._quiet_data()
             return
         self._before = _descendants()
+        # Ray's usage-stats actor costs ~1 s of CPU per runtime and reports nothing we need.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         self.owned = True              # from here on close() must clean up, even half-started
         if not self._atexit:
             atexit.register(self.close)
