@@ -58,6 +58,7 @@ class RepeatFigures:
     time_to_first_batch_s: float
     peak_rss_mb: float              # trainer + loader workers (+ Ray workers), sampled
     startup_s: float = 0.0          # executor start (e.g. Ray runtime), excluded from epoch_s
+    trainer_cpu_s: float = 0.0      # CPU time of the trainer process (all its threads) in the run
     stage_s: dict[str, float] = field(default_factory=dict)    # producer time per stage, summed
     stage_rows: dict[str, int] = field(default_factory=dict)   # rows each stage processed
     bytes: dict[str, int] = field(default_factory=dict)        # raw_bytes, wire_bytes, storage_bytes

@@ -9,7 +9,8 @@ per *sample* the trainer consumes, measured in ONE configuration (the fit point)
 - ``p_cpu``: the CPU seconds of the same work (thread CPU clocks);
 - ``t_trainer``: trainer seconds per sample outside the producers: trainer-side transfer,
   the loader's hand-off overhead (measured by the differential run) and the compute step;
-- ``t_cpu``: the trainer's CPU seconds per sample (compute counts only when it runs on the CPU).
+- ``t_cpu``: the trainer process's CPU seconds per sample (its own CPU clock: hand-off,
+  unpacking, and compute when the model runs on the CPU).
 
 Predicted throughput with N producer workers (N = 0: the trainer does everything in turn):
 
@@ -98,7 +99,11 @@ def fit(v: VariantResult, machine: dict[str, Any]) -> Model:
     if v.analysis.get("overhead_s") is not None and workers_of(v) > 0:
         samples = _median(f.samples for f in reps)
         overhead = max(float(v.analysis["overhead_s"]), 0.0) / max(samples, 1)
-    t_cpu = trainer_xfer + (compute if compute_on_cpu(v, machine) else 0.0)
+    # The trainer process's own CPU clock covers everything it does (hand-off, unpacking,
+    # a CPU model step, helper threads); older results without it fall back to the parts.
+    t_cpu = _median(f.trainer_cpu_s / max(f.samples, 1) for f in reps if f.trainer_cpu_s)
+    if not math.isfinite(t_cpu):
+        t_cpu = trainer_xfer + overhead + (compute if compute_on_cpu(v, machine) else 0.0)
     io_bytes = _median(f.bytes.get("storage_bytes", 0) / max(f.samples, 1) for f in reps)
     ex = v.config.get("executor", {})
     return Model(

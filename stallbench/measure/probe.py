@@ -161,6 +161,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     ttfb = math.nan
     with sampler:
         t0 = perf()
+        cpu0 = time.process_time()
         if plan.ablation.compute_only:
             source: Iterator[Item] = _cached(plan)
         else:
@@ -191,6 +192,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 if on_batch:
                     on_batch(n, samples, tc - t0)
             t_end = perf()
+            trainer_cpu = time.process_time() - cpu0
         finally:
             close = getattr(source, "close", None)
             if close:
@@ -205,7 +207,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         steady = samples / epoch if epoch > 0 else math.nan
     s = totals.s
     fig = RepeatFigures(
-        epoch_s=epoch, samples=samples, batches=n,
+        epoch_s=epoch, samples=samples, batches=n, trainer_cpu_s=trainer_cpu,
         throughput_samples_s=samples / epoch if epoch > 0 else math.nan,
         steady_throughput_samples_s=steady,
         stall_s=epoch - compute_s, wait_s=sum(probe.wait_s),

@@ -22,7 +22,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import torch
 import zstandard
