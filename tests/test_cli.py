@@ -67,7 +67,10 @@ def mask(text: str) -> str:
     text = re.sub(r"\[N,N\]", "", text)
     text = re.sub(r"-{3,}", "---", text)
     text = re.sub(r"\b(fetch|preprocess|transfer|compute)(-bound|$)", r"<stage>\2", text, flags=re.M)
-    text = re.sub(r"ideal <stage> would give Nx|the data stages keep up", "<consequence>", text)
+    text = re.sub(r"ideal (fetch|preprocess|transfer) would give Nx|the data stages keep up",
+                  "<consequence>", text)
+    text = re.sub(r" \(loader start-up/hand-off alone: N\)", "", text)   # shown only when >= 5%
+    text = re.sub(r"compute-bound", "<stage>-bound", text)
     return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
 
 

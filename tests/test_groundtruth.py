@@ -123,7 +123,7 @@ def test_overlap_hides_a_cheaper_producer(cache_dir) -> None:
     for attempt in range(2):   # one re-measurement absorbs a burst of foreign load
         result = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False, repeats=2))
         a = result.variants[0].analysis
-        if a["bound_by"] == "compute":
+        if a["bound_by"] == "compute" and a["preprocess_stall_s"] < 0.05:
             break
     assert a["bound_by"] == "compute", a["verdict"]
     # Alone, preprocess costs 32768 * 8 us = 262 ms; hidden behind 960 ms of compute.

@@ -8,9 +8,12 @@ it. The prediction from the 1-worker run must land within 15% of the measured 2-
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from stallbench import scenario
@@ -44,9 +47,24 @@ repeats = 2
 """
 
 
-def _measure(tmp_path) -> dict:
+def _own_cpu() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _busy_cpu() -> float:
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _measure(tmp_path) -> tuple[dict, float]:
+    """The what-if validation and the cores other processes took meanwhile (foreign load)."""
     sc = scenario.parse(TEXT, "whatif-gt.toml")
-    return run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)).analysis["whatif"]
+    w0, b0, o0 = time.perf_counter(), _busy_cpu(), _own_cpu()
+    w = run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)).analysis["whatif"]
+    wall = time.perf_counter() - w0
+    foreign = max(0.0, (_busy_cpu() - b0) - (_own_cpu() - o0)) / wall
+    return w, foreign
 
 
 def test_prediction_from_one_worker_matches_two(tmp_path) -> None:
@@ -54,10 +72,13 @@ def test_prediction_from_one_worker_matches_two(tmp_path) -> None:
     # second core from the 2-worker run. One re-measurement absorbs a burst of foreign load;
     # a model error shows in both attempts.
     for attempt in range(2):
-        w = _measure(tmp_path)
+        w, foreign = _measure(tmp_path)
         two = next(m for m in w["measured"] if m["n"] == 2)
         if abs(two["error"]) <= 0.15:
             break
+    if abs(two["error"]) > 0.15 and foreign > 0.25:
+        pytest.skip(f"other processes used {foreign:.2f} cores during the measurement; the model "
+                    f"assumes the machine's cores are free (error was {two['error']:+.0%})")
     assert w["fit_variant"] == "num_workers=1"
     assert abs(two["error"]) <= 0.15, w["measured"]
     assert two["bound_by"] == "preprocess"
