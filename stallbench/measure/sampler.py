@@ -76,6 +76,13 @@ def _tree(proc: psutil.Process, extra_pids: Iterable[int] = ()) -> list[psutil.P
     return out
 
 
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _rss(p: psutil.Process) -> int:
     try:
         return p.memory_info().rss
@@ -179,20 +186,39 @@ class TreeMemory:
     the set of processes changes); the cheap RSS sum is read every tick and scaled by the
     latest sweep's PSS/RSS ratio in between. Peaks are therefore exact at sweeps and
     ratio-scaled between them.
+
+    Finding the tree is not free either: ``children(recursive=True)`` reads every process's
+    ``/proc/<pid>/stat`` (~1 ms with 70 processes, several ms on a machine running Ray), all
+    while holding the GIL the trainer's threads need; the tree is refreshed every
+    ``tree_refresh_s`` instead of every tick (loader workers live for a whole run).
     """
 
-    def __init__(self, proc: psutil.Process, budget: float = 0.02) -> None:
+    def __init__(self, proc: psutil.Process, budget: float = 0.02,
+                 tree_refresh_s: float = 0.5) -> None:
         self.proc = proc
         self.budget = budget
+        self.tree_refresh_s = tree_refresh_s
         self.ratio = 1.0
         self.next_exact = 0.0
         self.pids: frozenset[int] = frozenset()
         self.exact_sweeps = 0
         self.sweep_s = 0.0
+        self._procs: list[psutil.Process] = []
+        self._extra: tuple[int, ...] = ()
+        self._next_tree = 0.0
+
+    def _current_tree(self, extra_pids: Iterable[int]) -> list[psutil.Process]:
+        extra = tuple(extra_pids)
+        now = time.perf_counter()
+        if now >= self._next_tree or extra != self._extra:
+            self._procs = _tree(self.proc, extra)
+            self._extra = extra
+            self._next_tree = now + self.tree_refresh_s
+        return [p for p in self._procs if p.pid == self.proc.pid or _alive(p)]
 
     def sample(self, extra_pids: Iterable[int] = ()) -> tuple[float, float]:
         """(PSS-sum estimate in MB, RSS sum in MB) of the tree now."""
-        procs = _tree(self.proc, extra_pids)
+        procs = self._current_tree(extra_pids)
         rss = sum(_rss(p) for p in procs)
         pids = frozenset(p.pid for p in procs)
         now = time.perf_counter()
