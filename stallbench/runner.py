@@ -134,8 +134,9 @@ def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigur
         vr.analysis["notes"] = notes
     if analyze:
         epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
+        computes = {k: [f.compute_s for f in v] for k, v in runs.items()}
         vr.analysis.update(differential.analyse(epochs, cfg.analysis.method,
-                                                cfg.analysis.confidence))
+                                                cfg.analysis.confidence, computes=computes))
     return vr
 
 

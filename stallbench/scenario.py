@@ -406,6 +406,9 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     raw[section][key] = value
 
 
+LABEL = "label"   # optional name of a section-axis table; not a knob
+
+
 def _check_section_axis(file: str, mkey: str, section: str, values: Any) -> None:
     """A section axis: ``executor = [{kind = "local"}, {kind = "ray", simulated_nodes = 2}]``
     gives one variant per table (keys varied together, not as a product)."""
@@ -413,11 +416,19 @@ def _check_section_axis(file: str, mkey: str, section: str, values: Any) -> None
         raise ScenarioError(file, mkey, f"expected a non-empty list of tables of [{section}] keys, "
                                         f"got {_show(values)}")
     names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    labels = [t.get(LABEL) for t in values]
+    if any(lab is not None for lab in labels) and not all(
+            isinstance(lab, str) and lab.strip() and "," not in lab for lab in labels):
+        raise ScenarioError(file, f"{mkey}[].{LABEL}", "expected a label on every table of the axis "
+                                                       f"(non-empty strings without commas), got "
+                                                       f"{_show(labels)}")
+    if len(set(labels)) != len(labels) and labels[0] is not None:
+        raise ScenarioError(file, f"{mkey}[].{LABEL}", f"expected distinct labels, got {_show(labels)}")
     for i, table in enumerate(values):
-        if not table:
+        if not {k for k in table if k != LABEL}:
             raise ScenarioError(file, f"{mkey}[{i}]", "expected at least one key")
         for key in table:
-            if key not in names:
+            if key != LABEL and key not in names:
                 raise ScenarioError(file, f"{mkey}[{i}].{key}",
                                     f"unknown key {section}.{key}{_suggest(key, names)}")
 
@@ -430,18 +441,33 @@ def _flatten_axes(knobs: dict[str, Any], matrix: dict[str, Any], base: "Config")
         if "." in k:
             out[k] = v
             continue
-        union = list(dict.fromkeys(key for table in matrix[k] for key in table))
+        union = list(dict.fromkeys(key for table in matrix[k] for key in table if key != LABEL))
         for key in union:
             out[f"{k}.{key}"] = v.get(key, base.get(f"{k}.{key}"))
     return out
 
 
-def _variant_name(knobs: dict[str, Any]) -> str:
+def _variant_name(combo: dict[str, Any], knobs: dict[str, Any]) -> str:
+    """``key=value`` parts, except that a labelled section-axis table is named by its label
+    (a ladder of five loader settings reads better as "naive" .. "preload" than as five
+    ``key=value`` pairs each)."""
     if not knobs:
         return "default"
-    short = [k.split(".", 1)[1] for k in knobs]
-    labels = short if len(set(short)) == len(short) else list(knobs)
-    return ",".join(f"{label}={_fmt(v)}" for label, v in zip(labels, knobs.values()))
+    labelled = {k: v[LABEL] for k, v in combo.items() if isinstance(v, dict) and LABEL in v}
+    rest = {k: v for k, v in knobs.items() if k.split(".", 1)[0] not in labelled}
+    short = [k.split(".", 1)[1] for k in rest]
+    names = short if len(set(short)) == len(short) else list(rest)
+    parts = iter(f"{n}={_fmt(v)}" for n, v in zip(names, rest.values()))
+    out, done = [], set()
+    for k in knobs:           # keep matrix order: labels where their axis stands
+        sec = k.split(".", 1)[0]
+        if sec in labelled:
+            if sec not in done:
+                out.append(labelled[sec])
+                done.add(sec)
+        else:
+            out.append(next(parts))
+    return ",".join(out)
 
 
 def _fmt(v: Any) -> str:
@@ -502,7 +528,7 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
             cfg = _resolve(vraw, file)
         except ScenarioError as exc:
             raise ScenarioError(file, exc.key, f"{exc.message} (from [matrix])") from None
-        variants.append(Variant(_variant_name(knobs), knobs, cfg))
+        variants.append(Variant(_variant_name(dict(zip(keys, combo)), knobs), knobs, cfg))
     seen = set()
     for v in variants:
         if v.name in seen:

@@ -62,7 +62,7 @@ def attribution_table(result: Result) -> str | None:
 
         rows.append([v.name, part("compute_s"), part("fetch_stall_s"), part("preprocess_stall_s"),
                      part("transfer_stall_s"), part("overhead_s"), pct(a["stall_share"]),
-                     a["bound_by"]])
+                     a["bound_by"] + ("?" if a.get("conclusive") is False else "")])
     if not rows:
         return None
     head = ["variant", "compute s", "fetch stall s", "preprocess stall s", "transfer stall s",

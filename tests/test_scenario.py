@@ -43,6 +43,39 @@ def test_matrix_expands_cartesian_product_in_order() -> None:
     assert v.knobs == {"loader.num_workers": 1, "loader.batch_format": "single_buffer"}
 
 
+def test_section_axis_varies_keys_together_and_fills_missing_from_base() -> None:
+    sc = parse('name = "x"\n[loader]\nbatch_size = 64\n[matrix]\n'
+               'loader = [{num_workers = 0}, {num_workers = 2, batch_format = "rows"}]\n'
+               '"model.step_ms" = [1, 2]\n')
+    assert [v.name for v in sc.variants] == [
+        "num_workers=0,batch_format=columnar,step_ms=1", "num_workers=0,batch_format=columnar,step_ms=2",
+        "num_workers=2,batch_format=rows,step_ms=1", "num_workers=2,batch_format=rows,step_ms=2"]
+    assert sc.variants[2].config.loader.batch_size == 64
+
+
+def test_section_axis_labels_name_the_variants_and_are_not_knobs() -> None:
+    sc = parse('name = "x"\n[matrix]\n"model.step_ms" = [1, 2]\n'
+               'loader = [{label = "naive", batch_format = "rows", collate = "trainer"},\n'
+               '          {label = "fast", batch_format = "single_buffer", num_workers = 2}]\n')
+    assert [v.name for v in sc.variants] == ["step_ms=1,naive", "step_ms=1,fast",
+                                             "step_ms=2,naive", "step_ms=2,fast"]
+    fast = sc.variants[1]
+    assert fast.knobs == {"model.step_ms": 1, "loader.batch_format": "single_buffer",
+                          "loader.collate": "producer", "loader.num_workers": 2}
+    assert fast.config.loader.num_workers == 2
+
+
+def test_committed_optimizations_scenario_is_a_ladder_from_naive_to_optimised() -> None:
+    sc = scenario.load(ROOT / "scenarios" / "optimizations.toml")
+    first, last = sc.variants[0].config.loader, sc.variants[-2].config.loader
+    assert (first.batch_format, first.collate, first.num_workers, first.prefetch_batches) == \
+        ("rows", "trainer", 0, 0)
+    assert (last.batch_format, last.collate, last.num_workers, last.prefetch_batches) == \
+        ("single_buffer", "producer", 2, 2)
+    # a ladder: each step changes what the step before it had, never a full product
+    assert len(sc.variants) == len(sc.matrix["loader"])
+
+
 def test_int_accepted_for_float_but_bool_is_not_int() -> None:
     sc = parse('name = "x"\n[storage]\nbandwidth_mb_s = 100\n')
     assert sc.base.storage.bandwidth_mb_s == 100.0
@@ -69,6 +102,13 @@ def test_int_accepted_for_float_but_bool_is_not_int() -> None:
     ('name = "x"\n[model]\nkind = "dlrn"\n', "model.kind", "did you mean 'dlrm'"),
     ('name = "x"\n[preprocess]\ntransforms = [3]\n', "preprocess.transforms[0]", "a name or a table"),
     ('name = "x"\n[executor]\nkind = "rey"\n', "executor.kind", "did you mean 'ray'"),
+    ('name = "x"\n[matrix]\nloader = [{label = "a", num_workers = 0}, {num_workers = 1}]\n',
+     "matrix.loader[].label", "a label on every table"),
+    ('name = "x"\n[matrix]\nloader = [{label = "a", num_workers = 0}, {label = "a", num_workers = 1}]\n',
+     "matrix.loader[].label", "distinct labels"),
+    ('name = "x"\n[matrix]\nloader = [{label = "a"}]\n', "matrix.loader[0]", "at least one key"),
+    ('name = "x"\n[matrix]\nloader = [{num_workrs = 1}]\n', "matrix.loader[0].num_workrs",
+     "did you mean 'num_workers'"),
 ])
 def test_bad_input_names_file_key_and_expectation(text: str, key: str, fragment: str) -> None:
     e = error(text)

@@ -20,6 +20,12 @@ transfer, because only those can be made cheaper by the knobs the verdict names.
 Point values use the median epoch time of each run over repeats (robust to one disturbed
 repeat); intervals are percentile bootstrap intervals of the same statistic, each run's repeats
 resampled independently; with one repeat they collapse to the point estimate.
+
+Noise floor: every ablation run executes the same model steps, so the spread of its measured
+compute seconds across runs (``compute_noise_s``) is a direct, free measurement of how much an
+epoch moves for reasons that are not the data pipeline (a CPU-trained model competing with
+loader workers for cores, a noisy machine). Differences smaller than that are not findings: the
+verdict then says "inconclusive" instead of naming a stage with confidence it does not have.
 """
 
 from __future__ import annotations
@@ -72,8 +78,10 @@ def attribute(means: Mapping[str, float], method: str) -> dict[str, float]:
 
 
 def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
-            confidence: float = 0.9, seed: int = 0) -> dict:
-    """Attribution, intervals, bound stage and verdict from per-ablation epoch times."""
+            confidence: float = 0.9, seed: int = 0,
+            computes: Mapping[str, Sequence[float]] | None = None) -> dict:
+    """Attribution, intervals, bound stage and verdict from per-ablation epoch times;
+    ``computes`` (each run's measured model-step seconds) gives the noise floor."""
     needed = [a.name for a in ablations_for(method)]
     missing = [n for n in needed if not epochs.get(n)]
     if missing:
@@ -110,8 +118,29 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
         "closure_error": (parts - full_median) / full_median if full_median > 0 else math.nan,
         "ablation_epoch_s": {k: means[k] for k in needed},
     }
+    result.update(noise_floor(computes, needed, result))
     result["verdict"] = verdict(result)
     return result
+
+
+def noise_floor(computes: Mapping[str, Sequence[float]] | None, needed: Sequence[str],
+                a: Mapping[str, float | str]) -> dict[str, float | bool | None]:
+    """Spread of the same work's compute time across the ablation runs, and whether the
+    verdict stands clear of it: a named stage must stall longer than the noise; a
+    compute-bound verdict needs the noise below the compute-bound threshold, else a stall of
+    that size could hide in it."""
+    per_run = [float(np.median(computes[k])) for k in needed if computes and computes.get(k)]
+    if len(per_run) < 2:
+        return {"compute_noise_s": None, "compute_noise_share": None, "conclusive": True}
+    noise = max(per_run) - min(per_run)
+    epoch = float(a["epoch_s"])
+    if a["bound_by"] == "compute":
+        conclusive = noise < COMPUTE_BOUND_SHARE * epoch
+    else:
+        conclusive = float(a[f"{a['bound_by']}_stall_s"]) > noise
+    return {"compute_noise_s": noise,
+            "compute_noise_share": noise / epoch if epoch > 0 else math.nan,
+            "conclusive": bool(conclusive)}
 
 
 def bootstrap_parts(groups: Mapping[str, Sequence[float]], method: str, confidence: float,
@@ -140,6 +169,13 @@ def verdict(a: Mapping[str, float | str]) -> str:
     overhead = float(a["overhead_share"])
     tail = (f" (loader start-up/hand-off alone: {overhead:.0%})"
             if overhead >= COMPUTE_BOUND_SHARE else "")
+    if a.get("conclusive", True) is False:
+        noise = float(a["compute_noise_s"])
+        lead = "compute-bound" if a["bound_by"] == "compute" else f"{a['bound_by']}-bound"
+        return (f"inconclusive (leaning {lead}): the same model steps took {noise:.2f} s "
+                f"({float(a['compute_noise_share']):.0%} of the epoch) more in one ablation run "
+                f"than in another, as much as the stalls measured; the model competes with the "
+                f"loader for CPU or the machine is noisy: add repeats, or emulate the step")
     if a["bound_by"] == "compute":
         return (f"compute-bound: trainer waits {max(share, 0):.0%} of the epoch; "
                 f"the data stages keep up{tail}")

@@ -42,6 +42,42 @@ def test_compute_bound_verdict() -> None:
     assert a["verdict"].startswith("compute-bound")
 
 
+def _computes(values: list[float]) -> dict[str, list[float]]:
+    names = ["full", "no_fetch", "no_fetch_preprocess", "no_fetch_preprocess_transfer", "compute_only"]
+    return {k: [v] for k, v in zip(names, values)}
+
+
+def test_noise_floor_is_the_spread_of_the_same_compute_across_runs() -> None:
+    # full 10 s, fetch stall 3 s: the compute of the same steps varied by 0.4 s -> conclusive
+    a = analyse(chain_epochs(n=1), "chain", computes=_computes([3.0, 3.1, 2.9, 3.3, 3.0]))
+    assert a["compute_noise_s"] == pytest.approx(0.4)
+    assert a["compute_noise_share"] == pytest.approx(0.04)
+    assert a["conclusive"] is True and not a["verdict"].startswith("inconclusive")
+
+
+def test_stage_stall_within_noise_is_inconclusive() -> None:
+    # preprocess "stall" 0.6 s, but the same model steps took 3.0 .. 4.0 s in different runs
+    e = chain_epochs(full=4.4, nf=4.3, nfp=3.7, free=3.6, compute=3.5, n=1)
+    a = analyse(e, "chain", computes=_computes([3.6, 4.0, 3.0, 3.5, 3.5]))
+    assert a["bound_by"] == "preprocess"
+    assert a["compute_noise_s"] == pytest.approx(1.0)
+    assert a["conclusive"] is False
+    assert a["verdict"].startswith("inconclusive (leaning preprocess-bound)")
+
+
+def test_compute_bound_needs_noise_below_the_threshold() -> None:
+    e = chain_epochs(full=3.05, nf=3.04, nfp=3.03, free=3.02, compute=3.0, n=1)
+    quiet = analyse(e, "chain", computes=_computes([3.0, 3.0, 3.01, 3.0, 3.0]))
+    assert quiet["bound_by"] == "compute" and quiet["conclusive"] is True
+    noisy = analyse(e, "chain", computes=_computes([2.8, 3.0, 3.0, 3.0, 3.0]))  # 0.2 s = 6.6%
+    assert noisy["conclusive"] is False and "leaning compute-bound" in noisy["verdict"]
+
+
+def test_without_compute_figures_the_noise_is_unknown_not_zero() -> None:
+    a = analyse(chain_epochs(n=1), "chain")
+    assert a["compute_noise_s"] is None and a["conclusive"] is True
+
+
 def test_shapley_splits_overlapping_stages_symmetrically() -> None:
     # Two stages of 1 s each in one worker, overlapped with 1.5 s of compute: removing either
     # alone brings the producer to 1 s (< 1.5 s compute), so order matters for the chain.
