@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
@@ -115,6 +115,7 @@ class Plan:
         self.items: list[Shard] = select_work(dataset.shards, config)
         self.max_batches = config.loader.max_batches or math.inf
         self.caches: "StageCaches | None" = None
+        self._home_pid = os.getpid()      # the trainer's process; producers elsewhere differ
 
     def with_ablation(self, ablation: Ablation, caches: "StageCaches | None") -> "Plan":
         clone = object.__new__(Plan)
@@ -131,7 +132,8 @@ class Plan:
         shard = self.items[item]
         t = StageTimes(worker=os.getpid())
         a, c = self.ablation, self.caches
-        w0, c0 = time.perf_counter(), time.thread_time()
+        cpu = self._cpu_clock()
+        w0, c0 = time.perf_counter(), cpu()
         table = None
         if a.fetch:
             if not a.preprocess:
@@ -140,11 +142,11 @@ class Plan:
             table = self.fetch(shard)   # real even when preprocess is ideal: its cost stays in
             t.fetch_io_wait_s = self.fetch.emulated_io_s(shard)
             t.storage_bytes = shard.compressed_bytes
-        w1, c1 = time.perf_counter(), time.thread_time()
+        w1, c1 = time.perf_counter(), cpu()
         t.fetch_s, t.fetch_cpu_s = w1 - w0, c1 - c0
         t.rows_in = shard.rows
         table = c.prepped[shard.index] if a.preprocess else self.preprocess(table, shard.index)
-        w2, c2 = time.perf_counter(), time.thread_time()
+        w2, c2 = time.perf_counter(), cpu()
         t.preprocess_s, t.preprocess_cpu_s = w2 - w1, c2 - c1
         t.rows_out = table.num_rows
         n_batches = -(-table.num_rows // self.config.loader.batch_size)
@@ -154,9 +156,18 @@ class Plan:
                         for i, b in enumerate(self.transfer.split(table))]
             t.raw_bytes = sum(p.raw_bytes for p in payloads)
             t.wire_bytes = sum(p.wire_bytes for p in payloads)
-        w3, c3 = time.perf_counter(), time.thread_time()
+        w3, c3 = time.perf_counter(), cpu()
         t.transfer_s, t.transfer_cpu_s = w3 - w2, c3 - c2
         return ShardOutput(item, shard.index, payloads, n_batches, table.num_rows, t)
+
+    def _cpu_clock(self) -> Callable[[], float]:
+        """The CPU clock that sees all of a stage's work. pyarrow decodes on its own thread
+        pool, which a thread clock misses; a producer process (a forked loader worker, a Ray
+        worker) runs one work item at a time, so its process clock is the stage's CPU. In the
+        trainer's own process (0 workers) the process clock would also count the model step
+        and helper threads, so there the thread clock is used: it undercounts decode threads,
+        which results say (``fetch_cpu`` is a lower bound at 0 workers)."""
+        return time.thread_time if os.getpid() == self._home_pid else time.process_time
 
     # ----------------------------------------------------------------------- trainer side
     def receive(self, out: ShardOutput) -> Iterator[tuple[TensorBatch, int, float]]:

@@ -109,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
     check = stored.get("measured")
     if check:
         errs = [f"{x['n']}: {x['error']:+.0%}" for x in check if not x.get("is_fit") and x.get("error") is not None]
+        steady = [f"{x['n']}: {x['steady_error']:+.0%}" for x in check
+                  if not x.get("is_fit") and x.get("steady_error") is not None]
         if errs:
             print(f"validation in this result (fitted on {stored.get('fit_variant')}): prediction error "
-                  + ", ".join(errs))
+                  + ", ".join(errs) + (f" (steady state, after the first batch: {', '.join(steady)})"
+                                       if steady else ""))
     return 0

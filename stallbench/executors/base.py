@@ -46,6 +46,11 @@ class Executor:
         """Producer processes outside the trainer's tree whose memory counts (e.g. Ray)."""
         return []
 
+    def forks_workers(self, plan: Plan) -> bool:
+        """True when this run's producers are child processes that end (and are waited for)
+        within the run, so the trainer's children CPU clock measures all of their work."""
+        return False
+
     def object_store_mb(self) -> float | None:
         return None
 

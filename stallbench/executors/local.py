@@ -176,6 +176,10 @@ class LocalExecutor(Executor):
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
 
+    def forks_workers(self, plan: Plan) -> bool:
+        # Workers are forked per run (persistent_workers=False) and joined when it ends.
+        return self.config.loader.num_workers > 0 and not plan.ablation.compute_only
+
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.close()

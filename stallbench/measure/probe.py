@@ -147,6 +147,12 @@ class _Preload:
         self.thread.join()
 
 
+def _children_cpu() -> float:
+    """User + system CPU of this process's children that have been waited for."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches: int = 0,
                  sample_interval_s: float = 0.1,
                  on_batch: Callable[[int, int, float], None] | None = None,
@@ -159,6 +165,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     perf = time.perf_counter
     n = samples = 0
     ttfb = math.nan
+    children0 = _children_cpu()
     with sampler:
         t0 = perf()
         cpu0 = time.process_time()
@@ -196,7 +203,8 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         finally:
             close = getattr(source, "close", None)
             if close:
-                close()
+                close()       # shuts loader workers down: joined, so their CPU is counted
+    worker_cpu = _children_cpu() - children0 if executor.forks_workers(plan) else None
     epoch = t_end - t0
     compute_s = sum(probe.compute_s)
     warm = min(max(warmup_batches, 1), n)
@@ -208,6 +216,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     s = totals.s
     fig = RepeatFigures(
         epoch_s=epoch, samples=samples, batches=n, trainer_cpu_s=trainer_cpu,
+        worker_cpu_s=worker_cpu,
         throughput_samples_s=samples / epoch if epoch > 0 else math.nan,
         steady_throughput_samples_s=steady,
         stall_s=epoch - compute_s, wait_s=sum(probe.wait_s),
