@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
           f"every figure below is PREDICTED)")
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
           f"{whatif.workers_of(v)} worker(s) on {m.cores:g} cores")
+    print(f"rates are steady state (a run adds its start-up: {m.startup_s:.2f} s to the first "
+          f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
     print(tables.table(head + ["why"], rows, right=set(range(1, len(head)))))
     k = whatif.knee(m, counts[1:] if counts and counts[0] == 0 else counts, **kw)
     print(f"knee: {k['explanation']}")

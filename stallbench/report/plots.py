@@ -261,18 +261,23 @@ def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, 
             seen.add(b)
         mpts = [m for m in measured if isinstance(m, Mapping) and _finite(m.get("n"))
                 and _finite(m.get("measured_samples_s"))]
+        # The curve is a steady rate: compare it with the measured steady rate where the
+        # result has one (older results: the epoch rate).
+        steady = bool(mpts) and all(_finite(m.get("measured_steady_samples_s")) for m in mpts)
+        key = "measured_steady_samples_s" if steady else "measured_samples_s"
+        kind = "measured, steady state" if steady else "measured"
         labelled: set[bool] = set()
         for m in mpts:
             is_fit = bool(m.get("is_fit"))
-            ax.scatter([m["n"]], [m["measured_samples_s"]], marker="D", s=34, zorder=4,
+            ax.scatter([m["n"]], [m[key]], marker="D", s=34, zorder=4,
                        color="white" if is_fit else INK, edgecolor=INK, linewidth=1.2,
                        label=None if is_fit in labelled else
-                       ("measured (the model was fitted here)" if is_fit else "measured"))
+                       (f"{kind} (the model was fitted here)" if is_fit else kind))
             labelled.add(is_fit)
             if _finite(m.get("predicted_samples_s")):
-                ax.plot([m["n"], m["n"]], [m["measured_samples_s"], m["predicted_samples_s"]],
+                ax.plot([m["n"], m["n"]], [m[key], m["predicted_samples_s"]],
                         color=INK, lw=0.8, alpha=0.5, zorder=3)
-        top = max(ys + [m["measured_samples_s"] for m in mpts])
+        top = max(ys + [m[key] for m in mpts])
         knee = knee if isinstance(knee, Mapping) else {}
         mark, what = knee.get("n"), "knee"
         if not _finite(mark) and _finite(knee.get("saturates_at")):

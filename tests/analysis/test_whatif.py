@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from stallbench.analysis.whatif import Model, knee, predict
+from dataclasses import replace
+
+from stallbench.analysis.whatif import Model, calibrate, knee, predict
 
 US = 1e-6
 
@@ -84,3 +86,36 @@ def test_storage_cap() -> None:
     p = predict(m, 8, storage_cap_mb_s=100)          # 100 MB/s / 1 KB = 100k samples/s
     assert p.throughput_samples_s == pytest.approx(1e5) and p.bound_by == "fetch"
     assert math.isfinite(p.stall_share)
+
+
+def test_calibration_gives_the_fit_gap_to_the_binding_workers_term() -> None:
+    # model: 1 worker at 30 us/sample -> 33.3k/s; measured steady 25k/s -> 10 us/sample unseen
+    m = calibrate(model(fetch=10, prep=10, xfer=10, compute=1), 25_000)
+    assert m.p_extra == pytest.approx(10 * US)
+    assert predict(m, 1).throughput_samples_s == pytest.approx(25_000)
+    assert predict(m, 2).throughput_samples_s == pytest.approx(50_000)   # 2 / 40 us
+    # no workers: no hand-off, so the unseen producer time does not apply
+    assert predict(m, 0).throughput_samples_s == pytest.approx(1 / (31 * US))
+    assert "+10.0 us/sample" in m.calibration
+
+
+def test_calibration_of_a_trainer_or_core_bound_fit() -> None:
+    t = calibrate(model(fetch=1, prep=1, xfer=1, compute=10), 50_000)   # trainer: 100k -> 50k
+    assert t.t_extra == pytest.approx(10 * US) and t.p_extra == 0.0
+    assert predict(t, 4).throughput_samples_s == pytest.approx(50_000)
+    c = calibrate(replace(model(fetch=10, prep=10, xfer=10, compute=1, cores=2.0), fit_workers=4),
+                  50_000)                                                 # cores: 66.7k -> 50k
+    assert c.cores_scale == pytest.approx(0.75)
+    assert predict(c, 8).throughput_samples_s == pytest.approx(50_000)
+
+
+def test_no_calibration_without_a_measured_rate_or_workers() -> None:
+    m = model()
+    assert calibrate(m, math.nan) == m
+    assert calibrate(replace(m, fit_workers=0), 1e5) == replace(m, fit_workers=0)
+
+
+def test_run_length_throughput_adds_the_measured_start_up() -> None:
+    m = replace(model(fetch=10, prep=10, xfer=10, compute=1), startup_s=1.0)
+    p = predict(m, 1)                                 # 33.3k/s steady
+    assert p.over_run(m, 100_000) == pytest.approx(100_000 / (1.0 + 3.0))
