@@ -59,9 +59,9 @@ class RepeatFigures:
     peak_rss_mb: float              # trainer + loader workers (+ Ray workers), sampled
     startup_s: float = 0.0          # executor start (e.g. Ray runtime), excluded from epoch_s
     trainer_cpu_s: float = 0.0      # CPU time of the trainer process (all its threads) in the run
-    # CPU time of the trainer's child processes that ended within the run (forked loader
-    # workers: all their threads, start-up and hand-off included); None when producers are
-    # not our children (Ray workers) or there were none.
+    # CPU time of every process producing outside the trainer, over the run (forked loader
+    # workers: all their threads, start-up and hand-off; a Ray cluster on this machine: its
+    # workers, raylets and daemons); None where not measurable (none, or a remote cluster).
     worker_cpu_s: float | None = None
     stage_s: dict[str, float] = field(default_factory=dict)    # producer time per stage, summed
     stage_rows: dict[str, int] = field(default_factory=dict)   # rows each stage processed

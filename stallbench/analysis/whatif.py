@@ -7,8 +7,8 @@ per *sample* the trainer consumes, measured in ONE configuration (the fit point)
 - ``p_wall``: producer seconds per sample for fetch + preprocess + producer-side transfer, as a
   producer worker lives it (includes storage waits, which use no CPU);
 - ``p_cpu``: the CPU seconds of the same work: the producer processes' own CPU clocks where
-  they are forked loader workers (everything they do, hand-off included), else the stage
-  timers' CPU clocks;
+  they run on this machine (forked loader workers, a local Ray cluster with its daemons:
+  everything they do, hand-off included), else the stage timers' CPU clocks;
 - ``t_trainer``: trainer seconds per sample outside the producers: trainer-side transfer,
   the loader's hand-off overhead (measured by the differential run) and the compute step;
 - ``t_cpu``: the trainer process's CPU seconds per sample (its own CPU clock: hand-off,
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..results import Result, VariantResult
 
@@ -110,9 +110,10 @@ def fit(v: VariantResult, machine: dict[str, Any]) -> Model:
     s = lambda key: _median(f.stage_s.get(key, 0.0) / max(f.samples, 1) for f in reps)  # noqa: E731
     fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
     cpu = s("fetch_cpu") + s("preprocess_cpu") + s("transfer_producer_cpu")
-    # Forked workers' own CPU clocks, read when they end, also see what happens outside the
-    # stage timers (pickling a batch into shared memory on the queue's feeder thread, the
-    # DataLoader loop, start-up): the whole cost of a producer process. Use it when measured.
+    # The producer processes' own CPU clocks also see what happens outside the stage timers
+    # (pickling a batch on the queue's feeder thread, the DataLoader loop, start-up; Ray's
+    # scheduling, object transfer and daemons): the whole cost of producing. Use it when
+    # measured.
     whole = _median(f.worker_cpu_s / max(f.samples, 1) for f in reps if f.worker_cpu_s)
     if math.isfinite(whole) and whole > cpu:
         cpu = whole
@@ -228,9 +229,12 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
     return Prediction(workers, x, stall, bound, why, binding)
 
 
-def knee(m: Model, candidates: Sequence[int], **kw: Any) -> dict[str, Any]:
-    """The fewest workers with no data stall, or what bounds once more workers stop helping."""
-    preds = [predict(m, n, **kw) for n in candidates]
+def knee(m: Model, candidates: Sequence[int], *,
+         cores_for: Callable[[int], float] | None = None, **kw: Any) -> dict[str, Any]:
+    """The fewest workers with no data stall, or what bounds once more workers stop helping.
+    ``cores_for``: the cores available at each count (real nodes bring their own)."""
+    preds = [predict(m, n, **kw, **({"cores": cores_for(n)} if cores_for else {}))
+             for n in candidates]
     for p in preds:
         if p.bound_by == "compute" and p.n > 0:
             return {"n": p.n, "bound_by": "compute",

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"rates are steady state (a run adds its start-up: {m.startup_s:.2f} s to the first "
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
     print(tables.table(head + ["why"], rows, right=set(range(1, len(head)))))
-    k = whatif.knee(m, counts[1:] if counts and counts[0] == 0 else counts, **kw)
+    k = whatif.knee(m, counts[1:] if counts and counts[0] == 0 else counts, cores_for=cores, **kw)
     print(f"knee: {k['explanation']}")
     if cheapest:
         print(f"cheapest configuration without stall: {cheapest[0]} {label}, {cheapest[1]:.6f} per run")

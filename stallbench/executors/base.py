@@ -46,10 +46,12 @@ class Executor:
         """Producer processes outside the trainer's tree whose memory counts (e.g. Ray)."""
         return []
 
-    def forks_workers(self, plan: Plan) -> bool:
-        """True when this run's producers are child processes that end (and are waited for)
-        within the run, so the trainer's children CPU clock measures all of their work."""
-        return False
+    def producer_cpu_s(self, plan: Plan) -> float | None:
+        """A cumulative CPU clock (user + system seconds) of every process that produces for
+        ``plan`` outside the trainer, read before and after a run; None when it cannot be
+        measured from here (no such processes, or they run on other machines). It sees what
+        stage timers cannot: hand-off, serialisation, a runtime's own daemons."""
+        return None
 
     def object_store_mb(self) -> float | None:
         return None

@@ -176,9 +176,13 @@ class LocalExecutor(Executor):
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
 
-    def forks_workers(self, plan: Plan) -> bool:
-        # Workers are forked per run (persistent_workers=False) and joined when it ends.
-        return self.config.loader.num_workers > 0 and not plan.ablation.compute_only
+    def producer_cpu_s(self, plan: Plan) -> float | None:
+        # Workers are forked per run (persistent_workers=False) and joined when it ends, so
+        # the trainer's clock of waited-for children holds all their CPU once the run is over.
+        if self.config.loader.num_workers == 0 or plan.ablation.compute_only:
+            return None
+        t = os.times()
+        return t.children_user + t.children_system
 
     def stop(self) -> None:
         if self._pool is not None:

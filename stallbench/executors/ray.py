@@ -470,6 +470,9 @@ class RayExecutor(Executor):
     def worker_pids(self) -> list[int]:
         return self.runtime.worker_pids()
 
+    def producer_cpu_s(self, plan: Plan) -> float | None:
+        return None if plan.ablation.compute_only else self.runtime.cluster_cpu_s()
+
     def object_store_mb(self) -> float | None:
         used = self.runtime.object_store_used_mb()
         r = self._run

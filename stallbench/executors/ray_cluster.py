@@ -367,6 +367,29 @@ class RayRuntime:
         self._pids_cache = (now, pids)
         return pids
 
+    def cluster_cpu_s(self) -> float | None:
+        """CPU seconds so far of every process of a Ray cluster running on this machine
+        (raylets, GCS, workers, agents: what disaggregation costs here, not only the tasks'
+        own time); None for a cluster elsewhere. A process that exits between two reads
+        takes its CPU with it, so this is a lower bound when Ray recycles workers."""
+        if self.mode not in ("local", "simulated", "reused"):
+            return None
+        import psutil
+
+        total, seen = 0.0, 0
+        try:
+            procs = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return None
+        for p in procs:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+            seen += 1
+        return total if seen else None
+
     def object_store_used_mb(self) -> float | None:
         """Object-store bytes in use on all nodes, as the raylets report them to the GCS
         (about once a second); None where that is not reachable (client mode)."""

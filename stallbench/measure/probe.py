@@ -147,12 +147,6 @@ class _Preload:
         self.thread.join()
 
 
-def _children_cpu() -> float:
-    """User + system CPU of this process's children that have been waited for."""
-    t = os.times()
-    return t.children_user + t.children_system
-
-
 def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches: int = 0,
                  sample_interval_s: float = 0.1,
                  on_batch: Callable[[int, int, float], None] | None = None,
@@ -165,7 +159,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     perf = time.perf_counter
     n = samples = 0
     ttfb = math.nan
-    children0 = _children_cpu()
+    producer_cpu0 = executor.producer_cpu_s(plan)
     with sampler:
         t0 = perf()
         cpu0 = time.process_time()
@@ -203,8 +197,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         finally:
             close = getattr(source, "close", None)
             if close:
-                close()       # shuts loader workers down: joined, so their CPU is counted
-    worker_cpu = _children_cpu() - children0 if executor.forks_workers(plan) else None
+                close()       # shuts loader workers down (joined: their CPU is then counted)
+    producer_cpu1 = executor.producer_cpu_s(plan) if producer_cpu0 is not None else None
+    worker_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
     epoch = t_end - t0
     compute_s = sum(probe.compute_s)
     warm = min(max(warmup_batches, 1), n)
