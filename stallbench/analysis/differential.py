@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from itertools import combinations
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -119,6 +119,11 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
         "ablation_epoch_s": {k: means[k] for k in needed},
     }
     result.update(noise_floor(computes, needed, result))
+    # A clearly negative part means removing a stage made the run slower: the ablations
+    # interact (e.g. caches, memory) or the machine was disturbed. Said, not hidden.
+    floor = max(result["compute_noise_s"] or 0.0, COMPUTE_BOUND_SHARE * epoch)
+    result["negative_parts"] = [s for s in (*STAGES, "overhead")
+                                if point[f"{s}_stall_s" if s != "overhead" else "overhead_s"] < -floor]
     result["verdict"] = verdict(result)
     return result
 
@@ -160,15 +165,21 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
     if not (stage_share >= COMPUTE_BOUND_SHARE):
         return "compute", 1.0
     stage = max(STAGES, key=lambda s: point[f"{s}_stall_s"])
-    rest = epoch - point[f"{stage}_stall_s"]
+    # Free of that stage, an epoch still takes at least its compute: when other parts came
+    # out negative, epoch - stall alone could fall below that (or below zero).
+    rest = max(epoch - point[f"{stage}_stall_s"], point["compute_s"])
     return stage, epoch / rest if rest > 0 else math.inf
 
 
-def verdict(a: Mapping[str, float | str]) -> str:
+def verdict(a: Mapping[str, Any]) -> str:
     share = float(a["stall_share"])
     overhead = float(a["overhead_share"])
     tail = (f" (loader start-up/hand-off alone: {overhead:.0%})"
             if overhead >= COMPUTE_BOUND_SHARE else "")
+    for part in a.get("negative_parts") or ():
+        key = "overhead_s" if part == "overhead" else f"{part}_stall_s"
+        tail += (f"; {part} part {float(a[key]):+.2f} s: making it ideal slowed the run, so the "
+                 f"ablations interact or the run was disturbed (add repeats)")
     if a.get("conclusive", True) is False:
         noise = float(a["compute_noise_s"])
         lead = "compute-bound" if a["bound_by"] == "compute" else f"{a['bound_by']}-bound"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from stallbench.analysis.differential import ablations_for, analyse, attribute
@@ -97,3 +99,14 @@ def test_shapley_splits_overlapping_stages_symmetrically() -> None:
 def test_missing_runs_are_an_error() -> None:
     with pytest.raises(ValueError, match="missing ablation runs"):
         analyse({"full": [1.0]}, "chain")
+
+
+def test_negative_part_is_said_and_the_ideal_speedup_stays_finite() -> None:
+    # removing fetch made the run 1.5 s slower; transfer's part then exceeds the epoch
+    e = chain_epochs(full=5.5, nf=7.0, nfp=6.4, free=0.1, compute=0.08, n=1)
+    a = analyse(e, "chain")
+    assert a["bound_by"] == "transfer" and a["transfer_stall_s"] == pytest.approx(6.3)
+    assert math.isfinite(a["ideal_speedup"]) and a["ideal_speedup"] == pytest.approx(5.5 / 0.08)
+    assert a["negative_parts"] == ["fetch"]
+    assert "fetch part -1.50 s: making it ideal slowed the run" in a["verdict"]
+    assert analyse(chain_epochs(n=1), "chain")["negative_parts"] == []
