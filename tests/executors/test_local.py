@@ -111,6 +111,24 @@ def test_nothing_crosses_a_process_without_workers(cache: Path, loader: str) -> 
         assert fig.extra["buffer_pool"]["fresh_batches"] == 0
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_worker_processes_cpu_is_measured_whole(cache: Path, workers: int) -> None:
+    """Ground truth: a preprocess that burns 200 us of CPU per row, 1200 rows = 0.24 s of
+    CPU in the producers, which their own clocks must see (plus decode and hand-off)."""
+    cfg = scenario.parse(BASE + f"num_workers = {workers}\n[preprocess]\ncpu_cost_us_per_row = 200\n",
+                         "local.toml").base
+    plan = Plan(cfg, dataset_for(cfg, cache, "local.toml"), scenario_file="local.toml")
+    with executors.get("local")(cfg, "local.toml") as ex:
+        fig, _, _ = measured_run(plan, ex, plan.build_compute())
+    if workers == 0:
+        assert fig.worker_cpu_s is None                  # nothing runs outside the trainer
+        assert fig.stage_s["preprocess_cpu"] >= 0.24 * 0.95
+        return
+    stage_cpu = fig.stage_s["fetch_cpu"] + fig.stage_s["preprocess_cpu"] + fig.stage_s["transfer_producer_cpu"]
+    assert fig.stage_s["preprocess_cpu"] >= 0.24 * 0.95, fig.stage_s
+    assert fig.worker_cpu_s is not None and fig.worker_cpu_s >= stage_cpu * 0.98, (fig.worker_cpu_s, stage_cpu)
+
+
 def test_stopping_early_shuts_workers_down(cache: Path) -> None:
     me = psutil.Process()
     plan, ex = _setup(cache, 'num_workers = 2\nmax_batches = 3\nbatch_format = "single_buffer"\n'

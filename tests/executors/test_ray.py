@@ -291,6 +291,9 @@ def test_measured_run_records_ray_figures(ray_ex: Any, cache: Path) -> None:
     assert "object_store_mb" in res, sorted(res)
     assert fig.extra["faults"]["worker_deaths"] == 0, why
     assert fig.stage_s["preprocess"] > 0 and fig.stage_rows["fetch"] == 2400, fig.stage_s
+    # the cluster's own CPU clocks see at least what the tasks' stage timers saw
+    stage_cpu = fig.stage_s["fetch_cpu"] + fig.stage_s["preprocess_cpu"] + fig.stage_s["transfer_producer_cpu"]
+    assert fig.worker_cpu_s is not None and fig.worker_cpu_s >= 0.9 * stage_cpu > 0, (fig.worker_cpu_s, stage_cpu)
 
 
 # ---------------------------------------------------------------------------------- faults
