@@ -122,8 +122,10 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
     # A clearly negative part means removing a stage made the run slower: the ablations
     # interact (e.g. caches, memory) or the machine was disturbed. Said, not hidden.
     floor = max(result["compute_noise_s"] or 0.0, COMPUTE_BOUND_SHARE * epoch)
-    result["negative_parts"] = [s for s in (*STAGES, "overhead")
-                                if point[f"{s}_stall_s" if s != "overhead" else "overhead_s"] < -floor]
+    # the whole interval must lie below: with repeats, a part whose interval spans zero is noise
+    keys = {s: f"{s}_stall_s" if s != "overhead" else "overhead_s" for s in (*STAGES, "overhead")}
+    result["negative_parts"] = [s for s, k in keys.items()
+                                if point[k] < -floor and intervals.get(k, [0, 0])[1] < -floor]
     result["verdict"] = verdict(result)
     return result
 

@@ -110,3 +110,11 @@ def test_negative_part_is_said_and_the_ideal_speedup_stays_finite() -> None:
     assert a["negative_parts"] == ["fetch"]
     assert "fetch part -1.50 s: making it ideal slowed the run" in a["verdict"]
     assert analyse(chain_epochs(n=1), "chain")["negative_parts"] == []
+
+
+def test_a_negative_part_whose_interval_spans_zero_is_noise_not_a_finding() -> None:
+    e = {"full": [6.5, 7.5, 8.5], "no_fetch": [7.3, 7.8, 7.6], "no_fetch_preprocess": [6.7, 8.3, 8.2],
+         "no_fetch_preprocess_transfer": [0.08] * 3, "compute_only": [0.08] * 3}
+    a = analyse(e, "chain")
+    assert a["preprocess_stall_s"] < 0 and a["intervals"]["preprocess_stall_s"][1] > 0
+    assert a["negative_parts"] == []
