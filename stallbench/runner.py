@@ -8,6 +8,7 @@ the whole scenario has run; the result file is then written atomically.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -109,11 +110,12 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     finally:
         bar.close()
         executor.stop()
-    return _variant_result(variant, cfg, runs, timeline, resources, analyze, plan)
+    return _variant_result(variant, cfg, runs, timeline, resources, analyze, plan, caches)
 
 
 def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigures]],
-                    timeline: dict, resources: dict, analyze: bool, plan: Plan) -> VariantResult:
+                    timeline: dict, resources: dict, analyze: bool, plan: Plan,
+                    caches: StageCaches | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(), emulated=cfg.emulated(),
@@ -128,6 +130,9 @@ def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigur
         timeline=timeline, resources=resources,
     )
     vr.stage_rates = rates.stage_rates(full, runs.get(COMPUTE_ONLY.name))
+    if caches is not None and caches.solo_s_per_row:
+        # median over work items: the first item in a process pays one-off warm-up
+        vr.stage_rates["trainer_solo_data_s_per_sample"] = statistics.median(caches.solo_s_per_row)
     vr.bytes = rates.byte_figures(full)
     notes = plan.transfer.notes()
     if notes:

@@ -16,7 +16,9 @@ per *sample* the trainer consumes, measured in ONE configuration (the fit point)
 
 Predicted throughput with N producer workers (N = 0: the trainer does everything in turn):
 
-    N = 0:  X = 1 / (p_wall + t_trainer)
+    N = 0:  X = 1 / (p_solo + t_trainer - overhead)   # no loader; p_solo: the data work
+                                                       # measured in the trainer's process
+                                                       # (p_wall where not measured)
     N >= 1: X = min(N / p_wall,                 # the workers' own pace
                     cores / (p_cpu + t_cpu),    # all CPU work shares the cores
                     1 / t_trainer,              # the trainer: compute + its share of data work
@@ -61,6 +63,9 @@ class Model:
     cores_scale: float = 1.0     # share of the cores the CPU work actually got
     startup_s: float = 0.0       # measured time to first batch at the fit (run-length figures)
     calibration: str = ""
+    # producer seconds per sample measured in the trainer's own process, uncontended (while
+    # the ablation caches were built): the no-worker configuration's data cost
+    p_solo: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +144,7 @@ def fit(v: VariantResult, machine: dict[str, Any]) -> Model:
         fit_workers=workers_of(v), fit_variant=v.name,
         cpus_per_node=int(ex.get("cpus_per_node") or 1),
         startup_s=_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
+        p_solo=v.stage_rates.get("trainer_solo_data_s_per_sample"),
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
@@ -193,10 +199,18 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
     t_trainer = m.t_trainer + m.t_extra
     binding = "serial"
     if workers == 0:
+        # No loader: no hand-off overhead, and the data work runs uncontended in the trainer's
+        # own process, at the rate measured there when the model has it (scaled by the same
+        # cache/bandwidth changes as the workers' rate).
+        t_trainer -= m.stage_wall["overhead"]
+        source = "measured in a worker"
+        if m.p_solo and m.p_wall > 0:
+            p_wall = m.p_solo * (p_wall / m.p_wall)
+            source = "measured in the trainer's process"
         x = 1.0 / (p_wall + t_trainer)
         bound = heaviest if p_wall > 0.05 * (p_wall + t_trainer) else "compute"
         why = (f"no workers: the trainer does {p_wall * 1e6:.1f} us/sample of data work "
-               f"({heaviest} heaviest) before each {t_trainer * 1e6:.1f} us/sample step")
+               f"({source}; {heaviest} heaviest) before each {t_trainer * 1e6:.1f} us/sample step")
     else:
         p_wall += m.p_extra
         cores *= m.cores_scale

@@ -119,3 +119,16 @@ def test_run_length_throughput_adds_the_measured_start_up() -> None:
     m = replace(model(fetch=10, prep=10, xfer=10, compute=1), startup_s=1.0)
     p = predict(m, 1)                                 # 33.3k/s steady
     assert p.over_run(m, 100_000) == pytest.approx(100_000 / (1.0 + 3.0))
+
+
+def test_no_workers_uses_the_trainer_process_rate_and_no_loader_overhead() -> None:
+    m = model(fetch=4, prep=3, xfer=1, compute=4)
+    m = replace(m, p_solo=6 * US, t_trainer=m.t_trainer + 0.5 * US,
+                stage_wall={**m.stage_wall, "overhead": 0.5 * US})
+    p = predict(m, 0)
+    assert p.throughput_samples_s == pytest.approx(1 / (10 * US))      # 6 + 4, no overhead
+    assert "measured in the trainer's process" in p.why
+    assert predict(replace(m, p_solo=None), 0).throughput_samples_s == pytest.approx(1 / (12 * US))
+    # a cache halves the fetch part of the worker's rate: the solo rate scales alike
+    half = predict(m, 0, cache=0.5).throughput_samples_s
+    assert half == pytest.approx(1 / (6 * (6 / 8) * US + 4 * US))
