@@ -195,11 +195,6 @@ class StageCaches:
     fetched: dict[int, pa.Table] = field(default_factory=dict)
     prepped: dict[int, pa.Table] = field(default_factory=dict)
     final: dict[int, list[TensorBatch]] = field(default_factory=dict)
-    # Producer-side seconds per output row of each work item, measured while building: the
-    # data work done in the trainer's own process with nothing else running (emulated storage
-    # wait added, emulated link not). The what-if uses it for the no-worker configuration,
-    # which a fit on a worker (contended by the trainer's hand-off) cannot see.
-    solo_s_per_row: list[float] = field(default_factory=list)
 
     @classmethod
     def build(cls, plan: Plan) -> "StageCaches":
@@ -209,20 +204,15 @@ class StageCaches:
             if shard.index in seen:
                 continue
             seen.add(shard.index)
-            t0 = time.perf_counter()
             table = plan.dataset.read_shard(shard)
             c.fetched[shard.index] = table
             prepped = plan.preprocess(table, shard.index)
             c.prepped[shard.index] = prepped
-            batches, work = [], time.perf_counter() - t0
+            batches = []
             for i, b in enumerate(plan.transfer.split(prepped)):
-                t1 = time.perf_counter()
                 p = plan.transfer.send(b, f"{shard.index}:{i}", shared=False, emulate_wire=False)
-                work += time.perf_counter() - t1
                 batches.append({k: v.clone() for k, v in plan.transfer.receive(p).items()})
             c.final[shard.index] = batches
-            if prepped.num_rows:
-                c.solo_s_per_row.append((work + plan.fetch.emulated_io_s(shard)) / prepped.num_rows)
         return c
 
 

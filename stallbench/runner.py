@@ -85,6 +85,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         executor.start()
         startup = time.perf_counter() - t0
         caches = StageCaches.build(plan) if extra_runs else None
+        solo = solo_probe(plan) if _has_producers(cfg) else {}
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         compute = plan.build_compute()
         for r in range(repeats):
@@ -110,12 +111,39 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     finally:
         bar.close()
         executor.stop()
-    return _variant_result(variant, cfg, runs, timeline, resources, analyze, plan, caches)
+    return _variant_result(variant, cfg, runs, timeline, resources, analyze, plan, solo)
+
+
+SOLO_ITEMS = 3
+
+
+def _has_producers(cfg: Any) -> bool:
+    return cfg.executor.kind != "local" or cfg.loader.num_workers > 0
+
+
+def solo_probe(plan: Plan) -> dict[str, float]:
+    """The data work of a few work items done in the trainer's own process, untimed by the
+    run and with nothing else going on: what the variant would cost with no workers. A worker's
+    rate is the wrong input for that (it competes with the trainer's hand-off for the cores),
+    and the ablation caches' build is too (it keeps every table, so it page-faults fresh
+    memory throughout). Median over items: the first one pays one-off warm-up."""
+    per_row, per_item = [], []
+    for i in range(min(SOLO_ITEMS, len(plan.items))):
+        out = plan.produce(i, shared=False)
+        t = out.times
+        work = t.fetch_s + t.preprocess_s + t.transfer_s
+        if out.rows:
+            per_row.append(work / out.rows)
+            per_item.append(work)
+    if not per_row:
+        return {}
+    return {"trainer_solo_data_s_per_sample": statistics.median(per_row),
+            "trainer_solo_item_s": statistics.median(per_item)}
 
 
 def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigures]],
                     timeline: dict, resources: dict, analyze: bool, plan: Plan,
-                    caches: StageCaches | None = None) -> VariantResult:
+                    solo: dict[str, float] | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(), emulated=cfg.emulated(),
@@ -130,9 +158,7 @@ def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigur
         timeline=timeline, resources=resources,
     )
     vr.stage_rates = rates.stage_rates(full, runs.get(COMPUTE_ONLY.name))
-    if caches is not None and caches.solo_s_per_row:
-        # median over work items: the first item in a process pays one-off warm-up
-        vr.stage_rates["trainer_solo_data_s_per_sample"] = statistics.median(caches.solo_s_per_row)
+    vr.stage_rates.update(solo or {})
     vr.bytes = rates.byte_figures(full)
     notes = plan.transfer.notes()
     if notes:

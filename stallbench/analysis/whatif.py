@@ -63,9 +63,11 @@ class Model:
     cores_scale: float = 1.0     # share of the cores the CPU work actually got
     startup_s: float = 0.0       # measured time to first batch at the fit (run-length figures)
     calibration: str = ""
-    # producer seconds per sample measured in the trainer's own process, uncontended (while
-    # the ablation caches were built): the no-worker configuration's data cost
+    # producer seconds per sample, and per work item, measured in the trainer's own process
+    # with nothing else running (runner.solo_probe): the no-worker configuration's data cost
+    # and its start-up (the trainer produces the first item before its first batch)
     p_solo: float | None = None
+    solo_item_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +88,8 @@ class Prediction:
         x = self.throughput_samples_s
         if not (math.isfinite(x) and x > 0 and samples > 0):
             return x
-        return samples / (m.startup_s + samples / x)
+        startup = m.solo_item_s if self.n == 0 and m.solo_item_s else m.startup_s
+        return samples / (startup + samples / x)
 
 
 def _median(xs: Iterable[float]) -> float:
@@ -145,6 +148,7 @@ def fit(v: VariantResult, machine: dict[str, Any]) -> Model:
         cpus_per_node=int(ex.get("cpus_per_node") or 1),
         startup_s=_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
         p_solo=v.stage_rates.get("trainer_solo_data_s_per_sample"),
+        solo_item_s=v.stage_rates.get("trainer_solo_item_s"),
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
@@ -201,7 +205,8 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
     if workers == 0:
         # No loader: no hand-off overhead, and the data work runs uncontended in the trainer's
         # own process, at the rate measured there when the model has it (scaled by the same
-        # cache/bandwidth changes as the workers' rate).
+        # cache/bandwidth changes as the workers' rate). Not calibrated: the fit point's gap
+        # is about hand-off, which does not exist here.
         t_trainer -= m.stage_wall["overhead"]
         source = "measured in a worker"
         if m.p_solo and m.p_wall > 0:

@@ -132,3 +132,10 @@ def test_no_workers_uses_the_trainer_process_rate_and_no_loader_overhead() -> No
     # a cache halves the fetch part of the worker's rate: the solo rate scales alike
     half = predict(m, 0, cache=0.5).throughput_samples_s
     assert half == pytest.approx(1 / (6 * (6 / 8) * US + 4 * US))
+
+
+def test_no_worker_run_length_starts_with_one_item_in_the_trainer() -> None:
+    m = replace(model(fetch=10, prep=10, xfer=10, compute=1), startup_s=1.0, solo_item_s=0.25)
+    p0, p1 = predict(m, 0), predict(m, 1)
+    assert p0.over_run(m, 100_000) == pytest.approx(100_000 / (0.25 + 100_000 / p0.throughput_samples_s))
+    assert p1.over_run(m, 100_000) == pytest.approx(100_000 / (1.0 + 100_000 / p1.throughput_samples_s))
