@@ -238,7 +238,8 @@ def make_result(
         knee = next((p["n"] for p in points if p["bound_by"] == "compute"), None)
         res_analysis["whatif"] = {
             "label": "predicted", "axis": "workers", "fit_variant": "num_workers=1",
-            "model": {"p_wall": 1e-5, "cores": 2.0},
+            "model": {"p_wall": 1e-5, "cores": 2.0,
+                      "calibration": "producers +0.5 us/sample outside the stage timers"},
             "points": points, "measured": measured,
             "max_abs_error": max(abs(m["error"]) for m in measured if not m["is_fit"]),
             "knee": {"n": knee, "bound_by": "compute", "saturates_at": knee,

@@ -91,6 +91,7 @@ def test_full_result_renders_every_section(tmp_path: Path, make_result: Any, wri
     for v in r.variants:
         assert f"{v.throughput_samples_s.median:,.0f}" in html
     assert "storage.bandwidth_mb_s" in html and "PREDICTED" in html
+    assert "Calibrated at the fit: producers +0.5 us/sample outside the stage timers" in html
     assert "object store" in html and "GPU" in html
     # the page is readable by anyone, not just the owner (mkstemp makes 0600)
     assert out.stat().st_mode & 0o044
