@@ -131,23 +131,31 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
 
 
 def noise_floor(computes: Mapping[str, Sequence[float]] | None, needed: Sequence[str],
-                a: Mapping[str, float | str]) -> dict[str, float | bool | None]:
+                a: Mapping[str, Any]) -> dict[str, Any]:
     """Spread of the same work's compute time across the ablation runs, and whether the
     verdict stands clear of it: a named stage must stall longer than the noise; a
     compute-bound verdict needs the noise below the compute-bound threshold, else a stall of
-    that size could hide in it."""
+    that size could hide in it. With repeats, a named stage's interval must also exclude 0."""
     per_run = [float(np.median(computes[k])) for k in needed if computes and computes.get(k)]
-    if len(per_run) < 2:
-        return {"compute_noise_s": None, "compute_noise_share": None, "conclusive": True}
-    noise = max(per_run) - min(per_run)
+    out: dict[str, Any] = {"compute_noise_s": None, "compute_noise_share": None,
+                           "conclusive": True, "inconclusive_because": None}
     epoch = float(a["epoch_s"])
-    if a["bound_by"] == "compute":
-        conclusive = noise < COMPUTE_BOUND_SHARE * epoch
-    else:
-        conclusive = float(a[f"{a['bound_by']}_stall_s"]) > noise
-    return {"compute_noise_s": noise,
-            "compute_noise_share": noise / epoch if epoch > 0 else math.nan,
-            "conclusive": bool(conclusive)}
+    if len(per_run) >= 2:
+        noise = max(per_run) - min(per_run)
+        out["compute_noise_s"] = noise
+        out["compute_noise_share"] = noise / epoch if epoch > 0 else math.nan
+        if a["bound_by"] == "compute":
+            clear = noise < COMPUTE_BOUND_SHARE * epoch
+        else:
+            clear = float(a[f"{a['bound_by']}_stall_s"]) > noise
+        if not clear:
+            out.update(conclusive=False, inconclusive_because="compute_noise")
+    if out["conclusive"] and a["bound_by"] != "compute":
+        # with repeats, the named stage's own interval must stay above zero
+        lo, hi = a["intervals"][f"{a['bound_by']}_stall_s"]
+        if hi - lo > 1e-9 and lo <= 0:
+            out.update(conclusive=False, inconclusive_because="interval")
+    return out
 
 
 def bootstrap_parts(groups: Mapping[str, Sequence[float]], method: str, confidence: float,
@@ -182,6 +190,10 @@ def verdict(a: Mapping[str, Any]) -> str:
         key = "overhead_s" if part == "overhead" else f"{part}_stall_s"
         tail += (f"; {part} part {float(a[key]):+.2f} s: making it ideal slowed the run, so the "
                  f"ablations interact or the run was disturbed (add repeats)")
+    if a.get("conclusive", True) is False and a.get("inconclusive_because") == "interval":
+        lo, hi = a["intervals"][f"{a['bound_by']}_stall_s"]
+        return (f"inconclusive (leaning {a['bound_by']}-bound): its stall's interval "
+                f"[{lo:.2f}, {hi:.2f}] s includes zero; add repeats{tail}")
     if a.get("conclusive", True) is False:
         noise = float(a["compute_noise_s"])
         lead = "compute-bound" if a["bound_by"] == "compute" else f"{a['bound_by']}-bound"

@@ -118,3 +118,14 @@ def test_a_negative_part_whose_interval_spans_zero_is_noise_not_a_finding() -> N
     a = analyse(e, "chain")
     assert a["preprocess_stall_s"] < 0 and a["intervals"]["preprocess_stall_s"][1] > 0
     assert a["negative_parts"] == []
+
+
+def test_named_stage_whose_interval_includes_zero_is_inconclusive() -> None:
+    e = {"full": [1.4, 1.0, 1.6], "no_fetch": [1.0, 1.3, 1.2], "no_fetch_preprocess": [1.0] * 3,
+         "no_fetch_preprocess_transfer": [1.0] * 3, "compute_only": [1.0] * 3}
+    a = analyse(e, "chain", computes={k: [0.9] * 3 for k in e})
+    assert a["bound_by"] == "fetch" and a["intervals"]["fetch_stall_s"][0] <= 0
+    assert a["conclusive"] is False and a["inconclusive_because"] == "interval"
+    assert a["verdict"].startswith("inconclusive (leaning fetch-bound): its stall's interval")
+    clear = analyse(chain_epochs(n=5, jitter=0.2), "chain")        # 3 s stall, +-0.4 s spread
+    assert clear["conclusive"] is True
