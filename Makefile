@@ -29,8 +29,10 @@ browser:
 	    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium not found and cannot be installed here: the browser test will be skipped"; fi; }
 
+# sync first: a fresh setup leaves GBs of dirty pages whose writeback would compete with the
+# timing tests that run first.
 test: setup browser
-	@$(PY) -m pytest -q; rc=$$?; \
+	@sync; $(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
 	exit $$rc
 

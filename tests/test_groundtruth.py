@@ -10,6 +10,9 @@ and the parts must close on the measured epoch time within 3%.
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from stallbench import scenario
@@ -119,14 +122,32 @@ def _check_case(case: str, cache_dir) -> list[str]:
     return [f"{case}: {p}" for p in problems]
 
 
+def _cpu_stat() -> dict[str, float]:
+    with open("/proc/stat") as fh:
+        f = [float(x) for x in fh.readline().split()[1:9]]
+    return dict(zip(("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"), f))
+
+
+ATTEMPTS = 3
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
-    # A CPU burn shares its core with whatever else runs on a shared 2-core machine, so one
-    # re-measurement absorbs a burst of foreign load; a harness error shows in both attempts.
-    problems = _check_case(case, cache_dir)
-    if problems:
+    # A CPU burn spins on its thread's CPU clock, so CPU taken by anything else (other
+    # processes, the hypervisor's steal on this VM) stretches its wall time. Bursts of that
+    # come and go on a shared machine: up to three measurements; a harness error shows in all.
+    # Each attempt's machine-wide steal and iowait are reported to tell the two apart.
+    seen = []
+    for _ in range(ATTEMPTS):
+        s0, t0 = _cpu_stat(), time.monotonic()
         problems = _check_case(case, cache_dir)
-    assert not problems, problems
+        s1, wall = _cpu_stat(), (time.monotonic() - t0) * os.sysconf("SC_CLK_TCK")
+        seen.append({"problems": problems,
+                     "steal_cores": round((s1["steal"] - s0["steal"]) / wall, 3),
+                     "iowait_cores": round((s1["iowait"] - s0["iowait"]) / wall, 3)})
+        if not problems:
+            return
+    pytest.fail(f"{case}: wrong in all {ATTEMPTS} attempts: {seen}")
 
 
 def test_overlap_hides_a_cheaper_producer(cache_dir) -> None:
