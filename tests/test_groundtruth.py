@@ -129,6 +129,7 @@ def _cpu_stat() -> dict[str, float]:
 
 
 ATTEMPTS = 3
+STEAL_LIMIT_CORES = 0.05    # 2.5% of this 2-core machine taken by the hypervisor
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -147,6 +148,11 @@ def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
                      "iowait_cores": round((s1["iowait"] - s0["iowait"]) / wall, 3)})
         if not problems:
             return
+    if all(a["steal_cores"] > STEAL_LIMIT_CORES for a in seen):
+        # The hypervisor took CPU from this VM during every attempt: the injected costs were
+        # not what ran, so the measurement is no evidence either way. Said, not passed.
+        pytest.skip(f"{case}: CPU steal above {STEAL_LIMIT_CORES} cores in all {ATTEMPTS} "
+                    f"attempts (machine under interference): {seen}")
     pytest.fail(f"{case}: wrong in all {ATTEMPTS} attempts: {seen}")
 
 
