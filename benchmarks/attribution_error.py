@@ -34,19 +34,19 @@ def main() -> None:
             r = run_scenario(sc, RunOptions(cache_dir=Path(cache), progress=False,
                                             repeats=args.repeats))
             v = r.variants[0]
-            a = v.analysis
+            a = v.attribution
             if truth["transfer"] is None:
-                truth = {**truth, "transfer": v.bytes["wire_bytes"] / (sc.base.loader.wire_bandwidth_mb_s * 1e6)}
+                truth = {**truth, "transfer": v.bytes.wire_bytes / (sc.base.loader.wire_bandwidth_mb_s * 1e6)}
             truth = {**truth, "compute": v.repeats[0].batches * sc.base.model.step_ms / 1000}
             for stage, t in truth.items():
-                got = a["compute_s"] if stage == "compute" else a[f"{stage}_stall_s"]
+                got = a.compute_s if stage == "compute" else a.part_s(stage)
                 err = got - t
                 if t >= 0.1:
                     rel.append(abs(err) / t)
                 rows.append([case, stage, f"{t:.3f}", f"{got:.3f}", f"{err * 1000:+.0f} ms",
                              f"{err / t:+.1%}" if t >= 0.1 else "-"])
-            rows.append([case, "bound", bound, a["bound_by"], "ok" if a["bound_by"] == bound else "WRONG",
-                         f"closure {a['closure_error']:+.1%}"])
+            rows.append([case, "bound", bound, a.bound_by, "ok" if a.bound_by == bound else "WRONG",
+                         f"closure {a.closure_error:+.1%}"])
     print(table(["case", "stage", "truth s", "measured s", "error", "rel. error"], rows,
                 right={2, 3, 4, 5}))
     print(f"\nrelative error over injected costs >= 100 ms: median {statistics.median(rel):.1%}, "

@@ -139,7 +139,7 @@ def main() -> int:
             for m in ("stock", "stallbench"):
                 fig, _, _ = measured_run(plans[m], execs[m], computes[m])
                 figures[m].append(fig)
-                ops[m] = fig.extra.get("ray", {}).get("operators", [])
+                ops[m] = fig.executor_figures.get("ray", {}).get("operators", [])
                 print(f"  repeat {r + 1} {m:10s}: {fig.throughput_samples_s:>10,.0f} samples/s, "
                       f"first batch {fig.time_to_first_batch_s:5.2f} s, epoch {fig.epoch_s:6.2f} s",
                       flush=True)

@@ -111,7 +111,7 @@ def stallbench_run(loader: dict[str, Any], max_batches: int, cost: float = 0.0,
     plan, ex = _LIVE[key]
     fig, _, res = measured_run(plan, ex, plan.build_compute())
     return {"samples_s": fig.throughput_samples_s, "ttfb_s": fig.time_to_first_batch_s,
-            "peak_pss_mb": fig.peak_rss_mb, "peak_rss_sum_mb": max(res["rss_sum_mb"], default=0),
+            "peak_pss_mb": fig.peak_pss_mb, "peak_rss_sum_mb": max(res.rss_sum_mb, default=0),
             "samples": fig.samples, "epoch_s": fig.epoch_s}
 
 
@@ -180,7 +180,7 @@ def plain_dataloader(workers: int, max_batches: int) -> dict[str, float]:
             for b in batches:
                 n += int(b["label"].shape[0])
         dt = time.perf_counter() - t0
-    return {"samples_s": n / dt, "samples": n, "epoch_s": dt, "peak_pss_mb": sampler.peak_rss_mb}
+    return {"samples_s": n / dt, "samples": n, "epoch_s": dt, "peak_pss_mb": sampler.peak_pss_mb}
 
 
 def memory_probe(execution: str, max_batches: int) -> dict[str, float]:
@@ -234,8 +234,8 @@ def main() -> int:
         plan = Plan(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
         with executors.get("local")(cfg, "bench") as ex:
             fig, _, res = measured_run(plan, ex, plan.build_compute())
-        print(json.dumps({"peak_pss_mb": fig.peak_rss_mb, "ttfb_s": fig.time_to_first_batch_s,
-                          "peak_rss_sum_mb": max(res["rss_sum_mb"], default=0)}))
+        print(json.dumps({"peak_pss_mb": fig.peak_pss_mb, "ttfb_s": fig.time_to_first_batch_s,
+                          "peak_rss_sum_mb": max(res.rss_sum_mb, default=0)}))
         return 0
 
     per_shard = 65536 // BATCH

@@ -4,26 +4,10 @@ Rows
     One row per scenario / variant / metric. Baseline and current results are paired by scenario
     name (the newest result by ``created_utc`` when a side has several) and variants by name.
 
-Metrics and their orientation
-    ``throughput``   samples/s, higher is better. Change = current median / baseline median.
-    ``stall_share``  share of trainer time stalled, lower is better. It is often ~0, where a ratio
-                     explodes, so its change is the *difference* current - baseline in share
-                     points and the threshold is read as points (10% -> 0.10 = 10 points).
-    ``peak_rss_mb``  (optional, ``include_memory``) lower is better, ratio like throughput.
-    "slower" always means *worse* and "faster" *better*, whatever the metric's direction.
-
-Decision rule (asv's)
-    A row is *slower*/*faster* only when BOTH
-      1. the effect is beyond the threshold: ratio < 1 - t (or > 1 + t) for ratio metrics,
-         difference > +t (or < -t) for share metrics; AND
-      2. it is significant: the two-sided exact Mann-Whitney U test on the raw repeats gives
-         p < alpha, used whenever ``min_p_possible(n_a, n_b) < alpha`` (5 vs 5 repeats reach
-         p = 0.0079, so alpha = 0.01 needs 5 repeats a side); with fewer repeats the test can never
-         reach alpha, so significance falls back to non-overlapping (1 - alpha) Student-t
-         intervals of the two sides' means.
-    Beyond the threshold but not significant -> *inconclusive* (warned, never fails). Within the
-    threshold -> *same*. The ratio's interval shown is a seeded percentile bootstrap (over repeats,
-    ratio of means, confidence 1 - alpha); it informs, it does not decide.
+Metrics and the decision rule
+    ``stallbench.compare`` holds both (throughput, stall_share, peak_pss_mb; asv's threshold +
+    significance rule): the report decides "faster"/"slower" with the same code, so a page and
+    a CI log never disagree about the same repeats.
 
 Cross-machine rule
     Absolute throughput from two different machines says nothing about the change. When the two
@@ -31,7 +15,7 @@ Cross-machine rule
     differ; override with ``machine="same"|"cross"``), every metric is taken *within the run*,
     relative to the scenario's reference variant (the baseline's first variant) in the same
     repeat: ``throughput_vs_<ref>`` = variant / reference throughput per repeat index,
-    ``stall_share_vs_<ref>`` = variant - reference share, ``peak_rss_mb_vs_<ref>`` = ratio. Those
+    ``stall_share_vs_<ref>`` = variant - reference share, ``peak_pss_mb_vs_<ref>`` = ratio. Those
     figures are then compared with the same rule. The reference itself gets no row; a scenario
     with a single variant has nothing within-run to compare and is "not comparable".
 
@@ -47,37 +31,19 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .analysis.stats import bootstrap_ci, mann_whitney_p, min_p_possible, t_interval
+from .analysis.stats import bootstrap_ci
+from .compare import (FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SAME, SLOWER,
+                      VERDICTS, Metric, compare as compare_values)
 from .errors import ResultError, UserError
 from .results import Result, VariantResult, load, write_atomic
 
-FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
-    "faster", "slower", "same", "inconclusive", "not comparable")
-VERDICTS = (SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE)
-MIN_REPEATS = 2
-
-
-@dataclass(frozen=True)
-class Metric:
-    """How to read one gated figure off a variant and which direction is worse."""
-
-    name: str
-    attr: str                  # VariantResult attribute holding a Summary
-    higher_is_better: bool
-    kind: str                  # "ratio" (current / baseline) or "points" (current - baseline)
-
-
-METRICS: dict[str, Metric] = {
-    "throughput": Metric("throughput", "throughput_samples_s", True, "ratio"),
-    "stall_share": Metric("stall_share", "stall_share", False, "points"),
-    "peak_rss_mb": Metric("peak_rss_mb", "peak_rss_mb", False, "ratio"),
-}
+__all__ = ["FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
+           "GateReport", "Row", "compare", "exit_code", "update_baseline"]
 
 
 @dataclass
@@ -149,7 +115,6 @@ def compare(
         raise ResultError("gate: no baseline results")
     if not current:
         raise ResultError("gate: no current results")
-    _check_schema(baseline, current)
     base, cur = _newest_by_scenario(baseline), _newest_by_scenario(current)
     report = GateReport([], threshold, alpha, fail_on_improvement)
     ctx = _Ctx(threshold, alpha, n_boot, seed)
@@ -171,7 +136,7 @@ class _Ctx:
 
 def _metrics(names: Iterable[str], include_memory: bool) -> list[Metric]:
     out: list[Metric] = []
-    for n in list(names) + (["peak_rss_mb"] if include_memory else []):
+    for n in list(names) + (["peak_pss_mb"] if include_memory else []):
         if n not in METRICS:
             raise UserError(f"gate: unknown metric {n!r}; choose from {', '.join(METRICS)}")
         if METRICS[n] not in out:
@@ -191,14 +156,6 @@ def _check_args(threshold: float, alpha: float, machine: str) -> None:
         raise UserError(f"gate: machine must be auto, same or cross, got {machine!r}")
 
 
-def _check_schema(baseline: Sequence[Result], current: Sequence[Result]) -> None:
-    """Two schema versions may mean two meanings of a field: refuse rather than guess."""
-    versions = {r.schema_version for r in baseline} | {r.schema_version for r in current}
-    if len(versions) > 1:
-        raise ResultError(f"gate: results have different schema versions {sorted(versions)}; "
-                          "re-run the baseline with this stallbench")
-
-
 def _created(r: Result) -> datetime | str:
     try:
         return datetime.fromisoformat(r.created_utc)
@@ -210,7 +167,7 @@ def _newest_by_scenario(results: Sequence[Result]) -> dict[str, Result]:
     """One result per scenario name: the newest, so a results dir with history still works."""
     out: dict[str, Result] = {}
     for r in results:
-        name = r.scenario.get("name", "?")
+        name = r.scenario.name
         if name not in out or _later(r, out[name]):
             out[name] = r
     return out
@@ -228,12 +185,12 @@ def _later(a: Result, b: Result) -> bool:
 
 def machines_differ(a: Result, b: Result) -> bool:
     """Different CPU model or logical core count: absolute throughput is not comparable."""
-    keys = ("cpu_model", "cores_logical")
-    return any(a.machine.get(k) != b.machine.get(k) for k in keys)
+    return (a.machine.cpu_model, a.machine.cores_logical) != (b.machine.cpu_model,
+                                                              b.machine.cores_logical)
 
 
 def _machine_label(r: Result) -> str:
-    return f"{r.machine.get('cpu_model', '?')} x{r.machine.get('cores_logical', '?')}"
+    return f"{r.machine.cpu_model or '?'} x{r.machine.cores_logical or '?'}"
 
 
 def _compare_scenario(report: GateReport, ctx: _Ctx, name: str, b: Result | None,
@@ -245,7 +202,7 @@ def _compare_scenario(report: GateReport, ctx: _Ctx, name: str, b: Result | None
         report.rows.extend(_not_comparable(name, v.name, m.name, f"scenario missing in {side}")
                            for v in present.variants for m in metrics)
         return
-    fb, fc = b.scenario.get("fingerprint"), c.scenario.get("fingerprint")
+    fb, fc = b.scenario.fingerprint, c.scenario.fingerprint
     if fb != fc:
         raise ResultError(f"gate: scenario {name!r} differs between baseline (fingerprint {fb}) "
                           f"and current (fingerprint {fc}); refresh the baseline with "
@@ -357,17 +314,13 @@ def _not_comparable(scenario: str, variant: str, metric: str, note: str) -> Row:
 
 def _row(ctx: _Ctx, scenario: str, variant: str, metric: str, m: Metric,
          base: list[float], cur: list[float]) -> Row:
-    if len(base) < MIN_REPEATS or len(cur) < MIN_REPEATS:
-        return _not_comparable(scenario, variant, metric, "no data")
-    mb, mc = statistics.median(base), statistics.median(cur)
-    if m.kind == "ratio" and mb <= 0:
-        return _not_comparable(scenario, variant, metric, "baseline median is 0")
-    change = mc / mb if m.kind == "ratio" else mc - mb
+    c = compare_values(base, cur, m, threshold=ctx.threshold, alpha=ctx.alpha)
+    if c.verdict == NOT_COMPARABLE:
+        return _not_comparable(scenario, variant, metric,
+                               "no data" if not base or not cur else c.note)
     lo, hi = _change_ci(ctx, m.kind, base, cur)
-    significant, p, test = significance(base, cur, ctx.alpha)
-    verdict = decide(change, m, ctx.threshold, significant)
-    return Row(scenario, variant, metric, mb, mc, change, m.kind, lo, hi, p, test, verdict,
-               len(base), len(cur))
+    return Row(scenario, variant, metric, c.baseline, c.current, c.change, c.change_kind, lo, hi,
+               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current)
 
 
 def _change_ci(ctx: _Ctx, kind: str, base: list[float], cur: list[float]) -> tuple[float, float]:
@@ -378,34 +331,6 @@ def _change_ci(ctx: _Ctx, kind: str, base: list[float], cur: list[float]) -> tup
         stat = lambda g: g["c"] - g["b"]  # noqa: E731
     return bootstrap_ci({"b": base, "c": cur}, stat, confidence=1 - ctx.alpha,
                         n_boot=ctx.n_boot, seed=ctx.seed)
-
-
-def significance(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[bool, float, str]:
-    """(significant, Mann-Whitney p, test that decided) -- asv's rule.
-
-    The rank test decides when it can reach ``alpha`` with these sample sizes; otherwise the
-    (1 - alpha) t-intervals of the two means must not overlap.
-    """
-    p = mann_whitney_p(list(a), list(b))
-    if min_p_possible(len(a), len(b)) < alpha:
-        return p < alpha, p, "mann-whitney"
-    la, ha = t_interval(a, 1 - alpha)
-    lb, hb = t_interval(b, 1 - alpha)
-    return (ha < lb or hb < la), p, "ci-overlap"
-
-
-def decide(change: float, m: Metric, threshold: float, significant: bool) -> str:
-    """Verdict from the effect (vs threshold) and significance; see the module docstring."""
-    if m.kind == "points":
-        up, down = change > threshold, change < -threshold
-    else:
-        up, down = change > 1 + threshold, change < 1 - threshold
-    worse, better = (down, up) if m.higher_is_better else (up, down)
-    if not (worse or better):
-        return SAME
-    if not significant:
-        return INCONCLUSIVE
-    return SLOWER if worse else FASTER
 
 
 def exit_code(report: GateReport) -> int:
@@ -563,6 +488,6 @@ def update_baseline(current_paths: Sequence[str | Path], baseline_dir: str | Pat
         write_atomic(dest, src.read_text(encoding="utf-8"))
         written.append(dest)
         for old, r in existing.items():
-            if r.scenario.get("name") == name and old.resolve() != dest.resolve():
+            if r.scenario.name == name and old.resolve() != dest.resolve():
                 old.unlink(missing_ok=True)
     return written

@@ -12,6 +12,8 @@ from typing import Any
 
 import psutil
 
+from .results import GitInfo, GpuInfo, MachineInfo
+
 LIBRARIES = ("stallbench", "torch", "pyarrow", "numpy", "ray", "zstandard", "pandas", "psutil",
              "nvidia-ml-py")
 
@@ -33,7 +35,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def git_commit(cwd: str | os.PathLike[str] = ".") -> dict[str, Any] | None:
+def git_commit(cwd: str | os.PathLike[str] = ".") -> GitInfo | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                              text=True, timeout=5)
@@ -41,26 +43,26 @@ def git_commit(cwd: str | os.PathLike[str] = ".") -> dict[str, Any] | None:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
                                capture_output=True, text=True, timeout=5)
-        return {"commit": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+        return GitInfo(commit=sha.stdout.strip(), dirty=bool(dirty.stdout.strip()))
     except (OSError, subprocess.TimeoutExpired):
         return None
 
 
-def metadata() -> dict[str, Any]:
+def metadata() -> MachineInfo:
     from .measure.sampler import gpu_info
 
     vm = psutil.virtual_memory()
-    return {
-        "hostname": platform.node(),
-        "cpu_model": _cpu_model(),
-        "cores_logical": psutil.cpu_count(logical=True),
-        "cores_physical": psutil.cpu_count(logical=False),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "memory_gb": round(vm.total / 2**30, 2),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "libraries": {name: _version(name) for name in LIBRARIES},
-        "gpu": gpu_info() or None,
-        "git": git_commit(),
-        "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
+    return MachineInfo(
+        hostname=platform.node(),
+        cpu_model=_cpu_model(),
+        cores_logical=psutil.cpu_count(logical=True),
+        cores_physical=psutil.cpu_count(logical=False),
+        cpu_affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        memory_gb=round(vm.total / 2**30, 2),
+        os=platform.platform(),
+        python=platform.python_version(),
+        libraries={name: _version(name) for name in LIBRARIES},
+        gpu=[GpuInfo(**g) for g in gpu_info()] or None,
+        git=git_commit(),
+        load_avg_at_start=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    )

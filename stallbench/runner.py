@@ -21,7 +21,9 @@ from .data.parquet import describe
 from .executors import base as executors
 from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
-from .results import SCHEMA_VERSION, RepeatFigures, Result, Summary, VariantResult, now_utc
+from .results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources,
+                      Result, RunSettings, ScenarioInfo, Summary, Timeline, ToolInfo, TrainerSolo,
+                      VariantResult, now_utc)
 from .scenario import Scenario, Variant
 
 
@@ -74,8 +76,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     extra_runs = [a for a in ablations if a != FULL]
     executor = executors.get(cfg.executor.kind)(cfg, scenario_file)
     runs: dict[str, list[RepeatFigures]] = {a.name: [] for a in [FULL, *extra_runs]}
-    timeline: dict[str, list[float]] = {}
-    resources: dict[str, Any] = {}
+    timeline, resources = Timeline(), Resources()
     est_batches = sum(-(-s.rows // cfg.loader.batch_size) for s in plan.items)
     if cfg.loader.max_batches:
         est_batches = min(est_batches, cfg.loader.max_batches)
@@ -85,7 +86,8 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         executor.start()
         startup = time.perf_counter() - t0
         caches = StageCaches.build(plan) if extra_runs else None
-        solo = solo_probe(plan) if _has_producers(cfg) else {}
+        facts = executor_facts(executor)
+        solo = solo_probe(plan) if facts.has_producers else None
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         compute = plan.build_compute()
         for r in range(repeats):
@@ -104,24 +106,29 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
                                             warmup_batches=cfg.run.warmup_batches,
                                             sample_interval_s=cfg.run.sample_interval_s,
                                             on_batch=on_batch)
-                fig.startup_s = startup
+                fig.executor_start_s = startup
                 runs[ablation.name].append(fig)
                 if ablation == FULL and r == 0:
                     timeline, resources = tl, res
     finally:
         bar.close()
         executor.stop()
-    return _variant_result(variant, cfg, runs, timeline, resources, analyze, plan, solo)
+    return _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo)
 
 
 SOLO_ITEMS = 3
 
 
-def _has_producers(cfg: Any) -> bool:
-    return cfg.executor.kind != "local" or cfg.loader.num_workers > 0
+def executor_facts(executor: Any) -> ExecutorFacts:
+    """What the executor says about itself, recorded so analysis never reads its config."""
+    return ExecutorFacts(kind=executor.name, producer_slots=executor.producer_slots(),
+                         has_producers=executor.has_producers(),
+                         producer_nodes=executor.producer_nodes(),
+                         nodes_simulated=executor.nodes_simulated(),
+                         scaling_knobs=list(executor.scaling_knobs))
 
 
-def solo_probe(plan: Plan) -> dict[str, float]:
+def solo_probe(plan: Plan) -> TrainerSolo | None:
     """The data work of a few work items done in the trainer's own process, untimed by the
     run and with nothing else going on: what the variant would cost with no workers. A worker's
     rate is the wrong input for that (it competes with the trainer's hand-off for the cores),
@@ -136,38 +143,38 @@ def solo_probe(plan: Plan) -> dict[str, float]:
             per_row.append(work / out.rows)
             per_item.append(work)
     if not per_row:
-        return {}
-    return {"trainer_solo_data_s_per_sample": statistics.median(per_row),
-            "trainer_solo_item_s": statistics.median(per_item)}
+        return None
+    return TrainerSolo(data_s_per_sample=statistics.median(per_row),
+                       item_s=statistics.median(per_item))
 
 
-def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigures]],
-                    timeline: dict, resources: dict, analyze: bool, plan: Plan,
-                    solo: dict[str, float] | None = None) -> VariantResult:
+def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
+                    runs: dict[str, list[RepeatFigures]], timeline: Timeline,
+                    resources: Resources, analyze: bool, plan: Plan,
+                    solo: TrainerSolo | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(), emulated=cfg.emulated(),
+        executor=facts,
         throughput_samples_s=Summary.of([f.throughput_samples_s for f in full]),
         epoch_s=Summary.of([f.epoch_s for f in full]),
         stall_s=Summary.of([f.stall_s for f in full]),
         stall_share=Summary.of([f.stall_s / f.epoch_s if f.epoch_s else 0.0 for f in full]),
         time_to_first_batch_s=Summary.of([f.time_to_first_batch_s for f in full]),
-        peak_rss_mb=Summary.of([f.peak_rss_mb for f in full]),
+        peak_pss_mb=Summary.of([f.peak_pss_mb for f in full]),
         repeats=full,
+        stage_rates=rates.stage_rates(full, runs.get(COMPUTE_ONLY.name)),
+        trainer_solo=solo,
+        bytes=rates.byte_figures(full),
         ablations={k: v for k, v in runs.items() if k != "full"},
+        notes=plan.transfer.notes(),
         timeline=timeline, resources=resources,
     )
-    vr.stage_rates = rates.stage_rates(full, runs.get(COMPUTE_ONLY.name))
-    vr.stage_rates.update(solo or {})
-    vr.bytes = rates.byte_figures(full)
-    notes = plan.transfer.notes()
-    if notes:
-        vr.analysis["notes"] = notes
     if analyze:
         epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
         computes = {k: [f.compute_s for f in v] for k, v in runs.items()}
-        vr.analysis.update(differential.analyse(epochs, cfg.analysis.method,
-                                                cfg.analysis.confidence, computes=computes))
+        vr.attribution = differential.analyze(epochs, cfg.analysis.method,
+                                              cfg.analysis.confidence, computes=computes)
     return vr
 
 
@@ -183,20 +190,18 @@ def run_scenario(scenario: Scenario, opts: RunOptions,
         variants.append(run_variant(v, plan, repeats, analyze, scenario.path, opts.progress))
     result = Result(
         schema_version=SCHEMA_VERSION,
-        tool={"name": "stallbench", "version": __version__},
+        tool=ToolInfo(name="stallbench", version=__version__),
         created_utc=now_utc(),
-        scenario={"name": scenario.name, "path": scenario.path, "sha256": scenario.sha256,
-                  "fingerprint": scenario.fingerprint, "text": scenario.text,
-                  "matrix": scenario.matrix, "description": scenario.description},
+        scenario=ScenarioInfo(name=scenario.name, path=scenario.path, sha256=scenario.sha256,
+                              fingerprint=scenario.fingerprint, text=scenario.text,
+                              matrix=scenario.matrix, description=scenario.description),
         machine=machine.metadata(),
-        settings={"repeats": repeats, "argv": sys.argv[1:],
-                  "max_batches_override": opts.max_batches,
-                  "cache_dir": str(opts.cache_dir or default_cache_dir())},
-        dataset=describe(plans[0].dataset) if plans else {},
+        settings=RunSettings(repeats=repeats, argv=sys.argv[1:],
+                             max_batches_override=opts.max_batches,
+                             cache_dir=str(opts.cache_dir or default_cache_dir())),
+        dataset=DatasetInfo(**describe(plans[0].dataset)) if plans else DatasetInfo(),
         variants=variants,
         analysis=summary.scenario_analysis(variants),
     )
-    check = whatif.validate(result)
-    if check:
-        result.analysis["whatif"] = check
+    result.analysis.whatif = whatif.validate(result)
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from .results import Result, Summary
+from .results import Attribution, Result, Summary
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int] | None = None) -> str:
@@ -41,37 +41,38 @@ def run_table(result: Result) -> str:
     for v in result.variants:
         rows.append([v.name, spread(v.throughput_samples_s), num(v.epoch_s.median, ".2f"),
                      num(v.stall_s.median, ".2f"), pct(v.stall_share.median),
-                     num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_rss_mb.median, ",.0f")])
+                     num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_pss_mb.median, ",.0f")])
     head = ["variant", "samples/s median (min..max)", "epoch s", "stall s", "stall %",
-            "1st batch s", "peak RSS MB"]
+            "1st batch s", "peak PSS MB"]
     return table(head, rows)
 
 
 def attribution_table(result: Result) -> str | None:
     rows = []
     for v in result.variants:
-        a = v.analysis
-        if "compute_s" not in a:
+        a = v.attribution
+        if a is None:
             continue
 
-        def part(key: str) -> str:
-            lo, hi = a["intervals"].get(key, [None, None])
-            if lo is None or hi is None or abs(hi - lo) < 1e-9:
-                return num(a[key], ".2f")
-            return f"{num(a[key], '.2f')} [{num(lo, '.2f')},{num(hi, '.2f')}]"
+        def part(name: str, a: Attribution = a) -> str:
+            x, iv = a.part_s(name), a.part_interval(name)
+            if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.width < 1e-9:
+                return num(x, ".2f")
+            return f"{num(x, '.2f')} [{num(iv.low, '.2f')},{num(iv.high, '.2f')}]"
 
-        rows.append([v.name, part("compute_s"), part("fetch_stall_s"), part("preprocess_stall_s"),
-                     part("transfer_stall_s"), part("overhead_s"), pct(a["stall_share"]),
-                     a["bound_by"] + ("?" if a.get("conclusive") is False else "")])
+        rows.append([v.name, part("compute"), part("fetch"), part("preprocess"),
+                     part("transfer"), part("overhead"), pct(a.attributed_stall_share),
+                     a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None
-    head = ["variant", "compute s", "fetch stall s", "preprocess stall s", "transfer stall s",
-            "loader overhead s", "stall %", "bound by"]
+    head = ["variant", "compute-only s", "fetch stall s", "preprocess stall s", "transfer stall s",
+            "loader overhead s", "attributed stall %", "bound by"]
     return table(head, rows, right={1, 2, 3, 4, 5, 6})
 
 
 def verdicts(result: Result) -> list[str]:
-    return [f"{v.name}: {v.analysis['verdict']}" for v in result.variants if v.analysis.get("verdict")]
+    return [f"{v.name}: {v.attribution.verdict}" for v in result.variants
+            if v.attribution is not None and v.attribution.verdict]
 
 
 def emulated_note(result: Result) -> str | None:

@@ -17,55 +17,34 @@ import pytest
 from stallbench import gate
 from stallbench.commands import gate as gate_cmd
 from stallbench.errors import ResultError, UserError
-from stallbench.results import RepeatFigures, Result, Summary, VariantResult, load
+from stallbench import results
+from stallbench.results import MachineInfo, Result, VariantResult, load
 
-FP = "0123456789abcdef"
-MACHINE = {"cpu_model": "Test CPU 3000", "cores_logical": 2, "memory_gb": 8}
+import factories
+
+ROOT = Path(__file__).resolve().parents[1]
+MACHINE = MachineInfo(cpu_model="Test CPU 3000", cores_logical=2, memory_gb=8)
 
 
 # ------------------------------------------------------------------------------ factory
 
-def _repeat(tp: float, share: float, rss: float) -> RepeatFigures:
-    samples = 10_000
-    epoch = samples / tp
-    return RepeatFigures(epoch_s=epoch, samples=samples, batches=40, throughput_samples_s=tp,
-                         steady_throughput_samples_s=tp, stall_s=share * epoch,
-                         wait_s=share * epoch, trainer_transfer_s=0.0,
-                         compute_s=(1 - share) * epoch, time_to_first_batch_s=0.1,
-                         peak_rss_mb=rss)
-
-
 def make_variant(name: str, tp: list[float], share: list[float] | None = None,
                  rss: list[float] | None = None) -> VariantResult:
-    share = share if share is not None else [0.2] * len(tp)
-    rss = rss if rss is not None else [500.0] * len(tp)
-    reps = [_repeat(t, s, m) for t, s, m in zip(tp, share, rss)]
-    return VariantResult(
-        name=name, knobs={}, config={}, emulated=[],
-        throughput_samples_s=Summary.of(tp), epoch_s=Summary.of([r.epoch_s for r in reps]),
-        stall_s=Summary.of([r.stall_s for r in reps]), stall_share=Summary.of(share),
-        time_to_first_batch_s=Summary.of([0.1] * len(tp)), peak_rss_mb=Summary.of(rss),
-        repeats=reps)
+    return factories.variant(name, tp, share, rss)
 
 
 def make_result(variants: dict[str, list[float]] | list[VariantResult], *, scenario: str = "tiny",
-                fingerprint: str = FP, machine: dict | None = None,
-                created: str = "2024-05-01T12:00:00+00:00", schema_version: int = 1) -> Result:
-    """A result whose variants have the given per-repeat throughputs (or are given whole)."""
-    vs = (variants if isinstance(variants, list)
-          else [make_variant(n, tp) for n, tp in variants.items()])
-    return Result(
-        schema_version=schema_version, tool={"name": "stallbench", "version": "0.1.0"},
-        created_utc=created,
-        scenario={"name": scenario, "path": f"scenarios/{scenario}.toml", "sha256": "0" * 64,
-                  "fingerprint": fingerprint, "text": "", "matrix": {}},
-        machine=dict(machine or MACHINE), settings={"repeats": len(vs[0].repeats)}, dataset={},
-        variants=vs)
+                fingerprint: str = factories.FP, machine: MachineInfo | None = None,
+                created: str = "2024-05-01T12:00:00+00:00",
+                schema_version: int = results.SCHEMA_VERSION) -> Result:
+    return factories.result(variants, scenario=scenario, fingerprint=fingerprint,
+                            machine=machine or MACHINE, created=created,
+                            schema_version=schema_version)
 
 
 def save(result: Result, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_dict()), encoding="utf-8")
+    path.write_text(json.dumps(results.to_dict(result)), encoding="utf-8")
     return path
 
 
@@ -160,9 +139,9 @@ def test_stall_share_regression_uses_share_points() -> None:
 def test_memory_only_with_include_memory() -> None:
     base = make_result([make_variant("opt", BASE, rss=[500, 505, 498, 502, 501])])
     cur = make_result([make_variant("opt", BASE, rss=[800, 805, 798, 802, 801])])
-    assert not [r for r in cmp(base, cur).rows if r.metric == "peak_rss_mb"]
+    assert not [r for r in cmp(base, cur).rows if r.metric == "peak_pss_mb"]
     report = cmp(base, cur, include_memory=True)
-    assert row(report, "peak_rss_mb").verdict == "slower"
+    assert row(report, "peak_pss_mb").verdict == "slower"
     assert gate.exit_code(report) == 1
 
 
@@ -198,9 +177,14 @@ def test_single_repeat_is_bad_input() -> None:
         cmp(base, base)
 
 
-def test_schema_version_mismatch_is_bad_input() -> None:
-    with pytest.raises(ResultError, match="schema"):
-        cmp(make_result({"opt": BASE}), make_result({"opt": BASE}, schema_version=2))
+def test_v1_baseline_gates_against_v2_results(tmp_path: Path) -> None:
+    """A committed v1 baseline migrates on load: gating it against the same figures written
+    as v2 compares like with like (every row the same), not a schema error."""
+    v1 = ROOT / "results" / "baseline"
+    old = load(next(v1.glob("*.json")))
+    cur = results.save(old, tmp_path)
+    assert json.loads(cur.read_text())["schema_version"] == results.SCHEMA_VERSION == 2
+    assert cli(["--baseline", str(v1), "--current", str(cur), "--threshold", "10%"]) == 0
 
 
 def test_nothing_comparable_is_bad_input() -> None:
@@ -210,7 +194,7 @@ def test_nothing_comparable_is_bad_input() -> None:
 
 # ------------------------------------------------------------------------------ cross-machine
 
-OTHER = {"cpu_model": "Other CPU 9000", "cores_logical": 16}
+OTHER = MachineInfo(cpu_model="Other CPU 9000", cores_logical=16)
 
 
 def test_cross_machine_compares_within_run_ratios() -> None:

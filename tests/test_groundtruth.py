@@ -99,25 +99,25 @@ def _check_case(case: str, cache_dir) -> list[str]:
     sc = scenario.parse(_merge(BASE, extra), f"<{case}>")
     result = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False))
     v = result.variants[0]
-    a = v.analysis
+    a = v.attribution
     if truth["transfer"] is None:
         bw = sc.base.loader.wire_bandwidth_mb_s * 1e6
-        truth = {**truth, "transfer": v.bytes["wire_bytes"] / bw}
+        truth = {**truth, "transfer": v.bytes.wire_bytes / bw}
     problems = []
-    if a["bound_by"] != bound:
-        problems.append(f"bound {a['bound_by']} != {bound}: {a['verdict']}")
+    if a.bound_by != bound:
+        problems.append(f"bound {a.bound_by} != {bound}: {a.verdict}")
     for stage, expected in truth.items():
-        got = a[f"{stage}_stall_s"]
+        got = a.part_s(stage)
         if abs(got - expected) > max(0.15 * expected, 0.050):
             problems.append(f"{stage} stall {got:.3f}s vs truth {expected:.3f}s")
     if v.repeats[0].batches != sc.base.dataset.rows // BATCH:
         problems.append(f"batches {v.repeats[0].batches}")
     compute_truth = v.repeats[0].batches * sc.base.model.step_ms / 1000
-    if abs(a["compute_s"] - compute_truth) > max(0.15 * compute_truth, 0.050):
-        problems.append(f"compute {a['compute_s']:.3f}s vs truth {compute_truth:.3f}s")
-    parts = a["compute_s"] + a["fetch_stall_s"] + a["preprocess_stall_s"] + a["transfer_stall_s"]
-    parts += a["overhead_s"]
-    if abs(parts - v.epoch_s.median) > 0.03 * v.epoch_s.median or abs(a["closure_error"]) > 0.03:
+    if abs(a.compute_s - compute_truth) > max(0.15 * compute_truth, 0.050):
+        problems.append(f"compute {a.compute_s:.3f}s vs truth {compute_truth:.3f}s")
+    parts = a.compute_s + a.fetch_stall_s + a.preprocess_stall_s + a.transfer_stall_s
+    parts += a.overhead_s
+    if abs(parts - v.epoch_s.median) > 0.03 * v.epoch_s.median or abs(a.closure_error) > 0.03:
         problems.append(f"parts {parts:.3f}s do not close on epoch {v.epoch_s.median:.3f}s")
     return [f"{case}: {p}" for p in problems]
 
@@ -148,7 +148,7 @@ def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
                      "iowait_cores": round((s1["iowait"] - s0["iowait"]) / wall, 3)})
         if not problems:
             return
-    if all(a["steal_cores"] > STEAL_LIMIT_CORES for a in seen):
+    if all(a.steal_cores > STEAL_LIMIT_CORES for a in seen):
         # The hypervisor took CPU from this VM during every attempt: the injected costs were
         # not what ran, so the measurement is no evidence either way. Said, not passed.
         pytest.skip(f"{case}: CPU steal above {STEAL_LIMIT_CORES} cores in all {ATTEMPTS} "
@@ -164,9 +164,9 @@ def test_overlap_hides_a_cheaper_producer(cache_dir) -> None:
     sc = scenario.parse(_merge(BASE, extra), "<overlap>")
     for attempt in range(2):   # one re-measurement absorbs a burst of foreign load
         result = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False, repeats=2))
-        a = result.variants[0].analysis
-        if a["bound_by"] == "compute" and a["preprocess_stall_s"] < 0.05:
+        a = result.variants[0].attribution
+        if a.bound_by == "compute" and a.preprocess_stall_s < 0.05:
             break
-    assert a["bound_by"] == "compute", a["verdict"]
+    assert a.bound_by == "compute", a.verdict
     # Alone, preprocess costs 32768 * 8 us = 262 ms; hidden behind 960 ms of compute.
-    assert a["preprocess_stall_s"] < 0.05
+    assert a.preprocess_stall_s < 0.05

@@ -11,35 +11,33 @@ import pytest
 
 from stallbench import results
 from stallbench.errors import ResultError
-from stallbench.results import RepeatFigures, Result, Summary, VariantResult
+from stallbench.results import (Attribution, ByteCounts, Interval, PartIntervals, Result,
+                                StageRows, StageSeconds, Summary)
+
+import factories
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _repeat(epoch: float) -> RepeatFigures:
-    return RepeatFigures(epoch_s=epoch, samples=1000, batches=10, throughput_samples_s=1000 / epoch,
-                         steady_throughput_samples_s=1100 / epoch, stall_s=0.1, wait_s=0.08,
-                         trainer_transfer_s=0.02, compute_s=epoch - 0.1,
-                         time_to_first_batch_s=0.01, peak_rss_mb=300.0,
-                         stage_s={"fetch": 0.1}, stage_rows={"fetch": 1000},
-                         bytes={"wire_bytes": 10}, workers=1, extra={"faults": []})
-
-
 def make_result(name: str = "sc") -> Result:
-    reps = [_repeat(1.0), _repeat(1.1)]
-    v = VariantResult(
-        name="default", knobs={}, config={"loader": {"batch_size": 100}}, emulated=["model.step_ms"],
-        throughput_samples_s=Summary.of([r.throughput_samples_s for r in reps]),
-        epoch_s=Summary.of([1.0, 1.1]), stall_s=Summary.of([0.1, 0.1]),
-        stall_share=Summary.of([0.1, 0.09]), time_to_first_batch_s=Summary.of([0.01, 0.01]),
-        peak_rss_mb=Summary.of([300.0, 300.0]), repeats=reps,
-        analysis={"bound_by": "compute", "ideal_speedup": math.inf})
-    return Result(schema_version=results.SCHEMA_VERSION, tool={"name": "stallbench", "version": "0"},
-                  created_utc="2026-01-01T00:00:00+00:00",
-                  scenario={"name": name, "path": "x.toml", "sha256": "0", "fingerprint": "f",
-                            "text": "", "matrix": {}},
-                  machine={"cpu_model": "cpu", "cores_logical": 2}, settings={"repeats": 2},
-                  dataset={}, variants=[v])
+    reps = [factories.repeat(1000 / e, samples=1000, stage_s=StageSeconds(fetch=0.1),
+                             stage_rows=StageRows(fetch=1000), bytes=ByteCounts(wire_bytes=10),
+                             producer_processes=1, executor_figures={"faults": []})
+            for e in (1.0, 1.1)]
+    v = factories.variant("default", [r.throughput_samples_s for r in reps])
+    v.repeats = reps
+    v.attribution = attribution(ideal_speedup=math.inf)
+    return factories.result([v], scenario=name)
+
+
+def attribution(**kw) -> Attribution:
+    iv = Interval(0.0, 0.0)
+    base = dict(method="chain", interval="x", compute_s=1.0, fetch_stall_s=0.0,
+                preprocess_stall_s=0.0, transfer_stall_s=0.0, overhead_s=0.0, epoch_s=1.0,
+                attributed_stall_s=0.0, attributed_stall_share=0.0, overhead_share=0.0,
+                bound_by="compute", ideal_speedup=1.0, intervals=PartIntervals(iv, iv, iv, iv, iv),
+                closure_error=0.0, ablation_epoch_s={"full": 1.0})
+    return Attribution(**{**base, **kw})
 
 
 def test_summary_of() -> None:
@@ -51,10 +49,12 @@ def test_round_trip(tmp_path: Path) -> None:
     r = make_result()
     path = results.save(r, tmp_path)
     back = results.load(path)
-    assert back.to_dict() == r.to_dict()
-    assert back.variants[0].repeats[0].extra == {"faults": []}
-    # JSON has no infinity: stored as null, the file stays readable by any JSON parser
-    assert json.loads(path.read_text())["variants"][0]["analysis"]["ideal_speedup"] is None
+    assert results.to_dict(back) == results.to_dict(r)
+    assert back.variants[0].repeats[0].executor_figures == {"faults": []}
+    # JSON has no infinity: stored as null, the file stays readable by any JSON parser, and
+    # reads back as "not measured" (NaN)
+    assert json.loads(path.read_text())["variants"][0]["attribution"]["ideal_speedup"] is None
+    assert math.isnan(back.variants[0].attribution.ideal_speedup)
 
 
 def test_never_overwrites(tmp_path: Path) -> None:
@@ -79,8 +79,9 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("content, fragment", [
     ("{", "not valid JSON"),
     ("[]", "expected a JSON object"),
-    ('{"schema_version": 99}', "schema_version: expected one of [1], got 99"),
-    ('{"schema_version": 1, "variants": []}', "not a stallbench result"),
+    ('{"schema_version": 99}', "schema_version: expected one of [1, 2], got 99"),
+    ('{"schema_version": 2, "variants": []}', "tool: missing"),
+    ('{"schema_version": 1, "variants": {}}', "variants: expected a list"),
 ])
 def test_load_errors_are_one_line(tmp_path: Path, content: str, fragment: str) -> None:
     p = tmp_path / "bad.json"
@@ -107,7 +108,84 @@ def test_find_searches_one_level(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", results.SUPPORTED_VERSIONS)
 def test_committed_example_for_every_schema_version(version: int) -> None:
+    """Every version ever written loads (older ones through their migration) into the current
+    typed schema."""
     path = ROOT / "results" / "examples" / f"schema-v{version}.json"
+    assert json.loads(path.read_text())["schema_version"] == version
     r = results.load(path)
-    assert r.schema_version == version
+    assert r.schema_version == results.SCHEMA_VERSION
     assert r.variants and r.variants[0].repeats
+
+
+def _keys(x: object, prefix: str = "") -> set[str]:
+    """Every key path of a JSON value; list items share their parent's path, and the free-form
+    parts (a variant's knobs and config, executor figures, scenario matrix) count as leaves."""
+    out: set[str] = set()
+    if isinstance(x, dict):
+        for k, v in x.items():
+            path = f"{prefix}.{k}" if prefix else k
+            out.add(path)
+            if k not in FREE_FORM:
+                out |= _keys(v, path)
+    elif isinstance(x, list):
+        for v in x:
+            out |= _keys(v, prefix + "[]")
+    return out
+
+
+FREE_FORM = {"knobs", "config", "executor_figures", "matrix", "libraries", "ablation_epoch_s",
+             "ablations", "notes", "stage_wall"}
+
+
+def test_current_example_has_exactly_the_keys_the_code_writes(tmp_path: Path) -> None:
+    """The committed example of the current version cannot go stale: a run of the tiny
+    scenario (every code path that writes a key: ablations, what-if, workers) writes exactly
+    its keys. Numbers are not compared."""
+    from stallbench import scenario
+    from stallbench.runner import RunOptions, run_scenario
+
+    sc = scenario.parse(EXAMPLE_SCENARIO, "example.toml")
+    fresh = results.to_dict(run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)))
+    example = json.loads((ROOT / "results" / "examples"
+                          / f"schema-v{results.SCHEMA_VERSION}.json").read_text())
+    missing, extra = _keys(fresh) - _keys(example), _keys(example) - _keys(fresh)
+    assert not missing and not extra, (
+        f"re-record results/examples/schema-v{results.SCHEMA_VERSION}.json with "
+        f"`python tests/test_results.py`: the code writes {sorted(missing)} that the example "
+        f"lacks, and the example has {sorted(extra)} that the code no longer writes")
+
+
+# The example's scenario: small, with workers (what-if, trainer solo probe) and ablations.
+EXAMPLE_SCENARIO = """
+name = "example"
+description = "The committed example result of the current schema version."
+[dataset]
+rows = 8192
+row_group_rows = 2048
+dense_features = 2
+sparse_features = 2
+sequence_features = 1
+[model]
+kind = "emulated"
+step_ms = 2
+[loader]
+batch_size = 1024
+[run]
+repeats = 2
+[matrix]
+"loader.num_workers" = [0, 1]
+"""
+
+
+if __name__ == "__main__":   # re-record the current version's example (keys are what matter)
+    import tempfile
+
+    from stallbench import scenario
+    from stallbench.runner import RunOptions, run_scenario
+
+    with tempfile.TemporaryDirectory() as cache:
+        r = run_scenario(scenario.parse(EXAMPLE_SCENARIO, "example.toml"),
+                         RunOptions(cache_dir=Path(cache), progress=False))
+    out = ROOT / "results" / "examples" / f"schema-v{results.SCHEMA_VERSION}.json"
+    results.write_atomic(out, json.dumps(results.to_dict(r), indent=1) + "\n")
+    print(f"wrote {out}")

@@ -37,6 +37,6 @@ def test_solo_probe_measures_the_trainer_process_rate(tmp_path: Path) -> None:
     plan = Plan(cfg, dataset_for(cfg, tmp_path, "solo.toml"), scenario_file="solo.toml")
     got = solo_probe(plan)
     assert SOLO_ITEMS <= len(plan.items)
-    assert got["trainer_solo_data_s_per_sample"] >= 300e-6 * 0.95
-    assert got["trainer_solo_item_s"] == pytest.approx(got["trainer_solo_data_s_per_sample"] * 400)
-    assert got["trainer_solo_data_s_per_sample"] < 300e-6 * 10    # units: seconds per row
+    assert got.data_s_per_sample >= 300e-6 * 0.95
+    assert got.item_s == pytest.approx(got.data_s_per_sample * 400)
+    assert got.data_s_per_sample < 300e-6 * 10    # units: seconds per row

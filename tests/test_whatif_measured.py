@@ -61,7 +61,7 @@ def _measure(tmp_path) -> tuple[dict, float]:
     """The what-if validation and the cores other processes took meanwhile (foreign load)."""
     sc = scenario.parse(TEXT, "whatif-gt.toml")
     w0, b0, o0 = time.perf_counter(), _busy_cpu(), _own_cpu()
-    w = run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)).analysis["whatif"]
+    w = run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)).analysis.whatif
     wall = time.perf_counter() - w0
     foreign = max(0.0, (_busy_cpu() - b0) - (_own_cpu() - o0)) / wall
     return w, foreign
@@ -73,20 +73,20 @@ def test_prediction_from_one_worker_matches_two(tmp_path) -> None:
     # a model error shows in both attempts.
     for attempt in range(2):
         w, foreign = _measure(tmp_path)
-        two = next(m for m in w["measured"] if m["n"] == 2)
-        if abs(two["error"]) <= 0.15:
+        two = next(m for m in w.measured if m.n == 2)
+        if abs(two.error) <= 0.15:
             break
-    if abs(two["error"]) > 0.15 and foreign > 0.25:
+    if abs(two.error) > 0.15 and foreign > 0.25:
         pytest.skip(f"other processes used {foreign:.2f} cores during the measurement; the model "
-                    f"assumes the machine's cores are free (error was {two['error']:+.0%})")
-    assert w["fit_variant"] == "num_workers=1"
-    assert abs(two["error"]) <= 0.15, w["measured"]
-    assert two["bound_by"] == "preprocess"
+                    f"assumes the machine's cores are free (error was {two.error:+.0%})")
+    assert w.fit_variant == "num_workers=1"
+    assert abs(two.error) <= 0.15, w.measured
+    assert two.bound_by == "preprocess"
     # the fit point itself is reproduced (the model is exact on its own inputs up to overlap)
-    one = next(m for m in w["measured"] if m["n"] == 1)
-    assert abs(one["error"]) <= 0.15
-    knee = w["knee"]
-    assert knee["n"] in (None, 7, 8) or knee["bound_by"] == "preprocess"
+    one = next(m for m in w.measured if m.n == 1)
+    assert abs(one.error) <= 0.15
+    knee = w.knee
+    assert knee.n in (None, 7, 8) or knee.bound_by == "preprocess"
 
 
 def test_whatif_cli_prints_predicted_table(tmp_path) -> None:

@@ -1,7 +1,7 @@
 """Differential stall attribution: DS-Analyzer's method generalised to four parts.
 
 The same variant is run with stages replaced by their ideal (instant) form. Differences of
-mean epoch time attribute the wall time:
+median epoch time attribute the wall time:
 
 - ``chain`` (DS-Analyzer's order, 5 runs): full -> no fetch -> no fetch+preprocess -> all
   three free (loader still running) -> compute-only (no loader). fetch stall = T(full) -
@@ -30,6 +30,7 @@ verdict then says "inconclusive" instead of naming a stage with confidence it do
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from itertools import combinations
 from typing import Any, Mapping, Sequence
@@ -37,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
+from ..results import Attribution, Interval, PartIntervals
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
@@ -53,12 +55,13 @@ def _ab(fetch: bool, prep: bool, xfer: bool) -> str:
     return Ablation(fetch, prep, xfer).name
 
 
-def attribute(means: Mapping[str, float], method: str) -> dict[str, float]:
-    """Stage stalls and compute from mean epoch times keyed by ablation name."""
-    free, compute = means[_ab(True, True, True)], means[COMPUTE_ONLY.name]
+def attribute(medians: Mapping[str, Any], method: str) -> dict[str, Any]:
+    """Stage stalls and compute from per-run epoch statistics keyed by ablation name (floats,
+    or arrays of bootstrap draws: the attribution is linear in them)."""
+    free, compute = medians[_ab(True, True, True)], medians[COMPUTE_ONLY.name]
     if method == "chain":
-        f, fp = means[CHAIN[1].name], means[CHAIN[2].name]
-        full = means["full"]
+        f, fp = medians[CHAIN[1].name], medians[CHAIN[2].name]
+        full = medians["full"]
         return {"fetch_stall_s": full - f, "preprocess_stall_s": f - fp,
                 "transfer_stall_s": fp - free, "overhead_s": free - compute, "compute_s": compute}
     out = {"compute_s": compute, "overhead_s": free - compute}
@@ -72,14 +75,14 @@ def attribute(means: Mapping[str, float], method: str) -> dict[str, float]:
                 with_i = list(removed)
                 with_i[i] = True
                 weight = math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)
-                total += weight * (means[_ab(*removed)] - means[_ab(*with_i)])
+                total += weight * (medians[_ab(*removed)] - medians[_ab(*with_i)])
         out[f"{stage}_stall_s"] = total
     return out
 
 
-def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
+def analyze(epochs: Mapping[str, Sequence[float]], method: str = "chain",
             confidence: float = 0.9, seed: int = 0,
-            computes: Mapping[str, Sequence[float]] | None = None) -> dict:
+            computes: Mapping[str, Sequence[float]] | None = None) -> Attribution:
     """Attribution, intervals, bound stage and verdict from per-ablation epoch times;
     ``computes`` (each run's measured model-step seconds) gives the noise floor."""
     needed = [a.name for a in ablations_for(method)]
@@ -87,88 +90,86 @@ def analyse(epochs: Mapping[str, Sequence[float]], method: str = "chain",
     if missing:
         raise ValueError(f"missing ablation runs: {missing}")
     # Medians, not means: one disturbed repeat on a shared machine must not move the answer.
-    means = {k: float(np.median(v)) for k, v in epochs.items() if v}
-    point = attribute(means, method)
-    full_values = sorted(epochs["full"])
-    full_median = full_values[len(full_values) // 2] if len(full_values) % 2 else \
-        sum(full_values[len(full_values) // 2 - 1:len(full_values) // 2 + 1]) / 2
+    medians = {k: float(np.median(v)) for k, v in epochs.items() if v}
+    point = attribute(medians, method)
+    full_median = float(np.median(epochs["full"]))
     groups = {k: epochs[k] for k in needed}
-    intervals = bootstrap_parts(groups, method, confidence, seed)
-    epoch = means["full"]
+    draws = bootstrap_parts(groups, method, confidence, seed)
+    epoch = medians["full"]
     stage_stall = sum(point[f"{s}_stall_s"] for s in STAGES)
     stall = stage_stall + point["overhead_s"]
-    share = stall / epoch if epoch > 0 else math.nan
     bound, speedup = _bound(point, epoch, stage_stall / epoch if epoch > 0 else math.nan)
     parts = point["compute_s"] + stall
-    result = {
-        "method": method,
-        "interval": f"bootstrap percentile {confidence:.0%} over repeats "
-                    f"({min(len(v) for v in groups.values())} per run)",
-        **{k: point[k] for k in ("compute_s", "fetch_stall_s", "preprocess_stall_s",
-                                 "transfer_stall_s", "overhead_s")},
-        "epoch_s": epoch,
-        "stall_s": stall,
-        "stall_share": share,
-        "overhead_share": point["overhead_s"] / epoch if epoch > 0 else math.nan,
-        "bound_by": bound,
-        "ideal_speedup": speedup,
-        "intervals": intervals,
+    a = Attribution(
+        method=method,
+        interval=f"bootstrap percentile {confidence:.0%} over repeats "
+                 f"({min(len(v) for v in groups.values())} per run)",
+        compute_s=point["compute_s"], fetch_stall_s=point["fetch_stall_s"],
+        preprocess_stall_s=point["preprocess_stall_s"],
+        transfer_stall_s=point["transfer_stall_s"], overhead_s=point["overhead_s"],
+        epoch_s=epoch, attributed_stall_s=stall,
+        attributed_stall_share=stall / epoch if epoch > 0 else math.nan,
+        overhead_share=point["overhead_s"] / epoch if epoch > 0 else math.nan,
+        bound_by=bound, ideal_speedup=speedup,
+        intervals=PartIntervals(**{k: Interval(*draws[k]) for k in _PARTS}),
         # parts vs the median full epoch (the headline figure); exact for the chain and for
         # Shapley values by construction, kept as a check on the arithmetic and old results
-        "closure_error": (parts - full_median) / full_median if full_median > 0 else math.nan,
-        "ablation_epoch_s": {k: means[k] for k in needed},
-    }
-    result.update(noise_floor(computes, needed, result))
+        closure_error=(parts - full_median) / full_median if full_median > 0 else math.nan,
+        ablation_epoch_s={k: medians[k] for k in needed},
+    )
+    a = noise_floor(computes, needed, a)
     # A clearly negative part means removing a stage made the run slower: the ablations
     # interact (e.g. caches, memory) or the machine was disturbed. Said, not hidden.
-    floor = max(result["compute_noise_s"] or 0.0, COMPUTE_BOUND_SHARE * epoch)
+    floor = max(a.compute_noise_s or 0.0, COMPUTE_BOUND_SHARE * epoch)
     # the whole interval must lie below: with repeats, a part whose interval spans zero is noise
-    keys = {s: f"{s}_stall_s" if s != "overhead" else "overhead_s" for s in (*STAGES, "overhead")}
-    result["negative_parts"] = [s for s, k in keys.items()
-                                if point[k] < -floor and intervals.get(k, [0, 0])[1] < -floor]
-    result["verdict"] = verdict(result)
-    return result
+    a.negative_parts = [s for s in (*STAGES, "overhead")
+                        if a.part_s(s) < -floor and a.part_interval(s).high < -floor]
+    a.verdict = verdict(a)
+    return a
+
+
+_PARTS = ("compute_s", "fetch_stall_s", "preprocess_stall_s", "transfer_stall_s", "overhead_s")
 
 
 def noise_floor(computes: Mapping[str, Sequence[float]] | None, needed: Sequence[str],
-                a: Mapping[str, Any]) -> dict[str, Any]:
+                a: Attribution) -> Attribution:
     """Spread of the same work's compute time across the ablation runs, and whether the
     verdict stands clear of it: a named stage must stall longer than the noise; a
     compute-bound verdict needs the noise below the compute-bound threshold, else a stall of
     that size could hide in it. With repeats, a named stage's interval must also exclude 0."""
     per_run = [float(np.median(computes[k])) for k in needed if computes and computes.get(k)]
-    out: dict[str, Any] = {"compute_noise_s": None, "compute_noise_share": None,
-                           "conclusive": True, "inconclusive_because": None}
-    epoch = float(a["epoch_s"])
+    out = dataclasses.replace(a, compute_noise_s=None, compute_noise_share=None,
+                              conclusive=True, inconclusive_because=None)
+    epoch = a.epoch_s
     if len(per_run) >= 2:
         noise = max(per_run) - min(per_run)
-        out["compute_noise_s"] = noise
-        out["compute_noise_share"] = noise / epoch if epoch > 0 else math.nan
-        if a["bound_by"] == "compute":
+        out.compute_noise_s = noise
+        out.compute_noise_share = noise / epoch if epoch > 0 else math.nan
+        if a.bound_by == "compute":
             clear = noise < COMPUTE_BOUND_SHARE * epoch
         else:
-            clear = float(a[f"{a['bound_by']}_stall_s"]) > noise
+            clear = a.part_s(a.bound_by) > noise
         if not clear:
-            out.update(conclusive=False, inconclusive_because="compute_noise")
-    if out["conclusive"] and a["bound_by"] != "compute":
+            out.conclusive, out.inconclusive_because = False, "compute_noise"
+    if out.conclusive and a.bound_by != "compute":
         # with repeats, the named stage's own interval must stay above zero
-        lo, hi = a["intervals"][f"{a['bound_by']}_stall_s"]
-        if hi - lo > 1e-9 and lo <= 0:
-            out.update(conclusive=False, inconclusive_because="interval")
+        iv = a.part_interval(a.bound_by)
+        if iv.width > 1e-9 and iv.low <= 0:
+            out.conclusive, out.inconclusive_because = False, "interval"
     return out
 
 
 def bootstrap_parts(groups: Mapping[str, Sequence[float]], method: str, confidence: float,
-                    seed: int, n_boot: int = 2000) -> dict[str, list[float]]:
+                    seed: int, n_boot: int = 2000) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap of every part at once: the attribution is linear in the per-run
     statistic, so it is evaluated on whole arrays of resampled medians (fast, same as a loop)."""
     rng = np.random.default_rng(seed)
-    means = {k: np.median(rng.choice(np.asarray(v, dtype=float), size=(n_boot, len(v)),
-                                     replace=True), axis=1)
-             for k, v in groups.items()}
-    draws = attribute(means, method)
+    medians = {k: np.median(rng.choice(np.asarray(v, dtype=float), size=(n_boot, len(v)),
+                                       replace=True), axis=1)
+               for k, v in groups.items()}
+    draws = attribute(medians, method)
     q = [0.5 - confidence / 2, 0.5 + confidence / 2]
-    return {k: [float(x) for x in np.quantile(d, q)] for k, d in draws.items()}
+    return {k: (float(np.quantile(d, q[0])), float(np.quantile(d, q[1]))) for k, d in draws.items()}
 
 
 def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tuple[str, float]:
@@ -181,29 +182,28 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
     return stage, epoch / rest if rest > 0 else math.inf
 
 
-def verdict(a: Mapping[str, Any]) -> str:
-    share = float(a["stall_share"])
-    overhead = float(a["overhead_share"])
+def verdict(a: Attribution) -> str:
+    share = a.attributed_stall_share
+    overhead = a.overhead_share
     tail = (f" (loader start-up/hand-off alone: {overhead:.0%})"
             if overhead >= COMPUTE_BOUND_SHARE else "")
-    for part in a.get("negative_parts") or ():
-        key = "overhead_s" if part == "overhead" else f"{part}_stall_s"
-        tail += (f"; {part} part {float(a[key]):+.2f} s: making it ideal slowed the run, so the "
+    for part in a.negative_parts:
+        tail += (f"; {part} part {a.part_s(part):+.2f} s: making it ideal slowed the run, so the "
                  f"ablations interact or the run was disturbed (add repeats)")
-    if a.get("conclusive", True) is False and a.get("inconclusive_because") == "interval":
-        lo, hi = a["intervals"][f"{a['bound_by']}_stall_s"]
-        return (f"inconclusive (leaning {a['bound_by']}-bound): its stall's interval "
-                f"[{lo:.2f}, {hi:.2f}] s includes zero; add repeats{tail}")
-    if a.get("conclusive", True) is False:
-        noise = float(a["compute_noise_s"])
-        lead = "compute-bound" if a["bound_by"] == "compute" else f"{a['bound_by']}-bound"
+    if not a.conclusive and a.inconclusive_because == "interval":
+        iv = a.part_interval(a.bound_by)
+        return (f"inconclusive (leaning {a.bound_by}-bound): its stall's interval "
+                f"[{iv.low:.2f}, {iv.high:.2f}] s includes zero; add repeats{tail}")
+    if not a.conclusive:
+        noise = float(a.compute_noise_s or 0.0)
+        lead = "compute-bound" if a.bound_by == "compute" else f"{a.bound_by}-bound"
         return (f"inconclusive (leaning {lead}): the same model steps took {noise:.2f} s "
-                f"({float(a['compute_noise_share']):.0%} of the epoch) more in one ablation run "
+                f"({float(a.compute_noise_share or 0.0):.0%} of the epoch) more in one ablation run "
                 f"than in another, as much as the stalls measured; the model competes with the "
                 f"loader for CPU or the machine is noisy: add repeats, or emulate the step")
-    if a["bound_by"] == "compute":
-        return (f"compute-bound: trainer waits {max(share, 0):.0%} of the epoch; "
-                f"the data stages keep up{tail}")
-    stage = a["bound_by"]
-    return (f"{stage}-bound: trainer waits {share:.0%} of the epoch; ideal {stage} would give "
-            f"{float(a['ideal_speedup']):.2f}x{tail}")
+    if a.bound_by == "compute":
+        return (f"compute-bound: {max(share, 0):.0%} of the epoch is attributed stall (above the "
+                f"ingestion-free run); the data stages keep up{tail}")
+    stage = a.bound_by
+    return (f"{stage}-bound: {share:.0%} of the epoch is attributed stall (above the "
+            f"ingestion-free run); ideal {stage} would give {a.ideal_speedup:.2f}x{tail}")

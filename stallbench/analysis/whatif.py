@@ -35,42 +35,15 @@ network between nodes except what the trainer-side transfer measured.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from ..results import Result, VariantResult
+from ..results import (Knee, MachineInfo, Result, VariantResult, WhatIfCheck, WhatIfModel,
+                       WhatIfPoint, WhatIfValidation)
 
-DATA_STAGES = ("fetch", "preprocess", "transfer")
 
-
-@dataclass(frozen=True)
-class Model:
-    p_wall: float
-    p_cpu: float
-    t_trainer: float
-    t_cpu: float
-    cores: float                 # cores of the machine the fit ran on
-    stage_wall: dict[str, float]  # per-sample producer wall time per stage (explanations)
-    io_wait: float               # per-sample storage wait inside p_wall
-    io_bytes: float              # storage bytes per sample
-    compute: float               # compute seconds per sample (inside t_trainer)
-    fit_workers: int
-    fit_variant: str
-    cpus_per_node: int = 1
-    # Calibration at the fit point (see ``calibrate``): what the stage timers did not see.
-    p_extra: float = 0.0         # per-sample producer time outside the stage timers (N >= 1)
-    t_extra: float = 0.0         # per-sample trainer time outside its measured parts
-    cores_scale: float = 1.0     # share of the cores the CPU work actually got
-    startup_s: float = 0.0       # measured time to first batch at the fit (run-length figures)
-    calibration: str = ""
-    # producer seconds per sample, and per work item, measured in the trainer's own process
-    # with nothing else running (runner.solo_probe): the no-worker configuration's data cost
-    # and its start-up (the trainer produces the first item before its first batch)
-    p_solo: float | None = None
-    solo_item_s: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+# The fitted model is result data (stored with the validation): its fields live in the schema.
+Model = WhatIfModel
 
 
 @dataclass(frozen=True)
@@ -101,54 +74,52 @@ def _median(xs: Iterable[float]) -> float:
 
 
 def workers_of(v: VariantResult) -> int:
-    ex = v.config.get("executor", {})
-    if ex.get("kind") == "ray":
-        nodes = ex.get("simulated_nodes") or 0
-        return nodes * (ex.get("cpus_per_node") or 1) if nodes else (ex.get("cpus") or 1)
-    return int(v.config.get("loader", {}).get("num_workers", 0))
+    """Producers working in parallel outside the trainer, as the executor reported them."""
+    return v.executor.producer_slots
 
 
-def compute_on_cpu(v: VariantResult, machine: dict[str, Any]) -> bool:
-    return "model.step_ms" not in v.emulated and not machine.get("gpu")
+def compute_on_cpu(v: VariantResult, machine: MachineInfo) -> bool:
+    return "model.step_ms" not in v.emulated and not machine.gpu
 
 
-def fit(v: VariantResult, machine: dict[str, Any]) -> Model:
+def fit(v: VariantResult, machine: MachineInfo) -> Model:
     """Per-sample costs from the variant's full runs (medians over repeats)."""
     reps = v.repeats
-    s = lambda key: _median(f.stage_s.get(key, 0.0) / max(f.samples, 1) for f in reps)  # noqa: E731
+    s = lambda key: _median(getattr(f.stage_s, key) / max(f.samples, 1) for f in reps)  # noqa: E731
     fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
     cpu = s("fetch_cpu") + s("preprocess_cpu") + s("transfer_producer_cpu")
     # The producer processes' own CPU clocks also see what happens outside the stage timers
     # (pickling a batch on the queue's feeder thread, the DataLoader loop, start-up; Ray's
     # scheduling, object transfer and daemons): the whole cost of producing. Use it when
     # measured.
-    whole = _median(f.worker_cpu_s / max(f.samples, 1) for f in reps if f.worker_cpu_s)
+    whole = _median(f.producer_cpu_s / max(f.samples, 1) for f in reps if f.producer_cpu_s)
     if math.isfinite(whole) and whole > cpu:
         cpu = whole
     trainer_xfer = s("transfer_trainer")
     compute = _median(f.compute_s / max(f.samples, 1) for f in reps)
     overhead = 0.0
-    if v.analysis.get("overhead_s") is not None and workers_of(v) > 0:
+    if v.attribution is not None and v.executor.has_producers:
         samples = _median(f.samples for f in reps)
-        overhead = max(float(v.analysis["overhead_s"]), 0.0) / max(samples, 1)
+        overhead = max(v.attribution.overhead_s, 0.0) / max(samples, 1)
     # The trainer process's own CPU clock covers everything it does (hand-off, unpacking,
     # a CPU model step, helper threads); older results without it fall back to the parts.
     t_cpu = _median(f.trainer_cpu_s / max(f.samples, 1) for f in reps if f.trainer_cpu_s)
     if not math.isfinite(t_cpu):
         t_cpu = trainer_xfer + overhead + (compute if compute_on_cpu(v, machine) else 0.0)
-    io_bytes = _median(f.bytes.get("storage_bytes", 0) / max(f.samples, 1) for f in reps)
-    ex = v.config.get("executor", {})
+    io_bytes = _median(f.bytes.storage_bytes / max(f.samples, 1) for f in reps)
+    cpus_per_node = (v.executor.producer_slots // v.executor.producer_nodes
+                     if v.executor.producer_nodes else 1)
     raw = Model(
         p_wall=fetch + prep + xfer, p_cpu=cpu, t_trainer=trainer_xfer + overhead + compute,
-        t_cpu=t_cpu, cores=float(machine.get("cpu_affinity") or machine.get("cores_logical") or 1),
+        t_cpu=t_cpu, cores=machine.cores,
         stage_wall={"fetch": fetch, "preprocess": prep, "transfer": xfer,
                     "transfer_trainer": trainer_xfer, "overhead": overhead},
         io_wait=s("fetch_io_wait"), io_bytes=io_bytes, compute=compute,
         fit_workers=workers_of(v), fit_variant=v.name,
-        cpus_per_node=int(ex.get("cpus_per_node") or 1),
+        cpus_per_node=max(cpus_per_node, 1),
         startup_s=_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
-        p_solo=v.stage_rates.get("trainer_solo_data_s_per_sample"),
-        solo_item_s=v.stage_rates.get("trainer_solo_item_s"),
+        p_solo=v.trainer_solo.data_s_per_sample if v.trainer_solo else None,
+        solo_item_s=v.trainer_solo.item_s if v.trainer_solo else None,
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
@@ -249,43 +220,39 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
 
 
 def knee(m: Model, candidates: Sequence[int], *,
-         cores_for: Callable[[int], float] | None = None, **kw: Any) -> dict[str, Any]:
+         cores_for: Callable[[int], float] | None = None, **kw: Any) -> Knee:
     """The fewest workers with no data stall, or what bounds once more workers stop helping.
     ``cores_for``: the cores available at each count (real nodes bring their own)."""
     preds = [predict(m, n, **kw, **({"cores": cores_for(n)} if cores_for else {}))
              for n in candidates]
     for p in preds:
         if p.bound_by == "compute" and p.n > 0:
-            return {"n": p.n, "bound_by": "compute",
-                    "explanation": f"{p.n} worker(s) remove the data stall: {p.why}"}
+            return Knee(p.n, "compute", f"{p.n} worker(s) remove the data stall: {p.why}")
     best = max(preds, key=lambda p: p.throughput_samples_s) if preds else None
     if best is None:
-        return {"n": None, "bound_by": None, "explanation": "no candidates"}
+        return Knee(None, None, "no candidates")
     first_best = next(p for p in preds if p.throughput_samples_s >= 0.99 * best.throughput_samples_s)
-    return {"n": None, "bound_by": first_best.bound_by, "saturates_at": first_best.n,
-            "explanation": f"no worker count removes the stall; from {first_best.n} on, "
-                           f"{first_best.why}"}
-
-
-_SCALING_KEYS = {"loader.num_workers", "executor.simulated_nodes"}
+    return Knee(None, first_best.bound_by,
+                f"no worker count removes the stall; from {first_best.n} on, {first_best.why}",
+                saturates_at=first_best.n)
 
 
 def _group_key(v: VariantResult) -> tuple:
-    """Variants that differ only in worker/node count form one scaling curve (also when the
-    matrix varies a whole section, e.g. ``executor = [{kind = "ray", simulated_nodes = 2}]``)."""
-    items = []
-    for k, x in v.knobs.items():
-        if k in _SCALING_KEYS:
-            continue
-        if isinstance(x, dict):
-            x = {kk: vv for kk, vv in x.items() if f"{k}.{kk}" not in _SCALING_KEYS}
-        items.append((k, repr(sorted(x.items()) if isinstance(x, dict) else x)))
-    ex = v.config.get("executor", {})
-    items.append(("executor.kind", ex.get("kind")))
+    """Variants that differ only in the knobs that set their producer count (the executor
+    names them) form one scaling curve, also when the matrix varies a whole section, e.g.
+    ``executor = [{kind = "ray", simulated_nodes = 2}]``."""
+    scaling = set(v.executor.scaling_knobs)
+    items = [(k, repr(x)) for k, x in v.knobs.items() if k not in scaling]
+    items.append(("executor.kind", v.executor.kind))
     return tuple(sorted(items))
 
 
-def validate(result: Result, *, axis_max: int = 16) -> dict[str, Any] | None:
+def _point(p: Prediction) -> WhatIfPoint:
+    return WhatIfPoint(n=p.n, predicted_samples_s=p.throughput_samples_s,
+                       stall_share=p.stall_share, bound_by=p.bound_by, why=p.why, binding=p.binding)
+
+
+def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     """Fit on the smallest worker/node count of each group of variants, predict the others,
     and store predicted vs measured with the error; also a predicted curve and its knee."""
     groups: dict[tuple, list[VariantResult]] = {}
@@ -298,7 +265,7 @@ def validate(result: Result, *, axis_max: int = 16) -> dict[str, Any] | None:
     best.sort(key=workers_of)
     fit_v = next((v for v in best if workers_of(v) >= 1), best[0])
     m = fit(fit_v, result.machine)
-    simulated = any(v.config.get("executor", {}).get("simulated_nodes") for v in best)
+    simulated = any(v.executor.nodes_simulated for v in best)
     measured = []
     for v in best:
         p = predict(m, workers_of(v))
@@ -308,31 +275,28 @@ def validate(result: Result, *, axis_max: int = 16) -> dict[str, Any] | None:
         # comparisons are stored; the epoch one is the headline.
         steady = _median(f.steady_throughput_samples_s for f in v.repeats)
         over_run = p.over_run(m, _median(f.samples for f in v.repeats))
-        measured.append({"n": workers_of(v), "variant": v.name, "measured_samples_s": got,
-                         "predicted_samples_s": p.throughput_samples_s,
-                         "predicted_run_samples_s": over_run,
-                         "error": (over_run - got) / got if got else None,
-                         "measured_steady_samples_s": steady,
-                         "steady_error": (p.throughput_samples_s - steady) / steady
-                         if math.isfinite(steady) and steady else None,
-                         "is_fit": v is fit_v, "bound_by": p.bound_by})
+        measured.append(WhatIfCheck(
+            n=workers_of(v), variant=v.name, measured_samples_s=got,
+            predicted_samples_s=p.throughput_samples_s, predicted_run_samples_s=over_run,
+            error=(over_run - got) / got if got else None,
+            measured_steady_samples_s=steady,
+            steady_error=(p.throughput_samples_s - steady) / steady
+            if math.isfinite(steady) and steady else None,
+            is_fit=v is fit_v, bound_by=p.bound_by))
     ns = list(range(0, axis_max + 1))
-    points = [asdict(predict(m, n)) for n in ns]
-    for pt in points:
-        pt["predicted_samples_s"] = pt.pop("throughput_samples_s")
-    errors = [abs(x["error"]) for x in measured if not x["is_fit"] and x["error"] is not None]
-    steady_errors = [abs(x["steady_error"]) for x in measured
-                     if not x["is_fit"] and x["steady_error"] is not None]
-    return {
-        "label": "predicted",
-        "axis": "workers" if not simulated else "simulated node CPUs",
-        "fit_variant": fit_v.name,
-        "model": m.to_dict(),
-        "points": points,
-        "measured": measured,
-        "max_abs_error": max(errors) if errors else None,
-        "max_abs_steady_error": max(steady_errors) if steady_errors else None,
-        "knee": knee(m, ns[1:]),
-        "note": ("fitted on one configuration, the rest predicted; simulated nodes share this "
-                 "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
-    }
+    errors = [abs(x.error) for x in measured if not x.is_fit and x.error is not None]
+    steady_errors = [abs(x.steady_error) for x in measured
+                     if not x.is_fit and x.steady_error is not None]
+    return WhatIfValidation(
+        label="predicted",
+        axis="workers" if not simulated else "simulated node CPUs",
+        fit_variant=fit_v.name,
+        model=m,
+        points=[_point(predict(m, n)) for n in ns],
+        measured=measured,
+        max_abs_error=max(errors) if errors else None,
+        max_abs_steady_error=max(steady_errors) if steady_errors else None,
+        knee=knee(m, ns[1:]),
+        note=("fitted on one configuration, the rest predicted; simulated nodes share this "
+              "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
+    )

@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="significance level (default 0.01)")
     p.add_argument("--metric", action="append", choices=list(gate.METRICS), dest="metrics",
                    help="metric to gate, repeatable (default: throughput and stall_share)")
-    p.add_argument("--memory", action="store_true", help="also gate peak memory (peak_rss_mb)")
+    p.add_argument("--memory", action="store_true", help="also gate peak memory (peak_pss_mb)")
     p.add_argument("--format", choices=list(gate.FORMATTERS), default="table")
     p.add_argument("--fail-on-improvement", action="store_true",
                    help="exit 1 on a significant improvement too, so a stale baseline "

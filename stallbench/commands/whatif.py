@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         if val is not None and val <= 0:
             raise UserError(f"--{flag.replace('_', '-')}: expected a positive number, got {val}")
     r = results.load(args.result)
-    stored = r.analysis.get("whatif") or {}
-    name = args.variant or stored.get("fit_variant") or r.variants[0].name
+    stored = r.analysis.whatif
+    name = args.variant or (stored.fit_variant if stored else None) or r.variants[0].name
     try:
         v = r.variant(name)
     except KeyError:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     head = [label, "PREDICTED samples/s", "stall %", "bound by"]
     if args.cpu_node_cost is not None or args.gpu_node_cost is not None:
         head.append("cost/run")
-    print(f"what-if for {r.scenario['name']} / {v.name} (fitted on this variant's measured rates; "
+    print(f"what-if for {r.scenario.name} / {v.name} (fitted on this variant's measured rates; "
           f"every figure below is PREDICTED)")
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
           f"{whatif.workers_of(v)} worker(s) on {m.cores:g} cores")
@@ -105,16 +105,16 @@ def run(args: argparse.Namespace) -> int:
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
     print(tables.table(head + ["why"], rows, right=set(range(1, len(head)))))
     k = whatif.knee(m, counts[1:] if counts and counts[0] == 0 else counts, cores_for=cores, **kw)
-    print(f"knee: {k['explanation']}")
+    print(f"knee: {k.explanation}")
     if cheapest:
         print(f"cheapest configuration without stall: {cheapest[0]} {label}, {cheapest[1]:.6f} per run")
-    check = stored.get("measured")
+    check = stored.measured if stored else []
     if check:
-        errs = [f"{x['n']}: {x['error']:+.0%}" for x in check if not x.get("is_fit") and x.get("error") is not None]
-        steady = [f"{x['n']}: {x['steady_error']:+.0%}" for x in check
-                  if not x.get("is_fit") and x.get("steady_error") is not None]
+        errs = [f"{x.n}: {x.error:+.0%}" for x in check if not x.is_fit and x.error is not None]
+        steady = [f"{x.n}: {x.steady_error:+.0%}" for x in check
+                  if not x.is_fit and x.steady_error is not None]
         if errs:
-            print(f"validation in this result (fitted on {stored.get('fit_variant')}): prediction error "
+            print(f"validation in this result (fitted on {stored.fit_variant}): prediction error "
                   + ", ".join(errs) + (f" (steady state, after the first batch: {', '.join(steady)})"
                                        if steady else ""))
     return 0

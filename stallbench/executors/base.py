@@ -19,6 +19,9 @@ EXECUTORS: Registry[type["Executor"]] = Registry("executor")
 
 class Executor:
     name: ClassVar[str]
+    # config keys that set how many producers run (variants differing only in these form one
+    # scaling curve for the what-if)
+    scaling_knobs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         self.config = config
@@ -52,6 +55,21 @@ class Executor:
         measured from here (no such processes, or they run on other machines). It sees what
         stage timers cannot: hand-off, serialisation, a runtime's own daemons."""
         return None
+
+    def producer_slots(self) -> int:
+        """Producers working in parallel outside the trainer (0: the trainer produces)."""
+        return 0
+
+    def has_producers(self) -> bool:
+        return self.producer_slots() > 0
+
+    def producer_nodes(self) -> int | None:
+        """Nodes carrying producers, where that is a notion of this executor."""
+        return None
+
+    def nodes_simulated(self) -> bool:
+        """The producer nodes are simulated on this machine (they share its cores)."""
+        return False
 
     def object_store_mb(self) -> float | None:
         return None

@@ -104,6 +104,10 @@ def _prod(shape: tuple[int, ...]) -> int:
 @EXECUTORS.register("local")
 class LocalExecutor(Executor):
     name = "local"
+    scaling_knobs = ("loader.num_workers",)
+
+    def producer_slots(self) -> int:
+        return self.config.loader.num_workers
 
     def __init__(self, config: Any, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)

@@ -360,6 +360,19 @@ class _RunState:
 @EXECUTORS.register("ray")
 class RayExecutor(Executor):
     name = "ray"
+    scaling_knobs = ("executor.simulated_nodes", "executor.cpus", "executor.concurrency")
+
+    def producer_slots(self) -> int:
+        return self.spec.concurrency or self.runtime.producer_cpus()
+
+    def has_producers(self) -> bool:
+        return True
+
+    def producer_nodes(self) -> int | None:
+        return self.spec.simulated_nodes or None
+
+    def nodes_simulated(self) -> bool:
+        return bool(self.spec.simulated_nodes)
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)

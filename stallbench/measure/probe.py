@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..pipeline import Plan, ShardOutput
-from ..results import RepeatFigures
+from ..results import ByteCounts, RepeatFigures, Resources, StageRows, StageSeconds, Timeline
 from ..stages.batch_format import TensorBatch
 from ..stages.compute import Compute
 from .sampler import Sampler
@@ -36,11 +36,11 @@ class Probe:
     compute_s: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
 
-    def timeline(self) -> dict[str, list[float]]:
+    def timeline(self) -> Timeline:
         r = lambda xs: [round(x, 6) for x in xs]  # noqa: E731 - keep JSON small
-        return {"t_start_s": r(self.t_start_s), "wait_s": r(self.wait_s),
-                "transfer_s": r(self.transfer_s), "compute_s": r(self.compute_s),
-                "rows": list(self.rows)}
+        return Timeline(t_start_s=r(self.t_start_s), wait_s=r(self.wait_s),
+                        transfer_s=r(self.transfer_s), compute_s=r(self.compute_s),
+                        rows=list(self.rows))
 
 
 @dataclass
@@ -150,7 +150,7 @@ class _Preload:
 def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches: int = 0,
                  sample_interval_s: float = 0.1,
                  on_batch: Callable[[int, int, float], None] | None = None,
-                 ) -> tuple[RepeatFigures, dict[str, list[float]], dict[str, Any]]:
+                 ) -> tuple[RepeatFigures, Timeline, Resources]:
     probe = Probe()
     totals = StageTotals()
     max_batches = plan.max_batches
@@ -199,7 +199,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             if close:
                 close()       # shuts loader workers down (joined: their CPU is then counted)
     producer_cpu1 = executor.producer_cpu_s(plan) if producer_cpu0 is not None else None
-    worker_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
+    producer_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
     epoch = t_end - t0
     compute_s = sum(probe.compute_s)
     warm = min(max(warmup_batches, 1), n)
@@ -211,21 +211,20 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     s = totals.s
     fig = RepeatFigures(
         epoch_s=epoch, samples=samples, batches=n, trainer_cpu_s=trainer_cpu,
-        worker_cpu_s=worker_cpu,
+        producer_cpu_s=producer_cpu,
         throughput_samples_s=samples / epoch if epoch > 0 else math.nan,
         steady_throughput_samples_s=steady,
         stall_s=epoch - compute_s, wait_s=sum(probe.wait_s),
         trainer_transfer_s=s["transfer_trainer"], compute_s=compute_s,
-        time_to_first_batch_s=ttfb, peak_rss_mb=sampler.peak_rss_mb,
-        stage_s={"fetch": s["fetch"], "fetch_io_wait": s["fetch_io_wait"],
-                 "preprocess": s["preprocess"],
-                 "transfer": s["transfer_producer"] + s["transfer_trainer"],
-                 "transfer_producer": s["transfer_producer"],
-                 "transfer_trainer": s["transfer_trainer"],
-                 "fetch_cpu": s["fetch_cpu"], "preprocess_cpu": s["preprocess_cpu"],
-                 "transfer_producer_cpu": s["transfer_producer_cpu"]},
-        stage_rows=dict(totals.rows), bytes=dict(totals.bytes),
-        workers=len(totals.workers),
-        extra=executor.run_figures() if not plan.ablation.compute_only else {},
+        time_to_first_batch_s=ttfb, peak_pss_mb=sampler.peak_pss_mb,
+        stage_s=StageSeconds(
+            fetch=s["fetch"], fetch_io_wait=s["fetch_io_wait"], preprocess=s["preprocess"],
+            transfer=s["transfer_producer"] + s["transfer_trainer"],
+            transfer_producer=s["transfer_producer"], transfer_trainer=s["transfer_trainer"],
+            fetch_cpu=s["fetch_cpu"], preprocess_cpu=s["preprocess_cpu"],
+            transfer_producer_cpu=s["transfer_producer_cpu"]),
+        stage_rows=StageRows(**totals.rows), bytes=ByteCounts(**totals.bytes),
+        producer_processes=len(totals.workers),
+        executor_figures=executor.run_figures() if not plan.ablation.compute_only else {},
     )
     return fig, probe.timeline(), sampler.resources()

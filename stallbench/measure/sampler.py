@@ -10,9 +10,8 @@ over; summing RSS counts those pages once per process (a 2-worker loader looks ~
 size). Shared memory the loader creates (torch shared tensors, the single-buffer pool) is
 counted once per object at its allocated size instead of by PSS, because pages handed over
 and not yet touched by the trainer are in no process's PSS (see ``tree_memory_bytes``).
-``peak_rss_mb`` in results and the ``rss_mb`` series keep their names for schema
-compatibility but hold this PSS-based figure (``resources["memory_metric"] == "pss"``); the raw
-RSS sum is kept beside it as ``rss_sum_mb``. Where PSS cannot be read, that process counts its
+Results call it ``peak_pss_mb`` and the series ``pss_mb``; the raw RSS sum is kept beside it
+as ``rss_sum_mb``. Where PSS cannot be read, that process counts its
 RSS.
 """
 
@@ -24,6 +23,8 @@ import time
 from typing import Any, Callable, Iterable
 
 import psutil
+
+from ..results import Resources
 
 
 class _Gpu:
@@ -245,7 +246,7 @@ class Sampler:
         self.proc = psutil.Process()
         self.gpu = _Gpu()
         self.memory = TreeMemory(self.proc)
-        self.series: dict[str, Any] = {"t_s": [], "cpu_percent_per_core": [], "rss_mb": [],
+        self.series: dict[str, Any] = {"t_s": [], "cpu_percent_per_core": [], "pss_mb": [],
                                        "rss_sum_mb": []}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -256,7 +257,7 @@ class Sampler:
         s["t_s"].append(round(time.perf_counter() - self._t0, 4))
         s["cpu_percent_per_core"].append(psutil.cpu_percent(percpu=True))
         pss, rss = self.memory.sample(self.extra_pids())
-        s["rss_mb"].append(round(pss, 1))
+        s["pss_mb"].append(round(pss, 1))
         s["rss_sum_mb"].append(round(rss, 1))
         store = self.object_store()
         if store is not None:
@@ -283,16 +284,17 @@ class Sampler:
         self._sample()
 
     @property
-    def peak_rss_mb(self) -> float:
+    def peak_pss_mb(self) -> float:
         """Peak of the tree's PSS sum (see the module docstring for why not RSS)."""
-        return max(self.series["rss_mb"], default=0.0)
+        return max(self.series["pss_mb"], default=0.0)
 
-    def resources(self) -> dict[str, Any]:
+    def resources(self) -> Resources:
         """Per-core lists transposed to one series per core, as the report plots them."""
-        out = dict(self.series)
-        out["memory_metric"] = "pss"
-        out["pss_exact_sweeps"] = self.memory.exact_sweeps
-        out["pss_sweep_s"] = round(self.memory.sweep_s, 4)
-        per = self.series["cpu_percent_per_core"]
-        out["cpu_percent_per_core"] = [list(c) for c in zip(*per)] if per else []
-        return out
+        s = self.series
+        per = s["cpu_percent_per_core"]
+        return Resources(t_s=s["t_s"], cpu_percent_per_core=[list(c) for c in zip(*per)] if per else [],
+                         pss_mb=s["pss_mb"], rss_sum_mb=s["rss_sum_mb"],
+                         object_store_mb=s.get("object_store_mb"),
+                         gpu_util_percent=s.get("gpu_util_percent"),
+                         pss_exact_sweeps=self.memory.exact_sweeps,
+                         pss_sweep_s=round(self.memory.sweep_s, 4))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stallbench.analysis.differential import ablations_for, analyse, attribute
+from stallbench.analysis.differential import ablations_for, analyze, attribute
 
 
 def chain_epochs(full=10.0, nf=7.0, nfp=4.0, free=3.5, compute=3.0, n=3, jitter=0.0):
@@ -16,32 +16,32 @@ def chain_epochs(full=10.0, nf=7.0, nfp=4.0, free=3.5, compute=3.0, n=3, jitter=
 
 
 def test_chain_parts_close_and_bound() -> None:
-    a = analyse(chain_epochs(), "chain")
-    assert a["fetch_stall_s"] == pytest.approx(3.0)
-    assert a["preprocess_stall_s"] == pytest.approx(3.0)
-    assert a["transfer_stall_s"] == pytest.approx(0.5)
-    assert a["overhead_s"] == pytest.approx(0.5)
-    assert a["compute_s"] == pytest.approx(3.0)
-    assert a["closure_error"] == pytest.approx(0.0)
-    assert a["bound_by"] in {"fetch", "preprocess"}
-    assert a["stall_share"] == pytest.approx(0.7)
-    assert a["ideal_speedup"] == pytest.approx(10 / 7)
-    assert "-bound: trainer waits 70% of the epoch" in a["verdict"]
+    a = analyze(chain_epochs(), "chain")
+    assert a.fetch_stall_s == pytest.approx(3.0)
+    assert a.preprocess_stall_s == pytest.approx(3.0)
+    assert a.transfer_stall_s == pytest.approx(0.5)
+    assert a.overhead_s == pytest.approx(0.5)
+    assert a.compute_s == pytest.approx(3.0)
+    assert a.closure_error == pytest.approx(0.0)
+    assert a.bound_by in {"fetch", "preprocess"}
+    assert a.attributed_stall_share == pytest.approx(0.7)
+    assert a.ideal_speedup == pytest.approx(10 / 7)
+    assert "-bound: 70% of the epoch is attributed stall" in a.verdict
 
 
 def test_intervals_collapse_without_spread_and_widen_with_it() -> None:
-    a = analyse(chain_epochs(n=1), "chain")
-    lo, hi = a["intervals"]["fetch_stall_s"]
+    a = analyze(chain_epochs(n=1), "chain")
+    lo, hi = a.intervals.fetch_stall_s.low, a.intervals.fetch_stall_s.high
     assert lo == pytest.approx(hi) == pytest.approx(3.0)
-    b = analyse(chain_epochs(n=5, jitter=0.2), "chain")
-    lo, hi = b["intervals"]["fetch_stall_s"]
+    b = analyze(chain_epochs(n=5, jitter=0.2), "chain")
+    lo, hi = b.intervals.fetch_stall_s.low, b.intervals.fetch_stall_s.high
     assert lo < 3.0 < hi
 
 
 def test_compute_bound_verdict() -> None:
-    a = analyse(chain_epochs(full=3.05, nf=3.04, nfp=3.03, free=3.02, compute=3.0), "chain")
-    assert a["bound_by"] == "compute" and a["ideal_speedup"] == 1.0
-    assert a["verdict"].startswith("compute-bound")
+    a = analyze(chain_epochs(full=3.05, nf=3.04, nfp=3.03, free=3.02, compute=3.0), "chain")
+    assert a.bound_by == "compute" and a.ideal_speedup == 1.0
+    assert a.verdict.startswith("compute-bound")
 
 
 def _computes(values: list[float]) -> dict[str, list[float]]:
@@ -51,33 +51,33 @@ def _computes(values: list[float]) -> dict[str, list[float]]:
 
 def test_noise_floor_is_the_spread_of_the_same_compute_across_runs() -> None:
     # full 10 s, fetch stall 3 s: the compute of the same steps varied by 0.4 s -> conclusive
-    a = analyse(chain_epochs(n=1), "chain", computes=_computes([3.0, 3.1, 2.9, 3.3, 3.0]))
-    assert a["compute_noise_s"] == pytest.approx(0.4)
-    assert a["compute_noise_share"] == pytest.approx(0.04)
-    assert a["conclusive"] is True and not a["verdict"].startswith("inconclusive")
+    a = analyze(chain_epochs(n=1), "chain", computes=_computes([3.0, 3.1, 2.9, 3.3, 3.0]))
+    assert a.compute_noise_s == pytest.approx(0.4)
+    assert a.compute_noise_share == pytest.approx(0.04)
+    assert a.conclusive is True and not a.verdict.startswith("inconclusive")
 
 
 def test_stage_stall_within_noise_is_inconclusive() -> None:
     # preprocess "stall" 0.6 s, but the same model steps took 3.0 .. 4.0 s in different runs
     e = chain_epochs(full=4.4, nf=4.3, nfp=3.7, free=3.6, compute=3.5, n=1)
-    a = analyse(e, "chain", computes=_computes([3.6, 4.0, 3.0, 3.5, 3.5]))
-    assert a["bound_by"] == "preprocess"
-    assert a["compute_noise_s"] == pytest.approx(1.0)
-    assert a["conclusive"] is False
-    assert a["verdict"].startswith("inconclusive (leaning preprocess-bound)")
+    a = analyze(e, "chain", computes=_computes([3.6, 4.0, 3.0, 3.5, 3.5]))
+    assert a.bound_by == "preprocess"
+    assert a.compute_noise_s == pytest.approx(1.0)
+    assert a.conclusive is False
+    assert a.verdict.startswith("inconclusive (leaning preprocess-bound)")
 
 
 def test_compute_bound_needs_noise_below_the_threshold() -> None:
     e = chain_epochs(full=3.05, nf=3.04, nfp=3.03, free=3.02, compute=3.0, n=1)
-    quiet = analyse(e, "chain", computes=_computes([3.0, 3.0, 3.01, 3.0, 3.0]))
-    assert quiet["bound_by"] == "compute" and quiet["conclusive"] is True
-    noisy = analyse(e, "chain", computes=_computes([2.8, 3.0, 3.0, 3.0, 3.0]))  # 0.2 s = 6.6%
-    assert noisy["conclusive"] is False and "leaning compute-bound" in noisy["verdict"]
+    quiet = analyze(e, "chain", computes=_computes([3.0, 3.0, 3.01, 3.0, 3.0]))
+    assert quiet.bound_by == "compute" and quiet.conclusive is True
+    noisy = analyze(e, "chain", computes=_computes([2.8, 3.0, 3.0, 3.0, 3.0]))  # 0.2 s = 6.6%
+    assert noisy.conclusive is False and "leaning compute-bound" in noisy.verdict
 
 
 def test_without_compute_figures_the_noise_is_unknown_not_zero() -> None:
-    a = analyse(chain_epochs(n=1), "chain")
-    assert a["compute_noise_s"] is None and a["conclusive"] is True
+    a = analyze(chain_epochs(n=1), "chain")
+    assert a.compute_noise_s is None and a.conclusive is True
 
 
 def test_shapley_splits_overlapping_stages_symmetrically() -> None:
@@ -98,34 +98,34 @@ def test_shapley_splits_overlapping_stages_symmetrically() -> None:
 
 def test_missing_runs_are_an_error() -> None:
     with pytest.raises(ValueError, match="missing ablation runs"):
-        analyse({"full": [1.0]}, "chain")
+        analyze({"full": [1.0]}, "chain")
 
 
 def test_negative_part_is_said_and_the_ideal_speedup_stays_finite() -> None:
     # removing fetch made the run 1.5 s slower; transfer's part then exceeds the epoch
     e = chain_epochs(full=5.5, nf=7.0, nfp=6.4, free=0.1, compute=0.08, n=1)
-    a = analyse(e, "chain")
-    assert a["bound_by"] == "transfer" and a["transfer_stall_s"] == pytest.approx(6.3)
-    assert math.isfinite(a["ideal_speedup"]) and a["ideal_speedup"] == pytest.approx(5.5 / 0.08)
-    assert a["negative_parts"] == ["fetch"]
-    assert "fetch part -1.50 s: making it ideal slowed the run" in a["verdict"]
-    assert analyse(chain_epochs(n=1), "chain")["negative_parts"] == []
+    a = analyze(e, "chain")
+    assert a.bound_by == "transfer" and a.transfer_stall_s == pytest.approx(6.3)
+    assert math.isfinite(a.ideal_speedup) and a.ideal_speedup == pytest.approx(5.5 / 0.08)
+    assert a.negative_parts == ["fetch"]
+    assert "fetch part -1.50 s: making it ideal slowed the run" in a.verdict
+    assert analyze(chain_epochs(n=1), "chain").negative_parts == []
 
 
 def test_a_negative_part_whose_interval_spans_zero_is_noise_not_a_finding() -> None:
     e = {"full": [6.5, 7.5, 8.5], "no_fetch": [7.3, 7.8, 7.6], "no_fetch_preprocess": [6.7, 8.3, 8.2],
          "no_fetch_preprocess_transfer": [0.08] * 3, "compute_only": [0.08] * 3}
-    a = analyse(e, "chain")
-    assert a["preprocess_stall_s"] < 0 and a["intervals"]["preprocess_stall_s"][1] > 0
-    assert a["negative_parts"] == []
+    a = analyze(e, "chain")
+    assert a.preprocess_stall_s < 0 and a.intervals.preprocess_stall_s.high > 0
+    assert a.negative_parts == []
 
 
 def test_named_stage_whose_interval_includes_zero_is_inconclusive() -> None:
     e = {"full": [1.4, 1.0, 1.6], "no_fetch": [1.0, 1.3, 1.2], "no_fetch_preprocess": [1.0] * 3,
          "no_fetch_preprocess_transfer": [1.0] * 3, "compute_only": [1.0] * 3}
-    a = analyse(e, "chain", computes={k: [0.9] * 3 for k in e})
-    assert a["bound_by"] == "fetch" and a["intervals"]["fetch_stall_s"][0] <= 0
-    assert a["conclusive"] is False and a["inconclusive_because"] == "interval"
-    assert a["verdict"].startswith("inconclusive (leaning fetch-bound): its stall's interval")
-    clear = analyse(chain_epochs(n=5, jitter=0.2), "chain")        # 3 s stall, +-0.4 s spread
-    assert clear["conclusive"] is True
+    a = analyze(e, "chain", computes={k: [0.9] * 3 for k in e})
+    assert a.bound_by == "fetch" and a.intervals.fetch_stall_s.low <= 0
+    assert a.conclusive is False and a.inconclusive_because == "interval"
+    assert a.verdict.startswith("inconclusive (leaning fetch-bound): its stall's interval")
+    clear = analyze(chain_epochs(n=5, jitter=0.2), "chain")        # 3 s stall, +-0.4 s spread
+    assert clear.conclusive is True

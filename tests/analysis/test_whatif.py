@@ -46,7 +46,7 @@ def test_one_stage_bounds_until_enough_workers() -> None:
         assert p.stall_share == pytest.approx(1 - n * 10 / 40)
     assert predict(m, 4).bound_by == "compute"
     k = knee(m, list(range(1, 9)))
-    assert k["n"] == 4 and k["bound_by"] == "compute"
+    assert k.n == 4 and k.bound_by == "compute"
 
 
 def test_cores_saturate() -> None:
@@ -55,7 +55,7 @@ def test_cores_saturate() -> None:
     assert predict(m, 8).throughput_samples_s == pytest.approx(2 / 100e-6)   # no more cores
     assert "CPU-bound" in predict(m, 8).why
     k = knee(m, list(range(1, 9)))
-    assert k["n"] is None and k["saturates_at"] == 2 and k["bound_by"] == "preprocess"
+    assert k.n is None and k.saturates_at == 2 and k.bound_by == "preprocess"
 
 
 def test_trainer_cpu_counts_against_cores() -> None:

@@ -82,8 +82,8 @@ def test_worker_batches_cross_through_the_pool_and_count_as_ipc(cache: Path) -> 
 
     with ex:
         fig, _, _ = measured_run(plan, ex, plan.build_compute())
-    assert fig.bytes["ipc_bytes"] == fig.bytes["wire_bytes"] > 0
-    assert fig.workers == 2
+    assert fig.bytes.ipc_bytes == fig.bytes.wire_bytes > 0
+    assert fig.producer_processes == 2
 
 
 def test_bulk_overflows_the_pool_into_fresh_shared_memory(cache: Path) -> None:
@@ -94,7 +94,7 @@ def test_bulk_overflows_the_pool_into_fresh_shared_memory(cache: Path) -> None:
     assert parts * slots < total                      # this test is about the overflow
     with ex:
         fig, _, _ = measured_run(plan, ex, plan.build_compute())
-    pool = fig.extra["buffer_pool"]
+    pool = fig.executor_figures["buffer_pool"]
     assert pool["pooled_batches"] == parts * slots
     assert pool["pooled_batches"] + pool["fresh_shared_batches"] == total == fig.batches
 
@@ -105,10 +105,10 @@ def test_nothing_crosses_a_process_without_workers(cache: Path, loader: str) -> 
     plan, ex = _setup(cache, loader)
     with ex:
         fig, _, _ = measured_run(plan, ex, plan.build_compute())
-    assert fig.bytes["ipc_bytes"] == 0 and fig.bytes["wire_bytes"] > 0 and fig.workers == 1
+    assert fig.bytes.ipc_bytes == 0 and fig.bytes.wire_bytes > 0 and fig.producer_processes == 1
     if "single_buffer" in loader:                     # the trainer recycles its own buffers
-        assert fig.extra["buffer_pool"]["pooled_batches"] == fig.batches
-        assert fig.extra["buffer_pool"]["fresh_batches"] == 0
+        assert fig.executor_figures["buffer_pool"]["pooled_batches"] == fig.batches
+        assert fig.executor_figures["buffer_pool"]["fresh_batches"] == 0
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -121,12 +121,12 @@ def test_worker_processes_cpu_is_measured_whole(cache: Path, workers: int) -> No
     with executors.get("local")(cfg, "local.toml") as ex:
         fig, _, _ = measured_run(plan, ex, plan.build_compute())
     if workers == 0:
-        assert fig.worker_cpu_s is None                  # nothing runs outside the trainer
-        assert fig.stage_s["preprocess_cpu"] >= 0.24 * 0.95
+        assert fig.producer_cpu_s is None                  # nothing runs outside the trainer
+        assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95
         return
-    stage_cpu = fig.stage_s["fetch_cpu"] + fig.stage_s["preprocess_cpu"] + fig.stage_s["transfer_producer_cpu"]
-    assert fig.stage_s["preprocess_cpu"] >= 0.24 * 0.95, fig.stage_s
-    assert fig.worker_cpu_s is not None and fig.worker_cpu_s >= stage_cpu * 0.98, (fig.worker_cpu_s, stage_cpu)
+    stage_cpu = fig.stage_s.fetch_cpu + fig.stage_s.preprocess_cpu + fig.stage_s.transfer_producer_cpu
+    assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95, fig.stage_s
+    assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= stage_cpu * 0.98, (fig.producer_cpu_s, stage_cpu)
 
 
 def test_stopping_early_shuts_workers_down(cache: Path) -> None:
@@ -149,7 +149,7 @@ def test_pool_slots_are_reclaimed_between_runs(cache: Path) -> None:
     with ex:
         for _ in range(3):
             fig, _, _ = measured_run(plan, ex, plan.build_compute())
-            assert fig.batches == 1 and fig.extra["buffer_pool"]["fresh_shared_batches"] == 0
+            assert fig.batches == 1 and fig.executor_figures["buffer_pool"]["fresh_shared_batches"] == 0
             pool = ex._pool
             assert pool.state.sum() >= 1              # the unread second batch of the item
             pool.reclaim()
@@ -157,7 +157,7 @@ def test_pool_slots_are_reclaimed_between_runs(cache: Path) -> None:
 
 
 def test_forked_workers_memory_is_not_double_counted() -> None:
-    """peak_rss_mb is the tree's PSS sum: pages a forked child shares with the trainer count
+    """peak_pss_mb is the tree's PSS sum: pages a forked child shares with the trainer count
     once, where an RSS sum counts them once per process."""
     import os
     import signal
@@ -179,8 +179,8 @@ def test_forked_workers_memory_is_not_double_counted() -> None:
         with Sampler(0.01) as s:
             time.sleep(0.1)
         res = s.resources()
-        assert res["memory_metric"] == "pss" and res["pss_exact_sweeps"] >= 1
-        assert s.peak_rss_mb < max(res["rss_sum_mb"]) - 150
+        assert res.pss_exact_sweeps >= 1
+        assert s.peak_pss_mb < max(res.rss_sum_mb) - 150
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

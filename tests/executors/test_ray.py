@@ -279,8 +279,8 @@ def test_stock_mode_delivers_the_same_rows(ray_ex: Any, cache: Path) -> None:
 def test_measured_run_records_ray_figures(ray_ex: Any, cache: Path) -> None:
     plan = _plan(cache, step=2)
     fig, _, res = measured_run(plan, ray_ex, plan.build_compute(), sample_interval_s=0.05)
-    ray = fig.extra["ray"]
-    why = json.dumps(fig.extra, default=str)[:3000]
+    ray = fig.executor_figures["ray"]
+    why = json.dumps(fig.executor_figures, default=str)[:3000]
     assert fig.samples == 2400 and fig.time_to_first_batch_s > 0, why
     assert ray["cluster"]["cpus"] == 2 and ray["cluster"]["mode"] == "reused", why
     assert ray["nodes_used"] == 1 and ray["producer_processes"] >= 1, why
@@ -289,11 +289,11 @@ def test_measured_run_records_ray_figures(ray_ex: Any, cache: Path) -> None:
     produce = next(op for name, op in ops.items() if "MapBatches" in name)
     assert produce["tasks"] == len(plan.items) and produce["wall_s"] > 0, why
     assert "object_store_mb" in res, sorted(res)
-    assert fig.extra["faults"]["worker_deaths"] == 0, why
-    assert fig.stage_s["preprocess"] > 0 and fig.stage_rows["fetch"] == 2400, fig.stage_s
+    assert fig.executor_figures["faults"]["worker_deaths"] == 0, why
+    assert fig.stage_s.preprocess > 0 and fig.stage_rows.fetch == 2400, fig.stage_s
     # the cluster's own CPU clocks see at least what the tasks' stage timers saw
-    stage_cpu = fig.stage_s["fetch_cpu"] + fig.stage_s["preprocess_cpu"] + fig.stage_s["transfer_producer_cpu"]
-    assert fig.worker_cpu_s is not None and fig.worker_cpu_s >= 0.9 * stage_cpu > 0, (fig.worker_cpu_s, stage_cpu)
+    stage_cpu = fig.stage_s.fetch_cpu + fig.stage_s.preprocess_cpu + fig.stage_s.transfer_producer_cpu
+    assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= 0.9 * stage_cpu > 0, (fig.producer_cpu_s, stage_cpu)
 
 
 # ---------------------------------------------------------------------------------- faults

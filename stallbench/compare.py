@@ -1,0 +1,119 @@
+"""One rule for "slower" and "faster": the gate and the report both decide with it, so a page
+and a CI log can never disagree about the same two sets of repeats.
+
+Metrics and their orientation
+    ``throughput``   samples/s, higher is better. Change = current median / baseline median.
+    ``stall_share``  share of the run the trainer was not computing, lower is better. It is
+                     often ~0, where a ratio explodes, so its change is the *difference*
+                     current - baseline in share points, and the threshold is read as points
+                     (10% -> 0.10 = 10 points).
+    ``peak_pss_mb``  lower is better, a ratio like throughput.
+    "slower" always means *worse* and "faster" *better*, whatever the metric's direction.
+
+Decision rule (asv's)
+    A comparison is *slower*/*faster* only when BOTH
+      1. the effect is beyond the threshold: ratio < 1 - t (or > 1 + t) for ratio metrics,
+         difference > +t (or < -t) for share metrics; AND
+      2. it is significant: the two-sided exact Mann-Whitney U test on the raw repeats gives
+         p < alpha, used whenever ``min_p_possible(n_a, n_b) < alpha`` (5 vs 5 repeats reach
+         p = 0.0079, so alpha = 0.01 needs 5 repeats a side); with fewer repeats the test can
+         never reach alpha, so significance falls back to non-overlapping (1 - alpha) Student-t
+         intervals of the two sides' means.
+    Beyond the threshold but not significant -> *inconclusive*. Within the threshold -> *same*.
+    Fewer than ``MIN_REPEATS`` values on a side -> *not comparable* (one repeat measures no
+    spread, so noise cannot be told from change).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from .analysis.stats import mann_whitney_p, min_p_possible, t_interval
+
+FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
+    "faster", "slower", "same", "inconclusive", "not comparable")
+VERDICTS = (SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE)
+MIN_REPEATS = 2
+DEFAULT_THRESHOLD = 0.10
+DEFAULT_ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How to read one compared figure off a variant and which direction is worse."""
+
+    name: str
+    attr: str                  # VariantResult attribute holding a Summary
+    higher_is_better: bool
+    kind: str                  # "ratio" (current / baseline) or "points" (current - baseline)
+
+
+METRICS: dict[str, Metric] = {
+    "throughput": Metric("throughput", "throughput_samples_s", True, "ratio"),
+    "stall_share": Metric("stall_share", "stall_share", False, "points"),
+    "peak_pss_mb": Metric("peak_pss_mb", "peak_pss_mb", False, "ratio"),
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two sets of repeats of one figure, compared by the module's rule."""
+
+    baseline: float            # median of the baseline values
+    current: float             # median of the current values
+    change: float              # ratio current/baseline ("ratio") or current - baseline ("points")
+    change_kind: str
+    p_value: float | None
+    test: str                  # "mann-whitney", "ci-overlap" or "" (not compared)
+    verdict: str
+    n_baseline: int
+    n_current: int
+    note: str = ""
+
+
+def significance(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[bool, float, str]:
+    """(significant, Mann-Whitney p, test that decided) -- asv's rule.
+
+    The rank test decides when it can reach ``alpha`` with these sample sizes; otherwise the
+    (1 - alpha) t-intervals of the two means must not overlap.
+    """
+    p = mann_whitney_p(list(a), list(b))
+    if min_p_possible(len(a), len(b)) < alpha:
+        return p < alpha, p, "mann-whitney"
+    la, ha = t_interval(a, 1 - alpha)
+    lb, hb = t_interval(b, 1 - alpha)
+    return (ha < lb or hb < la), p, "ci-overlap"
+
+
+def decide(change: float, m: Metric, threshold: float, significant: bool) -> str:
+    """Verdict from the effect (vs threshold) and significance; see the module docstring."""
+    if m.kind == "points":
+        up, down = change > threshold, change < -threshold
+    else:
+        up, down = change > 1 + threshold, change < 1 - threshold
+    worse, better = (down, up) if m.higher_is_better else (up, down)
+    if not (worse or better):
+        return SAME
+    if not significant:
+        return INCONCLUSIVE
+    return SLOWER if worse else FASTER
+
+
+def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
+            threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA) -> Comparison:
+    """Compare finite values of one figure (non-finite values must be dropped by the caller)."""
+    nan = float("nan")
+    nb, nc = len(base), len(cur)
+    if nb < MIN_REPEATS or nc < MIN_REPEATS:
+        return Comparison(nan, nan, nan, m.kind, None, "", NOT_COMPARABLE, nb, nc,
+                          f"needs >= {MIN_REPEATS} repeats a side (has {nb} and {nc})")
+    mb, mc = statistics.median(base), statistics.median(cur)
+    if m.kind == "ratio" and mb <= 0:
+        return Comparison(mb, mc, nan, m.kind, None, "", NOT_COMPARABLE, nb, nc,
+                          "baseline median is 0")
+    change = mc / mb if m.kind == "ratio" else mc - mb
+    significant, p, test = significance(base, cur, alpha)
+    return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
+                      nb, nc)

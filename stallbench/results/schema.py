@@ -1,0 +1,488 @@
+"""The result schema: every part of a stallbench result file, as typed dataclasses.
+
+This module is the one place that says what a result holds. Results are data (asv's lesson):
+report, gate, whatif and users' scripts read these objects (never ``.get`` on dicts); JSON
+exists only at the edge (``codec``), and loading checks the version and every value's type
+before anything trusts a field. A field added here is written by the code and read by every
+reader; ``tests/test_results.py`` checks that the committed example of the current version
+has exactly the keys the code writes, so the example cannot go stale.
+
+Version history (pyperf keeps it beside the code that writes the format; so do we):
+
+- 1 (2026-11-22): first release. Attribution, stage rates, what-if and resources were
+  free-form dicts; ``peak_rss_mb`` held a PSS figure.
+- 2 (2026-11-23): every part typed. Renamed: ``peak_rss_mb`` -> ``peak_pss_mb`` (and the
+  ``rss_mb`` series -> ``pss_mb``); a repeat's ``workers`` -> ``producer_processes``,
+  ``worker_cpu_s`` -> ``producer_cpu_s``, ``startup_s`` -> ``executor_start_s``, ``extra`` ->
+  ``executor_figures``; a variant's ``analysis`` -> ``attribution`` (its ``stall_s`` /
+  ``stall_share`` -> ``attributed_stall_s`` / ``attributed_stall_share``: epoch time above the
+  ingestion-free run, not the trainer's measured stall) and ``notes``; ``stage_rates.trainer_solo_*``
+  -> ``trainer_solo``; new ``executor`` facts (producer slots, whether there are producers).
+  v1 files load through ``migrate.v1_to_v2``.
+
+Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
+
+- ``wait_s``: the trainer blocked on the next batch;
+- ``stall_s`` / ``stall_share``: every second of the run the trainer was not computing (wait +
+  its own data work: unpack, decompress, collate, copy), from the full run's own clocks;
+- ``attribution.attributed_stall_s`` / ``attributed_stall_share``: how much longer the full run
+  took than the ingestion-free (compute-only) run, split over the stages by the ablations.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+
+
+# ------------------------------------------------------------------------------ primitives
+
+@dataclass
+class Summary:
+    """A figure over repeats: raw values kept so later statistics (gate, CI) can be redone."""
+
+    median: float
+    min: float
+    max: float
+    values: list[float]
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Summary":
+        vals = [float(v) for v in values]
+        if not vals:
+            return cls(math.nan, math.nan, math.nan, [])
+        return cls(statistics.median(vals), min(vals), max(vals), vals)
+
+
+@dataclass
+class Interval:
+    """A (low, high) interval; both equal the point estimate when no spread was measured."""
+
+    low: float
+    high: float
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+# ---------------------------------------------------------------------- one measured run
+
+@dataclass
+class StageSeconds:
+    """Producer-side seconds per stage, summed over the work items of one run, plus the
+    trainer's share of transfer. ``*_cpu`` are CPU clocks of the same work (a storage wait
+    takes wall time without a core); ``fetch_io_wait`` is the EMULATED storage wait inside
+    ``fetch``; ``transfer`` = ``transfer_producer`` + ``transfer_trainer``."""
+
+    fetch: float = 0.0
+    fetch_io_wait: float = 0.0
+    preprocess: float = 0.0
+    transfer: float = 0.0
+    transfer_producer: float = 0.0
+    transfer_trainer: float = 0.0
+    fetch_cpu: float = 0.0
+    preprocess_cpu: float = 0.0
+    transfer_producer_cpu: float = 0.0
+
+
+@dataclass
+class StageRows:
+    """Rows each stage processed in one run (fetch and preprocess see input rows, transfer
+    the rows that left preprocessing: filters and downsampling make them differ)."""
+
+    fetch: int = 0
+    preprocess: int = 0
+    transfer: int = 0
+
+
+@dataclass
+class ByteCounts:
+    """Bytes of one run. ``raw_bytes``: encoded batches before compression; ``wire_bytes``:
+    what producers handed over (compressed size when compressed); ``ipc_bytes``: the part of
+    ``wire_bytes`` that crossed a process boundary (0 when the trainer produced its own
+    batches); ``storage_bytes``: compressed Parquet bytes fetched."""
+
+    storage_bytes: int = 0
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+    ipc_bytes: int = 0
+
+
+@dataclass
+class RepeatFigures:
+    """Everything measured in one run of one variant (or of one of its ablations)."""
+
+    epoch_s: float                  # wall time of the measured run (all epochs)
+    samples: int                    # rows the trainer consumed
+    batches: int
+    throughput_samples_s: float     # samples / epoch_s
+    steady_throughput_samples_s: float  # excluding warm-up batches and time to first batch
+    stall_s: float                  # trainer time not computing: wait + trainer-side data work
+    wait_s: float                   # trainer blocked waiting for the next batch
+    trainer_transfer_s: float       # trainer-side unpack / decompress / collate / pin / copy
+    compute_s: float                # model steps
+    time_to_first_batch_s: float
+    peak_pss_mb: float              # trainer + loader workers (+ local Ray workers), PSS, sampled
+    executor_start_s: float = 0.0   # executor start (e.g. a Ray runtime), not in epoch_s
+    trainer_cpu_s: float = 0.0      # CPU time of the trainer process (all its threads)
+    # CPU time of every process producing outside the trainer, over the run (forked loader
+    # workers: all their threads, start-up and hand-off; a Ray cluster on this machine: its
+    # workers, raylets and daemons); None where not measurable (none, or a remote cluster).
+    producer_cpu_s: float | None = None
+    stage_s: StageSeconds = field(default_factory=StageSeconds)
+    stage_rows: StageRows = field(default_factory=StageRows)
+    bytes: ByteCounts = field(default_factory=ByteCounts)
+    producer_processes: int = 0     # distinct producer processes that did the work
+    # The executor's private figures of this run (Ray: operator stats, cluster, start-up
+    # breakdown, "faults"; local: "buffer_pool" use). Free-form by design: no reader of
+    # stallbench depends on them; they are there for a person and for the executor's tests.
+    executor_figures: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------- per-variant parts
+
+@dataclass
+class ExecutorFacts:
+    """What the executor said about itself for this variant (analysis reads these, never the
+    config): how many producers work in parallel outside the trainer, and on how many nodes."""
+
+    kind: str
+    producer_slots: int             # 0: the trainer produces its own batches
+    has_producers: bool
+    producer_nodes: int | None = None   # nodes carrying producers (Ray), None where not a notion
+    nodes_simulated: bool = False   # nodes are simulated on this machine (they share its cores)
+    # the config keys that set producer_slots ("loader.num_workers", ...): variants that differ
+    # only in these form one scaling curve for the what-if
+    scaling_knobs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StageRates:
+    """Measured per-producer stage rates (rows/s of one producer's time; CPU-time rates beside
+    wall-time ones) and storage MB/s: the what-if model's inputs. None: not measured."""
+
+    fetch_rows_s: float | None = None
+    fetch_cpu_rows_s: float | None = None
+    preprocess_rows_s: float | None = None
+    preprocess_cpu_rows_s: float | None = None
+    transfer_producer_rows_s: float | None = None
+    transfer_trainer_rows_s: float | None = None
+    storage_mb_s: float | None = None
+    compute_rows_s: float | None = None
+    rows_out_per_row_in: float | None = None
+    compute_only_rows_s: float | None = None
+
+
+@dataclass
+class TrainerSolo:
+    """The data work of a few work items done in the trainer's own process with nothing else
+    running (``runner.solo_probe``): what the variant's data work costs with no workers."""
+
+    data_s_per_sample: float
+    item_s: float
+
+
+@dataclass
+class ByteFigures:
+    """One run's bytes, per sample and as a ratio (``ByteCounts`` of the first full run)."""
+
+    storage_bytes: int = 0
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+    ipc_bytes: int | None = None
+    crossed_process: bool | None = None
+    compression_ratio: float | None = None
+    wire_bytes_per_sample: float | None = None
+
+
+@dataclass
+class PartIntervals:
+    """Bootstrap intervals of each attributed part."""
+
+    compute_s: Interval
+    fetch_stall_s: Interval
+    preprocess_stall_s: Interval
+    transfer_stall_s: Interval
+    overhead_s: Interval
+
+
+@dataclass
+class Attribution:
+    """Differential stall attribution of one variant (``analysis.differential``)."""
+
+    method: str                     # "chain" or "shapley"
+    interval: str                   # how the intervals were made, in words
+    compute_s: float                # the ingestion-free (compute-only) run's epoch
+    fetch_stall_s: float
+    preprocess_stall_s: float
+    transfer_stall_s: float
+    overhead_s: float               # loader start-up / hand-off: all stages free vs no loader
+    epoch_s: float                  # median full epoch
+    attributed_stall_s: float       # the three stage stalls + overhead
+    attributed_stall_share: float   # attributed_stall_s / epoch_s
+    overhead_share: float
+    bound_by: str                   # "fetch", "preprocess", "transfer" or "compute"
+    ideal_speedup: float            # epoch / epoch without the bounding stage's stall
+    intervals: PartIntervals
+    closure_error: float            # (parts - median full epoch) / median full epoch
+    ablation_epoch_s: dict[str, float]   # median epoch per ablation run, by ablation name
+    compute_noise_s: float | None = None
+    compute_noise_share: float | None = None
+    conclusive: bool = True
+    inconclusive_because: str | None = None   # "compute_noise" or "interval"
+    negative_parts: list[str] = field(default_factory=list)
+    verdict: str = ""
+
+    def part_s(self, part: str) -> float:
+        """A stage's stall (``fetch``, ``preprocess``, ``transfer``), ``overhead`` or ``compute``."""
+        return float(getattr(self, _PART_FIELD[part]))
+
+    def part_interval(self, part: str) -> Interval:
+        return getattr(self.intervals, _PART_FIELD[part])
+
+
+_PART_FIELD = {"fetch": "fetch_stall_s", "preprocess": "preprocess_stall_s",
+               "transfer": "transfer_stall_s", "overhead": "overhead_s", "compute": "compute_s"}
+
+
+@dataclass
+class Timeline:
+    """Per batch of one full run: when the trainer asked, how long it waited, its own data
+    work and the model step (seconds), and the batch's rows."""
+
+    t_start_s: list[float] = field(default_factory=list)
+    wait_s: list[float] = field(default_factory=list)
+    transfer_s: list[float] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Resources:
+    """Sampled series of one full run. ``pss_mb``: the process tree's PSS sum (shared pages of
+    forked workers counted once; the loader's shared memory counted once at its size);
+    ``rss_sum_mb``: the plain RSS sum beside it (over-counts shared pages)."""
+
+    t_s: list[float] = field(default_factory=list)
+    cpu_percent_per_core: list[list[float]] = field(default_factory=list)   # one series per core
+    pss_mb: list[float] = field(default_factory=list)
+    rss_sum_mb: list[float] = field(default_factory=list)
+    object_store_mb: list[float] | None = None
+    gpu_util_percent: list[list[float]] | None = None   # per sample, one value per GPU
+    pss_exact_sweeps: int = 0
+    pss_sweep_s: float = 0.0
+
+
+@dataclass
+class VariantResult:
+    name: str
+    knobs: dict[str, Any]           # the matrix values that make this variant
+    config: dict[str, Any]          # the fully resolved scenario config it ran with
+    emulated: list[str]             # config keys whose figures come from an emulation
+    executor: ExecutorFacts
+    throughput_samples_s: Summary
+    epoch_s: Summary
+    stall_s: Summary
+    stall_share: Summary            # stall_s / epoch_s per repeat
+    time_to_first_batch_s: Summary
+    peak_pss_mb: Summary
+    repeats: list[RepeatFigures]
+    stage_rates: StageRates = field(default_factory=StageRates)
+    trainer_solo: TrainerSolo | None = None
+    bytes: ByteFigures = field(default_factory=ByteFigures)
+    ablations: dict[str, list[RepeatFigures]] = field(default_factory=dict)   # by ablation name
+    attribution: Attribution | None = None
+    notes: dict[str, str] = field(default_factory=dict)   # knobs that had no effect here, why
+    timeline: Timeline = field(default_factory=Timeline)      # first full repeat
+    resources: Resources = field(default_factory=Resources)   # first full repeat
+
+
+# ---------------------------------------------------------------------- what-if (analysis)
+
+@dataclass(frozen=True)
+class WhatIfModel:
+    """The bottleneck model's inputs, fitted on one measured variant (``analysis.whatif``
+    holds the formulas). Per sample the trainer consumes, in seconds."""
+
+    p_wall: float
+    p_cpu: float
+    t_trainer: float
+    t_cpu: float
+    cores: float                 # cores of the machine the fit ran on
+    stage_wall: dict[str, float]  # per-sample producer wall time per stage (explanations)
+    io_wait: float               # per-sample storage wait inside p_wall
+    io_bytes: float              # storage bytes per sample
+    compute: float               # compute seconds per sample (inside t_trainer)
+    fit_workers: int
+    fit_variant: str
+    cpus_per_node: int = 1
+    p_extra: float = 0.0         # per-sample producer time outside the stage timers (N >= 1)
+    t_extra: float = 0.0         # per-sample trainer time outside its measured parts
+    cores_scale: float = 1.0     # share of the cores the CPU work actually got
+    startup_s: float = 0.0       # measured time to first batch at the fit
+    calibration: str = ""
+    p_solo: float | None = None
+    solo_item_s: float | None = None
+
+
+@dataclass
+class WhatIfPoint:
+    """One PREDICTED configuration."""
+
+    n: int
+    predicted_samples_s: float
+    stall_share: float
+    bound_by: str
+    why: str
+    binding: str = ""            # the model term that binds: workers, cores, trainer, storage
+
+
+@dataclass
+class WhatIfCheck:
+    """A measured configuration against the prediction for it."""
+
+    n: int
+    variant: str
+    measured_samples_s: float
+    predicted_samples_s: float
+    predicted_run_samples_s: float | None = None
+    error: float | None = None
+    measured_steady_samples_s: float | None = None
+    steady_error: float | None = None
+    is_fit: bool = False
+    bound_by: str = ""
+
+
+@dataclass
+class Knee:
+    n: int | None
+    bound_by: str | None
+    explanation: str
+    saturates_at: int | None = None
+
+
+@dataclass
+class WhatIfValidation:
+    label: str                   # always "predicted"
+    axis: str
+    fit_variant: str
+    model: WhatIfModel
+    points: list[WhatIfPoint]
+    measured: list[WhatIfCheck]
+    knee: Knee
+    max_abs_error: float | None = None
+    max_abs_steady_error: float | None = None
+    note: str = ""
+
+
+@dataclass
+class ScenarioAnalysis:
+    baseline_variant: str | None = None
+    best_variant: str | None = None
+    best_speedup: float | None = None
+    verdict: str = ""
+    whatif: WhatIfValidation | None = None
+
+
+# ------------------------------------------------------------------------- the whole file
+
+@dataclass
+class ToolInfo:
+    name: str
+    version: str
+
+
+@dataclass
+class ScenarioInfo:
+    name: str
+    path: str
+    sha256: str
+    fingerprint: str             # what must match for two runs to be comparable
+    text: str                    # the scenario file as it ran
+    matrix: dict[str, Any]
+    description: str = ""
+
+
+@dataclass
+class GpuInfo:
+    name: str
+    memory_mb: float
+
+
+@dataclass
+class GitInfo:
+    commit: str
+    dirty: bool
+
+
+@dataclass
+class MachineInfo:
+    hostname: str = ""
+    cpu_model: str = ""
+    cores_logical: int | None = None
+    cores_physical: int | None = None
+    cpu_affinity: int | None = None
+    memory_gb: float | None = None
+    os: str = ""
+    python: str = ""
+    libraries: dict[str, str | None] = field(default_factory=dict)
+    gpu: list[GpuInfo] | None = None
+    git: GitInfo | None = None
+    load_avg_at_start: list[float] | None = None
+
+    @property
+    def cores(self) -> float:
+        """Cores this process could use when it ran (affinity first)."""
+        return float(self.cpu_affinity or self.cores_logical or 1)
+
+
+@dataclass
+class RunSettings:
+    repeats: int
+    argv: list[str] = field(default_factory=list)
+    max_batches_override: int | None = None
+    cache_dir: str = ""
+
+
+@dataclass
+class DatasetInfo:
+    source: str = ""
+    synthetic: bool = False
+    files: int = 0
+    rows: int = 0
+    shards: int = 0
+    compressed_bytes: int = 0
+    uncompressed_bytes: int = 0
+    dense_columns: int = 0
+    sparse_columns: int = 0
+    sequence_columns: int = 0
+    label: str = ""
+    seq_len: int = 0
+    cardinality: int | None = None
+    dataset_key: str | None = None
+
+
+@dataclass
+class Result:
+    schema_version: int
+    tool: ToolInfo
+    created_utc: str
+    scenario: ScenarioInfo
+    machine: MachineInfo
+    settings: RunSettings
+    dataset: DatasetInfo
+    variants: list[VariantResult]
+    analysis: ScenarioAnalysis = field(default_factory=ScenarioAnalysis)
+    status: str = "complete"
+
+    def variant(self, name: str) -> VariantResult:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)

@@ -1,0 +1,149 @@
+"""Result files: load (any supported version, validated), find, and publish atomically.
+
+A result is written only whole: a temp file in the target directory, fsynced, then linked
+under its final name (never replacing an existing file), so a crash or Ctrl-C never leaves a
+half-written result and two concurrent runs cannot clobber each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import ResultError
+from . import codec, migrate
+from .schema import SCHEMA_VERSION, SUPPORTED_VERSIONS, Result
+
+
+def to_dict(result: Result) -> dict[str, Any]:
+    return codec.to_json(result)
+
+
+def from_dict(d: Any, source: str = "<result>") -> Result:
+    """A parsed result file of any supported version as a typed, validated ``Result``."""
+    if not isinstance(d, dict):
+        raise ResultError(f"{source}: expected a JSON object")
+    codec.check_depth(d, source)
+    version = d.get("schema_version")
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        raise ResultError(f"{source}: schema_version: expected one of {list(SUPPORTED_VERSIONS)}, "
+                          f"got {version!r}")
+    d = migrate.to_current(d, version, SCHEMA_VERSION, source)
+    return codec.from_json(Result, d, source + ":")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a result may hold")
+
+
+def load(path: str | Path) -> Result:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultError(f"{path}: no such result file") from None
+    except IsADirectoryError:
+        raise ResultError(f"{path}: expected a result file, got a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultError(f"{path}: cannot read ({exc})") from None
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ResultError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except ValueError as exc:       # NaN / Infinity literals
+        raise ResultError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise ResultError(f"{path}: nested too deeply: not a stallbench result") from None
+    return from_dict(data, str(path))
+
+
+def find(paths: list[str | Path]) -> list[Path]:
+    """Result files named by the user: files as given, directories searched one level deep.
+
+    One level only, so ``results/`` does not pick up ``results/baseline/`` by accident.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.glob("*.json") if q.is_file()))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise ResultError(f"{p}: no such result file or directory")
+    return out
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def _write_temp(directory: Path, name: str, payload: str) -> str:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)   # mkstemp makes 0600; results are meant to be shared
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        _unlink(tmp)
+        raise
+    return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_atomic(path: Path, payload: str) -> None:
+    """Write via a temp file in the same directory + rename: a crash never leaves half a file."""
+    tmp = _write_temp(path.parent, path.name, payload)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def result_stem(scenario_name: str, created: datetime | None = None) -> str:
+    created = created or datetime.now(timezone.utc)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario_name)
+    return f"{stem}-{created.strftime('%Y%m%dT%H%M%SZ')}"
+
+
+def save(result: Result, out_dir: Path) -> Path:
+    """Atomically publish ``<scenario>-<UTC time>.json`` in ``out_dir``, never replacing an
+    existing file: the complete temp file is hard-linked under the first free name (link
+    fails if the name exists, so two concurrent runs cannot clobber each other)."""
+    out_dir = Path(out_dir)
+    base = result_stem(result.scenario.name)
+    tmp = _write_temp(out_dir, base, json.dumps(to_dict(result), indent=1) + "\n")
+    try:
+        n = 0
+        while True:
+            path = out_dir / (f"{base}.json" if n == 0 else f"{base}-{n}.json")
+            try:
+                os.link(tmp, path)
+                return path
+            except FileExistsError:
+                n += 1
+    finally:
+        _unlink(tmp)
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
