@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .analysis.stats import mann_whitney_p, min_p_possible, t_interval
+from .results import MachineInfo
 
 FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
     "faster", "slower", "same", "inconclusive", "not comparable")
@@ -71,6 +72,12 @@ class Comparison:
     n_baseline: int
     n_current: int
     note: str = ""
+
+
+def machine_key(m: MachineInfo) -> tuple[str, int | None]:
+    """What makes two results' absolute figures comparable: the same CPU model and core count.
+    Where it differs the gate compares within-run ratios and the report warns."""
+    return (m.cpu_model, m.cores_logical)
 
 
 def significance(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[bool, float, str]:

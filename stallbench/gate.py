@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Sequence
 
 from .analysis.stats import bootstrap_ci
 from .compare import (FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SAME, SLOWER,
-                      VERDICTS, Metric, compare as compare_values)
+                      VERDICTS, Metric, compare as compare_values, machine_key)
 from .errors import ResultError, UserError
 from .results import Result, VariantResult, load, write_atomic
 
@@ -185,8 +185,7 @@ def _later(a: Result, b: Result) -> bool:
 
 def machines_differ(a: Result, b: Result) -> bool:
     """Different CPU model or logical core count: absolute throughput is not comparable."""
-    return (a.machine.cpu_model, a.machine.cores_logical) != (b.machine.cpu_model,
-                                                              b.machine.cores_logical)
+    return machine_key(a.machine) != machine_key(b.machine)
 
 
 def _machine_label(r: Result) -> str:

@@ -1,7 +1,10 @@
 """The report's figures: one function per figure, each returning a base64 PNG or None.
 
-Every function takes plain data (lists, dicts, floats) so it can be called and tested without a
-Result, and returns None when there is nothing to draw; the page then says so in one line.
+Figures of one part of a result take that part's typed object (``Timeline``, ``Resources``, the
+what-if's points); figures the page assembles from several variants take plain lists. Either way
+a figure can be drawn and tested without a whole ``Result``. A function returns None when there is
+nothing to draw; the page then says so in one line. The codec guarantees types, not tidiness:
+series may be NaN ("not measured") or of unequal lengths, and every function copes.
 Figures are drawn on a bare ``matplotlib.figure.Figure`` (Agg canvas, no pyplot global state),
 small and at ~100 dpi so a report with a dozen figures stays a few hundred KB.
 """
@@ -13,6 +16,8 @@ import io
 import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
+
+from ..results import Knee, Resources, Timeline, WhatIfCheck, WhatIfPoint
 
 import matplotlib
 
@@ -119,6 +124,11 @@ def _ctx() -> Any:
     return matplotlib.rc_context(_RC)
 
 
+def _mean_or_nan(xs: Iterable[Any]) -> float:
+    vals = _floats(xs)
+    return sum(vals) / len(vals) if vals else math.nan
+
+
 # ------------------------------------------------------------------------- epoch breakdown
 
 def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -180,7 +190,9 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
         ax.set_xlim(0, xmax * (1.45 if any(e[3] for e in ends) else 1.13) if xmax else 1)
         ax.set_xlabel("seconds per measured run")
         ax.grid(axis="y", visible=False)
-        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=6, handlelength=1.2,
+        # long labels ("fetch stall (attributed)") need two rows to fit the figure's width
+        ncol = 6 if sum(len(x) for x in seen) <= 70 else 3
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, handlelength=1.2,
                   columnspacing=1.2)
         return _png(fig)
 
@@ -237,11 +249,10 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
 
 # ---------------------------------------------------------------------------------- what-if
 
-def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, Any]] = (),
-           knee: Mapping[str, Any] | None = None, axis: str = "workers") -> str | None:
-    """Predicted throughput against workers/nodes, measured points on top, knee marked."""
-    pts = sorted((p for p in points if isinstance(p, Mapping) and _finite(p.get("n"))
-                  and _finite(p.get("predicted_samples_s"))), key=lambda p: p["n"])
+def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
+           knee: Knee | None = None, axis: str = "workers") -> str | None:
+    """PREDICTED throughput against workers/nodes, measured points on top, knee marked."""
+    pts = sorted((p for p in points if _finite(p.predicted_samples_s)), key=lambda p: p.n)
     if not pts:
         return None
     with _ctx():
@@ -249,41 +260,41 @@ def whatif(points: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, 
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "PREDICTED", transform=ax.transAxes, ha="center", va="center",
                 fontsize=46, fontweight="bold", color="#eef0f3", zorder=0)
-        xs = [p["n"] for p in pts]
-        ys = [p["predicted_samples_s"] for p in pts]
+        xs = [p.n for p in pts]
+        ys = [p.predicted_samples_s for p in pts]
         ax.plot(xs, ys, color=MUTED, lw=1.2, ls="--", zorder=2)
         seen: set[str] = set()
         for p in pts:
-            b = str(p.get("bound_by") or "unknown")
+            b = p.bound_by or "unknown"
             color = STAGE_COLORS.get(b, STAGE_COLORS["other"])
-            ax.scatter([p["n"]], [p["predicted_samples_s"]], s=26, color=color, zorder=3,
+            ax.scatter([p.n], [p.predicted_samples_s], s=26, color=color, zorder=3,
                        label=None if b in seen else f"predicted, {b}-bound")
             seen.add(b)
-        mpts = [m for m in measured if isinstance(m, Mapping) and _finite(m.get("n"))
-                and _finite(m.get("measured_samples_s"))]
+        mpts = [m for m in measured if _finite(m.measured_samples_s)]
         # The curve is a steady rate: compare it with the measured steady rate where the
-        # result has one (older results: the epoch rate).
-        steady = bool(mpts) and all(_finite(m.get("measured_steady_samples_s")) for m in mpts)
-        key = "measured_steady_samples_s" if steady else "measured_samples_s"
+        # result has one for every point (else the epoch rate).
+        steady = bool(mpts) and all(_finite(m.measured_steady_samples_s) for m in mpts)
         kind = "measured, steady state" if steady else "measured"
+
+        def y_of(m: WhatIfCheck) -> float:
+            return float(m.measured_steady_samples_s if steady else m.measured_samples_s)
+
         labelled: set[bool] = set()
         for m in mpts:
-            is_fit = bool(m.get("is_fit"))
-            ax.scatter([m["n"]], [m[key]], marker="D", s=34, zorder=4,
-                       color="white" if is_fit else INK, edgecolor=INK, linewidth=1.2,
-                       label=None if is_fit in labelled else
-                       (f"{kind} (the model was fitted here)" if is_fit else kind))
-            labelled.add(is_fit)
-            if _finite(m.get("predicted_samples_s")):
-                ax.plot([m["n"], m["n"]], [m[key], m["predicted_samples_s"]],
+            ax.scatter([m.n], [y_of(m)], marker="D", s=34, zorder=4,
+                       color="white" if m.is_fit else INK, edgecolor=INK, linewidth=1.2,
+                       label=None if m.is_fit in labelled else
+                       (f"{kind} (the model was fitted here)" if m.is_fit else kind))
+            labelled.add(m.is_fit)
+            if _finite(m.predicted_samples_s):
+                ax.plot([m.n, m.n], [y_of(m), m.predicted_samples_s],
                         color=INK, lw=0.8, alpha=0.5, zorder=3)
-        top = max(ys + [m[key] for m in mpts])
-        knee = knee if isinstance(knee, Mapping) else {}
-        mark, what = knee.get("n"), "knee"
-        if not _finite(mark) and _finite(knee.get("saturates_at")):
-            mark, what = knee["saturates_at"], "saturates at"
-        if _finite(mark):
-            bound = knee.get("bound_by")
+        top = max(ys + [y_of(m) for m in mpts])
+        mark, what = (knee.n, "knee") if knee else (None, "knee")
+        if mark is None and knee and knee.saturates_at is not None:
+            mark, what = knee.saturates_at, "saturates at"
+        if mark is not None:
+            bound = knee.bound_by if knee else None
             ax.axvline(mark, color=STAGE_COLORS["preprocess"], lw=1, ls=":", zorder=1)
             ax.annotate(f"{what}: {mark:g} {axis}" + (f" ({bound}-bound beyond)" if bound else ""),
                         xy=(mark, top * 1.04), xytext=(6, 0), textcoords="offset points",
@@ -310,21 +321,20 @@ def _vbars(ax: Any, x: Sequence[float], heights: Sequence[float], bottoms: Seque
     ax.add_collection(PolyCollection(verts, facecolors=color, edgecolors="none", linewidths=0))
 
 
-def timeline(tl: Mapping[str, Sequence[Any]]) -> str | None:
+def timeline(tl: Timeline) -> str | None:
     """Per-batch timeline of one run: when the trainer waited, unpacked and computed.
 
     Top: the run as one lane over wall time. Bottom: each batch's wait / transfer / compute.
     """
-    starts = list(tl.get("t_start_s") or [])
+    starts = list(tl.t_start_s)
     n = len(starts)
     if n == 0:
         return None
 
-    def col(key: str) -> list[float]:
-        vals = list(tl.get(key) or [])
-        return [float(v) if _finite(v) else 0.0 for v in (vals + [0.0] * n)[:n]]
+    def col(vals: Sequence[float]) -> list[float]:
+        return [float(v) if _finite(v) else 0.0 for v in (list(vals) + [0.0] * n)[:n]]
 
-    wait, transfer, compute = col("wait_s"), col("transfer_s"), col("compute_s")
+    wait, transfer, compute = col(tl.wait_s), col(tl.transfer_s), col(tl.compute_s)
     starts_f = [float(s) if _finite(s) else 0.0 for s in starts]
     if starts_f and min(starts_f) > 1e4:  # an absolute clock (time.time / perf_counter): from 0
         t0 = min(starts_f)
@@ -373,35 +383,38 @@ def timeline(tl: Mapping[str, Sequence[Any]]) -> str | None:
 
 # -------------------------------------------------------------------------------- resources
 
-def resources(res: Mapping[str, Any]) -> str | None:
-    """CPU per core, RSS, object store and GPU utilisation over one run, sharing the time axis."""
-    t = _floats(res.get("t_s") or [])
+def resources(res: Resources) -> str | None:
+    """CPU per core, memory (PSS), object store and GPU utilisation over one run, sharing the
+    time axis. GPU utilisation is one value per GPU per sample: drawn as the mean over GPUs."""
+    t = _floats(res.t_s)
     if not t:
         return None
     n = len(t)
     if t[0] > 1e4:  # an absolute clock: show seconds since the first sample
         t = [x - t[0] for x in t]
 
-    def series(vals: Any) -> list[float] | None:
-        if not isinstance(vals, (list, tuple)) or not vals:
+    def series(vals: Sequence[float] | None) -> list[float] | None:
+        if not vals:
             return None
         out = [float(v) if _finite(v) else math.nan for v in vals][:n]
         return out if len(out) == n and any(math.isfinite(v) for v in out) else None
 
-    per_core = res.get("cpu_percent_per_core") or []
-    if (isinstance(per_core, list) and len(per_core) == n and n > 1
-            and all(isinstance(c, (list, tuple)) for c in per_core)
+    per_core: list[list[float]] = list(res.cpu_percent_per_core)
+    if (len(per_core) == n and n > 1
             and len({len(c) for c in per_core}) == 1 and len(per_core[0]) != n):
         per_core = [list(col) for col in zip(*per_core)]  # given per sample, not per core
     cores = [s for s in (series(c) for c in per_core) if s]
     panels: list[tuple[str, Any]] = []
     if cores:
         panels.append(("cpu", cores))
-    pss = res.get("memory_metric") == "pss"
-    for key, label, color in (("rss_mb", "memory, PSS (MB)" if pss else "RSS (MB)", STAGE_COLORS["compute"]),
-                              ("object_store_mb", "object store (MB)", "#2a9d8f"),
-                              ("gpu_util_percent", "GPU util (%)", "#76b041")):
-        s = series(res.get(key))
+    gpu = None
+    if res.gpu_util_percent:
+        gpu = [_mean_or_nan(sample) for sample in res.gpu_util_percent]
+    for key, label, color, vals in (
+            ("pss_mb", "memory, PSS (MB)", STAGE_COLORS["compute"], res.pss_mb),
+            ("object_store_mb", "object store (MB)", "#2a9d8f", res.object_store_mb),
+            ("gpu_util_percent", "GPU util (%)", "#76b041", gpu)):
+        s = series(vals)
         if s:
             panels.append((key, (label, color, s)))
     if not panels:
@@ -429,12 +442,12 @@ def resources(res: Mapping[str, Any]) -> str | None:
                 ax.set_ylabel("CPU %")
             else:
                 label, color, s = data
-                ax.plot(t, s, color=color, lw=1.3, label="PSS sum" if kind == "rss_mb" and pss else None,
+                ax.plot(t, s, color=color, lw=1.3, label="PSS sum" if kind == "pss_mb" else None,
                         marker="o" if n < 30 else None, ms=3)
                 ax.fill_between(t, 0, [v if math.isfinite(v) else 0 for v in s], color=color,
                                 alpha=0.12, lw=0)
                 top = [v for v in s if math.isfinite(v)]
-                extra = series(res.get("rss_sum_mb")) if kind == "rss_mb" and pss else None
+                extra = series(res.rss_sum_mb) if kind == "pss_mb" else None
                 if extra:
                     ax.plot(t, extra, color=color, lw=1, ls="--", alpha=0.7,
                             label="RSS sum (shared pages\ncounted per process)")

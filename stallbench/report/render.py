@@ -5,10 +5,17 @@ scenario name, draws the figures (``plots``) and fills ``templates/report.html``
 no external reference at all: figures are base64 data URIs, the CSS is inlined, fonts are the
 system's. Sections whose data a result does not carry (no analysis, no what-if, no timeline...)
 render as one muted line instead of failing.
+
+The page reads the typed result (``stallbench.results``; v1 files arrive migrated), never dicts,
+and uses the result's names for its figures: "trainer stalled" is a variant's ``stall_share``
+(the run table's stall), "attributed stall" is the attribution's ``attributed_stall_*`` (epoch
+time above the compute-only run), "wait for a batch" is ``wait_s``. Two runs are faster/slower only
+by ``stallbench.compare``, the rule ``stallbench gate`` applies.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import sys
@@ -19,12 +26,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jinja2
 
+from .. import compare as comparing
 from .. import results
 from ..errors import UserError
-from ..results import Result, VariantResult
+from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
+                       Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from . import plots
 
 TEMPLATES = Path(__file__).parent / "templates"
+NBSP = "\u00a0"
 STAGES = ("fetch", "preprocess", "transfer")
 
 # What each emulation knob means for the figures that depend on it.
@@ -32,8 +42,11 @@ EMULATED_MEANING = {
     "storage.bandwidth_mb_s": "remote storage bandwidth is a throttle on local reads, not a real network",
     "storage.latency_ms": "per-request storage latency is an injected sleep",
     "loader.wire_bandwidth_mb_s": "the producer-to-trainer link is throttled, not a real second node",
-    "model.step_ms": "the model step is a fixed-length busy loop, not a real model",
-    "preprocess.cpu_cost_us_per_row": "part of the preprocessing is a calibrated busy CPU cost per row",
+    "model.step_ms": "no real model runs: each step is a wait of step_ms per batch (a sleep; only "
+                     "the last ~0.5 ms spins, for precision), so it leaves the CPU free but for that "
+                     "spin, like a step on an accelerator",
+    "preprocess.cpu_cost_us_per_row": "part of the preprocessing is a busy loop that burns this much "
+                                      "CPU time per row (measured on the thread's CPU clock)",
     "executor.simulated_nodes": "the nodes are simulated Ray nodes on this one machine",
 }
 
@@ -92,9 +105,16 @@ def fmt_bytes(x: Any) -> str:
     return "—"  # pragma: no cover
 
 
-def fmt_interval(iv: Any, fmt: Callable[[Any], str] = fmt_s) -> str:
-    if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(_num(v) is not None for v in iv):
-        return f"{fmt(iv[0])} – {fmt(iv[1])}"
+def fmt_us(x: Any) -> str:
+    """Seconds per sample, which are microseconds in practice."""
+    v = _num(x)
+    return "—" if v is None else f"{v * 1e6:.3g} µs"
+
+
+def fmt_interval(iv: Interval | None, fmt: Callable[[Any], str] = fmt_s) -> str:
+    """``low – high``; may break at the dash only (a narrow table column), never in a value."""
+    if iv is not None and _num(iv.low) is not None and _num(iv.high) is not None:
+        return f"{fmt(iv.low).replace(' ', NBSP)} – {fmt(iv.high).replace(' ', NBSP)}"
     return ""
 
 
@@ -133,6 +153,7 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _dig(d: Any, dotted: str) -> Any:
+    """A dotted key of ``VariantResult.config`` (the scenario config, a plain dict by design)."""
     for part in dotted.split("."):
         if not isinstance(d, dict) or part not in d:
             return None
@@ -161,6 +182,9 @@ def _draw(fn: Callable[..., str | None], *args: Any, alt: str, missing: str, **k
                                                  f"({type(exc).__name__}: {exc})")
 
 
+Segment = tuple[str, float, tuple[float, float] | None]   # (label, seconds, interval)
+
+
 @dataclass
 class VariantView:
     v: VariantResult
@@ -168,13 +192,33 @@ class VariantView:
     knobs: str
     is_baseline: bool
     is_best: bool
-    a: dict[str, Any]                       # variant.analysis (may be empty)
-    segments: list[tuple[str, float, Any]]  # epoch split for the stacked bar
+    attribution: Attribution | None
+    segments: list[Segment]                 # epoch split for the stacked bar
     split_kind: str                         # "attributed" | "measured" | ""
+    attribution_notes: list[str] = field(default_factory=list)
     timeline_fig: Figure | None = None
     resources_fig: Figure | None = None
     timeline_stats: list[tuple[str, str]] = field(default_factory=list)
     resource_stats: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Headline:
+    """The verdict card of one run. ``stall_share`` is the baseline variant's trainer stall
+    (``stall_share.median``, the run table's figure); ``attributed_stall_share`` the
+    attribution's figure for the same variant, shown beside it under its own name."""
+
+    verdict: str
+    baseline: str | None
+    best: str | None
+    speedup: float | None
+    derived: bool                   # best / speedup computed here from medians
+    bound_by: str | None
+    best_bound_by: str | None
+    stall_share: float | None
+    attributed_stall_share: float | None
+    baseline_tput: float | None
+    best_tput: float | None
 
 
 @dataclass
@@ -184,29 +228,34 @@ class RunView:
     label: str
     color: str
     variants: list[VariantView]
-    headline: dict[str, Any]
+    headline: Headline
     breakdown_fig: Figure
     throughput_fig: Figure
     whatif_fig: Figure
-    whatif: dict[str, Any]
+    whatif: WhatIfValidation | None
+    whatif_rows: list[dict[str, Any]]
+    stage_rates: list[tuple[str, list[str]]]   # (figure, formatted value per variant)
     emulated: list[dict[str, Any]]
     predicted: list[str]
     anchor: str
     has_inside: bool = False
     emulated_uniform: bool = True   # every variant emulates the same knobs (no per-row badge)
-    pss: bool = False               # memory figures are PSS sums (sampler), not RSS
 
 
-def _variant_split(v: VariantResult) -> tuple[list[tuple[str, float, Any]], str]:
-    a = v.analysis or {}
-    iv = a.get("intervals") or {}
-    if _num(a.get("compute_s")) is not None:
-        segs = [("compute", float(a["compute_s"]), iv.get("compute_s"))]
+def _pair(iv: Interval) -> tuple[float, float]:
+    return (iv.low, iv.high)
+
+
+def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
+    a = v.attribution
+    if a is not None and _num(a.compute_s) is not None:
+        segs: list[Segment] = [("compute (compute-only run)", a.compute_s, _pair(a.intervals.compute_s))]
         for st in STAGES:
-            x = _num(a.get(f"{st}_stall_s"))
-            segs.append((f"{st} stall", x if x is not None else 0.0, iv.get(f"{st}_stall_s")))
-        if _num(a.get("overhead_s")) is not None:
-            segs.append(("loader overhead", float(a["overhead_s"]), iv.get("overhead_s")))
+            x = _num(a.part_s(st))
+            segs.append((f"{st} stall (attributed)", x if x is not None else 0.0,
+                         _pair(a.part_interval(st))))
+        if _num(a.overhead_s) is not None:
+            segs.append(("loader overhead (attributed)", a.overhead_s, _pair(a.intervals.overhead_s)))
         return segs, "attributed"
     reps = v.repeats
     compute = _median(r.compute_s for r in reps)
@@ -215,7 +264,7 @@ def _variant_split(v: VariantResult) -> tuple[list[tuple[str, float, Any]], str]
     epoch = _median(r.epoch_s for r in reps)
     if compute is None or epoch is None:
         return [], ""
-    segs = [("compute", compute, None), ("wait", wait or 0.0, None),
+    segs = [("compute", compute, None), ("wait for a batch", wait or 0.0, None),
             ("transfer (trainer side)", transfer or 0.0, None)]
     other = epoch - compute - (wait or 0.0) - (transfer or 0.0)
     if other > 0.005 * epoch:
@@ -223,92 +272,138 @@ def _variant_split(v: VariantResult) -> tuple[list[tuple[str, float, Any]], str]
     return segs, "measured"
 
 
-def _timeline_stats(tl: dict[str, Any]) -> list[tuple[str, str]]:
-    wait = [float(x) for x in tl.get("wait_s") or [] if _num(x) is not None]
+def _attribution_notes(a: Attribution) -> list[str]:
+    notes = []
+    if _num(a.closure_error) is not None and abs(a.closure_error) > 0.05:
+        notes.append("the parts differ from the median epoch by %+.0f%%" % (a.closure_error * 100))
+    if not a.conclusive:
+        notes.append("inconclusive" + (f" ({a.inconclusive_because.replace('_', ' ')})"
+                                       if a.inconclusive_because else ""))
+    if a.negative_parts:
+        notes.append("negative (noise): " + ", ".join(a.negative_parts))
+    return notes
+
+
+def _timeline_stats(tl: Timeline) -> list[tuple[str, str]]:
+    wait = [float(x) for x in tl.wait_s if _num(x) is not None]
     if not wait:
         return []
-    tr = [float(x) for x in tl.get("transfer_s") or [] if _num(x) is not None]
-    comp = [float(x) for x in tl.get("compute_s") or [] if _num(x) is not None]
+    tr = [float(x) for x in tl.transfer_s if _num(x) is not None]
+    comp = [float(x) for x in tl.compute_s if _num(x) is not None]
     total = sum(wait) + sum(tr) + sum(comp)
     srt = sorted(wait)
-    out = [("batches", f"{len(wait)}"),
-           ("waiting", f"{fmt_s(sum(wait))} ({fmt_pct(sum(wait) / total) if total else '—'})"),
-           ("trainer-side transfer", fmt_s(sum(tr))),
-           ("computing", f"{fmt_s(sum(comp))} ({fmt_pct(sum(comp) / total) if total else '—'})"),
-           ("first batch wait", fmt_s(wait[0])),
-           ("wait per batch, median / p95",
-            f"{fmt_s(statistics.median(srt))} / {fmt_s(srt[min(len(srt) - 1, int(0.95 * len(srt)))])}")]
-    return out
+    return [("batches", f"{len(wait)}"),
+            ("waiting for a batch", f"{fmt_s(sum(wait))} ({fmt_pct(sum(wait) / total) if total else '—'})"),
+            ("trainer-side transfer", fmt_s(sum(tr))),
+            ("computing", f"{fmt_s(sum(comp))} ({fmt_pct(sum(comp) / total) if total else '—'})"),
+            ("first batch wait", fmt_s(wait[0])),
+            ("wait per batch, median / p95",
+             f"{fmt_s(statistics.median(srt))} / {fmt_s(srt[min(len(srt) - 1, int(0.95 * len(srt)))])}")]
 
 
-def _resource_stats(res: dict[str, Any]) -> list[tuple[str, str]]:
+def _finite(xs: Iterable[Any]) -> list[float]:
+    return [float(x) for x in xs if _num(x) is not None]
+
+
+def _resource_stats(res: Resources) -> list[tuple[str, str]]:
     out = []
-    cores = res.get("cpu_percent_per_core") or []
+    cores = res.cpu_percent_per_core
     for i, c in enumerate(cores if len(cores) <= 8 else []):
-        vals = [float(x) for x in c if _num(x) is not None]
+        vals = _finite(c)
         if vals:
             out.append((f"CPU core {i}, mean / peak", f"{statistics.fmean(vals):.0f}% / {max(vals):.0f}%"))
     if len(cores) > 8:
-        means = [statistics.fmean(vals) for vals in
-                 ([float(x) for x in c if _num(x) is not None] for c in cores) if vals]
+        means = [statistics.fmean(vals) for vals in map(_finite, cores) if vals]
         if means:
             out.append((f"CPU mean over {len(means)} cores", f"{statistics.fmean(means):.0f}%"))
-    rss_label = "memory (PSS) peak" if res.get("memory_metric") == "pss" else "RSS peak"
-    for key, label, f in (("rss_mb", rss_label, fmt_mb), ("object_store_mb", "object store peak", fmt_mb),
-                          ("gpu_util_percent", "GPU util mean", lambda x: f"{x:.0f}%")):
-        vals = [float(x) for x in res.get(key) or [] if _num(x) is not None]
-        if vals:
-            out.append((label, f(statistics.fmean(vals) if key == "gpu_util_percent" else max(vals))))
+    pss = _finite(res.pss_mb)
+    if pss:
+        out.append(("memory (PSS) peak", fmt_mb(max(pss))))
+    store = _finite(res.object_store_mb or [])
+    if store:
+        out.append(("object store peak", fmt_mb(max(store))))
+    gpu = [x for sample in res.gpu_util_percent or [] for x in _finite(sample)]
+    if gpu:
+        out.append(("GPU util mean", f"{statistics.fmean(gpu):.0f}%"))
     return out
 
 
-def _headline(r: Result, variants: list[VariantResult]) -> dict[str, Any]:
-    a = r.analysis or {}
-    names = [v.name for v in variants]
-    base = a.get("baseline_variant") if a.get("baseline_variant") in names else (names[0] if names else None)
+def _headline(r: Result) -> Headline:
+    a = r.analysis
+    names = [v.name for v in r.variants]
+    base = a.baseline_variant if a.baseline_variant in names else (names[0] if names else None)
 
     def tput(name: str | None) -> float | None:
         return _num(r.variant(name).throughput_samples_s.median) if name else None
 
-    best = a.get("best_variant") if a.get("best_variant") in names else None
+    best = a.best_variant if a.best_variant in names else None
     derived = False
     if best is None and names:
         ranked = [n for n in names if tput(n) is not None]
-        best = max(ranked, key=lambda n: tput(n)) if ranked else None
+        best = max(ranked, key=lambda n: tput(n) or 0.0) if ranked else None
         derived = True
-    speedup = _num(a.get("best_speedup"))
+    speedup = _num(a.best_speedup)
     if speedup is None and best and base and tput(best) and tput(base):
-        speedup = tput(best) / tput(base)
+        speedup = (tput(best) or 0.0) / (tput(base) or 1.0)
         derived = True
-    bv = r.variant(base).analysis if base else {}
-    best_a = r.variant(best).analysis if best else {}
-    stall_share = _num((bv or {}).get("stall_share"))
-    if stall_share is None and base:
-        stall_share = _num(r.variant(base).stall_share.median)
-    return {
-        "verdict": a.get("verdict") or (bv or {}).get("verdict"),
-        "baseline": base, "best": best, "speedup": speedup, "derived": derived,
-        "bound_by": (bv or {}).get("bound_by"), "best_bound_by": (best_a or {}).get("bound_by"),
-        "stall_share": stall_share,
-        "baseline_tput": tput(base), "best_tput": tput(best),
-        "has_analysis": bool(a) or any(v.analysis for v in variants),
-    }
+    bv = r.variant(base) if base else None
+    ba = bv.attribution if bv else None
+    best_a = r.variant(best).attribution if best else None
+    return Headline(
+        verdict=a.verdict or (ba.verdict if ba else ""),
+        baseline=base, best=best, speedup=speedup, derived=derived,
+        bound_by=ba.bound_by if ba else None, best_bound_by=best_a.bound_by if best_a else None,
+        stall_share=_num(bv.stall_share.median) if bv else None,
+        attributed_stall_share=_num(ba.attributed_stall_share) if ba else None,
+        baseline_tput=tput(base), best_tput=tput(best))
+
+
+def _stage_rate_rows(variants: list[VariantResult]) -> list[tuple[str, list[str]]]:
+    """Every measured stage rate (and the trainer's solo probe) as (name, value per variant);
+    figures no variant measured are left out."""
+    rows = []
+    for f in dataclasses.fields(results.StageRates):
+        vals = [getattr(v.stage_rates, f.name) for v in variants]
+        if any(_num(x) is not None for x in vals):
+            rows.append((f.name, [fmt_rate(x) for x in vals]))
+    for f in dataclasses.fields(results.TrainerSolo):
+        vals = [getattr(v.trainer_solo, f.name) if v.trainer_solo else None for v in variants]
+        if any(_num(x) is not None for x in vals):
+            rows.append((f"trainer_solo.{f.name}", [fmt_us(x) for x in vals]))
+    return rows
+
+
+def _whatif_rows(wi: WhatIfValidation) -> list[dict[str, Any]]:
+    """Prediction table rows: each PREDICTED point with the measured check at its n, then
+    measured checks at an n the curve does not cover."""
+    measured_by_n: dict[int, WhatIfCheck] = {m.n: m for m in wi.measured}
+    rows: list[dict[str, Any]] = []
+    for p in wi.points:
+        rows.append({"n": p.n, "predicted_samples_s": p.predicted_samples_s,
+                     "stall_share": p.stall_share, "bound_by": p.bound_by, "why": p.why,
+                     "measured": measured_by_n.pop(p.n, None)})
+    for n, m in measured_by_n.items():
+        rows.append({"n": n, "predicted_samples_s": m.predicted_samples_s, "stall_share": None,
+                     "bound_by": m.bound_by or None, "why": "", "measured": m})
+    return rows
 
 
 def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> RunView:
-    head = _headline(r, r.variants)
+    head = _headline(r)
     views: list[VariantView] = []
     for v in r.variants:
         segs, kind = _variant_split(v)
+        a = v.attribution
         vv = VariantView(v=v, name=v.name, knobs=fmt_value(v.knobs) if v.knobs else "(base config)",
-                         is_baseline=v.name == head["baseline"], is_best=v.name == head["best"],
-                         a=v.analysis or {}, segments=segs, split_kind=kind)
-        vv.timeline_fig = _draw(plots.timeline, v.timeline or {}, alt=f"per-batch timeline of {v.name}",
+                         is_baseline=v.name == head.baseline, is_best=v.name == head.best,
+                         attribution=a, segments=segs, split_kind=kind,
+                         attribution_notes=_attribution_notes(a) if a else [])
+        vv.timeline_fig = _draw(plots.timeline, v.timeline, alt=f"per-batch timeline of {v.name}",
                                 missing="No per-batch timeline in this result for this variant.")
-        vv.resources_fig = _draw(plots.resources, v.resources or {}, alt=f"resources of {v.name}",
+        vv.resources_fig = _draw(plots.resources, v.resources, alt=f"resources of {v.name}",
                                  missing="No resource samples in this result for this variant.")
-        vv.timeline_stats = _timeline_stats(v.timeline or {})
-        vv.resource_stats = _resource_stats(v.resources or {})
+        vv.timeline_stats = _timeline_stats(v.timeline)
+        vv.resource_stats = _resource_stats(v.resources)
         views.append(vv)
 
     rows = []
@@ -322,22 +417,18 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                [{"label": label, "values": {v.name: v.throughput_samples_s.values for v in r.variants}}],
                alt="throughput per variant", missing="No throughput figures in this result.")
 
-    wi = (r.analysis or {}).get("whatif") or {}
-    wi_fig = _draw(plots.whatif, wi.get("points") or [], wi.get("measured") or [], wi.get("knee"),
-                   wi.get("axis") or "workers", alt="what-if: predicted throughput",
-                   missing="No what-if prediction in this result (it needs variants that differ "
-                           "only in their worker or node count).")
-    measured_by_n = {m.get("n"): m for m in wi.get("measured") or [] if isinstance(m, dict)}
-    wi_rows = []
-    for p in wi.get("points") or []:
-        if isinstance(p, dict):
-            wi_rows.append({**p, "measured": measured_by_n.pop(p.get("n"), None)})
-    for n, m in measured_by_n.items():  # measured at an n the curve does not cover
-        wi_rows.append({"n": n, "predicted_samples_s": m.get("predicted_samples_s"), "measured": m})
+    wi = r.analysis.whatif
+    no_whatif = ("No what-if prediction in this result (it needs variants that differ only in "
+                 "their worker or node count).")
+    if wi is not None:
+        wi_fig = _draw(plots.whatif, wi.points, wi.measured, wi.knee, wi.axis or "workers",
+                       alt="what-if: predicted throughput", missing=no_whatif)
+    else:
+        wi_fig = Figure(None, "what-if: predicted throughput", no_whatif)
 
     emulated: dict[str, list[str]] = {}
     for v in r.variants:
-        for key in v.emulated or []:
+        for key in v.emulated:
             emulated.setdefault(key, []).append(v.name)
     emu_rows = []
     for key, vnames in emulated.items():
@@ -347,37 +438,34 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
         emu_rows.append({"key": key, "meaning": meaning,
                          "variants": "all variants" if len(vnames) == len(r.variants) else ", ".join(vnames),
                          "value": ", ".join(sorted(vals))})
+    attributions = [v.attribution for v in r.variants if v.attribution is not None]
     predicted = []
-    if wi.get("points"):
-        predicted.append(f"The what-if curve over {wi.get('axis') or 'workers'} is a model fed with the "
-                         "measured per-worker stage rates; only the diamond points were measured.")
-    if any("ideal_speedup" in (v.analysis or {}) for v in r.variants):
-        predicted.append("“Ideal speedup” per variant is what removing the bounding stage's stall would "
-                         "give: predicted, not measured.")
-    methods = {(v.analysis or {}).get("method") for v in r.variants} - {None}
-    if methods:
-        intervals = {(v.analysis or {}).get("interval") for v in r.variants} - {None}
-        predicted.append("Stall attribution per stage (" + ", ".join(sorted(methods)) + ") is derived from "
-                         "ablation runs"
-                         + (f"; intervals are {', '.join(sorted(intervals))}" if intervals else "")
-                         + ".")
+    if wi is not None and wi.points:
+        predicted.append(f"The what-if curve over {wi.axis or 'workers'} is a model fed with the "
+                         "measured per-producer stage rates; only the diamond points were measured.")
+    if attributions:
+        predicted.append("“Ideal speedup” per variant is what removing the bounding stage's attributed "
+                         "stall would give: predicted, not measured.")
+        methods = sorted({a.method for a in attributions if a.method})
+        intervals = sorted({a.interval for a in attributions if a.interval})
+        predicted.append("The attributed stall per stage (" + (", ".join(methods) or "ablations")
+                         + ") is derived from ablation runs, as differences of their epochs"
+                         + (f"; intervals are {', '.join(intervals)}" if intervals else "") + ".")
     return RunView(result=r, path=path, label=label, color=color, variants=views, headline=head,
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
-                   whatif={**wi, "rows": wi_rows}, emulated=emu_rows, predicted=predicted,
-                   anchor=anchor,
-                   pss=any((v.resources or {}).get("memory_metric") == "pss" for v in r.variants),
-                   emulated_uniform=len({tuple(sorted(v.emulated or [])) for v in r.variants}) <= 1,
+                   whatif=wi, whatif_rows=_whatif_rows(wi) if wi is not None else [],
+                   stage_rates=_stage_rate_rows(r.variants),
+                   emulated=emu_rows, predicted=predicted, anchor=anchor,
+                   emulated_uniform=len({tuple(sorted(v.emulated)) for v in r.variants}) <= 1,
                    has_inside=any(vv.timeline_fig.png or vv.resources_fig.png or vv.timeline_fig.error
                                   or vv.resources_fig.error for vv in views))
 
 
-def _commit(machine: dict[str, Any]) -> str:
-    git = machine.get("git_commit") or machine.get("git")
-    if isinstance(git, dict):
-        dirty = "-dirty" if git.get("dirty") else ""
-        git = git.get("commit") or git.get("sha") or ""
-        return str(git)[:7] + dirty if git else ""
-    return str(git or "")
+def _commit(machine: MachineInfo) -> str:
+    git = machine.git
+    if git is None or not git.commit:
+        return ""
+    return git.commit[:7] + ("-dirty" if git.dirty else "")
 
 
 def _run_labels(loaded: Sequence[tuple[Path, Result]]) -> list[str]:
@@ -388,7 +476,7 @@ def _run_labels(loaded: Sequence[tuple[Path, Result]]) -> list[str]:
             when = datetime.fromisoformat(r.created_utc).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
         except (TypeError, ValueError):
             when = str(r.created_utc)
-        commit = _commit(r.machine or {})
+        commit = _commit(r.machine)
         label = when + (f" @{commit}" if commit else "")
         if len(parents) > 1:
             label = f"{p.resolve().parent.name}: {label}"
@@ -411,8 +499,28 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in s).strip("-").lower() or "scenario"
 
 
+THROUGHPUT = comparing.METRICS["throughput"]
+# The rule, in words, for the page (numbers from the module that applies it).
+COMPARE_RULE = {"threshold": comparing.DEFAULT_THRESHOLD, "alpha": comparing.DEFAULT_ALPHA,
+                "min_repeats": comparing.MIN_REPEATS}
+
+
+def _compare_note(c: comparing.Comparison) -> str:
+    if c.verdict == comparing.NOT_COMPARABLE:
+        return c.note
+    if c.verdict == comparing.SAME:
+        return f"change within ±{comparing.DEFAULT_THRESHOLD:.0%}"
+    if c.test == "mann-whitney":
+        return f"Mann-Whitney p = {c.p_value:.2g}" if c.p_value is not None else "Mann-Whitney"
+    if c.test == "ci-overlap":   # significant exactly when the intervals are apart
+        return (f"{(1 - comparing.DEFAULT_ALPHA) * 100:.0f}% t-intervals "
+                + ("overlap" if c.verdict == comparing.INCONCLUSIVE else "apart"))
+    return c.note
+
+
 def _compare(runs: list[RunView]) -> dict[str, Any]:
-    """Side-by-side numbers of several runs of one scenario (oldest first)."""
+    """Side-by-side numbers of several runs of one scenario (oldest first). The change and the
+    verdict compare the oldest run with the newest, by ``stallbench.compare`` (the gate's rule)."""
     names: list[str] = []
     for run in runs:
         for v in run.result.variants:
@@ -421,33 +529,37 @@ def _compare(runs: list[RunView]) -> dict[str, Any]:
     rows = []
     for name in names:
         cells = []
+        summaries = []
         for run in runs:
             try:
                 s = run.result.variant(name).throughput_samples_s
-                cells.append({"median": s.median, "min": s.min, "max": s.max, "n": len(s.values)})
             except KeyError:
                 cells.append(None)
-        first, last = cells[0], cells[-1]
-        delta, verdict = None, ""
-        if first and last and _num(first["median"]) and _num(last["median"]):
-            delta = last["median"] / first["median"] - 1
-            lo_new, hi_new = _num(last["min"]), _num(last["max"])
-            lo_old, hi_old = _num(first["min"]), _num(first["max"])
-            if lo_new is not None and hi_old is not None and lo_new > hi_old:
-                verdict = "faster"
-            elif hi_new is not None and lo_old is not None and hi_new < lo_old:
-                verdict = "slower"
-            else:
-                verdict = "within noise"
-        rows.append({"name": name, "cells": cells, "delta": delta, "verdict": verdict})
+                summaries.append(None)
+                continue
+            cells.append({"median": s.median, "min": s.min, "max": s.max, "n": len(s.values)})
+            summaries.append(s)
+        first, last = summaries[0], summaries[-1]
+        delta, verdict, note = None, "", ""
+        if first is not None and last is not None:
+            c = comparing.compare(_finite(first.values), _finite(last.values), THROUGHPUT)
+            verdict, note = c.verdict, _compare_note(c)
+            if _num(c.change) is not None:
+                delta = c.change - 1
+            elif _num(first.median) and _num(last.median) is not None:
+                delta = last.median / first.median - 1
+        elif len(runs) > 1:
+            verdict, note = comparing.NOT_COMPARABLE, "not run in " + (
+                "the oldest run" if first is None else "the newest run")
+        rows.append({"name": name, "cells": cells, "delta": delta, "verdict": verdict, "note": note})
     fig = _draw(plots.throughput, names,
                 [{"label": run.label,
                   "values": {v.name: v.throughput_samples_s.values for v in run.result.variants}}
                  for run in runs],
                 alt="throughput per variant across runs", missing="No throughput figures to compare.")
-    fps = {str(run.result.scenario.get("fingerprint")) for run in runs}
-    shas = {str(run.result.scenario.get("sha256")) for run in runs}
-    machines = {(run.result.machine or {}).get("cpu_model") for run in runs}
+    fps = {run.result.scenario.fingerprint for run in runs}
+    shas = {run.result.scenario.sha256 for run in runs}
+    machines = {comparing.machine_key(run.result.machine) for run in runs}   # the gate's criterion
     warnings = []
     if len(fps) > 1:
         warnings.append("The scenario fingerprints differ: these runs measured different work and are "
@@ -455,26 +567,47 @@ def _compare(runs: list[RunView]) -> dict[str, Any]:
     elif len(shas) > 1:
         warnings.append("The scenario text differs (comments or description only; same fingerprint).")
     if len(machines) > 1:
-        warnings.append("The runs come from different CPUs: differences may be the machine.")
-    return {"rows": rows, "fig": fig, "warnings": warnings}
+        warnings.append("The runs come from different machines (CPU model or core count): "
+                        "differences may be the machine. This page compares absolute throughput; "
+                        "stallbench gate compares such runs by within-run ratios instead.")
+    return {"rows": rows, "fig": fig, "warnings": warnings, "rule": COMPARE_RULE}
+
+
+def _machine_items(m: MachineInfo) -> list[tuple[str, str]]:
+    """Every field of the machine description, in schema order, formatted for a table."""
+    items: list[tuple[str, str]] = []
+    for f in dataclasses.fields(m):
+        x = getattr(m, f.name)
+        if f.name == "libraries":
+            items.extend((f"library {k}", fmt_value(v)) for k, v in x.items())
+        elif f.name == "git":
+            items.append(("git", _commit(m) or "—"))
+        elif f.name == "gpu":
+            items.append(("gpu", ", ".join(f"{g.name} ({fmt_mb(g.memory_mb)})" for g in x)
+                          if x else "none"))
+        else:
+            items.append((f.name, fmt_value(x)))
+    return items
 
 
 def _machine_table(runs: list[RunView]) -> list[dict[str, Any]]:
     keys: list[str] = []
     flat = []
     for run in runs:
-        m = dict(run.result.machine or {})
-        libs = m.pop("libraries", {}) or {}
-        items = [(k, v) for k, v in m.items()] + [(f"library {k}", v) for k, v in libs.items()]
-        d = {k: fmt_value(v) for k, v in items}
+        d = dict(_machine_items(run.result.machine))
         d["result created"] = str(run.result.created_utc)
-        d["stallbench"] = fmt_value((run.result.tool or {}).get("version"))
+        d["stallbench"] = fmt_value(run.result.tool.version)
         flat.append(d)
         for k in d:
             if k not in keys:
                 keys.append(k)
     return [{"key": k, "values": [d.get(k, "—") for d in flat],
              "differs": len({d.get(k, "—") for d in flat}) > 1} for k in keys]
+
+
+def _settings_rows(r: Result) -> list[tuple[str, Any]]:
+    return [(k, "stallbench " + " ".join(map(str, v)) if k == "argv" and isinstance(v, list) else v)
+            for k, v in _flatten(dataclasses.asdict(r.settings))]
 
 
 def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> dict[str, Any]:
@@ -486,21 +619,21 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
     runs = [_build_run(r, Path(_shown_path(p)), lab, col, f"{slug}-run{i}")
             for i, ((p, r), lab, col) in enumerate(zip(loaded, labels, colors))]
     primary = runs[-1]
-    sc = primary.result.scenario or {}
+    sc = primary.result.scenario
+    meta = [("path", sc.path), ("fingerprint", sc.fingerprint),
+            ("sha256", sc.sha256[:16] + "…" if sc.sha256 else ""), ("matrix", sc.matrix)]
+    dataset = primary.result.dataset
     return {
         "name": name, "anchor": slug, "runs": runs, "primary": primary,
         "older": runs[:-1][::-1],
         "compare": _compare(runs) if len(runs) > 1 else None,
         "machine": _machine_table(runs),
-        "machine_missing": all(not run.result.machine for run in runs),
-        "settings": [(k, "stallbench " + " ".join(map(str, v)) if k == "argv" and isinstance(v, list) else v)
-                     for k, v in _flatten(primary.result.settings)],
-        "dataset": _flatten(primary.result.dataset),
-        "text": sc.get("text") or "",
-        "scenario_meta": [(k, fmt_value(sc.get(k)) if k != "sha256" else str(sc.get(k))[:16] + "…")
-                          for k in ("path", "fingerprint", "sha256", "matrix")
-                          if sc.get(k) not in (None, "", {})],
-        "description": sc.get("description") or "",
+        "machine_missing": all(run.result.machine == MachineInfo() for run in runs),
+        "settings": _settings_rows(primary.result),
+        "dataset": [] if dataset == DatasetInfo() else _flatten(dataclasses.asdict(dataset)),
+        "text": sc.text,
+        "scenario_meta": [(k, v if k == "sha256" else fmt_value(v)) for k, v in meta if v],
+        "description": sc.description,
     }
 
 
@@ -509,7 +642,7 @@ def _environment() -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(["html"]), extensions=["jinja2.ext.do"],
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(rate=fmt_rate, secs=fmt_s, pct=fmt_pct, times=fmt_x, mb=fmt_mb,
-                       bytes=fmt_bytes, interval=fmt_interval, value=fmt_value)
+                       bytes=fmt_bytes, interval=fmt_interval, value=fmt_value, us=fmt_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
     return env
 
@@ -526,10 +659,9 @@ def render(result_paths: Sequence[str | Path], out: str | Path) -> Path:
     loaded = [(p, results.load(p)) for p in paths]
     groups: dict[str, list[tuple[Path, Result]]] = {}
     for p, r in loaded:
-        groups.setdefault(str((r.scenario or {}).get("name") or p.stem), []).append((p, r))
+        groups.setdefault(r.scenario.name or p.stem, []).append((p, r))
     scenarios = [_scenario_view(name, runs, i) for i, (name, runs) in enumerate(groups.items())]
-    version = next((str(r.tool["version"]) for _, r in loaded
-                    if isinstance(r.tool, dict) and r.tool.get("version")), "")
+    version = next((r.tool.version for _, r in loaded if r.tool.version), "")
     html = _environment().get_template("report.html").render(
         scenarios=scenarios,
         files=[_shown_path(p) for p in paths],

@@ -1,4 +1,4 @@
-"""Fixtures for the report tests: plausible results (``sample.make_result``) written as files."""
+"""Fixtures for the report tests: plausible v2 results (``sample.make_result``) written as files."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+
+from stallbench import results
 
 _HERE = Path(__file__).parent
 REPO = _HERE.parent.parent
@@ -40,7 +42,7 @@ def write_result(tmp_path: Path) -> Callable[..., Path]:
     def write(result: Any, name: str = "result.json") -> Path:
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result.to_dict(), indent=1), encoding="utf-8")
+        path.write_text(json.dumps(results.to_dict(result), indent=1), encoding="utf-8")
         return path
 
     return write

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from stallbench.report import render
+from stallbench.report.render import fmt_pct
 
 pytestmark = pytest.mark.browser
 
@@ -73,6 +74,8 @@ def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
     verdict = page.locator(".verdict").first
     seen["verdict_visible"] = verdict.is_visible()
     seen["verdict_text"] = verdict.inner_text()
+    stalled = page.locator('[data-figure="trainer-stalled"] .tile-v').first
+    seen["trainer_stalled"] = stalled.inner_text() if stalled.count() else None
     seen["imgs"] = imgs
     seen["title"] = page.title()
     screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,10 @@ def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: An
     ]
     out = render(paths, tmp_path / "report" / "index.html")
     seen = _open(browser, out, ARTIFACTS / "report.png")
-    _check(seen, expect_verdict=current.analysis["verdict"])
+    _check(seen, expect_verdict=current.analysis.verdict)
+    # what a reader sees on the card is the trainer's stall of the newest run's baseline variant
+    base = current.variant(current.analysis.baseline_variant)
+    assert seen["trainer_stalled"].split()[0] == fmt_pct(base.stall_share.median)
     # 2 runs x (breakdown, throughput, what-if, 3 variants x (timeline, resources)) + comparison
     # + the bare scenario's breakdown and throughput.
     assert len(seen["imgs"]) == 2 * (3 + 3 * 2) + 1 + 2

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stallbench import compare, results
 from stallbench.commands import report as report_cmd
 from stallbench.errors import ResultError, UserError
 from stallbench.report import plots, render
+from stallbench.report.render import fmt_mb, fmt_pct, fmt_s
+from stallbench.results import (Interval, Knee, Resources, StageRates, Summary, Timeline,
+                                WhatIfCheck, WhatIfPoint)
 
 LIGHT = {"timeline": False, "resources": False}  # fewer figures where a test does not need them
 
@@ -57,7 +62,7 @@ def test_json_that_is_not_a_result_is_a_result_error(tmp_path: Path) -> None:
 
 def test_unknown_schema_version_is_a_result_error(tmp_path: Path, make_result: Any,
                                                   write_result: Any) -> None:
-    d = make_result().to_dict()
+    d = results.to_dict(make_result())
     d["schema_version"] = 99
     p = tmp_path / "future.json"
     p.write_text(json.dumps(d), encoding="utf-8")
@@ -78,7 +83,7 @@ def test_full_result_renders_every_section(tmp_path: Path, make_result: Any, wri
     assert out == tmp_path / "report" / "index.html"
     html = _html(out)
     _assert_self_contained(html)
-    assert r.analysis["verdict"] in html
+    assert r.analysis.verdict in html
     for heading in ("Where the epoch goes", "Throughput per variant", "What if: more workers",
                     "Per-batch timeline", "Emulated / predicted figures", "Scenario", "Machine"):
         assert heading in html, heading
@@ -101,7 +106,8 @@ def test_result_without_analysis_renders_placeholders(tmp_path: Path, make_resul
                                                       write_result: Any) -> None:
     r = make_result(analysis=False, whatif=False, timeline=False, resources=False)
     for v in r.variants:
-        v.stage_rates = {}
+        v.stage_rates = StageRates()
+        v.trainer_solo = None
     html = _html(render([write_result(r)], tmp_path / "out.html"))
     _assert_self_contained(html)
     assert "No verdict in this result" in html
@@ -115,14 +121,16 @@ def test_result_without_analysis_renders_placeholders(tmp_path: Path, make_resul
 
 def test_minimal_result_from_json_with_nulls(tmp_path: Path, make_result: Any) -> None:
     """A result whose figures are null (NaN on save) and with no optional keys at all."""
-    d = make_result(analysis=False, whatif=False, timeline=False, resources=False).to_dict()
+    d = results.to_dict(make_result(analysis=False, whatif=False, timeline=False, resources=False))
     for v in d["variants"]:
-        for k in ("stage_rates", "bytes", "ablations", "analysis", "timeline", "resources", "emulated"):
+        for k in ("stage_rates", "trainer_solo", "bytes", "ablations", "attribution", "notes",
+                  "timeline", "resources"):
             v.pop(k, None)
+        v["emulated"] = []
     d.pop("analysis")
-    d.pop("dataset")
+    d["dataset"] = {}
     d["machine"] = {}
-    d["scenario"].pop("text")
+    d["scenario"]["text"] = ""
     d["variants"][1]["throughput_samples_s"] = {"median": None, "min": None, "max": None,
                                                 "values": [None, None]}
     p = tmp_path / "min.json"
@@ -131,13 +139,14 @@ def test_minimal_result_from_json_with_nulls(tmp_path: Path, make_result: Any) -
     assert "Nothing emulated" in html
     assert "does not carry the scenario text" in html
     assert "No machine metadata" in html
+    assert "No dataset description recorded" in html
 
 
 def test_two_runs_of_one_scenario_side_by_side(tmp_path: Path, make_result: Any,
                                                write_result: Any) -> None:
     base = make_result(seed=1, created_utc="2025-11-19T08:00:00+00:00", git_commit="1a2b3c4")
     cur = make_result(seed=2, speed=1.3, created_utc="2025-11-21T09:30:00+00:00", git_commit="7c0ffee")
-    cur.machine["git"]["dirty"] = True
+    cur.machine.git.dirty = True
     # given newest first: the page still orders oldest -> newest and leads with the newest
     paths = [write_result(cur, "current/r.json"), write_result(base, "baseline/r.json")]
     html = _html(render(paths, tmp_path / "out.html"))
@@ -146,7 +155,7 @@ def test_two_runs_of_one_scenario_side_by_side(tmp_path: Path, make_result: Any,
     assert "Runs side by side" in html
     assert "baseline: 2025-11-19 08:00 @1a2b3c4" in html
     assert "current: 2025-11-21 09:30 @7c0ffee-dirty" in html
-    assert html.index(cur.analysis["verdict"]) < html.index("Runs side by side")
+    assert html.index(cur.analysis.verdict) < html.index("Runs side by side")
     assert "Earlier run: baseline" in html
     assert "faster" in html
     # comparison figure + both runs' figures
@@ -170,15 +179,26 @@ def test_different_scenarios_get_their_own_sections(tmp_path: Path, make_result:
 
 def test_changed_fingerprint_warns(tmp_path: Path, make_result: Any, write_result: Any) -> None:
     a, b = make_result(**LIGHT), make_result(created_utc="2025-11-22T00:00:00+00:00", **LIGHT)
-    b.scenario["fingerprint"] = "ffffffffffffffff"
+    b.scenario.fingerprint = "ffffffffffffffff"
     html = _html(render([write_result(a, "a.json"), write_result(b, "b.json")], tmp_path / "o.html"))
     assert "not strictly comparable" in html
+    assert "different machines" not in html
+
+
+def test_other_core_count_warns_like_the_gate(tmp_path: Path, make_result: Any,
+                                              write_result: Any) -> None:
+    """Same CPU model, other core count: the gate's ``machines_differ`` says so, the page too."""
+    a, b = make_result(**LIGHT), make_result(created_utc="2025-11-22T00:00:00+00:00", **LIGHT)
+    b.machine.cores_logical = 16
+    html = _html(render([write_result(a, "a.json"), write_result(b, "b.json")], tmp_path / "o.html"))
+    assert "different machines (CPU model or core count)" in html
+    assert "within-run ratios" in html
 
 
 def test_text_is_escaped(tmp_path: Path, make_result: Any, write_result: Any) -> None:
     r = make_result(**LIGHT)
-    r.scenario["text"] += '\n# <script>alert("x")</script>\n'
-    r.analysis["verdict"] = "fetch-bound <b>really</b>"
+    r.scenario.text += '\n# <script>alert("x")</script>\n'
+    r.analysis.verdict = "fetch-bound <b>really</b>"
     html = _html(render([write_result(r)], tmp_path / "out.html"))
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "&lt;b&gt;really&lt;/b&gt;" in html
@@ -186,15 +206,26 @@ def test_text_is_escaped(tmp_path: Path, make_result: Any, write_result: Any) ->
 
 def test_odd_fields_degrade_instead_of_crashing(tmp_path: Path, make_result: Any,
                                                 write_result: Any) -> None:
+    """Loading checks types, not tidiness: series of unequal lengths, nulls (NaN) in figures,
+    intervals of a point, a what-if point without a prediction all still render."""
     r = make_result()
     v0, v1, v2 = r.variants
-    v0.timeline = {"t_start_s": [0.0, 0.1, 0.2], "wait_s": [0.05], "compute_s": [0.01, "x", None]}
-    v1.resources = {"t_s": [0, 1, 2], "cpu_percent_per_core": [[1, 2]], "rss_mb": "lots"}
-    v2.analysis = {"compute_s": 1.0, "intervals": {"compute_s": [1]}, "bound_by": None}
-    r.analysis["whatif"] = {"points": [{"n": 1}, {"predicted_samples_s": 5}, "junk"],
-                            "measured": [{"n": 2, "measured_samples_s": 10.0}], "knee": None}
+    v0.timeline = Timeline(t_start_s=[0.0, 0.1, 0.2], wait_s=[0.05], compute_s=[0.01, math.nan])
+    v1.resources = Resources(t_s=[0, 1, 2], cpu_percent_per_core=[[1, 2]], pss_mb=[math.nan] * 3,
+                             gpu_util_percent=[[], [50.0], [math.nan, 40.0]])
+    a = v2.attribution
+    a.fetch_stall_s = math.nan
+    a.intervals.compute_s = Interval(math.nan, math.nan)
+    a.bound_by = ""
+    wi = r.analysis.whatif
+    wi.points = [WhatIfPoint(n=1, predicted_samples_s=math.nan, stall_share=math.nan,
+                             bound_by="", why="")]
+    wi.measured = [WhatIfCheck(n=2, variant="num_workers=2", measured_samples_s=10.0,
+                               predicted_samples_s=math.nan)]
+    wi.knee = Knee(n=None, bound_by=None, explanation="")
     html = _html(render([write_result(r)], tmp_path / "out.html"))
-    assert r.analysis["verdict"] in html
+    assert r.analysis.verdict in html
+    assert "could not draw" not in html
     assert len(_imgs(html)) >= 3
 
 
@@ -204,13 +235,13 @@ def test_plots_return_none_without_data() -> None:
     assert plots.epoch_breakdown([]) is None
     assert plots.throughput(["a"], [{"label": "x", "values": {}}]) is None
     assert plots.whatif([]) is None
-    assert plots.timeline({}) is None
-    assert plots.resources({}) is None
-    assert plots.resources({"t_s": [0, 1], "rss_mb": []}) is None
+    assert plots.timeline(Timeline()) is None
+    assert plots.resources(Resources()) is None
+    assert plots.resources(Resources(t_s=[0, 1], pss_mb=[])) is None
 
 
 def test_many_cores_are_summarised() -> None:
-    res = {"t_s": [0, 1, 2], "cpu_percent_per_core": [[10, 20, 30]] * 16}
+    res = Resources(t_s=[0, 1, 2], cpu_percent_per_core=[[10, 20, 30]] * 16)
     assert plots.resources(res)
 
 
@@ -277,18 +308,184 @@ def test_committed_example_results_render(tmp_path: Path, example_results: list[
 def test_resources_per_sample_and_absolute_clock_are_understood() -> None:
     t = [1_700_000_000.0 + i * 0.1 for i in range(5)]
     per_sample = [[50.0, 20.0]] * 5   # [core0, core1] at each sample
-    assert plots.resources({"t_s": t, "cpu_percent_per_core": per_sample})
-    assert plots.timeline({"t_start_s": [1e6, 1e6 + 0.2], "wait_s": [0.1, 0.1],
-                           "compute_s": [0.1, 0.1]})
+    assert plots.resources(Resources(t_s=t, cpu_percent_per_core=per_sample))
+    assert plots.timeline(Timeline(t_start_s=[1e6, 1e6 + 0.2], wait_s=[0.1, 0.1],
+                                   compute_s=[0.1, 0.1]))
 
 
 def test_negative_stall_and_knee_without_n(tmp_path: Path, make_result: Any, write_result: Any) -> None:
     """Attribution is a difference of noisy means (a part can be < 0); the model may find no knee."""
     r = make_result(timeline=False, resources=False)
-    r.variants[1].analysis["fetch_stall_s"] = -0.097
-    r.analysis["whatif"]["knee"] = {"n": None, "bound_by": "transfer", "saturates_at": 4,
-                                    "explanation": "no worker count removes the stall"}
+    r.variants[1].attribution.fetch_stall_s = -0.097
+    r.analysis.whatif.knee = Knee(n=None, bound_by="transfer", saturates_at=4,
+                                  explanation="no worker count removes the stall")
     html = _html(render([write_result(r)], tmp_path / "out.html"))
     assert "-97 ms" in html
     assert "No knee; saturates at 4 workers" in html
     assert "could not draw" not in html
+
+
+# ------------------------------------------------------------- one meaning per name (issue 12)
+
+V1_EXAMPLE = Path(__file__).resolve().parent.parent.parent / "results" / "examples" / "schema-v1.json"
+
+
+def _card(html: str, figure: str) -> str:
+    """The value of the verdict card's tile ``data-figure=figure`` (the first run's card)."""
+    m = re.search(rf'<div class="tile" data-figure="{figure}".*?<div class="tile-v">([^<]*)<', html, re.S)
+    assert m, f"no {figure} tile"
+    return m.group(1).strip()
+
+
+def _cells(html: str, figure: str) -> list[str]:
+    return [c.strip() for c in re.findall(rf'<td class="num" data-figure="{figure}">([^<]*)<', html)]
+
+
+def _attributed_sub(html: str) -> str:
+    m = re.search(r'<div class="tile-sub" data-figure="attributed-stall">([^<]*)<', html)
+    assert m, "no attributed stall beside the trainer stall"
+    return m.group(1).strip()
+
+
+def test_trainer_stalled_card_is_the_variants_stall_share(tmp_path: Path, make_result: Any,
+                                                          write_result: Any) -> None:
+    """The card named "trainer stalled" shows the run table's figure (``stall_share.median``),
+    not the attribution's, which is shown beside it under its own name."""
+    r = make_result(timeline=False, resources=False)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    base = r.variant(r.analysis.baseline_variant)
+    trainer, attributed = fmt_pct(base.stall_share.median), fmt_pct(base.attribution.attributed_stall_share)
+    assert trainer != attributed   # the sample makes them differ, as real runs do
+    assert _card(html, "trainer-stalled") == trainer
+    assert _attributed_sub(html) == f"attributed stall (above compute-only run): {attributed}"
+    # the throughput table's "trainer stalled" column: the same figure, per variant
+    assert _cells(html, "trainer-stalled") == [fmt_pct(v.stall_share.median) for v in r.variants]
+    # the attribution table's total: the attributed stall, seconds and share
+    for v in r.variants:
+        a = v.attribution
+        assert (f'data-figure="attributed-stall">{fmt_s(a.attributed_stall_s)}'
+                f'<span class="ci">{fmt_pct(a.attributed_stall_share)} of the epoch</span>') in html
+
+
+def test_stall_labels_each_name_one_figure(tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """Every table header and card label that says "stall" says which stall: the trainer's
+    (``stall_share``) or the attribution's (``attributed_stall_*``); none says a bare "stall"."""
+    r = make_result(timeline=False, resources=False)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    labels = re.findall(r"<th[^>]*>([^<]*)</th>", html) + \
+        re.findall(r'<div class="tile-k">([^<]*)<', html)
+    stall = [lab.strip().lower() for lab in labels if re.search(r"\bstall(?!bench)", lab.lower())]
+    assert stall, "no stall label at all"
+    for lab in stall:
+        assert "trainer stalled" in lab or "attributed stall" in lab, lab
+
+
+def test_v1_example_renders_through_migration(tmp_path: Path) -> None:
+    """The committed v1 example loads (migrated to v2) and its figures land under v2 names:
+    its ``analysis.stall_share`` is the attributed stall, its ``stall_share`` the trainer's."""
+    raw = json.loads(V1_EXAMPLE.read_text(encoding="utf-8"))
+    assert raw["schema_version"] == 1
+    html = _html(render([V1_EXAMPLE], tmp_path / "out.html"))
+    _assert_self_contained(html)
+    assert "could not draw" not in html
+    base = next(v for v in raw["variants"] if v["name"] == raw["analysis"]["baseline_variant"])
+    assert _card(html, "trainer-stalled") == fmt_pct(base["stall_share"]["median"])
+    assert _attributed_sub(html).endswith(fmt_pct(base["analysis"]["stall_share"]))
+    assert _cells(html, "trainer-stalled") == [fmt_pct(v["stall_share"]["median"]) for v in raw["variants"]]
+    for v in raw["variants"]:   # v1's peak_rss_mb held PSS: shown as peak memory (PSS)
+        assert fmt_mb(v["peak_rss_mb"]["median"]) in html
+    assert "peak memory (PSS)" in html and "memory (PSS) peak" in html
+    assert raw["analysis"]["verdict"].replace("'", "&#39;") in html
+    assert len(_imgs(html)) == 3 + 2 * len(raw["variants"])
+
+
+def test_v2_sample_renders_every_typed_part(tmp_path: Path, make_result: Any,
+                                            write_result: Any) -> None:
+    r = make_result(gpu=True, object_store=True)
+    path = write_result(r)
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 2
+    html = _html(render([path], tmp_path / "out.html"))
+    # typed metadata listed generically: every machine field, the settings and the dataset
+    for f in ("hostname", "cpu_model", "cores_logical", "cpu_affinity", "load_avg_at_start",
+              "library torch"):
+        assert f"<th scope=\"row\">{f}</th>" in html, f
+    assert "NVIDIA T4 (15,360 MB)" in html and "3f2c9a1" in html
+    assert "stallbench run scenarios/recsys-workers.toml" in html
+    for f in ("compressed_bytes", "dense_columns", "cardinality"):
+        assert f"<th scope=\"row\">{f}</th>" in html, f
+    # stage rates and the solo probe; the variant's notes
+    for f in ("preprocess_rows_s", "storage_mb_s", "trainer_solo.data_s_per_sample"):
+        assert f"<code>{f}</code>" in html, f
+    assert "device_copy: no-op: trainer device is the CPU" in html
+    # what-if rows come from typed points and checks
+    wi = r.analysis.whatif
+    assert "predicted trainer stalled" in html and wi.knee.explanation in html
+    assert len(_imgs(html)) == 3 + 2 * len(r.variants)
+
+
+def test_emulated_model_step_is_described_as_a_wait(tmp_path: Path, make_result: Any,
+                                                    write_result: Any) -> None:
+    """EmulatedCompute sleeps (``costs.precise_wait``): the page must not call it a busy loop."""
+    r = make_result(**LIGHT)
+    for v in r.variants:
+        v.emulated.append("model.step_ms")
+        v.config["model"] = {"kind": "emulated", "step_ms": 4.0}
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    row = re.search(r"<code>model\.step_ms</code></td>(.*?)</tr>", html, re.S).group(1)
+    assert "4" in row and "sleep" in row and "leaves the CPU free" in row
+    assert "busy loop" not in row
+
+
+# ------------------------------------------------------------- one rule for slower/faster
+
+def _verdicts(html: str) -> dict[str, str]:
+    rows = re.findall(r'<td class="name">([^<]*)</td>(?:(?!</tr>).)*?<td data-verdict="([^"]*)"',
+                      html, re.S)
+    return dict(rows)
+
+
+def test_compare_verdict_is_the_gates_rule(tmp_path: Path, make_result: Any,
+                                           write_result: Any) -> None:
+    """The page's faster/slower is ``stallbench.compare.compare``'s verdict. The values are
+    chosen so the old min..max-overlap rule would say the opposite for every variant."""
+    cases = {   # variant: (baseline repeats, current repeats, verdict by the shared rule)
+        # ranges overlap (130 > 125), yet 24% faster and Mann-Whitney p = 0.003
+        "num_workers=0": ([100, 101, 102, 103, 104, 105, 106, 130],
+                          [125, 126, 127, 128, 129, 131, 132, 133], compare.FASTER),
+        # ranges apart, but a 3% change is within the 10% threshold
+        "num_workers=1": ([100, 101, 102], [103, 104, 105], compare.SAME),
+        # ranges apart and 29% faster, but 2 vs 2 repeats: the t-intervals overlap
+        "num_workers=2": ([100, 140], [150, 160], compare.INCONCLUSIVE),
+    }
+    base = make_result(seed=1, created_utc="2025-11-19T08:00:00+00:00", **LIGHT)
+    cur = make_result(seed=2, created_utc="2025-11-21T09:30:00+00:00", **LIGHT)
+    for name, (b, c, _) in cases.items():
+        base.variant(name).throughput_samples_s = Summary.of(b)
+        cur.variant(name).throughput_samples_s = Summary.of(c)
+    html = _html(render([write_result(base, "b.json"), write_result(cur, "c.json")],
+                        tmp_path / "out.html"))
+    shown = _verdicts(html)
+    for name, (b, c, expected) in cases.items():
+        rule = compare.compare(b, c, compare.METRICS["throughput"])
+        assert rule.verdict == expected
+        assert shown[name] == rule.verdict, name
+        old_rule_faster = min(c) > max(b)
+        assert (rule.verdict == compare.FASTER) != old_rule_faster, name
+        assert f"{(rule.change - 1) * 100:+.1f}%" in html
+    assert "Mann-Whitney p = 0.003" in html
+    assert "the rule <code>stallbench gate</code> applies" in html
+    assert "min..max ranges do not overlap" not in html
+
+
+def test_compare_with_one_repeat_is_not_comparable(tmp_path: Path, make_result: Any,
+                                                   write_result: Any) -> None:
+    base = make_result(seed=1, repeats=1, created_utc="2025-11-19T08:00:00+00:00", **LIGHT)
+    cur = make_result(seed=2, repeats=1, speed=2.0, created_utc="2025-11-21T09:30:00+00:00", **LIGHT)
+    html = _html(render([write_result(base, "b.json"), write_result(cur, "c.json")],
+                        tmp_path / "out.html"))
+    assert set(_verdicts(html).values()) == {compare.NOT_COMPARABLE}
+    assert "needs &gt;= 2 repeats a side (has 1 and 1)" in html
+    # the median change is still shown, only no verdict is drawn from it
+    v = cur.variants[0].name
+    delta = cur.variant(v).throughput_samples_s.median / base.variant(v).throughput_samples_s.median - 1
+    assert f"{delta * 100:+.1f}%" in html
