@@ -18,11 +18,12 @@ from typing import Any, Callable
 from . import __version__, machine
 from .analysis import differential, rates, summary, whatif
 from .data.parquet import describe
-from .executors import base as executors
+from .executors import EXECUTORS
 from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from .results import SCHEMA_VERSION, RepeatFigures, Result, Summary, VariantResult, now_utc
 from .scenario import Scenario, Variant
+from .validate import check_scenario
 
 
 def default_cache_dir() -> Path:
@@ -49,15 +50,16 @@ def _progress(desc: str, total: int, enabled: bool) -> Any:
 def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
     """Open datasets and build every variant's plan before anything runs, so a bad transform
     or an unreadable file fails in seconds, not after an hour of measurements."""
+    check_scenario(scenario)     # registry-backed keys (run checks every scenario first too)
     cache = opts.cache_dir or default_cache_dir()
     plans = []
     for v in scenario.variants:
         cfg = v.config
         if opts.max_batches is not None:
             cfg = cfg.replace(loader=_replace(cfg.loader, max_batches=opts.max_batches))
-        executors.get(cfg.executor.kind).check(cfg, scenario.path)   # e.g. Ray not installed
+        EXECUTORS.get(cfg.executor.kind).check(cfg, scenario.path)   # e.g. Ray not installed
         ds = dataset_for(cfg, cache, scenario.path)
-        plans.append(Plan(cfg, ds, FULL, scenario.path))
+        plans.append(Plan.create(cfg, ds, FULL, scenario.path))
     return plans
 
 
@@ -72,7 +74,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     cfg = plan.config
     ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]
     extra_runs = [a for a in ablations if a != FULL]
-    executor = executors.get(cfg.executor.kind)(cfg, scenario_file)
+    executor = EXECUTORS.get(cfg.executor.kind)(cfg, scenario_file)
     runs: dict[str, list[RepeatFigures]] = {a.name: [] for a in [FULL, *extra_runs]}
     timeline: dict[str, list[float]] = {}
     resources: dict[str, Any] = {}
@@ -85,7 +87,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         executor.start()
         startup = time.perf_counter() - t0
         caches = StageCaches.build(plan) if extra_runs else None
-        solo = solo_probe(plan) if _has_producers(cfg) else {}
+        solo = solo_probe(plan) if executor.has_producers() else {}
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         compute = plan.build_compute()
         for r in range(repeats):
@@ -117,10 +119,6 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
 SOLO_ITEMS = 3
 
 
-def _has_producers(cfg: Any) -> bool:
-    return cfg.executor.kind != "local" or cfg.loader.num_workers > 0
-
-
 def solo_probe(plan: Plan) -> dict[str, float]:
     """The data work of a few work items done in the trainer's own process, untimed by the
     run and with nothing else going on: what the variant would cost with no workers. A worker's
@@ -146,7 +144,8 @@ def _variant_result(variant: Variant, cfg: Any, runs: dict[str, list[RepeatFigur
                     solo: dict[str, float] | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
-        name=variant.name, knobs=variant.knobs, config=cfg.to_dict(), emulated=cfg.emulated(),
+        name=variant.name, knobs=variant.knobs, config=cfg.to_dict(),
+        emulated=cfg.emulated() + EXECUTORS.get(cfg.executor.kind).emulated_keys(cfg),
         throughput_samples_s=Summary.of([f.throughput_samples_s for f in full]),
         epoch_s=Summary.of([f.epoch_s for f in full]),
         stall_s=Summary.of([f.stall_s for f in full]),

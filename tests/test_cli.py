@@ -60,7 +60,7 @@ def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
 
 def mask(text: str) -> str:
     """Golden comparison of output whose numbers are measured: numbers become N, run-specific
-    paths and timestamps are dropped, column padding is normalised."""
+    paths and timestamps are dropped, column padding is normalized."""
     text = re.sub(r"result: .*", "result: <path>", text)
     text = re.sub(r"-?\d[\d,]*(\.\d+)?%?", "N", text)
     text = re.sub(r"\(N\.\.N\)", "(N..N)", text)
