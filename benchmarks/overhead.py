@@ -28,7 +28,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stallbench import scenario  # noqa: E402
-from stallbench.executors import base as executors  # noqa: E402
+from stallbench.executors import EXECUTORS  # noqa: E402
 from stallbench.measure.probe import measured_run  # noqa: E402
 from stallbench.pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for  # noqa: E402
 
@@ -106,8 +106,8 @@ def main() -> None:
     sc = scenario.parse(TEXT, "overhead")
     cfg = sc.base
     with tempfile.TemporaryDirectory() as cache:
-        plan = Plan(cfg, dataset_for(cfg, Path(cache), "overhead"), FULL)
-        ex = executors.get("local")(cfg)
+        plan = Plan.create(cfg, dataset_for(cfg, Path(cache), "overhead"), FULL)
+        ex = EXECUTORS.get("local")(cfg)
         compute = plan.build_compute()
         cached = plan.with_ablation(COMPUTE_ONLY, StageCaches.build(plan))
         loop = compare("loop: in-memory batches, 0.5 ms step (verdict)", cached, ex, compute,

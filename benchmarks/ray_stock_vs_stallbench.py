@@ -1,6 +1,6 @@
 """Stock Ray Data vs stallbench's Ray path, side by side in one run, on the recsys table.
 
-- **stock**: ``read_parquet -> map_batches(normalise + preprocess, pyarrow) ->
+- **stock**: ``read_parquet -> map_batches(normalize + preprocess, pyarrow) ->
   iter_torch_batches(batch_size, collate_fn=...)`` with a straightforward collate (numpy dict ->
   tensors, sequences padded in a Python loop): what a user writes first.
 - **stallbench**: fetch + preprocess + collate into one single buffer per batch inside Ray
@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stallbench import scenario  # noqa: E402
-from stallbench.executors import base as executors  # noqa: E402
+from stallbench.executors import EXECUTORS  # noqa: E402
 from stallbench.measure.probe import measured_run  # noqa: E402
 from stallbench.pipeline import FULL, Plan, dataset_for  # noqa: E402
 
@@ -90,7 +90,7 @@ def _plan(args: argparse.Namespace, mode: str, cache: Path) -> Plan:
                        store=args.object_store_mb, prefetch=2,
                        preload=args.preload if mode == "stallbench" else 0)
     cfg = scenario.parse(text, "benchmark").base
-    return Plan(cfg, dataset_for(cfg, cache, "benchmark"), FULL)
+    return Plan.create(cfg, dataset_for(cfg, cache, "benchmark"), FULL)
 
 
 def _fmt_rate(x: float) -> str:
@@ -118,7 +118,7 @@ def main() -> int:
     print(f"table: {args.rows:,} rows x (40 dense, 20 sparse, 4 seq), row groups of "
           f"{args.row_group_rows:,}, batch 4096; local Ray with {args.cpus} CPUs; "
           f"emulated step {args.step_ms:g} ms", flush=True)
-    execs = {m: executors.get("ray")(plans[m].config, "benchmark") for m in plans}
+    execs = {m: EXECUTORS.get("ray")(plans[m].config, "benchmark") for m in plans}
     figures: dict[str, list] = {m: [] for m in plans}
     try:
         t0 = time.perf_counter()

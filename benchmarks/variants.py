@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from stallbench import scenario  # noqa: E402
-from stallbench.executors import base as executors  # noqa: E402
+from stallbench.executors import EXECUTORS  # noqa: E402
 from stallbench.measure.probe import measured_run  # noqa: E402
 from stallbench.measure.sampler import Sampler  # noqa: E402
 from stallbench.pipeline import Plan, dataset_for  # noqa: E402
@@ -103,8 +103,8 @@ def stallbench_run(loader: dict[str, Any], max_batches: int, cost: float = 0.0,
     cfg = config(loader, max_batches, cost, step_ms)
     key = repr(cfg)
     if key not in _LIVE:
-        plan = Plan(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
-        ex = executors.get("local")(cfg, "bench")
+        plan = Plan.create(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
+        ex = EXECUTORS.get("local")(cfg, "bench")
         ex.start()
         _LIVE[key] = (plan, ex)
         measured_run(plan, ex, plan.build_compute())
@@ -123,7 +123,7 @@ def stop_all() -> None:
 
 def shards_for(max_batches: int) -> list[Any]:
     cfg = config({}, max_batches)
-    plan = Plan(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
+    plan = Plan.create(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
     return plan.items
 
 
@@ -168,7 +168,7 @@ def _identity(x: Any) -> Any:
 
 def plain_dataloader(workers: int, max_batches: int) -> dict[str, float]:
     cfg = config({}, max_batches)
-    plan = Plan(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
+    plan = Plan.create(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
     loader = DataLoader(PlainColumnar(plan.items, plan.schema), batch_size=None,
                         num_workers=workers, collate_fn=_identity,
                         prefetch_factor=2 if workers else None,
@@ -231,8 +231,8 @@ def main() -> int:
         # loader's bounded queues fill up and streaming reaches its memory bound in both sizes.
         cfg = config({**OPTIMISED, "num_workers": 2, "execution": execution}, int(mb),
                      step_ms=MEMORY_STEP_MS)
-        plan = Plan(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
-        with executors.get("local")(cfg, "bench") as ex:
+        plan = Plan.create(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
+        with EXECUTORS.get("local")(cfg, "bench") as ex:
             fig, _, res = measured_run(plan, ex, plan.build_compute())
         print(json.dumps({"peak_pss_mb": fig.peak_pss_mb, "ttfb_s": fig.time_to_first_batch_s,
                           "peak_rss_sum_mb": max(res.rss_sum_mb, default=0)}))

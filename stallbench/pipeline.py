@@ -8,6 +8,7 @@ analysis isolates each stage (DS-Analyzer's method): the pipeline around them st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -33,39 +34,29 @@ from .stages.transfer import Payload, Transfer
 class Ablation:
     """Which stages run in their ideal (instant) form.
 
-    ``bypass`` goes further than making all three stages free: the executor is not used at
-    all and the trainer iterates pre-materialised batches (DS-Analyzer's ingestion-free rate).
-    The gap between all-stages-free *through the executor* and the bypass is the loader's own
-    overhead (worker start-up, hand-off), which belongs to no stage and is reported apart.
+    ``compute_only`` goes further than making all three stages free: the executor is not used
+    at all and the trainer iterates pre-materialised batches (DS-Analyzer's ingestion-free
+    rate). The gap between all-stages-free *through the executor* and compute-only is the
+    loader's own overhead (worker start-up, hand-off), which belongs to no stage and is
+    reported apart.
     """
 
     fetch: bool = False
     preprocess: bool = False
     transfer: bool = False
-    bypass: bool = False
+    compute_only: bool = False
 
     @property
     def name(self) -> str:
-        if self.bypass:
+        if self.compute_only:
             return "compute_only"
         gone = [s for s in ("fetch", "preprocess", "transfer") if getattr(self, s)]
         return "no_" + "_".join(gone) if gone else "full"
 
-    @property
-    def compute_only(self) -> bool:
-        return self.bypass
-
-    @classmethod
-    def from_name(cls, name: str) -> "Ablation":
-        for a in (*ALL_ABLATIONS, COMPUTE_ONLY):
-            if a.name == name:
-                return a
-        raise KeyError(name)
-
 
 ALL_ABLATIONS = [Ablation(f, p, t) for f in (False, True) for p in (False, True) for t in (False, True)]
 FULL = Ablation()
-COMPUTE_ONLY = Ablation(True, True, True, bypass=True)
+COMPUTE_ONLY = Ablation(True, True, True, compute_only=True)
 
 
 @dataclass
@@ -97,32 +88,42 @@ class ShardOutput:
     times: StageTimes = field(default_factory=StageTimes)
 
 
+@dataclass(frozen=True, eq=False)
 class Plan:
-    """Everything one measured run needs; picklable so executors can ship it to workers."""
+    """Everything one measured run needs, as an immutable value: the stages are built once
+    (``Plan.create``) and a variation of a plan (another ablation, fewer items) is a
+    ``dataclasses.replace`` of it. Picklable, so executors ship it to workers (forked loader
+    workers, Ray tasks)."""
 
-    def __init__(self, config: Config, dataset: Dataset, ablation: Ablation = FULL,
-                 scenario_file: str = "<scenario>") -> None:
-        self.config = config
-        self.dataset = dataset
-        self.ablation = ablation
-        self.fetch = Fetch(dataset, config.storage)
+    config: Config
+    dataset: Dataset
+    ablation: Ablation
+    fetch: Fetch
+    preprocess: Preprocess
+    transfer: Transfer
+    schema: FeatureSchema              # the preprocessed tables' schema (what batches carry)
+    items: tuple[Shard, ...]           # the run's work list (shards x epochs, capped)
+    max_batches: float                 # math.inf: no cap
+    caches: "StageCaches | None" = None
+    home_pid: int = field(default_factory=os.getpid)  # the trainer's; producers elsewhere differ
+
+    @classmethod
+    def create(cls, config: Config, dataset: Dataset, ablation: Ablation = FULL,
+               scenario_file: str = "<scenario>") -> "Plan":
+        """Build the stages of ``config`` over ``dataset``; a bad transform is a ScenarioError."""
         try:
-            self.preprocess = Preprocess(config.preprocess, dataset.schema, seed=config.dataset.seed)
+            preprocess = Preprocess(config.preprocess, dataset.schema, seed=config.dataset.seed)
         except TransformSpecError as exc:
             raise ScenarioError(scenario_file, f"preprocess.transforms[{exc.index}]", str(exc)) from None
-        self.schema: FeatureSchema = self.preprocess.output_schema
-        self.transfer = Transfer(config.loader, self.schema)
-        self.items: list[Shard] = select_work(dataset.shards, config)
-        self.max_batches = config.loader.max_batches or math.inf
-        self.caches: "StageCaches | None" = None
-        self._home_pid = os.getpid()      # the trainer's process; producers elsewhere differ
+        schema = preprocess.output_schema
+        return cls(config=config, dataset=dataset, ablation=ablation,
+                   fetch=Fetch(dataset, config.storage), preprocess=preprocess,
+                   transfer=Transfer(config.loader, schema), schema=schema,
+                   items=tuple(select_work(dataset.shards, config)),
+                   max_batches=config.loader.max_batches or math.inf)
 
     def with_ablation(self, ablation: Ablation, caches: "StageCaches | None") -> "Plan":
-        clone = object.__new__(Plan)
-        clone.__dict__.update(self.__dict__)
-        clone.ablation = ablation
-        clone.caches = caches
-        return clone
+        return dataclasses.replace(self, ablation=ablation, caches=caches)
 
     # ---------------------------------------------------------------------- producer side
     def produce(self, item: int, shared: bool | SlotAllocator = False) -> ShardOutput:
@@ -167,7 +168,7 @@ class Plan:
         trainer's own process (0 workers) the process clock would also count the model step
         and helper threads, so there the thread clock is used: it undercounts decode threads,
         which results say (``fetch_cpu`` is a lower bound at 0 workers)."""
-        return time.thread_time if os.getpid() == self._home_pid else time.process_time
+        return time.thread_time if os.getpid() == self.home_pid else time.process_time
 
     # ----------------------------------------------------------------------- trainer side
     def receive(self, out: ShardOutput) -> Iterator[tuple[TensorBatch, int, float]]:

@@ -33,10 +33,13 @@ class Registry(Generic[T]):
         except KeyError:
             raise KeyError(self.unknown(name)) from None
 
-    def unknown(self, name: str) -> str:
+    def unknown(self, name: str, also: str | None = None) -> str:
+        """The message for a name that is not registered: the closest name, and every valid
+        one (``also``: another accepted form, e.g. ``"pkg.module:factory"``)."""
         match = difflib.get_close_matches(name, list(self._items), n=1, cutoff=0.6)
         hint = f"; did you mean {match[0]!r}?" if match else ""
-        return f"unknown {self.kind} {name!r}{hint} (valid: {', '.join(sorted(self._items))})"
+        valid = ", ".join([*sorted(self._items), *([also] if also else [])])
+        return f"unknown {self.kind} {name!r}{hint} (valid: {valid})"
 
     def __contains__(self, name: object) -> bool:
         return name in self._items

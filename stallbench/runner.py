@@ -18,13 +18,14 @@ from typing import Any, Callable
 from . import __version__, machine
 from .analysis import differential, rates, summary, whatif
 from .data.parquet import describe
-from .executors import base as executors
+from .executors import EXECUTORS
 from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from .results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources,
                       Result, RunSettings, ScenarioInfo, Summary, Timeline, ToolInfo, TrainerSolo,
                       VariantResult, now_utc)
 from .scenario import Scenario, Variant
+from .validate import check_scenario
 
 
 def default_cache_dir() -> Path:
@@ -51,15 +52,16 @@ def _progress(desc: str, total: int, enabled: bool) -> Any:
 def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
     """Open datasets and build every variant's plan before anything runs, so a bad transform
     or an unreadable file fails in seconds, not after an hour of measurements."""
+    check_scenario(scenario)     # registry-backed keys (run checks every scenario first too)
     cache = opts.cache_dir or default_cache_dir()
     plans = []
     for v in scenario.variants:
         cfg = v.config
         if opts.max_batches is not None:
             cfg = cfg.replace(loader=_replace(cfg.loader, max_batches=opts.max_batches))
-        executors.get(cfg.executor.kind).check(cfg, scenario.path)   # e.g. Ray not installed
+        EXECUTORS.get(cfg.executor.kind).check(cfg, scenario.path)   # e.g. Ray not installed
         ds = dataset_for(cfg, cache, scenario.path)
-        plans.append(Plan(cfg, ds, FULL, scenario.path))
+        plans.append(Plan.create(cfg, ds, FULL, scenario.path))
     return plans
 
 
@@ -74,7 +76,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     cfg = plan.config
     ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]
     extra_runs = [a for a in ablations if a != FULL]
-    executor = executors.get(cfg.executor.kind)(cfg, scenario_file)
+    executor = EXECUTORS.get(cfg.executor.kind)(cfg, scenario_file)
     runs: dict[str, list[RepeatFigures]] = {a.name: [] for a in [FULL, *extra_runs]}
     timeline, resources = Timeline(), Resources()
     est_batches = sum(-(-s.rows // cfg.loader.batch_size) for s in plan.items)
@@ -154,7 +156,8 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
                     solo: TrainerSolo | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
-        name=variant.name, knobs=variant.knobs, config=cfg.to_dict(), emulated=cfg.emulated(),
+        name=variant.name, knobs=variant.knobs, config=cfg.to_dict(),
+        emulated=cfg.emulated() + EXECUTORS.get(cfg.executor.kind).emulated_keys(cfg),
         executor=facts,
         throughput_samples_s=Summary.of([f.throughput_samples_s for f in full]),
         epoch_s=Summary.of([f.epoch_s for f in full]),

@@ -24,9 +24,16 @@ from .errors import ScenarioError
 
 
 def knob(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
-         choices: tuple[Any, ...] | None = None, exclusive_min: bool = False) -> Any:
-    """A scenario key: its default, its one-line documentation and its constraints."""
-    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "exclusive_min": exclusive_min}
+         choices: tuple[Any, ...] | None = None, exclusive_min: bool = False,
+         registry: str | None = None) -> Any:
+    """A scenario key: its default, its one-line documentation and its constraints.
+
+    ``registry``: the value names an implementation registered under that kind ("executor",
+    "model", "batch format"). Those registries live with their implementations, which import
+    this module, so the names are checked by ``stallbench.validate`` after parsing, not here.
+    """
+    meta = {"doc": doc, "min": min, "max": max, "choices": choices, "exclusive_min": exclusive_min,
+            "registry": registry}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -92,7 +99,7 @@ class PreprocessSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     kind: str = knob("dlrm", "\"dlrm\" (real torch model), \"emulated\" (fixed step_ms), or "
-                             "\"pkg.mod:factory\" for your own.")
+                             "\"pkg.mod:factory\" for your own.", registry="model")
     step_ms: float = knob(0.0, "EMULATED compute per batch (kind = \"emulated\").", min=0)
     embedding_dim: int = knob(16, "DLRM embedding width.", min=1)
     embedding_rows: int = knob(100_000, "DLRM rows per embedding table (ids are taken modulo).", min=1)
@@ -115,7 +122,7 @@ class LoaderSpec:
                           choices=("streaming", "bulk"))
     batch_format: str = knob("columnar", "What producers hand over: \"rows\" (row dicts), "
                                          "\"columnar\" (arrays) or \"single_buffer\" (one buffer).",
-                             choices=("rows", "columnar", "single_buffer"))
+                             registry="batch format")
     compression: str = knob("none", "Compression of what crosses a process boundary.",
                             choices=("none", "zstd"))
     compression_level: int = knob(1, "zstd level.", min=1, max=22)
@@ -130,7 +137,8 @@ class LoaderSpec:
 
 @dataclass(frozen=True)
 class ExecutorSpec:
-    kind: str = knob("local", "\"local\" (torch DataLoader on the trainer) or \"ray\" (Ray Data).")
+    kind: str = knob("local", "\"local\" (torch DataLoader on the trainer) or \"ray\" (Ray Data).",
+                     registry="executor")
     ray_address: str | None = knob(None, "Existing Ray cluster (\"auto\", \"ray://host:10001\"); "
                                          "unset: a local Ray started for the run.")
     cpus: int | None = knob(None, "CPUs of the local Ray (default: all).", min=1)
@@ -202,7 +210,8 @@ class Config:
         return getattr(getattr(self, section), key)
 
     def emulated(self) -> list[str]:
-        """Which figures of a run come from an emulation rather than the real thing."""
+        """Which figures of a run come from an emulation rather than the real thing (the
+        executor adds its own: ``Executor.emulated_keys``)."""
         out = []
         if self.storage.bandwidth_mb_s is not None:
             out.append("storage.bandwidth_mb_s")
@@ -214,8 +223,6 @@ class Config:
             out.append("model.step_ms")
         if self.preprocess.cpu_cost_us_per_row:
             out.append("preprocess.cpu_cost_us_per_row")
-        if self.executor.kind == "ray" and self.executor.simulated_nodes:
-            out.append("executor.simulated_nodes")
         return out
 
 
@@ -368,22 +375,8 @@ def _check_transforms(spec: PreprocessSpec, file: str) -> None:
 
 
 def _check_cross(cfg: Config, file: str) -> None:
-    """Rules that span keys; kept here so every variant is checked before anything runs."""
-    if cfg.model.kind == "emulated" and cfg.model.step_ms < 0:
-        raise ScenarioError(file, "model.step_ms", "expected a value >= 0")
-    if cfg.model.kind == "dlrm" and (not cfg.model.top_mlp or cfg.model.top_mlp[-1] != 1):
-        raise ScenarioError(file, "model.top_mlp", "expected a list ending in 1 (one logit)")
-    if cfg.model.kind not in ("dlrm", "emulated") and ":" not in cfg.model.kind:
-        raise ScenarioError(file, "model.kind",
-                            f"expected \"dlrm\", \"emulated\" or \"pkg.module:factory\", got "
-                            f"{_show(cfg.model.kind)}{_suggest(cfg.model.kind, ['dlrm', 'emulated'])}")
-    if cfg.executor.kind not in ("local", "ray"):
-        raise ScenarioError(file, "executor.kind",
-                            f"expected one of \"local\", \"ray\", got {_show(cfg.executor.kind)}"
-                            f"{_suggest(cfg.executor.kind, ['local', 'ray'])}")
-    if cfg.executor.kind == "ray" and cfg.executor.ray_address and cfg.executor.simulated_nodes:
-        raise ScenarioError(file, "executor.simulated_nodes",
-                            "a simulated cluster runs on this machine; unset it or ray_address")
+    """Rules that span keys; kept here so every variant is checked before anything runs.
+    Rules of one implementation (an executor's, a model's) live with it: ``stallbench.validate``."""
     if cfg.dataset.path is None and (cfg.dataset.dense_features + cfg.dataset.sparse_features
                                      + cfg.dataset.sequence_features) == 0:
         raise ScenarioError(file, "dataset", "a synthetic dataset needs at least one feature")
@@ -554,8 +547,11 @@ def load(path: str | Path) -> Scenario:
     return parse(text, str(path))
 
 
-def reference_markdown() -> str:
-    """The README's scenario key reference, generated from the dataclasses above."""
+def reference_markdown(registered: dict[str, list[str]] | None = None) -> str:
+    """The README's scenario key reference, generated from the dataclasses above.
+
+    ``registered``: the valid names of each registry (see ``knob``), listed for the keys that
+    name one; ``stallbench.validate.reference_markdown`` passes the live registries."""
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"\n### `[{section}]`\n\n| key | default | meaning |\n|---|---|---|")
@@ -563,7 +559,8 @@ def reference_markdown() -> str:
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             d = "unset" if default is None else _show(default)
             extra = f.metadata.get("doc", "")
-            if f.metadata.get("choices"):
-                extra += " One of: " + ", ".join(_show(c) for c in f.metadata["choices"]) + "."
+            valid = f.metadata.get("choices") or (registered or {}).get(f.metadata.get("registry"))
+            if valid:
+                extra += " One of: " + ", ".join(_show(c) for c in valid) + "."
             lines.append(f"| `{f.name}` | `{d}` | {extra} |")
     return "\n".join(lines) + "\n"

@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:
     ray = pytest.importorskip("ray")
-    from stallbench.executors.ray_cluster import RUNTIME_ENV, import_ray
+    from stallbench.executors.ray.cluster import RUNTIME_ENV, import_ray
 
     import_ray()
     started = False

@@ -60,17 +60,17 @@ def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
 
 def mask(text: str) -> str:
     """Golden comparison of output whose numbers are measured: numbers become N, run-specific
-    paths and timestamps are dropped, column padding is normalised."""
+    paths and timestamps are dropped, column padding is normalized."""
     text = re.sub(r"result: .*", "result: <path>", text)
     text = re.sub(r"-?\d[\d,]*(\.\d+)?%?", "N", text)
     text = re.sub(r"\(N\.\.N\)", "(N..N)", text)
     text = re.sub(r"\[N,N\]", "", text)
     text = re.sub(r"-{3,}", "---", text)
-    text = re.sub(r"\b(fetch|preprocess|transfer|compute)(-bound|$)", r"<stage>\2", text, flags=re.M)
-    text = re.sub(r"ideal (fetch|preprocess|transfer) would give Nx|the data stages keep up",
-                  "<consequence>", text)
-    text = re.sub(r" \(loader start-up/hand-off alone: N\)", "", text)   # shown only when >= 5%
-    text = re.sub(r"compute-bound", "<stage>-bound", text)
+    text = re.sub(r"\b(fetch|preprocess|transfer|compute)$", "<stage>", text, flags=re.M)
+    text = re.sub(r"<stage>\?$", "<stage>", text, flags=re.M)   # "?": not conclusive
+    # What a verdict says depends on the measurement (a loaded machine makes the tiny run
+    # inconclusive); its form is checked by VERDICT below, the golden keeps its place.
+    text = re.sub(r"^\s*(\S+): (.*-bound\b.*)$", r"\1: <verdict>", text, flags=re.M)
     return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
 
 
@@ -124,7 +124,12 @@ def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
     v = data["variants"][0]
     assert len(v["throughput_samples_s"]["values"]) == 2
     assert v["attribution"]["bound_by"] in {"fetch", "preprocess", "transfer", "compute"}
+    assert VERDICT.search(r.stdout), r.stdout
     check_golden("run_tiny.txt", mask(r.stdout))
+
+
+VERDICT = re.compile(r"^\s*default: (inconclusive \(leaning )?(fetch|preprocess|transfer|compute)-bound"
+                     r"\)?[:;]? ", re.M)
 
 
 def test_crash_mid_run_leaves_no_result(tmp_path: Path, env: dict) -> None:

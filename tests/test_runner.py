@@ -34,7 +34,7 @@ def test_solo_probe_measures_the_trainer_process_rate(tmp_path: Path) -> None:
     """Ground truth: 300 us of CPU per row burnt in preprocess, so each 400-row item costs at
     least 0.12 s and each row at least 300 us; decode and encode add a little on top."""
     cfg = scenario.parse(TEXT, "solo.toml").base
-    plan = Plan(cfg, dataset_for(cfg, tmp_path, "solo.toml"), scenario_file="solo.toml")
+    plan = Plan.create(cfg, dataset_for(cfg, tmp_path, "solo.toml"), scenario_file="solo.toml")
     got = solo_probe(plan)
     assert SOLO_ITEMS <= len(plan.items)
     assert got.data_s_per_sample >= 300e-6 * 0.95

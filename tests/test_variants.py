@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from stallbench import scenario
-from stallbench.executors import base as executors
+from stallbench.executors import EXECUTORS
 from stallbench.measure.probe import measured_run
 from stallbench.pipeline import Plan, dataset_for
 
@@ -101,8 +101,8 @@ def _config(knobs: dict[str, Any], workers: int) -> Any:
 
 
 def _run(cfg: Any, cache: Path) -> list[str]:
-    plan = Plan(cfg, dataset_for(cfg, cache, "variants.toml"), scenario_file="variants.toml")
-    executor = executors.get("local")(cfg, "variants.toml")
+    plan = Plan.create(cfg, dataset_for(cfg, cache, "variants.toml"), scenario_file="variants.toml")
+    executor = EXECUTORS.get("local")(cfg, "variants.toml")
     compute = HashCompute()
     with executor:
         fig, _, _ = measured_run(plan, executor, compute)

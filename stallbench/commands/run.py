@@ -47,9 +47,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_batches is not None and args.max_batches < 1:
         raise UserError(f"--max-batches: expected a positive integer, got {args.max_batches}")
     from ..runner import RunOptions, run_scenario  # heavy (torch): only when running
+    from ..validate import check_scenario
 
-    # Parse every scenario first: a typo in the third file fails before the first one runs.
+    # Check every scenario first: a typo in the third file fails before the first one runs.
     scenarios = [scenario.load(p) for p in _expand(args.scenarios)]
+    for sc in scenarios:
+        check_scenario(sc)
     opts = RunOptions(repeats=args.repeats, analyze=args.analyze, cache_dir=args.cache_dir,
                       progress=not args.no_progress and sys.stderr.isatty(),
                       max_batches=args.max_batches)

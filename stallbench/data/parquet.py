@@ -1,4 +1,4 @@
-"""Parquet datasets: find the files, decide which column is which, and normalise batches.
+"""Parquet datasets: find the files, decide which column is which, and normalize batches.
 
 Everything downstream (collate, models, payloads) relies on one canonical typed table, so the
 messy parts of real-world files (nulls, strings, dictionaries, negative ids, odd widths) are
@@ -61,7 +61,7 @@ class Dataset:
         return state
 
     def read_shard(self, shard: Shard, columns: Iterable[str] | None = None) -> pa.Table:
-        """Read one row group and return it normalised (no storage emulation here)."""
+        """Read one row group and return it normalized (no storage emulation here)."""
         names = _ordered(self.schema, columns)
         try:
             footer = self._footers.get(shard.file)
@@ -71,7 +71,7 @@ class Dataset:
         except _UNREADABLE as exc:
             raise DataError(f"{shard.file}: row group {shard.row_group} is not readable "
                             f"({_reason(exc)})") from exc
-        return _normalise_columns(table, self.schema, names, shard.file)
+        return _normalize_columns(table, self.schema, names, shard.file)
 
 
 def open_dataset(spec: DatasetSpec, cache_dir: Path, scenario_file: str = "<scenario>") -> Dataset:
@@ -86,9 +86,9 @@ def open_dataset(spec: DatasetSpec, cache_dir: Path, scenario_file: str = "<scen
     return _build(files, footers, schema, synthetic=False, source=spec.path, key=None)
 
 
-def normalise(table: pa.Table, schema: FeatureSchema, file: str = "?") -> pa.Table:
+def normalize(table: pa.Table, schema: FeatureSchema, file: str = "?") -> pa.Table:
     """The canonical typed table every downstream stage relies on, in schema.columns order."""
-    return _normalise_columns(table, schema, schema.columns, file)
+    return _normalize_columns(table, schema, schema.columns, file)
 
 
 def describe(ds: Dataset) -> dict[str, Any]:
@@ -360,7 +360,7 @@ _ALLOWED = {"dense": "float, integer, boolean, decimal",
             "sequence": "list of integer or string"}
 
 
-# --- normalisation (runs on every batch: vectorised only) -------------------------------------
+# --- normalization (runs on every batch: vectorised only) -------------------------------------
 
 
 def _ordered(schema: FeatureSchema, columns: Iterable[str] | None) -> tuple[str, ...]:
@@ -373,7 +373,7 @@ def _ordered(schema: FeatureSchema, columns: Iterable[str] | None) -> tuple[str,
     return tuple(c for c in schema.columns if c in wanted)
 
 
-def _normalise_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str, ...],
+def _normalize_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str, ...],
                        file: str) -> pa.Table:
     dense = set(schema.dense) | {schema.label}
     sparse = set(schema.sparse)

@@ -4,13 +4,19 @@ An executor turns a ``Plan`` into an ordered stream of ``ShardOutput`` (work ite
 order, so every executor delivers the same batches). It knows nothing of measurement: the
 trainer loop times what it yields. ``start``/``stop`` bracket expensive runtimes (a Ray
 cluster) so they are paid once per variant and reported as start-up, not as epoch time.
+
+An executor also owns what is known about it: which of its keys must agree (``validate``),
+what its environment needs (``check``), how many producers it runs and where
+(``producer_slots``, ``producer_nodes``), which of its figures are emulated. Nothing outside
+an executor's module tests its kind by name. Implementations register in ``EXECUTORS``;
+this module knows none of them (``stallbench.executors`` imports them all).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Iterator
 
-from ..pipeline import Plan, ShardOutput, StageCaches
+from ..pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ..registry import Registry
 from ..scenario import Config
 
@@ -27,10 +33,23 @@ class Executor:
         self.config = config
         self.scenario_file = scenario_file
 
+    # ------------------------------------------------------------------ before anything runs
+    @classmethod
+    def validate(cls, config: Config, scenario_file: str = "<scenario>") -> None:
+        """Rules across this executor's keys (ScenarioError naming file and key). Pure: it
+        reads the config only, so every variant of every scenario is checked up front."""
+
     @classmethod
     def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
-        """Fail fast (UserError) before anything runs if this executor cannot work here."""
+        """Fail fast (UserError) before anything runs if this executor cannot work here
+        (e.g. a library it needs is not installed)."""
 
+    @classmethod
+    def emulated_keys(cls, config: Config) -> list[str]:
+        """Keys of this executor whose figures come from an emulation (results label them)."""
+        return []
+
+    # ---------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Bring up whatever runtime the executor needs (timed as start-up)."""
 
@@ -45,6 +64,30 @@ class Executor:
     def stop(self) -> None:
         """Release every process and runtime started; safe to call twice and after errors."""
 
+    def __enter__(self) -> "Executor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------------- its producers
+    def producer_slots(self) -> int:
+        """Producers that work in parallel outside the trainer (0: the trainer produces its
+        own batches). What "workers" means for this executor, so analysis never derives it
+        from config keys; exact once ``start`` has run (a cluster's CPUs are known then)."""
+        raise NotImplementedError
+
+    def has_producers(self) -> bool:
+        """Whether any data work runs outside the trainer's thread of control."""
+        return self.producer_slots() > 0
+
+    def producer_nodes(self) -> int | None:
+        """Machines (nodes) the producers may run on; None where the notion does not apply
+        (producers on the trainer's machine)."""
+        return None
+
+    # ------------------------------------------------------------------------ its figures
     def worker_pids(self) -> list[int]:
         """Producer processes outside the trainer's tree whose memory counts (e.g. Ray)."""
         return []
@@ -56,39 +99,23 @@ class Executor:
         stage timers cannot: hand-off, serialisation, a runtime's own daemons."""
         return None
 
-    def producer_slots(self) -> int:
-        """Producers working in parallel outside the trainer (0: the trainer produces)."""
-        return 0
-
-    def has_producers(self) -> bool:
-        return self.producer_slots() > 0
-
-    def producer_nodes(self) -> int | None:
-        """Nodes carrying producers, where that is a notion of this executor."""
+    def sample_object_store_mb(self) -> float | None:
+        """One reading of the memory in the executor's own store (Ray's object store, MB);
+        None if it has none. The resource sampler calls it every period during a run; an
+        executor may keep the run's readings (Ray reports their peak in ``run_figures``)."""
         return None
 
     def nodes_simulated(self) -> bool:
         """The producer nodes are simulated on this machine (they share its cores)."""
         return False
 
-    def object_store_mb(self) -> float | None:
+    def late_stage_times(self) -> StageTimes | None:
+        """Producer stage time an executor learns only when a run has ended, added to the
+        run's totals after the last batch (Ray stock mode reads it from Ray Data's operator
+        stats: its producers run Ray's code, not stallbench's timed stages). None: every
+        stage time came with the ``ShardOutput``s."""
         return None
 
     def run_figures(self) -> dict[str, Any]:
         """Executor-specific figures of the last run (e.g. Ray operator stats, faults)."""
         return {}
-
-    def __enter__(self) -> "Executor":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def get(name: str) -> type[Executor]:
-    # Import for registration side effects; each executor is one module.
-    from . import local  # noqa: F401
-    if name == "ray":
-        from . import ray  # noqa: F401
-    return EXECUTORS.get(name)

@@ -6,13 +6,13 @@ across worker counts.
 
 - ``num_workers = 0``: the trainer process produces its own batches, one work item at a time
   (in the trainer thread, or in the preload thread when ``prefetch_batches > 0``). Nothing
-  crosses a process boundary; ``single_buffer`` batches still recycle their memory through
-  a small trainer-local ``BufferPool``.
+  crosses a process boundary; batches of a poolable format (``single_buffer``) still recycle
+  their memory through a small trainer-local ``BufferPool``.
 - ``num_workers > 0``: forked DataLoader workers produce whole work items; at most
   ``prefetch_factor`` items per worker are in flight (the DataLoader's bounded queue is the
-  backpressure). ``single_buffer`` payloads are packed straight into shared memory: into the
-  slots of a ``BufferPool`` mapped before the fork, falling back to fresh shared memory when
-  no slot is free, so only a small reference crosses the process boundary.
+  backpressure). Poolable payloads (``single_buffer``) are packed straight into shared
+  memory: into the slots of a ``BufferPool`` mapped before the fork, falling back to fresh
+  shared memory when no slot is free, so only a small reference crosses the process boundary.
 - ``execution = "streaming"`` hands each work item to the trainer as soon as it is produced,
   so memory is bounded by what is in flight; ``"bulk"`` produces the whole epoch before the
   first batch is handed to the trainer (time to first batch and memory grow with the data).
@@ -28,13 +28,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
-from ..stages.batch_format import collated_fields
 from .base import EXECUTORS, Executor
-
-# Header room in a pool slot on top of the collated data (a JSON header of a few hundred bytes
-# per field, generous for wide uncollated tables; a payload that does not fit falls back).
-_SLOT_HEADER_BYTES = 64 * 1024
-
 
 class _Shards(Dataset):
     def __init__(self, plan: Plan, pool: BufferPool | None) -> None:
@@ -71,43 +65,28 @@ class _WorkerInit:
 
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
     """(partitions, slots per partition, slot bytes) of the pool a plan's workers can use, or
-    None when their payloads cannot live in one (not single_buffer, compressed, no workers,
+    None when their payloads cannot live in one (a format that is not poolable, compressed,
     or transfer ablated away)."""
     lc = plan.config.loader
-    if (lc.batch_format != "single_buffer" or lc.compression != "none"
-            or plan.ablation.transfer or not plan.items):
+    fmt = plan.transfer.format
+    if not fmt.poolable or lc.compression != "none" or plan.ablation.transfer or not plan.items:
         return None
     per_item = max(-(-s.rows // lc.batch_size) for s in plan.items)
+    slot_bytes = fmt.slot_bytes(lc.batch_size)
     if lc.num_workers == 0:
         # The trainer packs for itself: recycling buffers still saves fresh pages per batch.
         # Room for the item being consumed, the next one and the preload queue.
-        return 1, 2 * per_item + lc.prefetch_batches + 1, _slot_bytes(plan)
+        return 1, 2 * per_item + lc.prefetch_batches + 1, slot_bytes
     # A worker's items in flight (prefetch_factor), the one it is producing, and the trainer's
     # share of what it holds (the item it is consuming plus its preload queue).
     slots = (lc.prefetch_factor + 2) * per_item + -(-lc.prefetch_batches // lc.num_workers) + 1
-    return lc.num_workers, slots, _slot_bytes(plan)
-
-
-def _slot_bytes(plan: Plan) -> int:
-    data = sum(-(-(dt.itemsize * _prod(shape)) // 64) * 64
-               for _, dt, shape in collated_fields(plan.schema, plan.config.loader.batch_size))
-    return data + _SLOT_HEADER_BYTES
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
+    return lc.num_workers, slots, slot_bytes
 
 
 @EXECUTORS.register("local")
 class LocalExecutor(Executor):
     name = "local"
     scaling_knobs = ("loader.num_workers",)
-
-    def producer_slots(self) -> int:
-        return self.config.loader.num_workers
 
     def __init__(self, config: Any, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
@@ -179,6 +158,10 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    def producer_slots(self) -> int:
+        """Loader worker processes (0: the trainer produces its own batches)."""
+        return self.config.loader.num_workers
 
     def producer_cpu_s(self, plan: Plan) -> float | None:
         # Workers are forked per run (persistent_workers=False) and joined when it ends, so

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..pipeline import Plan, ShardOutput
+from ..pipeline import Plan, ShardOutput, StageTimes
 from ..results import ByteCounts, RepeatFigures, Resources, StageRows, StageSeconds, Timeline
 from ..stages.batch_format import TensorBatch
 from ..stages.compute import Compute
@@ -60,7 +60,9 @@ class StageTotals:
     trainer_pid: int = field(default_factory=os.getpid)
 
     def add(self, out: ShardOutput) -> None:
-        t = out.times
+        self.add_times(out.times)
+
+    def add_times(self, t: StageTimes) -> None:
         self.s["fetch"] += t.fetch_s
         self.s["fetch_io_wait"] += t.fetch_io_wait_s
         self.s["preprocess"] += t.preprocess_s
@@ -155,7 +157,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     totals = StageTotals()
     max_batches = plan.max_batches
     prefetch = plan.config.loader.prefetch_batches
-    sampler = Sampler(sample_interval_s, executor.worker_pids, executor.object_store_mb)
+    sampler = Sampler(sample_interval_s, executor.worker_pids, executor.sample_object_store_mb)
     perf = time.perf_counter
     n = samples = 0
     ttfb = math.nan
@@ -198,6 +200,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             close = getattr(source, "close", None)
             if close:
                 close()       # shuts loader workers down (joined: their CPU is then counted)
+    late = None if plan.ablation.compute_only else executor.late_stage_times()
+    if late is not None:
+        totals.add_times(late)
     producer_cpu1 = executor.producer_cpu_s(plan) if producer_cpu0 is not None else None
     producer_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
     epoch = t_end - t0

@@ -59,7 +59,7 @@ def flat(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def column_numpy(col: pa.ChunkedArray | pa.Array, dtype: Any) -> np.ndarray:
     """A numpy view of a primitive column: zero-copy (read-only) when the column already has
-    ``dtype`` and no nulls, as normalised tables always do; a converted copy otherwise."""
+    ``dtype`` and no nulls, as normalized tables always do; a converted copy otherwise."""
     arr = flat(col)
     dt = np.dtype(dtype)
     if arr.null_count == 0 and arr.type == _ARROW_TYPES.get(dt):
@@ -445,9 +445,20 @@ class BatchFormat:
     """``encode`` runs in the producer, ``decode`` in the trainer; both are timed as transfer.
 
     ``decode`` must return the collated ``TensorBatch`` or raise ``PayloadError``.
+
+    A format declares what its payload is, so the code that moves payloads (compression, the
+    loader's buffer pool, Ray's wire codec) asks the format instead of knowing format names:
+
+    - ``contiguous_buffer``: the payload is one flat uint8 buffer (a 1-D uint8 tensor, or a
+      ``PooledBuffer`` reference to one), and ``decode`` also accepts its bytes. It can be
+      compressed and sent as raw bytes, in place, without pickling.
+    - ``poolable``: ``encode`` can pack the payload into a ``BufferPool`` slot (``shared`` a
+      ``SlotAllocator``); ``slot_bytes`` then sizes the slots.
     """
 
     name: ClassVar[str]
+    contiguous_buffer: ClassVar[bool] = False
+    poolable: ClassVar[bool] = False
 
     def __init__(self, schema: FeatureSchema, collate: str) -> None:
         self.schema = schema
@@ -460,6 +471,11 @@ class BatchFormat:
 
     def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
         raise NotImplementedError
+
+    def slot_bytes(self, rows: int) -> int:
+        """Bytes of a pool slot that holds this format's payload of a ``rows``-row batch (a
+        payload that does not fit falls back to fresh memory). Only for ``poolable`` formats."""
+        raise NotImplementedError(f"batch format {self.name!r} is not poolable")
 
 
 def _as_tensors(data: Any, batch_id: str) -> TensorBatch:
@@ -559,6 +575,17 @@ class SingleBufferFormat(BatchFormat):
     per feature column (collate = "trainer", sequences as offsets + values)."""
 
     name = "single_buffer"
+    contiguous_buffer = True
+    poolable = True
+
+    # Header room on top of the collated data: a JSON header of a few hundred bytes per
+    # field, generous for wide uncollated tables (a payload that does not fit falls back).
+    SLOT_HEADER_BYTES: ClassVar[int] = 64 * 1024
+
+    def slot_bytes(self, rows: int) -> int:
+        data = sum(_aligned(dt.itemsize * math.prod(shape))
+                   for _, dt, shape in collated_fields(self.schema, rows))
+        return data + self.SLOT_HEADER_BYTES
 
     def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
         s = self.schema

@@ -60,17 +60,10 @@ class SlotAllocator:
         # Where a batch goes when no slot is free: fresh shared memory if it must cross to
         # another process, ordinary memory if the trainer packs for itself.
         self.fallback_shared = fallback_shared
-        self.hits = 0
-        self.misses = 0
 
     def take(self, nbytes: int) -> tuple[np.ndarray, PooledBuffer] | None:
         """A writable view of a free slot and its reference, or None (caller falls back)."""
-        got = self.pool.take(self.partition, nbytes)
-        if got is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return got
+        return self.pool.take(self.partition, nbytes)
 
 
 class BufferPool:

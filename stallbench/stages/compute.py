@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..data.schema import FeatureSchema
+from ..errors import ScenarioError
 from ..registry import Registry, import_object
 from ..scenario import ModelSpec
 from .batch_format import TensorBatch
@@ -28,6 +29,11 @@ class Compute:
     def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
         self.spec = spec
         self.schema = schema
+
+    @classmethod
+    def validate(cls, spec: ModelSpec, scenario_file: str = "<scenario>") -> None:
+        """Rules across this model's keys (ScenarioError naming the key), checked for every
+        variant before anything runs; the model, not the scenario parser, knows them."""
 
     def step(self, batch: TensorBatch) -> None:
         raise NotImplementedError
@@ -98,19 +104,23 @@ class TorchCompute(Compute):
         self.model = module.to(self.device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.lr)
         self.loss = nn.BCEWithLogitsLoss()
-        self.last_loss = float("nan")
 
     def step(self, batch: TensorBatch) -> None:
         self.opt.zero_grad(set_to_none=True)
         loss = self.loss(self.model(batch), batch["label"])
         loss.backward()
         self.opt.step()
-        self.last_loss = loss.detach()
 
 
 @MODELS.register("dlrm")
 class DLRMCompute(TorchCompute):
     name = "dlrm"
+
+    @classmethod
+    def validate(cls, spec: ModelSpec, scenario_file: str = "<scenario>") -> None:
+        if not spec.top_mlp or spec.top_mlp[-1] != 1:
+            raise ScenarioError(scenario_file, "model.top_mlp",
+                                "expected a list ending in 1 (one logit)")
 
     def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
         torch.manual_seed(0)

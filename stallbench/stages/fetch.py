@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class Fetch:
-    """Shard -> normalised Arrow table. Holds only picklable state so workers can run it."""
+    """Shard -> normalized Arrow table. Holds only picklable state so workers can run it."""
 
     def __init__(self, dataset: "Dataset", storage: StorageSpec) -> None:
         self.dataset = dataset

@@ -43,10 +43,6 @@ class Preprocess:
         self.input_schema = schema
         self.output_schema = current
 
-    @property
-    def is_identity(self) -> bool:
-        return not self.steps and not self.cpu_cost_s_per_row
-
     def __call__(self, table: pa.Table, shard_index: int) -> pa.Table:
         if self.cpu_cost_s_per_row:
             burn_cpu(self.cpu_cost_s_per_row * table.num_rows)

@@ -132,7 +132,6 @@ class Transfer:
         self.format: BatchFormat = FORMATS.get(loader.batch_format)(schema, loader.collate)
         self.level = loader.compression_level
         self.compress = loader.compression == "zstd"
-        self.buffer = loader.batch_format == "single_buffer"
         self.device = device()
         self.pin = loader.pin_memory and self.device.type == "cuda"
 
@@ -150,7 +149,7 @@ class Transfer:
         raw = nbytes(data)
         compressed = False
         if self.compress:
-            if self.buffer:
+            if self.format.contiguous_buffer:     # compressed in place, no pickle
                 data = compress_buffer(data, self.level)
             else:
                 blob = pickle.dumps(_detach(data), protocol=pickle.HIGHEST_PROTOCOL)
@@ -171,7 +170,7 @@ class Transfer:
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise PayloadError(f"batch {p.batch_id}: compressed payload is a "
                                    f"{type(data).__name__}, not bytes")
-            if self.buffer:
+            if self.format.contiguous_buffer:
                 data = decompress_buffer(data, p.batch_id)
             else:
                 blob = decompress_buffer(data, p.batch_id).numpy()

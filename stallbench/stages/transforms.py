@@ -1,7 +1,7 @@
 """Built-in preprocessing transforms for recommender tables.
 
 Each is real, vectorised work of the kind production pipelines do (Meta DPP, Pinterest's
-last-mile processing): dense log/normalise, id hashing, sequence truncation, negative
+last-mile processing): dense log/normalize, id hashing, sequence truncation, negative
 downsampling, row filters and a map-side join. Every transform is deterministic given the shard
 index, so batches do not depend on which worker ran them.
 """

@@ -86,7 +86,7 @@ def test_shapley_splits_overlapping_stages_symmetrically() -> None:
     v = {}
     for ab in ablations_for("shapley"):
         producer = (0 if ab.fetch else 1.0) + (0 if ab.preprocess else 1.0)
-        v[ab.name] = max(producer, 1.5) if not ab.bypass else 1.5
+        v[ab.name] = max(producer, 1.5) if not ab.compute_only else 1.5
     parts = attribute(v, "shapley")
     assert parts["fetch_stall_s"] == pytest.approx(0.25)
     assert parts["preprocess_stall_s"] == pytest.approx(0.25)

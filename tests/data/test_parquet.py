@@ -1,4 +1,4 @@
-"""Opening datasets: shards, schema inference, normalisation and clear refusals."""
+"""Opening datasets: shards, schema inference, normalization and clear refusals."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stallbench.data.parquet import describe, normalise, open_dataset
+from stallbench.data.parquet import describe, normalize, open_dataset
 from stallbench.data.schema import FeatureSchema
 from stallbench.data.synthetic import dataset_key
 from stallbench.errors import DataError, UserError
@@ -74,7 +74,7 @@ def test_synthetic_shards_add_up(tmp_path: Path) -> None:
                                       label="label", seq_len=5, cardinality=50)
 
 
-def test_synthetic_read_shard_is_normalised(tmp_path: Path) -> None:
+def test_synthetic_read_shard_is_normalized(tmp_path: Path) -> None:
     ds = open_dataset(SYN, tmp_path)
     table = ds.read_shard(ds.shards[3])
     assert table.num_rows == 50
@@ -100,10 +100,10 @@ def test_describe_is_json(tmp_path: Path) -> None:
     assert info["uncompressed_bytes"] > 0 and info["compressed_bytes"] > 0
 
 
-# --- real files: inference and normalisation --------------------------------------------------
+# --- real files: inference and normalization --------------------------------------------------
 
 
-def test_real_file_inference_and_normalisation(tmp_path: Path) -> None:
+def test_real_file_inference_and_normalization(tmp_path: Path) -> None:
     path = _write(tmp_path / "data.parquet", _real_table())
     ds = open_dataset(_spec(path, sequence_max_len=8), tmp_path / "cache", SCENARIO)
     s = ds.schema
@@ -129,11 +129,11 @@ def test_string_hash_is_pinned() -> None:
     """Ids must not change between processes or releases (results compare across runs)."""
     schema = FeatureSchema(dense=(), sparse=("s",), sequence=(), label="y", seq_len=1)
     table = pa.table({"s": ["abc", "", None], "y": [1.0, 0.0, 1.0]})
-    assert normalise(table, schema).column("s").to_pylist() == [
+    assert normalize(table, schema).column("s").to_pylist() == [
         991604145059602541, 8442584544778250395, 0]
 
 
-def test_normalise_types_and_order() -> None:
+def test_normalize_types_and_order() -> None:
     schema = FeatureSchema(dense=("a",), sparse=("b",), sequence=("c",), label="y", seq_len=3)
     table = pa.table({
         "y": pa.array([True, False]),
@@ -142,16 +142,16 @@ def test_normalise_types_and_order() -> None:
         "a": pa.array([1, 2], pa.int16()),
         "ignored": ["x", "y"],
     })
-    out = normalise(table, schema)
+    out = normalize(table, schema)
     assert out.column_names == ["a", "b", "c", "y"]
     assert [f.type for f in out.schema] == [pa.float32(), pa.int64(), pa.list_(pa.int64()),
                                            pa.float32()]
     assert out.column("b").to_pylist() == [2**63 - 1, 5]
     with pytest.raises(DataError, match="f.parquet.*'a'"):
-        normalise(table.drop_columns(["a"]), schema, "f.parquet")
+        normalize(table.drop_columns(["a"]), schema, "f.parquet")
 
 
-def test_normalise_is_fast_enough() -> None:
+def test_normalize_is_fast_enough() -> None:
     rng = np.random.default_rng(0)
     n = 16_384
     table = pa.table({
@@ -165,7 +165,7 @@ def test_normalise_is_fast_enough() -> None:
                            sparse=tuple(f"s{i}" for i in range(5)), sequence=("q",), label="y",
                            seq_len=10)
     start = time.perf_counter()
-    out = normalise(table, schema)
+    out = normalize(table, schema)
     assert out.num_rows == n
     assert time.perf_counter() - start < 0.5  # typically ~20 ms; only catches row loops
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from stallbench import scenario
-from stallbench.executors import base as executors
+from stallbench.executors import EXECUTORS
 from stallbench.executors.local import pool_shape
 from stallbench.measure.probe import measured_run
 from stallbench.pipeline import Plan, ShardOutput, dataset_for
@@ -50,8 +50,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _setup(cache: Path, loader: str, plan_cls: type[Plan] = Plan) -> tuple[Plan, Any]:
     cfg = scenario.parse(BASE + loader, "local.toml").base
-    plan = plan_cls(cfg, dataset_for(cfg, cache, "local.toml"), scenario_file="local.toml")
-    return plan, executors.get("local")(cfg, "local.toml")
+    plan = plan_cls.create(cfg, dataset_for(cfg, cache, "local.toml"), scenario_file="local.toml")
+    return plan, EXECUTORS.get("local")(cfg, "local.toml")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -117,8 +117,8 @@ def test_worker_processes_cpu_is_measured_whole(cache: Path, workers: int) -> No
     CPU in the producers, which their own clocks must see (plus decode and hand-off)."""
     cfg = scenario.parse(BASE + f"num_workers = {workers}\n[preprocess]\ncpu_cost_us_per_row = 200\n",
                          "local.toml").base
-    plan = Plan(cfg, dataset_for(cfg, cache, "local.toml"), scenario_file="local.toml")
-    with executors.get("local")(cfg, "local.toml") as ex:
+    plan = Plan.create(cfg, dataset_for(cfg, cache, "local.toml"), scenario_file="local.toml")
+    with EXECUTORS.get("local")(cfg, "local.toml") as ex:
         fig, _, _ = measured_run(plan, ex, plan.build_compute())
     if workers == 0:
         assert fig.producer_cpu_s is None                  # nothing runs outside the trainer

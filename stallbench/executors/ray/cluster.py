@@ -36,8 +36,9 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ScenarioError, UserError
-from ..scenario import ExecutorSpec
+from ...errors import ScenarioError, UserError
+from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
+from ...scenario import ExecutorSpec
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
 _AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "_StatsActor", "_AutoscalingCoordinator",
@@ -55,31 +56,8 @@ def import_ray(scenario_file: str = "<scenario>") -> Any:
         raise UserError(f"{scenario_file}: executor.kind = \"ray\" needs Ray Data, which is not "
                         f"installed here (cannot import {what}); install it with: "
                         f"pip install \"ray[data]\"") from None
-    _avoid_fsspec_import_race()
+    avoid_fsspec_import_race()
     return ray
-
-
-def _avoid_fsspec_import_race() -> None:
-    """Ray Data resolves file paths in threads and each imports fsspec's HTTP filesystem;
-    without aiohttp that import fails, and when two threads race one sees a half-initialised
-    module and raises ImportError instead of ModuleNotFoundError (which Ray catches), so
-    ``read_parquet`` of a file list fails at random. Marking the module absent makes every
-    attempt fail the same, caught way. Only done when it could never import anyway."""
-    if "fsspec.implementations.http" in sys.modules:
-        return
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError:
-        sys.modules["fsspec.implementations.http"] = None  # type: ignore[assignment]
-
-
-def worker_setup() -> None:
-    """Ray ``worker_process_setup_hook`` of every runtime stallbench starts: the same fsspec
-    guard in each worker (Ray Data lists files inside tasks too)."""
-    _avoid_fsspec_import_race()
-
-
-RUNTIME_ENV = {"worker_process_setup_hook": "stallbench.executors.ray_cluster.worker_setup"}
 
 
 def _quiet_logs() -> None:
