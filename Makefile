@@ -6,11 +6,16 @@ PY      := $(VENV)/bin/python
 SB      := $(VENV)/bin/stallbench
 STAMP   := $(VENV)/.installed
 PYTHON  ?= python3
+# The torch `make setup` installs first: the CPU build (on local disk here; an unpinned torch
+# would pull a multi-GB CUDA build). The package itself accepts any torch >= 2.3, so in a
+# training environment `pip install -e .` keeps the torch that is there.
+TORCH   ?= torch==2.13.0
 
 .PHONY: setup demo test browser ci-gate clean-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check '$(TORCH)'
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 

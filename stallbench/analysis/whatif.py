@@ -184,7 +184,9 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
             p_wall = m.p_solo * (p_wall / m.p_wall)
             source = "measured in the trainer's process"
         x = 1.0 / (p_wall + t_trainer)
-        bound = heaviest if p_wall > 0.05 * (p_wall + t_trainer) else "compute"
+        # the same rule as the attribution's: a stall share under 5% is compute-bound, so
+        # the table never says "0% stall" beside "bound by fetch"
+        bound = heaviest if 1.0 - x * m.compute >= 0.05 else "compute"
         why = (f"no workers: the trainer does {p_wall * 1e6:.1f} us/sample of data work "
                f"({source}; {heaviest} heaviest) before each {t_trainer * 1e6:.1f} us/sample step")
     else:
@@ -220,21 +222,27 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
 
 
 def knee(m: Model, candidates: Sequence[int], *,
-         cores_for: Callable[[int], float] | None = None, **kw: Any) -> Knee:
-    """The fewest workers with no data stall, or what bounds once more workers stop helping.
-    ``cores_for``: the cores available at each count (real nodes bring their own)."""
+         cores_for: Callable[[int], float] | None = None, unit: str = "worker",
+         shown: dict[int, int] | None = None, **kw: Any) -> Knee:
+    """The fewest producers with no data stall, or what bounds once more stop helping.
+    ``cores_for``: the cores available at each count (real nodes bring their own);
+    ``unit``/``shown``: how a count reads on the axis the user asked about (with nodes, the
+    model counts node CPUs, the user nodes), so the wording follows the axis."""
+    shown = shown or {}
     preds = [predict(m, n, **kw, **({"cores": cores_for(n)} if cores_for else {}))
              for n in candidates]
     for p in preds:
         if p.bound_by == "compute" and p.n > 0:
-            return Knee(p.n, "compute", f"{p.n} worker(s) remove the data stall: {p.why}")
+            n = shown.get(p.n, p.n)
+            return Knee(n, "compute", f"{n} {unit}(s) remove the data stall: {p.why}")
     best = max(preds, key=lambda p: p.throughput_samples_s) if preds else None
     if best is None:
         return Knee(None, None, "no candidates")
     first_best = next(p for p in preds if p.throughput_samples_s >= 0.99 * best.throughput_samples_s)
+    n = shown.get(first_best.n, first_best.n)
     return Knee(None, first_best.bound_by,
-                f"no worker count removes the stall; from {first_best.n} on, {first_best.why}",
-                saturates_at=first_best.n)
+                f"no {unit} count removes the stall; from {n} {unit}(s) on, {first_best.why}",
+                saturates_at=n)
 
 
 def _group_key(v: VariantResult) -> tuple:

@@ -24,8 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="baseline result files or directories (searched one level deep)")
     p.add_argument("--current", nargs="+", required=True, metavar="DIR_OR_FILE",
                    help="current result files or directories (searched one level deep)")
-    p.add_argument("--threshold", required=True,
-                   help="smallest effect that fails, e.g. 10%% or 0.1 (stall share: share points)")
+    p.add_argument("--threshold", default="10%",
+                   help="smallest effect that fails, e.g. 10%% or 0.1 (stall share: share points; "
+                        "default 10%%)")
     p.add_argument("--alpha", default="0.01",
                    help="significance level (default 0.01)")
     p.add_argument("--metric", action="append", choices=list(gate.METRICS), dest="metrics",

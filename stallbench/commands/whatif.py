@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 from ..errors import UserError
 
@@ -13,8 +14,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p = sub.add_parser("whatif", help="predict throughput for more CPU workers/nodes, cache, bandwidth",
                        description="Fit the bottleneck model on one measured variant and predict "
                                    "other configurations. Every figure printed is a prediction.")
-    p.add_argument("result", help="a stallbench result JSON")
-    p.add_argument("--variant", help="variant to fit on (default: the what-if fit variant, or the first)")
+    p.add_argument("results", nargs="+", metavar="RESULT",
+                   help="result files or directories (searched one level deep); the newest result "
+                        "of each scenario is used")
+    p.add_argument("--variant", help="variant to fit on (default: the what-if fit variant, or the "
+                                     "first); with several scenarios, in each that has it")
     axis = p.add_mutually_exclusive_group()
     axis.add_argument("--workers", default=None, help="worker counts: N, A..B or A,B,C (default 0..16)")
     axis.add_argument("--nodes", default=None, help="CPU node counts: N, A..B or A,B,C")
@@ -47,8 +51,7 @@ def parse_range(text: str, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import results, tables
-    from ..analysis import whatif
+    from .. import results
 
     if not 0 <= args.cache < 1:
         raise UserError(f"--cache: expected a share in [0, 1), got {args.cache}")
@@ -56,58 +59,74 @@ def run(args: argparse.Namespace) -> int:
         val = getattr(args, flag)
         if val is not None and val <= 0:
             raise UserError(f"--{flag.replace('_', '-')}: expected a positive number, got {val}")
-    r = results.load(args.result)
+    files = results.find(args.results)
+    if not files:
+        raise UserError(f"no result files (*.json) in {', '.join(args.results)}")
+    newest = results.newest_by_scenario([(f, results.load(f)) for f in files])
+    for i, (path, r) in enumerate(newest):
+        if i:
+            print()
+        _one(args, path, r)
+    return 0
+
+
+def _one(args: argparse.Namespace, path: Any, r: Any) -> None:
+    from .. import tables
+    from ..analysis import whatif
+
     stored = r.analysis.whatif
     name = args.variant or (stored.fit_variant if stored else None) or r.variants[0].name
     try:
         v = r.variant(name)
     except KeyError:
-        raise UserError(f"{args.result}: no variant {name!r} (have: "
+        raise UserError(f"{path}: no variant {name!r} (have: "
                         f"{', '.join(x.name for x in r.variants)})") from None
     if not v.repeats or not v.repeats[0].samples:
-        raise UserError(f"{args.result}: variant {name!r} has no measured runs to fit on")
+        raise UserError(f"{path}: variant {name!r} has no measured runs to fit on")
     m = whatif.fit(v, r.machine)
     cpn = args.cpus_per_node or m.cpus_per_node
     if args.nodes is not None:
         nodes = parse_range(args.nodes, "--nodes")
         counts = [n * cpn for n in nodes]
-        label = "nodes"
+        unit = "node"
         # real nodes bring their own cores; the trainer keeps the measured machine's
-        cores = lambda n: (args.cores or m.cores) + n  # noqa: E731
+        cores = lambda c: (args.cores or m.cores) + c  # noqa: E731
     else:
         nodes = parse_range(args.workers or "0..16", "--workers")
         counts = nodes
-        label = "workers"
-        cores = lambda n: args.cores or m.cores  # noqa: E731
+        unit = "worker"
+        cores = lambda c: args.cores or m.cores  # noqa: E731
     kw = dict(cache=args.cache, bandwidth_mb_s=args.bandwidth_mb_s,
               storage_cap_mb_s=args.storage_cap_mb_s)
     preds = [whatif.predict(m, c, cores=cores(c), **kw) for c in counts]
     samples = v.repeats[0].samples
+    priced = args.cpu_node_cost is not None or args.gpu_node_cost is not None
     rows, cheapest = [], None
     for n, p in zip(nodes, preds):
-        row = [str(n), tables.num(p.throughput_samples_s), tables.pct(p.stall_share), p.bound_by]
-        if args.cpu_node_cost is not None or args.gpu_node_cost is not None:
+        row = [n, tables.num(p.throughput_samples_s), tables.pct(p.stall_share), p.bound_by]
+        if priced:
             hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
-            cpu_nodes = n if label == "nodes" else 0
+            cpu_nodes = n if unit == "node" else 0
             cost = hours * ((args.cpu_node_cost or 0) * cpu_nodes + (args.gpu_node_cost or 0))
             row.append(f"{cost:.6f}")
             if p.stall_share < 0.05 and (cheapest is None or cost < cheapest[1]):
                 cheapest = (n, cost)
         rows.append(row + [p.why])
-    head = [label, "PREDICTED samples/s", "stall %", "bound by"]
-    if args.cpu_node_cost is not None or args.gpu_node_cost is not None:
-        head.append("cost/run")
-    print(f"what-if for {r.scenario.name} / {v.name} (fitted on this variant's measured rates; "
-          f"every figure below is PREDICTED)")
+    head = [f"{unit}s", "PREDICTED samples/s", "stall %", "bound by"] + (["cost/run"] if priced else [])
+    print(f"what-if for {r.scenario.name} / {v.name} from {path} (fitted on this variant's "
+          f"measured rates; every figure below is PREDICTED)")
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
-          f"{whatif.workers_of(v)} worker(s) on {m.cores:g} cores")
+          f"{whatif.workers_of(v)} producer(s) on {m.cores:g} cores")
     print(f"rates are steady state (a run adds its start-up: {m.startup_s:.2f} s to the first "
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
-    print(tables.table(head + ["why"], rows, right=set(range(1, len(head)))))
-    k = whatif.knee(m, counts[1:] if counts and counts[0] == 0 else counts, cores_for=cores, **kw)
+    print(tables.table(head + ["why"], collapse_rows(rows), right=set(range(1, len(head)))))
+    candidates = [(n, c) for n, c in zip(nodes, counts) if c > 0]
+    k = whatif.knee(m, [c for _, c in candidates], cores_for=cores, unit=unit,
+                    shown=dict((c, n) for n, c in candidates), **kw)
     print(f"knee: {k.explanation}")
     if cheapest:
-        print(f"cheapest configuration without stall: {cheapest[0]} {label}, {cheapest[1]:.6f} per run")
+        print(f"cheapest configuration without stall: {cheapest[0]} {unit}(s), "
+              f"{cheapest[1]:.6f} per run")
     check = stored.measured if stored else []
     if check:
         errs = [f"{x.n}: {x.error:+.0%}" for x in check if not x.is_fit and x.error is not None]
@@ -117,4 +136,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"validation in this result (fitted on {stored.fit_variant}): prediction error "
                   + ", ".join(errs) + (f" (steady state, after the first batch: {', '.join(steady)})"
                                        if steady else ""))
-    return 0
+
+
+def collapse_rows(rows: list[list[Any]]) -> list[list[str]]:
+    """Consecutive counts whose predictions are identical (every cell after the count, the
+    explanation included) read as one row ``A..B``: once a bound saturates, 15 equal rows
+    say less than one."""
+    out: list[list[Any]] = []
+    for row in rows:
+        if out and out[-1][1:] == row[1:]:
+            out[-1][0] = (out[-1][0][0], row[0])
+        else:
+            out.append([(row[0], row[0]), *row[1:]])
+    return [[str(a) if a == b else f"{a}..{b}", *rest] for (a, b), *rest in out]

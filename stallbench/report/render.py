@@ -220,6 +220,16 @@ class Headline:
     baseline_tput: float | None
     best_tput: float | None
 
+    @property
+    def line(self) -> str:
+        """The one-line headline (the full verdict goes below it): a reader sees the answer
+        before the reasons."""
+        if self.best and self.baseline and self.best != self.baseline and self.speedup:
+            return f"{self.best} is fastest: {self.speedup:.2f}× {self.baseline}"
+        if self.best:
+            return f"{self.best} is already the fastest variant"
+        return ""
+
 
 @dataclass
 class RunView:

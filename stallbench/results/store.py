@@ -78,6 +78,17 @@ def find(paths: list[str | Path]) -> list[Path]:
     return out
 
 
+def newest_by_scenario(loaded: list[tuple[Path, Result]]) -> list[tuple[Path, Result]]:
+    """The newest result (by ``created_utc``, then file name) of each scenario, in the order
+    the scenarios first appear: a results directory with history still reads as "now"."""
+    best: dict[str, tuple[Path, Result]] = {}
+    for path, r in loaded:
+        cur = best.get(r.scenario.name)
+        if cur is None or (r.created_utc, str(path)) >= (cur[1].created_utc, str(cur[0])):
+            best[r.scenario.name] = (path, r)
+    return list(best.values())
+
+
 def _current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

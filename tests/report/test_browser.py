@@ -56,7 +56,7 @@ def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
     """Load ``html`` and collect what the checks need; saves a full-page screenshot."""
     url = html.resolve().as_uri()
     seen: dict[str, list[str]] = {"requests": [], "console": [], "pageerrors": [], "failed": []}
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, device_scale_factor=1,
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900}, device_scale_factor=1,
                               java_script_enabled=True)
     page = ctx.new_page()
     page.on("request", lambda r: seen["requests"].append(r.url))
@@ -73,7 +73,8 @@ def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
                " src: e.src.slice(0, 22)}))")
     verdict = page.locator(".verdict").first
     seen["verdict_visible"] = verdict.is_visible()
-    seen["verdict_text"] = verdict.inner_text()
+    seen["verdict_text"] = page.locator(".verdict-card").first.inner_text()
+    seen["layout"] = page.evaluate(LAYOUT_JS)
     stalled = page.locator('[data-figure="trainer-stalled"] .tile-v').first
     seen["trainer_stalled"] = stalled.inner_text() if stalled.count() else None
     seen["imgs"] = imgs
@@ -85,7 +86,39 @@ def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
     return seen
 
 
+# What a reader of a 1400 px window sees: the page never scrolls sideways, a table wider than
+# its card scrolls inside a container of that card (never past the card's edge), and the
+# headline is one line.
+LAYOUT_JS = """() => {
+  const root = document.documentElement;
+  const out = {scrollWidth: root.scrollWidth, viewport: root.clientWidth, tables: []};
+  for (const t of document.querySelectorAll('table')) {
+    const box = t.closest('.card, .callout, .verdict-card');
+    if (!box || t.offsetParent === null) continue;      // hidden (collapsed details)
+    let el = t.parentElement, scrolls = false;
+    while (el && el !== box.parentElement) {
+      const o = getComputedStyle(el).overflowX;
+      if (o === 'auto' || o === 'scroll') { scrolls = true; break; }
+      el = el.parentElement;
+    }
+    out.tables.push({cls: t.className, right: t.getBoundingClientRect().right,
+                     boxRight: box.getBoundingClientRect().right, scrolls});
+  }
+  const v = document.querySelector('.verdict');
+  out.verdictLines = v.getBoundingClientRect().height / parseFloat(getComputedStyle(v).lineHeight);
+  return out;
+}"""
+
+
+def _check_layout(layout: dict[str, Any]) -> None:
+    assert layout["scrollWidth"] <= layout["viewport"], layout
+    spill = [t for t in layout["tables"] if t["right"] > t["boxRight"] + 1 and not t["scrolls"]]
+    assert spill == [], f"tables past their card's edge in a 1400 px window: {spill}"
+    assert layout["verdictLines"] < 1.5, f"the headline takes {layout['verdictLines']:.1f} lines"
+
+
 def _check(seen: dict[str, Any], expect_verdict: str | None = None) -> None:
+    _check_layout(seen["layout"])
     assert seen["pageerrors"] == [], seen["pageerrors"]
     errors = [c for c in seen["console"] if c.startswith("error")]
     assert errors == [], errors
