@@ -20,7 +20,7 @@ variant / metric (log ratios, or share points) it derives:
   ln(1 / (1 + detect)) on throughput's log ratio, ln(1 + detect) on a lower-is-better ratio,
   +detect points on a share); ``power_confirmed`` = power squared;
 - ``pairs_for_power``: the fewest pairs whose confirmed power reaches ``power_target`` (95%),
-  searched up to ``MAX_PAIRS``;
+  searched from ``MIN_PAIRS`` (6) up to ``MAX_PAIRS`` (40);
 - ``noise_floor``: the smallest threshold (on a 0.5% grid) whose simulated false-alarm rate of
   one gate run at these pairs and alpha is at most ``MAX_FALSE_ALARM`` (5%).
 
@@ -51,6 +51,9 @@ from .results import codec
 
 CALIBRATION_VERSION = 1
 MAX_PAIRS = 40
+# Fewest pairs the calibration recommends: below this the paired t interval decides alone, and
+# one disturbed pair (rarer in a resample than on the machine) can swing it.
+MIN_PAIRS = 6
 MAX_FALSE_ALARM = 0.05
 POWER_TARGET = 0.95
 DEFAULT_DETECT = 0.10
@@ -239,7 +242,7 @@ def pairs_for_power(diffs: Sequence[float], m: Metric, threshold: float, alpha: 
     """Fewest pairs whose confirmed power (power squared) reaches ``target``."""
     if len(diffs) < 2:
         return None
-    for n in range(2, max_pairs + 1):
+    for n in range(MIN_PAIRS, max_pairs + 1):
         if power(diffs, m, threshold, alpha, n, detect, resamples) ** 2 >= target:
             return n
     return None
@@ -422,56 +425,50 @@ def find_for(directory: Path, scenario: str, sha256: str, machine_key: tuple[str
 
 
 def apply(cals: Sequence[Calibration], *, threshold: float, alpha: float, pairs: int | None,
-          metrics: Sequence[str], detect: float | None = None) -> Applied:
-    """The gate's use of calibrations: pairs when not given, refusal of a threshold below a
-    gated row's noise floor (``ResultError``-free: raises ``UserError``)."""
+          default_pairs: int, metrics: Sequence[str]) -> Applied:
+    """The gate's use of calibrations (see the module docstring): the pairs when ``--repeats``
+    is not given, a ``UserError`` for a threshold below a gated row's noise floor, and notes
+    saying what the gate can promise at the pairs it runs."""
     from .errors import UserError
-
-    out = Applied()
-    gated = set()
     from .gate import _metrics
 
-    for m in _metrics(metrics, False):
-        gated.add(m.name)
-    need: list[int | None] = []
-    for cal in cals:
-        det = cal.detect if detect is None else detect
-        for x in cal.metrics:
-            if x.metric not in gated:
-                continue
-            m = METRICS[x.metric]
-            if x.metric == "throughput":
-                need.append(pairs_for_power(x.diffs, m, threshold, alpha, det))
-        chosen_pairs = pairs
-        if chosen_pairs is None:
-            vals = [n for n in need]
-            chosen_pairs = (MAX_PAIRS if any(n is None for n in vals) else max(vals)) if vals \
-                else None
-        for x in cal.metrics:
-            if x.metric not in gated or chosen_pairs is None:
-                continue
-            m = METRICS[x.metric]
-            floor = noise_floor(x.diffs, m, alpha, chosen_pairs)
-            if floor is None or threshold < floor - 1e-12:
-                unit = "%" if m.kind == "ratio" else " points"
-                floor_txt = (f"{floor * 100:g}{unit}" if floor is not None
-                             else "above 50%")
-                raise UserError(
-                    f"gate: --threshold {threshold * 100:g}% is below the noise floor of "
-                    f"{cal.scenario}/{x.variant} {x.metric} on this machine ({floor_txt} at "
-                    f"{chosen_pairs} pairs and alpha {alpha:g}: two runs of the same code "
-                    f"differ by {x.noise_robust_sd * 100:.1f}{unit} (robust sd, A/A calibration "
-                    f"of {cal.created_utc}), so a smaller change cannot be told from noise); "
-                    f"use a threshold of at least {floor_txt}, more pairs (--repeats), or "
-                    f"recalibrate on a quieter machine")
-    if pairs is None and need:
+    gated = {m.name for m in _metrics(metrics, False)}
+    rows = [(cal, x) for cal in cals for x in cal.metrics if x.metric in gated]
+    tput = [(cal, x) for cal, x in rows if x.metric == "throughput"]
+    out = Applied(pairs=pairs)
+    chosen = pairs or default_pairs
+    if pairs is None and tput:
+        need = [pairs_for_power(x.diffs, METRICS[x.metric], threshold, alpha, cal.detect)
+                for cal, x in tput]
         if any(n is None for n in need):
-            out.pairs = MAX_PAIRS
-            out.notes.append(f"calibration: no pair count up to {MAX_PAIRS} catches the "
+            chosen = MAX_PAIRS
+            out.notes.append(f"calibration: no number of pairs up to {MAX_PAIRS} catches the "
                              f"calibrated slowdown in {POWER_TARGET:.0%} of gates on this "
-                             f"machine; using {MAX_PAIRS}")
+                             f"machine; running {MAX_PAIRS}")
         else:
-            out.pairs = max(n for n in need if n is not None)
-            out.notes.append(f"calibration: {out.pairs} pairs catch the calibrated slowdown in "
-                             f"{POWER_TARGET:.0%} of gates (confirmed) on this machine")
+            chosen = max(n for n in need if n is not None)
+        out.pairs = chosen
+    for cal, x in rows:
+        m = METRICS[x.metric]
+        floor = noise_floor(x.diffs, m, alpha, chosen)
+        if floor is not None and threshold >= floor - 1e-12:
+            continue
+        unit = "%" if m.kind == "ratio" else " points"
+        floor_txt = f"{floor * 100:g}{unit}" if floor is not None else "above 50%"
+        raise UserError(
+            f"gate: --threshold {threshold * 100:g}% is below the noise floor of "
+            f"{cal.scenario}/{x.variant} {x.metric} on this machine ({floor_txt} at {chosen} "
+            f"pairs and alpha {alpha:g}: two runs of the same code differ by "
+            f"{x.noise_robust_sd * 100:.1f}{unit} (robust sd; A/A calibration of "
+            f"{cal.created_utc}), so a smaller change cannot be told from noise); use a "
+            f"threshold of at least {floor_txt}, more pairs (--repeats), or recalibrate")
+    for cal, x in tput:
+        m = METRICS[x.metric]
+        pw = power(x.diffs, m, threshold, alpha, chosen, cal.detect)
+        fa = false_alarm_rate(x.diffs, m, threshold, alpha, chosen)
+        out.notes.append(
+            f"calibration: at {chosen} pairs a {cal.detect:.0%} slowdown of {cal.scenario}/"
+            f"{x.variant} throughput is caught in {pw * pw:.0%} of gates (confirmed; "
+            f"{pw:.0%} in one run), A/A false alarms {fa * fa:.1%} ({fa:.1%} in one run); "
+            f"simulated from {len(x.diffs)} measured A/A pairs")
     return out

@@ -140,12 +140,13 @@ def _calibrations(files: list[Path], directory: Path) -> tuple[list, list[str]]:
 
 def _against(args: argparse.Namespace, files: list[Path], threshold: float, alpha: float,
              metrics: tuple[str, ...]) -> int:
-    from .. import ab_gate, calibration
+    from .. import ab_gate, calibration, worktree
 
+    worktree.resolve(worktree.toplevel(Path.cwd()), args.against)   # bad REF: fail first
     cals, notes = _calibrations(files, _calibration_dir(args))
     applied = calibration.apply(cals, threshold=threshold, alpha=alpha, pairs=args.repeats,
-                                metrics=metrics)
-    pairs = args.repeats or applied.pairs or ab_gate.DEFAULT_PAIRS
+                                default_pairs=ab_gate.DEFAULT_PAIRS, metrics=metrics)
+    pairs = applied.pairs or ab_gate.DEFAULT_PAIRS
     for n in notes + applied.notes:
         _say(f"gate: {n}")
     settings = ab_gate.ABSettings(threshold=threshold, alpha=alpha, pairs=pairs,
@@ -160,7 +161,10 @@ def _against(args: argparse.Namespace, files: list[Path], threshold: float, alph
         printed.append((title, report))
         if args.format != "json":
             sys.stdout.write(f"\n{title}:\n" if args.format == "table" else f"\n### {title}\n\n")
-            sys.stdout.write(fmt(report))
+            # each run's last line counts its rows; only the final line says PASS or FAIL
+            text = fmt(report).replace("gate FAIL: ", f"{title}: ").replace("gate PASS: ",
+                                                                            f"{title}: ")
+            sys.stdout.write(text)
             sys.stdout.flush()
 
     out = ab_gate.run_gate(files, args.against, settings, cwd=Path.cwd(), say=_say,
