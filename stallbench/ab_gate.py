@@ -30,10 +30,17 @@ from .compare import (FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metr
 from .gate import GateReport, Row, _metrics, _not_comparable
 from .results import Result
 
-DEFAULT_PAIRS = 10           # 10 pairs: the signed-rank test reaches p < 0.01 with <= 3 rank
-                             # points against (one small opposite pair is tolerated)
-DEFAULT_AB_THRESHOLD = 0.05  # drift cancels within a pair: a 10% slower epoch (-9.1% throughput)
-                             # must clear the threshold with room to spare
+# 12 pairs: at alpha 0.05 the signed-rank test tolerates up to 13 rank points against (two or
+# three small opposite pairs); with 5% noise per pair a 10% slower epoch is caught in ~99% of
+# gates (confirmed), with 10% noise in ~2/3: a noisier machine needs the calibration's pairs.
+DEFAULT_PAIRS = 12
+# Drift cancels within a pair, so the threshold can sit below the baseline gate's 10%: a 10%
+# slower epoch (-9.1% throughput) must clear it with room to spare.
+DEFAULT_AB_THRESHOLD = 0.05
+# A slower verdict stands only when an independent rerun says slower too, so one row's false
+# alarm rate is about (alpha / 2) ** 2 (0.06% at 0.05); the baseline gate, which cannot rerun,
+# keeps 0.01.
+DEFAULT_AB_ALPHA = 0.05
 
 
 # ------------------------------------------------------------------------------ rows
@@ -194,13 +201,14 @@ def run_gate(scenarios: Sequence[Path], ref: str, settings: ABSettings, *, cwd: 
             def measure(files: Sequence[Path]) -> GateReport:
                 pairs = ab.run_pairs(files, a, b, settings.pairs, cwd=cwd, work_root=repo,
                                      say=say)
-                return paired_report(pairs, threshold=settings.threshold, alpha=settings.alpha,
-                                     metrics=settings.metrics,
-                                     include_memory=settings.include_memory,
-                                     fail_on_improvement=settings.fail_on_improvement)
+                report = paired_report(pairs, threshold=settings.threshold,
+                                       alpha=settings.alpha, metrics=settings.metrics,
+                                       include_memory=settings.include_memory,
+                                       fail_on_improvement=settings.fail_on_improvement)
+                _label(report, ref, label, len(pairs))
+                return report
 
             first = measure(scenarios)
-            _label(first, ref, label, settings.pairs)
             on_report("first run", first)
             out = ABOutcome(ref, commit, label, first, pairs=settings.pairs)
             if first.failing and settings.confirm:
@@ -209,7 +217,6 @@ def run_gate(scenarios: Sequence[Path], ref: str, settings: ABSettings, *, cwd: 
                 say(f"gate: {len(first.failing)} row(s) failing; confirmation rerun of "
                     f"{', '.join(sorted(names))} ({settings.pairs} new pairs)")
                 out.rerun = measure(files)
-                _label(out.rerun, ref, label, settings.pairs)
                 on_report("confirmation rerun", out.rerun)
                 out.confirmed, out.unconfirmed = confirm(first, out.rerun)
             elif first.failing:

@@ -18,16 +18,16 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
 SCENARIO = """
 name = "userpipe"
 [dataset]
-rows = 32768
-row_group_rows = 4096
+rows = 65536
+row_group_rows = 8192
 files = 1
-dense_features = 8
-sparse_features = 4
+dense_features = 4
+sparse_features = 2
 sequence_features = 1
-sequence_max_len = 8
+sequence_max_len = 4
 seed = 3
 [preprocess]
-transforms = ["log_dense", "mytf:fn"]
+transforms = ["mytf:fn"]
 [model]
 kind = "emulated"
 step_ms = 20
@@ -112,3 +112,17 @@ def stallbench(args: list[str], repo: Path, env: dict[str, str] | None = None,
 def worktrees(repo: Path) -> list[str]:
     return [ln.split(" ", 1)[1] for ln in git(repo, "worktree", "list", "--porcelain").splitlines()
             if ln.startswith("worktree ")]
+
+
+def idle_epoch(v) -> float:
+    """The epoch an undisturbed machine would give, estimated from one variant's repeats of a
+    serial (``num_workers = 0``) run with an EMULATED step: the step's measured wall time
+    (it sleeps, so load barely stretches it) plus the trainer's CPU seconds less the step's
+    own spin (~0.5 ms a batch). The wall epoch stretches with other processes' load; this
+    does not, so a cost sized from it is a share of the epoch of a quiet machine, not of
+    whatever the load was while sizing it."""
+    import statistics
+
+    step_s = float(v.config["model"]["step_ms"]) / 1000
+    ests = [r.compute_s + r.trainer_cpu_s - r.batches * min(0.0005, step_s) for r in v.repeats]
+    return statistics.median(ests)

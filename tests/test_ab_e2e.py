@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -35,11 +34,8 @@ def _epoch_share_cost(repo: Path, share: float) -> float:
     r = abrepo.stallbench(["run", "scenario.toml", "--repeats", "3", "--out", "calib",
                            "--no-progress"], repo)
     assert r.returncode == 0, r.stderr
-    res = load(find([repo / "calib"])[0])
-    v = res.variants[0]
-    epoch = statistics.median(v.epoch_s.values)
-    rows = v.repeats[0].samples
-    return share * epoch / rows
+    v = load(find([repo / "calib"])[0]).variants[0]
+    return share * abrepo.idle_epoch(v) / v.repeats[0].samples
 
 
 def test_a_commit_costing_10_percent_of_the_epoch_fails_after_confirmation(tmp_path: Path) -> None:

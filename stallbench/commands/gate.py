@@ -35,8 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--threshold", default=None,
                    help="smallest effect that fails, e.g. 10%% or 0.1 (stall share: share points;"
                         " default 10%%, 5%% with --against/--calibrate)")
-    p.add_argument("--alpha", default="0.01",
-                   help="significance level (default 0.01)")
+    p.add_argument("--alpha", default=None,
+                   help="significance level (default 0.01; 0.05 with --against/--calibrate, "
+                        "where a confirmation rerun must agree)")
     p.add_argument("--metric", action="append", choices=[*gate.METRICS, "attribution"],
                    dest="metrics",
                    help="metric to gate, repeatable (default: throughput, stall_share and, where "
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                         "SCENARIO.toml... to run both sides here)")
     # Parsed here, not via argparse ``type=``: a bad value is a UserError (one line, exit 2).
     threshold = parse_threshold(args.threshold or "10%")
-    alpha = parse_alpha(args.alpha)
+    alpha = parse_alpha(args.alpha or "0.01")
     current_files = find(args.current)
     current = _load_all(current_files, "current")
     if args.update_baseline:

@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="A/A calibration: run the working tree against itself on the "
                            "scenarios, measure the noise, store it next to the baseline")
     p.add_argument("--repeats", type=int, default=None, metavar="N",
-                   help="pairs of runs per side (A/B and calibration; default: what the "
-                        "calibration recommends, else 10)")
+                   help="pairs of runs (A/B and calibration; default: what the calibration "
+                        "recommends, else 12)")
     p.add_argument("--rounds", type=int, default=None, metavar="R",
                    help="--calibrate: simulated gates measured (R x N A/A pairs; default 3)")
     p.add_argument("--detect", default=None, metavar="PCT",
@@ -71,13 +71,13 @@ def _scenario_files(args: argparse.Namespace) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from .gate import DEFAULT_METRICS, parse_alpha, parse_threshold
-    from ..ab_gate import DEFAULT_AB_THRESHOLD, DEFAULT_PAIRS
+    from ..ab_gate import DEFAULT_AB_ALPHA, DEFAULT_AB_THRESHOLD, DEFAULT_PAIRS
 
     if args.current:
         raise UserError("gate: --current compares result files; --against and --calibrate "
                         "measure both sides themselves")
     threshold = parse_threshold(args.threshold or f"{DEFAULT_AB_THRESHOLD:.0%}")
-    alpha = parse_alpha(args.alpha)
+    alpha = parse_alpha(args.alpha or f"{DEFAULT_AB_ALPHA:g}")
     if args.repeats is not None and not 2 <= args.repeats <= 200:
         raise UserError(f"--repeats: expected 2 to 200 pairs, got {args.repeats}")
     files = _scenario_files(args)
