@@ -47,7 +47,7 @@ ci-ab: setup
 	  echo "ci-ab: shallow clone; fetching one more commit for the A/B"; \
 	  git fetch --quiet --deepen=1 2>/dev/null || true; fi; \
 	if git rev-parse --verify --quiet 'HEAD~1^{commit}' >/dev/null 2>&1; then \
-	  $(SB) gate --against HEAD~1 scenarios/ci/*.toml --repeats 10; rc=$$?; \
+	  $(SB) gate --against HEAD~1 scenarios/ci/*.toml --repeats 12; rc=$$?; \
 	  if [ $$rc -eq 2 ]; then \
 	    echo "ci-ab: WARNING: the same-job A/B against HEAD~1 could not compare (error above);" \
 	         "the committed baseline (make ci-gate) is the only reference for this run"; rc=0; fi; \

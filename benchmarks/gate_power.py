@@ -27,7 +27,7 @@ Two measurements, both with the gate's own code paths (``stallbench.ab``, ``ab_g
 The machine's load average is printed at the start, between phases and at the end: on a
 shared machine the figures hold for that load only.
 
-    .venv/bin/python benchmarks/gate_power.py [--pool 30] [--trials 2] [--pairs 10]
+    .venv/bin/python benchmarks/gate_power.py [--pool 30] [--trials 2] [--pairs 12] [--save F]
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ def resample(pairs: list[ab.Pair], n: int, draws: int, seed: int) -> tuple[float
     rows: dict[str, int] = {}
 
     def report(idx: np.ndarray):
-        return ab_gate.paired_report([pairs[i] for i in idx], threshold=0.05, alpha=0.01,
-                                     n_boot=10)
+        return ab_gate.paired_report([pairs[i] for i in idx],
+                                     threshold=ab_gate.DEFAULT_AB_THRESHOLD,
+                                     alpha=ab_gate.DEFAULT_AB_ALPHA, n_boot=10)
 
     for _ in range(draws):
         first = report(rng.integers(0, len(pairs), n))
@@ -153,6 +154,36 @@ def resample(pairs: list[ab.Pair], n: int, draws: int, seed: int) -> tuple[float
             for r in confirmed:
                 rows[r.label] = rows.get(r.label, 0) + 1
     return fails / draws, first_fails / draws, rows
+
+
+def exact_ten_percent(pairs: list[ab.Pair], n: int) -> dict[str, float]:
+    """Power of one gate run against an exact 10% slowdown of each throughput row, from the
+    measured A/A differences shifted (``calibration.power``): it does not depend on how well
+    the cost commit's size was estimated under the load of the moment."""
+    from stallbench import calibration
+    from stallbench.compare import METRICS, paired_differences
+
+    m = METRICS["throughput"]
+    out = {}
+    for variant in ab_gate.variant_names(pairs, "ci_loader"):
+        d = paired_differences(*ab_gate.paired_values(pairs, "ci_loader", variant, m), m)
+        out[variant] = calibration.power(d, m, 0.05, 0.05, n, 0.10)
+    return out
+
+
+def save(p: dict[str, list[ab.Pair]], path: Path) -> None:
+    """Every row's per-pair values, to re-analyse without measuring again."""
+    import json
+
+    from stallbench.compare import METRICS
+
+    data = {}
+    for kind, pairs in p.items():
+        for variant in ab_gate.variant_names(pairs, "ci_loader"):
+            for metric in ("throughput", "stall_share"):
+                a, b = ab_gate.paired_values(pairs, "ci_loader", variant, METRICS[metric])
+                data[f"{kind}/{variant}/{metric}"] = {"a": a, "b": b}
+    path.write_text(json.dumps(data, indent=1))
 
 
 def diffs_summary(pairs: list[ab.Pair]) -> list[str]:
@@ -196,6 +227,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=ab_gate.DEFAULT_PAIRS, help="pairs per gate")
     ap.add_argument("--draws", type=int, default=2000, help="resampled gates")
     ap.add_argument("--trials", type=int, default=2, help="end-to-end gates of each kind")
+    ap.add_argument("--save", help="write the pool's per-pair values to this JSON file")
     args = ap.parse_args()
     print(f"gate_power: {os.cpu_count()} CPUs, load average {load_avg()} (1, 5, 15 min)")
     with tempfile.TemporaryDirectory(prefix="stallbench-gate-power-") as t:
@@ -209,14 +241,22 @@ def main() -> int:
         for kind, label in (("ab", "A/B base vs slow (+10% cost)"), ("aa", "A/A base vs same")):
             print(f"  {label}: per-pair differences")
             print("\n".join(diffs_summary(p[kind])))
+        if args.save:
+            save(p, Path(args.save))
         power, power1, rows = resample(p["ab"], args.pairs, args.draws, 1)
         fa, fa1, fa_rows = resample(p["aa"], args.pairs, args.draws, 2)
-        print(f"RESAMPLED gates of {args.pairs} pairs ({args.draws} draws, threshold 5%, "
-              f"alpha 0.01, confirmation rerun drawn independently):")
+        exact = exact_ten_percent(p["aa"], args.pairs)
+        print(f"RESAMPLED gates of {args.pairs} pairs ({args.draws} draws, threshold "
+              f"{ab_gate.DEFAULT_AB_THRESHOLD:.0%}, alpha {ab_gate.DEFAULT_AB_ALPHA:g}, "
+              "confirmation rerun drawn independently):")
         print(f"  +10% cost caught: {power:.1%} after confirmation ({power1:.1%} of first runs "
               f"failing); rows confirmed: {rows}")
         print(f"  A/A false alarms: {fa:.2%} after confirmation ({fa1:.2%} of first runs "
               f"failing); rows: {fa_rows}")
+        print("  an exact 10% slowdown (each run 10% longer: the A/A pairs' throughput "
+              "differences shifted by ln(1/1.1), as the calibration sizes power), per row: "
+              + "; ".join(f"{k} {v ** 2:.1%} confirmed ({v:.1%} one run)"
+                          for k, v in exact.items()))
         print(f"  one gate run of {args.pairs} pairs ~ {2 * args.pairs * took / runs:.0f} s "
               f"(+ the same again when a confirmation rerun is needed), from the pool's pace")
         if args.trials:

@@ -207,6 +207,8 @@ def test_cli_mode_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         (["gate", "--against", "HEAD", "scenario.toml", "--rounds", "2"], "--calibrate"),
         (["gate", "--against", "HEAD", "nope.toml"], "nope.toml"),
         (["gate"], "needs --baseline and --current"),
+        (["gate", "--against", "HEAD", "scenario.toml", "--update-baseline"],
+         "--update-baseline"),
     ]
     for argv, message in cases:
         assert cli.main(argv) == 2, argv

@@ -90,3 +90,27 @@ def test_interrupted_gate_removes_its_worktree_and_runs(tmp_path: Path, sig: int
     assert abrepo.worktrees(repo) == [str(repo.resolve())]
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+OLD_SCHEMA_COMMIT = "1f0d990"    # stallbench before result schema 2 (writes version 1 files)
+
+
+def test_an_older_ref_writing_schema_1_runs_and_migrates(tmp_path: Path) -> None:
+    """REF may be an older stallbench: the one command line a side must understand still
+    works, and its version 1 result loads through the migration."""
+    from stallbench import ab, worktree
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        repo = worktree.toplevel(root)
+        commit = worktree.resolve(repo, OLD_SCHEMA_COMMIT)
+    except Exception as exc:       # a shallow clone or an exported tree: no such history
+        pytest.skip(f"commit {OLD_SCHEMA_COMMIT} not available here: {exc}")
+    with worktree.checkout(repo, commit) as tree:
+        res, _ = ab.run_side(ab.Side("old", tree), [root / "scenarios/ci/ci_loader.toml"],
+                             tmp_path / "out", root, repo)
+    raw = next((tmp_path / "out").glob("*.json")).read_text()
+    assert '"schema_version": 1' in raw
+    r = res["ci_loader"]
+    assert r.schema_version == 2 and len(r.variants) == 2
+    assert all(v.throughput_samples_s.values[0] > 0 for v in r.variants)

@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.current:
         raise UserError("gate: --current compares result files; --against and --calibrate "
                         "measure both sides themselves")
+    if args.update_baseline:
+        raise UserError("gate: --update-baseline refreshes a baseline from --current results; "
+                        "it does not apply to --against/--calibrate")
     threshold = parse_threshold(args.threshold or f"{DEFAULT_AB_THRESHOLD:.0%}")
     alpha = parse_alpha(args.alpha or f"{DEFAULT_AB_ALPHA:g}")
     if args.repeats is not None and not 2 <= args.repeats <= 200:
@@ -145,7 +148,8 @@ def _against(args: argparse.Namespace, files: list[Path], threshold: float, alph
     worktree.resolve(worktree.toplevel(Path.cwd()), args.against)   # bad REF: fail first
     cals, notes = _calibrations(files, _calibration_dir(args))
     applied = calibration.apply(cals, threshold=threshold, alpha=alpha, pairs=args.repeats,
-                                default_pairs=ab_gate.DEFAULT_PAIRS, metrics=metrics)
+                                default_pairs=ab_gate.DEFAULT_PAIRS, metrics=metrics,
+                                confirm=args.confirm)
     pairs = applied.pairs or ab_gate.DEFAULT_PAIRS
     for n in notes + applied.notes:
         _say(f"gate: {n}")
