@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from . import gate_ab
 
     if gate_ab.wanted(args):
-        return gate_ab.run(args)
+        return gate_ab.run(args, parse_threshold, parse_alpha, DEFAULT_METRICS)
     if args.scenarios:
         raise UserError("gate: scenario files are run only with --against REF or --calibrate; "
                         "to compare result files use --baseline and --current")

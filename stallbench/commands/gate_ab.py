@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 from .. import gate
 from ..errors import UserError
@@ -69,8 +70,10 @@ def _scenario_files(args: argparse.Namespace) -> list[Path]:
     return files
 
 
-def run(args: argparse.Namespace) -> int:
-    from .gate import DEFAULT_METRICS, parse_alpha, parse_threshold
+def run(args: argparse.Namespace, parse_threshold: Callable[[str], float],
+        parse_alpha: Callable[[str], float], default_metrics: tuple[str, ...]) -> int:
+    """``commands.gate`` hands over its own parsers (one way to read a threshold; no import
+    back into it)."""
     from ..ab_gate import DEFAULT_AB_ALPHA, DEFAULT_AB_THRESHOLD, DEFAULT_PAIRS
 
     if args.current:
@@ -84,16 +87,17 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats is not None and not 2 <= args.repeats <= 200:
         raise UserError(f"--repeats: expected 2 to 200 pairs, got {args.repeats}")
     files = _scenario_files(args)
-    metrics = args.metrics or DEFAULT_METRICS
+    metrics = args.metrics or default_metrics
     if args.calibrate:
-        return _calibrate(args, files, threshold, alpha, metrics, args.repeats or DEFAULT_PAIRS)
+        detect = _detect(args, parse_threshold)
+        return _calibrate(args, files, threshold, alpha, metrics, args.repeats or DEFAULT_PAIRS,
+                          detect)
     if args.rounds is not None or args.detect is not None:
         raise UserError("gate: --rounds and --detect belong to --calibrate")
     return _against(args, files, threshold, alpha, metrics)
 
 
-def _detect(args: argparse.Namespace) -> float:
-    from .gate import parse_threshold
+def _detect(args: argparse.Namespace, parse_threshold: Callable[[str], float]) -> float:
     from ..calibration import DEFAULT_DETECT
 
     if args.detect is None:
@@ -105,13 +109,12 @@ def _detect(args: argparse.Namespace) -> float:
 
 
 def _calibrate(args: argparse.Namespace, files: list[Path], threshold: float, alpha: float,
-               metrics: tuple[str, ...], pairs: int) -> int:
+               metrics: tuple[str, ...], pairs: int, detect: float) -> int:
     from .. import calibration
 
     rounds = calibration.DEFAULT_ROUNDS if args.rounds is None else args.rounds
     if not 1 <= rounds <= 50:
         raise UserError(f"--rounds: expected 1 to 50, got {rounds}")
-    detect = _detect(args)
     directory = _calibration_dir(args)
     _say(f"gate --calibrate: {rounds} x {pairs} A/A pairs of the working tree against itself")
     cals = calibration.calibrate(files, threshold=threshold, alpha=alpha, pairs=pairs,

@@ -6,7 +6,7 @@ to split (two segments of ``history.DEFAULT_MIN_SIZE``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import history
 from ..results import Result
@@ -42,8 +42,9 @@ def plot(series: Sequence[history.Series]) -> str | None:
         return plots._png(fig)
 
 
-def view(loaded: Sequence[tuple[Path, Result]]) -> dict[str, Any] | None:
-    """The section's data, or None when there are too few results of the scenario."""
+def view(loaded: Sequence[tuple[Path, Result]], draw: Callable[..., Any]) -> dict[str, Any] | None:
+    """The section's data, or None when there are too few results of the scenario. ``draw`` is
+    the renderer's figure wrapper (odd data never takes the report down)."""
     results = [r for _, r in loaded]
     if len(results) < 2 * history.DEFAULT_MIN_SIZE:
         return None
@@ -56,9 +57,7 @@ def view(loaded: Sequence[tuple[Path, Result]]) -> dict[str, Any] | None:
                          "commit": (s.commits[cp.index] or "unknown")[:12],
                          "before": cp.before, "after": cp.after, "change": cp.change,
                          "p": cp.p_value})
-    from .render import _draw
-
-    fig = _draw(plot, series, alt="throughput history with change points",
+    fig = draw(plot, series, alt="throughput history with change points",
                 missing="no throughput to plot")
     return {"n": len(results), "fig": fig, "rows": rows, "max_p": history.DEFAULT_MAX_P,
             "permutations": history.DEFAULT_PERMUTATIONS, "min_size": history.DEFAULT_MIN_SIZE}

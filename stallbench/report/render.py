@@ -628,7 +628,7 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
         "name": name, "anchor": slug, "runs": runs, "primary": primary,
         "older": runs[:-1][::-1],
         "compare": _compare(runs) if len(runs) > 1 else None,
-        "history": history_view(loaded),
+        "history": history_view(loaded, _draw),
         "machine": _machine_table(runs),
         "machine_missing": all(run.result.machine == MachineInfo() for run in runs),
         "settings": _settings_rows(primary.result),
