@@ -28,6 +28,7 @@ from . import ab, metric_values, worktree
 from .compare import (FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, change_of,
                       compare_paired, paired_differences)
 from .gate import GateReport, Row, _metrics, _not_comparable
+from .errors import ResultError
 from .results import Result
 
 # 12 pairs: at alpha 0.05 the signed-rank test tolerates up to 13 rank points against (two or
@@ -206,6 +207,10 @@ def run_gate(scenarios: Sequence[Path], ref: str, settings: ABSettings, *, cwd: 
                                        include_memory=settings.include_memory,
                                        fail_on_improvement=settings.fail_on_improvement)
                 _label(report, ref, label, len(pairs))
+                if not any(r.verdict != NOT_COMPARABLE for r in report.rows):
+                    raise ResultError("gate --against: nothing comparable between REF and the "
+                                      "working tree (no variant and metric with >= "
+                                      f"{MIN_REPEATS} complete pairs)")
                 return report
 
             first = measure(scenarios)
