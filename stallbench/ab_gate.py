@@ -254,6 +254,10 @@ def summary(out: ABOutcome) -> str:
     if out.unconfirmed:
         return (f"gate PASS: {names(out.unconfirmed)} in the first run, not confirmed by the "
                 "rerun (counted as noise)")
+    maybe = [r for r in out.first.rows if r.verdict == "inconclusive"]
+    if maybe:
+        return (f"gate PASS: nothing slower than REF; {len(maybe)} row(s) inconclusive (over "
+                "the threshold, not significant: more pairs, --repeats, would tell)")
     return "gate PASS: nothing slower than REF"
 
 

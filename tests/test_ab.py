@@ -79,6 +79,20 @@ def test_unknown_ref_and_shallow_clone_are_one_line_errors(tmp_path: Path) -> No
 
 # ------------------------------------------------------------------------------ real sides
 
+def test_in_stallbenchs_own_repository_the_ref_side_imports_refs_stallbench() -> None:
+    """The editable install's finder sits after PYTHONPATH: REF's tree wins for stallbench."""
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parents[1]
+    repo = worktree.toplevel(here)
+    with worktree.checkout(repo, worktree.resolve(repo, "HEAD")) as tree:
+        env = ab.side_env(ab.Side("REF", tree), repo)
+        out = subprocess.run([sys.executable, "-P", "-c",
+                              "import stallbench; print(stallbench.__file__)"], cwd=here,
+                             env=env, capture_output=True, text=True, check=True)
+    assert Path(out.stdout.strip()).is_relative_to(tree), out.stdout
+
 def test_each_side_imports_its_own_trees_transform(tmp_path: Path) -> None:
     """REF's mytf.py on the REF side, the working tree's (uncommitted) on the other, although
     both run in the working tree's directory (where Python would find the working tree's)."""
