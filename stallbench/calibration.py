@@ -62,6 +62,7 @@ MAX_FALSE_ALARM = 0.05
 POWER_TARGET = 0.95
 DEFAULT_DETECT = 0.10
 DEFAULT_ROUNDS = 3
+ROUGH_BELOW = 20      # fewer measured pairs than this: the table says its rates are rough
 RESAMPLES = 4000
 
 
@@ -393,6 +394,11 @@ def format_calibration(cal: Calibration) -> str:
              f"alpha {cal.alpha:g}"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *body]]
     rec = cal.recommended_pairs
+    measured = max((len(x.diffs) for x in cal.metrics), default=0)
+    if measured < ROUGH_BELOW:
+        lines.append(f"only {measured} measured A/A pairs: every rate below is resampled from "
+                     f"them and rough; calibrate with at least {ROUGH_BELOW} (--rounds x "
+                     "--repeats)")
     lines.append(f"noise sd: of one pair's difference (log ratio, shown as %; share points); "
                  f"false alarm / power: simulated gates of {cal.pairs} pairs resampled from the "
                  f"measured A/A pairs (confirmed: with the rerun, squared)")
@@ -468,7 +474,8 @@ def apply(cals: Sequence[Calibration], *, threshold: float, alpha: float, pairs:
             f"pairs and alpha {alpha:g}: two runs of the same code differ by "
             f"{x.noise_robust_sd * 100:.1f}{unit} (robust sd; A/A calibration of "
             f"{cal.created_utc}), so a smaller change cannot be told from noise); use a "
-            f"threshold of at least {floor_txt}, more pairs (--repeats), or recalibrate")
+            f"threshold of at least {floor_txt}, more pairs (--repeats), other metrics "
+            f"(--metric), or recalibrate")
     for cal, x in tput:
         m = METRICS[x.metric]
         pw = power(x.diffs, m, threshold, alpha, chosen, cal.detect)
