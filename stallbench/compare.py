@@ -8,6 +8,10 @@ Metrics and their orientation
                      current - baseline in share points, and the threshold is read as points
                      (10% -> 0.10 = 10 points).
     ``peak_pss_mb``  lower is better, a ratio like throughput.
+    ``fetch_stall_share``, ``preprocess_stall_share``, ``transfer_stall_share``,
+    ``loader_overhead_share``
+                     the attribution's parts as shares of the epoch, in points like stall_share
+                     (only where the results carry an attribution; ``metric_values`` reads them).
     "slower" always means *worse* and "faster" *better*, whatever the metric's direction.
 
 Decision rule (asv's)
@@ -22,15 +26,36 @@ Decision rule (asv's)
     Beyond the threshold but not significant -> *inconclusive*. Within the threshold -> *same*.
     Fewer than ``MIN_REPEATS`` values on a side -> *not comparable* (one repeat measures no
     spread, so noise cannot be told from change).
+
+Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against``)
+    Repeat i of the baseline (REF's code) and repeat i of the current side (the working tree)
+    ran back to back in one job (A B A B ...), so slow drift of the machine moves both values
+    of a pair alike. The rule gates on the per-pair differences
+
+        d_i = ln(current_i / baseline_i)   (ratio metrics)
+        d_i = current_i - baseline_i        (share metrics, in share points)
+
+    and decides with the same two conditions as above, on paired statistics:
+      1. effect: the Hodges-Lehmann estimate HL = median{(d_i + d_j) / 2 : i <= j}, shown as
+         the change exp(HL) (ratio metrics) or HL (points), must be beyond the threshold;
+      2. significance: the two-sided exact Wilcoxon signed-rank test on the d_i gives p < alpha,
+         used whenever ``min_p_signed_rank(n) = 2 / 2**n < alpha`` (n non-zero pairs; 8 pairs
+         reach 0.0078, so alpha = 0.01 needs 8 pairs); with fewer pairs, the (1 - alpha)
+         Student-t interval of the mean d must exclude 0 (``paired-t``).
+    The verdicts and their names are the unpaired rule's: a report or a CI log reads "slower"
+    the same way whichever test decided (the ``test`` column says which: ``wilcoxon`` or
+    ``paired-t`` for pairs; ``mann-whitney`` or ``ci-overlap`` for independent sets).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from .analysis.stats import mann_whitney_p, min_p_possible, t_interval
+from .analysis.stats import (hodges_lehmann, mann_whitney_p, min_p_possible, min_p_signed_rank,
+                             signed_rank_p, t_interval)
 from .results import MachineInfo
 
 FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
@@ -55,7 +80,17 @@ METRICS: dict[str, Metric] = {
     "throughput": Metric("throughput", "throughput_samples_s", True, "ratio"),
     "stall_share": Metric("stall_share", "stall_share", False, "points"),
     "peak_pss_mb": Metric("peak_pss_mb", "peak_pss_mb", False, "ratio"),
+    # The differential attribution's parts, each as a share of its run's epoch (share points):
+    # "preprocess stall +8 pt" reads as the preprocess stage costing 8% more of the epoch.
+    # Read per repeat by ``metric_values`` (no Summary attribute holds them).
+    "fetch_stall_share": Metric("fetch_stall_share", "", False, "points"),
+    "preprocess_stall_share": Metric("preprocess_stall_share", "", False, "points"),
+    "transfer_stall_share": Metric("transfer_stall_share", "", False, "points"),
+    "loader_overhead_share": Metric("loader_overhead_share", "", False, "points"),
 }
+# ``--metric attribution`` names all four parts at once.
+ATTRIBUTION_METRICS = ("fetch_stall_share", "preprocess_stall_share", "transfer_stall_share",
+                       "loader_overhead_share")
 
 
 @dataclass(frozen=True)
@@ -124,3 +159,59 @@ def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
     significant, p, test = significance(base, cur, alpha)
     return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
                       nb, nc)
+
+
+def paired_differences(base: Sequence[float], cur: Sequence[float], m: Metric) -> list[float]:
+    """Per-pair differences d_i on the metric's scale (see the module docstring); a pair with a
+    non-finite value (or a non-positive one, for a ratio) is dropped as a whole."""
+    out = []
+    for b, c in zip(base, cur):
+        if not (_finite(b) and _finite(c)):
+            continue
+        if m.kind == "ratio":
+            if b > 0 and c > 0:
+                out.append(math.log(c / b))
+        else:
+            out.append(c - b)
+    return out
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def paired_significance(d: Sequence[float], alpha: float) -> tuple[bool, float, str]:
+    """(significant, signed-rank p, test that decided) for paired differences: the exact
+    signed-rank test when ``n`` non-zero pairs can reach ``alpha``, else a paired t interval."""
+    p = signed_rank_p(d)
+    nonzero = sum(1 for x in d if x != 0)
+    if min_p_signed_rank(nonzero) < alpha:
+        return p < alpha, p, "wilcoxon"
+    lo, hi = t_interval(d, 1 - alpha)
+    return (lo > 0 or hi < 0), p, "paired-t"
+
+
+def change_of(d: Sequence[float], m: Metric) -> float:
+    """The paired effect on the metric's display scale: exp(HL) for ratios, HL for points."""
+    hl = hodges_lehmann(d)
+    return math.exp(hl) if m.kind == "ratio" else hl
+
+
+def compare_paired(base: Sequence[float], cur: Sequence[float], m: Metric, *,
+                   threshold: float = DEFAULT_THRESHOLD,
+                   alpha: float = DEFAULT_ALPHA) -> Comparison:
+    """Compare values measured in pairs (``base[i]`` beside ``cur[i]``) by the paired rule."""
+    nan = float("nan")
+    d = paired_differences(base, cur, m)
+    n = len(d)
+    if n < MIN_REPEATS:
+        return Comparison(nan, nan, nan, m.kind, None, "", NOT_COMPARABLE, n, n,
+                          f"needs >= {MIN_REPEATS} complete pairs (has {n})")
+    kept = [(b, c) for b, c in zip(base, cur) if _finite(b) and _finite(c)
+            and (m.kind != "ratio" or (b > 0 and c > 0))]
+    mb = statistics.median(b for b, _ in kept)
+    mc = statistics.median(c for _, c in kept)
+    change = change_of(d, m)
+    significant, p, test = paired_significance(d, alpha)
+    return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
+                      n, n)

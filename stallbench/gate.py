@@ -37,8 +37,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .analysis.stats import bootstrap_ci
-from .compare import (FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SAME, SLOWER,
-                      VERDICTS, Metric, compare as compare_values, machine_key)
+from . import metric_values
+from .compare import (ATTRIBUTION_METRICS, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
+                      NOT_COMPARABLE, SAME, SLOWER, VERDICTS, Metric, compare as compare_values,
+                      machine_key)
 from .errors import ResultError, UserError
 from .results import Result, VariantResult, load, write_atomic
 
@@ -97,7 +99,7 @@ def compare(
     *,
     threshold: float,
     alpha: float = 0.01,
-    metrics: Iterable[str] = ("throughput", "stall_share"),
+    metrics: Iterable[str] = ("throughput", "stall_share", "attribution"),
     include_memory: bool = False,
     fail_on_improvement: bool = False,
     machine: str = "auto",
@@ -136,7 +138,8 @@ class _Ctx:
 
 def _metrics(names: Iterable[str], include_memory: bool) -> list[Metric]:
     out: list[Metric] = []
-    for n in list(names) + (["peak_pss_mb"] if include_memory else []):
+    names = [x for n in names for x in (ATTRIBUTION_METRICS if n == "attribution" else [n])]
+    for n in names + (["peak_pss_mb"] if include_memory else []):
         if n not in METRICS:
             raise UserError(f"gate: unknown metric {n!r}; choose from {', '.join(METRICS)}")
         if METRICS[n] not in out:
@@ -248,6 +251,8 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
         _check_repeats(name, vname, "baseline", vb)
         _check_repeats(name, vname, "current", vc)
         for m in metrics:
+            if not _present(m, vb, vc):
+                continue
             report.rows.append(_row(ctx, name, vname, m.name, m, _values(vb, m), _values(vc, m)))
 
 
@@ -268,6 +273,8 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
     for vname in others:
         vb, vc = _get(b, vname), _get(c, vname)
         for m in metrics:
+            if not _present(m, vb, vc, rb, rc):
+                continue
             mname = f"{m.name}_vs_{ref}"
             if vb is None or vc is None or rb is None or rc is None:
                 why = "reference missing" if rb is None or rc is None else (
@@ -280,14 +287,20 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
                                     _relative(vb, rb, m), _relative(vc, rc, m)))
 
 
+def _present(m: Metric, *vs: VariantResult | None) -> bool:
+    """A metric some results cannot hold (the attribution's parts) gets rows only where a side
+    holds it; where one side lacks it the row says "no data"."""
+    return any(v is not None and metric_values.available(v, m) for v in vs)
+
+
 def _values(v: VariantResult, m: Metric) -> list[float]:
-    return _finite(getattr(v, m.attr).values)
+    return _finite(metric_values.per_repeat(v, m))
 
 
 def _relative(v: VariantResult, ref: VariantResult, m: Metric) -> list[float]:
     """Per repeat index, the variant relative to the reference measured in the same run."""
     out = []
-    for x, r in zip(getattr(v, m.attr).values, getattr(ref, m.attr).values):
+    for x, r in zip(metric_values.per_repeat(v, m), metric_values.per_repeat(ref, m)):
         if m.kind == "points":
             out.append(x - r if _ok(x) and _ok(r) else math.nan)
         else:

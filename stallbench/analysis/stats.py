@@ -73,3 +73,39 @@ def min_p_possible(n_a: int, n_b: int) -> float:
     back to non-overlapping intervals (asv does the same).
     """
     return 2.0 / math.comb(n_a + n_b, n_a)
+
+
+# ------------------------------------------------------------------------------ paired
+
+def signed_rank_p(d: Sequence[float]) -> float:
+    """Two-sided exact Wilcoxon signed-rank p-value of paired differences ``d`` (zeros dropped,
+    Wilcoxon's convention; ties get mid-ranks and SciPy's exact distribution handles them)."""
+    vals = [float(x) for x in d if x is not None and math.isfinite(x)]
+    if not any(vals):
+        return 1.0
+    from scipy import stats as _st
+
+    return float(_st.wilcoxon(vals, method="exact").pvalue)
+
+
+def min_p_signed_rank(n: int) -> float:
+    """Smallest two-sided exact signed-rank p-value with ``n`` non-zero differences: every pair
+    moved the same way, 2 / 2**n (n = 7: 0.016, n = 8: 0.0078, n = 10: 0.002)."""
+    return 2.0 / 2.0 ** n if n > 0 else 1.0
+
+
+def hodges_lehmann(d: Sequence[float]) -> float:
+    """Hodges-Lehmann estimate of the centre of paired differences: the median of the Walsh
+    averages (d_i + d_j) / 2 over i <= j. It is the estimate the signed-rank test is built
+    around, robust to one disturbed pair, and ~95% as efficient as the mean on normal noise."""
+    a = np.asarray([x for x in d if x is not None and math.isfinite(x)], dtype=float)
+    if a.size == 0:
+        return math.nan
+    i, j = np.triu_indices(a.size)
+    return float(np.median((a[i] + a[j]) / 2.0))
+
+
+def paired_t_interval(d: Sequence[float], confidence: float) -> tuple[float, float]:
+    """Student-t interval of the mean paired difference (the fallback when the signed-rank test
+    cannot reach alpha with this few pairs; ``t_interval`` on the differences)."""
+    return t_interval(d, confidence)

@@ -14,23 +14,35 @@ from .. import gate
 from ..errors import ResultError, UserError
 from ..results import find, load
 
+DEFAULT_METRICS = ("throughput", "stall_share", "attribution")
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "gate", help="fail CI on a real, significant slowdown against a baseline",
         description="Compare current results with a baseline; exit 1 on a regression beyond the "
-                    "threshold that is also statistically significant (asv's rule).")
-    p.add_argument("--baseline", nargs="+", required=True, metavar="DIR_OR_FILE",
-                   help="baseline result files or directories (searched one level deep)")
-    p.add_argument("--current", nargs="+", required=True, metavar="DIR_OR_FILE",
+                    "threshold that is also statistically significant (asv's rule). With "
+                    "--against REF SCENARIO.toml...: run REF's code and the working tree's on "
+                    "the scenarios in this job, interleaved, and gate on the paired "
+                    "differences; with --calibrate SCENARIO.toml...: measure this machine's "
+                    "noise with the same code on both sides.")
+    p.add_argument("--baseline", nargs="+", metavar="DIR_OR_FILE",
+                   help="baseline result files or directories (searched one level deep); with "
+                        "--against/--calibrate, the directory the calibration lives under "
+                        "(default results/baseline)")
+    p.add_argument("--current", nargs="+", metavar="DIR_OR_FILE",
                    help="current result files or directories (searched one level deep)")
-    p.add_argument("--threshold", default="10%",
-                   help="smallest effect that fails, e.g. 10%% or 0.1 (stall share: share points; "
-                        "default 10%%)")
-    p.add_argument("--alpha", default="0.01",
-                   help="significance level (default 0.01)")
-    p.add_argument("--metric", action="append", choices=list(gate.METRICS), dest="metrics",
-                   help="metric to gate, repeatable (default: throughput and stall_share)")
+    p.add_argument("--threshold", default=None,
+                   help="smallest effect that fails, e.g. 10%% or 0.1 (stall share: share points;"
+                        " default 10%%, 5%% with --against/--calibrate)")
+    p.add_argument("--alpha", default=None,
+                   help="significance level (default 0.01; 0.05 with --against/--calibrate, "
+                        "where a confirmation rerun must agree)")
+    p.add_argument("--metric", action="append", choices=[*gate.METRICS, "attribution"],
+                   dest="metrics",
+                   help="metric to gate, repeatable (default: throughput, stall_share and, where "
+                        "results carry an attribution, its parts; 'attribution' names the four "
+                        "parts)")
     p.add_argument("--memory", action="store_true", help="also gate peak memory (peak_pss_mb)")
     p.add_argument("--format", choices=list(gate.FORMATTERS), default="table")
     p.add_argument("--fail-on-improvement", action="store_true",
@@ -44,6 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     help="compare absolute figures even if the machines differ")
     mg.add_argument("--cross-machine", dest="machine", action="store_const", const="cross",
                     help="compare within-run ratios to the reference variant even on one machine")
+    from . import gate_ab
+
+    gate_ab.add_arguments(p)
     p.set_defaults(machine="auto", func=run)
     return p
 
@@ -86,9 +101,19 @@ def _load_all(paths: list[Path], side: str) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
+    from . import gate_ab
+
+    if gate_ab.wanted(args):
+        return gate_ab.run(args, parse_threshold, parse_alpha, DEFAULT_METRICS)
+    if args.scenarios:
+        raise UserError("gate: scenario files are run only with --against REF or --calibrate; "
+                        "to compare result files use --baseline and --current")
+    if not args.baseline or not args.current:
+        raise UserError("gate: needs --baseline and --current result files (or --against REF "
+                        "SCENARIO.toml... to run both sides here)")
     # Parsed here, not via argparse ``type=``: a bad value is a UserError (one line, exit 2).
-    threshold = parse_threshold(args.threshold)
-    alpha = parse_alpha(args.alpha)
+    threshold = parse_threshold(args.threshold or "10%")
+    alpha = parse_alpha(args.alpha or "0.01")
     current_files = find(args.current)
     current = _load_all(current_files, "current")
     if args.update_baseline:
@@ -100,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
     baseline = _load_all(find(args.baseline), "baseline")
     report = gate.compare(baseline, current, threshold=threshold, alpha=alpha,
-                          metrics=args.metrics or ("throughput", "stall_share"),
+                          metrics=args.metrics or DEFAULT_METRICS,
                           include_memory=args.memory,
                           fail_on_improvement=args.fail_on_improvement,
                           machine=getattr(args, "machine", None) or "auto")

@@ -32,6 +32,7 @@ from ..errors import UserError
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from . import plots
+from .history import view as history_view
 
 TEMPLATES = Path(__file__).parent / "templates"
 NBSP = "\u00a0"
@@ -637,6 +638,7 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
         "name": name, "anchor": slug, "runs": runs, "primary": primary,
         "older": runs[:-1][::-1],
         "compare": _compare(runs) if len(runs) > 1 else None,
+        "history": history_view(loaded, _draw),
         "machine": _machine_table(runs),
         "machine_missing": all(run.result.machine == MachineInfo() for run in runs),
         "settings": _settings_rows(primary.result),

@@ -1,0 +1,56 @@
+"""``stallbench history DIR``: change points in a series of results (logic in
+``stallbench.history``). Exit 0 (a history reports; it does not gate), 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .. import history
+from ..compare import METRICS
+from ..errors import UserError
+from ..results import find, load
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "history", help="find change points in a series of results (one per commit or night)",
+        description="Order the results of each scenario by time and find where each variant's "
+                    "throughput and stall share shifted (E-divisive means, as in Apache Otava), "
+                    "with the commit of each change point.")
+    p.add_argument("paths", nargs="+", metavar="DIR_OR_FILE",
+                   help="result files or directories (searched one level deep)")
+    p.add_argument("--scenario", help="only this scenario (default: every scenario found)")
+    p.add_argument("--metric", action="append", choices=list(METRICS), dest="metrics",
+                   help="metric, repeatable (default: throughput and stall_share)")
+    p.add_argument("--max-p", type=float, default=history.DEFAULT_MAX_P,
+                   help=f"permutation-test significance (default {history.DEFAULT_MAX_P})")
+    p.add_argument("--permutations", type=int, default=history.DEFAULT_PERMUTATIONS,
+                   help=f"permutations per test (default {history.DEFAULT_PERMUTATIONS})")
+    p.add_argument("--min-size", type=int, default=history.DEFAULT_MIN_SIZE,
+                   help=f"fewest results in a segment (default {history.DEFAULT_MIN_SIZE})")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.max_p < 1:
+        raise UserError(f"--max-p: expected a number between 0 and 1, got {args.max_p}")
+    if not 19 <= args.permutations <= 100_000:
+        raise UserError(f"--permutations: expected 19 to 100000, got {args.permutations}")
+    if not 2 <= args.min_size <= 1000:
+        raise UserError(f"--min-size: expected 2 to 1000, got {args.min_size}")
+    files = find(args.paths)
+    results = [load(p) for p in files]
+    if args.scenario:
+        results = [r for r in results if r.scenario.name == args.scenario]
+    if not results:
+        what = f" of scenario {args.scenario!r}" if args.scenario else ""
+        raise UserError(f"history: no results{what} in {', '.join(args.paths)}")
+    series = history.series_of(results, args.metrics or ("throughput", "stall_share"))
+    history.analyse(series, max_p=args.max_p, permutations=args.permutations,
+                    min_size=args.min_size)
+    sys.stdout.write(history.format_history(series, max_p=args.max_p,
+                                            permutations=args.permutations,
+                                            min_size=args.min_size))
+    return 0
