@@ -5,15 +5,13 @@ stalls), plus ``summarize``, which assembles a variant's ``RankSummary``.
 
 *Straggler.* The candidate is the rank with the largest exposed stall (median over the full
 runs). Its *excess* is its stall minus the median stall of the other ranks, per run, median
-over runs. It is named only when the excess is larger than the *noise* measured for it:
-
-    noise = max( half-width of the bootstrap interval (``confidence``) of
-                 sum_k [ e(c, k) - median_{r != c} e(r, k) ]      resampling the steps k,
-                 max over ranks of (max - min of its stall over repeats)   [>= 2 repeats] )
-
-where ``e(r, k)`` is rank r's exposed stall at step k (wait + trainer-side transfer). With no
-injected or real cause, ranks are exchangeable: the largest of N noisy stalls exceeds the
-others by about the noise, and the rule names nobody.
+over runs. It is named only when the excess is larger than the *noise* measured for it: what
+the same statistic gives when the ranks are exchangeable. Per run, the per-step exposed
+stalls ``e(r, k)`` (wait + trainer-side transfer of rank r at step k) of the steps every rank
+took are shuffled across the ranks, step by step (a permutation test, 1000 shuffles), and the
+top rank's excess is recomputed; the noise is the 99th percentile of that (median over runs).
+Because the null also picks the largest of N, the rule names a straggler among exchangeable
+ranks in about 1% of runs (``STRAGGLER_ALPHA``), whatever N, step count or machine noise.
 
 *Gain if the straggler kept pace (ESTIMATED).* In a synchronous step the job waits, at every
 step, for its slowest rank. Had the candidate ``c`` stalled like the median of the other ranks
@@ -50,29 +48,6 @@ def excess(stalls: Sequence[float], c: int) -> float:
     return stalls[c] - statistics.median(others) if others else 0.0
 
 
-def step_excess(steps: Sequence[Sequence[float]], c: int) -> list[float]:
-    """Per step: rank ``c``'s exposed stall minus the median of the other ranks at that step
-    (steps that ``c`` and at least one other rank took)."""
-    out = []
-    for k in range(len(steps[c])):
-        others = [s[k] for r, s in enumerate(steps) if r != c and k < len(s)]
-        if others:
-            out.append(steps[c][k] - statistics.median(others))
-    return out
-
-
-def bootstrap_half_width(values: Sequence[float], confidence: float, seed: int = 0,
-                         n_boot: int = 2000) -> float:
-    """Half-width of the percentile bootstrap interval of ``sum(values)``, resampling values."""
-    v = np.asarray(values, dtype=float)
-    if len(v) < 2:
-        return 0.0
-    rng = np.random.default_rng(seed)
-    sums = v[rng.integers(0, len(v), size=(n_boot, len(v)))].sum(axis=1)
-    lo, hi = np.quantile(sums, [0.5 - confidence / 2, 0.5 + confidence / 2])
-    return float(hi - lo) / 2
-
-
 def gain_if_median_pace(steps: Sequence[Sequence[float]], c: int) -> float:
     """ESTIMATED job stall saved had rank ``c`` kept the others' median pace (module doc)."""
     gain = 0.0
@@ -86,45 +61,78 @@ def gain_if_median_pace(steps: Sequence[Sequence[float]], c: int) -> float:
     return gain
 
 
+STRAGGLER_ALPHA = 0.01     # false-alarm rate of naming a straggler among exchangeable ranks
+N_PERMUTATIONS = 1000
+
+
+def null_excess(steps: Sequence[Sequence[float]], alpha: float = STRAGGLER_ALPHA,
+                seed: int = 0, n_perm: int = N_PERMUTATIONS) -> float:
+    """The (1 - alpha) quantile of the top rank's excess when the ranks are exchangeable: the
+    per-step exposed stalls of the steps every rank took are shuffled across the ranks, step
+    by step, and the top rank's excess over the median of the others is recomputed. This is
+    the noise a real straggler must beat; it already accounts for picking the largest of N."""
+    k = min((len(s) for s in steps), default=0)
+    world = len(steps)
+    if k < 2 or world < 2:
+        return 0.0
+    x = np.asarray([s[:k] for s in steps], dtype=float).T          # steps x ranks
+    rng = np.random.default_rng(seed)
+    out = []
+    chunk = max(1, min(n_perm, 8_000_000 // (k * world)))
+    done = 0
+    while done < n_perm:
+        m = min(chunk, n_perm - done)
+        order = rng.random((m, k, world)).argsort(axis=2)
+        sums = np.take_along_axis(np.broadcast_to(x, (m, k, world)), order, axis=2).sum(axis=1)
+        sums.sort(axis=1)
+        out.append(sums[:, -1] - np.median(sums[:, :-1], axis=1))
+        done += m
+    return float(np.quantile(np.concatenate(out), 1 - alpha))
+
+
 def straggler(stalls: Sequence[Sequence[float]], steps: Sequence[Sequence[Sequence[float]]],
-              confidence: float) -> tuple[int, float, float, int | None]:
+              alpha: float = STRAGGLER_ALPHA) -> tuple[int, float, float, int | None]:
     """(candidate, excess, noise, named straggler or None) from per-run, per-rank stalls
-    (``stalls[run][rank]``) and per-step exposed stalls (``steps[run][rank][step]``)."""
+    (``stalls[run][rank]``) and per-step exposed stalls (``steps[run][rank][step]``):
+    named when the candidate's excess (median over runs) beats the noise (median over runs
+    of ``null_excess``)."""
     world = len(stalls[0])
     per_rank = [_med([run[r] for run in stalls]) for r in range(world)]
     c = max(range(world), key=lambda r: per_rank[r])
     ex = _med([excess(run, c) for run in stalls])
-    noise_steps = _med([bootstrap_half_width(step_excess(s, c), confidence) for s in steps])
-    noise_repeats = 0.0
-    if len(stalls) >= 2:
-        noise_repeats = max(max(run[r] for run in stalls) - min(run[r] for run in stalls)
-                            for r in range(world))
-    noise = max(noise_steps if math.isfinite(noise_steps) else 0.0, noise_repeats)
+    noise = _med([null_excess(s, alpha, seed=i) for i, s in enumerate(steps)])
+    noise = noise if math.isfinite(noise) else 0.0
     return c, ex, noise, (c if ex > noise else None)
 
 
-def exactly_once(runs: Sequence[Any], plan: Any, rows_out: int) -> ExactlyOnce | None:
+def exactly_once(runs: Sequence[Any], plan: Any) -> ExactlyOnce | None:
     """Who got which batches in one run (``RankRun``s): every batch of the job's work list
-    once. None when a batch cap (``loader.max_batches``) stopped the ranks early."""
+    once. An item no rank saw counts with its shard's batches and rows (exact unless a
+    filtering transform would have dropped rows of it). None when a batch cap
+    (``loader.max_batches``) stopped the ranks early."""
     if not math.isinf(plan.max_batches):
         return None
     seen: Counter[tuple[int, str]] = Counter()
     item_batches: dict[int, int] = {}
+    item_rows: dict[int, int] = {}
     rows = 0
     for run in runs:
         for d in run.deliveries:
+            new = [b for b in d.batch_ids if (d.item, b) not in seen]
             for b in d.batch_ids:
                 seen[(d.item, b)] += 1
             item_batches[d.item] = max(item_batches.get(d.item, 0), d.item_batches)
-            rows += d.rows
+            if d.item_rows:
+                item_rows[d.item] = d.item_rows
+            rows += d.rows if len(new) == len(d.batch_ids) else 0
     bs = plan.config.loader.batch_size
     expected = sum(item_batches.get(i, -(-s.rows // bs)) for i, s in enumerate(plan.items))
+    expected_rows = sum(item_rows.get(i, s.rows) for i, s in enumerate(plan.items))
     delivered = len(seen)
-    dup = sum(n - 1 for n in seen.values())
     return ExactlyOnce(expected_batches=expected, delivered_batches=delivered,
-                       duplicate_batches=dup, dropped_batches=expected - delivered,
-                       expected_rows=rows_out, delivered_rows=rows,
-                       dropped_rows=rows_out - rows)
+                       duplicate_batches=sum(n - 1 for n in seen.values()),
+                       dropped_batches=expected - delivered, expected_rows=expected_rows,
+                       delivered_rows=rows, dropped_rows=expected_rows - rows)
 
 
 def rank_attribution(rank_runs: dict[str, list[list[Any]]], r: int, method: str,
@@ -145,7 +153,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
     world = cfg.trainers.ranks
     stalls = [[run[r].figures.stall_s for r in range(world)] for run in full]
     steps = [[run[r].step_stall_s for r in range(world)] for run in full]
-    c, ex, noise, named = straggler(stalls, steps, cfg.analysis.confidence)
+    c, ex, noise, named = straggler(stalls, steps)
     gain = _med([gain_if_median_pace(s, c) for s in steps])
     job_steps = [max(run[r].figures.batches for r in range(world)) for run in full]
     last = [last_rank_per_step(run) for run in full]
@@ -165,7 +173,6 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
                                           cfg.analysis.confidence) if analyzed else None)))
     spread = _med([max(s) - min(s) for s in stalls])
     speedup = epoch_s / (epoch_s - gain) if epoch_s > gain > 0 else 1.0
-    rows_out = sum(run.figures.stage_rows.transfer for run in full[0]) if full else 0
     summary = RankSummary(
         world=world, launcher=jr.launcher, backend=jr.backend, sharding=jr.sharding,
         producers_per_rank=jr.producers_per_rank, launch_s=jr.launch_s, ranks=stats,
@@ -174,7 +181,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
         spread_s=spread, noise_s=noise, straggler=named, candidate=c, straggler_excess_s=ex,
         gain_if_median_pace_s=gain, gain_speedup=speedup,
         last_rank_per_step=last[0] if last else [],
-        exactly_once=exactly_once(full[0], plan, rows_out) if full else None)
+        exactly_once=exactly_once(full[0], plan) if full else None)
     summary.verdict = verdict(summary)
     return summary
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -26,6 +27,18 @@ from ..registry import Registry
 from ..results import RepeatFigures, Resources, Timeline
 
 LAUNCHERS: Registry[type["RankLauncher"]] = Registry("rank launcher")
+
+
+class RankError(RuntimeError):
+    """A rank failed; the message names it and carries its traceback."""
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for the process group's store (bound, read, released:
+    another process could take it in between, as with torchrun's own choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,7 @@ class Delivery:
     batch_ids: list[str]
     rows: int
     item_batches: int                   # batches of the whole work item (this may be a part)
+    item_rows: int = 0                  # rows of the whole item, when this part says (0: not)
 
 
 @dataclass
@@ -81,6 +95,7 @@ class RankRun:
     timeline: Timeline | None = None    # only when asked (first full run)
     resources: Resources | None = None
     row_hashes: list[int] | None = None  # only when asked (exactly-once tests)
+    model_digest: float | None = None    # sum of the model's parameters, when hashes are asked
 
 
 def rank_plan(plan: Plan, rank: int, world: int) -> Plan:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import threading
 import time
 import traceback
@@ -29,22 +28,10 @@ from typing import Any
 
 from ..errors import UserError
 from ..pipeline import Ablation, Plan
-from .base import LAUNCHERS, RankContext, RankLauncher, RankRun, rank_plan
+from .base import LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan
 
 READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
-
-
-class RankError(RuntimeError):
-    """A rank failed; the message names it and carries its traceback."""
-
-
-def free_port() -> int:
-    """A free TCP port on loopback for the process group's store (bound, read, released:
-    another process could take it in between, as with torchrun's own choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool) -> None:

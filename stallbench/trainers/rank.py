@@ -91,6 +91,7 @@ class SyncedStep:
         self._idle: threading.Thread | None = None
         self._idle_error: BaseException | None = None
         self.hash_rows = False
+        self._idling = False
         self.begin_run(None)
         self._params: list[torch.nn.Parameter] = []
         self._sparse: set[int] = set()
@@ -157,8 +158,17 @@ class SyncedStep:
     def sync(self) -> None:
         self.inner.sync()
 
+    def digest(self) -> float | None:
+        """Sum of the model's parameters: equal on every rank when the gradients were
+        all-reduced (the ranks start from the same seed)."""
+        if not self._params:
+            return None
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self._params))
+
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._all_reduce(active=True)
+        if not self._idling:
+            self._all_reduce(active=True)
 
     # -------------------------------------------------------------------- the all-reduce
     def _all_reduce(self, active: bool) -> int:
@@ -176,40 +186,43 @@ class SyncedStep:
     def _reduce_grads(self, n: int, active: bool) -> None:
         dense = [p for p in self._params if id(p) not in self._sparse]
         sparse = [p for p in self._params if id(p) in self._sparse]
+        # A rank that has run out contributes zeros and still applies the averaged gradients
+        # (``_idle_loop``), so every rank's model stays the same.
         grads = [p.grad if active and p.grad is not None else torch.zeros_like(p)
                  for p in dense]
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads]).to(self.comm)
             dist.all_reduce(flat)
             flat.div_(n)
-            if active:
-                off = 0
-                for p, g in zip(dense, grads):
-                    k = g.numel()
-                    g.copy_(flat[off:off + k].view_as(g))
-                    off += k
-                    if p.grad is None:
-                        p.grad = g
+            off = 0
+            for p, g in zip(dense, grads):
+                k = g.numel()
+                g.copy_(flat[off:off + k].view_as(g))
+                off += k
+                p.grad = g
         for p in sparse:
             g = p.grad if active and p.grad is not None else torch.sparse_coo_tensor(
                 torch.empty(1, 0, dtype=torch.long), torch.empty(0, *p.shape[1:]), p.shape)
             if self.backend == "nccl":     # nccl has no sparse all-reduce: densify
                 d = g.to_dense().to(self.comm)
                 dist.all_reduce(d)
-                if active:
-                    p.grad = d.div_(n)
+                p.grad = d.div_(n)
                 continue
             h = g.cpu().coalesce()
             dist.all_reduce(h)
-            if active:
-                p.grad = h.div_(n).to(p.device)
+            p.grad = h.div_(n).to(p.device)
 
     def _idle_loop(self) -> None:
         try:
+            self._idling = True
             while self._all_reduce(active=False) > 0:
-                pass
+                if self._params:
+                    self.inner.opt.step()       # the same averaged update as the others
+                    self.inner.opt.zero_grad(set_to_none=True)
         except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
             self._idle_error = exc
+        finally:
+            self._idling = False
 
 
 class RankSource:
@@ -249,7 +262,7 @@ class RankSource:
                     ids = [f"{out.shard}:{i}" for i in range(len(plan.caches.final[out.shard]))]
                 batches += len(ids)
                 self.deliveries.append(Delivery(self.job_item(out.item), out.shard, ids, out.rows,
-                                                max(out.batches, len(ids))))
+                                                max(out.batches, len(ids)), out.times.rows_out))
                 if out.times.worker:
                     self.pids.add(out.times.worker)
                 yield out
@@ -265,12 +278,20 @@ class RankWorker:
     """One rank's state across the runs of a variant: its plan, caches, step and executor."""
 
     def __init__(self, ctx: RankContext, plan: Plan, make_source: Callable[..., Any],
-                 cache_plan: Plan | None, job_item: Callable[[int], int]) -> None:
+                 cache_plan: Plan | None, job_item: Callable[[int], int], *,
+                 compute_plan: Plan | None = None, warm: bool = True) -> None:
+        """``plan``: what the rank's trainer loop runs (its items are what its source
+        delivers); ``compute_plan``: the rank's share for the compute-only run (default
+        ``plan``); ``cache_plan``: the shards whose stage outputs it must hold for ablations;
+        ``job_item``: a delivered item's index in the job's work list; ``warm``: the rank's
+        own process produces (local loaders), so warm it up."""
         self.ctx = ctx
         self.plan = plan
+        self.compute_plan = compute_plan or plan
         self.make_source = make_source
         self.cache_plan = cache_plan
         self.job_item = job_item
+        self.warm = warm
         self.caches: StageCaches | None = None
         self.step: SyncedStep | None = None
         self.backend = "gloo"
@@ -279,7 +300,7 @@ class RankWorker:
         self.backend, device = init_process_group(self.ctx)
         if self.cache_plan is not None:
             self.caches = StageCaches.build(self.cache_plan)   # untimed, like the runner's
-        elif self.plan.items:
+        elif self.warm and self.plan.items:
             # One untimed pass of the producer code in this process (Parquet footers, Arrow
             # kernels, first-use allocations), so that the first measured run is not the only
             # one paying first-use costs, and not more on one rank than on another. Loader
@@ -293,7 +314,8 @@ class RankWorker:
             hash_rows: bool = False) -> RankRun:
         step = self.step
         assert step is not None
-        p = self.plan.with_ablation(ablation, self.caches)
+        p = (self.compute_plan if ablation.compute_only else self.plan).with_ablation(
+            ablation, self.caches)
         cap = None if p.max_batches == float("inf") else int(p.max_batches)
         step.begin_run(cap)
         step.hash_rows = hash_rows
@@ -320,7 +342,8 @@ class RankWorker:
             deliveries=src.deliveries, producer_pids=sorted(src.pids),
             straggler_delay_s=src.injected_s,
             timeline=tl if keep_timeline else None, resources=res if keep_timeline else None,
-            row_hashes=list(step.hashes) if hash_rows else None)
+            row_hashes=list(step.hashes) if hash_rows else None,
+            model_digest=step.digest() if hash_rows else None)
 
     def close(self) -> None:
         if dist.is_initialized():
