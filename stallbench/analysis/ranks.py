@@ -180,7 +180,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
         median_stall_s=Summary.of([statistics.median(s) for s in stalls]),
         spread_s=spread, noise_s=noise, straggler=named, candidate=c, straggler_excess_s=ex,
         gain_if_median_pace_s=gain, gain_speedup=speedup,
-        last_rank_per_step=last[0] if last else [],
+        last_rank_per_step=last[0] if last else [], timeline_rank=jr.timeline_rank,
         exactly_once=exactly_once(full[0], plan) if full else None)
     summary.verdict = verdict(summary)
     return summary

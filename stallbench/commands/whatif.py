@@ -20,6 +20,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     axis.add_argument("--nodes", default=None, help="CPU node counts: N, A..B or A,B,C")
     p.add_argument("--cpus-per-node", type=int, default=None,
                    help="cores per CPU node (default: the fit variant's executor.cpus_per_node)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="data-parallel trainer ranks (default: the fit variant's trainers.ranks); "
+                        "with a loader per rank, --workers counts workers per rank")
     p.add_argument("--cores", type=float, default=None,
                    help="cores shared by trainer and workers (default: the measured machine's)")
     p.add_argument("--cache", type=float, default=0.0, help="share of data already in memory, 0..1")
@@ -52,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.cache < 1:
         raise UserError(f"--cache: expected a share in [0, 1), got {args.cache}")
+    if args.ranks is not None and not 1 <= args.ranks <= 4096:
+        raise UserError(f"--ranks: expected a whole number from 1 to 4096, got {args.ranks}")
     for flag in ("bandwidth_mb_s", "storage_cap_mb_s", "cores"):
         val = getattr(args, flag)
         if val is not None and val <= 0:
@@ -77,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         nodes = parse_range(args.workers or "0..16", "--workers")
         counts = nodes
-        label = "workers"
+        label = "workers per rank" if (args.ranks or m.ranks) > 1 and m.producers_per_rank \
+            else "workers"
         cores = lambda n: args.cores or m.cores  # noqa: E731
     kw = dict(cache=args.cache, bandwidth_mb_s=args.bandwidth_mb_s,
-              storage_cap_mb_s=args.storage_cap_mb_s)
+              storage_cap_mb_s=args.storage_cap_mb_s, ranks=args.ranks)
     preds = [whatif.predict(m, c, cores=cores(c), **kw) for c in counts]
     samples = v.repeats[0].samples
     rows, cheapest = [], None
@@ -99,8 +105,12 @@ def run(args: argparse.Namespace) -> int:
         head.append("cost/run")
     print(f"what-if for {r.scenario.name} / {v.name} (fitted on this variant's measured rates; "
           f"every figure below is PREDICTED)")
+    ranks = args.ranks or m.ranks
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
-          f"{whatif.workers_of(v)} worker(s) on {m.cores:g} cores")
+          f"{whatif.workers_of(v)} worker(s)"
+          + (f" per rank x {m.ranks} ranks" if m.ranks > 1 and m.producers_per_rank else
+             f", {m.ranks} ranks" if m.ranks > 1 else "") + f" on {m.cores:g} cores"
+          + (f"; predicting for {ranks} ranks" if ranks != m.ranks else ""))
     print(f"rates are steady state (a run adds its start-up: {m.startup_s:.2f} s to the first "
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
     print(tables.table(head + ["why"], rows, right=set(range(1, len(head)))))

@@ -390,6 +390,7 @@ class RankSummary:
     gain_if_median_pace_s: float    # ESTIMATED, see the class docstring
     gain_speedup: float             # epoch / (epoch - gain)
     last_rank_per_step: list[int] = field(default_factory=list)   # first full run
+    timeline_rank: int = 0          # the variant's ``timeline`` is this rank's (largest stall)
     exactly_once: ExactlyOnce | None = None
     verdict: str = ""
 
@@ -446,6 +447,8 @@ class WhatIfModel:
     calibration: str = ""
     p_solo: float | None = None
     solo_item_s: float | None = None
+    ranks: int = 1               # data-parallel trainer ranks at the fit (t_trainer is per rank)
+    producers_per_rank: bool = True   # each rank has its own workers (local) or one pool (Ray)
 
 
 @dataclass
@@ -474,6 +477,7 @@ class WhatIfCheck:
     steady_error: float | None = None
     is_fit: bool = False
     bound_by: str = ""
+    ranks: int = 1               # the measured variant's data-parallel ranks
 
 
 @dataclass

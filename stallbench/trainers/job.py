@@ -36,6 +36,7 @@ class JobRuns:
     sharding: str = ""
     producers_per_rank: bool = True
     launch_s: float = 0.0
+    timeline_rank: int = 0                        # whose timeline ``timeline`` is
 
 
 def run_job(plan: Plan, executor: Any, ablations: Sequence[Ablation], repeats: int, *,
@@ -71,6 +72,7 @@ def run_job(plan: Plan, executor: Any, ablations: Sequence[Ablation], repeats: i
                     out.resources = sampler.resources()
                     top = max(ranks, key=lambda x: x.figures.stall_s)
                     out.timeline = top.timeline or Timeline()
+                    out.timeline_rank = top.rank
                 if on_run:
                     on_run(ablation.name, sum(x.figures.batches for x in ranks))
     finally:
