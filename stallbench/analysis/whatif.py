@@ -302,7 +302,11 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         if v.repeats and v.repeats[0].samples:
             groups.setdefault(_group_key(v), []).append(v)
     best = max(groups.values(), key=len, default=[])
-    by_ranks = len({ranks_of(v) for v in best}) >= 2
+    if len({workers_of(v) for v in best}) >= 2:
+        # a worker (or node) sweep: the curve is over workers, at the smallest rank count
+        fewest = min(ranks_of(v) for v in best)
+        best = [v for v in best if ranks_of(v) == fewest]
+    by_ranks = len({ranks_of(v) for v in best}) >= 2      # a sweep over ranks alone
     if len(best) < 2 or (len({workers_of(v) for v in best}) < 2 and not by_ranks):
         return None
     best.sort(key=lambda v: (ranks_of(v), workers_of(v)))

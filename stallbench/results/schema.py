@@ -19,6 +19,11 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ingestion-free run, not the trainer's measured stall) and ``notes``; ``stage_rates.trainer_solo_*``
   -> ``trainer_solo``; new ``executor`` facts (producer slots, whether there are producers).
   v1 files load through ``migrate.v1_to_v2``.
+  Additions within version 2 (defaults keep older v2 files loading): data-parallel trainers
+  (issue 18): ``repeats[].ranks`` (``RankFigures`` per rank; the repeat's own figures are then
+  the job's), ``variants[].ranks`` (``RankSummary``: per-rank medians and attribution, the
+  straggler, exactly-once delivery), ``WhatIfModel.ranks`` / ``producers_per_rank`` and
+  ``WhatIfCheck.ranks``.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 

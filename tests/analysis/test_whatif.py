@@ -139,3 +139,27 @@ def test_no_worker_run_length_starts_with_one_item_in_the_trainer() -> None:
     p0, p1 = predict(m, 0), predict(m, 1)
     assert p0.over_run(m, 100_000) == pytest.approx(100_000 / (0.25 + 100_000 / p0.throughput_samples_s))
     assert p1.over_run(m, 100_000) == pytest.approx(100_000 / (1.0 + 100_000 / p1.throughput_samples_s))
+
+
+def test_ranks_multiply_the_trainers_and_a_loader_per_rank_its_workers() -> None:
+    # 40 us per sample per worker, 10 us per sample of one rank's trainer
+    m = model(fetch=1, prep=38, xfer=1, compute=10)
+    assert predict(m, 1, ranks=2).throughput_samples_s == pytest.approx(2 / 40e-6)   # 2 workers
+    assert predict(m, 4, ranks=2).throughput_samples_s == pytest.approx(2 / 10e-6)   # 2 trainers
+    p = predict(m, 4, ranks=2)
+    assert p.bound_by == "compute" and p.stall_share == pytest.approx(0.0)
+    assert "2 ranks" in p.why
+    # one shared pool (Ray): 4 producers serve both ranks
+    pool = replace(m, producers_per_rank=False)
+    assert predict(pool, 4, ranks=2).throughput_samples_s == pytest.approx(4 / 40e-6)
+    # without workers each rank does its own data work, in parallel, within the cores
+    assert predict(m, 0, ranks=2).throughput_samples_s == pytest.approx(2 / 50e-6)
+    few = replace(m, cores=0.5)
+    assert predict(few, 0, ranks=2).binding == "cores"
+
+
+def test_calibration_at_a_multi_rank_fit_reproduces_it() -> None:
+    m = replace(model(fetch=1, prep=38, xfer=1, compute=10), ranks=2)
+    measured = 0.8 * predict(m, 1).throughput_samples_s
+    c = calibrate(m, measured)
+    assert predict(c, 1).throughput_samples_s == pytest.approx(measured)

@@ -63,3 +63,37 @@ def test_rank_plans_are_disjoint_and_cover_the_job(tmp_path) -> None:
     assert all(p.max_batches == 3 for p in shares)            # ceil(9 / 3) steps each
     assert math.isinf(rank_plan(plan.__class__.create(cfg.replace(
         loader=cfg.loader.__class__(batch_size=50)), plan.dataset), 0, 2).max_batches)
+
+
+def _job_variant(name: str, straggler_stall: float) -> "VariantResult":
+    from stallbench.results import ExecutorFacts, Summary, VariantResult
+
+    reps = []
+    for i in range(5):
+        jitter = 0.01 * i
+        ranks = [_rank(0, 2.0, 0.20 + jitter, 0.3, [1.0, 2.0]),
+                 _rank(1, 2.0, straggler_stall + jitter, 0.0, [1.1, 2.1]),
+                 _rank(2, 2.0, 0.22 + jitter, 0.3, [1.0, 2.0])]
+        reps.append(job_figures(ranks, 500.0, None, {}))
+    return VariantResult(
+        name=name, knobs={}, config={}, emulated=[],
+        executor=ExecutorFacts(kind="local", producer_slots=0, has_producers=False),
+        throughput_samples_s=Summary.of([f.throughput_samples_s for f in reps]),
+        epoch_s=Summary.of([f.epoch_s for f in reps]), stall_s=Summary.of([f.stall_s for f in reps]),
+        stall_share=Summary.of([f.stall_s / f.epoch_s for f in reps]),
+        time_to_first_batch_s=Summary.of([f.time_to_first_batch_s for f in reps]),
+        peak_pss_mb=Summary.of([f.peak_pss_mb for f in reps]), repeats=reps)
+
+
+def test_the_gate_compares_the_slowest_ranks_stall() -> None:
+    """One rank's stall growing by 30% of the epoch is a regression of the job's stall share,
+    even though the other ranks (and the median rank) did not change."""
+    from factories import result
+    from stallbench import gate
+
+    base = result([_job_variant("4-ranks", 0.25)])
+    cur = result([_job_variant("4-ranks", 0.85)])
+    rep = gate.compare([base], [cur], threshold=0.10)
+    (row,) = [r for r in rep.rows if r.metric == "stall_share"]
+    assert row.verdict == "slower" and row.change == pytest.approx(0.30, abs=0.01)
+    assert gate.exit_code(rep) == 1
