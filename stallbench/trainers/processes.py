@@ -7,8 +7,8 @@ workers of its own (forked from the rank, so they inherit its ``RANK``/``WORLD_S
 process group on loopback at a free port.
 
 Rank processes are forked from stallbench's process (as the DataLoader forks its workers: no
-re-import, the plan is inherited), or spawned when CUDA is already initialised here (CUDA does
-not survive a fork). Each talks to the launcher over a pipe: ``run`` -> its ``RankRun``.
+re-import, the plan is inherited), or spawned where a GPU exists (CUDA does not survive a
+fork; the plan is pickled to them). Each talks to the launcher over a pipe: ``run`` -> its ``RankRun``.
 Stopping: a ``stop`` message, then SIGTERM, then SIGKILL, each rank by its PID, and then any
 process still alive that a rank started (its loader workers), also by PID. While ranks live,
 SIGTERM to stallbench becomes a KeyboardInterrupt, so it unwinds and stops them as on Ctrl-C;
@@ -83,9 +83,19 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
         raise SystemExit(code)
 
 
+def start_method() -> str:
+    """fork where no GPU exists (no re-import, the plan inherited); spawn where one does: a
+    rank uses CUDA, and CUDA does not survive a fork once this process has touched the driver
+    (even ``torch.cuda.is_available()`` can do that)."""
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "fork"
+
+
 @LAUNCHERS.register("processes")
 class ProcessLauncher(RankLauncher):
     name = "processes"
+    start_method: str | None = None       # None: ``start_method()``; tests force "spawn"
     sharding = ("a DataLoader per rank over its own row groups (work items rank, rank + N, ...), "
                 "with loader.num_workers workers per rank")
     producers_per_rank = True
@@ -98,10 +108,7 @@ class ProcessLauncher(RankLauncher):
         self._old_sigterm: Any = None
 
     def start(self) -> None:
-        import torch
-
-        method = "spawn" if torch.cuda.is_available() and torch.cuda.is_initialized() else "fork"
-        ctx_mp = mp.get_context(method)
+        ctx_mp = mp.get_context(self.start_method or start_method())
         port = free_port()
         tr = self.plan.config.trainers
         self._take_sigterm()

@@ -103,6 +103,17 @@ def test_every_row_once_across_the_ranks(cache: Path, ranks: int, workers: int) 
     assert _children_of_me() <= before, "rank processes left behind"
 
 
+def test_spawned_ranks_deliver_every_row_once(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a GPU exists the ranks are spawned, not forked (CUDA does not survive a fork):
+    the same job through that path, forced here."""
+    from stallbench.trainers.processes import ProcessLauncher
+
+    monkeypatch.setattr(ProcessLauncher, "start_method", "spawn")
+    plan = _plan(cache, BASE.format(ranks=2, workers=1))
+    (runs,) = _run(plan, row_hashes=True).rank_runs["full"]
+    assert Counter(h for r in runs for h in r.row_hashes) == reference_rows(plan)
+
+
 def test_ranks_and_their_workers_carry_the_distributed_environment(cache: Path,
                                                                    tmp_path: Path) -> None:
     """A user's transform, running in each rank's loader worker, sees RANK, WORLD_SIZE and
