@@ -164,7 +164,8 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
         stats.append(RankStats(
             rank=r, stall_s=_med([f.stall_s for f in figs]), wait_s=_med([f.wait_s for f in figs]),
             trainer_transfer_s=_med([f.trainer_transfer_s for f in figs]),
-            compute_s=_med([f.compute_s for f in figs]), sync_s=_med([run[r].sync_s for run in full]),
+            compute_s=_med([f.compute_s for f in figs]),
+            sync_s=_med([run[r].sync_s for run in full]),
             steady_throughput_samples_s=_med([f.steady_throughput_samples_s for f in figs]),
             time_to_first_batch_s=_med([f.time_to_first_batch_s for f in figs]),
             last_step_share=_med([lr.count(r) / n if n else 0.0 for lr, n in zip(last, job_steps)]),

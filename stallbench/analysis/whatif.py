@@ -335,7 +335,8 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     steady_errors = [abs(x.steady_error) for x in measured
                      if not x.is_fit and x.steady_error is not None]
     if by_ranks:      # the curve over ranks, each with the fit's workers per rank (or pool)
-        axis = f"ranks ({m.fit_workers} {'workers per rank' if m.producers_per_rank else 'producers'})"
+        each = "workers per rank" if m.producers_per_rank else "producers"
+        axis = f"ranks ({m.fit_workers} {each})"
         points = [_point(replace(predict(m, m.fit_workers, ranks=r), n=r)) for r in ns[1:]]
     else:
         axis = "workers" if not simulated else "simulated node CPUs"

@@ -8,7 +8,8 @@ process group on loopback at a free port.
 
 Rank processes are forked from stallbench's process (as the DataLoader forks its workers: no
 re-import, the plan is inherited), or spawned where a GPU exists (CUDA does not survive a
-fork; the plan is pickled to them). Each talks to the launcher over a pipe: ``run`` -> its ``RankRun``.
+fork; the plan is pickled to them). Each talks to the launcher over a pipe: ``run`` -> its
+``RankRun``.
 Stopping: a ``stop`` message, then SIGTERM, then SIGKILL, each rank by its PID, and then any
 process still alive that a rank started (its loader workers), also by PID. While ranks live,
 SIGTERM to stallbench becomes a KeyboardInterrupt, so it unwinds and stops them as on Ctrl-C;

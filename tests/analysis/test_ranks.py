@@ -94,14 +94,16 @@ def _run(*deliveries: Delivery) -> SimpleNamespace:
 
 def test_exactly_once_counts_drops_and_duplicates() -> None:
     plan = _plan([300, 300, 150])                      # 3 + 3 + 2 batches
-    ok = [_run(Delivery(0, 0, ["0:0", "0:1", "0:2"], 300, 3, 300), Delivery(2, 2, ["2:0", "2:1"], 150, 2, 150)),
+    ok = [_run(Delivery(0, 0, ["0:0", "0:1", "0:2"], 300, 3, 300),
+               Delivery(2, 2, ["2:0", "2:1"], 150, 2, 150)),
           _run(Delivery(1, 1, ["1:0", "1:1", "1:2"], 300, 3, 300))]
     e = ranks.exactly_once(ok, plan)
     assert (e.expected_batches, e.delivered_batches, e.duplicate_batches, e.dropped_batches) == \
         (8, 8, 0, 0)
     assert (e.delivered_rows, e.dropped_rows) == (750, 0)
     # an equal split cut item 2 in two parts for two ranks and dropped its last batch
-    split = [_run(Delivery(0, 0, ["0:0", "0:1", "0:2"], 300, 3, 300), Delivery(2, 2, ["2:0"], 100, 2, 150)),
+    split = [_run(Delivery(0, 0, ["0:0", "0:1", "0:2"], 300, 3, 300),
+                  Delivery(2, 2, ["2:0"], 100, 2, 150)),
              _run(Delivery(1, 1, ["1:0", "1:1", "1:2"], 300, 3, 300))]
     e = ranks.exactly_once(split, plan)
     assert (e.delivered_batches, e.dropped_batches, e.dropped_rows) == (7, 1, 50)

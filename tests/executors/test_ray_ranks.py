@@ -110,3 +110,71 @@ def test_ray_ranks_with_stock_mode_are_refused(tmp_path: Path) -> None:
     text = sc.text.replace('kind = "ray"', 'kind = "ray"\nray_mode = "stock"')
     with pytest.raises(ScenarioError, match="executor.ray_mode"):
         check_scenario(scenario.parse(text, "r.toml"))
+
+
+def test_cli_ctrl_c_stops_every_rank_actor_and_ray(tmp_path: Path) -> None:
+    """Ctrl-C while Ray ranks train: exit 130, no result, and no process left (the rank actors
+    are killed, the runtime stallbench started is shut down)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    import psutil
+
+    text = TEXT.format(ranks=2, concurrency=1).replace("step_ms = 1", "step_ms = 300")
+    (tmp_path / "s.toml").write_text(text + "[analysis]\ndifferential = false\n")
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "STALLBENCH_CACHE": str(tmp_path / "cache"), "STALLBENCH_TEST_TAG": tag}
+    env.pop("RAY_ADDRESS", None)
+
+    def tagged() -> list[psutil.Process]:
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if (p.environ().get("STALLBENCH_TEST_TAG") == tag
+                        and p.status() != psutil.STATUS_ZOMBIE):
+                    out.append(p)
+            except psutil.Error:
+                pass
+        return out
+
+    def ranks_up() -> bool:
+        for p in tagged():
+            try:
+                if "RankActor" in " ".join(p.cmdline()):
+                    return True
+            except psutil.Error:
+                pass
+        return False
+
+    proc = subprocess.Popen([sys.executable, "-m", "stallbench", "run", "s.toml", "--no-progress"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not ranks_up():
+            time.sleep(0.5)
+        time.sleep(3.0)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert not (tmp_path / "results").exists()
+    deadline = time.time() + 15
+    while tagged() and time.time() < deadline:
+        time.sleep(0.3)
+    left = tagged()
+    names = []
+    for p in left:
+        try:
+            names.append(f"{p.pid}:{p.name()}")
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes left behind: {names}"

@@ -79,7 +79,8 @@ def _job_variant(name: str, straggler_stall: float) -> "VariantResult":
         name=name, knobs={}, config={}, emulated=[],
         executor=ExecutorFacts(kind="local", producer_slots=0, has_producers=False),
         throughput_samples_s=Summary.of([f.throughput_samples_s for f in reps]),
-        epoch_s=Summary.of([f.epoch_s for f in reps]), stall_s=Summary.of([f.stall_s for f in reps]),
+        epoch_s=Summary.of([f.epoch_s for f in reps]),
+        stall_s=Summary.of([f.stall_s for f in reps]),
         stall_share=Summary.of([f.stall_s / f.epoch_s for f in reps]),
         time_to_first_batch_s=Summary.of([f.time_to_first_batch_s for f in reps]),
         peak_pss_mb=Summary.of([f.peak_pss_mb for f in reps]), repeats=reps)

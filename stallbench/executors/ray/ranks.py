@@ -20,8 +20,9 @@ A rank accepts each (work item, batch) once (duplicates from a replayed task are
 counted per rank); a batch delivered to two different ranks would show in ``exactly_once``.
 The compute-only run uses no pipeline: rank ``r`` trains on the cached batches of work items
 ``r, r + N, ...``. Before an ablation's first measured run its pipeline gets one untimed pass
-(``RayRankLauncher._splits_for`` says why). Stopping: every rank actor is killed (``ray.kill``) at the end, on errors
-and on interrupts; a runtime stallbench started is shut down after that as usual.
+(``RayRankLauncher._splits_for`` says why). Stopping: every rank actor is killed
+(``ray.kill``) at the end, on errors and on interrupts; a runtime stallbench started is shut
+down after that as usual.
 """
 
 from __future__ import annotations
