@@ -337,10 +337,16 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     if by_ranks:      # the curve over ranks, each with the fit's workers per rank (or pool)
         each = "workers per rank" if m.producers_per_rank else "producers"
         axis = f"ranks ({m.fit_workers} {each})"
-        points = [_point(replace(predict(m, m.fit_workers, ranks=r), n=r)) for r in ns[1:]]
+        preds = [replace(predict(m, m.fit_workers, ranks=r), n=r) for r in ns[1:]]
+        points = [_point(p) for p in preds]
+        top = max(p.throughput_samples_s for p in preds)
+        first = next(p for p in preds if p.throughput_samples_s >= 0.99 * top)
+        kn = Knee(None, first.bound_by, f"from {first.n} ranks on, more ranks add nothing: "
+                                        f"{first.why}", saturates_at=first.n)
     else:
         axis = "workers" if not simulated else "simulated node CPUs"
         points = [_point(predict(m, n)) for n in ns]
+        kn = knee(m, ns[1:])
     return WhatIfValidation(
         label="predicted",
         axis=axis,
@@ -350,7 +356,7 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         measured=measured,
         max_abs_error=max(errors) if errors else None,
         max_abs_steady_error=max(steady_errors) if steady_errors else None,
-        knee=knee(m, ns[1:]),
+        knee=kn,
         note=("fitted on one configuration, the rest predicted; simulated nodes share this "
               "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
     )
