@@ -6,7 +6,9 @@ Metrics and their orientation
     ``stall_share``  share of the run the trainer was not computing, lower is better. It is
                      often ~0, where a ratio explodes, so its change is the *difference*
                      current - baseline in share points, and the threshold is read as points
-                     (10% -> 0.10 = 10 points).
+                     (10% -> 0.10 = 10 points). With data-parallel ranks (``trainers.ranks``
+                     > 1) it is the max-over-ranks exposed stall over the job's epoch, so the
+                     gate compares the slowest rank's stall.
     ``peak_pss_mb``  lower is better, a ratio like throughput.
     ``fetch_stall_share``, ``preprocess_stall_share``, ``transfer_stall_share``,
     ``loader_overhead_share``

@@ -74,6 +74,8 @@ def _replace(obj: Any, **kw: Any) -> Any:
 def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenario_file: str,
                 progress: bool) -> VariantResult:
     cfg = plan.config
+    if cfg.trainers.ranks > 1:
+        return run_ranks(variant, plan, repeats, analyze, scenario_file, progress)
     ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]
     extra_runs = [a for a in ablations if a != FULL]
     executor = EXECUTORS.get(cfg.executor.kind)(cfg, scenario_file)
@@ -116,6 +118,45 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         bar.close()
         executor.stop()
     return _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo)
+
+
+def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenario_file: str,
+              progress: bool, row_hashes: bool = False) -> VariantResult:
+    """A data-parallel variant (``trainers.ranks`` > 1): the same runs, each on all ranks at
+    once (``trainers.job``); the variant's figures are the job's, and ``ranks`` holds each
+    rank's and the straggler (``analysis.ranks``)."""
+    from .analysis import ranks as rank_analysis
+    from .trainers import LAUNCHERS, job
+
+    cfg = plan.config
+    ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]
+    executor = EXECUTORS.get(cfg.executor.kind)(cfg, scenario_file)
+    est = sum(-(-s.rows // cfg.loader.batch_size) for s in plan.items)
+    if cfg.loader.max_batches:
+        est = min(est, cfg.loader.max_batches)
+    bar = _progress(f"{variant.name} ({cfg.trainers.ranks} ranks)", est * repeats * len(ablations),
+                    progress)
+    try:
+        t0 = time.perf_counter()
+        executor.start()
+        startup = time.perf_counter() - t0
+        facts = executor_facts(executor)
+        driver_caches = LAUNCHERS.get(executor.rank_launcher).driver_caches
+        caches = StageCaches.build(plan) if analyze and driver_caches else None
+        solo = solo_probe(plan) if facts.has_producers else None
+        executor.prepare(plan, caches)
+        jr = job.run_job(plan, executor, ablations, repeats,
+                         on_run=lambda name, n: bar.update(n), row_hashes=row_hashes)
+    finally:
+        bar.close()
+        executor.stop()
+    for figs in jr.runs.values():
+        for f in figs:
+            f.executor_start_s = startup
+    vr = _variant_result(variant, cfg, facts, jr.runs, jr.timeline, jr.resources, analyze, plan,
+                         solo)
+    vr.ranks = rank_analysis.summarize(jr, cfg, plan, vr.epoch_s.median)
+    return vr
 
 
 SOLO_ITEMS = 3

@@ -159,6 +159,20 @@ class ExecutorSpec:
 
 
 @dataclass(frozen=True)
+class TrainersSpec:
+    ranks: int = knob(1, "Data-parallel trainer ranks, each a process with its own shard and a "
+                         "synchronous step (torch.distributed); 1: the trainer runs in stallbench's "
+                         "own process, as without this section.", min=1, max=64)
+    straggler_rank: int | None = knob(None, "EMULATED straggler: the rank that gets "
+                                            "`straggler_delay_ms` per work item it receives.",
+                                      min=0, max=63)
+    straggler_delay_ms: float = knob(0.0, "EMULATED latency added in the straggler rank's "
+                                          "process to every work item (row group) delivered to "
+                                          "it, before its batches reach its trainer loop.",
+                                     min=0, max=10_000)
+
+
+@dataclass(frozen=True)
 class AnalysisSpec:
     differential: bool = knob(True, "Run ablations and attribute the epoch time to stages.")
     method: str = knob("chain", "\"chain\" (DS-Analyzer order, 4 runs) or \"shapley\" (all 8 "
@@ -180,10 +194,13 @@ SECTIONS: dict[str, type] = {
     "model": ModelSpec,
     "loader": LoaderSpec,
     "executor": ExecutorSpec,
+    "trainers": TrainersSpec,
     "analysis": AnalysisSpec,
     "run": RunSpec,
 }
 TOP_LEVEL = ("name", "description", "matrix", *SECTIONS)
+# Sections added after the first results were recorded (see ``Scenario.fingerprint``).
+LATER_SECTIONS = ("trainers",)
 
 
 @dataclass(frozen=True)
@@ -198,6 +215,7 @@ class Config:
     executor: ExecutorSpec
     analysis: AnalysisSpec
     run: RunSpec
+    trainers: TrainersSpec = field(default_factory=TrainersSpec)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -223,6 +241,8 @@ class Config:
             out.append("model.step_ms")
         if self.preprocess.cpu_cost_us_per_row:
             out.append("preprocess.cpu_cost_us_per_row")
+        if self.trainers.straggler_delay_ms and self.trainers.straggler_rank is not None:
+            out.append("trainers.straggler_delay_ms")
         return out
 
 
@@ -251,8 +271,13 @@ class Scenario:
         Hashes the resolved base config and the matrix, so comments, key order and the
         description do not break comparability, but any knob that changes the work does.
         """
-        blob = json.dumps({"base": self.base.to_dict(), "matrix": self.matrix}, sort_keys=True,
-                          default=str)
+        base = self.base.to_dict()
+        for name in LATER_SECTIONS:
+            # A section added after results existed, left at its defaults, must not change the
+            # fingerprint: committed baselines of scenarios that do not use it stay comparable.
+            if base.get(name) == dataclasses.asdict(SECTIONS[name]()):
+                del base[name]
+        blob = json.dumps({"base": base, "matrix": self.matrix}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -380,6 +405,14 @@ def _check_cross(cfg: Config, file: str) -> None:
     if cfg.dataset.path is None and (cfg.dataset.dense_features + cfg.dataset.sparse_features
                                      + cfg.dataset.sequence_features) == 0:
         raise ScenarioError(file, "dataset", "a synthetic dataset needs at least one feature")
+    tr = cfg.trainers
+    if tr.straggler_rank is not None and tr.straggler_rank >= tr.ranks:
+        raise ScenarioError(file, "trainers.straggler_rank",
+                            f"expected a rank below trainers.ranks = {tr.ranks}, "
+                            f"got {tr.straggler_rank}")
+    if tr.straggler_delay_ms and tr.straggler_rank is None:
+        raise ScenarioError(file, "trainers.straggler_delay_ms",
+                            "needs trainers.straggler_rank (which rank gets the delay)")
 
 
 def _resolve(raw: dict[str, Any], file: str) -> Config:

@@ -70,6 +70,32 @@ def attribution_table(result: Result) -> str | None:
     return table(head, rows, right={1, 2, 3, 4, 5, 6})
 
 
+def rank_table(result: Result) -> str | None:
+    """Per rank of every data-parallel variant (medians over repeats); None without ranks."""
+    rows = []
+    for v in result.variants:
+        if v.ranks is None:
+            continue
+        for r in v.ranks.ranks:
+            a = r.attribution
+            mark = " straggler" if r.rank == v.ranks.straggler else ""
+            rows.append([v.name, f"{r.rank}{mark}", num(r.stall_s, ".3f"), num(r.wait_s, ".3f"),
+                         num(r.trainer_transfer_s, ".3f"), num(r.compute_s, ".3f"),
+                         num(r.sync_s, ".3f"), num(r.steady_throughput_samples_s),
+                         num(r.time_to_first_batch_s, ".3f"), pct(r.last_step_share),
+                         "-" if a is None else a.bound_by + ("" if a.conclusive else "?")])
+    if not rows:
+        return None
+    head = ["variant", "rank", "exposed stall s", "wait s", "transfer s", "compute s",
+            "all-reduce s", "steady samples/s", "1st batch s", "last at", "own time bound by"]
+    return table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9})
+
+
+def rank_verdicts(result: Result) -> list[str]:
+    return [f"{v.name}: {v.ranks.verdict}" for v in result.variants
+            if v.ranks is not None and v.ranks.verdict]
+
+
 def verdicts(result: Result) -> list[str]:
     return [f"{v.name}: {v.attribution.verdict}" for v in result.variants
             if v.attribution is not None and v.attribution.verdict]

@@ -20,8 +20,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                                   items: list[pytest.Item]) -> None:
     """Timing tests with injected costs (``groundtruth``) run first: before the session's Ray
     runtime exists (idle, its daemons take ~5% of a core here, in bursts) and before other
-    tests leave anything behind. Their relative order is kept."""
-    timing = [i for i in items if i.get_closest_marker("groundtruth")]
+    tests leave anything behind. Their relative order is kept. Those that need Ray themselves
+    (also marked ``ray``) keep their place: moved first, they would start the session's
+    runtime before every other test."""
+    timing = [i for i in items if i.get_closest_marker("groundtruth")
+              and not i.get_closest_marker("ray")]
     if timing:
         rest = [i for i in items if not i.get_closest_marker("groundtruth")]
         items[:] = timing + rest

@@ -155,7 +155,8 @@ def test_current_example_has_exactly_the_keys_the_code_writes(tmp_path: Path) ->
         f"lacks, and the example has {sorted(extra)} that the code no longer writes")
 
 
-# The example's scenario: small, with workers (what-if, trainer solo probe) and ablations.
+# The example's scenario: small, with workers (what-if, trainer solo probe), ablations and
+# data-parallel ranks (per-rank figures, the straggler, a what-if over ranks).
 EXAMPLE_SCENARIO = """
 name = "example"
 description = "The committed example result of the current schema version."
@@ -174,6 +175,7 @@ batch_size = 1024
 repeats = 2
 [matrix]
 "loader.num_workers" = [0, 1]
+"trainers.ranks" = [1, 2]
 """
 
 

@@ -188,3 +188,40 @@ def test_reference_lists_every_key_and_the_registered_names() -> None:
     assert line.endswith('One of: "columnar", "rows", "single_buffer". |'), line
     line = next(ln for ln in ref.splitlines() if ln.startswith("| `kind` | `\"local\"`"))
     assert line.endswith('One of: "local", "ray". |'), line
+
+
+# ------------------------------------------------------------------------------ [trainers]
+
+@pytest.mark.parametrize("text,key,fragment", [
+    ("[trainers]\nranks = 0\n", "trainers.ranks", ">= 1"),
+    ("[trainers]\nranks = 65\n", "trainers.ranks", "<= 64"),
+    ("[trainers]\nranks = 2\nstraggler_rank = 2\nstraggler_delay_ms = 5\n",
+     "trainers.straggler_rank", "below trainers.ranks = 2"),
+    ("[trainers]\nranks = 2\nstraggler_delay_ms = 5\n", "trainers.straggler_delay_ms",
+     "needs trainers.straggler_rank"),
+    ("[trainers]\nranks = 2\nstraggler_rank = 1\nstraggler_delay_ms = 20000\n",
+     "trainers.straggler_delay_ms", "<= 10000"),
+    ("[trainers]\nrank = 2\n", "trainers.rank", "did you mean 'ranks'"),
+])
+def test_trainers_keys_are_bounded_and_checked(text: str, key: str, fragment: str) -> None:
+    e = error('name = "x"\n' + text)
+    assert e.key == key and fragment in e.message and "\n" not in str(e)
+
+
+def test_trainers_ranks_in_the_matrix_and_the_straggler_is_emulated() -> None:
+    sc = parse('name = "x"\n[trainers]\nstraggler_rank = 0\nstraggler_delay_ms = 5\n'
+               '[matrix]\n"trainers.ranks" = [1, 2, 4]\n')
+    assert [v.name for v in sc.variants] == ["ranks=1", "ranks=2", "ranks=4"]
+    assert [v.config.trainers.ranks for v in sc.variants] == [1, 2, 4]
+    assert "trainers.straggler_delay_ms" in sc.variants[0].config.emulated()
+    bad = 'name = "x"\n[trainers]\nranks = 4\nstraggler_rank = 2\nstraggler_delay_ms = 5\n' \
+          '[matrix]\n"trainers.ranks" = [4, 2]\n'
+    e = error(bad)
+    assert e.key == "trainers.straggler_rank" and "(from [matrix])" in e.message
+
+
+def test_an_unused_trainers_section_keeps_the_fingerprint() -> None:
+    """Results recorded before [trainers] existed stay comparable (the gate pairs by it)."""
+    base = 'name = "x"\n[loader]\nbatch_size = 512\n'
+    assert parse(base).fingerprint == parse(base + "[trainers]\nranks = 1\n").fingerprint
+    assert parse(base).fingerprint != parse(base + "[trainers]\nranks = 2\n").fingerprint

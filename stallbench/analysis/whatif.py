@@ -24,6 +24,17 @@ Predicted throughput with N producer workers (N = 0: the trainer does everything
                     1 / t_trainer,              # the trainer: compute + its share of data work
                     storage_MB_s / MB_per_sample)   # optional aggregate storage cap
 
+With R data-parallel ranks (``trainers.ranks``) the trainers work in parallel and the
+producers are R x N (a loader per rank, local) or N (one pool for all ranks, Ray):
+
+    N >= 1: X = min(producers / p_wall, cores / (p_cpu + t_cpu), R / t_trainer[, storage])
+    N = 0:  X = min(R / (p_solo + t_trainer - overhead), cores / (p_cpu + t_cpu))   (R > 1)
+
+with ``t_trainer`` per sample of one rank (fitted from the ranks' own figures) and the stall
+share that of one rank, 1 - X / R x compute. It assumes the ranks keep pace with each other:
+a straggler and the all-reduce itself are not modelled (the variant's ``ranks`` figures show
+them).
+
 The binding term names the bound; the knee is the fewest workers (or nodes) with no stall,
 i.e. where the trainer term binds. ``cache`` removes that share of the fetch cost;
 ``bandwidth_mb_s`` replaces the measured storage wait by bytes / bandwidth. Nodes add
@@ -78,6 +89,16 @@ def workers_of(v: VariantResult) -> int:
     return v.executor.producer_slots
 
 
+def ranks_of(v: VariantResult) -> int:
+    """Data-parallel trainer ranks of the variant (1: one trainer in stallbench's process)."""
+    return v.ranks.world if v.ranks is not None else 1
+
+
+def producers(m: Model, workers: int, ranks: int) -> int:
+    """Producers working in parallel: ``workers`` per rank, or one pool of ``workers``."""
+    return workers * ranks if m.producers_per_rank else workers
+
+
 def compute_on_cpu(v: VariantResult, machine: MachineInfo) -> bool:
     return "model.step_ms" not in v.emulated and not machine.gpu
 
@@ -97,9 +118,15 @@ def fit(v: VariantResult, machine: MachineInfo) -> Model:
         cpu = whole
     trainer_xfer = s("transfer_trainer")
     compute = _median(f.compute_s / max(f.samples, 1) for f in reps)
+    ranks = ranks_of(v)
+    if ranks > 1:
+        # per sample of one rank: each rank unpacks and steps its own share, in parallel
+        per = [r for f in reps for r in f.ranks]
+        trainer_xfer = _median(r.trainer_transfer_s / max(r.samples, 1) for r in per)
+        compute = _median(r.compute_s / max(r.samples, 1) for r in per)
     overhead = 0.0
     if v.attribution is not None and v.executor.has_producers:
-        samples = _median(f.samples for f in reps)
+        samples = _median(f.samples for f in reps) / ranks
         overhead = max(v.attribution.overhead_s, 0.0) / max(samples, 1)
     # The trainer process's own CPU clock covers everything it does (hand-off, unpacking,
     # a CPU model step, helper threads); older results without it fall back to the parts.
@@ -120,6 +147,7 @@ def fit(v: VariantResult, machine: MachineInfo) -> Model:
         startup_s=_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
         p_solo=v.trainer_solo.data_s_per_sample if v.trainer_solo else None,
         solo_item_s=v.trainer_solo.item_s if v.trainer_solo else None,
+        ranks=ranks, producers_per_rank=v.ranks.producers_per_rank if v.ranks else True,
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
@@ -138,12 +166,13 @@ def calibrate(m: Model, measured_steady: float) -> Model:
     p = predict(m, m.fit_workers)
     gap = p.throughput_samples_s / measured_steady - 1.0
     if p.binding == "workers":
-        extra = max(m.fit_workers / measured_steady - m.p_wall, -0.5 * m.p_wall)
+        total = producers(m, m.fit_workers, m.ranks)
+        extra = max(total / measured_steady - m.p_wall, -0.5 * m.p_wall)
         return replace(m, p_extra=extra, calibration=(
             f"producers {extra * 1e6:+.1f} us/sample outside the stage timers "
             f"(model {gap:+.0%} vs measured steady rate at the fit)"))
     if p.binding == "trainer":
-        extra = max(1.0 / measured_steady - m.t_trainer, -0.5 * m.t_trainer)
+        extra = max(m.ranks / measured_steady - m.t_trainer, -0.5 * m.t_trainer)
         return replace(m, t_extra=extra, calibration=(
             f"trainer {extra * 1e6:+.1f} us/sample outside its measured parts "
             f"(model {gap:+.0%} vs measured steady rate at the fit)"))
@@ -156,7 +185,11 @@ def calibrate(m: Model, measured_steady: float) -> Model:
 
 
 def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
-            storage_cap_mb_s: float | None = None, cores: float | None = None) -> Prediction:
+            storage_cap_mb_s: float | None = None, cores: float | None = None,
+            ranks: int | None = None) -> Prediction:
+    """``workers``: per rank where each rank has its own (local), else the one pool's size;
+    ``ranks``: data-parallel trainer ranks (default: the fit's)."""
+    n_ranks = ranks or m.ranks
     fetch_wall = m.stage_wall["fetch"]
     io = m.io_wait
     if bandwidth_mb_s:
@@ -183,19 +216,26 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         if m.p_solo and m.p_wall > 0:
             p_wall = m.p_solo * (p_wall / m.p_wall)
             source = "measured in the trainer's process"
-        x = 1.0 / (p_wall + t_trainer)
+        x = n_ranks / (p_wall + t_trainer)
         # the same rule as the attribution's: a stall share under 5% is compute-bound, so
-        # the table never says "0% stall" beside "bound by fetch"
-        bound = heaviest if 1.0 - x * m.compute >= 0.05 else "compute"
+        # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
+        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= 0.05 else "compute"
         why = (f"no workers: the trainer does {p_wall * 1e6:.1f} us/sample of data work "
                f"({source}; {heaviest} heaviest) before each {t_trainer * 1e6:.1f} us/sample step")
+        if n_ranks > 1:
+            why = f"{n_ranks} ranks; " + why
+            cpu_cap = cores / (p_cpu + m.t_cpu) if p_cpu + m.t_cpu > 0 else math.inf
+            if cpu_cap < x:
+                x, binding = cpu_cap, "cores"
+                why += f"; CPU-bound on {cores:.3g} cores"
     else:
         p_wall += m.p_extra
         cores *= m.cores_scale
+        total = producers(m, workers, n_ranks)
         terms = {
-            "workers": workers / p_wall if p_wall > 0 else math.inf,
+            "workers": total / p_wall if p_wall > 0 else math.inf,
             "cores": cores / (p_cpu + m.t_cpu) if p_cpu + m.t_cpu > 0 else math.inf,
-            "trainer": 1.0 / t_trainer if t_trainer > 0 else math.inf,
+            "trainer": n_ranks / t_trainer if t_trainer > 0 else math.inf,
         }
         if storage_cap_mb_s and m.io_bytes:
             terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
@@ -208,7 +248,7 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
                    f"{data_t * 1e6:.1f} us/sample trainer-side data work")
         elif binding == "workers":
             bound = heaviest
-            why = (f"{workers} worker(s) at {p_wall * 1e6:.1f} us/sample each "
+            why = (f"{total} worker(s) at {p_wall * 1e6:.1f} us/sample each "
                    f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
         elif binding == "cores":
             bound = heaviest
@@ -217,7 +257,9 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         else:
             bound = "fetch"
             why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
-    stall = max(0.0, 1.0 - x * m.compute) if math.isfinite(x) else 0.0
+    if n_ranks > 1 and binding == "trainer":
+        why = f"{n_ranks} ranks in parallel; " + why
+    stall = max(0.0, 1.0 - x / n_ranks * m.compute) if math.isfinite(x) else 0.0
     return Prediction(workers, x, stall, bound, why, binding)
 
 
@@ -249,7 +291,7 @@ def _group_key(v: VariantResult) -> tuple:
     """Variants that differ only in the knobs that set their producer count (the executor
     names them) form one scaling curve, also when the matrix varies a whole section, e.g.
     ``executor = [{kind = "ray", simulated_nodes = 2}]``."""
-    scaling = set(v.executor.scaling_knobs)
+    scaling = set(v.executor.scaling_knobs) | {"trainers.ranks"}
     items = [(k, repr(x)) for k, x in v.knobs.items() if k not in scaling]
     items.append(("executor.kind", v.executor.kind))
     return tuple(sorted(items))
@@ -268,15 +310,20 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         if v.repeats and v.repeats[0].samples:
             groups.setdefault(_group_key(v), []).append(v)
     best = max(groups.values(), key=len, default=[])
-    if len(best) < 2 or len({workers_of(v) for v in best}) < 2:
+    if len({workers_of(v) for v in best}) >= 2:
+        # a worker (or node) sweep: the curve is over workers, at the smallest rank count
+        fewest = min(ranks_of(v) for v in best)
+        best = [v for v in best if ranks_of(v) == fewest]
+    by_ranks = len({ranks_of(v) for v in best}) >= 2      # a sweep over ranks alone
+    if len(best) < 2 or (len({workers_of(v) for v in best}) < 2 and not by_ranks):
         return None
-    best.sort(key=workers_of)
+    best.sort(key=lambda v: (ranks_of(v), workers_of(v)))
     fit_v = next((v for v in best if workers_of(v) >= 1), best[0])
     m = fit(fit_v, result.machine)
     simulated = any(v.executor.nodes_simulated for v in best)
     measured = []
     for v in best:
-        p = predict(m, workers_of(v))
+        p = predict(m, workers_of(v), ranks=ranks_of(v))
         got = v.throughput_samples_s.median
         # The model predicts a steady rate; a run's epoch also holds the time to the first
         # batch, so the epoch comparison adds the start-up measured at the fit. Both
@@ -284,27 +331,40 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         steady = _median(f.steady_throughput_samples_s for f in v.repeats)
         over_run = p.over_run(m, _median(f.samples for f in v.repeats))
         measured.append(WhatIfCheck(
-            n=workers_of(v), variant=v.name, measured_samples_s=got,
+            n=ranks_of(v) if by_ranks else workers_of(v), variant=v.name, measured_samples_s=got,
             predicted_samples_s=p.throughput_samples_s, predicted_run_samples_s=over_run,
             error=(over_run - got) / got if got else None,
             measured_steady_samples_s=steady,
             steady_error=(p.throughput_samples_s - steady) / steady
             if math.isfinite(steady) and steady else None,
-            is_fit=v is fit_v, bound_by=p.bound_by))
+            is_fit=v is fit_v, bound_by=p.bound_by, ranks=ranks_of(v)))
     ns = list(range(0, axis_max + 1))
     errors = [abs(x.error) for x in measured if not x.is_fit and x.error is not None]
     steady_errors = [abs(x.steady_error) for x in measured
                      if not x.is_fit and x.steady_error is not None]
+    if by_ranks:      # the curve over ranks, each with the fit's workers per rank (or pool)
+        each = "workers per rank" if m.producers_per_rank else "producers"
+        axis = f"ranks ({m.fit_workers} {each})"
+        preds = [replace(predict(m, m.fit_workers, ranks=r), n=r) for r in ns[1:]]
+        points = [_point(p) for p in preds]
+        top = max(p.throughput_samples_s for p in preds)
+        first = next(p for p in preds if p.throughput_samples_s >= 0.99 * top)
+        kn = Knee(None, first.bound_by, f"from {first.n} ranks on, more ranks add nothing: "
+                                        f"{first.why}", saturates_at=first.n)
+    else:
+        axis = "workers" if not simulated else "simulated node CPUs"
+        points = [_point(predict(m, n)) for n in ns]
+        kn = knee(m, ns[1:])
     return WhatIfValidation(
         label="predicted",
-        axis="workers" if not simulated else "simulated node CPUs",
+        axis=axis,
         fit_variant=fit_v.name,
         model=m,
-        points=[_point(predict(m, n)) for n in ns],
+        points=points,
         measured=measured,
         max_abs_error=max(errors) if errors else None,
         max_abs_steady_error=max(steady_errors) if steady_errors else None,
-        knee=knee(m, ns[1:]),
+        knee=kn,
         note=("fitted on one configuration, the rest predicted; simulated nodes share this "
               "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
     )

@@ -63,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
         path = results.save(result, out)
         print()
         print(tables.run_table(result))
+        ranks = tables.rank_table(result)
+        if ranks:
+            print()
+            print("data-parallel ranks (exposed stall = run - model steps - all-reduce; "
+                  "medians over repeats):")
+            print(ranks)
+            for line in tables.rank_verdicts(result):
+                print(f"  {line}")
         attribution = tables.attribution_table(result)
         if attribution:
             print()

@@ -24,6 +24,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     axis.add_argument("--nodes", default=None, help="CPU node counts: N, A..B or A,B,C")
     p.add_argument("--cpus-per-node", type=int, default=None,
                    help="cores per CPU node (default: the fit variant's executor.cpus_per_node)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="data-parallel trainer ranks (default: the fit variant's trainers.ranks); "
+                        "with a loader per rank, --workers counts workers per rank")
     p.add_argument("--cores", type=float, default=None,
                    help="cores shared by trainer and workers (default: the measured machine's)")
     p.add_argument("--cache", type=float, default=0.0, help="share of data already in memory, 0..1")
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.cache < 1:
         raise UserError(f"--cache: expected a share in [0, 1), got {args.cache}")
+    if args.ranks is not None and not 1 <= args.ranks <= 4096:
+        raise UserError(f"--ranks: expected a whole number from 1 to 4096, got {args.ranks}")
     for flag in ("bandwidth_mb_s", "storage_cap_mb_s", "cores"):
         val = getattr(args, flag)
         if val is not None and val <= 0:
@@ -97,7 +102,7 @@ def _one(args: argparse.Namespace, path: Any, r: Any) -> None:
         unit = "worker"
         cores = lambda c: args.cores or m.cores  # noqa: E731
     kw = dict(cache=args.cache, bandwidth_mb_s=args.bandwidth_mb_s,
-              storage_cap_mb_s=args.storage_cap_mb_s)
+              storage_cap_mb_s=args.storage_cap_mb_s, ranks=args.ranks)
     preds = [whatif.predict(m, c, cores=cores(c), **kw) for c in counts]
     samples = v.repeats[0].samples
     priced = args.cpu_node_cost is not None or args.gpu_node_cost is not None
@@ -112,11 +117,17 @@ def _one(args: argparse.Namespace, path: Any, r: Any) -> None:
             if p.stall_share < 0.05 and (cheapest is None or cost < cheapest[1]):
                 cheapest = (n, cost)
         rows.append(row + [p.why])
-    head = [f"{unit}s", "PREDICTED samples/s", "stall %", "bound by"] + (["cost/run"] if priced else [])
+    per_rank = unit == "worker" and (args.ranks or m.ranks) > 1 and m.producers_per_rank
+    axis = "workers per rank" if per_rank else f"{unit}s"
+    head = [axis, "PREDICTED samples/s", "stall %", "bound by"] + (["cost/run"] if priced else [])
     print(f"what-if for {r.scenario.name} / {v.name} from {path} (fitted on this variant's "
           f"measured rates; every figure below is PREDICTED)")
+    ranks = args.ranks or m.ranks
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
-          f"{whatif.workers_of(v)} producer(s) on {m.cores:g} cores")
+          f"{whatif.workers_of(v)} producer(s)"
+          + (f" per rank x {m.ranks} ranks" if m.ranks > 1 and m.producers_per_rank else
+             f", {m.ranks} ranks" if m.ranks > 1 else "") + f" on {m.cores:g} cores"
+          + (f"; predicting for {ranks} ranks" if ranks != m.ranks else ""))
     print(f"rates are steady state (a run adds its start-up: {m.startup_s:.2f} s to the first "
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
     print(tables.table(head + ["why"], collapse_rows(rows), right=set(range(1, len(head)))))

@@ -28,6 +28,9 @@ class Executor:
     # config keys that set how many producers run (variants differing only in these form one
     # scaling curve for the what-if)
     scaling_knobs: ClassVar[tuple[str, ...]] = ()
+    # how this executor's data reaches data-parallel ranks (``trainers.ranks`` > 1): the name
+    # of a ``stallbench.trainers`` launcher
+    rank_launcher: ClassVar[str] = "processes"
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         self.config = config

@@ -17,7 +17,7 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..results import Knee, Resources, Timeline, WhatIfCheck, WhatIfPoint
+from ..results import Knee, RankSummary, Resources, Timeline, WhatIfCheck, WhatIfPoint
 
 import matplotlib
 
@@ -460,4 +460,49 @@ def resources(res: Resources) -> str | None:
                 ax.set_ylabel(label)
         axes[-1].set_xlabel("wall time in the run (s)")
         axes[-1].set_xlim(t[0], t[-1])
+        return _png(fig)
+
+
+# --------------------------------------------------------------------------------- ranks
+
+def ranks(summary: RankSummary) -> str | None:
+    """Per rank of a data-parallel variant: its exposed stall (waiting for its batches plus
+    its own unpacking), its model steps and its time in the step's all-reduce (waiting for the
+    other ranks), stacked; the named straggler's bar is outlined and labelled."""
+    rs = [r for r in summary.ranks if _finite(r.stall_s)]
+    if not rs:
+        return None
+    with _ctx():
+        fig = _figure(0.9 + 0.36 * len(rs))
+        ax = fig.add_subplot()
+        y = list(range(len(rs)))[::-1]
+        parts = (("exposed stall", "stall_s", STAGE_COLORS["wait"]),
+                 ("compute", "compute_s", STAGE_COLORS["compute"]),
+                 ("all-reduce (waiting for other ranks)", "sync_s", STAGE_COLORS["other"]))
+        xmax = 0.0
+        for yi, r in zip(y, rs):
+            left = 0.0
+            straggler = r.rank == summary.straggler
+            for i, (label, attr, color) in enumerate(parts):
+                sec = float(getattr(r, attr))
+                if not _finite(sec) or sec <= 0:
+                    continue
+                ax.barh(yi, sec, left=left, height=0.62, color=color,
+                        label=label if yi == y[0] else None,
+                        edgecolor=INK if straggler and i == 0 else "white",
+                        linewidth=1.6 if straggler and i == 0 else 0.8)
+                left += sec
+            xmax = max(xmax, left)
+            note = f"  {r.stall_s:.2f} s stalled"
+            if straggler:
+                note += "  ← straggler"
+            ax.text(left, yi, note, va="center", ha="left", fontsize=8.5,
+                    color=STAGE_COLORS["preprocess"] if straggler else INK,
+                    fontweight="bold" if straggler else "normal")
+        ax.set_yticks(y, [f"rank {r.rank}" for r in rs])
+        ax.set_xlim(0, xmax * 1.3 if xmax else 1)
+        ax.set_xlabel("seconds per measured run (median over repeats)")
+        ax.grid(axis="y", visible=False)
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, handlelength=1.2,
+                  columnspacing=1.2)
         return _png(fig)

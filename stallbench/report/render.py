@@ -49,6 +49,9 @@ EMULATED_MEANING = {
     "preprocess.cpu_cost_us_per_row": "part of the preprocessing is a busy loop that burns this much "
                                       "CPU time per row (measured on the thread's CPU clock)",
     "executor.simulated_nodes": "the nodes are simulated Ray nodes on this one machine",
+    "trainers.straggler_delay_ms": "one rank is made a straggler: a sleep of this many ms in its "
+                                   "process per work item it receives (the injected total is "
+                                   "measured and shown per rank)",
 }
 
 
@@ -201,6 +204,7 @@ class VariantView:
     resources_fig: Figure | None = None
     timeline_stats: list[tuple[str, str]] = field(default_factory=list)
     resource_stats: list[tuple[str, str]] = field(default_factory=list)
+    ranks_fig: Figure | None = None          # trainers.ranks > 1: the per-rank panel
 
 
 @dataclass
@@ -251,6 +255,7 @@ class RunView:
     anchor: str
     has_inside: bool = False
     emulated_uniform: bool = True   # every variant emulates the same knobs (no per-row badge)
+    has_ranks: bool = False         # a variant ran data-parallel ranks (trainers.ranks > 1)
 
 
 def _pair(iv: Interval) -> tuple[float, float]:
@@ -415,6 +420,9 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                                  missing="No resource samples in this result for this variant.")
         vv.timeline_stats = _timeline_stats(v.timeline)
         vv.resource_stats = _resource_stats(v.resources)
+        if v.ranks is not None:
+            vv.ranks_fig = _draw(plots.ranks, v.ranks, alt=f"per-rank figures of {v.name}",
+                                 missing="No per-rank figures in this result for this variant.")
         views.append(vv)
 
     rows = []
@@ -468,6 +476,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                    stage_rates=_stage_rate_rows(r.variants),
                    emulated=emu_rows, predicted=predicted, anchor=anchor,
                    emulated_uniform=len({tuple(sorted(v.emulated)) for v in r.variants}) <= 1,
+                   has_ranks=any(v.ranks is not None for v in r.variants),
                    has_inside=any(vv.timeline_fig.png or vv.resources_fig.png or vv.timeline_fig.error
                                   or vv.resources_fig.error for vv in views))
 

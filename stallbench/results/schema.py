@@ -19,6 +19,11 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ingestion-free run, not the trainer's measured stall) and ``notes``; ``stage_rates.trainer_solo_*``
   -> ``trainer_solo``; new ``executor`` facts (producer slots, whether there are producers).
   v1 files load through ``migrate.v1_to_v2``.
+  Additions within version 2 (defaults keep older v2 files loading): data-parallel trainers
+  (issue 18): ``repeats[].ranks`` (``RankFigures`` per rank; the repeat's own figures are then
+  the job's), ``variants[].ranks`` (``RankSummary``: per-rank medians and attribution, the
+  straggler, exactly-once delivery), ``WhatIfModel.ranks`` / ``producers_per_rank`` and
+  ``WhatIfCheck.ranks``.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -143,6 +148,51 @@ class RepeatFigures:
     # breakdown, "faults"; local: "buffer_pool" use). Free-form by design: no reader of
     # stallbench depends on them; they are there for a person and for the executor's tests.
     executor_figures: dict[str, Any] = field(default_factory=dict)
+    # With ``trainers.ranks`` > 1: every rank's own figures of this run (the fields above are
+    # then the job's, see ``RankFigures``); empty for a single in-process trainer.
+    ranks: list["RankFigures"] = field(default_factory=list)
+
+
+@dataclass
+class RankFigures:
+    """One data-parallel rank's figures of one run (``trainers.ranks`` > 1).
+
+    Each rank is a process running the measured trainer loop over its own shard, with a
+    synchronous step: after every model step the ranks all-reduce (the gradients, or a
+    one-element tensor for the emulated step), so a rank that waits for data holds up all.
+    Time in that all-reduce is ``sync_s`` and is neither compute nor stall; a rank's exposed
+    stall is what it spent getting its own batches:
+    ``stall_s = epoch_s - compute_s - sync_s`` (= wait + trainer-side transfer + loop
+    overhead), Ray Train's "exposed data loading time" of that rank.
+
+    The job's figures of the run (the ``RepeatFigures`` holding these) are: ``epoch_s`` the
+    max over ranks (they start together, after a barrier); ``samples``, ``batches``, CPU,
+    stage seconds, rows and bytes the sums; ``throughput_samples_s`` samples / epoch_s;
+    ``steady_throughput_samples_s`` the sum of the ranks' steady rates; ``stall_s`` the max
+    over ranks (the max exposed stall), with ``wait_s``, ``trainer_transfer_s`` and
+    ``compute_s`` those of that rank; ``time_to_first_batch_s`` the max over ranks;
+    ``peak_pss_mb`` sampled over the whole job by stallbench's own process.
+    """
+
+    rank: int
+    epoch_s: float                  # from the common start to this rank's last step
+    samples: int
+    batches: int                    # this rank's steps
+    steady_throughput_samples_s: float
+    stall_s: float                  # epoch - compute - sync: getting its own batches
+    wait_s: float                   # blocked on its next batch
+    trainer_transfer_s: float       # its own unpack / decompress / collate / copy
+    compute_s: float                # model steps, without the all-reduce
+    sync_s: float                   # in the step's all-reduce: waiting for the other ranks
+    time_to_first_batch_s: float
+    peak_pss_mb: float              # this rank's process tree (it and its loader workers)
+    trainer_cpu_s: float = 0.0
+    producer_cpu_s: float | None = None
+    work_items: int = 0             # deliveries (row groups or parts of them) it received
+    last_steps: int = 0             # steps at which its batch arrived last of all ranks
+    # EMULATED (``trainers.straggler_delay_ms``): latency injected into this rank in this run,
+    # as measured around the injection (0 for every other rank)
+    straggler_delay_s: float = 0.0
 
 
 # --------------------------------------------------------------------- per-variant parts
@@ -280,6 +330,77 @@ class Resources:
 
 
 @dataclass
+class RankStats:
+    """One rank's figures over the variant's full runs: medians over repeats."""
+
+    rank: int
+    stall_s: float
+    wait_s: float
+    trainer_transfer_s: float
+    compute_s: float
+    sync_s: float
+    steady_throughput_samples_s: float
+    time_to_first_batch_s: float
+    last_step_share: float          # share of the job's steps at which it was the last rank
+    straggler_delay_s: float = 0.0  # EMULATED delay injected (median over repeats)
+    attribution: Attribution | None = None   # of this rank's own time (epoch - sync)
+
+
+@dataclass
+class ExactlyOnce:
+    """Who got which batches in the first full run: every batch of the job's work list must
+    reach exactly one rank. ``dropped_batches`` / ``dropped_rows``: what an equal split
+    removed on purpose (Ray's ``streaming_split(N, equal=True)`` drops the last
+    ``batches mod N`` batches, so every rank takes the same number of steps)."""
+
+    expected_batches: int
+    delivered_batches: int
+    duplicate_batches: int
+    dropped_batches: int
+    expected_rows: int = 0
+    delivered_rows: int = 0
+    dropped_rows: int = 0
+
+
+@dataclass
+class RankSummary:
+    """The ranks of a data-parallel variant (``trainers.ranks`` > 1): how they were run, each
+    rank's figures, and the straggler.
+
+    The *straggler* is the rank with the largest exposed stall (median over the full runs),
+    named only when its ``straggler_excess_s`` (its stall minus the median stall of the
+    other ranks) is larger than ``noise_s``, the noise measured for that excess: the
+    half-width of a bootstrap interval over the run's steps (resampling the per-step excess)
+    and, with repeats, the spread of each rank's stall across repeats, whichever is larger.
+    ``gain_if_median_pace_s`` (ESTIMATED from the measured per-step stalls) is how much less
+    the job would have stalled had the straggler kept pace with the median of the other
+    ranks at every step: per step the job waits for its slowest rank, so the gain is the sum
+    over steps of (max over ranks) - (max over ranks with the straggler at that median).
+    """
+
+    world: int
+    launcher: str                   # "processes" or "ray_actors"
+    backend: str                    # torch.distributed backend: "gloo" or "nccl"
+    sharding: str                   # how the data reached the ranks, in words
+    producers_per_rank: bool        # each rank has its own producers (local) or one pool (Ray)
+    launch_s: float                 # starting the ranks (processes, process group), not in epochs
+    ranks: list[RankStats]
+    max_stall_s: Summary            # max over ranks, per full run (= the variant's stall_s)
+    median_stall_s: Summary         # median over ranks, per full run
+    spread_s: float                 # max - min rank stall (median over full runs)
+    noise_s: float                  # what an excess must beat to name a straggler
+    straggler: int | None           # None: the spread is within the noise
+    candidate: int                  # the rank with the largest stall, named or not
+    straggler_excess_s: float       # candidate's stall - median of the others (median over runs)
+    gain_if_median_pace_s: float    # ESTIMATED, see the class docstring
+    gain_speedup: float             # epoch / (epoch - gain)
+    last_rank_per_step: list[int] = field(default_factory=list)   # first full run
+    timeline_rank: int = 0          # the variant's ``timeline`` is this rank's (largest stall)
+    exactly_once: ExactlyOnce | None = None
+    verdict: str = ""
+
+
+@dataclass
 class VariantResult:
     name: str
     knobs: dict[str, Any]           # the matrix values that make this variant
@@ -301,6 +422,8 @@ class VariantResult:
     notes: dict[str, str] = field(default_factory=dict)   # knobs that had no effect here, why
     timeline: Timeline = field(default_factory=Timeline)      # first full repeat
     resources: Resources = field(default_factory=Resources)   # first full repeat
+    # trainers.ranks > 1: the ranks and the straggler (None for one in-process trainer)
+    ranks: RankSummary | None = None
 
 
 # ---------------------------------------------------------------------- what-if (analysis)
@@ -329,6 +452,8 @@ class WhatIfModel:
     calibration: str = ""
     p_solo: float | None = None
     solo_item_s: float | None = None
+    ranks: int = 1               # data-parallel trainer ranks at the fit (t_trainer is per rank)
+    producers_per_rank: bool = True   # each rank has its own workers (local) or one pool (Ray)
 
 
 @dataclass
@@ -357,6 +482,7 @@ class WhatIfCheck:
     steady_error: float | None = None
     is_fit: bool = False
     bound_by: str = ""
+    ranks: int = 1               # the measured variant's data-parallel ranks
 
 
 @dataclass

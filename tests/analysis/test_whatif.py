@@ -139,3 +139,62 @@ def test_no_worker_run_length_starts_with_one_item_in_the_trainer() -> None:
     p0, p1 = predict(m, 0), predict(m, 1)
     assert p0.over_run(m, 100_000) == pytest.approx(100_000 / (0.25 + 100_000 / p0.throughput_samples_s))
     assert p1.over_run(m, 100_000) == pytest.approx(100_000 / (1.0 + 100_000 / p1.throughput_samples_s))
+
+
+def test_ranks_multiply_the_trainers_and_a_loader_per_rank_its_workers() -> None:
+    # 40 us per sample per worker, 10 us per sample of one rank's trainer
+    m = model(fetch=1, prep=38, xfer=1, compute=10)
+    assert predict(m, 1, ranks=2).throughput_samples_s == pytest.approx(2 / 40e-6)   # 2 workers
+    assert predict(m, 4, ranks=2).throughput_samples_s == pytest.approx(2 / 10e-6)   # 2 trainers
+    p = predict(m, 4, ranks=2)
+    assert p.bound_by == "compute" and p.stall_share == pytest.approx(0.0)
+    assert "2 ranks" in p.why
+    # one shared pool (Ray): 4 producers serve both ranks
+    pool = replace(m, producers_per_rank=False)
+    assert predict(pool, 4, ranks=2).throughput_samples_s == pytest.approx(4 / 40e-6)
+    # without workers each rank does its own data work, in parallel, within the cores
+    assert predict(m, 0, ranks=2).throughput_samples_s == pytest.approx(2 / 50e-6)
+    few = replace(m, cores=0.5)
+    assert predict(few, 0, ranks=2).binding == "cores"
+
+
+def test_calibration_at_a_multi_rank_fit_reproduces_it() -> None:
+    m = replace(model(fetch=1, prep=38, xfer=1, compute=10), ranks=2)
+    measured = 0.8 * predict(m, 1).throughput_samples_s
+    c = calibrate(m, measured)
+    assert predict(c, 1).throughput_samples_s == pytest.approx(measured)
+
+
+def test_a_sweep_over_ranks_alone_is_validated_on_a_ranks_axis() -> None:
+    from factories import result, variant
+    from stallbench.analysis.whatif import validate
+    from stallbench.results import ExecutorFacts, RankFigures, RankSummary, StageSeconds, Summary
+
+    def ranked(name: str, ranks: int, tp: float):
+        v = variant(name, [tp, tp])
+        v.knobs = {"trainers.ranks": ranks}
+        v.executor = ExecutorFacts(kind="local", producer_slots=1, has_producers=True,
+                                   scaling_knobs=["loader.num_workers"])
+        for f in v.repeats:
+            f.stage_s = StageSeconds(fetch=0.3 * f.epoch_s, preprocess=0.3 * f.epoch_s)
+            f.ranks = [RankFigures(rank=r, epoch_s=f.epoch_s, samples=f.samples // ranks,
+                                   batches=10, steady_throughput_samples_s=tp / ranks,
+                                   stall_s=0.0, wait_s=0.0, trainer_transfer_s=0.0,
+                                   compute_s=f.compute_s, sync_s=0.0,
+                                   time_to_first_batch_s=0.1, peak_pss_mb=1.0)
+                       for r in range(ranks)] if ranks > 1 else []
+        if ranks > 1:
+            v.ranks = RankSummary(world=ranks, launcher="processes", backend="gloo", sharding="",
+                                  producers_per_rank=True, launch_s=0.0, ranks=[],
+                                  max_stall_s=Summary.of([0.0]), median_stall_s=Summary.of([0.0]),
+                                  spread_s=0.0, noise_s=0.0, straggler=None, candidate=0,
+                                  straggler_excess_s=0.0, gain_if_median_pace_s=0.0,
+                                  gain_speedup=1.0)
+        return v
+
+    r = result([ranked("1", 1, 1000.0), ranked("2", 2, 1900.0), ranked("4", 4, 3000.0)])
+    wi = validate(r)
+    assert wi is not None and wi.axis.startswith("ranks")
+    assert [(c.n, c.ranks) for c in wi.measured] == [(1, 1), (2, 2), (4, 4)]
+    assert wi.fit_variant == "1" and wi.points[0].n == 1
+    assert wi.knee.saturates_at is not None and wi.knee.n is None

@@ -489,3 +489,45 @@ def test_compare_with_one_repeat_is_not_comparable(tmp_path: Path, make_result: 
     v = cur.variants[0].name
     delta = cur.variant(v).throughput_samples_s.median / base.variant(v).throughput_samples_s.median - 1
     assert f"{delta * 100:+.1f}%" in html
+
+
+# ------------------------------------------------------------------------------------- ranks
+
+def _rank_summary(straggler: int | None) -> Any:
+    from stallbench.results import RankStats, RankSummary
+
+    stats = [RankStats(rank=r, stall_s=0.9 if r == 2 else 0.2, wait_s=0.8 if r == 2 else 0.15,
+                       trainer_transfer_s=0.05, compute_s=1.0, sync_s=0.1 if r == 2 else 0.8,
+                       steady_throughput_samples_s=20000.0, time_to_first_batch_s=0.1,
+                       last_step_share=0.9 if r == 2 else 0.03,
+                       straggler_delay_s=0.7 if r == 2 else 0.0) for r in range(4)]
+    return RankSummary(world=4, launcher="processes", backend="gloo", sharding="a loader per rank",
+                       producers_per_rank=True, launch_s=0.4, ranks=stats,
+                       max_stall_s=Summary.of([0.9]), median_stall_s=Summary.of([0.2]),
+                       spread_s=0.7, noise_s=0.1, straggler=straggler, candidate=2,
+                       straggler_excess_s=0.7, gain_if_median_pace_s=0.65, gain_speedup=1.4,
+                       verdict="rank 2 is the straggler: test verdict")
+
+
+def test_rank_panel_highlights_the_straggler(tmp_path: Path, make_result: Any,
+                                             write_result: Any) -> None:
+    r = make_result(**LIGHT)
+    r.variants[1].ranks = _rank_summary(straggler=2)
+    r.variants[1].emulated = [*r.variants[1].emulated, "trainers.straggler_delay_ms"]
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    assert "Data-parallel ranks" in html and "rank 2 is the straggler: test verdict" in html
+    rows = re.findall(r'<tr class="hl straggler" data-rank="(\d+)">', html)
+    assert rows == ["2"]
+    assert "could not draw" not in html
+    assert 'alt="per-rank figures of' in html
+    assert "one rank is made a straggler" in html        # the EMULATED key explained
+
+
+def test_no_rank_panel_without_ranks_and_no_straggler_badge_when_none(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    r = make_result(**LIGHT)
+    html = _html(render([write_result(r)], tmp_path / "a.html"))
+    assert "Data-parallel ranks" not in html
+    r.variants[0].ranks = _rank_summary(straggler=None)
+    html = _html(render([write_result(r)], tmp_path / "b.html"))
+    assert "no straggler" in html and 'class="hl straggler"' not in html

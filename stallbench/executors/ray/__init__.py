@@ -7,11 +7,13 @@ Split by concern, each module with its own docstring:
 - ``codec``: the wire format between them (a ``ShardOutput`` <-> rows of an Arrow block);
 - ``stock``: stock mode's UDFs and collate (what users write first, as a baseline variant);
 - ``stats``: Ray Data's own figures of a run;
-- ``cluster``: the Ray runtime (which cluster, how it is reached, and that it ends).
+- ``cluster``: the Ray runtime (which cluster, how it is reached, and that it ends);
+- ``ranks``: data-parallel trainer ranks fed by one pipeline through ``streaming_split``.
 
 Ray itself is imported only where it is used, so this package imports without Ray.
 """
 
+from . import ranks  # noqa: F401 - registers the "ray_actors" rank launcher
 from .driver import RayExecutor
 
 __all__ = ["RayExecutor"]

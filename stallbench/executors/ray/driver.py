@@ -71,6 +71,7 @@ class _RunState:
 class RayExecutor(Executor):
     name = "ray"
     scaling_knobs = ("executor.simulated_nodes", "executor.cpus", "executor.concurrency")
+    rank_launcher = "ray_actors"     # executors.ray.ranks: one pipeline, streaming_split
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
@@ -93,6 +94,10 @@ class RayExecutor(Executor):
         if ex.ray_address and ex.simulated_nodes:
             raise ScenarioError(scenario_file, "executor.simulated_nodes",
                                 "a simulated cluster runs on this machine; unset it or ray_address")
+        if config.trainers.ranks > 1 and ex.ray_mode == "stock":
+            raise ScenarioError(scenario_file, "executor.ray_mode",
+                                "data-parallel ranks (trainers.ranks > 1) run the \"stallbench\" "
+                                "mode only; stock mode with ranks is not built yet")
 
     @classmethod
     def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
@@ -338,10 +343,12 @@ class RayExecutor(Executor):
         self._run = None
 
     # ------------------------------------------------------------------ stallbench mode
-    def _run_stallbench(self, plan: Plan, r: _RunState) -> Iterator[ShardOutput]:
+    def stallbench_dataset(self, plan: Plan) -> Any:
+        """The stallbench-mode pipeline over ``plan.items`` (work items -> encoded batches),
+        not yet executed: a run iterates it; data-parallel ranks split it (``ranks``)."""
+        self._context(stock=False)
         job = self._job(plan)
-        n = len(plan.items)
-        ds = _work_items(n)
+        ds = _work_items(len(plan.items))
         kw = self._map_args()
         if self.spec.ray_pool == "actors":
             ds = ds.map_batches(worker.Producer, fn_constructor_args=(job,), batch_format="numpy",
@@ -350,7 +357,11 @@ class RayExecutor(Executor):
             ds = ds.map_batches(worker.produce_items, fn_args=(job,), batch_format="numpy", **kw)
         if plan.config.loader.execution == "bulk":
             ds = ds.materialize()
-        r.ds = ds
+        return ds
+
+    def _run_stallbench(self, plan: Plan, r: _RunState) -> Iterator[ShardOutput]:
+        n = len(plan.items)
+        ds = r.ds = self.stallbench_dataset(plan)
         r.seq = seq = codec.Sequencer(n)
         prefetch = max(1, plan.config.loader.prefetch_factor)
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow",

@@ -1,0 +1,265 @@
+"""Data-parallel ranks on Ray: one pipeline feeding all ranks through ``streaming_split``.
+
+As Ray Train does it: the ranks are Ray actors on the trainer's node (``num_cpus = 0``, pinned
+to the driver's node: they are trainers, not producers), each with torch.distributed's
+environment in its ``runtime_env`` and a gloo (or nccl) process group on loopback. For every
+measured run the driver builds the variant's stallbench-mode pipeline once
+(``RayExecutor.stallbench_dataset``) and splits it with ``streaming_split(N, equal=True)``;
+rank ``r`` iterates split ``r`` (``iter_batches``, blocks as they come) and runs the measured
+trainer loop on it. One producer pool serves every rank: the coordinator hands each block to
+the rank with the fewest rows so far.
+
+*What equal=True does to exactly-once.* In stallbench mode a Ray row is one trainer batch. To
+give every rank the same number of rows (so every rank takes the same number of steps), the
+splitter cuts blocks at row boundaries (a work item's batches may then go to two ranks) and
+drops the last ``batches mod N`` batches of the run. Every other batch reaches exactly one
+rank; the result counts the dropped ones (``ranks.exactly_once``). When transfer is ablated a
+row is a whole work item, so up to N - 1 work items are dropped in that ablation run.
+
+A rank accepts each (work item, batch) once (duplicates from a replayed task are dropped and
+counted per rank); a batch delivered to two different ranks would show in ``exactly_once``.
+The compute-only run uses no pipeline: rank ``r`` trains on the cached batches of work items
+``r, r + N, ...``. Before an ablation's first measured run its pipeline gets one untimed pass
+(``RayRankLauncher._splits_for`` says why). Stopping: every rank actor is killed
+(``ray.kill``) at the end, on errors and on interrupts; a runtime stallbench started is shut
+down after that as usual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Iterator
+
+from ...pipeline import Ablation, Plan, ShardOutput
+from ...trainers.base import (LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port,
+                              rank_plan)
+from . import codec
+
+READY_TIMEOUT_S = 600.0
+
+
+class RankSequencer:
+    """Each (work item, batch) at most once per rank; gaps are other ranks' batches and no
+    order is promised (Ray's splitter keeps none)."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, int]] = set()
+        self.duplicates = 0
+
+    def accept(self, item: int, part: int, parts: int) -> bool:
+        if (item, part) in self.seen:
+            self.duplicates += 1
+            return False
+        self.seen.add((item, part))
+        return True
+
+
+class SplitSource:
+    """One rank's split of the job's pipeline, as the executor ``measured_run`` iterates."""
+
+    def __init__(self, split: Any, prefetch: int) -> None:
+        self.split = split
+        self.prefetch = prefetch
+        self.figures: dict[str, Any] = {}
+
+    def run(self, plan: Plan) -> Iterator[ShardOutput]:
+        seq = RankSequencer()
+        blocks = 0
+        t0 = time.perf_counter()
+        first = None
+        try:
+            for block in self.split.iter_batches(batch_size=None, batch_format="pyarrow",
+                                                 prefetch_batches=self.prefetch):
+                if first is None:
+                    first = time.perf_counter() - t0
+                blocks += 1
+                for out, _node in codec.decode(block, seq):
+                    yield out
+        finally:
+            self.figures = {"blocks": blocks, "first_block_s": first,
+                            "duplicates_dropped": seq.duplicates}
+
+    def worker_pids(self) -> list[int]:
+        return []
+
+    def producer_cpu_s(self, plan: Plan) -> float | None:
+        return None      # one pool for all ranks: the launcher measures it
+
+    def sample_object_store_mb(self) -> float | None:
+        return None
+
+    def late_stage_times(self) -> None:
+        return None
+
+    def run_figures(self) -> dict[str, Any]:
+        return dict(self.figures)
+
+
+class RankActor:
+    """A rank: a Ray actor running ``trainers.rank.RankWorker`` (made remote at start)."""
+
+    def __init__(self, ctx: RankContext, plan: Plan, with_caches: bool) -> None:
+        os.environ.update(ctx.environ())
+        from ...trainers.rank import RankWorker
+
+        cap = plan.max_batches if math.isinf(plan.max_batches) else math.ceil(
+            plan.max_batches / ctx.world)
+        loop_plan = dataclasses.replace(plan, max_batches=cap)
+        prefetch = max(1, plan.config.loader.prefetch_factor)
+        self.worker = RankWorker(ctx, loop_plan, lambda split: SplitSource(split, prefetch),
+                                 plan if with_caches else None, job_item=lambda i: i,
+                                 compute_plan=rank_plan(plan, ctx.rank, ctx.world), warm=False)
+
+    def setup(self) -> dict[str, Any]:
+        return self.worker.setup()
+
+    def warm(self, split: Any) -> int:
+        """One untimed pass over the split (every rank at once: the split's start is a
+        barrier). A pass stopped after its first block was not enough: the next, measured
+        execution still waited 5-10 s here (its first blocks, then again a few steps in)."""
+        n = 0
+        for _ in split.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1):
+            n += 1
+        return n
+
+    def run(self, ablation: Ablation, split: Any, keep_timeline: bool,
+            row_hashes: bool) -> RankRun:
+        return self.worker.run(ablation, split, keep_timeline=keep_timeline, hash_rows=row_hashes)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _cpu_s(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+@LAUNCHERS.register("ray_actors")
+class RayRankLauncher(RankLauncher):
+    name = "ray_actors"
+    sharding = ("one Ray Data pipeline for all ranks, split by streaming_split(N, equal=True); "
+                "one producer pool serves every rank")
+    producers_per_rank = False
+    driver_caches = True
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self._splits: dict[str, list[Any]] = {}
+        self._warm_s: dict[str, float] = {}
+        self._cpu: float | None = None
+        self._figures: dict[str, Any] = {}
+
+    def start(self) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+        port = free_port()
+        tr = self.plan.config.trainers
+        remote = ray.remote(RankActor)
+        plan = dataclasses.replace(self.plan, caches=None)
+        try:
+            for r in range(self.world):
+                ctx = RankContext(r, self.world, r, "127.0.0.1", port, tr.straggler_rank,
+                                  tr.straggler_delay_ms / 1000.0)
+                self.actors.append(remote.options(
+                    num_cpus=0, max_restarts=0, max_concurrency=1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                    runtime_env={"env_vars": ctx.environ()},
+                ).remote(ctx, plan, self.ablations))
+            infos = self._get([a.setup.remote() for a in self.actors], READY_TIMEOUT_S)
+            self.pids = [i["pid"] for i in infos]
+            self.backend = infos[0].get("backend", "gloo") if infos else "gloo"
+        except BaseException:
+            self.stop()
+            raise
+
+    def run(self, ablation: Ablation, *, keep_timeline: bool = False,
+            row_hashes: bool = False) -> list[RankRun]:
+        ex = self.executor
+        splits: list[Any] = [None] * self.world
+        if not ablation.compute_only:
+            splits = self._splits_for(ablation)
+        marker = ex.runtime.fault_marker()
+        cluster0 = ex.runtime.cluster_cpu_s()
+        ranks0 = _cpu_s(self.pids)
+        refs = [a.run.remote(ablation, s, keep_timeline, row_hashes)
+                for a, s in zip(self.actors, splits)]
+        runs = self._get(refs, None)
+        cluster1 = ex.runtime.cluster_cpu_s()
+        # the cluster's processes (workers, raylets, the split coordinator) minus the ranks
+        self._cpu = (None if cluster0 is None or cluster1 is None or ablation.compute_only
+                     else max((cluster1 - cluster0) - (_cpu_s(self.pids) - ranks0), 0.0))
+        self._figures = {"ray": {"launcher": self.name, "splits": self.world, "equal": True,
+                                 "warm_split_s": self._warm_s.get(ablation.name),
+                                 "cluster": ex.runtime.describe() if keep_timeline else {}},
+                         "faults": ex.runtime.faults_since(marker)}
+        return runs
+
+    def _splits_for(self, ablation: Ablation) -> list[Any]:
+        """The ablation's pipeline and its N split iterators, made once per variant and
+        re-iterated by every repeat (each iteration is a new execution of the pipeline), and
+        warmed by one untimed pass before the first measured run: the split coordinator is an
+        actor of its own, and its first executions import and start Ray Data's executor in it
+        (measured here: a first run of 10-22 s instead of 1 s without the pass, 4-6 s of
+        time to first batch when a new split was made for every run). The pass is timed
+        and reported (``ray.warm_split_s``), never part of an epoch."""
+        splits = self._splits.get(ablation.name)
+        if splits is None:
+            t0 = time.perf_counter()
+            p = self.plan.with_ablation(ablation, None)
+            splits = self.executor.stallbench_dataset(p).streaming_split(self.world, equal=True)
+            self._get([a.warm.remote(s) for a, s in zip(self.actors, splits)], READY_TIMEOUT_S)
+            self._splits[ablation.name] = splits
+            self._warm_s[ablation.name] = time.perf_counter() - t0
+        return splits
+
+    def _get(self, refs: list[Any], timeout_s: float | None) -> list[Any]:
+        """All results; the first rank that fails fails the run (the caller stops the rest)."""
+        import ray
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - named and re-raised
+                    r = refs.index(ref)
+                    raise RankError(f"trainer rank {r} (Ray actor) failed: "
+                                    f"{type(exc).__name__}: {exc}") from None
+            if deadline is not None and time.monotonic() > deadline:
+                raise RuntimeError(f"trainer ranks did not answer within {timeout_s:g} s")
+        return ray.get(refs)
+
+    def producer_cpu_s(self) -> float | None:
+        return self._cpu
+
+    def job_figures(self) -> dict[str, Any]:
+        return dict(self._figures)
+
+    def stop(self) -> None:
+        import ray
+
+        actors, self.actors = self.actors, []
+        self._splits = {}              # the split coordinators go with their last reference
+        for a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass

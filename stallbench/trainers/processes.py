@@ -1,0 +1,246 @@
+"""Ranks as local processes, each with its own loader over a disjoint share of the row groups.
+
+Rank ``r`` of N gets the job's work items ``r, r + N, ...`` (``base.rank_plan``) and runs the
+variant's executor over them in its own process: a DataLoader with ``loader.num_workers``
+workers of its own (forked from the rank, so they inherit its ``RANK``/``WORLD_SIZE``/
+``LOCAL_RANK``), or its own batches with 0 workers. The ranks meet in a gloo (or nccl)
+process group on loopback at a free port.
+
+Rank processes are forked from stallbench's process (as the DataLoader forks its workers: no
+re-import, the plan is inherited), or spawned where a GPU exists (CUDA does not survive a
+fork; the plan is pickled to them). Each talks to the launcher over a pipe: ``run`` -> its
+``RankRun``.
+Stopping: a ``stop`` message, then SIGTERM, then SIGKILL, each rank by its PID, and then any
+process still alive that a rank started (its loader workers), also by PID. While ranks live,
+SIGTERM to stallbench becomes a KeyboardInterrupt, so it unwinds and stops them as on Ctrl-C;
+a rank whose launcher disappears sees its pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ..errors import UserError
+from ..pipeline import Ablation, Plan
+from .base import LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan
+
+READY_TIMEOUT_S = 600.0
+STOP_GRACE_S = 5.0
+
+
+def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool) -> None:
+    """A rank process: set up, then serve ``run`` requests until ``stop`` or the pipe closes."""
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    os.environ.update(ctx.environ())      # before the loader forks its workers
+    from ..executors import EXECUTORS
+    from .rank import RankWorker
+
+    executor = None
+    worker = None
+    code = 0
+    try:
+        mine = rank_plan(plan, ctx.rank, ctx.world)
+        executor = EXECUTORS.get(plan.config.executor.kind)(plan.config)
+        executor.start()
+        worker = RankWorker(ctx, mine, lambda _arg: executor, mine if with_caches else None,
+                            job_item=lambda i: ctx.rank + i * ctx.world)
+        conn.send(("ready", worker.setup()))
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:          # the launcher is gone
+                break
+            if msg[0] == "stop":
+                break
+            _, ablation, keep, hashes = msg
+            conn.send(("ok", worker.run(ablation, None, keep_timeline=keep, hash_rows=hashes)))
+    except KeyboardInterrupt:
+        code = 130
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which stops all
+        code = 1
+        kind = "user" if isinstance(exc, UserError) else "bug"
+        try:
+            conn.send(("error", kind, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except (OSError, ValueError):
+            pass
+    finally:
+        if worker is not None:
+            worker.close()
+        if executor is not None:
+            executor.stop()
+    if code:
+        raise SystemExit(code)
+
+
+def start_method() -> str:
+    """fork where no GPU exists (no re-import, the plan inherited); spawn where one does: a
+    rank uses CUDA, and CUDA does not survive a fork once this process has touched the driver
+    (even ``torch.cuda.is_available()`` can do that)."""
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "fork"
+
+
+@LAUNCHERS.register("processes")
+class ProcessLauncher(RankLauncher):
+    name = "processes"
+    start_method: str | None = None       # None: ``start_method()``; tests force "spawn"
+    sharding = ("a DataLoader per rank over its own row groups (work items rank, rank + N, ...), "
+                "with loader.num_workers workers per rank")
+    producers_per_rank = True
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self.info: list[dict[str, Any]] = []
+        self._old_sigterm: Any = None
+
+    def start(self) -> None:
+        ctx_mp = mp.get_context(self.start_method or start_method())
+        port = free_port()
+        tr = self.plan.config.trainers
+        self._take_sigterm()
+        try:
+            for r in range(self.world):
+                ctx = RankContext(r, self.world, r, "127.0.0.1", port, tr.straggler_rank,
+                                  tr.straggler_delay_ms / 1000.0)
+                parent, child = ctx_mp.Pipe()
+                p = ctx_mp.Process(target=_rank_main, args=(ctx, self.plan, child, self.ablations),
+                                   name=f"stallbench-rank-{r}")
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+            replies = self._gather(READY_TIMEOUT_S, expect="ready")
+            self.info = [r for r in replies]
+            self.backend = self.info[0].get("backend", "gloo") if self.info else "gloo"
+        except BaseException:
+            self.stop()
+            raise
+
+    def run(self, ablation: Ablation, *, keep_timeline: bool = False,
+            row_hashes: bool = False) -> list[RankRun]:
+        for c in self.conns:
+            c.send(("run", ablation, keep_timeline, row_hashes))
+        return self._gather(None, expect="ok")
+
+    def _gather(self, timeout_s: float | None, expect: str) -> list[Any]:
+        """One reply from every rank; a rank that reports an error or dies is an error (the
+        caller stops the rest)."""
+        out: list[Any] = [None] * len(self.conns)
+        pending = set(range(len(self.conns)))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0:
+                raise RankError(f"ranks {sorted(pending)} did not answer within {timeout_s:g} s")
+            handles: list[Any] = [self.conns[r] for r in pending]
+            handles += [self.procs[r].sentinel for r in pending]
+            ready = wait(handles, timeout=1.0 if left is None else min(1.0, left))
+            for r in sorted(pending):
+                c = self.conns[r]
+                if c in ready or c.poll():
+                    try:
+                        msg = c.recv()
+                    except EOFError:
+                        msg = None
+                    if msg is None or msg[0] != expect:
+                        raise self._failure(r, msg)
+                    out[r] = msg[1]
+                    pending.discard(r)
+                elif self.procs[r].sentinel in ready and not c.poll():
+                    raise self._failure(r, None)
+        return out
+
+    def _failure(self, r: int, msg: Any) -> Exception:
+        if msg is not None and msg[0] == "error":
+            _, kind, text, tb = msg
+            if kind == "user":
+                return UserError(f"trainer rank {r}: {text}")
+            return RankError(f"trainer rank {r} failed: {text}\n{tb}")
+        p = self.procs[r]
+        p.join(timeout=1.0)
+        return RankError(f"trainer rank {r} (pid {p.pid}) exited unexpectedly "
+                         f"(exit code {p.exitcode})")
+
+    # ------------------------------------------------------------------------------ stop
+    def _take_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt("SIGTERM")
+
+        try:
+            self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
+        except (ValueError, OSError):  # pragma: no cover
+            self._old_sigterm = None
+
+    def stop(self) -> None:
+        import psutil
+
+        procs, conns = self.procs, self.conns
+        self.procs, self.conns = [], []
+        started: dict[int, Any] = {}          # what the ranks started (loader workers)
+        for p in procs:
+            try:
+                for c in psutil.Process(p.pid).children(recursive=True):
+                    started[c.pid] = c
+            except psutil.Error:
+                pass
+        for c in conns:
+            try:
+                c.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for sig in ("terminate", "kill"):
+            alive = [p for p in procs if p.is_alive()]
+            for p in alive:
+                getattr(p, sig)()
+            for p in alive:
+                p.join(timeout=STOP_GRACE_S)
+        for c in conns:
+            c.close()
+        left = [c for c in started.values() if _alive(c)]
+        for c in left:
+            try:
+                c.terminate()
+            except psutil.Error:
+                pass
+        _, left = psutil.wait_procs(left, timeout=STOP_GRACE_S)
+        for c in left:
+            try:
+                c.kill()
+            except psutil.Error:
+                pass
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            try:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
+            except (ValueError, OSError, TypeError):  # pragma: no cover
+                pass
+            self._old_sigterm = None
+
+
+def _alive(p: Any) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
