@@ -17,7 +17,8 @@ on some misconfigurations (``RAY_AUTH_MODE=token`` with no token, an unreadable
 
 It prints one JSON object: ``{"ok": true, ...}`` or ``{"ok": false, "cause": ..., "detail":
 ...}`` with cause one of ``auth_missing``, ``auth_rejected``, ``auth_no_token``, ``version``,
-``not_ray``, ``error``. ``auth`` describes what this process would send (mode, token source),
+``not_ray``, ``error``, ``auth_unexpected`` (this process would use token auth against a
+cluster without it: its workers could not hand results back to this driver). ``auth`` describes what this process would send (mode, token source),
 so the parent's message can say which of the two it is and where the token came from.
 
 Like ``ray_setup`` it imports nothing of stallbench (importing ``stallbench.executors`` would
@@ -122,7 +123,32 @@ def probe_gcs(hostport: str, timeout: float) -> dict[str, Any]:
                            cluster_python=meta.get("python_version"), ray=ray.__version__,
                            python=here)
     return _result(True, cluster_ray=meta.get("ray_version"),
-                   cluster_python=meta.get("python_version"))
+                   cluster_python=meta.get("python_version"),
+                   cluster_auth=_gcs_auth(hostport, timeout))
+
+
+def _gcs_auth(hostport: str, timeout: float) -> str | None:
+    """Does the GCS require a token? Asked with a bare gRPC call that carries none (Ray's own
+    clients add the token whenever this process is in token mode, so they cannot tell):
+    "token", "disabled", or None when it could not be told. It matters because a driver in
+    token mode serves its tasks' results behind the token too: the workers of a cluster
+    without token auth cannot hand their results back, and the run waits forever."""
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:
+        return None
+    channel = grpc.insecure_channel(hostport)
+    try:
+        stub = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel)
+        stub.InternalKVGet(gcs_service_pb2.InternalKVGetRequest(key=b"CLUSTER_METADATA",
+                                                                namespace=b"cluster"),
+                           timeout=max(1.0, timeout))
+        return "disabled"
+    except grpc.RpcError as exc:
+        return "token" if exc.code() == grpc.StatusCode.UNAUTHENTICATED else None
+    finally:
+        channel.close()
 
 
 def probe_client(hostport: str, timeout: float) -> dict[str, Any]:
@@ -170,6 +196,9 @@ def main(argv: list[str]) -> int:
             out = _result(False, cause="error", detail=f"cannot import {exc.name or exc}")
         if out.get("cause") == "auth":
             out["cause"] = "auth_rejected" if state["token"] else "auth_missing"
+        elif out.get("ok") and state["token"] and out.get("cluster_auth") == "disabled":
+            out = _result(False, cause="auth_unexpected", detail="the cluster has no token "
+                          "authentication", cluster_auth="disabled")
     out["auth"] = state
     print(json.dumps(out), flush=True)
     return 0

@@ -1,7 +1,8 @@
 """A real multi-node Ray cluster on this machine, made with ``ray start`` (test helper).
 
 This is what the README's "Running on a real Ray cluster" section tells a user to do, with
-everything a shared machine needs on top: every node on loopback (``--node-ip-address``),
+everything a shared machine needs on top: every node on loopback (``--node-ip-address=
+127.0.0.2``: Ray keeps it, while it rewrites 127.0.0.1 to the machine's outward address),
 ports of the test's own (none of Ray's defaults, so another cluster on the machine never
 collides), a temp dir of the test's own (``RAY_TMPDIR``: Ray's current-cluster file, which
 ``address = "auto"`` reads, lands there and not in /tmp/ray), bounded CPUs and object store,
@@ -32,6 +33,10 @@ from typing import Any
 
 import psutil
 
+# Ray rewrites --node-ip-address=127.0.0.1 (and "localhost") to the machine's outward address
+# (services.resolve_ip_for_localhost); another address of the loopback range is kept as given,
+# so every node, port and connection of the test cluster stays on loopback.
+LOOPBACK = "127.0.0.2"
 RESOURCE = "stallbench_cpu_node"      # what stallbench's producers require when nodes carry it
 TAG = "STALLBENCH_RAYSTART_TAG"
 NODE = "STALLBENCH_RAYSTART_NODE"
@@ -71,7 +76,7 @@ class RayStartCluster:
     """Head (0 CPUs: the trainer's node) plus worker nodes, each from its own ``ray start``."""
 
     def __init__(self, token: str | None = "auto", object_store_mb: int = 80,
-                 timeout_s: float = 120.0, ip: str = "127.0.0.1") -> None:
+                 timeout_s: float = 120.0, ip: str = LOOPBACK) -> None:
         self.ip = ip
         # Short: Ray puts Unix sockets under the temp dir (a socket path has ~107 bytes).
         self.base = Path(tempfile.mkdtemp(prefix="sbray", dir="/tmp"))
@@ -131,14 +136,31 @@ class RayStartCluster:
         if r.returncode != 0:
             raise RuntimeError(f"ray start (node {node}) failed: {r.stderr[-2000:]}")
 
-    def start_head(self, client_server: bool = True) -> str:
-        self.port = free_port()
-        args = ["--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=false"]
-        if client_server:
-            self.client_port = free_port()
-            args.append(f"--ray-client-server-port={self.client_port}")
-        self._ray_start(0, args)
-        self.nodes.append(Node(0))
+    def start_head(self, cpus: int = 0, producer: bool = False, client_server: bool = True,
+                   system_config: dict[str, Any] | None = None) -> str:
+        """The head (the trainer's node). ``system_config``: GCS settings, e.g. faster health
+        checks so that a lost node is declared dead in seconds rather than ~15 s. A start that
+        fails (a raylet that crashed waiting for its agents on a loaded machine) is retried
+        up to twice, after its processes are stopped."""
+        for attempt in (1, 2, 3):
+            self.port = free_port()
+            args = ["--head", f"--port={self.port}", f"--num-cpus={cpus}",
+                    "--include-dashboard=false"]
+            if producer:
+                args.append(f"--resources={json.dumps({RESOURCE: float(cpus)})}")
+            if client_server:
+                self.client_port = free_port()
+                args.append(f"--ray-client-server-port={self.client_port}")
+            if system_config:
+                args.append(f"--system-config={json.dumps(system_config)}")
+            try:
+                self._ray_start(0, args)
+                break
+            except RuntimeError:
+                if attempt == 3:
+                    raise
+                self.stop(remove_dir=False)
+        self.nodes.append(Node(0, {RESOURCE: float(cpus)} if producer else {}))
         return self.address
 
     def add_node(self, cpus: int = 1, producer: bool = True) -> Node:
@@ -148,7 +170,12 @@ class RayStartCluster:
         args = [f"--address={self.address}", f"--num-cpus={cpus}"]
         if res:
             args.append(f"--resources={json.dumps(res)}")
-        self._ray_start(i, args)
+        try:
+            self._ray_start(i, args)
+        except RuntimeError:                  # as for the head: once more, after cleaning up
+            for p in self.processes(i):
+                p.kill()
+            self._ray_start(i, args)
         node = Node(i, res)
         self.nodes.append(node)
         return node
@@ -198,7 +225,7 @@ class RayStartCluster:
         os.kill(pid, signal.SIGKILL)
         return pid
 
-    def stop(self) -> list[str]:
+    def stop(self, remove_dir: bool = True) -> list[str]:
         """Stop every process of this cluster by PID (TERM, then KILL), remove the
         current-cluster file and the temp dir. Returns what had to be killed hard."""
         hard = []
@@ -223,7 +250,8 @@ class RayStartCluster:
             self.current_cluster_file.unlink()
         except OSError:
             pass
-        shutil.rmtree(self.base, ignore_errors=True)
+        if remove_dir:
+            shutil.rmtree(self.base, ignore_errors=True)
         return hard
 
     def __enter__(self) -> "RayStartCluster":

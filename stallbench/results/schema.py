@@ -19,6 +19,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ingestion-free run, not the trainer's measured stall) and ``notes``; ``stage_rates.trainer_solo_*``
   -> ``trainer_solo``; new ``executor`` facts (producer slots, whether there are producers).
   v1 files load through ``migrate.v1_to_v2``.
+  Additive in version 2 (issue 16): a variant's ``startup`` (``StartupFigures``: executor
+  start-up of that variant, and whether its runtime was started for it or reused from an
+  earlier variant of the same cluster shape); null in files written before.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -280,6 +283,19 @@ class Resources:
 
 
 @dataclass
+class StartupFigures:
+    """Executor start-up of one variant. A runtime (a Ray cluster) is kept across the variants
+    of a scenario that share its shape, so only the first of them pays for starting it:
+    ``runtime`` says which this was."""
+
+    executor_start_s: float         # the whole executor.start() (as repeats[].executor_start_s)
+    runtime: str = "none"           # "started" for this variant, "reused", or "none" (no runtime)
+    runtime_start_s: float = 0.0    # bringing the runtime up (0 when reused)
+    warm_s: float = 0.0             # warming producers: start()'s part plus prepare()'s pass
+    parts: dict[str, float] = field(default_factory=dict)   # the executor's own breakdown
+
+
+@dataclass
 class VariantResult:
     name: str
     knobs: dict[str, Any]           # the matrix values that make this variant
@@ -301,6 +317,7 @@ class VariantResult:
     notes: dict[str, str] = field(default_factory=dict)   # knobs that had no effect here, why
     timeline: Timeline = field(default_factory=Timeline)      # first full repeat
     resources: Resources = field(default_factory=Resources)   # first full repeat
+    startup: StartupFigures | None = None                     # issue 16
 
 
 # ---------------------------------------------------------------------- what-if (analysis)

@@ -432,6 +432,23 @@ class RayRuntime:
         return value
 
     # ------------------------------------------------------------------------------ faults
+    def producer_nodes_state(self) -> dict[str, dict[str, Any]]:
+        """Every node that can run producers (it carries the producer resource, else any CPU),
+        alive or not, by node id: ``{"alive", "reason"}``. Empty when Ray cannot say."""
+        import ray
+
+        try:
+            nodes = ray.nodes()
+        except Exception:  # noqa: BLE001 - a figure and a watchdog input, never a failure
+            return {}
+        key = next(iter(self.producer_resources), "CPU")
+        out = {}
+        for n in nodes:
+            if n.get("Resources", {}).get(key, 0) > 0 or not n.get("Alive"):
+                out[n["NodeID"]] = {"alive": bool(n.get("Alive")),
+                                    "reason": str(n.get("DeathReasonMessage") or "")[:200]}
+        return out
+
     def fault_marker(self) -> float:
         return time.time() * 1000.0
 
@@ -689,6 +706,13 @@ def _probe_message(target: _Target, out: dict[str, Any]) -> str:
         return (f"the Ray cluster at {hp} rejected this process's token (from "
                 f"{auth.get('source')}): it is not the cluster's token; `ray get-auth-token` on "
                 f"the head prints the right one")
+    if cause == "auth_unexpected":
+        src = (f"RAY_AUTH_MODE={auth.get('mode')}" if auth.get("mode")
+               else f"token auth auto-enabled by \"auto\" (token in {auth.get('source')})")
+        return (f"the Ray cluster at {hp} runs without token authentication, but this process "
+                f"would use it ({src}): the cluster's workers could not hand results back to "
+                f"it and the run would wait forever; set RAY_AUTH_MODE=disabled (or start the "
+                f"cluster with RAY_AUTH_MODE=token)")
     if cause == "auth_no_token":
         return f"cannot authenticate to the Ray cluster at {hp}: {out.get('detail')}"
     if cause == "version":

@@ -41,6 +41,7 @@ from ...errors import ScenarioError, UserError
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.transfer import Payload
+from .. import runtimes
 from ..base import EXECUTORS, Executor
 from . import codec, stats, stock, worker
 from .cluster import RayRuntime, import_ray
@@ -63,6 +64,8 @@ class _RunState:
     pids: set = field(default_factory=set)
     store_peak_mb: float | None = None
     fault_marker: float = 0.0
+    nodes_at_start: dict = field(default_factory=dict)   # producer-capable nodes, by id
+    pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
     complete: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -75,7 +78,7 @@ class RayExecutor(Executor):
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
         self.spec = config.executor
-        self.runtime = RayRuntime(self.spec, scenario_file)
+        self.runtime = RayRuntime(self.spec, scenario_file)     # replaced in start()
         self._cluster_info: dict[str, Any] = {}
         self._startup: dict[str, float] = {}
         self._cache_refs: dict[str, dict[int, Any]] = {}
@@ -102,15 +105,33 @@ class RayExecutor(Executor):
     def emulated_keys(cls, config: Config) -> list[str]:
         return ["executor.simulated_nodes"] if config.executor.simulated_nodes else []
 
+    @classmethod
+    def runtime_key(cls, config: Config) -> Any:
+        """What makes one Ray runtime differ from another: where it is (an address, or one
+        started here) and its shape. Pool, concurrency and mode are per run, not per runtime."""
+        s = config.executor
+        return ("ray", s.ray_address, s.simulated_nodes, s.cpus_per_node if s.simulated_nodes
+                else None, s.cpus, s.object_store_mb)
+
     # ---------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         t0 = time.perf_counter()
-        self.runtime.open()
+        self.runtime, reused = runtimes.acquire(
+            self.runtime_key(self.config), lambda: RayRuntime(self.spec, self.scenario_file),
+            group="ray")
+        if not reused:
+            self.runtime.open()
+        if self.runtime.client and self.spec.ray_mode == "stock":
+            raise ScenarioError(self.scenario_file, "executor.ray_mode",
+                                "\"stock\" runs Ray Data in the trainer, which needs a Ray driver "
+                                "on the cluster; through Ray Client (ray://) only \"stallbench\" "
+                                "works (or give the GCS address host:port)")
         self._pool = self.spec.concurrency or self.runtime.producer_cpus()
         t1 = time.perf_counter()
         self._warm()
         t2 = time.perf_counter()
-        self._startup = {"ray_init_s": t1 - t0, "warm_workers_s": t2 - t1}
+        self._startup = {"runtime": "reused" if reused else "started",
+                         "ray_init_s": 0.0 if reused else t1 - t0, "warm_workers_s": t2 - t1}
         self._cluster_info = self.runtime.describe()
 
     def _pool_size(self) -> int:
@@ -130,6 +151,8 @@ class RayExecutor(Executor):
         refs = [fn.options(**opts).remote(0.3) for _ in range(n)]
         try:
             ray.get(refs, timeout=180)
+            if self.runtime.client:
+                return             # Ray Data runs in the pump actor (Ray Client): nothing here
             # Ray Data starts its own helper actors (stats, autoscaling coordinator) on the
             # first execution, ~3 s of CPU each here: pay that now, as start-up. The UDF is
             # a class on an actor pool (Ray runs only callable classes on actors).
@@ -148,7 +171,7 @@ class RayExecutor(Executor):
         self._cache_refs = {}
         self._caches_for = None
         worker.PlanCache.clear()
-        self.runtime.close()
+        runtimes.release(self.runtime)    # kept for the next variant of the same shape, or closed
 
     def prepare(self, plan: Plan, caches: StageCaches | None) -> None:
         """Caches into the object store, then one untimed pass of the real producer code over
@@ -250,6 +273,9 @@ class RayExecutor(Executor):
     def late_stage_times(self) -> StageTimes | None:
         return self._late
 
+    def startup_figures(self) -> dict[str, Any]:
+        return dict(self._startup)
+
     def run_figures(self) -> dict[str, Any]:
         return self._last
 
@@ -291,6 +317,8 @@ class RayExecutor(Executor):
         self._late = None
         r = self._run = _RunState(t0=time.perf_counter(), stock=stock_mode,
                                   fault_marker=self.runtime.fault_marker())
+        if self.runtime.mode == "address":
+            r.nodes_at_start = self.runtime.producer_nodes_state()
         self.sample_object_store_mb()
         try:
             if stock_mode:
@@ -306,7 +334,13 @@ class RayExecutor(Executor):
         self.sample_object_store_mb()
         faults = self.runtime.faults_since(r.fault_marker, task_name=None)
         faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
-        figures = stats.operator_figures(r.ds) if r.ds is not None else {}
+        if r.nodes_at_start:
+            now = self.runtime.producer_nodes_state()
+            faults["nodes_lost"] = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
+                                    for k, v in r.nodes_at_start.items()
+                                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+        figures = (stats.operator_figures(r.ds) if r.ds is not None
+                   else dict(r.pump_figures or {}))
         if r.stock and r.complete:
             # Producer stage times come from inside Ray: the UDF's own clock for preprocess,
             # the operators' wall time for the rest.
@@ -341,20 +375,20 @@ class RayExecutor(Executor):
     def _run_stallbench(self, plan: Plan, r: _RunState) -> Iterator[ShardOutput]:
         job = self._job(plan)
         n = len(plan.items)
-        ds = _work_items(n)
-        kw = self._map_args()
-        if self.spec.ray_pool == "actors":
-            ds = ds.map_batches(worker.Producer, fn_constructor_args=(job,), batch_format="numpy",
-                                **kw)
-        else:
-            ds = ds.map_batches(worker.produce_items, fn_args=(job,), batch_format="numpy", **kw)
-        if plan.config.loader.execution == "bulk":
-            ds = ds.materialize()
-        r.ds = ds
+        actors = self.spec.ray_pool == "actors"
+        bulk = plan.config.loader.execution == "bulk"
         r.seq = seq = codec.Sequencer(n)
         prefetch = max(1, plan.config.loader.prefetch_factor)
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow",
-                                     prefetch_batches=prefetch):
+        blocks: Iterator[Any]
+        if self.runtime.client:
+            blocks = self._pumped(r, job, n, actors, bulk, prefetch)
+        else:
+            ds = r.ds = worker.build_dataset(job, n, self._map_args(), actors, bulk)
+            blocks = ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                                     prefetch_batches=prefetch)
+        if self.runtime.mode == "address":
+            blocks = _watched(blocks, self._check_producer_nodes)
+        for block in blocks:
             if r.first_block_s is None:
                 r.first_block_s = time.perf_counter() - r.t0
             r.blocks += 1
@@ -368,6 +402,50 @@ class RayExecutor(Executor):
         r.complete = seq.complete
         if not seq.complete:
             raise RuntimeError(f"Ray ended the stream after {seq.item} of {n} work items")
+
+    def _pumped(self, r: _RunState, job: worker.Job, n: int, actors: bool, bulk: bool,
+                prefetch: int) -> Iterator[Any]:
+        """Blocks of a dataset run by a ``worker.BlockPump`` actor on the head node (Ray
+        Client); one request kept in flight ahead of the trainer."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        opts: dict[str, Any] = {"num_cpus": 0}
+        head = self._cluster_info.get("head_node_id")
+        if head:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
+        pump = ray.remote(worker.BlockPump).options(**opts).remote(self._context_settings())
+        try:
+            ray.get(pump.start.remote(job, n, self._map_args(), actors, bulk, prefetch))
+            ahead = pump.next.remote(prefetch)
+            while True:
+                got = ray.get(ahead)
+                if not got:
+                    break
+                ahead = pump.next.remote(prefetch)
+                yield from got
+            r.pump_figures = ray.get(pump.figures.remote())
+        finally:
+            ray.kill(pump)
+
+    def _context_settings(self) -> dict[str, Any]:
+        import ray.data
+
+        ctx = ray.data.DataContext.get_current()
+        return {"preserve_order": ctx.execution_options.preserve_order,
+                "enable_progress_bars": False,
+                "op_resource_reservation_enabled": ctx.op_resource_reservation_enabled}
+
+    def _check_producer_nodes(self) -> None:
+        """While the trainer waits on a real cluster: if no node that can run producers is
+        alive any more, Ray would wait forever; say so instead (one line, exit 2)."""
+        state = self.runtime.producer_nodes_state()
+        if not state or any(v["alive"] for v in state.values()):
+            return
+        lost = [f"{k[:8]} ({v['reason'] or 'dead'})" for k, v in state.items()]
+        raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray cluster at "
+                        f"{self.runtime.address} has no live producer node left (lost: "
+                        f"{', '.join(lost)}); the run cannot finish and no result is written")
 
     # ----------------------------------------------------------------------- stock mode
     def _run_stock(self, plan: Plan, r: _RunState) -> Iterator[ShardOutput]:
@@ -412,6 +490,56 @@ class RayExecutor(Executor):
                                                   final=True)], 1, rows, times)
                 k += 1
         r.complete = True
+
+
+def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterator[Any]:
+    """``blocks``, read in a helper thread so that the trainer can run ``check`` while it
+    waits: Ray Data waits silently forever for a resource no live node has (every producer
+    node lost), and ``check`` turns that into an error. One block of read-ahead."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def pump() -> None:
+        try:
+            for b in blocks:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    break
+            item: Any = end
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+            item = exc
+        finally:
+            close = getattr(blocks, "close", None)
+            if stop.is_set() and close is not None:
+                close()
+        if not stop.is_set():
+            q.put(item)
+
+    th = threading.Thread(target=pump, name="stallbench-ray-blocks", daemon=True)
+    th.start()
+    try:
+        while True:
+            try:
+                b = q.get(timeout=period_s)
+            except queue.Empty:
+                check()
+                continue
+            if b is end:
+                return
+            if isinstance(b, BaseException):
+                raise b
+            yield b
+    finally:
+        stop.set()
 
 
 def _wait_for_named_actors(ray: Any, timeout_s: float) -> None:
