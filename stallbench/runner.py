@@ -152,6 +152,7 @@ def executor_facts(executor: Any) -> ExecutorFacts:
                          has_producers=executor.has_producers(),
                          producer_nodes=executor.producer_nodes(),
                          nodes_simulated=executor.nodes_simulated(),
+                         producers_share_cores=executor.producers_share_cores(),
                          scaling_knobs=list(executor.scaling_knobs))
 
 

@@ -119,6 +119,11 @@ class Executor:
         """The producer nodes are simulated on this machine (they share its cores)."""
         return False
 
+    def producers_share_cores(self) -> bool:
+        """The producers run on this machine's cores (what the what-if's core budget needs to
+        know); False where each producer brings cores of its own (nodes on other machines)."""
+        return True
+
     def late_stage_times(self) -> StageTimes | None:
         """Producer stage time an executor learns only when a run has ended, added to the
         run's totals after the last batch (Ray stock mode reads it from Ray Data's operator

@@ -21,7 +21,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   v1 files load through ``migrate.v1_to_v2``.
   Additive in version 2 (issue 16): a variant's ``startup`` (``StartupFigures``: executor
   start-up of that variant, and whether its runtime was started for it or reused from an
-  earlier variant of the same cluster shape); null in files written before.
+  earlier variant of the same cluster shape); null in files written before. ``executor.
+  producers_share_cores``, ``whatif.model.producer_cores`` and ``whatif.measured[].
+  oversubscribed``: the what-if's core budget for nodes (real nodes bring their own cores,
+  simulated ones share this machine's) and which validation points were oversubscribed.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -160,6 +163,10 @@ class ExecutorFacts:
     has_producers: bool
     producer_nodes: int | None = None   # nodes carrying producers (Ray), None where not a notion
     nodes_simulated: bool = False   # nodes are simulated on this machine (they share its cores)
+    # the producers run on this machine's cores (local workers, a local or simulated Ray, a
+    # `ray start` cluster whose nodes are all on this host), not on cores of their own
+    # (nodes on other machines): what the what-if's core budget assumes (issue 16)
+    producers_share_cores: bool = True
     # the config keys that set producer_slots ("loader.num_workers", ...): variants that differ
     # only in these form one scaling curve for the what-if
     scaling_knobs: list[str] = field(default_factory=list)
@@ -346,6 +353,10 @@ class WhatIfModel:
     calibration: str = ""
     p_solo: float | None = None
     solo_item_s: float | None = None
+    # "shared": producers share `cores` (local workers, simulated nodes); "own": every
+    # producer slot brings a core of its own (real nodes on other machines), so the CPU
+    # budget at N slots is cores + N (issue 16)
+    producer_cores: str = "shared"
 
 
 @dataclass
@@ -374,6 +385,9 @@ class WhatIfCheck:
     steady_error: float | None = None
     is_fit: bool = False
     bound_by: str = ""
+    # more producer slots than the cores they share: a point that measures contention the
+    # model does not have; kept, but left out of max_abs_error (issue 16)
+    oversubscribed: bool = False
 
 
 @dataclass

@@ -356,7 +356,8 @@ def test_http_server_is_not_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         srv.shutdown()
         srv.server_close()
-    assert "is not a Ray cluster: it answered \"HTTP/1" in msg, msg
+    # http.server answers an HTTP/2 preface with an error page (no status line: HTTP/0.9 style)
+    assert "is not a Ray cluster: it answered \"" in msg and "where Ray speaks gRPC" in msg, msg
 
 
 # -------------------------------------------------------------------------- lost nodes
@@ -367,12 +368,12 @@ def test_worker_node_lost_mid_epoch_completes_every_row_once(clusters: dict, cac
     Ray declares the node dead, re-runs its tasks on the other node, and the trainer gets
     every batch exactly once and in order."""
     c = clusters["token"]
-    # 32 row groups of 300 rows at 1 ms/row: ~10 s of producer work over the two nodes
-    text = _text(c.address, rows=9600, cost=1000)
+    # 20 row groups of 300 rows at 0.8 ms/row: ~5 s of producer work over the two nodes
+    text = _text(c.address, rows=6000, cost=800)
     want = _digests(text, cache, "s.toml")
     d = _Driver(tmp_path, text, cache, c.client_env())
-    d.wait_for_batches(6)
-    assert d.batches >= 6, "the run did not start"
+    d.wait_for_batches(3)
+    assert d.batches >= 3, "the run did not start"
     killed = c.kill_node(2)
     rc, got, err = d.finish()
     assert rc == 0, err[-3000:]
@@ -391,7 +392,7 @@ def test_last_producer_node_lost_fails_with_one_line(clusters: dict, cache: Path
     c = clusters["token"]
     alive = [n.index for n in c.nodes if n.resources]
     assert alive == [1], alive
-    d = _Driver(tmp_path, _text(c.address, rows=9600, cost=1000), cache, c.client_env())
+    d = _Driver(tmp_path, _text(c.address, rows=6000, cost=800), cache, c.client_env())
     d.wait_for_batches(3)
     c.kill_node(1)
     t0 = time.time()

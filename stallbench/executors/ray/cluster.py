@@ -355,12 +355,33 @@ class RayRuntime:
             out["head_node_id"] = ray.get_runtime_context().get_node_id()   # the trainer's node
         except Exception:  # noqa: BLE001
             pass
+        if self.mode == "address":
+            out["producer_nodes_on_this_host"] = self._producer_nodes_here(nodes)
         if self.mode == "simulated":
             out["simulated_nodes"] = self.spec.simulated_nodes
             out["cpus_per_node"] = self.spec.cpus_per_node
             out["oversubscribed"] = (self.spec.simulated_nodes * self.spec.cpus_per_node
                                      > (os.cpu_count() or 1))
         return out
+
+    def _producer_nodes_here(self, nodes: list[dict[str, Any]]) -> bool:
+        """Whether every node that can run producers is on this machine: its address is one
+        of this host's (loopback included). Ray Client: the cluster is elsewhere."""
+        if self.client:
+            return False
+        import psutil
+
+        here = {"localhost"}
+        try:
+            for addrs in psutil.net_if_addrs().values():
+                here.update(a.address for a in addrs)
+        except Exception:  # noqa: BLE001
+            pass
+        key = next(iter(self.producer_resources), "CPU")
+        prod = [n for n in nodes if n.get("Resources", {}).get(key, 0) > 0]
+        return bool(prod) and all(n.get("NodeManagerAddress") in here
+                                  or str(n.get("NodeManagerAddress", "")).startswith("127.")
+                                  for n in prod)
 
     def producer_cpus(self) -> int:
         """CPUs producer tasks may use (those carrying the producer resources)."""
@@ -407,6 +428,32 @@ class RayRuntime:
             total += t.user + t.system + t.children_user + t.children_system
             seen += 1
         return total if seen else None
+
+    def cluster_cpu_by_kind(self) -> dict[str, float] | None:
+        """``cluster_cpu_s`` split by what each process is: ``tasks`` (Ray workers that ran
+        or wait for tasks: the producers), ``raylet``, ``gcs``, ``agents`` (dashboard and
+        runtime-env agents, log monitor, dashboard), ``data_actors`` (Ray Data's helper
+        actors). Where an extra CPU cost of the Ray path goes."""
+        if self.mode not in ("local", "simulated", "reused"):
+            return None
+        import psutil
+
+        out: dict[str, float] = {}
+        try:
+            procs = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return None
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                name = p.name()
+                cmd = " ".join(p.cmdline()[:3]) if not name.startswith("ray::") else name
+            except psutil.Error:
+                continue
+            out_key = _cpu_kind(name, cmd)
+            out[out_key] = out.get(out_key, 0.0) + t.user + t.system + t.children_user \
+                + t.children_system
+        return out
 
     def object_store_used_mb(self) -> float | None:
         """Object-store bytes in use on all nodes, as the raylets report them to the GCS
@@ -511,6 +558,22 @@ class RayRuntime:
             return len(seen)
         except Exception:  # noqa: BLE001
             return None
+
+
+def _cpu_kind(name: str, cmd: str) -> str:
+    if name == "raylet":
+        return "raylet"
+    if name.startswith("gcs_server"):
+        return "gcs"
+    if name.startswith("ray::"):
+        if any(a in name for a in ("DashboardAgent", "RuntimeEnvAgent")):
+            return "agents"
+        if any(a in name for a in _AGENTS):
+            return "data_actors"
+        return "tasks"
+    if any(x in cmd for x in ("dashboard", "log_monitor", "monitor.py", "runtime_env")):
+        return "agents"
+    return "other"
 
 
 def _job_id() -> str | None:

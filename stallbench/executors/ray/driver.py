@@ -73,7 +73,8 @@ class _RunState:
 @EXECUTORS.register("ray")
 class RayExecutor(Executor):
     name = "ray"
-    scaling_knobs = ("executor.simulated_nodes", "executor.cpus", "executor.concurrency")
+    scaling_knobs = ("executor.simulated_nodes", "executor.cpus_per_node", "executor.cpus",
+                     "executor.concurrency")
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
@@ -252,6 +253,13 @@ class RayExecutor(Executor):
 
     def nodes_simulated(self) -> bool:
         return bool(self.spec.simulated_nodes)
+
+    def producers_share_cores(self) -> bool:
+        """A local or simulated Ray runs on this machine; a cluster by address does too when
+        all its producer nodes are on this host (a `ray start` cluster on loopback)."""
+        if self.runtime.mode != "address":
+            return True
+        return bool(self._cluster_info.get("producer_nodes_on_this_host"))
 
     # ----------------------------------------------------------------------------- figures
     def worker_pids(self) -> list[int]:
