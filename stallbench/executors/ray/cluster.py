@@ -43,6 +43,14 @@ from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
 from ...scenario import ExecutorSpec
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
+# Ray's own telemetry in a runtime stallbench starts (local or simulated): nobody reads it
+# (no dashboard), and every Ray process pays for it in CPU that the producer CPU figures would
+# charge to the Ray path: metrics collection and export (core workers, raylet, the dashboard
+# agent's metrics), per-handler event-loop statistics, and the agent's per-process stats
+# sweep every 5 s. Measured by benchmarks/ray_efficiency.py (README). Clusters reached by
+# address are left as their owner configured them.
+LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False, "event_stats": False}
+LEAN_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}
 _AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "_StatsActor", "_AutoscalingCoordinator",
            "AutoscalingRequester", "SplitCoordinator")
 _UNEXPECTED_EXITS = (0, 2, 4)        # WorkerExitType: SYSTEM_ERROR, USER_ERROR, NODE_OUT_OF_MEMORY
@@ -65,6 +73,23 @@ def import_ray(scenario_file: str = "<scenario>") -> Any:
 def _quiet_logs() -> None:
     for name in ("ray", "ray.data", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class _lean_env:
+    """``LEAN_ENV`` in the environment while Ray's processes start (they inherit it), then
+    the environment as it was."""
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in LEAN_ENV}
+        for k, v in LEAN_ENV.items():
+            os.environ.setdefault(k, v)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _descendants() -> dict[int, str]:
@@ -138,10 +163,12 @@ class RayRuntime:
             self._start_simulated()
         else:
             self.mode = "local"
-            ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
-                     object_store_memory=spec.object_store_mb * 2**20, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING, namespace="stallbench",
-                     runtime_env=RUNTIME_ENV)
+            with _lean_env():
+                ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
+                         object_store_memory=spec.object_store_mb * 2**20,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING, namespace="stallbench",
+                         runtime_env=RUNTIME_ENV, _system_config=LEAN_SYSTEM_CONFIG)
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
@@ -186,13 +213,15 @@ class RayRuntime:
         self._address_file = (addr_file, previous)
         store = spec.object_store_mb * 2**20
         # Head: the trainer's node. 0 CPUs, so no producer task can land next to the trainer.
-        self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-            "num_cpus": 0, "object_store_memory": store, "include_dashboard": False})
-        for _ in range(spec.simulated_nodes):
-            self.cluster.add_node(wait=False, num_cpus=spec.cpus_per_node,
-                                  resources={RESOURCE: float(spec.cpus_per_node)},
-                                  object_store_memory=store)
-        self.cluster.wait_for_nodes(timeout=120)
+        with _lean_env():
+            self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+                "num_cpus": 0, "object_store_memory": store, "include_dashboard": False,
+                "_system_config": LEAN_SYSTEM_CONFIG})
+            for _ in range(spec.simulated_nodes):
+                self.cluster.add_node(wait=False, num_cpus=spec.cpus_per_node,
+                                      resources={RESOURCE: float(spec.cpus_per_node)},
+                                      object_store_memory=store)
+            self.cluster.wait_for_nodes(timeout=120)
         self._restore_address_file()
         self.address = self.cluster.address
         ray.init(address=self.cluster.address, log_to_driver=False,
@@ -457,9 +486,10 @@ class RayRuntime:
 
     def object_store_used_mb(self) -> float | None:
         """Object-store bytes in use on all nodes, as the raylets report them to the GCS
-        (about once a second); None where that is not reachable (client mode)."""
+        (about once a second, so read at most once a second: every read is a GCS call whose
+        CPU the producers' figures would carry); None where that is not reachable."""
         now = time.monotonic()
-        if now - self._store_cache[0] < 0.2:
+        if now - self._store_cache[0] < 1.0:     # each read is a GCS call; reports come ~1/s
             return self._store_cache[1]
         value = None
         try:

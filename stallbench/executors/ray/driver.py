@@ -269,7 +269,7 @@ class RayExecutor(Executor):
         return None if plan.ablation.compute_only else self.runtime.cluster_cpu_s()
 
     def sample_object_store_mb(self) -> float | None:
-        """A reading of the object store (the raylets' reports, cached 0.2 s), also kept in
+        """A reading of the object store (the raylets' reports, cached 1 s), also kept in
         the current run's peak (``object_store_peak_mb``): read by the resource sampler
         every period, and here at a run's start and end."""
         used = self.runtime.object_store_used_mb()
