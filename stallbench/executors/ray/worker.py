@@ -97,13 +97,18 @@ class Producer:
         return produce_items(batch, self.job)
 
 
-def identity_batch(batch: Any) -> Any:
-    """Ray Data UDF (task pool) of the warm-up pass: no work, only the map path."""
+def warm_batch(batch: Any) -> Any:
+    """Ray Data UDF (task pool) of the warm-up pass: the producers' imports, and a short hold
+    so that each block of the pass lands on a worker of its own."""
+    warm_worker(0.3)
     return batch
 
 
-class IdentityActor:
+class WarmActor:
     """The same for an actor pool: Ray runs only callable classes on actors."""
+
+    def __init__(self) -> None:
+        warm_worker(0.0)
 
     def __call__(self, batch: Any) -> Any:
         return batch
