@@ -85,3 +85,25 @@ def test_variants_of_one_cluster_shape_run_one_after_the_other(matrix: str) -> N
 def test_local_variants_keep_the_scenarios_order() -> None:
     sc = scenario.parse('name = "l"\n[matrix]\n"loader.num_workers" = [2, 0, 1]\n', "l.toml")
     assert run_order(sc.variants) == [0, 1, 2]
+
+
+def test_startup_figures_per_variant_and_the_run_note() -> None:
+    import factories
+    from stallbench import tables
+    from stallbench.runner import startup_figures
+
+    first = startup_figures(12.5, {"runtime": "started", "ray_init_s": 9.0,
+                                   "warm_workers_s": 3.0, "warm_plan_s": 0.5})
+    again = startup_figures(0.4, {"runtime": "reused", "ray_init_s": 0.0, "warm_workers_s": 0.0,
+                                  "warm_plan_s": 0.4})
+    local = startup_figures(0.01, {})
+    assert (first.runtime, first.runtime_start_s, first.warm_s) == ("started", 9.0, 3.5)
+    assert (again.runtime, again.runtime_start_s) == ("reused", 0.0)
+    assert local.runtime == "none" and local.parts == {}
+    a, b = factories.variant("a", [1.0]), factories.variant("b", [1.0])
+    a.startup, b.startup = first, again
+    assert tables.startup_note(factories.result([a, b])) == \
+        "executor start-up: a 12.5 s (started), b 0.4 s (reused)"
+    c = factories.variant("c", [1.0])
+    c.startup = local
+    assert tables.startup_note(factories.result([c])) is None
