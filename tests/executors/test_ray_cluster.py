@@ -39,10 +39,11 @@ pytestmark = pytest.mark.ray
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "ray_cluster_driver.py"
-# GCS health checks fast enough that a lost node is declared dead in ~3 s, not ~15 s
-# (loose enough for a loaded machine: 3 missed checks of 1 s).
-FAST_HEALTH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-               "health_check_timeout_ms": 1000, "health_check_initial_delay_ms": 1000}
+# GCS health checks fast enough that a lost node is declared dead in ~5 s, not ~15 s, and
+# loose enough that a raylet slowed down by a loaded machine is not (5 missed checks of 1 s,
+# 2 s each to answer).
+FAST_HEALTH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5,
+               "health_check_timeout_ms": 2000, "health_check_initial_delay_ms": 1000}
 
 SCENARIO = """
 name = "raycluster"

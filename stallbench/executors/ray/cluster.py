@@ -131,6 +131,7 @@ class RayRuntime:
         self._address_file: tuple[str, str | None] | None = None
         self._store_cache: tuple[float, float | None] = (0.0, None)
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
+        self._cpu_seen: dict[tuple[int, float], float] = {}   # (pid, start time) -> CPU s
         self._atexit = False
         self._old_sigterm: Any = None
 
@@ -438,13 +439,14 @@ class RayRuntime:
     def cluster_cpu_s(self) -> float | None:
         """CPU seconds so far of every process of a Ray cluster running on this machine
         (raylets, GCS, workers, agents: what disaggregation costs here, not only the tasks'
-        own time); None for a cluster elsewhere. A process that exits between two reads
-        takes its CPU with it, so this is a lower bound when Ray recycles workers."""
+        own time); None for a cluster elsewhere. Monotone: a process that has exited keeps the
+        CPU it had at the last read (Ray recycles idle workers; without this, one exiting
+        between two reads would make their difference smaller, even negative), so only its CPU
+        after the last read is lost: a lower bound."""
         if self.mode not in ("local", "simulated", "reused"):
             return None
         import psutil
 
-        total, seen = 0.0, 0
         try:
             procs = psutil.Process().children(recursive=True)
         except psutil.Error:
@@ -452,11 +454,11 @@ class RayRuntime:
         for p in procs:
             try:
                 t = p.cpu_times()
+                key = (p.pid, p.create_time())
             except psutil.Error:
                 continue
-            total += t.user + t.system + t.children_user + t.children_system
-            seen += 1
-        return total if seen else None
+            self._cpu_seen[key] = t.user + t.system + t.children_user + t.children_system
+        return sum(self._cpu_seen.values()) if self._cpu_seen else None
 
     def cluster_cpu_by_kind(self) -> dict[str, float] | None:
         """``cluster_cpu_s`` split by what each process is: ``tasks`` (Ray workers that ran
