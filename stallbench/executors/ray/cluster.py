@@ -12,10 +12,18 @@ Four ways to get a Ray runtime, chosen from ``[executor]``:
   the custom resource ``stallbench_cpu_node`` that producer tasks require, so preprocessing
   never runs on the trainer's node. The nodes share this machine's cores: N x cpus_per_node
   above the real core count is oversubscribed, and results say so (``emulated``);
-- *address*: ``ray_address = "auto" | "host:port" | "ray://host:port"`` -> an existing cluster.
-  A cluster that does not answer is a ``UserError`` within ``connect_timeout_s`` (a TCP check,
-  then a probe ``ray.init`` in a child process that is killed on time-out, because an in-process
-  ``ray.init`` against a silent address blocks for minutes).
+- *address*: ``ray_address = "auto" | "host:port" | "ray://host:port"`` -> an existing cluster
+  (``ray start``), with or without Ray's token authentication. Before ``ray.init``, a TCP
+  check, an HTTP/2 greeting and a probe child (``stallbench.ray_probe``, killed on time-out)
+  turn each way it can fail into one ``ScenarioError`` naming the cause: nothing listening, not
+  Ray, token missing / rejected / token mode against a cluster without auth, Ray version
+  mismatch, silence within ``connect_timeout_s``. ``ray.init`` itself is a poor probe: it
+  reports them all as "Failed to connect" after 20 s, blocks for minutes on a silent port and
+  aborts the process on some token misconfigurations. Nodes carrying ``stallbench_cpu_node``
+  are the producer nodes, as on a simulated cluster.
+
+Runtimes that stallbench starts run lean (``LEAN_SYSTEM_CONFIG``/``LEAN_ENV``: Ray's telemetry,
+which nobody reads here, off), so the Ray path's CPU is the producers' work.
 
 Whatever stallbench starts it stops, also on errors, Ctrl-C and SIGTERM: ``close`` shuts Ray
 down and then kills any process the runtime left behind (it remembers which processes appeared

@@ -25,6 +25,14 @@ per variant (``ray.put`` per shard); the plan shipped to workers carries only th
 ``ObjectRef`` maps (``worker.Job``). The trainer-side ``final`` cache never leaves the trainer.
 
 ``execution = "bulk"`` materialises the dataset (``materialize()``) before the first batch.
+
+*The runtime* comes from ``executors.runtimes``: inside a scenario, variants with the same
+cluster shape (``runtime_key``) share one ``RayRuntime``, started by the first of them and
+closed when the scenario ends; ``startup_figures`` says which it was. *Through Ray Client*
+(``ray://``) the dataset runs in a ``worker.BlockPump`` actor on the head node (Ray Data needs a
+real driver) and the trainer pulls its blocks. *On a cluster by address* the trainer reads
+blocks through a helper thread and, while it waits, checks that a producer node is still
+alive: Ray Data would wait forever for a resource no live node has.
 """
 
 from __future__ import annotations
