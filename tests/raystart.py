@@ -111,6 +111,9 @@ class RayStartCluster:
         env = self.client_env()
         env[TAG] = self.tag
         env[NODE] = str(node)
+        # Ray Client's proxy gives a new client's server process 30 s to come up; a loaded
+        # machine has taken longer ("Starting Ray client server failed")
+        env["RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S"] = "120"
         return env
 
     @property
