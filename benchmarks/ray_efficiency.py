@@ -115,7 +115,7 @@ def _simulated_startup(nodes: int, cpus_per_node: int) -> dict:
         "import json, sys, time\n"
         "from stallbench import scenario\n"
         "from stallbench.executors import EXECUTORS\n"
-        "t = f'name=\"s\"\\n[executor]\\nkind=\"ray\"\\nsimulated_nodes={n}\\ncpus_per_node={c}\\n"
+        "t = 'name=\"s\"\\n[executor]\\nkind=\"ray\"\\nsimulated_nodes={n}\\ncpus_per_node={c}\\n"
         "object_store_mb=128\\n'\n"
         "cfg = scenario.parse(t.format(n=int(sys.argv[1]), c=int(sys.argv[2])), 'b').base\n"
         "ex = EXECUTORS.get('ray')(cfg, 'b')\n"
