@@ -21,9 +21,10 @@ from .data.parquet import describe
 from .executors import EXECUTORS
 from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
+from .executors.runtimes import RuntimeScope
 from .results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources,
-                      Result, RunSettings, ScenarioInfo, Summary, Timeline, ToolInfo, TrainerSolo,
-                      VariantResult, now_utc)
+                      Result, RunSettings, ScenarioInfo, StartupFigures, Summary, Timeline,
+                      ToolInfo, TrainerSolo, VariantResult, now_utc)
 from .scenario import Scenario, Variant
 from .validate import check_scenario
 
@@ -93,6 +94,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         facts = executor_facts(executor)
         solo = solo_probe(plan) if facts.has_producers else None
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
+        started = startup_figures(startup, executor.startup_figures())
         compute = plan.build_compute()
         for r in range(repeats):
             for ablation in [FULL, *extra_runs]:
@@ -117,7 +119,30 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     finally:
         bar.close()
         executor.stop()
-    return _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo)
+    vr = _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo)
+    vr.startup = started
+    return vr
+
+
+def startup_figures(total_s: float, parts: dict[str, Any]) -> StartupFigures:
+    """The executor's start-up of one variant, with its own breakdown when it gives one."""
+    nums = {k: float(v) for k, v in parts.items() if isinstance(v, (int, float))}
+    return StartupFigures(executor_start_s=total_s, runtime=str(parts.get("runtime", "none")),
+                          runtime_start_s=nums.get("ray_init_s", 0.0),
+                          warm_s=nums.get("warm_workers_s", 0.0) + nums.get("warm_plan_s", 0.0),
+                          parts=nums)
+
+
+def run_order(variants: list[Variant]) -> list[int]:
+    """Variants that share a runtime (equal ``runtime_key``) run one after the other, in the
+    order their first one appears, so each shape's runtime starts once; the result keeps the
+    scenario's order."""
+    keys = [EXECUTORS.get(v.config.executor.kind).runtime_key(v.config) for v in variants]
+    first: dict[Any, int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(("shape", k) if k is not None else ("own", i), i)
+    return sorted(range(len(variants)),
+                  key=lambda i: (first[("shape", keys[i]) if keys[i] is not None else ("own", i)], i))
 
 
 def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenario_file: str,
@@ -168,6 +193,7 @@ def executor_facts(executor: Any) -> ExecutorFacts:
                          has_producers=executor.has_producers(),
                          producer_nodes=executor.producer_nodes(),
                          nodes_simulated=executor.nodes_simulated(),
+                         producers_share_cores=executor.producers_share_cores(),
                          scaling_knobs=list(executor.scaling_knobs))
 
 
@@ -225,13 +251,18 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
 def run_scenario(scenario: Scenario, opts: RunOptions,
                  say: Callable[[str], None] = lambda s: None) -> Result:
     plans = prepare(scenario, opts)
-    variants = []
+    done: dict[int, VariantResult] = {}
     repeats = opts.repeats or scenario.base.run.repeats
-    for v, plan in zip(scenario.variants, plans):
-        analyze = v.config.analysis.differential if opts.analyze is None else opts.analyze
-        say(f"  variant {v.name}: {len(plan.items)} row groups, {repeats} repeat(s)"
-            f"{', differential ' + v.config.analysis.method if analyze else ''}")
-        variants.append(run_variant(v, plan, repeats, analyze, scenario.path, opts.progress))
+    # One runtime per cluster shape for the whole scenario, closed when it ends (also on an
+    # error or Ctrl-C): variants of one shape reuse it instead of starting their own.
+    with RuntimeScope():
+        for i in run_order(scenario.variants):
+            v, plan = scenario.variants[i], plans[i]
+            analyze = v.config.analysis.differential if opts.analyze is None else opts.analyze
+            say(f"  variant {v.name}: {len(plan.items)} row groups, {repeats} repeat(s)"
+                f"{', differential ' + v.config.analysis.method if analyze else ''}")
+            done[i] = run_variant(v, plan, repeats, analyze, scenario.path, opts.progress)
+    variants = [done[i] for i in range(len(scenario.variants))]
     result = Result(
         schema_version=SCHEMA_VERSION,
         tool=ToolInfo(name="stallbench", version=__version__),

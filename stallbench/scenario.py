@@ -139,8 +139,10 @@ class LoaderSpec:
 class ExecutorSpec:
     kind: str = knob("local", "\"local\" (torch DataLoader on the trainer) or \"ray\" (Ray Data).",
                      registry="executor")
-    ray_address: str | None = knob(None, "Existing Ray cluster (\"auto\", \"ray://host:10001\"); "
-                                         "unset: a local Ray started for the run.")
+    ray_address: str | None = knob(None, "Existing Ray cluster: \"auto\", \"host:port\" (its GCS) "
+                                         "or \"ray://host:10001\" (Ray Client); a token comes from "
+                                         "RAY_AUTH_MODE=token + RAY_AUTH_TOKEN (or its file), as "
+                                         "Ray documents. Unset: a local Ray started for the run.")
     cpus: int | None = knob(None, "CPUs of the local Ray (default: all).", min=1)
     simulated_nodes: int = knob(0, "Simulated CPU nodes on this machine (ray.cluster_utils.Cluster).",
                                 min=0)

@@ -106,3 +106,11 @@ def emulated_note(result: Result) -> str | None:
     if not keys:
         return None
     return "EMULATED figures in this run (by construction, not real hardware): " + ", ".join(keys)
+
+
+def startup_note(result: Result) -> str | None:
+    """Executor start-up per variant where a runtime was started or reused (Ray); None when
+    no variant has one (the local executor)."""
+    parts = [f"{v.name} {v.startup.executor_start_s:.1f} s ({v.startup.runtime})"
+             for v in result.variants if v.startup and v.startup.runtime != "none"]
+    return "executor start-up: " + ", ".join(parts) if parts else None

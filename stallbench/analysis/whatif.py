@@ -38,8 +38,10 @@ them).
 The binding term names the bound; the knee is the fewest workers (or nodes) with no stall,
 i.e. where the trainer term binds. ``cache`` removes that share of the fetch cost;
 ``bandwidth_mb_s`` replaces the measured storage wait by bytes / bandwidth. Nodes add
-``cpus_per_node`` cores and workers each, unless they are simulated on one machine, where they
-share its cores. The limits: no contention model beyond a core budget, no memory bandwidth, no
+``cpus_per_node`` cores and workers each when they are real machines (``producer_cores =
+"own"``: the core budget at N producer slots is cores + N); simulated nodes, and `ray start`
+nodes on the trainer's own host, share its cores. Validation points with more producer slots
+than the cores they share are oversubscribed: stored, marked, and left out of the error. The limits: no contention model beyond a core budget, no memory bandwidth, no
 network between nodes except what the trainer-side transfer measured.
 """
 
@@ -148,6 +150,7 @@ def fit(v: VariantResult, machine: MachineInfo) -> Model:
         p_solo=v.trainer_solo.data_s_per_sample if v.trainer_solo else None,
         solo_item_s=v.trainer_solo.item_s if v.trainer_solo else None,
         ranks=ranks, producers_per_rank=v.ranks.producers_per_rank if v.ranks else True,
+        producer_cores="shared" if v.executor.producers_share_cores else "own",
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
@@ -200,7 +203,10 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
     fetch_wall *= (1.0 - cache)
     p_wall = fetch_wall + m.stage_wall["preprocess"] + m.stage_wall["transfer"]
     p_cpu = m.p_cpu - cache * fetch_cpu_share
-    cores = cores if cores is not None else m.cores
+    if cores is None:
+        # real nodes bring their own cores (one per producer slot); simulated nodes and local
+        # workers share the machine's
+        cores = m.cores + workers if m.producer_cores == "own" else m.cores
     stages = {"fetch": fetch_wall, "preprocess": m.stage_wall["preprocess"],
               "transfer": m.stage_wall["transfer"]}
     heaviest = max(stages, key=stages.get)
@@ -318,9 +324,14 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     if len(best) < 2 or (len({workers_of(v) for v in best}) < 2 and not by_ranks):
         return None
     best.sort(key=lambda v: (ranks_of(v), workers_of(v)))
-    fit_v = next((v for v in best if workers_of(v) >= 1), best[0])
+    cores = result.machine.cores
+    oversub = {id(v): v.executor.producers_share_cores and workers_of(v) > cores for v in best}
+    # fit on the smallest count with producers that is not oversubscribed (if any is not)
+    fit_v = next((v for v in best if workers_of(v) >= 1 and not oversub[id(v)]),
+                 next((v for v in best if workers_of(v) >= 1), best[0]))
     m = fit(fit_v, result.machine)
     simulated = any(v.executor.nodes_simulated for v in best)
+    nodes = any(v.executor.producer_nodes for v in best)
     measured = []
     for v in best:
         p = predict(m, workers_of(v), ranks=ranks_of(v))
@@ -337,11 +348,13 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
             measured_steady_samples_s=steady,
             steady_error=(p.throughput_samples_s - steady) / steady
             if math.isfinite(steady) and steady else None,
-            is_fit=v is fit_v, bound_by=p.bound_by, ranks=ranks_of(v)))
+            is_fit=v is fit_v, bound_by=p.bound_by, ranks=ranks_of(v),
+            oversubscribed=oversub[id(v)]))
     ns = list(range(0, axis_max + 1))
-    errors = [abs(x.error) for x in measured if not x.is_fit and x.error is not None]
-    steady_errors = [abs(x.steady_error) for x in measured
-                     if not x.is_fit and x.steady_error is not None]
+    checked = [x for x in measured if not x.is_fit and not x.oversubscribed]
+    errors = [abs(x.error) for x in checked if x.error is not None]
+    steady_errors = [abs(x.steady_error) for x in checked if x.steady_error is not None]
+    note = "fitted on one configuration, the rest predicted"
     if by_ranks:      # the curve over ranks, each with the fit's workers per rank (or pool)
         each = "workers per rank" if m.producers_per_rank else "producers"
         axis = f"ranks ({m.fit_workers} {each})"
@@ -352,9 +365,20 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         kn = Knee(None, first.bound_by, f"from {first.n} ranks on, more ranks add nothing: "
                                         f"{first.why}", saturates_at=first.n)
     else:
-        axis = "workers" if not simulated else "simulated node CPUs"
+        if simulated:
+            axis, where = "simulated node CPUs", "simulated nodes share this machine's cores"
+        elif nodes and m.producer_cores == "own":
+            axis, where = "node CPUs", "each node brings its own cores"
+        elif nodes:
+            axis, where = "node CPUs", "the nodes run on this machine and share its cores"
+        else:
+            axis, where = "workers", ""
+        note += f"; {where}" if where else ""
         points = [_point(predict(m, n)) for n in ns]
         kn = knee(m, ns[1:])
+    if any(x.oversubscribed for x in measured):
+        note += (f"; points with more producer slots than the {cores:g} cores they share are "
+                 f"oversubscribed: shown, left out of the error")
     return WhatIfValidation(
         label="predicted",
         axis=axis,
@@ -365,6 +389,5 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         max_abs_error=max(errors) if errors else None,
         max_abs_steady_error=max(steady_errors) if steady_errors else None,
         knee=kn,
-        note=("fitted on one configuration, the rest predicted; simulated nodes share this "
-              "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
+        note=note,
     )

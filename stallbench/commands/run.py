@@ -81,5 +81,8 @@ def run(args: argparse.Namespace) -> int:
         note = tables.emulated_note(result)
         if note:
             print(note)
+        startup = tables.startup_note(result)
+        if startup:
+            print(startup)
         print(f"result: {path}\n", flush=True)
     return 0

@@ -3,7 +3,9 @@
 An executor turns a ``Plan`` into an ordered stream of ``ShardOutput`` (work items in the plan's
 order, so every executor delivers the same batches). It knows nothing of measurement: the
 trainer loop times what it yields. ``start``/``stop`` bracket expensive runtimes (a Ray
-cluster) so they are paid once per variant and reported as start-up, not as epoch time.
+cluster) so they are reported as start-up, not as epoch time; an executor that names its
+runtime's shape (``runtime_key``) keeps it across the variants of a scenario that share it
+(``executors.runtimes``), so it is paid once per shape, not once per variant.
 
 An executor also owns what is known about it: which of its keys must agree (``validate``),
 what its environment needs (``check``), how many producers it runs and where
@@ -46,6 +48,14 @@ class Executor:
     def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
         """Fail fast (UserError) before anything runs if this executor cannot work here
         (e.g. a library it needs is not installed)."""
+
+    @classmethod
+    def runtime_key(cls, config: Config) -> Any:
+        """The *cluster shape* of the runtime this config needs, when that runtime is worth
+        keeping across variants (``executors.runtimes``): variants with equal keys share one
+        runtime inside a scenario, and the runner runs them one after the other. None: the
+        executor keeps nothing across variants."""
+        return None
 
     @classmethod
     def emulated_keys(cls, config: Config) -> list[str]:
@@ -112,12 +122,23 @@ class Executor:
         """The producer nodes are simulated on this machine (they share its cores)."""
         return False
 
+    def producers_share_cores(self) -> bool:
+        """The producers run on this machine's cores (what the what-if's core budget needs to
+        know); False where each producer brings cores of its own (nodes on other machines)."""
+        return True
+
     def late_stage_times(self) -> StageTimes | None:
         """Producer stage time an executor learns only when a run has ended, added to the
         run's totals after the last batch (Ray stock mode reads it from Ray Data's operator
         stats: its producers run Ray's code, not stallbench's timed stages). None: every
         stage time came with the ``ShardOutput``s."""
         return None
+
+    def startup_figures(self) -> dict[str, Any]:
+        """What ``start`` (and ``prepare``'s warm-up) spent, by part, and whether the runtime
+        was ``"started"`` for this variant or ``"reused"`` from an earlier one; {} when there
+        is nothing to say (the runner still times ``start`` as a whole)."""
+        return {}
 
     def run_figures(self) -> dict[str, Any]:
         """Executor-specific figures of the last run (e.g. Ray operator stats, faults)."""

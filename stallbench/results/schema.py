@@ -24,6 +24,12 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   the job's), ``variants[].ranks`` (``RankSummary``: per-rank medians and attribution, the
   straggler, exactly-once delivery), ``WhatIfModel.ranks`` / ``producers_per_rank`` and
   ``WhatIfCheck.ranks``.
+  Additive in version 2 (issue 16): a variant's ``startup`` (``StartupFigures``: executor
+  start-up of that variant, and whether its runtime was started for it or reused from an
+  earlier variant of the same cluster shape); null in files written before. ``executor.
+  producers_share_cores``, ``whatif.model.producer_cores`` and ``whatif.measured[].
+  oversubscribed``: the what-if's core budget for nodes (real nodes bring their own cores,
+  simulated ones share this machine's) and which validation points were oversubscribed.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -207,6 +213,10 @@ class ExecutorFacts:
     has_producers: bool
     producer_nodes: int | None = None   # nodes carrying producers (Ray), None where not a notion
     nodes_simulated: bool = False   # nodes are simulated on this machine (they share its cores)
+    # the producers run on this machine's cores (local workers, a local or simulated Ray, a
+    # `ray start` cluster whose nodes are all on this host), not on cores of their own
+    # (nodes on other machines): what the what-if's core budget assumes (issue 16)
+    producers_share_cores: bool = True
     # the config keys that set producer_slots ("loader.num_workers", ...): variants that differ
     # only in these form one scaling curve for the what-if
     scaling_knobs: list[str] = field(default_factory=list)
@@ -401,6 +411,19 @@ class RankSummary:
 
 
 @dataclass
+class StartupFigures:
+    """Executor start-up of one variant. A runtime (a Ray cluster) is kept across the variants
+    of a scenario that share its shape, so only the first of them pays for starting it:
+    ``runtime`` says which this was."""
+
+    executor_start_s: float         # the whole executor.start() (as repeats[].executor_start_s)
+    runtime: str = "none"           # "started" for this variant, "reused", or "none" (no runtime)
+    runtime_start_s: float = 0.0    # bringing the runtime up (0 when reused)
+    warm_s: float = 0.0             # warming producers: start()'s part plus prepare()'s pass
+    parts: dict[str, float] = field(default_factory=dict)   # the executor's own breakdown
+
+
+@dataclass
 class VariantResult:
     name: str
     knobs: dict[str, Any]           # the matrix values that make this variant
@@ -424,6 +447,7 @@ class VariantResult:
     resources: Resources = field(default_factory=Resources)   # first full repeat
     # trainers.ranks > 1: the ranks and the straggler (None for one in-process trainer)
     ranks: RankSummary | None = None
+    startup: StartupFigures | None = None                     # issue 16
 
 
 # ---------------------------------------------------------------------- what-if (analysis)
@@ -454,6 +478,10 @@ class WhatIfModel:
     solo_item_s: float | None = None
     ranks: int = 1               # data-parallel trainer ranks at the fit (t_trainer is per rank)
     producers_per_rank: bool = True   # each rank has its own workers (local) or one pool (Ray)
+    # "shared": producers share `cores` (local workers, simulated nodes); "own": every
+    # producer slot brings a core of its own (real nodes on other machines), so the CPU
+    # budget at N slots is cores + N (issue 16)
+    producer_cores: str = "shared"
 
 
 @dataclass
@@ -483,6 +511,9 @@ class WhatIfCheck:
     is_fit: bool = False
     bound_by: str = ""
     ranks: int = 1               # the measured variant's data-parallel ranks
+    # more producer slots than the cores they share: a point that measures contention the
+    # model does not have; kept, but left out of max_abs_error (issue 16)
+    oversubscribed: bool = False
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -198,3 +199,66 @@ def test_a_sweep_over_ranks_alone_is_validated_on_a_ranks_axis() -> None:
     assert [(c.n, c.ranks) for c in wi.measured] == [(1, 1), (2, 2), (4, 4)]
     assert wi.fit_variant == "1" and wi.points[0].n == 1
     assert wi.knee.saturates_at is not None and wi.knee.n is None
+
+
+# ------------------------------------------------------------- nodes: whose cores (issue 16)
+
+def test_real_nodes_bring_their_own_cores_simulated_ones_share() -> None:
+    shared = model(fetch=0, prep=100, xfer=0, compute=10, cores=2)
+    own = replace(shared, producer_cores="own")
+    assert predict(shared, 8).throughput_samples_s == pytest.approx(2 / 100e-6)   # 2 cores
+    assert predict(own, 8).throughput_samples_s == pytest.approx(8 / 100e-6)      # 2 + 8
+    assert predict(own, 8).binding == "workers"
+
+
+def _node_variant(n: int, tp: float, simulated: bool, share: bool = True) -> Any:
+    import factories
+    from stallbench.results import ExecutorFacts, StageSeconds
+
+    reps = [factories.repeat(tp, share=0.99, samples=10_000, stage_s=StageSeconds(
+        preprocess=10_000 * 100e-6 / n, preprocess_cpu=10_000 * 100e-6 / n))]
+    v = factories.variant(f"nodes={n}", [tp])
+    v.repeats = reps
+    v.knobs = {"executor.simulated_nodes": n} if simulated else {"executor.concurrency": n}
+    v.executor = ExecutorFacts(kind="ray", producer_slots=n, has_producers=True,
+                               producer_nodes=n, nodes_simulated=simulated,
+                               producers_share_cores=share,
+                               scaling_knobs=["executor.simulated_nodes", "executor.cpus_per_node",
+                                              "executor.cpus", "executor.concurrency"])
+    return v
+
+
+def test_node_variants_form_one_group_and_oversubscribed_points_are_marked() -> None:
+    import factories
+    from stallbench.analysis.whatif import validate
+    from stallbench.results import MachineInfo
+
+    machine = MachineInfo(cpu_model="x", cores_logical=2, memory_gb=8)
+    # 100 us of producer CPU per sample per node: 1 node 10k/s, 2 nodes 20k/s, 4 nodes on
+    # 2 shared cores measured at 20k/s (contention)
+    r = factories.result([_node_variant(n, tp, simulated=True)
+                          for n, tp in ((1, 1e4), (2, 2e4), (4, 2e4))], machine=machine)
+    w = validate(r)
+    assert w is not None and w.axis == "simulated node CPUs"
+    assert [x.n for x in w.measured] == [1, 2, 4]
+    over = {x.n: x.oversubscribed for x in w.measured}
+    assert over == {1: False, 2: False, 4: True}
+    assert "oversubscribed" in w.note and w.model.producer_cores == "shared"
+    # the error comes from the 2-node point only (fit on 1 node)
+    two = next(x for x in w.measured if x.n == 2)
+    assert w.max_abs_error == pytest.approx(abs(two.error))
+
+
+def test_real_node_group_uses_their_own_cores() -> None:
+    import factories
+    from stallbench.analysis.whatif import validate
+    from stallbench.results import MachineInfo
+
+    machine = MachineInfo(cpu_model="x", cores_logical=2, memory_gb=8)
+    r = factories.result([_node_variant(n, 1e4 * n, simulated=False, share=False)
+                          for n in (1, 2, 4)], machine=machine)
+    w = validate(r)
+    assert w is not None and w.axis == "node CPUs" and w.model.producer_cores == "own"
+    assert not any(x.oversubscribed for x in w.measured)
+    four = next(x for x in w.measured if x.n == 4)
+    assert four.predicted_samples_s == pytest.approx(4e4, rel=0.02)   # not capped at 2 cores

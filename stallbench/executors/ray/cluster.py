@@ -12,10 +12,18 @@ Four ways to get a Ray runtime, chosen from ``[executor]``:
   the custom resource ``stallbench_cpu_node`` that producer tasks require, so preprocessing
   never runs on the trainer's node. The nodes share this machine's cores: N x cpus_per_node
   above the real core count is oversubscribed, and results say so (``emulated``);
-- *address*: ``ray_address = "auto" | "host:port" | "ray://host:port"`` -> an existing cluster.
-  A cluster that does not answer is a ``UserError`` within ``connect_timeout_s`` (a TCP check,
-  then a probe ``ray.init`` in a child process that is killed on time-out, because an in-process
-  ``ray.init`` against a silent address blocks for minutes).
+- *address*: ``ray_address = "auto" | "host:port" | "ray://host:port"`` -> an existing cluster
+  (``ray start``), with or without Ray's token authentication. Before ``ray.init``, a TCP
+  check, an HTTP/2 greeting and a probe child (``stallbench.ray_probe``, killed on time-out)
+  turn each way it can fail into one ``ScenarioError`` naming the cause: nothing listening, not
+  Ray, token missing / rejected / token mode against a cluster without auth, Ray version
+  mismatch, silence within ``connect_timeout_s``. ``ray.init`` itself is a poor probe: it
+  reports them all as "Failed to connect" after 20 s, blocks for minutes on a silent port and
+  aborts the process on some token misconfigurations. Nodes carrying ``stallbench_cpu_node``
+  are the producer nodes, as on a simulated cluster.
+
+Runtimes that stallbench starts run lean (``LEAN_SYSTEM_CONFIG``/``LEAN_ENV``: Ray's telemetry,
+which nobody reads here, off), so the Ray path's CPU is the producers' work.
 
 Whatever stallbench starts it stops, also on errors, Ctrl-C and SIGTERM: ``close`` shuts Ray
 down and then kills any process the runtime left behind (it remembers which processes appeared
@@ -26,6 +34,7 @@ under this one while the runtime came up), and an ``atexit`` hook covers paths t
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import signal
@@ -34,6 +43,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ScenarioError, UserError
@@ -41,6 +51,14 @@ from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
 from ...scenario import ExecutorSpec
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
+# Ray's own telemetry in a runtime stallbench starts (local or simulated): nobody reads it
+# (no dashboard), and every Ray process pays for it in CPU that the producer CPU figures would
+# charge to the Ray path: metrics collection and export (core workers, raylet, the dashboard
+# agent's metrics), per-handler event-loop statistics, and the agent's per-process stats
+# sweep every 5 s. Measured by benchmarks/ray_efficiency.py (README). Clusters reached by
+# address are left as their owner configured them.
+LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False, "event_stats": False}
+LEAN_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}
 _AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "_StatsActor", "_AutoscalingCoordinator",
            "AutoscalingRequester", "SplitCoordinator")
 _UNEXPECTED_EXITS = (0, 2, 4)        # WorkerExitType: SYSTEM_ERROR, USER_ERROR, NODE_OUT_OF_MEMORY
@@ -65,6 +83,23 @@ def _quiet_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+class _lean_env:
+    """``LEAN_ENV`` in the environment while Ray's processes start (they inherit it), then
+    the environment as it was."""
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in LEAN_ENV}
+        for k, v in LEAN_ENV.items():
+            os.environ.setdefault(k, v)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _descendants() -> dict[int, str]:
     import psutil
 
@@ -81,12 +116,12 @@ def _descendants() -> dict[int, str]:
 
 
 def _ray_address_file() -> str:
-    # Where `ray start` (and cluster_utils.Cluster) record the "current" cluster for
-    # address="auto"; a simulated cluster must not leave its address there for others.
-    import tempfile
+    """Where `ray start` (and cluster_utils.Cluster) record the "current" cluster that
+    address="auto" reads: ``$RAY_TMPDIR/ray`` (or ``/tmp/ray``) ``/ray_current_cluster``. A
+    simulated cluster must not leave its address there for others."""
+    from ray._common.utils import get_ray_address_file
 
-    return os.path.join(os.environ.get("RAY_TMPDIR", os.path.join(tempfile.gettempdir(), "ray")),
-                        "ray_current_cluster")
+    return get_ray_address_file(None)
 
 
 class RayRuntime:
@@ -96,6 +131,7 @@ class RayRuntime:
         self.mode = "none"
         self.owned = False
         self.address: str | None = None
+        self.client = False                # connected through Ray Client (ray://)
         self.cluster: Any = None
         self.producer_resources: dict[str, float] = {}
         self._before: dict[int, str] = {}
@@ -103,6 +139,7 @@ class RayRuntime:
         self._address_file: tuple[str, str | None] | None = None
         self._store_cache: tuple[float, float | None] = (0.0, None)
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
+        self._cpu_seen: dict[tuple[int, float], float] = {}   # (pid, start time) -> CPU s
         self._atexit = False
         self._old_sigterm: Any = None
 
@@ -135,10 +172,12 @@ class RayRuntime:
             self._start_simulated()
         else:
             self.mode = "local"
-            ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
-                     object_store_memory=spec.object_store_mb * 2**20, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING, namespace="stallbench",
-                     runtime_env=RUNTIME_ENV)
+            with _lean_env():
+                ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
+                         object_store_memory=spec.object_store_mb * 2**20,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING, namespace="stallbench",
+                         runtime_env=RUNTIME_ENV, _system_config=LEAN_SYSTEM_CONFIG)
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
@@ -183,13 +222,15 @@ class RayRuntime:
         self._address_file = (addr_file, previous)
         store = spec.object_store_mb * 2**20
         # Head: the trainer's node. 0 CPUs, so no producer task can land next to the trainer.
-        self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-            "num_cpus": 0, "object_store_memory": store, "include_dashboard": False})
-        for _ in range(spec.simulated_nodes):
-            self.cluster.add_node(wait=False, num_cpus=spec.cpus_per_node,
-                                  resources={RESOURCE: float(spec.cpus_per_node)},
-                                  object_store_memory=store)
-        self.cluster.wait_for_nodes(timeout=120)
+        with _lean_env():
+            self.cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+                "num_cpus": 0, "object_store_memory": store, "include_dashboard": False,
+                "_system_config": LEAN_SYSTEM_CONFIG})
+            for _ in range(spec.simulated_nodes):
+                self.cluster.add_node(wait=False, num_cpus=spec.cpus_per_node,
+                                      resources={RESOURCE: float(spec.cpus_per_node)},
+                                      object_store_memory=store)
+            self.cluster.wait_for_nodes(timeout=120)
         self._restore_address_file()
         self.address = self.cluster.address
         ray.init(address=self.cluster.address, log_to_driver=False,
@@ -211,57 +252,94 @@ class RayRuntime:
             pass
 
     def _connect(self, address: str) -> None:
+        """Connect to an existing cluster, or fail with one line that names the cause: nothing
+        listening, not Ray, a token missing or rejected, a Ray/Python version mismatch, or a
+        cluster that does not answer in ``connect_timeout_s``. ``address`` keeps Ray's
+        meaning: ``"auto"`` is what ``ray.init("auto")`` finds (``RAY_ADDRESS``, else the
+        current-cluster file of ``RAY_TMPDIR``/``/tmp/ray``, else a GCS process on this
+        machine), with Ray's token auto-enable; an explicit address is used as given (a
+        ``RAY_ADDRESS`` in the environment does not override it) and sends a token only when
+        ``RAY_AUTH_MODE=token``, as Ray documents."""
         import ray
 
-        key = "executor.ray_address"
-        timeout = self.spec.connect_timeout_s
-        target = address
-        if address.startswith("ray://"):
-            hostport = address[len("ray://"):].split("/", 1)[0]
-        else:
-            if address == "auto":
-                from ray._private import services
+        from ... import ray_probe
 
-                try:
-                    target = services.canonicalize_bootstrap_address(address) or ""
-                except (ConnectionError, ValueError) as exc:
-                    raise ScenarioError(self.file, key, f"\"auto\" found no running Ray cluster "
-                                                        f"on this machine ({exc})") from None
-                if not target:
-                    raise ScenarioError(self.file, key, "\"auto\" found no running Ray cluster")
-            hostport = target
-        host, _, port_s = hostport.rpartition(":")
-        if not host or not port_s.isdigit():
-            raise ScenarioError(self.file, key, f"expected \"auto\", \"host:port\" or "
-                                                f"\"ray://host:port\", got {address!r}")
-        # 1. Is anything listening? Refused or unroutable fails here in seconds.
+        target = _parse_address(address, self.file)
+        # Ray aborts the whole process (C++) on these: catch them before any Ray call.
+        state = ray_probe.auth_state(target.auto)
+        problem = ray_probe.auth_problem({**os.environ, "RAY_AUTH_MODE": "token"}
+                                         if state["token"] else dict(os.environ))
+        if problem:
+            raise ScenarioError(self.file, _KEY, f"cannot authenticate to a Ray cluster: {problem}")
+        timeout = self.spec.connect_timeout_s
+        host, port = target.host, target.port
+        # 1. Is anything listening? Refused or unroutable fails here in milliseconds.
         try:
-            with socket.create_connection((host, int(port_s)), timeout=min(5.0, timeout)):
-                pass
+            sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
         except OSError as exc:
-            raise ScenarioError(self.file, key, f"no Ray cluster answers at {hostport} "
-                                                f"({exc.strerror or exc})") from None
-        # 2. Is it Ray? A probe in a child process, killed on time-out: in-process ray.init
-        #    against a port that is open but silent blocks for minutes.
-        probe = ("import json, sys, logging, ray\n"
-                 "ray.init(address=sys.argv[1], logging_level=logging.ERROR, log_to_driver=False)\n"
-                 "print(json.dumps(ray.cluster_resources()))\n"
-                 "ray.shutdown()\n")
+            raise ScenarioError(self.file, _KEY, f"nothing is listening at {target.hostport} "
+                                                 f"({exc.strerror or exc}): no Ray cluster "
+                                                 f"there{target.found}") from None
+        # 2. Does it speak gRPC (HTTP/2), as Ray's GCS and Ray Client servers do? An answer
+        #    in another protocol is final; silence is judged by the probe's time-out.
+        with sock:
+            reply = _sniff_http2(sock, min(3.0, timeout))
+        if reply is not None and reply != "":
+            raise ScenarioError(self.file, _KEY, f"{target.hostport} is not a Ray cluster: it "
+                                                 f"answered {reply} where Ray speaks gRPC"
+                                                 f"{target.hint}")
+        # 3. Will it let us in, with matching versions? In a child, killed on time-out.
+        out = _run_probe(target, timeout)
+        if out is None:
+            raise ScenarioError(self.file, _KEY, f"{target.hostport} accepts connections but no "
+                                                 f"Ray cluster answered within {timeout:g} s "
+                                                 f"(executor.connect_timeout_s){target.hint}")
+        if not out.get("ok"):
+            raise ScenarioError(self.file, _KEY, _probe_message(target, out))
+        self.address = target.hostport if target.client else target.gcs
+        # 4. The real connection, in this process.
+        saved = os.environ.get("RAY_ADDRESS")
         try:
-            proc = subprocess.run([sys.executable, "-c", probe, target], capture_output=True,
-                                  text=True, timeout=timeout,
-                                  env={**os.environ, "RAY_ADDRESS": ""})
-        except subprocess.TimeoutExpired:
-            raise ScenarioError(self.file, key, f"{hostport} accepts connections but no Ray "
-                                                f"cluster answered within {timeout:g} s "
-                                                f"(executor.connect_timeout_s)") from None
-        if proc.returncode != 0:
-            last = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()]
-            raise ScenarioError(self.file, key, f"cannot connect to the Ray cluster at {hostport}: "
-                                                f"{last[-1] if last else 'probe failed'}")
-        self.address = target
-        ray.init(address=target, log_to_driver=False, logging_level=logging.WARNING,
-                 namespace="stallbench", runtime_env=RUNTIME_ENV)
+            if target.auto:
+                pass                                   # Ray's own "auto" (RAY_ADDRESS first)
+            elif target.client:
+                os.environ.pop("RAY_ADDRESS", None)
+            else:
+                os.environ["RAY_ADDRESS"] = target.gcs   # the scenario's address wins
+            ray.init(address=target.init_address, log_to_driver=False,
+                     logging_level=logging.WARNING, namespace="stallbench",
+                     runtime_env=RUNTIME_ENV)
+        except Exception as exc:  # noqa: BLE001 - one line for the user, whatever Ray raised
+            text = " ".join(f"{exc} {exc.__cause__ or ''}".split())
+            if "Version mismatch" in text:
+                raise ScenarioError(self.file, _KEY, f"Ray version mismatch with the cluster at "
+                                                     f"{target.hostport}: {text[:300]}") from None
+            if "InvalidAuthToken" in text or "authentication" in text.lower():
+                raise ScenarioError(self.file, _KEY, _probe_message(
+                    target, {"cause": "auth_rejected" if state["token"] else "auth_missing",
+                             "auth": state})) from None
+            raise ScenarioError(self.file, _KEY, f"cannot connect to the Ray cluster at "
+                                                 f"{target.hostport}: {text[:300]}") from None
+        finally:
+            if saved is None:
+                os.environ.pop("RAY_ADDRESS", None)
+            else:
+                os.environ["RAY_ADDRESS"] = saved
+        self.client = target.client
+        self._use_producer_nodes()
+
+    def _use_producer_nodes(self) -> None:
+        """On a real cluster, nodes that carry ``stallbench_cpu_node`` (``ray start
+        --resources='{"stallbench_cpu_node": N}'``) are the producer nodes: producers require
+        the resource, so they never run next to the trainer on the head. A cluster without
+        any such node runs producers wherever Ray places them."""
+        import ray
+
+        try:
+            if ray.cluster_resources().get(RESOURCE, 0) > 0:
+                self.producer_resources = {RESOURCE: 1.0}
+        except Exception:  # noqa: BLE001 - a cluster that cannot say runs producers anywhere
+            pass
 
     def close(self) -> None:
         """Shut down what this runtime started; a no-op for a reused or already closed one."""
@@ -315,12 +393,33 @@ class RayRuntime:
             out["head_node_id"] = ray.get_runtime_context().get_node_id()   # the trainer's node
         except Exception:  # noqa: BLE001
             pass
+        if self.mode == "address":
+            out["producer_nodes_on_this_host"] = self._producer_nodes_here(nodes)
         if self.mode == "simulated":
             out["simulated_nodes"] = self.spec.simulated_nodes
             out["cpus_per_node"] = self.spec.cpus_per_node
             out["oversubscribed"] = (self.spec.simulated_nodes * self.spec.cpus_per_node
                                      > (os.cpu_count() or 1))
         return out
+
+    def _producer_nodes_here(self, nodes: list[dict[str, Any]]) -> bool:
+        """Whether every node that can run producers is on this machine: its address is one
+        of this host's (loopback included). Ray Client: the cluster is elsewhere."""
+        if self.client:
+            return False
+        import psutil
+
+        here = {"localhost"}
+        try:
+            for addrs in psutil.net_if_addrs().values():
+                here.update(a.address for a in addrs)
+        except Exception:  # noqa: BLE001
+            pass
+        key = next(iter(self.producer_resources), "CPU")
+        prod = [n for n in nodes if n.get("Resources", {}).get(key, 0) > 0]
+        return bool(prod) and all(n.get("NodeManagerAddress") in here
+                                  or str(n.get("NodeManagerAddress", "")).startswith("127.")
+                                  for n in prod)
 
     def producer_cpus(self) -> int:
         """CPUs producer tasks may use (those carrying the producer resources)."""
@@ -348,13 +447,14 @@ class RayRuntime:
     def cluster_cpu_s(self) -> float | None:
         """CPU seconds so far of every process of a Ray cluster running on this machine
         (raylets, GCS, workers, agents: what disaggregation costs here, not only the tasks'
-        own time); None for a cluster elsewhere. A process that exits between two reads
-        takes its CPU with it, so this is a lower bound when Ray recycles workers."""
+        own time); None for a cluster elsewhere. Monotone: a process that has exited keeps the
+        CPU it had at the last read (Ray recycles idle workers; without this, one exiting
+        between two reads would make their difference smaller, even negative), so only its CPU
+        after the last read is lost: a lower bound."""
         if self.mode not in ("local", "simulated", "reused"):
             return None
         import psutil
 
-        total, seen = 0.0, 0
         try:
             procs = psutil.Process().children(recursive=True)
         except psutil.Error:
@@ -362,17 +462,44 @@ class RayRuntime:
         for p in procs:
             try:
                 t = p.cpu_times()
+                key = (p.pid, p.create_time())
             except psutil.Error:
                 continue
-            total += t.user + t.system + t.children_user + t.children_system
-            seen += 1
-        return total if seen else None
+            self._cpu_seen[key] = t.user + t.system + t.children_user + t.children_system
+        return sum(self._cpu_seen.values()) if self._cpu_seen else None
+
+    def cluster_cpu_by_kind(self) -> dict[str, float] | None:
+        """``cluster_cpu_s`` split by what each process is: ``tasks`` (Ray workers that ran
+        or wait for tasks: the producers), ``raylet``, ``gcs``, ``agents`` (dashboard and
+        runtime-env agents, log monitor, dashboard), ``data_actors`` (Ray Data's helper
+        actors). Where an extra CPU cost of the Ray path goes."""
+        if self.mode not in ("local", "simulated", "reused"):
+            return None
+        import psutil
+
+        out: dict[str, float] = {}
+        try:
+            procs = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return None
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                name = p.name()
+                cmd = " ".join(p.cmdline()[:3]) if not name.startswith("ray::") else name
+            except psutil.Error:
+                continue
+            out_key = _cpu_kind(name, cmd)
+            out[out_key] = out.get(out_key, 0.0) + t.user + t.system + t.children_user \
+                + t.children_system
+        return out
 
     def object_store_used_mb(self) -> float | None:
         """Object-store bytes in use on all nodes, as the raylets report them to the GCS
-        (about once a second); None where that is not reachable (client mode)."""
+        (about once a second, so read at most once a second: every read is a GCS call whose
+        CPU the producers' figures would carry); None where that is not reachable."""
         now = time.monotonic()
-        if now - self._store_cache[0] < 0.2:
+        if now - self._store_cache[0] < 1.0:     # each read is a GCS call; reports come ~1/s
             return self._store_cache[1]
         value = None
         try:
@@ -392,6 +519,23 @@ class RayRuntime:
         return value
 
     # ------------------------------------------------------------------------------ faults
+    def producer_nodes_state(self) -> dict[str, dict[str, Any]]:
+        """Every node that can run producers (it carries the producer resource, else any CPU),
+        alive or not, by node id: ``{"alive", "reason"}``. Empty when Ray cannot say."""
+        import ray
+
+        try:
+            nodes = ray.nodes()
+        except Exception:  # noqa: BLE001 - a figure and a watchdog input, never a failure
+            return {}
+        key = next(iter(self.producer_resources), "CPU")
+        out = {}
+        for n in nodes:
+            if n.get("Resources", {}).get(key, 0) > 0 or not n.get("Alive"):
+                out[n["NodeID"]] = {"alive": bool(n.get("Alive")),
+                                    "reason": str(n.get("DeathReasonMessage") or "")[:200]}
+        return out
+
     def fault_marker(self) -> float:
         return time.time() * 1000.0
 
@@ -456,6 +600,22 @@ class RayRuntime:
             return None
 
 
+def _cpu_kind(name: str, cmd: str) -> str:
+    if name == "raylet":
+        return "raylet"
+    if name.startswith("gcs_server"):
+        return "gcs"
+    if name.startswith("ray::"):
+        if any(a in name for a in ("DashboardAgent", "RuntimeEnvAgent")):
+            return "agents"
+        if any(a in name for a in _AGENTS):
+            return "data_actors"
+        return "tasks"
+    if any(x in cmd for x in ("dashboard", "log_monitor", "monitor.py", "runtime_env")):
+        return "agents"
+    return "other"
+
+
 def _job_id() -> str | None:
     try:
         import ray
@@ -502,3 +662,170 @@ def _alive(p: Any) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+# ------------------------------------------------------------------------ connecting by address
+
+_KEY = "executor.ray_address"
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A parsed ``ray_address``: where to probe, and what to give ``ray.init``."""
+
+    given: str
+    host: str
+    port: int
+    client: bool = False          # ray://: Ray Client
+    auto: bool = False            # "auto": found the way ray.init("auto") finds it
+    found: str = ""               # for "auto": where it was found (for messages)
+
+    @property
+    def hostport(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def gcs(self) -> str:
+        return self.hostport
+
+    @property
+    def init_address(self) -> str:
+        return "auto" if self.auto else (self.given if self.client else self.hostport)
+
+    @property
+    def hint(self) -> str:
+        if self.client:
+            return (" (expected the Ray Client port of a head started with `ray start --head "
+                    "--ray-client-server-port=PORT`)")
+        return (" (expected the GCS port of `ray start --head --port=PORT`; a Ray Client port "
+                "is written \"ray://host:PORT\")")
+
+
+def _split_hostport(hostport: str, given: str, file: str) -> tuple[str, int]:
+    host, _, port_s = hostport.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ScenarioError(file, _KEY, f"expected \"auto\", \"host:port\" or \"ray://host:port\", "
+                                        f"got {given!r}")
+    return host, int(port_s)
+
+
+def _parse_address(address: str, file: str) -> _Target:
+    if address.startswith("ray://"):
+        host, port = _split_hostport(address[len("ray://"):].split("/", 1)[0], address, file)
+        return _Target(address, host, port, client=True)
+    if address != "auto":
+        host, port = _split_hostport(address, address, file)
+        return _Target(address, host, port)
+    env_addr = os.environ.get("RAY_ADDRESS")
+    if env_addr:
+        found = " (\"auto\" found it in RAY_ADDRESS)"
+        if env_addr.startswith("ray://"):
+            host, port = _split_hostport(env_addr[len("ray://"):].split("/", 1)[0], env_addr, file)
+            return _Target(env_addr, host, port, client=True, found=found)
+        host, port = _split_hostport(env_addr, env_addr, file)
+        return _Target(address, host, port, auto=True, found=found)
+    from ray._private import services
+
+    where = _ray_address_file()
+    try:
+        resolved = services.canonicalize_bootstrap_address(address) or ""
+    except (ConnectionError, ValueError):
+        resolved = ""
+    if not resolved:
+        raise ScenarioError(file, _KEY, f"\"auto\" found no running Ray cluster on this machine "
+                                        f"(RAY_ADDRESS is unset, there is no {where}, and no "
+                                        f"gcs_server process runs here)")
+    found = (f" (\"auto\" found it in {where})" if os.path.exists(where)
+             else " (\"auto\" found a gcs_server process on this machine)")
+    host, port = _split_hostport(resolved, resolved, file)
+    return _Target(address, host, port, auto=True, found=found)
+
+
+def _sniff_http2(sock: socket.socket, timeout: float) -> str | None:
+    """Send the HTTP/2 client preface and read the first bytes back. None: an HTTP/2 server
+    (Ray's gRPC servers answer with a SETTINGS frame at once); "": silence; else what came
+    back, quoted. Skipped (None) when Ray uses TLS: then the first bytes are a handshake."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    try:
+        sock.settimeout(timeout)
+        sock.sendall(_H2_PREFACE)
+        data = sock.recv(64)
+    except socket.timeout:
+        return ""
+    except OSError as exc:
+        return f"by closing the connection ({exc.strerror or exc})"
+    if not data:
+        return "by closing the connection"
+    if len(data) >= 4 and data[3] == 0x04:
+        return None
+    text = data.split(b"\n", 1)[0].decode("latin-1").strip()
+    printable = all(32 <= ord(c) < 127 for c in text) and text
+    return f"\"{text[:60]}\"" if printable else f"{len(data)} bytes that are not HTTP/2"
+
+
+def _run_probe(target: _Target, timeout: float) -> dict[str, Any] | None:
+    """``stallbench.ray_probe`` in a child (see its docstring); None when it did not answer in
+    time. Its start-up (importing Ray, ~1 s) is inside the time-out."""
+    cmd = [sys.executable, "-m", "stallbench.ray_probe", "client" if target.client else "gcs",
+           target.hostport, f"{timeout:g}", "auto" if target.auto else "explicit"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None
+    for line in reversed((proc.stdout or "").strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    err = [ln for ln in (proc.stderr or "").strip().splitlines() if ln.strip()]
+    return {"ok": False, "cause": "error",
+            "detail": f"the probe exited with {proc.returncode}: {err[-1][:300] if err else '?'}"}
+
+
+def _probe_message(target: _Target, out: dict[str, Any]) -> str:
+    """The one line for a probe's answer (``stallbench.ray_probe``)."""
+    hp = f"{target.hostport}{target.found}"
+    cause, auth = out.get("cause"), out.get("auth") or {}
+    fix = ("set RAY_AUTH_MODE=token and put the cluster's token in RAY_AUTH_TOKEN, a file "
+           "named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token (`ray get-auth-token` on the "
+           "head prints it)")
+    if cause == "auth_missing":
+        mode = auth.get("mode")
+        if mode is None and auth.get("available"):
+            why = (f"RAY_AUTH_MODE is unset, and Ray sends its token (found: "
+                   f"{auth['available']}) to an explicit address only with RAY_AUTH_MODE=token")
+        elif mode is None:
+            why = "RAY_AUTH_MODE is unset and no token was found"
+        else:
+            why = f"RAY_AUTH_MODE={mode}"
+        return (f"the Ray cluster at {hp} requires token authentication and this process sends "
+                f"no token ({why}): {fix}")
+    if cause == "auth_rejected":
+        return (f"the Ray cluster at {hp} rejected this process's token (from "
+                f"{auth.get('source')}): it is not the cluster's token; `ray get-auth-token` on "
+                f"the head prints the right one")
+    if cause == "auth_unexpected":
+        src = (f"RAY_AUTH_MODE={auth.get('mode')}" if auth.get("mode")
+               else f"token auth auto-enabled by \"auto\" (token in {auth.get('source')})")
+        return (f"the Ray cluster at {hp} runs without token authentication, but this process "
+                f"would use it ({src}): the cluster's workers could not hand results back to "
+                f"it and the run would wait forever; set RAY_AUTH_MODE=disabled (or start the "
+                f"cluster with RAY_AUTH_MODE=token)")
+    if cause == "auth_no_token":
+        return f"cannot authenticate to the Ray cluster at {hp}: {out.get('detail')}"
+    if cause == "version":
+        return (f"Ray version mismatch with the cluster at {hp}: it runs Ray "
+                f"{out.get('cluster_ray')} on Python {out.get('cluster_python')}, this process "
+                f"Ray {out.get('ray')} on Python {out.get('python')} (Ray needs the same Ray and "
+                f"Python versions on every node and driver)")
+    if cause == "not_ray":
+        return f"{hp} is not a Ray cluster: it {out.get('detail')}{target.hint}"
+    if cause == "silent":
+        return (f"{hp} accepts connections but no Ray cluster answered within "
+                f"{out.get('timeout', '?')} s (executor.connect_timeout_s){target.hint}")
+    return f"cannot connect to the Ray cluster at {hp}: {out.get('detail')}"

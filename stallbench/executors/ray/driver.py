@@ -25,6 +25,14 @@ per variant (``ray.put`` per shard); the plan shipped to workers carries only th
 ``ObjectRef`` maps (``worker.Job``). The trainer-side ``final`` cache never leaves the trainer.
 
 ``execution = "bulk"`` materialises the dataset (``materialize()``) before the first batch.
+
+*The runtime* comes from ``executors.runtimes``: inside a scenario, variants with the same
+cluster shape (``runtime_key``) share one ``RayRuntime``, started by the first of them and
+closed when the scenario ends; ``startup_figures`` says which it was. *Through Ray Client*
+(``ray://``) the dataset runs in a ``worker.BlockPump`` actor on the head node (Ray Data needs a
+real driver) and the trainer pulls its blocks. *On a cluster by address* the trainer reads
+blocks through a helper thread and, while it waits, checks that a producer node is still
+alive: Ray Data would wait forever for a resource no live node has.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from ...errors import ScenarioError, UserError
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.transfer import Payload
+from .. import runtimes
 from ..base import EXECUTORS, Executor
 from . import codec, stats, stock, worker
 from .cluster import RayRuntime, import_ray
@@ -63,6 +72,8 @@ class _RunState:
     pids: set = field(default_factory=set)
     store_peak_mb: float | None = None
     fault_marker: float = 0.0
+    nodes_at_start: dict = field(default_factory=dict)   # producer-capable nodes, by id
+    pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
     complete: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -70,13 +81,16 @@ class _RunState:
 @EXECUTORS.register("ray")
 class RayExecutor(Executor):
     name = "ray"
-    scaling_knobs = ("executor.simulated_nodes", "executor.cpus", "executor.concurrency")
+    scaling_knobs = ("executor.simulated_nodes", "executor.cpus_per_node", "executor.cpus",
+                     "executor.concurrency")
     rank_launcher = "ray_actors"     # executors.ray.ranks: one pipeline, streaming_split
+    # producer slots already warmed per runtime (a reused runtime keeps its warm workers)
+    _warmed: dict[int, int] = {}
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
         self.spec = config.executor
-        self.runtime = RayRuntime(self.spec, scenario_file)
+        self.runtime = RayRuntime(self.spec, scenario_file)     # replaced in start()
         self._cluster_info: dict[str, Any] = {}
         self._startup: dict[str, float] = {}
         self._cache_refs: dict[str, dict[int, Any]] = {}
@@ -107,15 +121,35 @@ class RayExecutor(Executor):
     def emulated_keys(cls, config: Config) -> list[str]:
         return ["executor.simulated_nodes"] if config.executor.simulated_nodes else []
 
+    @classmethod
+    def runtime_key(cls, config: Config) -> Any:
+        """What makes one Ray runtime differ from another: where it is (an address, or one
+        started here) and its shape. Pool, concurrency and mode are per run, not per runtime."""
+        s = config.executor
+        return ("ray", s.ray_address, s.simulated_nodes, s.cpus_per_node if s.simulated_nodes
+                else None, s.cpus, s.object_store_mb)
+
     # ---------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         t0 = time.perf_counter()
-        self.runtime.open()
+        self.runtime, reused = runtimes.acquire(
+            self.runtime_key(self.config), lambda: RayRuntime(self.spec, self.scenario_file),
+            group="ray")
+        if not reused:
+            self.runtime.open()
+        if self.runtime.client and self.spec.ray_mode == "stock":
+            raise ScenarioError(self.scenario_file, "executor.ray_mode",
+                                "\"stock\" runs Ray Data in the trainer, which needs a Ray driver "
+                                "on the cluster; through Ray Client (ray://) only \"stallbench\" "
+                                "works (or give the GCS address host:port)")
         self._pool = self.spec.concurrency or self.runtime.producer_cpus()
         t1 = time.perf_counter()
-        self._warm()
+        if not reused or self._pool > self._warmed.get(id(self.runtime), 0):
+            self._warm()
+            RayExecutor._warmed[id(self.runtime)] = self._pool
         t2 = time.perf_counter()
-        self._startup = {"ray_init_s": t1 - t0, "warm_workers_s": t2 - t1}
+        self._startup = {"runtime": "reused" if reused else "started",
+                         "ray_init_s": 0.0 if reused else t1 - t0, "warm_workers_s": t2 - t1}
         self._cluster_info = self.runtime.describe()
 
     def _pool_size(self) -> int:
@@ -125,23 +159,27 @@ class RayExecutor(Executor):
         return self._pool
 
     def _warm(self) -> None:
+        """Every producer slot's worker process started and its imports done, and Ray Data's
+        helper actors (stats, autoscaling coordinator: ~3 s of CPU each here) up, so the first
+        measured run pays none of it. One Ray Data pass of ``n`` blocks does both: its UDF
+        imports what producers need and holds each block briefly, so the ``n`` blocks land on
+        ``n`` different workers. Through Ray Client, Ray Data runs elsewhere (the pump actor):
+        plain tasks warm the workers."""
         import ray
 
         n = self._pool_size()
-        opts: dict[str, Any] = {"num_cpus": 1}
-        if self.runtime.producer_resources:
-            opts["resources"] = dict(self.runtime.producer_resources)
-        fn = ray.remote(worker.warm_worker)
-        refs = [fn.options(**opts).remote(0.3) for _ in range(n)]
         try:
-            ray.get(refs, timeout=180)
-            # Ray Data starts its own helper actors (stats, autoscaling coordinator) on the
-            # first execution, ~3 s of CPU each here: pay that now, as start-up. The UDF is
-            # a class on an actor pool (Ray runs only callable classes on actors).
+            if self.runtime.client:
+                opts: dict[str, Any] = {"num_cpus": 1}
+                if self.runtime.producer_resources:
+                    opts["resources"] = dict(self.runtime.producer_resources)
+                fn = ray.remote(worker.warm_worker)
+                ray.get([fn.options(**opts).remote(0.3) for _ in range(n)], timeout=180)
+                return
             import ray.data
 
             self._context(stock=False)
-            udf = worker.IdentityActor if self.spec.ray_pool == "actors" else worker.identity_batch
+            udf = worker.WarmActor if self.spec.ray_pool == "actors" else worker.warm_batch
             ray.data.from_items([{"id": i} for i in range(n)], override_num_blocks=n) \
                 .map_batches(udf, **self._map_args()).take_all()
             _wait_for_named_actors(ray, timeout_s=60)
@@ -153,7 +191,7 @@ class RayExecutor(Executor):
         self._cache_refs = {}
         self._caches_for = None
         worker.PlanCache.clear()
-        self.runtime.close()
+        runtimes.release(self.runtime)    # kept for the next variant of the same shape, or closed
 
     def prepare(self, plan: Plan, caches: StageCaches | None) -> None:
         """Caches into the object store, then one untimed pass of the real producer code over
@@ -235,6 +273,13 @@ class RayExecutor(Executor):
     def nodes_simulated(self) -> bool:
         return bool(self.spec.simulated_nodes)
 
+    def producers_share_cores(self) -> bool:
+        """A local or simulated Ray runs on this machine; a cluster by address does too when
+        all its producer nodes are on this host (a `ray start` cluster on loopback)."""
+        if self.runtime.mode != "address":
+            return True
+        return bool(self._cluster_info.get("producer_nodes_on_this_host"))
+
     # ----------------------------------------------------------------------------- figures
     def worker_pids(self) -> list[int]:
         return self.runtime.worker_pids()
@@ -243,7 +288,7 @@ class RayExecutor(Executor):
         return None if plan.ablation.compute_only else self.runtime.cluster_cpu_s()
 
     def sample_object_store_mb(self) -> float | None:
-        """A reading of the object store (the raylets' reports, cached 0.2 s), also kept in
+        """A reading of the object store (the raylets' reports, cached 1 s), also kept in
         the current run's peak (``object_store_peak_mb``): read by the resource sampler
         every period, and here at a run's start and end."""
         used = self.runtime.object_store_used_mb()
@@ -254,6 +299,9 @@ class RayExecutor(Executor):
 
     def late_stage_times(self) -> StageTimes | None:
         return self._late
+
+    def startup_figures(self) -> dict[str, Any]:
+        return dict(self._startup)
 
     def run_figures(self) -> dict[str, Any]:
         return self._last
@@ -296,6 +344,8 @@ class RayExecutor(Executor):
         self._late = None
         r = self._run = _RunState(t0=time.perf_counter(), stock=stock_mode,
                                   fault_marker=self.runtime.fault_marker())
+        if self.runtime.mode == "address":
+            r.nodes_at_start = self.runtime.producer_nodes_state()
         self.sample_object_store_mb()
         try:
             if stock_mode:
@@ -311,7 +361,13 @@ class RayExecutor(Executor):
         self.sample_object_store_mb()
         faults = self.runtime.faults_since(r.fault_marker, task_name=None)
         faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
-        figures = stats.operator_figures(r.ds) if r.ds is not None else {}
+        if r.nodes_at_start:
+            now = self.runtime.producer_nodes_state()
+            faults["nodes_lost"] = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
+                                    for k, v in r.nodes_at_start.items()
+                                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+        figures = (stats.operator_figures(r.ds) if r.ds is not None
+                   else dict(r.pump_figures or {}))
         if r.stock and r.complete:
             # Producer stage times come from inside Ray: the UDF's own clock for preprocess,
             # the operators' wall time for the rest.
@@ -348,24 +404,27 @@ class RayExecutor(Executor):
         not yet executed: a run iterates it; data-parallel ranks split it (``ranks``)."""
         self._context(stock=False)
         job = self._job(plan)
-        ds = _work_items(len(plan.items))
-        kw = self._map_args()
-        if self.spec.ray_pool == "actors":
-            ds = ds.map_batches(worker.Producer, fn_constructor_args=(job,), batch_format="numpy",
-                                **kw)
-        else:
-            ds = ds.map_batches(worker.produce_items, fn_args=(job,), batch_format="numpy", **kw)
-        if plan.config.loader.execution == "bulk":
-            ds = ds.materialize()
-        return ds
+        return worker.build_dataset(job, len(plan.items), self._map_args(),
+                                    self.spec.ray_pool == "actors",
+                                    plan.config.loader.execution == "bulk")
 
     def _run_stallbench(self, plan: Plan, r: _RunState) -> Iterator[ShardOutput]:
+        job = self._job(plan)
         n = len(plan.items)
-        ds = r.ds = self.stallbench_dataset(plan)
+        actors = self.spec.ray_pool == "actors"
+        bulk = plan.config.loader.execution == "bulk"
         r.seq = seq = codec.Sequencer(n)
         prefetch = max(1, plan.config.loader.prefetch_factor)
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow",
-                                     prefetch_batches=prefetch):
+        blocks: Iterator[Any]
+        if self.runtime.client:
+            blocks = self._pumped(r, job, n, actors, bulk, prefetch)
+        else:
+            ds = r.ds = worker.build_dataset(job, n, self._map_args(), actors, bulk)
+            blocks = ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                                     prefetch_batches=prefetch)
+        if self.runtime.mode == "address":
+            blocks = _watched(blocks, self._check_producer_nodes)
+        for block in blocks:
             if r.first_block_s is None:
                 r.first_block_s = time.perf_counter() - r.t0
             r.blocks += 1
@@ -379,6 +438,50 @@ class RayExecutor(Executor):
         r.complete = seq.complete
         if not seq.complete:
             raise RuntimeError(f"Ray ended the stream after {seq.item} of {n} work items")
+
+    def _pumped(self, r: _RunState, job: worker.Job, n: int, actors: bool, bulk: bool,
+                prefetch: int) -> Iterator[Any]:
+        """Blocks of a dataset run by a ``worker.BlockPump`` actor on the head node (Ray
+        Client); one request kept in flight ahead of the trainer."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        opts: dict[str, Any] = {"num_cpus": 0}
+        head = self._cluster_info.get("head_node_id")
+        if head:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
+        pump = ray.remote(worker.BlockPump).options(**opts).remote(self._context_settings())
+        try:
+            ray.get(pump.start.remote(job, n, self._map_args(), actors, bulk, prefetch))
+            ahead = pump.next.remote(prefetch)
+            while True:
+                got = ray.get(ahead)
+                if not got:
+                    break
+                ahead = pump.next.remote(prefetch)
+                yield from got
+            r.pump_figures = ray.get(pump.figures.remote())
+        finally:
+            ray.kill(pump)
+
+    def _context_settings(self) -> dict[str, Any]:
+        import ray.data
+
+        ctx = ray.data.DataContext.get_current()
+        return {"preserve_order": ctx.execution_options.preserve_order,
+                "enable_progress_bars": False,
+                "op_resource_reservation_enabled": ctx.op_resource_reservation_enabled}
+
+    def _check_producer_nodes(self) -> None:
+        """While the trainer waits on a real cluster: if no node that can run producers is
+        alive any more, Ray would wait forever; say so instead (one line, exit 2)."""
+        state = self.runtime.producer_nodes_state()
+        if not state or any(v["alive"] for v in state.values()):
+            return
+        lost = [f"{k[:8]} ({v['reason'] or 'dead'})" for k, v in state.items()]
+        raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray cluster at "
+                        f"{self.runtime.address} has no live producer node left (lost: "
+                        f"{', '.join(lost)}); the run cannot finish and no result is written")
 
     # ----------------------------------------------------------------------- stock mode
     def _run_stock(self, plan: Plan, r: _RunState) -> Iterator[ShardOutput]:
@@ -423,6 +526,56 @@ class RayExecutor(Executor):
                                                   final=True)], 1, rows, times)
                 k += 1
         r.complete = True
+
+
+def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterator[Any]:
+    """``blocks``, read in a helper thread so that the trainer can run ``check`` while it
+    waits: Ray Data waits silently forever for a resource no live node has (every producer
+    node lost), and ``check`` turns that into an error. One block of read-ahead."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def pump() -> None:
+        try:
+            for b in blocks:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    break
+            item: Any = end
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer's thread
+            item = exc
+        finally:
+            close = getattr(blocks, "close", None)
+            if stop.is_set() and close is not None:
+                close()
+        if not stop.is_set():
+            q.put(item)
+
+    th = threading.Thread(target=pump, name="stallbench-ray-blocks", daemon=True)
+    th.start()
+    try:
+        while True:
+            try:
+                b = q.get(timeout=period_s)
+            except queue.Empty:
+                check()
+                continue
+            if b is end:
+                return
+            if isinstance(b, BaseException):
+                raise b
+            yield b
+    finally:
+        stop.set()
 
 
 def _wait_for_named_actors(ray: Any, timeout_s: float) -> None:

@@ -97,13 +97,18 @@ class Producer:
         return produce_items(batch, self.job)
 
 
-def identity_batch(batch: Any) -> Any:
-    """Ray Data UDF (task pool) of the warm-up pass: no work, only the map path."""
+def warm_batch(batch: Any) -> Any:
+    """Ray Data UDF (task pool) of the warm-up pass: the producers' imports, and a short hold
+    so that each block of the pass lands on a worker of its own."""
+    warm_worker(0.3)
     return batch
 
 
-class IdentityActor:
+class WarmActor:
     """The same for an actor pool: Ray runs only callable classes on actors."""
+
+    def __init__(self) -> None:
+        warm_worker(0.0)
 
     def __call__(self, batch: Any) -> Any:
         return batch
@@ -119,3 +124,59 @@ def warm_worker(delay_s: float) -> int:
 
     time.sleep(delay_s)
     return os.getpid()
+
+
+# ------------------------------------------------------------------ the dataset, built anywhere
+
+def build_dataset(job: Job, n: int, map_kwargs: dict[str, Any], actors: bool, bulk: bool) -> Any:
+    """``range(work items) -> map_batches(produce)``: stallbench mode's one Ray Data operator.
+    Built by the trainer (a driver on the cluster) or, through Ray Client, by ``BlockPump``."""
+    import ray.data
+
+    ds = ray.data.from_items([{"id": i} for i in range(n)], override_num_blocks=n)
+    if actors:
+        ds = ds.map_batches(Producer, fn_constructor_args=(job,), batch_format="numpy",
+                            **map_kwargs)
+    else:
+        ds = ds.map_batches(produce_items, fn_args=(job,), batch_format="numpy", **map_kwargs)
+    return ds.materialize() if bulk else ds
+
+
+class BlockPump:
+    """Ray Client (``ray://``): Ray Data's streaming executor needs a real Ray driver, which a
+    Client process is not, so this actor (on the head node) runs the dataset and the trainer
+    pulls its output blocks, a few per call, in order. Its Ray Data settings are the
+    trainer's (``context``: DataContext attributes)."""
+
+    def __init__(self, context: dict[str, Any]) -> None:
+        import ray.data
+
+        ctx = ray.data.DataContext.get_current()
+        for k, v in context.items():
+            if k == "preserve_order":
+                ctx.execution_options.preserve_order = v
+            else:
+                setattr(ctx, k, v)
+        self.ds: Any = None
+        self.it: Any = None
+
+    def start(self, job: Job, n: int, map_kwargs: dict[str, Any], actors: bool, bulk: bool,
+              prefetch: int) -> int:
+        self.ds = build_dataset(job, n, map_kwargs, actors, bulk)
+        self.it = iter(self.ds.iter_batches(batch_size=None, batch_format="pyarrow",
+                                            prefetch_batches=prefetch))
+        return os.getpid()
+
+    def next(self, k: int) -> list[pa.Table]:
+        """Up to ``k`` blocks; an empty list at the end."""
+        out = []
+        for b in self.it:
+            out.append(b)
+            if len(out) >= k:
+                break
+        return out
+
+    def figures(self) -> dict[str, Any]:
+        from . import stats
+
+        return stats.operator_figures(self.ds) if self.ds is not None else {}
