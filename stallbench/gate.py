@@ -36,11 +36,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from . import outputs
 from .analysis.stats import bootstrap_ci
 from .compare import (FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SAME, SLOWER,
                       VERDICTS, Metric, compare as compare_values, machine_key)
 from .errors import ResultError, UserError
-from .results import Result, VariantResult, load, write_atomic
+from .results import Result, VariantResult, load
 
 __all__ = ["FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
            "GateReport", "Row", "compare", "exit_code", "update_baseline"]
@@ -103,11 +104,15 @@ def compare(
     machine: str = "auto",
     n_boot: int = 2000,
     seed: int = 0,
+    sources: dict[int, str] | None = None,
 ) -> GateReport:
     """Compare two result sets row by row with the module's decision rule.
 
     ``machine``: "auto" (cross-machine rule when the machines differ), "same" or "cross".
     ``n_boot`` only sizes the displayed bootstrap interval; decisions do not depend on it.
+    ``sources``: ``id(result)`` -> its file, so bad input names the file. A figure the gate
+    compares must be measured in every repeat: a null (NaN) value is bad input (ResultError),
+    never a "not comparable" row that lets the gate pass.
     """
     chosen = _metrics(metrics, include_memory)
     _check_args(threshold, alpha, machine)
@@ -117,7 +122,7 @@ def compare(
         raise ResultError("gate: no current results")
     base, cur = _newest_by_scenario(baseline), _newest_by_scenario(current)
     report = GateReport([], threshold, alpha, fail_on_improvement)
-    ctx = _Ctx(threshold, alpha, n_boot, seed)
+    ctx = _Ctx(threshold, alpha, n_boot, seed, dict(sources or {}))
     for name in list(base) + [n for n in cur if n not in base]:
         _compare_scenario(report, ctx, name, base.get(name), cur.get(name), chosen, machine)
     if not any(r.verdict != NOT_COMPARABLE for r in report.rows):
@@ -132,6 +137,7 @@ class _Ctx:
     alpha: float
     n_boot: int
     seed: int
+    sources: dict[int, str] = field(default_factory=dict)
 
 
 def _metrics(names: Iterable[str], include_memory: bool) -> list[Metric]:
@@ -248,7 +254,8 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
         _check_repeats(name, vname, "baseline", vb)
         _check_repeats(name, vname, "current", vc)
         for m in metrics:
-            report.rows.append(_row(ctx, name, vname, m.name, m, _values(vb, m), _values(vc, m)))
+            report.rows.append(_row(ctx, name, vname, m.name, m, _measured(ctx, b, vb, m, "baseline"),
+                                    _measured(ctx, c, vc, m, "current")))
 
 
 def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Result,
@@ -276,12 +283,24 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
                 continue
             _check_repeats(name, vname, "baseline", vb)
             _check_repeats(name, vname, "current", vc)
+            for r, v, side in ((b, vb, "baseline"), (b, rb, "baseline"), (c, vc, "current"),
+                               (c, rc, "current")):
+                _measured(ctx, r, v, m, side)
             report.rows.append(_row(ctx, name, vname, mname, m,
                                     _relative(vb, rb, m), _relative(vc, rc, m)))
 
 
-def _values(v: VariantResult, m: Metric) -> list[float]:
-    return _finite(getattr(v, m.attr).values)
+def _measured(ctx: _Ctx, r: Result, v: VariantResult, m: Metric, side: str) -> list[float]:
+    """The values of a figure the gate compares: every repeat measured, or bad input."""
+    values = getattr(v, m.attr).values
+    bad = sum(not _ok(x) for x in values)
+    if bad or not values:
+        where = ctx.sources.get(id(r)) or f"the {side} result of scenario {r.scenario.name!r}"
+        what = ("is empty" if not values else
+                f"has {bad} of {len(values)} values null (not measured)")
+        raise ResultError(f"{where}: variant {v.name!r}: {m.attr}.values {what}; the gate "
+                          "compares only figures measured in every repeat")
+    return [float(x) for x in values]
 
 
 def _relative(v: VariantResult, ref: VariantResult, m: Metric) -> list[float]:
@@ -484,7 +503,8 @@ def update_baseline(current_paths: Sequence[str | Path], baseline_dir: str | Pat
     for name, res in newest.items():
         src = next(p for p, r in loaded.items() if r is res)
         dest = bdir / src.name
-        write_atomic(dest, src.read_text(encoding="utf-8"))
+        outputs.write_file(dest, src.read_text(encoding="utf-8"), outputs.RESULT,
+                           "--update-baseline")
         written.append(dest)
         for old, r in existing.items():
             if r.scenario.name == name and old.resolve() != dest.resolve():

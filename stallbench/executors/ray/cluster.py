@@ -36,11 +36,13 @@ import threading
 import time
 from typing import Any
 
+from ... import interrupts
 from ...errors import ScenarioError, UserError
 from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
 from ...scenario import ExecutorSpec
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
+_AUTH_ENV = "RAY_AUTH_MODE"
 _AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "_StatsActor", "_AutoscalingCoordinator",
            "AutoscalingRequester", "SplitCoordinator")
 _UNEXPECTED_EXITS = (0, 2, 4)        # WorkerExitType: SYSTEM_ERROR, USER_ERROR, NODE_OUT_OF_MEMORY
@@ -105,6 +107,7 @@ class RayRuntime:
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
         self._atexit = False
         self._old_sigterm: Any = None
+        self._auth_env: tuple[str | None] | None = None
 
     # ---------------------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -123,30 +126,58 @@ class RayRuntime:
         self._before = _descendants()
         # Ray's usage-stats actor costs ~1 s of CPU per runtime and reports nothing we need.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray's C++ core would install a SIGTERM handler that aborts with a stack dump,
+        # skipping every clean-up; stallbench handles SIGTERM itself (stallbench.interrupts).
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         self.owned = True              # from here on close() must clean up, even half-started
         if not self._atexit:
             atexit.register(self.close)
             self._atexit = True
-        if spec.ray_address:
-            self.mode = "address"
-            self._connect(spec.ray_address)
-        elif spec.simulated_nodes:
-            self.mode = "simulated"
-            self._start_simulated()
-        else:
-            self.mode = "local"
-            ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
-                     object_store_memory=spec.object_store_mb * 2**20, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING, namespace="stallbench",
-                     runtime_env=RUNTIME_ENV)
+        with interrupts.foreign_handlers():    # ray.init sets SIGTERM -> sys.exit(15)
+            if spec.ray_address:
+                self.mode = "address"
+                self._connect(spec.ray_address)
+            elif spec.simulated_nodes:
+                self.mode = "simulated"
+                self._own_auth_mode()
+                self._start_simulated()
+            else:
+                self.mode = "local"
+                self._own_auth_mode()
+                ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
+                         object_store_memory=spec.object_store_mb * 2**20,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.WARNING, namespace="stallbench",
+                         runtime_env=RUNTIME_ENV)
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
 
+    def _own_auth_mode(self) -> None:
+        """A cluster stallbench starts itself gets Ray's default, token authentication, said
+        explicitly: left unset, Ray prints a warning about it on every run, and every
+        one-line error of stallbench became two lines. A user's own setting is kept."""
+        if self._auth_env is None:
+            self._auth_env = (os.environ.get(_AUTH_ENV),)
+        os.environ.setdefault(_AUTH_ENV, "token")
+
+    def _restore_auth_mode(self) -> None:
+        if self._auth_env is not None:
+            (previous,) = self._auth_env
+            if previous is None:
+                os.environ.pop(_AUTH_ENV, None)
+            else:
+                os.environ[_AUTH_ENV] = previous
+            self._auth_env = None
+
     def _take_sigterm(self) -> None:
         """Ray's core installs a C++ SIGTERM handler that aborts the process, skipping every
         ``finally``; while stallbench owns a runtime, SIGTERM is a KeyboardInterrupt instead,
-        so the run unwinds and ``close`` shuts the runtime down (as on Ctrl-C)."""
+        so the run unwinds and ``close`` shuts the runtime down (as on Ctrl-C). Under the CLI
+        that is its own handler (``stallbench.interrupts``), put back here."""
+        if interrupts.installed():
+            interrupts.reinstall()
+            return
         if threading.current_thread() is not threading.main_thread():
             return
 
@@ -282,6 +313,7 @@ class RayRuntime:
                 pass
             self.cluster = None
         self._restore_address_file()
+        self._restore_auth_mode()
         _reap(victims)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             try:
