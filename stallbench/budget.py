@@ -79,6 +79,7 @@ def check(cfg: Config, file: str, *, analyze: bool, cache_dir: Path | None = Non
     if plan is not None:
         s = plan.schema
         row = _row_tensor_bytes(len(s.dense), len(s.sparse), len(s.sequence), s.seq_len)
+        seq_bytes, seq_len = 8 * len(s.sequence) * s.seq_len, s.seq_len
         tables = len(s.sparse) + len(s.sequence)
         shards = plan.dataset.shards
         group_rows = max((sh.rows for sh in shards), default=0)
@@ -88,6 +89,7 @@ def check(cfg: Config, file: str, *, analyze: bool, cache_dir: Path | None = Non
     elif d.path is None:
         row = _row_tensor_bytes(d.dense_features, d.sparse_features, d.sequence_features,
                                 d.sequence_max_len)
+        seq_bytes, seq_len = 8 * d.sequence_features * d.sequence_max_len, d.sequence_max_len
         tables = d.sparse_features + d.sequence_features
         group_rows = min(d.row_group_rows, d.rows)
         group_table = int(group_rows * _row_table_bytes(cfg))
@@ -107,10 +109,13 @@ def check(cfg: Config, file: str, *, analyze: bool, cache_dir: Path | None = Non
                         f"{_gb(mem)} of memory")
     batch = min(lc.batch_size, max(total_rows, 1)) * row
     if batch > mem / 4:
-        raise _fail(file, "loader.batch_size",
-                    f"one batch is {min(lc.batch_size, total_rows):,} rows x {row:,} bytes = "
-                    f"{_gb(batch)} of tensors; at most a quarter of this machine's "
-                    f"{_gb(mem)} of memory")
+        # Name the key that makes a row big when padded sequences dominate it.
+        key = "dataset.sequence_max_len" if seq_bytes * 2 > row else "loader.batch_size"
+        raise _fail(file, key,
+                    f"one batch is {min(lc.batch_size, total_rows):,} rows (loader.batch_size) x "
+                    f"{row:,} bytes ({seq_bytes:,} of them padded sequences, "
+                    f"dataset.sequence_max_len = {seq_len:,}) = {_gb(batch)} of tensors; at "
+                    f"most a quarter of this machine's {_gb(mem)} of memory")
     in_flight = lc.num_workers * lc.prefetch_factor + 2
     group = group_table + group_rows * row
     if in_flight * group > mem:

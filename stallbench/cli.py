@@ -38,12 +38,22 @@ def _say_error(exc: UserError, debug: bool) -> None:
     if isinstance(exc, UserCodeError):
         if debug and exc.traceback_text:
             print(exc.traceback_text.rstrip(), file=sys.stderr)
-        elif not debug:
+        elif not debug and exc.traceback_text:
             print("  (run `stallbench --debug ...` to see its traceback)", file=sys.stderr)
+
+
+def user_code_path() -> None:
+    """Where a scenario's ``"pkg.mod:fn"`` code is imported from: ``sys.path`` plus the current
+    directory, *after* every installed package, for both entry points (``python -m`` would
+    put it first, the script not at all). Loader workers are forked and inherit it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def main(argv: list[str] | None = None) -> int:
     interrupts.install()        # before anything else: SIGTERM must unwind like Ctrl-C
+    user_code_path()
     interrupts.adopt_orphans()
     before = interrupts.children()
     debug, nothing = False, "nothing written"

@@ -156,7 +156,7 @@ def check_file(path: str | Path, kind: Kind, flag: str) -> Path:
         raise _fail(flag, p, "expected a file name")
     try:
         st = os.lstat(p)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # the latter: a file on the way
         st = None
     except OSError as exc:
         raise _fail(flag, p, f"cannot use it ({exc.strerror or exc})") from None

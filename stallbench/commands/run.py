@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import sys
 from pathlib import Path
 
@@ -47,6 +48,11 @@ def _expand(patterns: list[str]) -> list[str]:
     return out
 
 
+def default_cache_dir() -> Path:
+    """The runner's default (``runner.default_cache_dir``), without importing torch."""
+    return Path(os.environ.get("STALLBENCH_CACHE", Path.cwd() / ".cache" / "stallbench"))
+
+
 def _check_outputs(scenarios: list[scenario.Scenario], out: Path, cache: Path | None,
                    cache_flag: str) -> None:
     """Every place the run will write, checked before the first variant runs."""
@@ -61,17 +67,18 @@ def _check_outputs(scenarios: list[scenario.Scenario], out: Path, cache: Path | 
 def run(args: argparse.Namespace) -> int:
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS)
     max_batches = numbers.integer(args.max_batches, "--max-batches", 1, MAX_BATCHES)
-    from ..runner import RunOptions, default_cache_dir, preflight, run_scenario  # heavy (torch)
-
     # Check every scenario first: a typo in the third file fails before the first one runs,
-    # and so does an output path that cannot be written or a variant this machine cannot hold.
+    # and so does an output path that cannot be written or a variant this machine cannot hold
+    # (the cheap checks before torch is imported).
     scenarios = [scenario.load(p) for p in _expand(args.scenarios)]
-    opts = RunOptions(repeats=repeats, analyze=args.analyze, cache_dir=args.cache_dir,
-                      progress=not args.no_progress and sys.stderr.isatty(),
-                      max_batches=max_batches)
     out = Path(args.out)
     cache_flag = "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)"
     _check_outputs(scenarios, out, args.cache_dir or default_cache_dir(), cache_flag)
+    from ..runner import RunOptions, preflight, run_scenario  # heavy (torch)
+
+    opts = RunOptions(repeats=repeats, analyze=args.analyze, cache_dir=args.cache_dir,
+                      progress=not args.no_progress and sys.stderr.isatty(),
+                      max_batches=max_batches)
     for sc in scenarios:
         preflight(sc, opts)
     written: list[Path] = []

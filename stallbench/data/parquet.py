@@ -50,6 +50,9 @@ class Dataset:
     rows: int
     compressed_bytes: int
     dataset_key: str | None = None
+    # Where the dataset was named ("s.toml: dataset.path"), so an error reading a row group,
+    # in whichever process, names the scenario file and key too.
+    origin: str = ""
     # Parsed footers, so reading a row group does not re-parse the file's footer each time.
     # Per process: dropped when pickled (workers rebuild their own lazily).
     _footers: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
@@ -69,9 +72,12 @@ class Dataset:
                 self._footers.setdefault(shard.file, pf.metadata)
                 table = pf.read_row_group(shard.row_group, columns=list(names))
         except _UNREADABLE as exc:
-            raise DataError(f"{shard.file}: row group {shard.row_group} is not readable "
-                            f"({_reason(exc)})") from exc
-        return _normalize_columns(table, self.schema, names, shard.file)
+            raise DataError(f"{self._where()}{shard.file}: row group {shard.row_group} is not "
+                            f"readable ({_reason(exc)})") from None
+        return _normalize_columns(table, self.schema, names, self._where() + shard.file)
+
+    def _where(self) -> str:
+        return f"{self.origin}: " if self.origin else ""
 
 
 def open_dataset(spec: DatasetSpec, cache_dir: Path, scenario_file: str = "<scenario>") -> Dataset:
@@ -83,7 +89,8 @@ def open_dataset(spec: DatasetSpec, cache_dir: Path, scenario_file: str = "<scen
     first = footers[files[0]].schema.to_arrow_schema()
     schema = infer_schema(first, spec, scenario_file, files[0])
     _check_same_schema(footers, first, schema, scenario_file)
-    return _build(files, footers, schema, synthetic=False, source=spec.path, key=None)
+    return _build(files, footers, schema, synthetic=False, source=spec.path, key=None,
+                  origin=f"{scenario_file}: dataset.path")
 
 
 def normalize(table: pa.Table, schema: FeatureSchema, file: str = "?") -> pa.Table:
@@ -201,7 +208,7 @@ def _check_same_schema(footers: dict[str, pq.FileMetaData], first: pa.Schema,
 
 
 def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: FeatureSchema, *,
-           synthetic: bool, source: str, key: str | None) -> Dataset:
+           synthetic: bool, source: str, key: str | None, origin: str = "") -> Dataset:
     shards: list[Shard] = []
     used = set(schema.columns)
     for file in files:
@@ -219,10 +226,13 @@ def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: Featur
             ))
     rows = sum(s.rows for s in shards)
     if rows == 0:
-        raise DataError(f"dataset {source!r} has no rows")
+        where = f"{origin}: " if origin else ""
+        raise DataError(f"{where}{source!r} has no rows ({len(files)} file(s), "
+                        f"{sum(f.num_row_groups for f in footers.values())} row group(s)): "
+                        "nothing to measure")
     ds = Dataset(files=files, shards=shards, schema=schema, synthetic=synthetic, source=source,
                  rows=rows, compressed_bytes=sum(s.compressed_bytes for s in shards),
-                 dataset_key=key)
+                 dataset_key=key, origin=origin)
     ds._footers.update(footers)
     return ds
 
@@ -394,7 +404,9 @@ def _normalize_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str,
                                            type=_OUT_TYPE[convert]))
         except (pa.ArrowException, TypeError) as exc:
             raise DataError(f"{file}: column {name!r} of type {col.type} cannot be converted "
-                            f"({_reason(exc)})") from exc
+                            f"({_reason(exc)})") from None
+        except DataError as exc:
+            raise DataError(f"{file}: column {name!r}: {exc}") from None
     return pa.Table.from_arrays(arrays, names=list(names))
 
 

@@ -42,7 +42,17 @@ from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
 from ...scenario import ExecutorSpec
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
-_AUTH_ENV = "RAY_AUTH_MODE"
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropDefaultTokenNotice(logging.Filter):
+    """Ray's "Token authentication is enabled for this Ray cluster" notice (Ray >= 2.5x)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token authentication is enabled for this Ray")
+
+
+_DEFAULT_TOKEN_NOTICE = _DropDefaultTokenNotice()
 _AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "_StatsActor", "_AutoscalingCoordinator",
            "AutoscalingRequester", "SplitCoordinator")
 _UNEXPECTED_EXITS = (0, 2, 4)        # WorkerExitType: SYSTEM_ERROR, USER_ERROR, NODE_OUT_OF_MEMORY
@@ -63,8 +73,11 @@ def import_ray(scenario_file: str = "<scenario>") -> Any:
 
 
 def _quiet_logs() -> None:
-    for name in ("ray", "ray.data", "ray.train", "ray.tune"):
+    for name in ("ray", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # Ray Data logs a failed run's exception at ERROR (with its traceback) before raising it;
+    # stallbench reports what it raises, as one line or a user-code block (driver._explain).
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
 
 
 def _descendants() -> dict[int, str]:
@@ -107,7 +120,6 @@ class RayRuntime:
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
         self._atexit = False
         self._old_sigterm: Any = None
-        self._auth_env: tuple[str | None] | None = None
 
     # ---------------------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -154,21 +166,12 @@ class RayRuntime:
         self._quiet_data()
 
     def _own_auth_mode(self) -> None:
-        """A cluster stallbench starts itself gets Ray's default, token authentication, said
-        explicitly: left unset, Ray prints a warning about it on every run, and every
-        one-line error of stallbench became two lines. A user's own setting is kept."""
-        if self._auth_env is None:
-            self._auth_env = (os.environ.get(_AUTH_ENV),)
-        os.environ.setdefault(_AUTH_ENV, "token")
-
-    def _restore_auth_mode(self) -> None:
-        if self._auth_env is not None:
-            (previous,) = self._auth_env
-            if previous is None:
-                os.environ.pop(_AUTH_ENV, None)
-            else:
-                os.environ[_AUTH_ENV] = previous
-            self._auth_env = None
+        """A cluster stallbench starts itself keeps Ray's default, token authentication,
+        without Ray's warning that it is on (printed at every start, it made every one-line
+        error of stallbench two lines). Done with a logging filter on that one message:
+        setting ``RAY_AUTH_MODE=token`` instead would need to happen before Ray is imported
+        (Ray caches its config then; set later, the GCS refuses the driver)."""
+        logging.getLogger(_AUTH_LOGGER).addFilter(_DEFAULT_TOKEN_NOTICE)
 
     def _take_sigterm(self) -> None:
         """Ray's core installs a C++ SIGTERM handler that aborts the process, skipping every
@@ -313,7 +316,6 @@ class RayRuntime:
                 pass
             self.cluster = None
         self._restore_address_file()
-        self._restore_auth_mode()
         _reap(victims)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             try:

@@ -277,6 +277,10 @@ class RayExecutor(Executor):
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        # A UDF's exception comes back as itself (a stallbench UserCodeError or DataError
+        # from the worker, with its message), not wrapped as "UDF failed to process a data
+        # block" with the cause lost on the way (exceptions pickle without __cause__).
+        ctx.raise_original_map_exception = True
         if self._default_reservation is None:
             self._default_reservation = ctx.op_resource_reservation_enabled
         ctx.op_resource_reservation_enabled = self._default_reservation if stock else False
