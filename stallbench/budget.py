@@ -97,7 +97,6 @@ def check(cfg: Config, file: str, *, analyze: bool, cache_dir: Path | None = Non
         epoch_rows = d.rows * lc.epochs
         if lc.max_batches:
             epoch_rows = min(epoch_rows, lc.max_batches * lc.batch_size)
-        _check_disk(cfg, file, cache_dir)
     else:
         return                     # existing files: checked once their footers are read
     if cfg.model.kind == "dlrm":
@@ -139,6 +138,8 @@ def check(cfg: Config, file: str, *, analyze: bool, cache_dir: Path | None = Non
                         f"{_gb(mem)}: set analysis.differential = false (or --no-analyze) or use "
                         f"fewer rows")
     _check_object_store(cfg, file, mem)
+    if plan is None:
+        _check_disk(cfg, file, cache_dir)
 
 
 def _check_object_store(cfg: Config, file: str, mem: int) -> None:

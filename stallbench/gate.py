@@ -234,10 +234,12 @@ def _get(r: Result, name: str) -> VariantResult | None:
     return next((v for v in r.variants if v.name == name), None)
 
 
-def _check_repeats(name: str, vname: str, side: str, v: VariantResult) -> None:
+def _check_repeats(ctx: _Ctx, r: Result, vname: str, side: str, v: VariantResult) -> None:
     n = len(v.throughput_samples_s.values)
     if n < MIN_REPEATS:
-        raise ResultError(f"gate: {name}/{vname} has {n} repeat in the {side}; the gate needs at "
+        where = ctx.sources.get(id(r), "gate")
+        raise ResultError(f"{where}: {r.scenario.name}/{vname} has {n} repeat in the {side}; "
+                          f"the gate needs at "
                           f"least {MIN_REPEATS} repeats a side (5 recommended) to tell noise from "
                           "change: re-run with more repeats")
 
@@ -251,8 +253,8 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
             report.rows.extend(_not_comparable(name, vname, m.name, f"variant missing in {side}")
                                for m in metrics)
             continue
-        _check_repeats(name, vname, "baseline", vb)
-        _check_repeats(name, vname, "current", vc)
+        _check_repeats(ctx, b, vname, "baseline", vb)
+        _check_repeats(ctx, c, vname, "current", vc)
         for m in metrics:
             report.rows.append(_row(ctx, name, vname, m.name, m, _measured(ctx, b, vb, m, "baseline"),
                                     _measured(ctx, c, vc, m, "current")))
@@ -281,8 +283,8 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
                     f"variant missing in {'current' if vc is None else 'baseline'}")
                 report.rows.append(_not_comparable(name, vname, mname, why))
                 continue
-            _check_repeats(name, vname, "baseline", vb)
-            _check_repeats(name, vname, "current", vc)
+            _check_repeats(ctx, b, vname, "baseline", vb)
+            _check_repeats(ctx, c, vname, "current", vc)
             for r, v, side in ((b, vb, "baseline"), (b, rb, "baseline"), (c, vc, "current"),
                                (c, rc, "current")):
                 _measured(ctx, r, v, m, side)
