@@ -52,12 +52,13 @@ def user_code_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    interrupts.install()        # before anything else: SIGTERM must unwind like Ctrl-C
-    user_code_path()
-    interrupts.adopt_orphans()
-    before = interrupts.children()
+    before: set[int] | None = None
     debug, nothing = False, "nothing written"
     try:
+        interrupts.install()    # before anything else: SIGTERM must unwind like Ctrl-C
+        user_code_path()
+        interrupts.adopt_orphans()
+        before = interrupts.children()
         parser = build_parser()
         args = parser.parse_args(argv)   # argparse exits 2 on bad usage, as we do
         debug = args.debug
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except interrupts.Interrupted as exc:
         print(f"stallbench: interrupted by {exc.name}; {exc.outcome or nothing}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:      # raised by a library's own SIGINT handling
+    except KeyboardInterrupt:      # before our handler, or a library's own SIGINT handling
         print(f"stallbench: interrupted by SIGINT; {nothing}", file=sys.stderr)
         return 130
     except UserError as exc:
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         _say_error(exc, debug)
         return exc.exit_code
     finally:
-        interrupts.stop_new_children(before)
+        # The command's work is over: a signal from here on is recorded, not raised, so the
+        # clean-up that stops the children always finishes.
+        interrupts.exiting()
+        if before is not None:
+            interrupts.stop_new_children(before)
         interrupts.stop_adopting()
         interrupts.uninstall()
 

@@ -256,7 +256,8 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
         _check_repeats(ctx, b, vname, "baseline", vb)
         _check_repeats(ctx, c, vname, "current", vc)
         for m in metrics:
-            report.rows.append(_row(ctx, name, vname, m.name, m, _measured(ctx, b, vb, m, "baseline"),
+            report.rows.append(_row(ctx, name, vname, m.name, m,
+                                    _measured(ctx, b, vb, m, "baseline"),
                                     _measured(ctx, c, vc, m, "current")))
 
 

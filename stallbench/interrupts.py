@@ -12,9 +12,9 @@ Why more than a handler that raises ``KeyboardInterrupt``:
   "Exception ignored" and dropped, so a Ctrl-C sent as the first loader worker appeared
   ended in exit 0 with a result. So the handler also *records* the signal, and the places
   where work goes on call ``check()``, which raises again while one is recorded: every
-  measured batch, every generated row group, every loader worker fork
-  (``checked_fork_context``), the moment before a result is published, and the CLI after
-  the command returned.
+  measured batch, every generated row group and ablation cache entry, every loader worker
+  fork (``executors.local._CheckedForkProcess``), the moment before a result is published,
+  and the CLI after the command returned.
 - *SIGTERM's default action* kills the process without running a ``finally``: loader workers
   linger, a generator's temp dir stays in the cache. Here SIGTERM raises like SIGINT.
 - *Foreign handlers.* ``ray.init`` replaces the SIGTERM handler with ``sys.exit(15)`` (and
@@ -145,6 +145,7 @@ def uninstall() -> None:
         sys.unraisablehook = _state.previous_hook or sys.__unraisablehook__
     _state.installed = False
     _state.pending = None
+    _state.deferred = 0
 
 
 def pending() -> int | None:
@@ -169,6 +170,11 @@ def deferred() -> Iterator[None]:
         _state.deferred -= 1
     if not _state.deferred:
         check()
+
+
+def exiting() -> None:
+    """The command is done and cleaning up: from now on a signal is only recorded."""
+    _state.deferred += 1
 
 
 @contextlib.contextmanager

@@ -81,9 +81,7 @@ def _name_max(directory: Path) -> int:
 def _existing_ancestor(p: Path, flag: str, shown: Path) -> Path:
     """The deepest existing ancestor of ``p``; a file on the way is an error."""
     a = Path(os.path.abspath(p))
-    missing = []
     while not os.path.lexists(a):
-        missing.append(a)
         if a.parent == a:
             break
         a = a.parent

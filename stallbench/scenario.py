@@ -60,10 +60,13 @@ class DatasetSpec:
     rows: int = knob(100_000, "Synthetic rows.", min=1, max=10**10)
     dense_features: int = knob(13, "Synthetic dense float features.", min=0, max=10_000)
     sparse_features: int = knob(8, "Synthetic categorical id features.", min=0, max=10_000)
-    sparse_cardinality: int = knob(100_000, "Distinct ids per sparse feature (Zipf-like).", min=1, max=2**62)
+    sparse_cardinality: int = knob(100_000, "Distinct ids per sparse feature (Zipf-like).",
+                                   min=1, max=2**62)
     sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0, max=1_000)
-    sequence_max_len: int = knob(20, "Longest sequence; also the padded length tensors get.", min=1, max=100_000)
-    row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).", min=1, max=10**8)
+    sequence_max_len: int = knob(20, "Longest sequence; also the padded length tensors get.",
+                                 min=1, max=100_000)
+    row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).",
+                               min=1, max=10**8)
     files: int = knob(2, "Number of Parquet files.", min=1, max=10_000)
     codec: str = knob("snappy", "Parquet compression codec.",
                       choices=("none", "snappy", "zstd", "gzip", "lz4", "brotli"))
@@ -75,7 +78,8 @@ class StorageSpec:
     bandwidth_mb_s: float | None = knob(None, "EMULATED remote storage bandwidth in MB/s "
                                               "(compressed bytes of each row group). Unset: local disk.",
                                         min=0, max=10**7, exclusive_min=True)
-    latency_ms: float = knob(0.0, "EMULATED latency per storage request (one row group).", min=0, max=60_000)
+    latency_ms: float = knob(0.0, "EMULATED latency per storage request (one row group).",
+                             min=0, max=60_000)
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ class PreprocessSpec:
     transforms: list[Any] = knob([], "Ordered transforms: a name (\"log_dense\") or a table "
                                      "({name = \"hash_ids\", buckets = 1000}) or \"pkg.mod:fn\".")
     cpu_cost_us_per_row: float = knob(0.0, "Calibrated busy CPU cost per row in microseconds "
-                                           "(thread CPU time, so known by construction).", min=0, max=10**6)
+                                           "(thread CPU time, so known by construction).",
+                                           min=0, max=10**6)
 
     @property
     def transform_specs(self) -> list[TransformSpec]:
@@ -107,9 +112,11 @@ class PreprocessSpec:
 class ModelSpec:
     kind: str = knob("dlrm", "\"dlrm\" (real torch model), \"emulated\" (fixed step_ms), or "
                              "\"pkg.mod:factory\" for your own.", registry="model")
-    step_ms: float = knob(0.0, "EMULATED compute per batch (kind = \"emulated\").", min=0, max=60_000)
+    step_ms: float = knob(0.0, "EMULATED compute per batch (kind = \"emulated\").",
+                          min=0, max=60_000)
     embedding_dim: int = knob(16, "DLRM embedding width.", min=1, max=65_536)
-    embedding_rows: int = knob(100_000, "DLRM rows per embedding table (ids are taken modulo).", min=1, max=10**10)
+    embedding_rows: int = knob(100_000, "DLRM rows per embedding table (ids are taken modulo).",
+                               min=1, max=10**10)
     bottom_mlp: list[int] = knob([64, 16], "DLRM dense MLP widths.", min=1, max=65_536)
     top_mlp: list[int] = knob([64, 1], "DLRM top MLP widths (last must be 1).",
                           min=1, max=65_536)
@@ -121,10 +128,12 @@ class ModelSpec:
 @dataclass(frozen=True)
 class LoaderSpec:
     batch_size: int = knob(4096, "Rows per batch.", min=1, max=10**7)
-    num_workers: int = knob(0, "Loader worker processes (0: everything in the trainer process).", min=0, max=256)
+    num_workers: int = knob(0, "Loader worker processes (0: everything in the trainer process).",
+                            min=0, max=256)
     prefetch_factor: int = knob(2, "Batches (row groups) each worker keeps ready.", min=1, max=1024)
     epochs: int = knob(1, "Passes over the data per measured run.", min=1, max=10_000)
-    max_batches: int = knob(0, "Stop each run after this many batches (0: no limit).", min=0, max=10**9)
+    max_batches: int = knob(0, "Stop each run after this many batches (0: no limit).",
+                            min=0, max=10**9)
     execution: str = knob("streaming", "\"streaming\" overlaps stages with bounded buffers; \"bulk\" "
                                        "prepares the whole epoch before training.",
                           choices=("streaming", "bulk"))
@@ -137,7 +146,8 @@ class LoaderSpec:
     collate: str = knob("producer", "Where rows become tensors: \"producer\" or \"trainer\".",
                         choices=("producer", "trainer"))
     pin_memory: bool = knob(False, "Pin host memory (a labelled no-op without a GPU).")
-    prefetch_batches: int = knob(0, "Trainer-side preload thread keeping N batches ready.", min=0, max=1024)
+    prefetch_batches: int = knob(0, "Trainer-side preload thread keeping N batches ready.",
+                                 min=0, max=1024)
     wire_bandwidth_mb_s: float | None = knob(None, "EMULATED producer->trainer link bandwidth in MB/s "
                                                    "(e.g. preprocessing on another node).",
                                              min=0, max=10**7, exclusive_min=True)

@@ -527,7 +527,8 @@ def _sum_blocked(h: np.ndarray, data: np.ndarray, offsets: np.ndarray,
     i, n = 0, len(lengths)
     while i < n:
         if lengths[i] > _HASH_BLOCK:
-            h[i] = np.uint64((int(h[i]) + _long_string_sum(data[offsets[i]: offsets[i + 1]])) % 2**64)
+            own = _long_string_sum(data[offsets[i]: offsets[i + 1]])
+            h[i] = np.uint64((int(h[i]) + own) % 2**64)
             i += 1
             continue
         base = ends[i] - lengths[i]

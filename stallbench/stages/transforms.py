@@ -326,4 +326,8 @@ class UserTransform(Transform):
             raise self._error(f"raised {describe_exception(exc)}", traceback.format_exc()) from None
         if not isinstance(out, pa.Table):
             raise self._error(f"returned {type(out).__name__}, expected a pyarrow.Table")
+        missing = [c for c in self.schema_in.columns if c not in out.column_names]
+        if missing:
+            raise self._error(f"returned a table without column(s) {', '.join(map(repr, missing))}"
+                              f"; a transform must keep the columns it is given")
         return out

@@ -28,6 +28,9 @@ def fail(table, **kw):
 def wrong(table, **kw):
     return 42
 
+def drops(table, **kw):
+    return table.drop_columns(["dense_0"])
+
 def fail_in_worker(table, **kw):
     from torch.utils.data import get_worker_info
     if get_worker_info() is not None or "default_worker" in sys.argv[0]:
@@ -83,6 +86,7 @@ def _run(project: Path, env: dict, extra: str, *flags: str, base: str = TINY):
 @pytest.mark.parametrize("transform, problem, hint", [
     ("usercode:fail", "raised RuntimeError: injected failure", True),
     ("usercode:wrong", "returned int, expected a pyarrow.Table", False),
+    ("usercode:drops", "returned a table without column(s) 'dense_0'", False),
     ("usercode:CONST", "is not callable (it is a int)", False),
     ("usercode:missing", "cannot be imported: ImportError: module 'usercode' has no attribute",
      True),

@@ -26,6 +26,7 @@ under this one while the runtime came up), and an ``atexit`` hook covers paths t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ... import interrupts
 from ...errors import ScenarioError, UserError
@@ -78,6 +79,20 @@ def _quiet_logs() -> None:
     # Ray Data logs a failed run's exception at ERROR (with its traceback) before raising it;
     # stallbench reports what it raises, as one line or a user-code block (driver._explain).
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def _start_failure(scenario_file: str) -> Iterator[None]:
+    """Ray failing to start (a node timing out on an overloaded machine, a port taken) is one
+    line naming the executor, not Ray's traceback; ``close`` still stops what did start."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception for a start time-out
+        text = str(exc).strip().splitlines()
+        raise UserError(f"{scenario_file}: executor: Ray did not start "
+                        f"({type(exc).__name__}: {text[0][:300] if text else ''})") from None
 
 
 def _descendants() -> dict[int, str]:
@@ -145,7 +160,7 @@ class RayRuntime:
         if not self._atexit:
             atexit.register(self.close)
             self._atexit = True
-        with interrupts.foreign_handlers():    # ray.init sets SIGTERM -> sys.exit(15)
+        with interrupts.foreign_handlers(), _start_failure(self.file):
             if spec.ray_address:
                 self.mode = "address"
                 self._connect(spec.ray_address)
