@@ -33,6 +33,7 @@ from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
 from .base import EXECUTORS, Executor
 
+
 class _Failed:
     """A user error in a loader worker, handed to the trainer as a value: the DataLoader would
     re-raise it as a new exception of its type built from a traceback text (or as a
