@@ -5,8 +5,8 @@ that pass alone but cannot work here together, before the first variant starts, 
 ``ScenarioError`` naming the file and the key to change (exit 2). The estimates are simple
 products, stated in the message, and deliberately generous: they catch the absurd (a 4 TB
 temp dataset, a 300 GB embedding table), not the merely large. Memory means the machine's
-total memory (what is free changes by the second); disk means the free space where the
-dataset cache lives.
+total memory, or a container's lower cgroup limit (what is free changes by the second);
+disk means the free space where the dataset cache lives.
 
 - ``dataset.rows``: the synthetic files (uncompressed size, an upper bound) must fit on the
   cache's file system (skipped when the dataset is already cached);
@@ -43,9 +43,18 @@ class Machine:
 
     @classmethod
     def here(cls) -> "Machine":
+        """The machine's memory, or this container's limit where a cgroup sets a lower one."""
         import psutil
 
-        return cls(memory_bytes=int(psutil.virtual_memory().total))
+        total = int(psutil.virtual_memory().total)
+        for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+            try:
+                text = Path(path).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and 0 < int(text) < total:
+                total = int(text)
+        return cls(memory_bytes=total)
 
 
 def _gb(x: float) -> str:
