@@ -1,16 +1,20 @@
 """The ``stallbench`` command: one small module per verb under ``commands/``.
 
-Bad input is a ``UserError``: one line on stderr, exit code 2, no traceback. Ctrl-C exits 130
-and, because results are only written whole at the end, leaves no partial file.
+Bad input is a ``UserError``: one line on stderr, exit code 2, no traceback. The user's own
+code failing (``UserCodeError``) is one block naming the code, the scenario file and key, and
+its exception; the global ``--debug`` flag adds the traceback. SIGINT and SIGTERM are handled
+from here to the end (``stallbench.interrupts``): exit 130 / 143 with one line, no result
+(results are only published whole), and every process started under the command stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from . import __version__
-from .errors import UserError
+from . import __version__, interrupts
+from .errors import UserCodeError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,23 +23,70 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stallbench",
                                 description="Find out why ML training waits for data, and prove it.")
     p.add_argument("--version", action="version", version=f"stallbench {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of a failure in your own code (transforms, models)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for mod in (run, report, gate, whatif, history):
         mod.add_parser(sub)
     return p
 
 
+def _say_error(exc: UserError, debug: bool) -> None:
+    if isinstance(exc, UserCodeError) and not exc.where:
+        exc.located("the trainer" if exc.pid == os.getpid() else f"process {exc.pid}")
+    print(f"stallbench: error: {exc}", file=sys.stderr)
+    if isinstance(exc, UserCodeError):
+        if debug and exc.traceback_text:
+            print(exc.traceback_text.rstrip(), file=sys.stderr)
+        elif not debug and exc.traceback_text:
+            print("  (run `stallbench --debug ...` to see its traceback)", file=sys.stderr)
+
+
+def user_code_path() -> None:
+    """Where a scenario's ``"pkg.mod:fn"`` code is imported from: ``sys.path`` plus the current
+    directory, *after* every installed package, for both entry points (``python -m`` would
+    put it first, the script not at all). Loader workers are forked and inherit it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)   # argparse exits 2 on bad usage, as we do
+    before: set[int] | None = None
+    debug, nothing = False, "nothing written"
     try:
-        return int(args.func(args) or 0)
-    except UserError as exc:
-        print(f"stallbench: error: {exc}", file=sys.stderr)
+        interrupts.install()    # before anything else: SIGTERM must unwind like Ctrl-C
+        user_code_path()
+        interrupts.adopt_orphans()
+        before = interrupts.children()
+        parser = build_parser()
+        args = parser.parse_args(argv)   # argparse exits 2 on bad usage, as we do
+        debug = args.debug
+        nothing = "no result written" if args.command == "run" else nothing
+        code = int(args.func(args) or 0)
+        interrupts.check()  # a signal whose exception was swallowed still ends the command
+        return code
+    except interrupts.Interrupted as exc:
+        print(f"stallbench: interrupted by {exc.name}; {exc.outcome or nothing}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("stallbench: interrupted; no result written", file=sys.stderr)
+    except KeyboardInterrupt:      # before our handler, or a library's own SIGINT handling
+        print(f"stallbench: interrupted by SIGINT; {nothing}", file=sys.stderr)
         return 130
+    except UserError as exc:
+        if interrupts.pending() is not None:   # an error while unwinding from a signal
+            sig = interrupts.Interrupted(interrupts.pending())
+            print(f"stallbench: interrupted by {sig.name}; {nothing}", file=sys.stderr)
+            return sig.exit_code
+        _say_error(exc, debug)
+        return exc.exit_code
+    finally:
+        # The command's work is over: a signal from here on is recorded, not raised, so the
+        # clean-up that stops the children always finishes.
+        interrupts.exiting()
+        if before is not None:
+            interrupts.stop_new_children(before)
+        interrupts.stop_adopting()
+        interrupts.uninstall()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ bug in stallbench and keeps its traceback.
 
 from __future__ import annotations
 
+import os
+
 
 class UserError(Exception):
     """Bad input from the user; printed as one line, exit code 2."""
@@ -35,6 +37,47 @@ class DataError(UserError):
 
 class ResultError(UserError):
     """A result file is missing, malformed, or of an unknown schema version."""
+
+
+class UserCodeError(UserError):
+    """The user's own code (a ``"pkg.mod:fn"`` transform, a ``"pkg.mod:factory"`` model) could
+    not be imported, raised, or returned the wrong type: in the trainer, a loader worker or a
+    Ray worker. Printed as one block naming the code, the scenario file and key, and its
+    exception; ``stallbench --debug`` adds the traceback (kept as text, because the error may
+    have happened in another process and crossed back pickled).
+    """
+
+    def __init__(self, file: str, key: str, what: str, problem: str, where: str = "",
+                 traceback_text: str = "", pid: int | None = None) -> None:
+        self.file, self.key, self.what, self.problem = file, key, what, problem
+        self.where = where
+        self.traceback_text = traceback_text
+        self.pid = os.getpid() if pid is None else pid     # the process it happened in
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        place = f" (in {self.where})" if self.where else ""
+        return f"{self.file}: {self.key}: {self.what}{place}: {self.problem}"
+
+    def located(self, where: str) -> "UserCodeError":
+        """The same error, saying which process it happened in."""
+        if not self.where:
+            self.where = where
+            self.args = (self._text(),)
+        return self
+
+    def __str__(self) -> str:
+        return self._text()
+
+    def __reduce__(self) -> tuple:   # crosses process boundaries (loader and Ray workers)
+        return (type(self), (self.file, self.key, self.what, self.problem, self.where,
+                             self.traceback_text, self.pid))
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` on one line (the first line of a multi-line message)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class PayloadError(Exception):

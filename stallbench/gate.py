@@ -36,13 +36,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from . import outputs
 from .analysis.stats import bootstrap_ci
 from . import metric_values
 from .compare import (ATTRIBUTION_METRICS, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
                       NOT_COMPARABLE, SAME, SLOWER, VERDICTS, Metric, compare as compare_values,
                       machine_key)
 from .errors import ResultError, UserError
-from .results import Result, VariantResult, load, write_atomic
+from .results import Result, VariantResult, load
 
 __all__ = ["FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
            "GateReport", "Row", "compare", "exit_code", "update_baseline"]
@@ -105,11 +106,15 @@ def compare(
     machine: str = "auto",
     n_boot: int = 2000,
     seed: int = 0,
+    sources: dict[int, str] | None = None,
 ) -> GateReport:
     """Compare two result sets row by row with the module's decision rule.
 
     ``machine``: "auto" (cross-machine rule when the machines differ), "same" or "cross".
     ``n_boot`` only sizes the displayed bootstrap interval; decisions do not depend on it.
+    ``sources``: ``id(result)`` -> its file, so bad input names the file. A figure the gate
+    compares must be measured in every repeat: a null (NaN) value is bad input (ResultError),
+    never a "not comparable" row that lets the gate pass.
     """
     chosen = _metrics(metrics, include_memory)
     _check_args(threshold, alpha, machine)
@@ -119,7 +124,7 @@ def compare(
         raise ResultError("gate: no current results")
     base, cur = _newest_by_scenario(baseline), _newest_by_scenario(current)
     report = GateReport([], threshold, alpha, fail_on_improvement)
-    ctx = _Ctx(threshold, alpha, n_boot, seed)
+    ctx = _Ctx(threshold, alpha, n_boot, seed, dict(sources or {}))
     for name in list(base) + [n for n in cur if n not in base]:
         _compare_scenario(report, ctx, name, base.get(name), cur.get(name), chosen, machine)
     if not any(r.verdict != NOT_COMPARABLE for r in report.rows):
@@ -134,6 +139,7 @@ class _Ctx:
     alpha: float
     n_boot: int
     seed: int
+    sources: dict[int, str] = field(default_factory=dict)
 
 
 def _metrics(names: Iterable[str], include_memory: bool) -> list[Metric]:
@@ -231,10 +237,12 @@ def _get(r: Result, name: str) -> VariantResult | None:
     return next((v for v in r.variants if v.name == name), None)
 
 
-def _check_repeats(name: str, vname: str, side: str, v: VariantResult) -> None:
+def _check_repeats(ctx: _Ctx, r: Result, vname: str, side: str, v: VariantResult) -> None:
     n = len(v.throughput_samples_s.values)
     if n < MIN_REPEATS:
-        raise ResultError(f"gate: {name}/{vname} has {n} repeat in the {side}; the gate needs at "
+        where = ctx.sources.get(id(r), "gate")
+        raise ResultError(f"{where}: {r.scenario.name}/{vname} has {n} repeat in the {side}; "
+                          f"the gate needs at "
                           f"least {MIN_REPEATS} repeats a side (5 recommended) to tell noise from "
                           "change: re-run with more repeats")
 
@@ -248,12 +256,14 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
             report.rows.extend(_not_comparable(name, vname, m.name, f"variant missing in {side}")
                                for m in metrics)
             continue
-        _check_repeats(name, vname, "baseline", vb)
-        _check_repeats(name, vname, "current", vc)
+        _check_repeats(ctx, b, vname, "baseline", vb)
+        _check_repeats(ctx, c, vname, "current", vc)
         for m in metrics:
             if not _present(m, vb, vc):
                 continue
-            report.rows.append(_row(ctx, name, vname, m.name, m, _values(vb, m), _values(vc, m)))
+            report.rows.append(_row(ctx, name, vname, m.name, m,
+                                    _measured(ctx, b, vb, m, "baseline"),
+                                    _measured(ctx, c, vc, m, "current")))
 
 
 def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Result,
@@ -281,8 +291,11 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
                     f"variant missing in {'current' if vc is None else 'baseline'}")
                 report.rows.append(_not_comparable(name, vname, mname, why))
                 continue
-            _check_repeats(name, vname, "baseline", vb)
-            _check_repeats(name, vname, "current", vc)
+            _check_repeats(ctx, b, vname, "baseline", vb)
+            _check_repeats(ctx, c, vname, "current", vc)
+            for r, v, side in ((b, vb, "baseline"), (b, rb, "baseline"), (c, vc, "current"),
+                               (c, rc, "current")):
+                _measured(ctx, r, v, m, side)
             report.rows.append(_row(ctx, name, vname, mname, m,
                                     _relative(vb, rb, m), _relative(vc, rc, m)))
 
@@ -293,8 +306,20 @@ def _present(m: Metric, *vs: VariantResult | None) -> bool:
     return any(v is not None and metric_values.available(v, m) for v in vs)
 
 
-def _values(v: VariantResult, m: Metric) -> list[float]:
-    return _finite(metric_values.per_repeat(v, m))
+def _measured(ctx: _Ctx, r: Result, v: VariantResult, m: Metric, side: str) -> list[float]:
+    """The values of a figure the gate compares: every repeat measured, or bad input. A
+    figure this variant cannot hold at all (an attribution part without ablations) is no data."""
+    if not metric_values.available(v, m):
+        return []
+    values = list(metric_values.per_repeat(v, m))
+    bad = sum(not _ok(x) for x in values)
+    if bad or not values:
+        where = ctx.sources.get(id(r)) or f"the {side} result of scenario {r.scenario.name!r}"
+        what = ("is empty" if not values else
+                f"has {bad} of {len(values)} values null (not measured)")
+        raise ResultError(f"{where}: variant {v.name!r}: {m.name} {what}; the gate "
+                          "compares only figures measured in every repeat")
+    return [float(x) for x in values]
 
 
 def _relative(v: VariantResult, ref: VariantResult, m: Metric) -> list[float]:
@@ -497,7 +522,8 @@ def update_baseline(current_paths: Sequence[str | Path], baseline_dir: str | Pat
     for name, res in newest.items():
         src = next(p for p, r in loaded.items() if r is res)
         dest = bdir / src.name
-        write_atomic(dest, src.read_text(encoding="utf-8"))
+        outputs.write_file(dest, src.read_text(encoding="utf-8"), outputs.RESULT,
+                           "--update-baseline")
         written.append(dest)
         for old, r in existing.items():
             if r.scenario.name == name and old.resolve() != dest.resolve():

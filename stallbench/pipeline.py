@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 import pyarrow as pa
 
+from . import interrupts
 from .data.parquet import Dataset, open_dataset
 from .data.schema import FeatureSchema, Shard
 from .errors import ScenarioError
@@ -112,7 +113,8 @@ class Plan:
                scenario_file: str = "<scenario>") -> "Plan":
         """Build the stages of ``config`` over ``dataset``; a bad transform is a ScenarioError."""
         try:
-            preprocess = Preprocess(config.preprocess, dataset.schema, seed=config.dataset.seed)
+            preprocess = Preprocess(config.preprocess, dataset.schema, seed=config.dataset.seed,
+                                    scenario_file=scenario_file)
         except TransformSpecError as exc:
             raise ScenarioError(scenario_file, f"preprocess.transforms[{exc.index}]", str(exc)) from None
         schema = preprocess.output_schema
@@ -182,8 +184,8 @@ class Plan:
             batch = self.transfer.receive(p)
             yield batch, p.rows, time.perf_counter() - t0
 
-    def build_compute(self) -> compute_mod.Compute:
-        return compute_mod.build(self.config.model, self.schema)
+    def build_compute(self, scenario_file: str = "<scenario>") -> compute_mod.Compute:
+        return compute_mod.build(self.config.model, self.schema, scenario_file)
 
 
 @dataclass
@@ -204,6 +206,7 @@ class StageCaches:
         for shard in plan.items:
             if shard.index in seen:
                 continue
+            interrupts.check()
             seen.add(shard.index)
             table = plan.dataset.read_shard(shard)
             c.fetched[shard.index] = table

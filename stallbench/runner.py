@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, machine
+from . import __version__, budget, machine
 from .analysis import differential, rates, summary, whatif
 from .data.parquet import describe
 from .executors import EXECUTORS
@@ -50,19 +50,40 @@ def _progress(desc: str, total: int, enabled: bool) -> Any:
                 file=sys.stderr, dynamic_ncols=True)
 
 
-def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
-    """Open datasets and build every variant's plan before anything runs, so a bad transform
-    or an unreadable file fails in seconds, not after an hour of measurements."""
-    check_scenario(scenario)     # registry-backed keys (run checks every scenario first too)
-    cache = opts.cache_dir or default_cache_dir()
-    plans = []
+def _configs(scenario: Scenario, opts: RunOptions) -> list[tuple[Any, bool]]:
+    """Each variant's config as it will run (CLI overrides applied) and whether it is analysed."""
+    out = []
     for v in scenario.variants:
         cfg = v.config
         if opts.max_batches is not None:
             cfg = cfg.replace(loader=_replace(cfg.loader, max_batches=opts.max_batches))
-        EXECUTORS.get(cfg.executor.kind).check(cfg, scenario.path)   # e.g. Ray not installed
+        analyze = cfg.analysis.differential if opts.analyze is None else opts.analyze
+        out.append((cfg, analyze))
+    return out
+
+
+def preflight(scenario: Scenario, opts: RunOptions) -> None:
+    """What can be checked without opening data: registry-backed keys, each executor's needs
+    here (e.g. Ray installed), and what each variant implies on this machine (memory, disk:
+    ``stallbench.budget``). ``stallbench run`` calls it for every scenario before the first."""
+    check_scenario(scenario)
+    cache = opts.cache_dir or default_cache_dir()
+    for cfg, analyze in _configs(scenario, opts):
+        EXECUTORS.get(cfg.executor.kind).check(cfg, scenario.path)
+        budget.check(cfg, scenario.path, analyze=analyze, cache_dir=cache)
+
+
+def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
+    """Open datasets and build every variant's plan before anything runs, so a bad transform
+    or an unreadable file fails in seconds, not after an hour of measurements."""
+    preflight(scenario, opts)
+    cache = opts.cache_dir or default_cache_dir()
+    plans = []
+    for cfg, analyze in _configs(scenario, opts):
         ds = dataset_for(cfg, cache, scenario.path)
-        plans.append(Plan.create(cfg, ds, FULL, scenario.path))
+        plan = Plan.create(cfg, ds, FULL, scenario.path)
+        budget.check(cfg, scenario.path, analyze=analyze, plan=plan)   # the real columns
+        plans.append(plan)
     return plans
 
 
@@ -95,7 +116,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         solo = solo_probe(plan) if facts.has_producers else None
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         started = startup_figures(startup, executor.startup_figures())
-        compute = plan.build_compute()
+        compute = plan.build_compute(scenario_file)
         for r in range(repeats):
             for ablation in [FULL, *extra_runs]:
                 p = plan.with_ablation(ablation, caches)

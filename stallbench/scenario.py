@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 import tomllib
 import types
 import typing
@@ -27,6 +28,12 @@ def knob(default: Any, doc: str, *, min: float | None = None, max: float | None 
          choices: tuple[Any, ...] | None = None, exclusive_min: bool = False,
          registry: str | None = None) -> Any:
     """A scenario key: its default, its one-line documentation and its constraints.
+
+    Every number has a finite ``min`` and ``max`` (for a list of numbers: of each element);
+    the README shows them as the key's range, ``_build_section`` refuses NaN, infinity and
+    anything outside, and ``tests/reliability/test_numbers.py`` fails for a numeric knob
+    without both bounds. A bound is an absurdity guard, not a tuning hint: what a value
+    implies on this machine (memory, disk) is checked by ``stallbench.budget``.
 
     ``registry``: the value names an implementation registered under that kind ("executor",
     "model", "batch format"). Those registries live with their implementations, which import
@@ -50,25 +57,29 @@ class DatasetSpec:
                                                   "integer, string and dictionary columns).")
     sequence_columns: list[str] | None = knob(None, "Existing dataset: list-of-id columns (default: "
                                                     "every list<int> / list<string> column).")
-    rows: int = knob(100_000, "Synthetic rows.", min=1)
-    dense_features: int = knob(13, "Synthetic dense float features.", min=0)
-    sparse_features: int = knob(8, "Synthetic categorical id features.", min=0)
-    sparse_cardinality: int = knob(100_000, "Distinct ids per sparse feature (Zipf-like).", min=1)
-    sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0)
-    sequence_max_len: int = knob(20, "Longest sequence; also the padded length tensors get.", min=1)
-    row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).", min=1)
-    files: int = knob(2, "Number of Parquet files.", min=1)
+    rows: int = knob(100_000, "Synthetic rows.", min=1, max=10**10)
+    dense_features: int = knob(13, "Synthetic dense float features.", min=0, max=10_000)
+    sparse_features: int = knob(8, "Synthetic categorical id features.", min=0, max=10_000)
+    sparse_cardinality: int = knob(100_000, "Distinct ids per sparse feature (Zipf-like).",
+                                   min=1, max=2**62)
+    sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0, max=1_000)
+    sequence_max_len: int = knob(20, "Longest sequence; also the padded length tensors get.",
+                                 min=1, max=100_000)
+    row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).",
+                               min=1, max=10**8)
+    files: int = knob(2, "Number of Parquet files.", min=1, max=10_000)
     codec: str = knob("snappy", "Parquet compression codec.",
                       choices=("none", "snappy", "zstd", "gzip", "lz4", "brotli"))
-    seed: int = knob(0, "Generator seed: same seed, same bytes.", min=0)
+    seed: int = knob(0, "Generator seed: same seed, same bytes.", min=0, max=2**63 - 1)
 
 
 @dataclass(frozen=True)
 class StorageSpec:
     bandwidth_mb_s: float | None = knob(None, "EMULATED remote storage bandwidth in MB/s "
                                               "(compressed bytes of each row group). Unset: local disk.",
-                                        min=0, exclusive_min=True)
-    latency_ms: float = knob(0.0, "EMULATED latency per storage request (one row group).", min=0)
+                                        min=0, max=10**7, exclusive_min=True)
+    latency_ms: float = knob(0.0, "EMULATED latency per storage request (one row group).",
+                             min=0, max=60_000)
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,8 @@ class PreprocessSpec:
     transforms: list[Any] = knob([], "Ordered transforms: a name (\"log_dense\") or a table "
                                      "({name = \"hash_ids\", buckets = 1000}) or \"pkg.mod:fn\".")
     cpu_cost_us_per_row: float = knob(0.0, "Calibrated busy CPU cost per row in microseconds "
-                                           "(thread CPU time, so known by construction).", min=0)
+                                           "(thread CPU time, so known by construction).",
+                                           min=0, max=10**6)
 
     @property
     def transform_specs(self) -> list[TransformSpec]:
@@ -100,23 +112,28 @@ class PreprocessSpec:
 class ModelSpec:
     kind: str = knob("dlrm", "\"dlrm\" (real torch model), \"emulated\" (fixed step_ms), or "
                              "\"pkg.mod:factory\" for your own.", registry="model")
-    step_ms: float = knob(0.0, "EMULATED compute per batch (kind = \"emulated\").", min=0)
-    embedding_dim: int = knob(16, "DLRM embedding width.", min=1)
-    embedding_rows: int = knob(100_000, "DLRM rows per embedding table (ids are taken modulo).", min=1)
-    bottom_mlp: list[int] = knob([64, 16], "DLRM dense MLP widths.")
-    top_mlp: list[int] = knob([64, 1], "DLRM top MLP widths (last must be 1).")
-    lr: float = knob(0.01, "SGD learning rate.", min=0, exclusive_min=True)
+    step_ms: float = knob(0.0, "EMULATED compute per batch (kind = \"emulated\").",
+                          min=0, max=60_000)
+    embedding_dim: int = knob(16, "DLRM embedding width.", min=1, max=65_536)
+    embedding_rows: int = knob(100_000, "DLRM rows per embedding table (ids are taken modulo).",
+                               min=1, max=10**10)
+    bottom_mlp: list[int] = knob([64, 16], "DLRM dense MLP widths.", min=1, max=65_536)
+    top_mlp: list[int] = knob([64, 1], "DLRM top MLP widths (last must be 1).",
+                          min=1, max=65_536)
+    lr: float = knob(0.01, "SGD learning rate.", min=0, max=1000, exclusive_min=True)
     torch_threads: int = knob(1, "torch intra-op threads in the trainer (leave cores to the loader).",
-                              min=1)
+                              min=1, max=1024)
 
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    batch_size: int = knob(4096, "Rows per batch.", min=1)
-    num_workers: int = knob(0, "Loader worker processes (0: everything in the trainer process).", min=0)
-    prefetch_factor: int = knob(2, "Batches (row groups) each worker keeps ready.", min=1)
-    epochs: int = knob(1, "Passes over the data per measured run.", min=1)
-    max_batches: int = knob(0, "Stop each run after this many batches (0: no limit).", min=0)
+    batch_size: int = knob(4096, "Rows per batch.", min=1, max=10**7)
+    num_workers: int = knob(0, "Loader worker processes (0: everything in the trainer process).",
+                            min=0, max=256)
+    prefetch_factor: int = knob(2, "Batches (row groups) each worker keeps ready.", min=1, max=1024)
+    epochs: int = knob(1, "Passes over the data per measured run.", min=1, max=10_000)
+    max_batches: int = knob(0, "Stop each run after this many batches (0: no limit).",
+                            min=0, max=10**9)
     execution: str = knob("streaming", "\"streaming\" overlaps stages with bounded buffers; \"bulk\" "
                                        "prepares the whole epoch before training.",
                           choices=("streaming", "bulk"))
@@ -129,10 +146,11 @@ class LoaderSpec:
     collate: str = knob("producer", "Where rows become tensors: \"producer\" or \"trainer\".",
                         choices=("producer", "trainer"))
     pin_memory: bool = knob(False, "Pin host memory (a labelled no-op without a GPU).")
-    prefetch_batches: int = knob(0, "Trainer-side preload thread keeping N batches ready.", min=0)
+    prefetch_batches: int = knob(0, "Trainer-side preload thread keeping N batches ready.",
+                                 min=0, max=1024)
     wire_bandwidth_mb_s: float | None = knob(None, "EMULATED producer->trainer link bandwidth in MB/s "
                                                    "(e.g. preprocessing on another node).",
-                                             min=0, exclusive_min=True)
+                                             min=0, max=10**7, exclusive_min=True)
 
 
 @dataclass(frozen=True)
@@ -143,21 +161,21 @@ class ExecutorSpec:
                                          "or \"ray://host:10001\" (Ray Client); a token comes from "
                                          "RAY_AUTH_MODE=token + RAY_AUTH_TOKEN (or its file), as "
                                          "Ray documents. Unset: a local Ray started for the run.")
-    cpus: int | None = knob(None, "CPUs of the local Ray (default: all).", min=1)
+    cpus: int | None = knob(None, "CPUs of the local Ray (default: all).", min=1, max=4096)
     simulated_nodes: int = knob(0, "Simulated CPU nodes on this machine (ray.cluster_utils.Cluster).",
-                                min=0)
-    cpus_per_node: int = knob(1, "CPUs per simulated node.", min=1)
-    object_store_mb: int = knob(512, "Object store per local Ray node (MB).", min=64)
+                                min=0, max=64)
+    cpus_per_node: int = knob(1, "CPUs per simulated node.", min=1, max=1024)
+    object_store_mb: int = knob(512, "Object store per local Ray node (MB).", min=64, max=2**20)
     ray_mode: str = knob("stallbench", "\"stallbench\" (single buffer, collate in Ray workers) or "
                                        "\"stock\" (read_parquet -> map_batches -> iter_torch_batches).",
                          choices=("stallbench", "stock"))
     concurrency: int | None = knob(None, "Ray preprocessing tasks in flight (default: CPUs available).",
-                                   min=1)
+                                   min=1, max=4096)
     ray_pool: str = knob("tasks", "Ray Data compute for the producer operator: \"tasks\" (a task "
                                   "pool) or \"actors\" (a fixed actor pool of `concurrency` actors).",
                          choices=("tasks", "actors"))
     connect_timeout_s: float = knob(20.0, "Seconds to wait for the cluster at `ray_address` before "
-                                          "giving up with an error.", min=1)
+                                          "giving up with an error.", min=1, max=3600)
 
 
 @dataclass(frozen=True)
@@ -184,9 +202,9 @@ class AnalysisSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    repeats: int = knob(1, "Measured runs per variant (CLI --repeats overrides).", min=1)
-    warmup_batches: int = knob(0, "Batches excluded from steady-state throughput.", min=0)
-    sample_interval_s: float = knob(0.1, "Resource sampler period.", min=0.01)
+    repeats: int = knob(1, "Measured runs per variant (CLI --repeats overrides).", min=1, max=1000)
+    warmup_batches: int = knob(0, "Batches excluded from steady-state throughput.", min=0, max=10**9)
+    sample_interval_s: float = knob(0.1, "Resource sampler period.", min=0.01, max=60)
 
 
 SECTIONS: dict[str, type] = {
@@ -370,13 +388,8 @@ def _build_section(cls: type, table: Any, file: str, section: str) -> Any:
             raise ScenarioError(file, dotted,
                                 f"expected {_type_name(hints[name])}, got {_show(table[name])}")
         meta = f.metadata
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            lo, hi = meta.get("min"), meta.get("max")
-            if lo is not None and (value < lo or (meta.get("exclusive_min") and value <= lo)):
-                bound = f"> {lo:g}" if meta.get("exclusive_min") else f">= {lo:g}"
-                raise ScenarioError(file, dotted, f"expected a value {bound}, got {_show(value)}")
-            if hi is not None and value > hi:
-                raise ScenarioError(file, dotted, f"expected a value <= {hi:g}, got {_show(value)}")
+        for item in (value if isinstance(value, list) else [value]):
+            _check_number(item, meta, file, dotted)
         if meta.get("choices") and value not in meta["choices"]:
             valid = ", ".join(_show(c) for c in meta["choices"])
             raise ScenarioError(file, dotted, f"expected one of {valid}, got {_show(value)}"
@@ -386,6 +399,46 @@ def _build_section(cls: type, table: Any, file: str, section: str) -> Any:
         return cls(**values)
     except TypeError as exc:  # pragma: no cover - dataclass mismatch is a bug
         raise ScenarioError(file, section, str(exc)) from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(value: Any, meta: Any, file: str, dotted: str) -> None:
+    """The one rule for scenario numbers: finite, and within the knob's [min, max]."""
+    if not _is_number(value):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ScenarioError(file, dotted, f"expected a finite number, got {_show(value)}")
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and (value < lo or (meta.get("exclusive_min") and value <= lo)):
+        bound = f"> {lo:g}" if meta.get("exclusive_min") else f">= {lo:g}"
+        raise ScenarioError(file, dotted, f"expected a value {bound}, got {_show(value)}")
+    if hi is not None and value > hi:
+        raise ScenarioError(file, dotted, f"expected a value <= {_bound(hi)}, got {_show(value)}")
+
+
+def _bound(x: float) -> str:
+    """A bound as people write it: 10**10 as 1e+10 would read as a float."""
+    if isinstance(x, int) and x >= 10**6:
+        exp = round(math.log10(x))
+        if 10**exp == x:
+            return f"10**{exp}"
+        exp2 = round(math.log2(x + 1))
+        if 2**exp2 - 1 == x:
+            return f"2**{exp2} - 1"
+        if 2**round(math.log2(x)) == x:
+            return f"2**{round(math.log2(x))}"
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def _range_doc(meta: Any) -> str:
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is None and hi is None:
+        return ""
+    left = "(" if meta.get("exclusive_min") else "["
+    return f" Range: {left}{_bound(lo)}, {_bound(hi)}]."
 
 
 def _check_transforms(spec: PreprocessSpec, file: str) -> None:
@@ -401,11 +454,14 @@ def _check_transforms(spec: PreprocessSpec, file: str) -> None:
             raise ScenarioError(file, key, f"expected a name or a table, got {_show(t)}")
 
 
+MAX_LIST_IDS = 2**31 - 1     # ids of one list column in one row group (Arrow list offsets)
+
+
 def _check_cross(cfg: Config, file: str) -> None:
     """Rules that span keys; kept here so every variant is checked before anything runs.
     Rules of one implementation (an executor's, a model's) live with it: ``stallbench.validate``."""
-    if cfg.dataset.path is None and (cfg.dataset.dense_features + cfg.dataset.sparse_features
-                                     + cfg.dataset.sequence_features) == 0:
+    ds = cfg.dataset
+    if ds.path is None and (ds.dense_features + ds.sparse_features + ds.sequence_features) == 0:
         raise ScenarioError(file, "dataset", "a synthetic dataset needs at least one feature")
     tr = cfg.trainers
     if tr.straggler_rank is not None and tr.straggler_rank >= tr.ranks:
@@ -415,6 +471,12 @@ def _check_cross(cfg: Config, file: str) -> None:
     if tr.straggler_delay_ms and tr.straggler_rank is None:
         raise ScenarioError(file, "trainers.straggler_delay_ms",
                             "needs trainers.straggler_rank (which rank gets the delay)")
+    if ds.path is None and ds.sequence_features and \
+            ds.row_group_rows * ds.sequence_max_len > MAX_LIST_IDS:
+        raise ScenarioError(file, "dataset.sequence_max_len",
+                            f"row_group_rows x sequence_max_len = "
+                            f"{ds.row_group_rows * ds.sequence_max_len:,} ids in one row group's "
+                            f"sequence column; at most {MAX_LIST_IDS:,} (lower either)")
 
 
 def _resolve(raw: dict[str, Any], file: str) -> Config:
@@ -435,6 +497,8 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 LABEL = "label"   # optional name of a section-axis table; not a knob
+MAX_VARIANTS = 1000        # variants one scenario's matrix may expand to
+MAX_NAME = 128             # characters of a scenario name (it names the result file)
 
 
 def _check_section_axis(file: str, mkey: str, section: str, values: Any) -> None:
@@ -522,6 +586,9 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
                                           f"{_show(name) if name is not None else 'nothing'}")
     if any(c in name for c in "/\\\0") or name.startswith("."):
         raise ScenarioError(file, "name", f"expected a name usable as a file name, got {_show(name)}")
+    if len(name) > MAX_NAME:
+        raise ScenarioError(file, "name", f"expected at most {MAX_NAME} characters (it names the "
+                                          f"result file), got {len(name)}")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(file, "description", f"expected a string, got {_show(description)}")
@@ -547,6 +614,11 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
 
     variants = []
     keys = list(matrix)
+    count = math.prod(len(matrix[k]) for k in keys)     # before expanding: 10**8 would hang
+    if count > MAX_VARIANTS:
+        sizes = " x ".join(str(len(matrix[k])) for k in keys)
+        raise ScenarioError(file, "matrix", f"{sizes} = {count:,} variants; at most "
+                                            f"{MAX_VARIANTS:,} per scenario")
     for combo in itertools.product(*(matrix[k] for k in keys)):
         knobs = _flatten_axes(dict(zip(keys, combo)), matrix, base)
         vraw = copy.deepcopy(raw)
@@ -597,5 +669,7 @@ def reference_markdown(registered: dict[str, list[str]] | None = None) -> str:
             valid = f.metadata.get("choices") or (registered or {}).get(f.metadata.get("registry"))
             if valid:
                 extra += " One of: " + ", ".join(_show(c) for c in valid) + "."
+            rng = _range_doc(f.metadata)
+            extra += rng.replace("Range:", "Range of each:") if isinstance(default, list) else rng
             lines.append(f"| `{f.name}` | `{d}` | {extra} |")
     return "\n".join(lines) + "\n"

@@ -164,7 +164,7 @@ def test_ctrl_c_leaves_no_result(tmp_path: Path, env: dict) -> None:
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
-    assert "interrupted; no result written" in err
+    assert err == "stallbench: interrupted by SIGINT; no result written\n"
     o = tmp_path / "out"
     assert not o.exists() or not list(o.iterdir())
 

@@ -200,7 +200,7 @@ def test_reference_lists_every_key_and_the_registered_names() -> None:
     ("[trainers]\nranks = 2\nstraggler_delay_ms = 5\n", "trainers.straggler_delay_ms",
      "needs trainers.straggler_rank"),
     ("[trainers]\nranks = 2\nstraggler_rank = 1\nstraggler_delay_ms = 20000\n",
-     "trainers.straggler_delay_ms", "<= 10000"),
+     "trainers.straggler_delay_ms", "<= 10,000"),
     ("[trainers]\nrank = 2\n", "trainers.rank", "did you mean 'ranks'"),
 ])
 def test_trainers_keys_are_bounded_and_checked(text: str, key: str, fragment: str) -> None:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import gate
+from .. import gate, outputs
 from ..errors import ResultError, UserError
 from ..results import find, load
 
@@ -94,10 +94,20 @@ def _baseline_dir(args: argparse.Namespace) -> Path:
     return Path(args.baseline[0])
 
 
-def _load_all(paths: list[Path], side: str) -> list:
+def _load_all(paths: list[Path], side: str, sources: dict[int, str] | None = None) -> list:
     if not paths:
         raise ResultError(f"gate: no {side} result files found")
-    return [load(p) for p in paths]
+    out = [load(p) for p in paths]
+    if sources is not None:
+        sources.update({id(r): str(p) for r, p in zip(out, paths)})
+    return out
+
+
+def _check_baseline_outputs(bdir: Path, current_files: list[Path]) -> None:
+    """Where --update-baseline will write, checked before the gate runs."""
+    outputs.check_dir(bdir, "--update-baseline", [p.name for p in current_files])
+    for p in current_files:
+        outputs.check_file(bdir / p.name, outputs.RESULT, "--update-baseline")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,21 +124,23 @@ def run(args: argparse.Namespace) -> int:
     # Parsed here, not via argparse ``type=``: a bad value is a UserError (one line, exit 2).
     threshold = parse_threshold(args.threshold or "10%")
     alpha = parse_alpha(args.alpha or "0.01")
+    sources: dict[int, str] = {}
     current_files = find(args.current)
-    current = _load_all(current_files, "current")
+    current = _load_all(current_files, "current", sources)
     if args.update_baseline:
         bdir = _baseline_dir(args)
+        _check_baseline_outputs(bdir, current_files)
         if not bdir.is_dir() or not find([bdir]):
             written = gate.update_baseline(current_files, bdir)
             print(f"gate: no baseline yet; created {bdir} with {len(written)} result file(s)",
                   file=sys.stderr)
             return 0
-    baseline = _load_all(find(args.baseline), "baseline")
+    baseline = _load_all(find(args.baseline), "baseline", sources)
     report = gate.compare(baseline, current, threshold=threshold, alpha=alpha,
                           metrics=args.metrics or DEFAULT_METRICS,
                           include_memory=args.memory,
                           fail_on_improvement=args.fail_on_improvement,
-                          machine=getattr(args, "machine", None) or "auto")
+                          machine=getattr(args, "machine", None) or "auto", sources=sources)
     sys.stdout.write(gate.FORMATTERS[args.format](report))
     code = gate.exit_code(report)
     if args.update_baseline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import results
+from .. import outputs, results
 from ..errors import UserError
 
 DEFAULT_PATHS = ["results/"]
@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Render; a missing/malformed result raises ResultError (the CLI prints one line, exit 2)."""
     from ..report import render  # matplotlib is imported only when a report is made
 
+    outputs.check_file(args.output, outputs.REPORT, "-o")   # before reading anything
     paths = list(getattr(args, "paths", None) or DEFAULT_PATHS)
     files = results.find(paths)
     if not files:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import sys
 from pathlib import Path
 
-from .. import results, scenario, tables
+from .. import interrupts, outputs, results, scenario, tables
 from ..errors import UserError
+from . import numbers
+
+MAX_REPEATS = 1000            # the same bound as run.repeats
+MAX_BATCHES = 10**9           # the same bound as loader.max_batches
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -16,14 +21,16 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                        description="Run scenario files; one JSON result per scenario lands in --out.")
     p.add_argument("scenarios", nargs="+", help="scenario TOML files (globs are expanded)")
     p.add_argument("--out", default="results", help="result directory (default: results/)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="measured runs per variant (default: the scenario's run.repeats)")
+    p.add_argument("--repeats", default=None, metavar="N",
+                   help=f"measured runs per variant, 1..{MAX_REPEATS} (default: the scenario's "
+                        "run.repeats)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--analyze", dest="analyze", action="store_true", default=None,
                    help="run the differential ablations (default: the scenario's analysis.differential)")
     g.add_argument("--no-analyze", dest="analyze", action="store_false")
-    p.add_argument("--max-batches", type=int, default=None,
-                   help="cap every run at N batches (a quick look; results say so)")
+    p.add_argument("--max-batches", default=None, metavar="N",
+                   help=f"cap every run at N batches, 1..{MAX_BATCHES:.0e} (a quick look; "
+                        "results say so)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="where generated datasets are cached (default: $STALLBENCH_CACHE or .cache/stallbench)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -41,48 +48,74 @@ def _expand(patterns: list[str]) -> list[str]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.repeats is not None and args.repeats < 1:
-        raise UserError(f"--repeats: expected a positive integer, got {args.repeats}")
-    if args.max_batches is not None and args.max_batches < 1:
-        raise UserError(f"--max-batches: expected a positive integer, got {args.max_batches}")
-    from ..runner import RunOptions, run_scenario  # heavy (torch): only when running
-    from ..validate import check_scenario
+def default_cache_dir() -> Path:
+    """The runner's default (``runner.default_cache_dir``), without importing torch."""
+    return Path(os.environ.get("STALLBENCH_CACHE", Path.cwd() / ".cache" / "stallbench"))
 
-    # Check every scenario first: a typo in the third file fails before the first one runs.
+
+def _check_outputs(scenarios: list[scenario.Scenario], out: Path, cache: Path | None,
+                   cache_flag: str) -> None:
+    """Every place the run will write, checked before the first variant runs."""
+    outputs.check_dir(out, "--out", [results.store.longest_name(sc.name) for sc in scenarios])
+    if cache is not None and any(v.config.dataset.path is None
+                                 for sc in scenarios for v in sc.variants):
+        from ..data.synthetic import longest_temp_name
+
+        outputs.check_dir(cache / "datasets", cache_flag, [longest_temp_name()])
+
+
+def run(args: argparse.Namespace) -> int:
+    repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS)
+    max_batches = numbers.integer(args.max_batches, "--max-batches", 1, MAX_BATCHES)
+    # Check every scenario first: a typo in the third file fails before the first one runs,
+    # and so does an output path that cannot be written or a variant this machine cannot hold
+    # (the cheap checks before torch is imported).
     scenarios = [scenario.load(p) for p in _expand(args.scenarios)]
-    for sc in scenarios:
-        check_scenario(sc)
-    opts = RunOptions(repeats=args.repeats, analyze=args.analyze, cache_dir=args.cache_dir,
-                      progress=not args.no_progress and sys.stderr.isatty(),
-                      max_batches=args.max_batches)
     out = Path(args.out)
+    cache_flag = "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)"
+    _check_outputs(scenarios, out, args.cache_dir or default_cache_dir(), cache_flag)
+    from ..runner import RunOptions, preflight, run_scenario  # heavy (torch)
+
+    opts = RunOptions(repeats=repeats, analyze=args.analyze, cache_dir=args.cache_dir,
+                      progress=not args.no_progress and sys.stderr.isatty(),
+                      max_batches=max_batches)
     for sc in scenarios:
-        print(f"scenario {sc.name} ({sc.path}): {len(sc.variants)} variant(s)", flush=True)
-        result = run_scenario(sc, opts, say=lambda s: print(s, flush=True))
-        path = results.save(result, out)
-        print()
-        print(tables.run_table(result))
-        ranks = tables.rank_table(result)
-        if ranks:
+        preflight(sc, opts)
+    written: list[Path] = []
+    try:
+        for sc in scenarios:
+            print(f"scenario {sc.name} ({sc.path}): {len(sc.variants)} variant(s)", flush=True)
+            result = run_scenario(sc, opts, say=lambda s: print(s, flush=True))
+            with interrupts.deferred():      # published and recorded, or neither
+                path = results.save(result, out)
+                written.append(path)
             print()
-            print("data-parallel ranks (exposed stall = run - model steps - all-reduce; "
-                  "medians over repeats):")
-            print(ranks)
-            for line in tables.rank_verdicts(result):
+            print(tables.run_table(result))
+            ranks = tables.rank_table(result)
+            if ranks:
+                print()
+                print("data-parallel ranks (exposed stall = run - model steps - all-reduce; "
+                      "medians over repeats):")
+                print(ranks)
+                for line in tables.rank_verdicts(result):
+                    print(f"  {line}")
+            attribution = tables.attribution_table(result)
+            if attribution:
+                print()
+                print("stall attribution (seconds per run; [interval]):")
+                print(attribution)
+            for line in tables.verdicts(result):
                 print(f"  {line}")
-        attribution = tables.attribution_table(result)
-        if attribution:
-            print()
-            print("stall attribution (seconds per run; [interval]):")
-            print(attribution)
-        for line in tables.verdicts(result):
-            print(f"  {line}")
-        note = tables.emulated_note(result)
-        if note:
-            print(note)
-        startup = tables.startup_note(result)
-        if startup:
-            print(startup)
-        print(f"result: {path}\n", flush=True)
+            note = tables.emulated_note(result)
+            if note:
+                print(note)
+            startup = tables.startup_note(result)
+            if startup:
+                print(startup)
+            print(f"result: {path}\n", flush=True)
+        interrupts.check()
+    except interrupts.Interrupted as exc:
+        exc.outcome = ("no result written" if not written else
+                       f"kept the result(s) written before it: {', '.join(map(str, written))}")
+        raise
     return 0

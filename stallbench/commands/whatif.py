@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from ..errors import UserError
+from . import numbers
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -22,48 +23,81 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     axis = p.add_mutually_exclusive_group()
     axis.add_argument("--workers", default=None, help="worker counts: N, A..B or A,B,C (default 0..16)")
     axis.add_argument("--nodes", default=None, help="CPU node counts: N, A..B or A,B,C")
-    p.add_argument("--cpus-per-node", type=int, default=None,
-                   help="cores per CPU node (default: the fit variant's executor.cpus_per_node)")
-    p.add_argument("--ranks", type=int, default=None,
-                   help="data-parallel trainer ranks (default: the fit variant's trainers.ranks); "
-                        "with a loader per rank, --workers counts workers per rank")
-    p.add_argument("--cores", type=float, default=None,
+    p.add_argument("--cpus-per-node", default=None, metavar="N",
+                   help=f"cores per CPU node, 1..{MAX_CPUS_PER_NODE} (default: the fit variant's "
+                        "executor.cpus_per_node)")
+    p.add_argument("--ranks", default=None, metavar="N",
+                   help=f"data-parallel trainer ranks, 1..{MAX_RANKS} (default: the fit variant's "
+                        "trainers.ranks); with a loader per rank, --workers counts workers per rank")
+    p.add_argument("--cores", default=None, metavar="N",
                    help="cores shared by trainer and workers (default: the measured machine's)")
-    p.add_argument("--cache", type=float, default=0.0, help="share of data already in memory, 0..1")
-    p.add_argument("--bandwidth-mb-s", type=float, default=None,
+    p.add_argument("--cache", default="0", metavar="SHARE",
+                   help="share of data already in memory, 0..1 (1 excluded)")
+    p.add_argument("--bandwidth-mb-s", default=None, metavar="MB_S",
                    help="storage bandwidth per stream in MB/s (replaces the measured storage wait)")
-    p.add_argument("--storage-cap-mb-s", type=float, default=None, help="aggregate storage bandwidth cap")
-    p.add_argument("--cpu-node-cost", type=float, default=None, help="price of a CPU node per hour")
-    p.add_argument("--gpu-node-cost", type=float, default=None, help="price of the trainer node per hour")
+    p.add_argument("--storage-cap-mb-s", default=None, metavar="MB_S",
+                   help="aggregate storage bandwidth cap")
+    p.add_argument("--cpu-node-cost", default=None, metavar="PRICE",
+                   help="price of a CPU node per hour")
+    p.add_argument("--gpu-node-cost", default=None, metavar="PRICE",
+                   help="price of the trainer node per hour")
     p.set_defaults(func=run)
     return p
 
 
+# Bounds of the flags (README: "whatif"): finite, and small enough that the table is instant.
+MAX_COUNT = 100_000            # workers or nodes in one configuration
+MAX_VALUES = 1_000             # configurations in one table
+MAX_CPUS_PER_NODE = 4096
+MAX_RANKS = 4096
+MAX_CORES = 1e6
+MAX_BANDWIDTH_MB_S = 1e9
+MAX_COST = 1e9
+
+
 def parse_range(text: str, flag: str) -> list[int]:
-    try:
-        if ".." in text:
-            lo, hi = (int(x) for x in text.split("..", 1))
-            values = list(range(lo, hi + 1))
-        else:
-            values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise UserError(f"{flag}: expected N, A..B or A,B,C with whole numbers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise UserError(f"{flag}: expected non-negative counts, got {text!r}")
-    return values
+    return numbers.counts(text, flag, MAX_COUNT, MAX_VALUES)
+
+
+def _parse(args: argparse.Namespace) -> dict:
+    """Every numeric flag, checked before any result is read."""
+    return {
+        "cpus_per_node": numbers.integer(args.cpus_per_node, "--cpus-per-node", 1,
+                                         MAX_CPUS_PER_NODE),
+        "ranks": numbers.integer(args.ranks, "--ranks", 1, MAX_RANKS),
+        "cores": numbers.number(args.cores, "--cores", 0, MAX_CORES, lo_open=True),
+        "cache": numbers.number(args.cache, "--cache", 0, 1, hi_open=True),
+        "bandwidth_mb_s": numbers.number(args.bandwidth_mb_s, "--bandwidth-mb-s", 0,
+                                         MAX_BANDWIDTH_MB_S, lo_open=True),
+        "storage_cap_mb_s": numbers.number(args.storage_cap_mb_s, "--storage-cap-mb-s", 0,
+                                           MAX_BANDWIDTH_MB_S, lo_open=True),
+        "cpu_node_cost": numbers.number(args.cpu_node_cost, "--cpu-node-cost", 0, MAX_COST),
+        "gpu_node_cost": numbers.number(args.gpu_node_cost, "--gpu-node-cost", 0, MAX_COST),
+        "nodes": parse_range(args.nodes, "--nodes") if args.nodes is not None else None,
+        "workers": parse_range(args.workers or "0..16", "--workers"),
+    }
+
+
+def _check_fit(model: Any, v: Any, file: Any) -> None:
+    """A fit on figures that are not measured (null) or impossible (negative) is bad input."""
+    terms = {"p_wall": model.p_wall, "p_cpu": model.p_cpu, "t_trainer": model.t_trainer,
+             "t_cpu": model.t_cpu, "cores": model.cores}
+    for name, x in terms.items():
+        if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0) or (
+                name == "cores" and x <= 0):
+            raise UserError(f"{file}: variant {v.name!r}: its figures give the what-if model "
+                            f"{name} = {x!r} (a figure is null, negative or zero): not a result "
+                            "the model can fit on")
+    thr = v.throughput_samples_s.median
+    if not (math.isfinite(thr) and thr > 0):
+        raise UserError(f"{file}: variant {v.name!r}: throughput_samples_s.median is "
+                        f"{'null' if not math.isfinite(thr) else thr}: nothing measured to fit on")
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import results
 
-    if not 0 <= args.cache < 1:
-        raise UserError(f"--cache: expected a share in [0, 1), got {args.cache}")
-    if args.ranks is not None and not 1 <= args.ranks <= 4096:
-        raise UserError(f"--ranks: expected a whole number from 1 to 4096, got {args.ranks}")
-    for flag in ("bandwidth_mb_s", "storage_cap_mb_s", "cores"):
-        val = getattr(args, flag)
-        if val is not None and val <= 0:
-            raise UserError(f"--{flag.replace('_', '-')}: expected a positive number, got {val}")
+    a = _parse(args)
     files = results.find(args.results)
     if not files:
         raise UserError(f"no result files (*.json) in {', '.join(args.results)}")
@@ -71,16 +105,19 @@ def run(args: argparse.Namespace) -> int:
     for i, (path, r) in enumerate(newest):
         if i:
             print()
-        _one(args, path, r)
+        _one(args, a, path, r)
     return 0
 
 
-def _one(args: argparse.Namespace, path: Any, r: Any) -> None:
+def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     from .. import tables
     from ..analysis import whatif
 
     stored = r.analysis.whatif
-    name = args.variant or (stored.fit_variant if stored else None) or r.variants[0].name
+    name = args.variant or (stored.fit_variant if stored else None) or (
+        r.variants[0].name if r.variants else None)
+    if name is None:
+        raise UserError(f"{path}: no variants: nothing measured to fit on")
     try:
         v = r.variant(name)
     except KeyError:
@@ -89,40 +126,41 @@ def _one(args: argparse.Namespace, path: Any, r: Any) -> None:
     if not v.repeats or not v.repeats[0].samples:
         raise UserError(f"{path}: variant {name!r} has no measured runs to fit on")
     m = whatif.fit(v, r.machine)
-    cpn = args.cpus_per_node or m.cpus_per_node
-    if args.nodes is not None:
-        nodes = parse_range(args.nodes, "--nodes")
+    _check_fit(m, v, path)
+    cpn = a["cpus_per_node"] or m.cpus_per_node
+    if a["nodes"] is not None:
+        nodes = a["nodes"]
         counts = [n * cpn for n in nodes]
         unit = "node"
         # real nodes bring their own cores; the trainer keeps the measured machine's
-        cores = lambda c: (args.cores or m.cores) + c  # noqa: E731
+        cores = lambda c: (a["cores"] or m.cores) + c  # noqa: E731
     else:
-        nodes = parse_range(args.workers or "0..16", "--workers")
+        nodes = a["workers"]
         counts = nodes
         unit = "worker"
-        cores = lambda c: args.cores or m.cores  # noqa: E731
-    kw = dict(cache=args.cache, bandwidth_mb_s=args.bandwidth_mb_s,
-              storage_cap_mb_s=args.storage_cap_mb_s, ranks=args.ranks)
+        cores = lambda c: a["cores"] or m.cores  # noqa: E731
+    kw = dict(cache=a["cache"], bandwidth_mb_s=a["bandwidth_mb_s"],
+              storage_cap_mb_s=a["storage_cap_mb_s"], ranks=a["ranks"])
     preds = [whatif.predict(m, c, cores=cores(c), **kw) for c in counts]
     samples = v.repeats[0].samples
-    priced = args.cpu_node_cost is not None or args.gpu_node_cost is not None
+    priced = a["cpu_node_cost"] is not None or a["gpu_node_cost"] is not None
     rows, cheapest = [], None
     for n, p in zip(nodes, preds):
         row = [n, tables.num(p.throughput_samples_s), tables.pct(p.stall_share), p.bound_by]
         if priced:
             hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
             cpu_nodes = n if unit == "node" else 0
-            cost = hours * ((args.cpu_node_cost or 0) * cpu_nodes + (args.gpu_node_cost or 0))
+            cost = hours * ((a["cpu_node_cost"] or 0) * cpu_nodes + (a["gpu_node_cost"] or 0))
             row.append(f"{cost:.6f}")
             if p.stall_share < 0.05 and (cheapest is None or cost < cheapest[1]):
                 cheapest = (n, cost)
         rows.append(row + [p.why])
-    per_rank = unit == "worker" and (args.ranks or m.ranks) > 1 and m.producers_per_rank
+    per_rank = unit == "worker" and (a["ranks"] or m.ranks) > 1 and m.producers_per_rank
     axis = "workers per rank" if per_rank else f"{unit}s"
     head = [axis, "PREDICTED samples/s", "stall %", "bound by"] + (["cost/run"] if priced else [])
     print(f"what-if for {r.scenario.name} / {v.name} from {path} (fitted on this variant's "
           f"measured rates; every figure below is PREDICTED)")
-    ranks = args.ranks or m.ranks
+    ranks = a["ranks"] or m.ranks
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
           f"{whatif.workers_of(v)} producer(s)"
           + (f" per rank x {m.ranks} ranks" if m.ranks > 1 and m.producers_per_rank else

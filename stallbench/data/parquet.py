@@ -50,6 +50,9 @@ class Dataset:
     rows: int
     compressed_bytes: int
     dataset_key: str | None = None
+    # Where the dataset was named ("s.toml: dataset.path"), so an error reading a row group,
+    # in whichever process, names the scenario file and key too.
+    origin: str = ""
     # Parsed footers, so reading a row group does not re-parse the file's footer each time.
     # Per process: dropped when pickled (workers rebuild their own lazily).
     _footers: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
@@ -69,9 +72,12 @@ class Dataset:
                 self._footers.setdefault(shard.file, pf.metadata)
                 table = pf.read_row_group(shard.row_group, columns=list(names))
         except _UNREADABLE as exc:
-            raise DataError(f"{shard.file}: row group {shard.row_group} is not readable "
-                            f"({_reason(exc)})") from exc
-        return _normalize_columns(table, self.schema, names, shard.file)
+            raise DataError(f"{self._where()}{shard.file}: row group {shard.row_group} is not "
+                            f"readable ({_reason(exc)})") from None
+        return _normalize_columns(table, self.schema, names, self._where() + shard.file)
+
+    def _where(self) -> str:
+        return f"{self.origin}: " if self.origin else ""
 
 
 def open_dataset(spec: DatasetSpec, cache_dir: Path, scenario_file: str = "<scenario>") -> Dataset:
@@ -83,7 +89,8 @@ def open_dataset(spec: DatasetSpec, cache_dir: Path, scenario_file: str = "<scen
     first = footers[files[0]].schema.to_arrow_schema()
     schema = infer_schema(first, spec, scenario_file, files[0])
     _check_same_schema(footers, first, schema, scenario_file)
-    return _build(files, footers, schema, synthetic=False, source=spec.path, key=None)
+    return _build(files, footers, schema, synthetic=False, source=spec.path, key=None,
+                  origin=f"{scenario_file}: dataset.path")
 
 
 def normalize(table: pa.Table, schema: FeatureSchema, file: str = "?") -> pa.Table:
@@ -201,7 +208,7 @@ def _check_same_schema(footers: dict[str, pq.FileMetaData], first: pa.Schema,
 
 
 def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: FeatureSchema, *,
-           synthetic: bool, source: str, key: str | None) -> Dataset:
+           synthetic: bool, source: str, key: str | None, origin: str = "") -> Dataset:
     shards: list[Shard] = []
     used = set(schema.columns)
     for file in files:
@@ -219,10 +226,13 @@ def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: Featur
             ))
     rows = sum(s.rows for s in shards)
     if rows == 0:
-        raise DataError(f"dataset {source!r} has no rows")
+        where = f"{origin}: " if origin else ""
+        raise DataError(f"{where}{source!r} has no rows ({len(files)} file(s), "
+                        f"{sum(f.num_row_groups for f in footers.values())} row group(s)): "
+                        "nothing to measure")
     ds = Dataset(files=files, shards=shards, schema=schema, synthetic=synthetic, source=source,
                  rows=rows, compressed_bytes=sum(s.compressed_bytes for s in shards),
-                 dataset_key=key)
+                 dataset_key=key, origin=origin)
     ds._footers.update(footers)
     return ds
 
@@ -394,7 +404,9 @@ def _normalize_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str,
                                            type=_OUT_TYPE[convert]))
         except (pa.ArrowException, TypeError) as exc:
             raise DataError(f"{file}: column {name!r} of type {col.type} cannot be converted "
-                            f"({_reason(exc)})") from exc
+                            f"({_reason(exc)})") from None
+        except DataError as exc:
+            raise DataError(f"{file}: column {name!r}: {exc}") from None
     return pa.Table.from_arrays(arrays, names=list(names))
 
 
@@ -464,12 +476,18 @@ _BASIS = np.uint64(0xCBF29CE484222325)    # FNV-64 offset basis
 _NO_BYTES = np.zeros(0, dtype=np.uint8)
 
 
+_HASH_BLOCK = 2 * 2**20    # string bytes hashed at once: temporaries are ~40 bytes per byte
+
+
 def _hash_strings(arr: pa.Array) -> np.ndarray:
-    """Stable 63-bit hash of each string's UTF-8 bytes, vectorised over all bytes at once.
+    """Stable 63-bit hash of each string's UTF-8 bytes, vectorised over blocks of bytes.
 
     Basis plus the polynomial sum of (byte + 1) * P**position mod 2**64, mixed with the
     length and finished with splitmix64. Defined here (not by a library) so ids never change
     across processes, machines or library versions. Null entries get id 0, like null int ids.
+    Memory is bounded whatever the strings: rows are hashed in groups of at most
+    ``_HASH_BLOCK`` bytes, and a longer string on its own, block by block (a 10 MB Parquet of
+    1 MiB strings used to need ~40 bytes of temporaries per string byte: 7 GB).
     """
     arr = pc.cast(arr, pa.large_string()) if not pa.types.is_large_string(arr.type) else arr
     n = len(arr)
@@ -481,7 +499,9 @@ def _hash_strings(arr: pa.Array) -> np.ndarray:
     lengths = np.diff(offsets)
     h = np.full(n, _BASIS, dtype=np.uint64)  # non-zero: "" must not hash like null
     total = int(lengths.sum())
-    if total:
+    if total > _HASH_BLOCK:
+        _sum_blocked(h, data, offsets, lengths)
+    elif total:
         starts = offsets[:-1]
         first = np.repeat(starts, lengths)
         pos_in_string = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
@@ -491,13 +511,59 @@ def _hash_strings(arr: pa.Array) -> np.ndarray:
         nonempty = lengths > 0
         segment_starts = (np.cumsum(lengths) - lengths)[nonempty]
         h[nonempty] += np.add.reduceat(contrib, segment_starts)
+    _finish(h, lengths)
+    out = (h & np.uint64(_SIGN_MASK)).astype(np.int64)
+    if arr.null_count:
+        out[~arr.is_valid().to_numpy(zero_copy_only=False)] = 0
+    return out
+
+
+def _sum_blocked(h: np.ndarray, data: np.ndarray, offsets: np.ndarray,
+                 lengths: np.ndarray) -> None:
+    """The polynomial sums of ``_hash_strings`` for rows [i, j) of at most ``_HASH_BLOCK``
+    bytes at a time (the same arithmetic on slices), and of a longer string in blocks of its
+    bytes: P**(k*B + i + 1) = P**(k*B) * P**(i + 1) mod 2**64."""
+    ends = np.cumsum(lengths)
+    i, n = 0, len(lengths)
+    while i < n:
+        if lengths[i] > _HASH_BLOCK:
+            own = _long_string_sum(data[offsets[i]: offsets[i + 1]])
+            h[i] = np.uint64((int(h[i]) + own) % 2**64)
+            i += 1
+            continue
+        base = ends[i] - lengths[i]
+        j = int(np.searchsorted(ends, base + _HASH_BLOCK, side="right"))
+        j = max(j, i + 1)
+        while j > i + 1 and lengths[j - 1] > _HASH_BLOCK:
+            j -= 1
+        seg = lengths[i:j]
+        total = int(seg.sum())
+        if total:
+            starts = offsets[i:j] - offsets[i]
+            chunk = data[offsets[i]: offsets[j]]
+            first = np.repeat(starts, seg)
+            pos = np.arange(total) - np.repeat(np.cumsum(seg) - seg, seg)
+            powers = np.cumprod(np.full(int(seg.max()), _P, dtype=np.uint64))
+            contrib = (chunk[first + pos].astype(np.uint64) + np.uint64(1)) * powers[pos]
+            nonempty = seg > 0
+            h[i:j][nonempty] += np.add.reduceat(contrib, (np.cumsum(seg) - seg)[nonempty])
+        i = j
+
+
+def _long_string_sum(s: np.ndarray) -> int:
+    powers = np.cumprod(np.full(_HASH_BLOCK, _P, dtype=np.uint64))
+    acc = 0
+    for k in range(0, len(s), _HASH_BLOCK):
+        block = s[k: k + _HASH_BLOCK].astype(np.uint64) + np.uint64(1)
+        part = int((block * powers[: len(block)]).sum(dtype=np.uint64))
+        acc = (acc + part * pow(int(_P), k, 2**64)) % 2**64
+    return acc
+
+
+def _finish(h: np.ndarray, lengths: np.ndarray) -> None:
     h ^= lengths.astype(np.uint64) * _LEN_MIX
     h ^= h >> np.uint64(30)
     h *= _M1
     h ^= h >> np.uint64(27)
     h *= _M2
     h ^= h >> np.uint64(31)
-    out = (h & np.uint64(_SIGN_MASK)).astype(np.int64)
-    if arr.null_count:
-        out[~arr.is_valid().to_numpy(zero_copy_only=False)] = 0
-    return out

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import interrupts
 from ..errors import DataError
 from ..scenario import DatasetSpec
 
@@ -51,6 +52,11 @@ def dataset_key(spec: DatasetSpec) -> str:
     fields["generator_version"] = GENERATOR_VERSION
     blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.blake2b(blob, digest_size=8).hexdigest()
+
+
+def longest_temp_name() -> str:
+    """The longest name ``generate`` creates in the cache's ``datasets/`` (checked up front)."""
+    return f".tmp-trash-{'0' * 16}-{'9' * 7}-{'9' * 19}"
 
 
 def generate(spec: DatasetSpec, cache_dir: Path) -> list[Path]:
@@ -127,6 +133,7 @@ def _write_files(spec: DatasetSpec, directory: Path) -> list[str]:
         with pq.ParquetWriter(directory / name, schema, compression=codec,
                               use_dictionary=True, write_statistics=True) as writer:
             for rg_index, start in enumerate(range(0, rows, spec.row_group_rows)):
+                interrupts.check()
                 n = min(spec.row_group_rows, rows - start)
                 table = row_group_table(spec, file_index, rg_index, n).cast(schema)
                 writer.write_table(table, row_group_size=n)

@@ -20,15 +20,28 @@ across worker counts.
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 from typing import Any, Iterator
 
 import pyarrow as pa
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .. import interrupts
+from ..errors import UserCodeError, UserError
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
 from .base import EXECUTORS, Executor
+
+
+class _Failed:
+    """A user error in a loader worker, handed to the trainer as a value: the DataLoader would
+    re-raise it as a new exception of its type built from a traceback text (or as a
+    RuntimeError), losing what it says; this way the trainer raises the error itself."""
+
+    def __init__(self, error: UserError) -> None:
+        self.error = error
+
 
 class _Shards(Dataset):
     def __init__(self, plan: Plan, pool: BufferPool | None) -> None:
@@ -38,12 +51,31 @@ class _Shards(Dataset):
     def __len__(self) -> int:
         return len(self.plan.items)
 
-    def __getitem__(self, i: int) -> ShardOutput:
+    def __getitem__(self, i: int) -> ShardOutput | _Failed:
         info = get_worker_info()
         if info is None:
             return self.plan.produce(i)
         # In a worker process, allocate single buffers in shared memory directly.
-        return self.plan.produce(i, shared=self.pool.allocator(info.id) if self.pool else True)
+        try:
+            return self.plan.produce(i, shared=self.pool.allocator(info.id) if self.pool else True)
+        except UserError as exc:
+            if isinstance(exc, UserCodeError):
+                exc.located(f"loader worker {info.id}, pid {os.getpid()}")
+            return _Failed(exc)
+
+
+class _CheckedForkProcess(multiprocessing.context.ForkProcess):
+    """A loader worker whose fork first checks for a signal: the DataLoader forks its workers
+    in one loop, and a KeyboardInterrupt raised inside a fork's at-fork callbacks is lost,
+    so without this a Ctrl-C while forking many workers waited for all of them."""
+
+    def start(self) -> None:
+        interrupts.check()
+        super().start()
+
+
+class _CheckedForkContext(multiprocessing.context.ForkContext):
+    Process = _CheckedForkProcess
 
 
 def _identity(x: Any) -> Any:
@@ -137,11 +169,15 @@ class LocalExecutor(Executor):
         loader = DataLoader(
             _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
             prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=False,
-            multiprocessing_context="fork", worker_init_fn=_WorkerInit(lc.num_workers),
+            multiprocessing_context=_CheckedForkContext(),
+            worker_init_fn=_WorkerInit(lc.num_workers),
         )
         it = iter(loader)
         try:
-            yield from it
+            for out in it:
+                if isinstance(out, _Failed):
+                    raise out.error
+                yield out
         finally:
             # Stop workers promptly when the trainer stops early (max_batches) or fails.
             shutdown = getattr(it, "_shutdown_workers", None)

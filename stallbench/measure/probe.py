@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .. import interrupts
 from ..pipeline import Plan, ShardOutput, StageTimes
 from ..results import ByteCounts, RepeatFigures, Resources, StageRows, StageSeconds, Timeline
 from ..stages.batch_format import TensorBatch
@@ -173,6 +174,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             source = _Preload(source, prefetch, totals)
         try:
             while n < max_batches:
+                interrupts.check()   # a signal whose exception a library swallowed
                 ta = perf()
                 try:
                     batch, rows, tx = next(source)

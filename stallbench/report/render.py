@@ -689,6 +689,6 @@ def render(result_paths: Sequence[str | Path], out: str | Path) -> Path:
         generated_utc=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         version=version,
     )
-    out = Path(out)
-    results.write_atomic(out, html)
-    return out
+    from .. import outputs
+
+    return outputs.write_file(Path(out), html, outputs.REPORT, "-o")

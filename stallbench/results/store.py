@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import ResultError
+from .. import interrupts
+from ..errors import ResultError, UserError
 from . import codec, migrate
 from .schema import SCHEMA_VERSION, SUPPORTED_VERSIONS, Result
 
@@ -41,10 +43,29 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a result may hold")
 
 
+MAX_RESULT_BYTES = 256 * 2**20   # results are tens of KB to a few MB; parsing JSON costs ~10x
+
+
 def load(path: str | Path) -> Result:
+    """A result file, refused before reading when it cannot be one: not a regular file (a
+    FIFO would block, a device never end) or larger than ``MAX_RESULT_BYTES``."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        st = os.stat(p)
+        if stat.S_ISDIR(st.st_mode):
+            raise ResultError(f"{path}: expected a result file, got a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ResultError(f"{path}: not a regular file (a device, FIFO or socket): "
+                              "not a stallbench result")
+        if st.st_size > MAX_RESULT_BYTES:
+            raise ResultError(f"{path}: {st.st_size / 2**20:,.0f} MB; a stallbench result is at "
+                              f"most {MAX_RESULT_BYTES // 2**20} MB: refusing to read it")
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_RESULT_BYTES + 1)
+        if len(raw) > MAX_RESULT_BYTES:
+            raise ResultError(f"{path}: grew past {MAX_RESULT_BYTES // 2**20} MB while read: "
+                              "refusing it")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ResultError(f"{path}: no such result file") from None
     except IsADirectoryError:
@@ -136,17 +157,28 @@ def result_stem(scenario_name: str, created: datetime | None = None) -> str:
     return f"{stem}-{created.strftime('%Y%m%dT%H%M%SZ')}"
 
 
+def longest_name(scenario_name: str) -> str:
+    """The longest result file name ``save`` may use for a scenario (checked up front)."""
+    return f"{result_stem(scenario_name)}-999.json"
+
+
 def save(result: Result, out_dir: Path) -> Path:
     """Atomically publish ``<scenario>-<UTC time>.json`` in ``out_dir``, never replacing an
     existing file: the complete temp file is hard-linked under the first free name (link
-    fails if the name exists, so two concurrent runs cannot clobber each other)."""
+    fails if the name exists, so two concurrent runs cannot clobber each other). A signal
+    received before the link means no result (``interrupts.check``)."""
     out_dir = Path(out_dir)
     base = result_stem(result.scenario.name)
-    tmp = _write_temp(out_dir, base, json.dumps(to_dict(result), indent=1) + "\n")
+    try:
+        tmp = _write_temp(out_dir, base, json.dumps(to_dict(result), indent=1) + "\n")
+    except OSError as exc:
+        raise UserError(f"--out: {out_dir}: cannot write the result "
+                        f"({exc.strerror or exc})") from None
     try:
         n = 0
         while True:
             path = out_dir / (f"{base}.json" if n == 0 else f"{base}-{n}.json")
+            interrupts.check()
             try:
                 os.link(tmp, path)
                 return path

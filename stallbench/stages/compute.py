@@ -6,13 +6,15 @@ without using the CPU (a GPU step leaves the host cores to the loader), and resu
 
 from __future__ import annotations
 
+import sys
+import traceback
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
 from ..data.schema import FeatureSchema
-from ..errors import ScenarioError
+from ..errors import ScenarioError, UserCodeError, describe_exception
 from ..registry import Registry, import_object
 from ..scenario import ModelSpec
 from .batch_format import TensorBatch
@@ -128,19 +130,44 @@ class DLRMCompute(TorchCompute):
 
 
 class UserCompute(TorchCompute):
-    """A user's ``factory(schema, spec) -> nn.Module`` whose forward returns logits."""
+    """A user's ``factory(schema, spec) -> nn.Module`` whose forward returns logits.
+
+    The user's code failing anywhere (import, factory, its forward and backward in a step) is
+    a ``UserCodeError`` naming ``model.kind`` and the scenario file, never a traceback."""
 
     name = "user"
 
-    def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
-        factory: Callable[..., Any] = import_object(spec.kind)  # type: ignore[assignment]
-        module = factory(schema, spec)
+    def __init__(self, spec: ModelSpec, schema: FeatureSchema,
+                 scenario_file: str = "<scenario>") -> None:
+        self.file = scenario_file
+        self.spec = spec
+        try:
+            factory: Callable[..., Any] = import_object(spec.kind)  # type: ignore[assignment]
+        except Exception as exc:  # noqa: BLE001 - a user module may raise anything at import
+            raise self._error(f"cannot be imported: {describe_exception(exc)}") from None
+        if not callable(factory):
+            raise self._error(f"is not callable (it is a {type(factory).__name__})")
+        try:
+            module = factory(schema, spec)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(f"raised {describe_exception(exc)}") from None
         if not isinstance(module, nn.Module):
-            raise TypeError(f"{spec.kind} returned {type(module).__name__}, expected torch.nn.Module")
+            raise self._error(f"returned {type(module).__name__}, expected a torch.nn.Module")
         super().__init__(spec, schema, module)
 
+    def _error(self, problem: str) -> UserCodeError:
+        tb = traceback.format_exc() if sys.exc_info()[0] is not None else ""
+        return UserCodeError(self.file, "model.kind", f"model {self.spec.kind!r}", problem,
+                             where="the trainer", traceback_text=tb)
 
-def build(spec: ModelSpec, schema: FeatureSchema) -> Compute:
+    def step(self, batch: TensorBatch) -> None:
+        try:
+            super().step(batch)
+        except Exception as exc:  # noqa: BLE001 - the user's forward/backward
+            raise self._error(f"failed in a training step: {describe_exception(exc)}") from None
+
+
+def build(spec: ModelSpec, schema: FeatureSchema, scenario_file: str = "<scenario>") -> Compute:
     if ":" in spec.kind:
-        return UserCompute(spec, schema)
+        return UserCompute(spec, schema, scenario_file)
     return MODELS.get(spec.kind)(spec, schema)

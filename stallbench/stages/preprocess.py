@@ -23,14 +23,17 @@ class TransformSpecError(ValueError):
 
 
 class Preprocess:
-    def __init__(self, spec: PreprocessSpec, schema: FeatureSchema, seed: int = 0) -> None:
+    def __init__(self, spec: PreprocessSpec, schema: FeatureSchema, seed: int = 0,
+                 scenario_file: str = "<scenario>") -> None:
         self.cpu_cost_s_per_row = spec.cpu_cost_us_per_row / 1e6
         self.steps: list[Transform] = []
         current = schema
         for i, t in enumerate(spec.transform_specs):
             try:
                 if ":" in t.name:
-                    step: Transform = UserTransform(current, t.name, seed=seed, **t.params)
+                    step: Transform = UserTransform(current, t.name, seed=seed, params=t.params,
+                                                    file=scenario_file,
+                                                    key=f"preprocess.transforms[{i}]")
                 else:
                     cls = TRANSFORMS.get(t.name)
                     step = cls(current, seed=seed, **t.params)

@@ -8,7 +8,9 @@ index, so batches do not depend on which worker ran them.
 
 from __future__ import annotations
 
+import math
 import operator
+import traceback
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..data.schema import FeatureSchema
+from ..errors import UserCodeError, describe_exception
 from ..registry import Registry, import_object
 
 TRANSFORMS: Registry[type["Transform"]] = Registry("transform")
@@ -35,6 +38,7 @@ class Transform:
         self.schema_in = schema
         self.seed = seed
         self.p = {**self.params, **params}
+        check_finite(self.p)
         self.check()
 
     def check(self) -> None:
@@ -45,6 +49,19 @@ class Transform:
 
     def __call__(self, table: pa.Table, shard_index: int) -> pa.Table:
         raise NotImplementedError
+
+
+def check_finite(params: dict[str, Any]) -> None:
+    """Every number in a transform's parameters is finite (TOML allows nan and inf)."""
+    for k, v in params.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"{k}: expected a finite number, got {v}")
+
+
+def _int_param(p: dict[str, Any], name: str, lo: int, hi: int) -> None:
+    v = p[name]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{name}: expected a whole number in [{lo:,}, {hi:,}], got {v!r}")
 
 
 def _replace(table: pa.Table, name: str, arr: pa.Array | np.ndarray) -> pa.Table:
@@ -77,6 +94,16 @@ class NormalizeDense(Transform):
     name = "normalize_dense"
     params = {"mean": None, "std": None, "clip": 5.0}
 
+    def check(self) -> None:
+        for k in ("mean", "std", "clip"):
+            v = self.p[k]
+            if v is None and k != "clip":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{k}: expected a number, got {v!r}")
+        if not self.p["clip"] > 0:
+            raise ValueError(f"clip: expected a number > 0, got {self.p['clip']!r}")
+
     def __call__(self, table: pa.Table, shard_index: int) -> pa.Table:
         clip = float(self.p["clip"])
         for c in self.schema_in.dense:
@@ -105,8 +132,7 @@ class HashIds(Transform):
     params = {"buckets": 100_000}
 
     def check(self) -> None:
-        if not isinstance(self.p["buckets"], int) or self.p["buckets"] < 1:
-            raise ValueError("buckets: expected a positive integer")
+        _int_param(self.p, "buckets", 1, 2**62)
 
     def output_schema(self) -> FeatureSchema:
         return self.schema_in.with_(cardinality=int(self.p["buckets"]))
@@ -141,8 +167,7 @@ class TruncateSequences(Transform):
     params = {"max_len": 16}
 
     def check(self) -> None:
-        if not isinstance(self.p["max_len"], int) or self.p["max_len"] < 1:
-            raise ValueError("max_len: expected a positive integer")
+        _int_param(self.p, "max_len", 1, 100_000)
 
     def output_schema(self) -> FeatureSchema:
         return self.schema_in.with_(seq_len=min(int(self.p["max_len"]), self.schema_in.seq_len))
@@ -222,6 +247,11 @@ class MapSideJoin(Transform):
     params = {"key": None, "table_rows": 10_000, "features": 4}
 
     def check(self) -> None:
+        _int_param(self.p, "table_rows", 1, 10**7)      # the side table lives in every worker
+        _int_param(self.p, "features", 1, 1_000)
+        if self.p["table_rows"] * self.p["features"] > 10**8:
+            raise ValueError("table_rows x features: expected at most 10**8 values (400 MB in "
+                             "every worker)")
         key = self.p["key"] or (self.schema_in.sparse[0] if self.schema_in.sparse else None)
         if key not in self.schema_in.sparse:
             raise ValueError(f"key: expected a sparse column, got {key!r}")
@@ -245,22 +275,59 @@ class MapSideJoin(Transform):
 
 
 class UserTransform(Transform):
-    """A user's own ``fn(table) -> table`` by import path; schema assumed unchanged."""
+    """A user's own ``fn(table, **params) -> table`` by import path; schema assumed unchanged.
+
+    Whatever goes wrong in the user's code (the import, the call, the type it returns) is a
+    ``UserCodeError`` naming the transform, the scenario file and its key, in whichever
+    process it ran (the trainer, a loader worker, a Ray worker)."""
 
     name = "user"
 
-    def __init__(self, schema: FeatureSchema, path: str, seed: int = 0, **params: Any) -> None:
-        self.fn = import_object(path)
-        if not callable(self.fn):
-            raise ValueError(f"{path!r} is not callable")
+    def __init__(self, schema: FeatureSchema, path: str, seed: int = 0,
+                 params: dict[str, Any] | None = None, file: str = "<scenario>",
+                 key: str = "preprocess.transforms") -> None:
         self.path = path
-        self.kwargs = params
+        self.file, self.key = file, key
+        self.kwargs = dict(params or {})
+        check_finite(self.kwargs)
         self.schema_in = schema
         self.seed = seed
+        self.fn = self._load()
+
+    def _error(self, problem: str, tb: str = "") -> UserCodeError:
+        return UserCodeError(self.file, self.key, f"transform {self.path!r}", problem,
+                             traceback_text=tb)
+
+    def _load(self) -> Callable[..., Any]:
+        try:
+            fn = import_object(self.path)
+        except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise self._error(f"cannot be imported: {describe_exception(exc)}",
+                              traceback.format_exc()) from None
+        if not callable(fn):
+            raise self._error(f"is not callable (it is a {type(fn).__name__})")
+        return fn  # type: ignore[return-value]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped by name and imported on first use where it runs (a Ray worker), so an
+        # import failure there is this transform's error, not a deserialization error.
+        state = dict(self.__dict__)
+        state["fn"] = None
+        return state
 
     def __call__(self, table: pa.Table, shard_index: int) -> pa.Table:
-        out = self.fn(table, **self.kwargs)
+        if self.fn is None:
+            self.fn = self._load()
+        try:
+            out = self.fn(table, **self.kwargs)
+        except Exception as exc:  # noqa: BLE001 - the user's code: reported, never a traceback
+            raise self._error(f"raised {describe_exception(exc)}", traceback.format_exc()) from None
         if not isinstance(out, pa.Table):
-            raise TypeError(f"transform {self.path!r} returned {type(out).__name__}, expected "
-                            "pyarrow.Table")
+            raise self._error(f"returned {type(out).__name__}, expected a pyarrow.Table")
+        missing = [c for c in self.schema_in.columns if c not in out.column_names]
+        if missing:
+            raise self._error(f"returned a table without column(s) {', '.join(map(repr, missing))}"
+                              f"; a transform must keep the columns it is given")
         return out

@@ -34,6 +34,7 @@ under this one while the runtime came up), and an ``atexit`` hook covers paths t
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -44,8 +45,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
+from ... import interrupts
 from ...errors import ScenarioError, UserError
 from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
 from ...scenario import ExecutorSpec
@@ -59,6 +61,19 @@ RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU 
 # address are left as their owner configured them.
 LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False, "event_stats": False}
 LEAN_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}
+
+
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropDefaultTokenNotice(logging.Filter):
+    """Ray's "Token authentication is enabled for this Ray cluster" notice (Ray >= 2.5x)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token authentication is enabled for this Ray")
+
+
+_DEFAULT_TOKEN_NOTICE = _DropDefaultTokenNotice()
 _AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "_StatsActor", "_AutoscalingCoordinator",
            "AutoscalingRequester", "SplitCoordinator")
 _UNEXPECTED_EXITS = (0, 2, 4)        # WorkerExitType: SYSTEM_ERROR, USER_ERROR, NODE_OUT_OF_MEMORY
@@ -79,8 +94,25 @@ def import_ray(scenario_file: str = "<scenario>") -> Any:
 
 
 def _quiet_logs() -> None:
-    for name in ("ray", "ray.data", "ray.train", "ray.tune"):
+    for name in ("ray", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # Ray Data logs a failed run's exception at ERROR (with its traceback) before raising it;
+    # stallbench reports what it raises, as one line or a user-code block (driver._explain).
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+
+
+@contextlib.contextmanager
+def _start_failure(scenario_file: str) -> Iterator[None]:
+    """Ray failing to start (a node timing out on an overloaded machine, a port taken) is one
+    line naming the executor, not Ray's traceback; ``close`` still stops what did start."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception for a start time-out
+        text = str(exc).strip().splitlines()
+        raise UserError(f"{scenario_file}: executor: Ray did not start "
+                        f"({type(exc).__name__}: {text[0][:300] if text else ''})") from None
 
 
 class _lean_env:
@@ -160,32 +192,50 @@ class RayRuntime:
         self._before = _descendants()
         # Ray's usage-stats actor costs ~1 s of CPU per runtime and reports nothing we need.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # Ray's C++ core would install a SIGTERM handler that aborts with a stack dump,
+        # skipping every clean-up; stallbench handles SIGTERM itself (stallbench.interrupts).
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         self.owned = True              # from here on close() must clean up, even half-started
         if not self._atexit:
             atexit.register(self.close)
             self._atexit = True
-        if spec.ray_address:
-            self.mode = "address"
-            self._connect(spec.ray_address)
-        elif spec.simulated_nodes:
-            self.mode = "simulated"
-            self._start_simulated()
-        else:
-            self.mode = "local"
-            with _lean_env():
-                ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
-                         object_store_memory=spec.object_store_mb * 2**20,
-                         include_dashboard=False, log_to_driver=False,
-                         logging_level=logging.WARNING, namespace="stallbench",
-                         runtime_env=RUNTIME_ENV, _system_config=LEAN_SYSTEM_CONFIG)
+        with interrupts.foreign_handlers(), _start_failure(self.file):
+            if spec.ray_address:
+                self.mode = "address"
+                self._connect(spec.ray_address)
+            elif spec.simulated_nodes:
+                self.mode = "simulated"
+                self._own_auth_mode()
+                self._start_simulated()
+            else:
+                self.mode = "local"
+                self._own_auth_mode()
+                with _lean_env():
+                    ray.init(address="local", num_cpus=spec.cpus or os.cpu_count() or 1,
+                             object_store_memory=spec.object_store_mb * 2**20,
+                             include_dashboard=False, log_to_driver=False,
+                             logging_level=logging.WARNING, namespace="stallbench",
+                             runtime_env=RUNTIME_ENV, _system_config=LEAN_SYSTEM_CONFIG)
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
 
+    def _own_auth_mode(self) -> None:
+        """A cluster stallbench starts itself keeps Ray's default, token authentication,
+        without Ray's warning that it is on (printed at every start, it made every one-line
+        error of stallbench two lines). Done with a logging filter on that one message:
+        setting ``RAY_AUTH_MODE=token`` instead would need to happen before Ray is imported
+        (Ray caches its config then; set later, the GCS refuses the driver)."""
+        logging.getLogger(_AUTH_LOGGER).addFilter(_DEFAULT_TOKEN_NOTICE)
+
     def _take_sigterm(self) -> None:
         """Ray's core installs a C++ SIGTERM handler that aborts the process, skipping every
         ``finally``; while stallbench owns a runtime, SIGTERM is a KeyboardInterrupt instead,
-        so the run unwinds and ``close`` shuts the runtime down (as on Ctrl-C)."""
+        so the run unwinds and ``close`` shuts the runtime down (as on Ctrl-C). Under the CLI
+        that is its own handler (``stallbench.interrupts``), put back here."""
+        if interrupts.installed():
+            interrupts.reinstall()
+            return
         if threading.current_thread() is not threading.main_thread():
             return
 

@@ -45,7 +45,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ...errors import ScenarioError, UserError
+from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.transfer import Payload
@@ -115,7 +115,16 @@ class RayExecutor(Executor):
 
     @classmethod
     def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
-        import_ray(scenario_file)
+        ray = import_ray(scenario_file)
+        address = config.executor.ray_address or ""
+        if address.startswith("ray://"):
+            try:
+                import grpc  # noqa: F401 - what Ray Client needs beyond ray[data]
+            except ImportError:
+                raise ScenarioError(scenario_file, "executor.ray_address",
+                                    f"{address!r} is a Ray Client address, and Ray Client is "
+                                    f"not installed here (cannot import grpc); install it with: "
+                                    f"pip install \"ray[client]=={ray.__version__}\"") from None
 
     @classmethod
     def emulated_keys(cls, config: Config) -> list[str]:
@@ -321,6 +330,10 @@ class RayExecutor(Executor):
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        # A UDF's exception comes back as itself (a stallbench UserCodeError or DataError
+        # from the worker, with its message), not wrapped as "UDF failed to process a data
+        # block" with the cause lost on the way (exceptions pickle without __cause__).
+        ctx.raise_original_map_exception = True
         if self._default_reservation is None:
             self._default_reservation = ctx.op_resource_reservation_enabled
         ctx.op_resource_reservation_enabled = self._default_reservation if stock else False
@@ -354,8 +367,29 @@ class RayExecutor(Executor):
                 if self.spec.ray_mode == "stock":
                     r.notes.append("transfer ablation runs the stallbench path without payloads")
                 yield from self._run_stallbench(plan, r)
+        except Exception as exc:  # noqa: BLE001 - sorted into a user error or one line
+            err = self._explain(exc)
+            if err is exc:
+                raise
+            raise err from None
         finally:
             self._finish(plan, r)
+
+    def _explain(self, exc: Exception) -> BaseException:
+        """What a failed Ray run tells the user: a stallbench user error raised in a Ray worker
+        (a transform failing, an unreadable row group) as itself, as if raised here; Ray
+        failing (a worker or actor killed beyond its retries, e.g. Ray Data's own readers in
+        stock mode) as one line instead of Ray's multi-page traceback; anything else (a
+        stallbench bug) unchanged."""
+        found = user_error_in(exc)
+        if found is not None:
+            if isinstance(found, UserCodeError):
+                found.located(f"a Ray worker, pid {found.pid}")
+            return found
+        if _from_ray(exc):
+            return UserError(f"{self.scenario_file}: executor: Ray failed during the run "
+                             f"({self.spec.ray_mode} mode): {describe_exception(exc)[:300]}")
+        return exc
 
     def _finish(self, plan: Plan, r: _RunState) -> None:
         self.sample_object_store_mb()
@@ -576,6 +610,30 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
             yield b
     finally:
         stop.set()
+
+
+def user_error_in(exc: BaseException) -> UserError | None:
+    """A stallbench ``UserError`` inside what Ray raised: Ray wraps a worker's exception as
+    ``RayTaskError.cause`` (or a class deriving from both), Ray Data adds its own
+    ``UserCodeException`` with ``__cause__``."""
+    stack: list[Any] = [exc]
+    seen: set[int] = set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, UserError):
+            return cause
+        if isinstance(e, UserError) and not _from_ray(e):
+            return e
+        stack.extend([cause, e.__cause__, e.__context__])
+    return None
+
+
+def _from_ray(exc: BaseException) -> bool:
+    return any(c.__module__.split(".", 1)[0] == "ray" for c in type(exc).__mro__)
 
 
 def _wait_for_named_actors(ray: Any, timeout_s: float) -> None:

@@ -1,0 +1,277 @@
+"""SIGINT and SIGTERM end a stallbench command the same way, from its first instruction to its last.
+
+The rule: a signal ends the command with exit code 128 + signal (130, 143) and one line, no
+result, no temp data, no process left behind. ``stallbench.cli`` installs the handlers at entry
+and, on the way out, stops every process started under it that is still alive.
+
+Why more than a handler that raises ``KeyboardInterrupt``:
+
+- *Lost exceptions.* Python raises the handler's exception at whatever bytecode the main
+  thread runs, and some places swallow it: inside an ``os.register_at_fork`` callback
+  (logging's, run at every DataLoader worker fork) or a ``__del__`` it is printed as
+  "Exception ignored" and dropped, so a Ctrl-C sent as the first loader worker appeared
+  ended in exit 0 with a result. So the handler also *records* the signal, and the places
+  where work goes on call ``check()``, which raises again while one is recorded: every
+  measured batch, every generated row group and ablation cache entry, every loader worker
+  fork (``executors.local._CheckedForkProcess``), the moment before a result is published,
+  and the CLI after the command returned.
+- *SIGTERM's default action* kills the process without running a ``finally``: loader workers
+  linger, a generator's temp dir stays in the cache. Here SIGTERM raises like SIGINT.
+- *Foreign handlers.* ``ray.init`` replaces the SIGTERM handler with ``sys.exit(15)`` (and
+  Ray's C++ core would install one that aborts with a stack dump, which
+  ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` turns off). ``foreign_handlers()`` wraps such
+  calls: their exit becomes ``Interrupted`` and our handlers are put back after them.
+- *Orphans.* A process whose parent died (a Ray agent when its raylet is stopped, a loader
+  worker forked just before the signal) is adopted by init and forgotten. The CLI makes
+  stallbench a child subreaper (Linux), so such processes stay in its tree until
+  ``stop_new_children`` ends them by PID.
+
+A later signal while the command is already unwinding is recorded but raises nothing: the
+clean-up it would interrupt is what stops the children (each of its waits is bounded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Any, Iterator
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+class Interrupted(KeyboardInterrupt):
+    """A SIGINT or SIGTERM; a KeyboardInterrupt, so libraries unwind as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        self.name = signal.Signals(signum).name
+        self.outcome = ""     # what the command leaves (set by a command that knows; the CLI
+                              # says "no result written" / "nothing written" otherwise)
+        super().__init__(self.name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class _State:
+    installed = False
+    pending: int | None = None
+    deferred = 0
+    previous: dict[int, Any] = {}
+    previous_hook: Any = None
+    subreaper_was: int | None = None
+
+
+_state = _State()
+
+
+def _handler(signum: int, frame: Any) -> None:
+    first = _state.pending is None
+    if first:
+        _state.pending = signum
+    if first and not _state.deferred:
+        raise Interrupted(signum)
+
+
+def _reset_in_child() -> None:
+    """A forked child (loader worker) must die of SIGTERM, not run the trainer's handler."""
+    if _state.installed:
+        for s, h in _state.previous.items():
+            try:
+                signal.signal(s, h if h is not None else signal.SIG_DFL)
+            except (ValueError, OSError, TypeError):
+                pass
+        _state.installed = False
+        _state.pending = None
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _unraisable(info: Any) -> None:
+    """Python prints an exception it cannot raise (in an at-fork callback, a ``__del__``) as
+    "Exception ignored in ..." with a traceback. Ours, and the half-built objects' complaints
+    that follow an interruption (a DataLoader iterator interrupted while forking), are not
+    news: the command ends with its one line. Anything else is printed as before."""
+    if isinstance(info.exc_value, KeyboardInterrupt) or _state.pending is not None:
+        return
+    (_state.previous_hook or sys.__unraisablehook__)(info)
+
+
+def install() -> bool:
+    """Route SIGINT and SIGTERM to ``Interrupted``; False where that is impossible (not the
+    main thread). Clears any signal recorded before."""
+    _state.pending = None
+    _state.deferred = 0
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if not _state.installed:
+        _state.previous = {s: signal.getsignal(s) for s in _SIGNALS}
+        _state.previous_hook = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+    for s in _SIGNALS:
+        signal.signal(s, _handler)
+    _state.installed = True
+    return True
+
+
+def reinstall() -> None:
+    """Put our handlers back after code that replaced them (no-op when not installed)."""
+    if _state.installed and threading.current_thread() is threading.main_thread():
+        for s in _SIGNALS:
+            signal.signal(s, _handler)
+
+
+def installed() -> bool:
+    return _state.installed
+
+
+def uninstall() -> None:
+    if not _state.installed or threading.current_thread() is not threading.main_thread():
+        return
+    for s, h in _state.previous.items():
+        try:
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):
+            pass
+    if sys.unraisablehook is _unraisable:
+        sys.unraisablehook = _state.previous_hook or sys.__unraisablehook__
+    _state.installed = False
+    _state.pending = None
+    _state.deferred = 0
+
+
+def pending() -> int | None:
+    """The signal received so far (None: none)."""
+    return _state.pending
+
+
+def check() -> None:
+    """Raise ``Interrupted`` if a signal was received, even if its first exception was lost."""
+    if _state.pending is not None:
+        raise Interrupted(_state.pending)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A short section that must finish once started (publishing a result and recording that
+    it exists): a signal inside it is raised at its end. ``check()`` still raises inside."""
+    _state.deferred += 1
+    try:
+        yield
+    finally:
+        _state.deferred -= 1
+    if not _state.deferred:
+        check()
+
+
+def exiting() -> None:
+    """The command is done and cleaning up: from now on a signal is only recorded."""
+    _state.deferred += 1
+
+
+@contextlib.contextmanager
+def foreign_handlers() -> Iterator[None]:
+    """Around code that installs its own SIGTERM handler (``ray.init``: ``sys.exit(15)``): its
+    exit on SIGTERM becomes ``Interrupted``, and our handlers are back when it returns."""
+    try:
+        yield
+    except SystemExit as exc:
+        if _state.installed and exc.code in (signal.SIGTERM, -signal.SIGTERM):
+            _state.pending = _state.pending or signal.SIGTERM
+            raise Interrupted(signal.SIGTERM) from None
+        raise
+    finally:
+        reinstall()
+    check()
+
+
+# ----------------------------------------------------------------------- child processes
+
+def _prctl(option: int, arg: int = 0) -> int | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if option == _PR_GET_CHILD_SUBREAPER:
+            value = ctypes.c_int(0)
+            if libc.prctl(option, ctypes.byref(value), 0, 0, 0) != 0:
+                return None
+            return value.value
+        return 0 if libc.prctl(option, arg, 0, 0, 0) == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def adopt_orphans() -> None:
+    """Make this process a child subreaper (Linux): descendants whose parent dies stay ours."""
+    if _state.subreaper_was is None:
+        was = _prctl(_PR_GET_CHILD_SUBREAPER)
+        if was is not None and _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0:
+            _state.subreaper_was = was
+
+
+def stop_adopting() -> None:
+    if _state.subreaper_was is not None:
+        _prctl(_PR_SET_CHILD_SUBREAPER, _state.subreaper_was)
+        _state.subreaper_was = None
+
+
+def children() -> set[int]:
+    """PIDs of every live descendant of this process."""
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def stop_new_children(before: set[int], grace_s: float = 3.0) -> list[int]:
+    """Stop every descendant that was not there at ``before`` (SIGTERM, then SIGKILL after
+    ``grace_s``); returns the PIDs that were still alive. Only processes started under this
+    one are touched, by PID."""
+    import psutil
+
+    try:
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    except psutil.Error:
+        return []
+    alive = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.Error:
+            pass
+    if not alive:
+        _wait_zombies(procs)
+        return []
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for p in still:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(still, timeout=grace_s)
+    _wait_zombies(procs)
+    return [p.pid for p in alive]
+
+
+def _wait_zombies(procs: list[Any]) -> None:
+    """Collect adopted children that already exited (a subreaper must wait for them)."""
+    for p in procs:
+        try:
+            os.waitpid(p.pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass

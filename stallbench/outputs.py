@@ -1,0 +1,193 @@
+"""Where stallbench writes: every output path is checked by one rule, before any work.
+
+The rule. stallbench writes only
+  (a) new files it names itself in a directory (results: ``results.store.save`` links a
+      complete temp file under a free name, never replacing anything; dataset caches), or
+  (b) one file the user names that is of its own kind: a report over an earlier stallbench
+      report, a baseline result over an earlier stallbench result (``Kind.is_own`` reads the
+      marker each writes at its start).
+It never replaces a file of another kind, a directory, a device, a FIFO or socket, or a
+symbolic link (the rename would replace the link, not its target), and writes nothing under
+``/proc``, ``/sys`` or ``/dev``. A path under a file, a directory it cannot write, a name too
+long for the file system (a temp name adds 14 characters to the final one): one line naming
+the flag and the path, exit 2, before the run starts. ``write_file`` checks again when it
+writes, so a file put there during an hour-long run is still not replaced.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .errors import UserError
+
+FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
+TEMP_EXTRA = len("..") + 8 + len(".tmp")      # ".{name}.XXXXXXXX.tmp" around a final name
+_HEAD_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of file stallbench writes, recognised by the marker it starts with."""
+
+    name: str
+    marker: Callable[[bytes], bool]
+
+    def is_own(self, path: Path) -> bool:
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(_HEAD_BYTES)
+        except OSError:
+            return False
+        return self.marker(head)
+
+
+_REPORT_MARK = b'<meta name="generator" content="stallbench'
+_RESULT_MARK = re.compile(rb'\A\s*\{\s*"schema_version"\s*:\s*\d+\s*,\s*"tool"\s*:\s*\{\s*'
+                          rb'"name"\s*:\s*"stallbench"')
+
+REPORT = Kind("stallbench HTML report", lambda head: _REPORT_MARK in head)
+RESULT = Kind("stallbench result", lambda head: bool(_RESULT_MARK.match(head)))
+
+
+def _fail(flag: str, path: str | Path, problem: str) -> UserError:
+    return UserError(f"{flag}: {path}: {problem}")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
+
+
+def _check_place(p: Path, flag: str) -> None:
+    for candidate in {os.path.abspath(p), os.path.realpath(p)}:
+        for root in FORBIDDEN_ROOTS:
+            if _under(candidate, root):
+                raise _fail(flag, p, f"is under {root}: stallbench writes no files there")
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _existing_ancestor(p: Path, flag: str, shown: Path) -> Path:
+    """The deepest existing ancestor of ``p``; a file on the way is an error."""
+    a = Path(os.path.abspath(p))
+    while not os.path.lexists(a):
+        if a.parent == a:
+            break
+        a = a.parent
+    if not a.is_dir():
+        raise _fail(flag, shown, f"is under {a}, which is not a directory")
+    return a
+
+
+def _check_names(directory: Path, names: Iterable[str], flag: str, shown: Path) -> None:
+    limit = _name_max(directory)
+    for name in names:
+        if len(name.encode()) + TEMP_EXTRA > limit:
+            raise _fail(flag, shown, f"the file name {name[:40]!r}... is too long: "
+                                     f"{len(name.encode())} bytes, at most {limit - TEMP_EXTRA} "
+                                     "here (with the temp name written first)")
+    for part in Path(os.path.abspath(shown)).parts:
+        if len(part.encode()) > limit:
+            raise _fail(flag, shown, f"a path component is {len(part.encode())} bytes long, "
+                                     f"at most {limit} here")
+
+
+def _probe(directory: Path, name: str, flag: str, shown: Path) -> None:
+    """Create and remove a temp file of the final temp name's length: permission, a read-only
+    file system and name limits all show here, before the run instead of after it."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            why = f"cannot write in {directory} ({why})"
+        raise _fail(flag, shown, why) from None
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def _writable_ancestor(anc: Path, flag: str, shown: Path) -> None:
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise _fail(flag, shown, f"cannot create it: {anc} is not writable")
+
+
+def check_dir(path: str | Path, flag: str, names: Iterable[str] = ()) -> Path:
+    """A directory stallbench will create new files in (``names``: the longest it will use)."""
+    p = Path(path)
+    _check_place(p, flag)
+    names = list(names) or ["x"]
+    if os.path.lexists(p):
+        try:
+            st = os.stat(p)             # a symlink to a directory is a directory here
+        except OSError as exc:
+            raise _fail(flag, p, f"cannot use it ({exc.strerror or exc})") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise _fail(flag, p, "exists and is not a directory")
+        _check_names(p, names, flag, p)
+        _probe(p, max(names, key=len), flag, p)
+        return p
+    anc = _existing_ancestor(p, flag, p)
+    _check_names(anc, names, flag, p)
+    _writable_ancestor(anc, flag, p)
+    return p
+
+
+def check_file(path: str | Path, kind: Kind, flag: str) -> Path:
+    """A file stallbench will write whole (temp + rename), replacing only its own ``kind``."""
+    p = Path(path)
+    _check_place(p, flag)
+    if not p.name or p.name in (".", ".."):
+        raise _fail(flag, p, "expected a file name")
+    try:
+        st = os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):   # the latter: a file on the way
+        st = None
+    except OSError as exc:
+        raise _fail(flag, p, f"cannot use it ({exc.strerror or exc})") from None
+    if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise _fail(flag, p, f"is a symbolic link; stallbench replaces only a regular file "
+                                 f"it wrote (a {kind.name}): remove the link or name another file")
+        if stat.S_ISDIR(st.st_mode):
+            raise _fail(flag, p, f"is a directory; expected a file name for the {kind.name}")
+        if not stat.S_ISREG(st.st_mode):
+            raise _fail(flag, p, "is not a regular file (a device, FIFO or socket); "
+                                 "stallbench never replaces one")
+        if not kind.is_own(p):
+            raise _fail(flag, p, f"exists and is not a {kind.name}; stallbench never replaces "
+                                 "another file: remove it or name another file")
+    parent = p.parent if str(p.parent) else Path(".")
+    if os.path.isdir(parent):
+        _check_names(parent, [p.name], flag, p)
+        _probe(parent, p.name, flag, p)
+    else:
+        anc = _existing_ancestor(parent, flag, p)
+        _check_names(anc, [p.name], flag, p)
+        _writable_ancestor(anc, flag, p)
+    return p
+
+
+def write_file(path: str | Path, payload: str, kind: Kind, flag: str) -> Path:
+    """Check ``path`` again (it may have changed during the run), then write it atomically."""
+    from .results.store import write_atomic
+
+    p = check_file(path, kind, flag)
+    try:
+        write_atomic(p, payload)
+    except OSError as exc:
+        raise _fail(flag, p, f"cannot write it ({exc.strerror or exc})") from None
+    return p

@@ -1,0 +1,118 @@
+"""Helpers of the hostile-input tests (``tests/reliability``): run the real ``stallbench``
+command in a subprocess, as users do, and look at what it leaves behind (files, processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+# A scenario that runs in a few seconds (append sections or keys to vary it).
+TINY = """
+name = "tiny"
+[dataset]
+rows = 4096
+row_group_rows = 512
+files = 1
+dense_features = 3
+sparse_features = 2
+sequence_features = 1
+sequence_max_len = 4
+[model]
+kind = "emulated"
+step_ms = 1
+[loader]
+batch_size = 512
+[analysis]
+differential = false
+"""
+
+
+def sb(args: list[str], env: dict[str, str], cwd: Path,
+       timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallbench", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write(directory: Path, text: str, name: str = "s.toml") -> Path:
+    p = directory / name
+    p.write_text(text)
+    return p
+
+
+def one_error_line(r: subprocess.CompletedProcess, *parts: str) -> str:
+    """Exit 2 and exactly one line on stderr, ``stallbench: error: ...``, containing parts."""
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr[-3000:]
+    line = lines[0]
+    assert line.startswith("stallbench: error: "), line
+    for part in parts:
+        assert part in line, (part, line)
+    return line
+
+
+def no_files(directory: Path) -> bool:
+    return not directory.exists() or not any(directory.iterdir())
+
+
+class Watched:
+    """A ``stallbench`` process started in the background, with every process seen under it."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "stallbench", *args], cwd=cwd,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.ps = psutil.Process(self.proc.pid)
+        self.seen: dict[int, str] = {}
+
+    def children(self) -> list[Any]:
+        try:
+            kids = self.ps.children(recursive=True)
+        except psutil.Error:
+            return []
+        for k in kids:
+            try:
+                self.seen[k.pid] = k.name()
+            except psutil.Error:
+                pass
+        return kids
+
+    def wait_for(self, cond: Callable[[list[Any]], bool], timeout: float = 180) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if cond(self.children()):
+                return True
+            time.sleep(0.002)
+        return False
+
+    def finish(self, timeout: float = 240) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def leftovers(self, grace_s: float = 3.0) -> list[str]:
+        """Processes seen under the command that are still alive (killed here, then named)."""
+        deadline = time.monotonic() + grace_s
+        alive = []
+        while True:
+            alive = []
+            for pid, name in self.seen.items():
+                try:
+                    p = psutil.Process(pid)
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append((p, name))
+                except psutil.Error:
+                    pass
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for p, _ in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        return [f"{p.pid}:{name}" for p, name in alive]
