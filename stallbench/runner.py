@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, machine
+from . import __version__, machine, threads
 from .analysis import differential, rates, summary, whatif
 from .data.parquet import describe
 from .executors import EXECUTORS
 from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from .results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources,
-                      Result, RunSettings, ScenarioInfo, Summary, Timeline, ToolInfo, TrainerSolo,
-                      VariantResult, now_utc)
+                      Result, RunSettings, ScenarioInfo, Summary, ThreadBudget, Timeline,
+                      ToolInfo, TrainerSolo, VariantResult, now_utc)
 from .scenario import Scenario, Variant
 from .validate import check_scenario
 
@@ -83,12 +83,16 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     if cfg.loader.max_batches:
         est_batches = min(est_batches, cfg.loader.max_batches)
     bar = _progress(variant.name, est_batches * repeats * (1 + len(extra_runs)), progress)
+    # The trainer's own thread budget (its pyarrow pool), for this variant only.
+    trainer_budget = threads.apply(cfg.loader.trainer_threads, torch_too=False) \
+        if cfg.loader.trainer_threads else None
     try:
         t0 = time.perf_counter()
         executor.start()
         startup = time.perf_counter() - t0
         caches = StageCaches.build(plan) if extra_runs else None
         facts = executor_facts(executor)
+        budget = thread_budget(executor)
         solo = solo_probe(plan) if facts.has_producers else None
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         compute = plan.build_compute()
@@ -115,10 +119,23 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     finally:
         bar.close()
         executor.stop()
-    return _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo)
+        if trainer_budget is not None:
+            threads.restore(trainer_budget)
+    vr = _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo,
+                         notes=executor.notes(plan.transfer.notes()))
+    vr.threads = budget
+    return vr
 
 
 SOLO_ITEMS = 3
+
+
+def thread_budget(executor: Any) -> ThreadBudget:
+    """The thread budgets as the executor resolved them (after ``start``)."""
+    return ThreadBudget(producer_threads=executor.producer_threads(),
+                        trainer_threads=executor.config.loader.trainer_threads,
+                        local_producers=executor.local_producers(),
+                        cores=threads.machine_cores())
 
 
 def executor_facts(executor: Any) -> ExecutorFacts:
@@ -153,7 +170,8 @@ def solo_probe(plan: Plan) -> TrainerSolo | None:
 def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
                     runs: dict[str, list[RepeatFigures]], timeline: Timeline,
                     resources: Resources, analyze: bool, plan: Plan,
-                    solo: TrainerSolo | None = None) -> VariantResult:
+                    solo: TrainerSolo | None = None,
+                    notes: dict[str, str] | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(),
@@ -170,7 +188,7 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
         trainer_solo=solo,
         bytes=rates.byte_figures(full),
         ablations={k: v for k, v in runs.items() if k != "full"},
-        notes=plan.transfer.notes(),
+        notes=plan.transfer.notes() if notes is None else notes,
         timeline=timeline, resources=resources,
     )
     if analyze:

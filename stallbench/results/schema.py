@@ -18,7 +18,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``stall_share`` -> ``attributed_stall_s`` / ``attributed_stall_share``: epoch time above the
   ingestion-free run, not the trainer's measured stall) and ``notes``; ``stage_rates.trainer_solo_*``
   -> ``trainer_solo``; new ``executor`` facts (producer slots, whether there are producers).
-  v1 files load through ``migrate.v1_to_v2``.
+  v1 files load through ``migrate.v1_to_v2``. Added since (additive, version 2 still): a
+  variant's ``threads`` (``ThreadBudget``: the producer and trainer thread budgets as
+  resolved); the ``"flight"`` executor's facts and ``executor_figures["flight"]``.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -163,6 +165,18 @@ class ExecutorFacts:
 
 
 @dataclass
+class ThreadBudget:
+    """The thread budgets a variant ran with, as resolved (``stallbench.threads``): what the
+    oversubscription comparisons read."""
+
+    producer_threads: int | None    # per producer process; None: no budget (library defaults,
+                                    # or decided by producers on other machines)
+    trainer_threads: int | None     # pyarrow's CPU pool in the trainer; None: library default
+    local_producers: int            # producer processes sharing this machine's cores
+    cores: int                      # this machine's cores (the default budget splits them)
+
+
+@dataclass
 class StageRates:
     """Measured per-producer stage rates (rows/s of one producer's time; CPU-time rates beside
     wall-time ones) and storage MB/s: the what-if model's inputs. None: not measured."""
@@ -301,6 +315,7 @@ class VariantResult:
     notes: dict[str, str] = field(default_factory=dict)   # knobs that had no effect here, why
     timeline: Timeline = field(default_factory=Timeline)      # first full repeat
     resources: Resources = field(default_factory=Resources)   # first full repeat
+    threads: ThreadBudget | None = None     # thread budgets as resolved (None: older results)
 
 
 # ---------------------------------------------------------------------- what-if (analysis)
