@@ -173,7 +173,11 @@ class FlightExecutor(Executor):
 
             self.local = LocalServers(self.spec.flight_local_servers, self.producer_threads(),
                                       self.scenario_file)
-            self.local.start()
+            try:
+                self.local.start()
+            except BaseException:
+                self.stop()
+                raise
             self.locations = self.local.locations
         t1 = time.perf_counter()
         self.clients, self.peers, self.served = [], [], []

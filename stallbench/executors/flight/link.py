@@ -48,7 +48,12 @@ def bytes_received(peers: list[tuple[str, int]], pid: int | None = None) -> int 
                              capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    pid = os.getpid() if pid is None else pid
+    return received(out, os.getpid() if pid is None else pid)
+
+
+def received(out: str, pid: int) -> int:
+    """``bytes_received`` summed over the sockets of ``ss -tinp`` output held by ``pid``
+    (every socket, where ``ss`` shows no owners)."""
     total = 0
     for record in _records(out):
         owners = {int(p) for p in _PID.findall(record)}

@@ -102,8 +102,9 @@ class LocalServers:
                 self._fail(i, f"exited with code {p.returncode}")
 
     def _fail(self, i: int, what: str) -> None:
+        """An error naming the server and the end of its log (the caller stops the servers,
+        after cancelling the streams that still wait on them)."""
         tail = self.log_tail(i)
-        self.stop()
         raise UserError(f"{self.file}: executor: local Flight server {i} {what}"
                         + (f"; its log ends: {tail}" if tail else ""))
 

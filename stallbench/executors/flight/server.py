@@ -150,7 +150,8 @@ class ProducerServer(flight.FlightServerBase):
 
     def describe(self) -> dict[str, Any]:
         return {"v": protocol.VERSION, "stallbench": __version__, "pid": os.getpid(),
-                "cores": threads.machine_cores(), "scenario": self.catalog.name,
+                "cores": threads.machine_cores(), "pyarrow_threads": pa.cpu_count(),
+                "scenario": self.catalog.name,
                 "variants": {k: {"shards": len(e.dataset.shards), "rows": e.dataset.rows}
                              for k, e in self.catalog.entries.items()}}
 
