@@ -7,7 +7,7 @@ SB      := $(VENV)/bin/stallbench
 STAMP   := $(VENV)/.installed
 PYTHON  ?= python3
 
-.PHONY: setup demo test browser ci-gate clean-cache
+.PHONY: setup demo test browser ci-gate clean-cache peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,20 @@ test: setup browser
 	@sync; $(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
 	exit $$rc
+
+# Petastorm for benchmarks/peers.py, in its own venv (.venv-peers): it needs pyarrow < 15 and
+# numpy < 2, which stallbench's own venv must not get. torch and the rest are shared with
+# $(VENV) through a .pth file, so nothing large is downloaded twice.
+PEERS   ?= .venv-peers
+$(PEERS)/.installed: pyproject.toml $(STAMP)
+	$(PYTHON) -m venv $(PEERS)
+	$(PY) -c 'import sys; print("\n".join(p for p in sys.path if p.endswith("site-packages")))' \
+	  > "$$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_stallbench_venv.pth"
+	$(PEERS)/bin/pip install --quiet --disable-pip-version-check \
+	  $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["peers"]))')
+	touch $@
+
+peers: $(PEERS)/.installed
 
 # The CI regression gate: small scenarios against the committed baseline.
 ci-gate: setup
