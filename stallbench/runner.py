@@ -132,7 +132,8 @@ SOLO_ITEMS = 3
 
 def thread_budget(executor: Any) -> ThreadBudget:
     """The thread budgets as the executor resolved them (after ``start``)."""
-    return ThreadBudget(producer_threads=executor.producer_threads(),
+    return ThreadBudget(producer_threads=executor.producer_threads() if executor.has_producers()
+                        else None,
                         trainer_threads=executor.config.loader.trainer_threads,
                         local_producers=executor.local_producers(),
                         cores=threads.machine_cores())

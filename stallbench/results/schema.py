@@ -169,8 +169,8 @@ class ThreadBudget:
     """The thread budgets a variant ran with, as resolved (``stallbench.threads``): what the
     oversubscription comparisons read."""
 
-    producer_threads: int | None    # per producer process; None: no budget (library defaults,
-                                    # or decided by producers on other machines)
+    producer_threads: int | None    # per producer process; None: no producer processes, no
+                                    # budget (library defaults), or decided by remote producers
     trainer_threads: int | None     # pyarrow's CPU pool in the trainer; None: library default
     local_producers: int            # producer processes sharing this machine's cores
     cores: int                      # this machine's cores (the default budget splits them)
