@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
 from pathlib import Path
 
 from ..errors import UserError
@@ -57,9 +59,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"serving {len(catalog.entries)} variant(s) of scenario {sc.name!r} on "
           f"grpc://{args.host}:{server.port} (pid {os.getpid()}); Ctrl-C or SIGTERM stops",
           flush=True)
-    try:
-        server.serve()         # returns on SIGINT/SIGTERM: Arrow shuts the server down first
-    except KeyboardInterrupt:
+    # The server's threads serve from its construction on; this thread only waits for a
+    # stop, in Python, where SIGINT and SIGTERM handlers run.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
         pass
+    server.shutdown()
     print("stallbench serve: stopped", flush=True)
     return 0

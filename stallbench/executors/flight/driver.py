@@ -25,6 +25,8 @@ one copy of the collated tensors, or the vectorised collation with ``collate = "
 local servers' own process clocks (None for servers elsewhere); the bytes that crossed the
 link from the kernel's counters of the trainer's sockets (``link``), reported after the run
 as ``wire_bytes`` (``late_stage_times``), beside the uncompressed IPC size (``raw_bytes``).
+Where those counters cannot be read (no ``ss``), ``wire_bytes`` is the uncompressed IPC size
+the servers sent, and the run's figures say so.
 """
 
 from __future__ import annotations
@@ -382,7 +384,8 @@ class FlightExecutor(Executor):
                                            f"work item {meta.item} with {len(payloads)} of "
                                            f"{meta.parts} batches while item {expect} was due")
                     t = meta.times
-                    t.wire_bytes = 0          # the link's bytes are counted by the kernel
+                    if r.link0 is not None:
+                        t.wire_bytes = 0      # the link's bytes are counted by the kernel
                     out = ShardOutput(meta.item, meta.shard, payloads if meta.payload else None,
                                       meta.batches, meta.rows, t)
                     payloads = []
@@ -441,7 +444,9 @@ class FlightExecutor(Executor):
             "first_chunk_s": min(firsts) if firsts else None,
             "link_bytes_received": got,
             "link_bytes_source": ("tcp_info bytes_received of the trainer's sockets (ss)"
-                                  if got is not None else "not measured (no ss)"),
+                                  if got is not None else
+                                  "not measured (no ss here): wire_bytes is the uncompressed "
+                                  "Arrow IPC size the servers sent"),
             "work_items": r.delivered,
             "complete": r.complete,
         }}

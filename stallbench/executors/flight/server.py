@@ -124,6 +124,8 @@ class ProducerServer(flight.FlightServerBase):
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
         kind = action.type
+        if kind not in ("ping", "prepare", "release"):
+            raise flight.FlightServerError(f"unknown action {kind!r}")
         try:
             if kind == "ping":
                 return iter([json.dumps(self.describe()).encode()])
@@ -146,7 +148,7 @@ class ProducerServer(flight.FlightServerBase):
             raise
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the trainer
             raise _error(exc) from None
-        raise flight.FlightServerError(f"unknown action {kind!r}")
+        raise AssertionError(kind)   # pragma: no cover - every known kind returned above
 
     def describe(self) -> dict[str, Any]:
         return {"v": protocol.VERSION, "stallbench": __version__, "pid": os.getpid(),
