@@ -170,7 +170,6 @@ class Stallbench:
 def plain_dataloader(rows: int) -> dict[str, Any]:
     """A torch DataLoader over row groups, 2 workers, columnar tensors (variants.py's)."""
     import pyarrow.parquet as pq
-    import torch  # noqa: F401
     from torch.utils.data import DataLoader, Dataset
 
     from stallbench.pipeline import Plan, dataset_for
