@@ -66,7 +66,7 @@ def mask(text: str) -> str:
     text = re.sub(r"\(N\.\.N\)", "(N..N)", text)
     text = re.sub(r"\[N,N\]", "", text)
     text = re.sub(r"-{3,}", "---", text)
-    text = re.sub(r"\b(fetch|preprocess|transfer|compute)$", "<stage>", text, flags=re.M)
+    text = re.sub(r"\b(fetch|preprocess|transfer|compute)\??$", "<stage>", text, flags=re.M)
     text = re.sub(r"<stage>\?$", "<stage>", text, flags=re.M)   # "?": not conclusive
     # What a verdict says depends on the measurement (a loaded machine makes the tiny run
     # inconclusive); its form is checked by VERDICT below, the golden keeps its place.

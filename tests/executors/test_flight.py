@@ -96,10 +96,16 @@ def _assert_gone(pids: list[int], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if _alive(p)]
         time.sleep(0.05)
     assert not alive, f"Flight servers left running: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _batches(plan: Plan, ex: Any) -> list[dict[str, torch.Tensor]]:
@@ -376,6 +382,43 @@ def test_serve_cli_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: Any) -> 
     (tmp_path / "s.toml").write_text(_text())
     assert main(["serve", str(tmp_path / "s.toml"), "--port", "70000"]) == 2
     assert capsys.readouterr().err == "stallbench: error: --port: expected 0..65535, got 70000\n"
+
+
+def test_cli_ctrl_c_stops_the_local_servers(tmp_path: Path) -> None:
+    """Ctrl-C reaches the trainer only (servers run in their own session); it stops them by
+    PID, exits 130 and writes no result."""
+    (tmp_path / "s.toml").write_text(_text(step=200) + "[analysis]\ndifferential = false\n")
+    env = {**os.environ, "STALLBENCH_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "stallbench", "run", "s.toml", "--no-progress"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            servers = [k.pid for k in kids if "flight.server" in " ".join(_cmdline(k))]
+            if len(servers) == 2 and (tmp_path / "cache").exists():
+                break
+            time.sleep(0.2)
+        assert len(servers) == 2, "the run never started its two servers"
+        time.sleep(4.0)                                # into the measured runs (200 ms steps)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and not (tmp_path / "results").exists()
+    _assert_gone(servers)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 # ------------------------------------------------------------------------------ protocol
