@@ -11,7 +11,7 @@ PYTHON  ?= python3
 # training environment `pip install -e .` keeps the torch that is there.
 TORCH   ?= torch==2.13.0
 
-.PHONY: setup demo test browser ci-gate ci-ab clean-cache
+.PHONY: setup demo test browser ci-gate ci-ab clean-cache peers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,20 @@ ci-ab: setup
 	  echo "ci-ab: WARNING: HEAD~1 is not in this clone (shallow clone or first commit): no" \
 	       "same-job A/B; the committed baseline (make ci-gate) is the only reference for this run"; \
 	fi
+
+# Petastorm for benchmarks/peers.py, in its own venv (.venv-peers): it needs pyarrow < 15 and
+# numpy < 2, which stallbench's own venv must not get. torch and the rest are shared with
+# $(VENV) through a .pth file, so nothing large is downloaded twice.
+PEERS   ?= .venv-peers
+$(PEERS)/.installed: pyproject.toml $(STAMP)
+	$(PYTHON) -m venv $(PEERS)
+	$(PY) -c 'import sys; print("\n".join(p for p in sys.path if p.endswith("site-packages")))' \
+	  > "$$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_stallbench_venv.pth"
+	$(PEERS)/bin/pip install --quiet --disable-pip-version-check \
+	  $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["peers"]))')
+	touch $@
+
+peers: $(PEERS)/.installed
 
 # The CI regression gate: small scenarios against the committed baseline.
 ci-gate: setup

@@ -18,7 +18,7 @@ from .errors import UserCodeError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import gate, history, report, run, whatif
+    from .commands import gate, history, report, run, serve, whatif
 
     p = argparse.ArgumentParser(prog="stallbench",
                                 description="Find out why ML training waits for data, and prove it.")
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true",
                    help="show the traceback of a failure in your own code (transforms, models)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (run, report, gate, whatif, history):
+    for mod in (run, report, gate, whatif, history, serve):
         mod.add_parser(sub)
     return p
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, budget, machine
+from . import __version__, budget, machine, threads
 from .analysis import differential, rates, summary, whatif
 from .data.parquet import describe
 from .executors import EXECUTORS
@@ -23,7 +23,8 @@ from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from .executors.runtimes import RuntimeScope
 from .results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources,
-                      Result, RunSettings, ScenarioInfo, StartupFigures, Summary, Timeline,
+                      Result, RunSettings, ScenarioInfo, StartupFigures, Summary, ThreadBudget,
+                      Timeline,
                       ToolInfo, TrainerSolo, VariantResult, now_utc)
 from .scenario import Scenario, Variant
 from .validate import check_scenario
@@ -107,12 +108,16 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     if cfg.loader.max_batches:
         est_batches = min(est_batches, cfg.loader.max_batches)
     bar = _progress(variant.name, est_batches * repeats * (1 + len(extra_runs)), progress)
+    # The trainer's own thread budget (its pyarrow pool), for this variant only.
+    trainer_budget = threads.apply(cfg.loader.trainer_threads, torch_too=False) \
+        if cfg.loader.trainer_threads else None
     try:
         t0 = time.perf_counter()
         executor.start()
         startup = time.perf_counter() - t0
         caches = StageCaches.build(plan) if extra_runs else None
         facts = executor_facts(executor)
+        budget = thread_budget(executor)
         solo = solo_probe(plan) if facts.has_producers else None
         executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
         started = startup_figures(startup, executor.startup_figures())
@@ -140,8 +145,12 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     finally:
         bar.close()
         executor.stop()
-    vr = _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo)
+        if trainer_budget is not None:
+            threads.restore(trainer_budget)
+    vr = _variant_result(variant, cfg, facts, runs, timeline, resources, analyze, plan, solo,
+                         notes=executor.notes(plan.transfer.notes()))
     vr.startup = started
+    vr.threads = budget
     return vr
 
 
@@ -208,6 +217,15 @@ def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenari
 SOLO_ITEMS = 3
 
 
+def thread_budget(executor: Any) -> ThreadBudget:
+    """The thread budgets as the executor resolved them (after ``start``)."""
+    return ThreadBudget(producer_threads=executor.producer_threads() if executor.has_producers()
+                        else None,
+                        trainer_threads=executor.config.loader.trainer_threads,
+                        local_producers=executor.local_producers(),
+                        cores=threads.machine_cores())
+
+
 def executor_facts(executor: Any) -> ExecutorFacts:
     """What the executor says about itself, recorded so analysis never reads its config."""
     return ExecutorFacts(kind=executor.name, producer_slots=executor.producer_slots(),
@@ -241,7 +259,8 @@ def solo_probe(plan: Plan) -> TrainerSolo | None:
 def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
                     runs: dict[str, list[RepeatFigures]], timeline: Timeline,
                     resources: Resources, analyze: bool, plan: Plan,
-                    solo: TrainerSolo | None = None) -> VariantResult:
+                    solo: TrainerSolo | None = None,
+                    notes: dict[str, str] | None = None) -> VariantResult:
     full = runs["full"]
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(),
@@ -258,7 +277,7 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
         trainer_solo=solo,
         bytes=rates.byte_figures(full),
         ablations={k: v for k, v in runs.items() if k != "full"},
-        notes=plan.transfer.notes(),
+        notes=plan.transfer.notes() if notes is None else notes,
         timeline=timeline, resources=resources,
     )
     if analyze:

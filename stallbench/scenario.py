@@ -151,11 +151,22 @@ class LoaderSpec:
     wire_bandwidth_mb_s: float | None = knob(None, "EMULATED producer->trainer link bandwidth in MB/s "
                                                    "(e.g. preprocessing on another node).",
                                              min=0, max=10**7, exclusive_min=True)
+    producer_threads: int | None = knob(None, "Thread budget of each producer process (loader "
+                                              "worker, Ray task, Flight server): pyarrow's CPU pool, "
+                                              "torch intra-op, OMP/MKL. Unset: the machine's cores "
+                                              "split between the producers that share them (at least "
+                                              "1); 0: no budget (library defaults).",
+                                        min=0, max=1024)
+    trainer_threads: int | None = knob(None, "Thread budget of the trainer process (each trainer "
+                                             "rank): pyarrow's CPU pool and OMP/MKL (torch intra-op "
+                                             "is model.torch_threads). Unset: library defaults.",
+                                       min=1, max=1024)
 
 
 @dataclass(frozen=True)
 class ExecutorSpec:
-    kind: str = knob("local", "\"local\" (torch DataLoader on the trainer) or \"ray\" (Ray Data).",
+    kind: str = knob("local", "\"local\" (torch DataLoader on the trainer), \"ray\" (Ray Data) or "
+                             "\"flight\" (Arrow Flight servers over real sockets).",
                      registry="executor")
     ray_address: str | None = knob(None, "Existing Ray cluster: \"auto\", \"host:port\" (its GCS) "
                                          "or \"ray://host:10001\" (Ray Client); a token comes from "
@@ -174,8 +185,17 @@ class ExecutorSpec:
     ray_pool: str = knob("tasks", "Ray Data compute for the producer operator: \"tasks\" (a task "
                                   "pool) or \"actors\" (a fixed actor pool of `concurrency` actors).",
                          choices=("tasks", "actors"))
-    connect_timeout_s: float = knob(20.0, "Seconds to wait for the cluster at `ray_address` before "
-                                          "giving up with an error.", min=1, max=3600)
+    connect_timeout_s: float = knob(20.0, "Seconds to wait for the cluster at `ray_address` (or each "
+                                          "of `flight_servers`) before giving up with an error.",
+                                    min=1, max=3600)
+    flight_servers: list[str] | None = knob(None, "Existing Flight servers (\"grpc://host:port\", "
+                                                  "each started with `stallbench serve`); unset: "
+                                                  "`flight_local_servers` are started on this machine.")
+    flight_local_servers: int = knob(2, "Flight server processes stallbench starts on this machine "
+                                        "(loopback) when `flight_servers` is unset.", min=1, max=64)
+    flight_streams_per_server: int = knob(1, "Streams (do_get calls) the trainer reads at once from "
+                                             "each Flight server; each owns a share of its row groups.",
+                                          min=1, max=16)
 
 
 @dataclass(frozen=True)
@@ -488,6 +508,14 @@ def _resolve(raw: dict[str, Any], file: str) -> Config:
     _check_transforms(cfg.preprocess, file)
     _check_cross(cfg, file)
     return cfg
+
+
+def config_from_dict(raw: dict[str, Any], file: str = "<config>") -> Config:
+    """A ``Config`` from ``Config.to_dict()``'s form, validated like a scenario's sections
+    (what crosses a process or machine boundary as JSON, e.g. to a Flight server)."""
+    if not isinstance(raw, dict) or set(raw) - set(SECTIONS):
+        raise ScenarioError(file, None, "expected a table of scenario sections")
+    return _resolve(raw, file)
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:

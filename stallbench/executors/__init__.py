@@ -5,7 +5,7 @@ Importing this package registers every executor (each module registers itself in
 None of them imports Ray at module level, so this stays cheap without a Ray runtime.
 """
 
-from . import local, ray  # noqa: F401 - registration
+from . import flight, local, ray  # noqa: F401 - registration
 from .base import EXECUTORS, Executor
 
 __all__ = ["EXECUTORS", "Executor"]

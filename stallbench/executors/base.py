@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Iterator
 
+from .. import threads
 from ..pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ..registry import Registry
 from ..scenario import Config
@@ -100,6 +101,18 @@ class Executor:
         (producers on the trainer's machine)."""
         return None
 
+    def local_producers(self) -> int:
+        """Producer processes that share this machine's cores: what the default thread budget
+        splits them between (``stallbench.threads``)."""
+        return self.producer_slots()
+
+    def producer_threads(self) -> int | None:
+        """Threads each producer process runs with (pyarrow's CPU pool, torch intra-op,
+        OMP/MKL): ``loader.producer_threads``, by default this machine's cores split between
+        its ``local_producers``; None: no budget (library defaults)."""
+        return threads.producer_budget(self.config.loader.producer_threads,
+                                       self.local_producers())
+
     # ------------------------------------------------------------------------ its figures
     def worker_pids(self) -> list[int]:
         """Producer processes outside the trainer's tree whose memory counts (e.g. Ray)."""
@@ -143,3 +156,8 @@ class Executor:
     def run_figures(self) -> dict[str, Any]:
         """Executor-specific figures of the last run (e.g. Ray operator stats, faults)."""
         return {}
+
+    def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
+        """Knobs that had no effect with this executor, and why (results' ``notes``), given
+        the transfer stage's own notes (an executor may correct or add to them)."""
+        return transfer_notes

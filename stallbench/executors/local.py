@@ -24,10 +24,9 @@ import multiprocessing.context
 import os
 from typing import Any, Iterator
 
-import pyarrow as pa
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .. import interrupts
+from .. import interrupts, threads
 from ..errors import UserCodeError, UserError
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
@@ -83,16 +82,16 @@ def _identity(x: Any) -> Any:
 
 
 class _WorkerInit:
-    """Split the machine's cores between the workers: each worker's pyarrow decodes with
-    ``cores // num_workers`` threads (as torch already gives each worker one intra-op
-    thread), so two workers on two cores do not run four decode threads that only add
-    context switches and hand-offs. Picklable, for any multiprocessing context."""
+    """Each worker's thread budget (``stallbench.threads``): by default the machine's cores
+    split between the workers, so two workers on two cores do not run four decode threads
+    that only add context switches and hand-offs. Picklable, for any multiprocessing
+    context."""
 
-    def __init__(self, num_workers: int) -> None:
-        self.threads = max(1, (os.cpu_count() or 1) // max(num_workers, 1))
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
 
     def __call__(self, worker_id: int) -> None:
-        pa.set_cpu_count(self.threads)
+        threads.apply(self.budget)
 
 
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
@@ -170,7 +169,7 @@ class LocalExecutor(Executor):
             _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
             prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=False,
             multiprocessing_context=_CheckedForkContext(),
-            worker_init_fn=_WorkerInit(lc.num_workers),
+            worker_init_fn=_WorkerInit(self.producer_threads()),
         )
         it = iter(loader)
         try:

@@ -30,6 +30,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   producers_share_cores``, ``whatif.model.producer_cores`` and ``whatif.measured[].
   oversubscribed``: the what-if's core budget for nodes (real nodes bring their own cores,
   simulated ones share this machine's) and which validation points were oversubscribed.
+  Additive in version 2 (issue 20): a variant's ``threads`` (``ThreadBudget``: the producer
+  and trainer thread budgets as resolved); the ``"flight"`` executor's facts and
+  ``executor_figures["flight"]``.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -220,6 +223,18 @@ class ExecutorFacts:
     # the config keys that set producer_slots ("loader.num_workers", ...): variants that differ
     # only in these form one scaling curve for the what-if
     scaling_knobs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ThreadBudget:
+    """The thread budgets a variant ran with, as resolved (``stallbench.threads``): what the
+    oversubscription comparisons read."""
+
+    producer_threads: int | None    # per producer process; None: no producer processes, no
+                                    # budget (library defaults), or decided by remote producers
+    trainer_threads: int | None     # pyarrow's CPU pool in the trainer; None: library default
+    local_producers: int            # producer processes sharing this machine's cores
+    cores: int                      # this machine's cores (the default budget splits them)
 
 
 @dataclass
@@ -448,6 +463,7 @@ class VariantResult:
     # trainers.ranks > 1: the ranks and the straggler (None for one in-process trainer)
     ranks: RankSummary | None = None
     startup: StartupFigures | None = None                     # issue 16
+    threads: ThreadBudget | None = None     # thread budgets as resolved (None: older results)
 
 
 # ---------------------------------------------------------------------- what-if (analysis)

@@ -8,7 +8,9 @@ process boundary, which is exactly what the field's optimisations change:
 - ``rows``: per-row dicts, ``torch.utils.data.default_collate`` (the naive PyTorch baseline);
 - ``columnar``: numpy columns -> tensors (zero-copy ``from_numpy``);
 - ``single_buffer``: every tensor of a batch packed into one contiguous buffer with a small
-  header (Pinterest/Yelp's trick), unpacked by the trainer as zero-copy views.
+  header (Pinterest/Yelp's trick), unpacked by the trainer as zero-copy views;
+- ``arrow``: one Arrow record batch (what the Flight executor streams; Arrow's IPC moves it
+  between processes without a per-column Python step).
 
 ``collate`` says where rows become the four batch tensors. With ``collate = "producer"`` the
 producer hands over finished tensors; with ``"trainer"`` it hands over one array per feature
@@ -232,6 +234,10 @@ def nbytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.generic):
+        return obj.nbytes
+    if isinstance(obj, pa.RecordBatch):
+        return pa.ipc.get_record_batch_size(obj)     # what its IPC message carries
+    if isinstance(obj, pa.Table):
         return obj.nbytes
     if isinstance(obj, dict):
         return sum(nbytes(v) for v in obj.values())
@@ -632,3 +638,89 @@ class SingleBufferFormat(BatchFormat):
         except ValueError as exc:
             raise PayloadError(f"batch {batch_id}: {exc}") from None
         return check_batch(tensors(collate_columns(cols, s)), s, batch_id, rows)
+
+
+# ----------------------------------------------------------------------------- Arrow batches
+
+def arrow_schema(schema: FeatureSchema, collate: str) -> pa.Schema:
+    """The Arrow schema of an ``arrow`` payload (also the schema of a Flight stream).
+
+    ``collate = "producer"``: the collated tensors as fixed-size lists, one value per tensor
+    row (``dense``: D float32, ``sparse``: S int64, ``seq``: Q * L int64, ``label``: float32);
+    a tensor of width 0 is left out (Arrow has no fixed-size list of size 0) and rebuilt empty.
+    ``"trainer"``: the preprocessed feature columns in their canonical types."""
+    if collate == "producer":
+        fields = [pa.field(name, pa.list_(pa.from_numpy_dtype(dt), math.prod(shape[1:])), False)
+                  for name, dt, shape in collated_fields(schema, 0)
+                  if name != "label" and math.prod(shape[1:]) > 0]
+        return pa.schema([*fields, pa.field("label", pa.float32(), False)])
+    return pa.schema([*(pa.field(c, pa.float32()) for c in schema.dense),
+                      *(pa.field(c, pa.int64()) for c in schema.sparse),
+                      *(pa.field(c, pa.list_(pa.int64())) for c in schema.sequence),
+                      pa.field(schema.label, pa.float32())])
+
+
+def _one_batch(table: pa.Table | pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
+    if isinstance(table, pa.RecordBatch):
+        batches = [table]
+    else:
+        table = table.select(target.names)
+        batches = table.to_batches()
+        if len(batches) != 1:
+            batches = table.combine_chunks().to_batches() or [pa.RecordBatch.from_pylist([], target)]
+    rb = batches[0].select(target.names)
+    return rb if rb.schema.equals(target) else rb.cast(target)
+
+
+@FORMATS.register("arrow")
+class ArrowFormat(BatchFormat):
+    """One Arrow record batch per batch: what a Flight server streams, and what Arrow's IPC
+    (pickling a batch included) moves without a per-row or per-column Python step. With
+    ``collate = "producer"`` it holds the collated tensors (fixed-size lists) and the trainer
+    copies each tensor out in one pass (received Arrow buffers are read-only, and the model
+    may write its inputs); with ``"trainer"`` it holds the feature columns and the trainer
+    collates them (vectorised, ``to_arrays``)."""
+
+    name = "arrow"
+
+    def __init__(self, schema: FeatureSchema, collate: str) -> None:
+        super().__init__(schema, collate)
+        self.arrow = arrow_schema(schema, collate)
+
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
+        if self.collate != "producer":
+            return _one_batch(table, self.arrow)
+        arrays = to_arrays(table, self.schema)
+        cols = []
+        for f in self.arrow:
+            a = arrays[f.name]
+            if f.name == "label":
+                cols.append(pa.array(a))
+            else:
+                cols.append(pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1)),
+                                                              f.type.list_size))
+        return pa.RecordBatch.from_arrays(cols, schema=self.arrow)
+
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
+        if isinstance(data, pa.Table):
+            data = _one_batch(data, self.arrow)
+        if not isinstance(data, pa.RecordBatch):
+            raise PayloadError(f"batch {batch_id}: expected an Arrow record batch, got "
+                               f"{type(data).__name__}")
+        if not data.schema.equals(self.arrow):
+            raise PayloadError(f"batch {batch_id}: record batch schema {data.schema} is not "
+                               f"the expected {self.arrow}")
+        if self.collate != "producer":
+            return check_batch(tensors(to_arrays(data, self.schema)), self.schema, batch_id,
+                               rows)
+        n = data.num_rows
+        out: TensorBatch = {}
+        for name, dt, shape in collated_fields(self.schema, n):
+            if name == "label":
+                arr = column_numpy(data.column("label"), np.float32)
+            elif math.prod(shape[1:]) == 0:
+                arr = np.empty(shape, dtype=dt)
+            else:
+                arr = column_numpy(data.column(name).flatten(), dt).reshape(shape)
+            out[name] = torch.from_numpy(np.array(arr, dtype=dt, copy=True))
+        return check_batch(out, self.schema, batch_id, rows)

@@ -48,6 +48,9 @@ class Payload:
     wire_bytes: int      # bytes handed over (compressed size when compressed)
     raw_bytes: int       # bytes of the encoded batch before compression
     final: bool = False  # data is already the trainer's TensorBatch (e.g. Ray's iter_torch_batches)
+    # The batch format that encoded ``data`` when it is not the loader's (an executor whose
+    # wire has a format of its own: Flight streams ``arrow`` record batches).
+    format: str | None = None
 
 
 def device() -> torch.device:
@@ -130,6 +133,7 @@ class Transfer:
         self.loader = loader
         self.schema = schema
         self.format: BatchFormat = FORMATS.get(loader.batch_format)(schema, loader.collate)
+        self._formats: dict[str, BatchFormat] = {loader.batch_format: self.format}
         self.level = loader.compression_level
         self.compress = loader.compression == "zstd"
         self.device = device()
@@ -179,8 +183,17 @@ class Transfer:
                 except Exception as exc:  # noqa: BLE001 - any unpickling failure is corruption
                     raise PayloadError(f"batch {p.batch_id}: payload does not unpickle "
                                        f"({exc})") from None
-        batch = self.format.decode(data, p.batch_id, p.rows)
+        batch = self.format_of(p).decode(data, p.batch_id, p.rows)
         return self.to_device(batch)
+
+    def format_of(self, p: Payload) -> BatchFormat:
+        """The format that decodes ``p``: the loader's, or the one the payload names."""
+        if p.format is None:
+            return self.format
+        fmt = self._formats.get(p.format)
+        if fmt is None:
+            fmt = self._formats[p.format] = FORMATS.get(p.format)(self.schema, self.loader.collate)
+        return fmt
 
     def to_device(self, batch: TensorBatch) -> TensorBatch:
         if self.device.type == "cpu":

@@ -97,7 +97,7 @@ def test_zero_copy_columns_and_empty_tables() -> None:
     assert empty["seq"].shape == (0, 2, 3) and empty["label"].shape == (0,)
 
 
-@pytest.mark.parametrize("fmt", ["rows", "columnar", "single_buffer"])
+@pytest.mark.parametrize("fmt", ["rows", "columnar", "single_buffer", "arrow"])
 @pytest.mark.parametrize("collate", ["producer", "trainer"])
 def test_every_format_and_collate_side_decodes_to_the_truth(fmt: str, collate: str) -> None:
     t = _table(9, 2)
@@ -247,3 +247,36 @@ def test_non_buffer_payloads_are_refused() -> None:
             g.decode({"dense": torch.zeros(2, 2)}, "5:5", rows=2)
     with pytest.raises(PayloadError, match="batch 5:5"):
         bf.FORMATS.get("rows")(SCHEMA, "trainer").decode([], "5:5")
+
+
+# ---------------------------------------------------------------------------------- arrow
+
+def test_arrow_batches_carry_collated_tensors_or_the_columns() -> None:
+    t = _table(5, 1)
+    prod = bf.FORMATS.get("arrow")(SCHEMA, "producer").encode(t, "b", False)
+    assert prod.schema.names == ["dense", "sparse", "seq", "label"]
+    assert prod.schema.field("seq").type == pa.list_(pa.int64(), 2 * 3)   # Q * L per row
+    train = bf.FORMATS.get("arrow")(SCHEMA, "trainer").encode(t, "b", False)
+    assert train.schema.names == ["d0", "d1", "s0", "q0", "q1", "y"] and train.num_rows == 5
+    # what crosses a process boundary: Arrow IPC, measured as the IPC message's size
+    assert bf.nbytes(prod) == pa.ipc.get_record_batch_size(prod) > 5 * (2 * 4 + 8 + 6 * 8)
+
+
+def test_arrow_without_dense_or_sequences_rebuilds_empty_tensors() -> None:
+    schema = FeatureSchema(dense=(), sparse=("s0",), sequence=(), label="y", seq_len=3)
+    t = _table(4).select(["s0", "y"])
+    f = bf.FORMATS.get("arrow")(schema, "producer")
+    batch = f.decode(f.encode(t, "b", False), "b", rows=4)
+    assert batch["dense"].shape == (4, 0) and batch["seq"].shape == (4, 0, 3)
+    np.testing.assert_array_equal(batch["sparse"].numpy()[:, 0], np.arange(4) + 1000)
+
+
+def test_arrow_payloads_of_another_shape_are_refused() -> None:
+    f = bf.FORMATS.get("arrow")(SCHEMA, "producer")
+    good = f.encode(_table(4), "b", False)
+    with pytest.raises(PayloadError, match="batch 2:0: record batch schema"):
+        f.decode(good.drop_columns(["seq"]), "2:0", rows=4)
+    with pytest.raises(PayloadError, match="batch 2:0: expected an Arrow record batch"):
+        f.decode({"dense": torch.zeros(2, 2)}, "2:0", rows=2)
+    with pytest.raises(PayloadError, match="batch 2:0: 'dense' is .* expected .*\(5, 2\)"):
+        f.decode(good, "2:0", rows=5)                  # rows disagree with the payload

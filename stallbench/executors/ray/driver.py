@@ -45,6 +45,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ... import threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
@@ -250,7 +251,8 @@ class RayExecutor(Executor):
             refs["fetched"] = self._cache_refs["fetched"]
         if a.preprocess:
             refs["prepped"] = self._cache_refs["prepped"]
-        return worker.Job(uuid.uuid4().hex, dataclasses.replace(plan, caches=None), refs)
+        return worker.Job(uuid.uuid4().hex, dataclasses.replace(plan, caches=None), refs,
+                          threads=self.producer_threads())
 
     # ------------------------------------------------------------------------ its producers
     def producer_slots(self) -> int:
@@ -272,6 +274,11 @@ class RayExecutor(Executor):
 
     def has_producers(self) -> bool:
         return True          # producers are always Ray workers, never the trainer
+
+    def producer_threads(self) -> int | None:
+        """A task reserves one CPU, so by default its worker gets one thread (as Ray sets
+        OMP_NUM_THREADS to a task's CPUs); ``loader.producer_threads`` overrides it."""
+        return threads.producer_budget(self.config.loader.producer_threads, 1, cores=1)
 
     def producer_nodes(self) -> int | None:
         """Simulated nodes, or the cluster's nodes with CPUs (after ``start``; else None)."""

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ... import threads
 from ...pipeline import Plan, StageCaches
 from . import codec
 
@@ -29,6 +30,7 @@ class Job:
     token: str
     plan: Plan
     refs: dict[str, dict[int, Any]] = field(default_factory=dict)
+    threads: int | None = None       # the producer thread budget (None: no budget)
 
 
 class PlanCache:
@@ -43,6 +45,7 @@ class PlanCache:
         if plan is None:
             cls._plans.clear()
             plan = cls._plans[job.token] = job.plan
+            threads.apply(job.threads)     # this worker's thread budget, once per job
         return plan
 
     @classmethod

@@ -1,0 +1,71 @@
+"""``stallbench serve``: a Flight server for a scenario's variants, on a machine with the data.
+
+A trainer whose scenario says ``[executor] kind = "flight"`` and
+``flight_servers = ["grpc://this-host:PORT"]`` reads its batches from here. The server opens
+(or, for a synthetic table, generates into ``--cache-dir``) the dataset of every variant of
+the scenario before it listens, so the first stream does not pay for that, and serves until
+Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve a scenario's batches to Flight trainers",
+                       description="Serve every variant of a scenario as Arrow Flight streams "
+                                   "(the producers of `[executor] kind = \"flight\"` with "
+                                   "`flight_servers`). Runs until Ctrl-C or SIGTERM.")
+    p.add_argument("scenario", help="scenario TOML file (the trainer's)")
+    p.add_argument("--port", type=int, required=True, help="TCP port to listen on (0: any free port)")
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on (default: every interface, 0.0.0.0)")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="where generated datasets are cached (default: $STALLBENCH_CACHE or .cache/stallbench)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port: expected 0..65535, got {args.port}")
+    from .. import scenario
+    from ..executors.flight.driver import import_flight
+    from ..pipeline import dataset_for
+    from ..runner import default_cache_dir
+    from ..validate import check_scenario
+
+    sc = scenario.load(args.scenario)
+    check_scenario(sc)
+    import_flight(sc.path)
+    from ..executors.flight.server import Catalog, ProducerServer
+
+    cache = args.cache_dir or default_cache_dir()
+    catalog = Catalog(sc.name)
+    for v in sc.variants:
+        catalog.add(v.config, dataset_for(v.config, cache, sc.path), sc.path)
+    try:
+        server = ProducerServer(f"grpc://{args.host}:{args.port}", catalog)
+    except Exception as exc:  # noqa: BLE001 - a port in use, an address not of this machine
+        raise UserError(f"--port/--host: cannot listen on {args.host}:{args.port} "
+                        f"({' '.join(str(exc).split())[:200]})") from None
+    print(f"serving {len(catalog.entries)} variant(s) of scenario {sc.name!r} on "
+          f"grpc://{args.host}:{server.port} (pid {os.getpid()}); Ctrl-C or SIGTERM stops",
+          flush=True)
+    # The server's threads serve from its construction on; this thread only waits for a
+    # stop, in Python, where SIGINT and SIGTERM handlers run.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    server.shutdown()
+    print("stallbench serve: stopped", flush=True)
+    return 0

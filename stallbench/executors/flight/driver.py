@@ -1,0 +1,487 @@
+"""The Flight executor's trainer side: which servers, which share each streams, and the merge.
+
+*Servers.* ``flight_servers = ["grpc://host:port", ...]`` names servers someone started with
+``stallbench serve`` (on machines with the data); unset, ``flight_local_servers`` servers are
+started on this machine (``local.LocalServers``). Before anything runs, each must answer a
+ping within ``connect_timeout_s`` and serve this variant (same dataset, preprocessing and
+wire keys: ``protocol.config_key``), else a one-line error naming the address.
+
+*Shares and streams.* With N servers and S streams per server, stream ``j`` (of N x S) reads
+the work items whose shard index is ``j`` modulo N x S, from server ``j`` modulo N; so server
+``k`` owns the shards whose index is ``k`` modulo N, in every epoch. Each stream is one
+``do_get``, read by its own thread into a bounded queue of ``prefetch_factor`` work items:
+when the trainer falls behind, the thread stops reading, gRPC's flow control fills, and the
+server's generator blocks (the backpressure is the transport's own). The trainer takes work
+items in the plan's order, each from its stream's queue, so it sees the batches of the local
+executor in the same order; each stream's items arrive in order and exactly once (checked: a
+gap or a stream that ends early is an error naming the server).
+
+*Batches.* A batch arrives as an Arrow record batch (the ``arrow`` batch format, whatever
+``loader.batch_format`` says: results note it); its IPC body is decompressed by Arrow in the
+reader thread, and the trainer's timed transfer turns it into tensors (``ArrowFormat.decode``:
+one copy of the collated tensors, or the vectorised collation with ``collate = "trainer"``).
+
+*Figures.* Stage times come from the servers (each item's trailer); producer CPU from the
+local servers' own process clocks (None for servers elsewhere); the bytes that crossed the
+link from the kernel's counters of the trainer's sockets (``link``), reported after the run
+as ``wire_bytes`` (``late_stage_times``), beside the uncompressed IPC size (``raw_bytes``).
+Where those counters cannot be read (no ``ss``), ``wire_bytes`` is the uncompressed IPC size
+the servers sent, and the run's figures say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ...errors import ScenarioError, UserError
+from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
+from ...scenario import Config
+from ...stages.transfer import Payload
+from ... import threads
+from ..base import EXECUTORS, Executor
+from . import link, protocol
+from .protocol import Ticket, Trailer
+
+_END = object()
+
+
+def import_flight(scenario_file: str = "<scenario>") -> Any:
+    try:
+        import pyarrow.flight as flight
+    except ImportError as exc:
+        raise UserError(f"{scenario_file}: executor.kind = \"flight\" needs pyarrow with Flight, "
+                        f"which is not available here ({exc}); install it with: "
+                        f"pip install pyarrow") from None
+    return flight
+
+
+@dataclass
+class _Stream:
+    index: int
+    server: int
+    items: list[int]                     # positions in the plan's work list
+    queue: "queue.Queue[Any]"
+    thread: threading.Thread | None = None
+    reader: Any = None
+    first_chunk_s: float | None = None
+
+
+@dataclass
+class _RunState:
+    t0: float = 0.0
+    streams: list[_Stream] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    link0: int | None = None
+    delivered: int = 0
+    complete: bool = False
+
+
+@EXECUTORS.register("flight")
+class FlightExecutor(Executor):
+    name = "flight"
+    scaling_knobs = ("executor.flight_local_servers", "executor.flight_streams_per_server",
+                     "executor.flight_servers")
+
+    def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
+        super().__init__(config, scenario_file)
+        self.spec = config.executor
+        self.remote = list(self.spec.flight_servers or [])
+        self.local: Any = None                   # local.LocalServers once started
+        self.locations: list[str] = []
+        self.clients: list[Any] = []
+        self.peers: list[tuple[str, int]] = []
+        self.served: list[dict[str, Any]] = []   # each server's ping answer
+        self._startup: dict[str, float] = {}
+        self._prepared: tuple[str, int] | None = None
+        self._run: _RunState | None = None
+        self._late: StageTimes | None = None
+        self._last: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ before anything runs
+    @classmethod
+    def validate(cls, config: Config, scenario_file: str = "<scenario>") -> None:
+        servers = config.executor.flight_servers
+        if servers is None:
+            return
+        if not servers:
+            raise ScenarioError(scenario_file, "executor.flight_servers",
+                                "expected at least one \"grpc://host:port\" (or leave it unset)")
+        for i, uri in enumerate(servers):
+            try:
+                protocol.parse_location(uri)
+            except ValueError as exc:
+                raise ScenarioError(scenario_file, f"executor.flight_servers[{i}]", str(exc)) from None
+        if len(set(servers)) != len(servers):
+            raise ScenarioError(scenario_file, "executor.flight_servers",
+                                "a server is listed twice")
+
+    @classmethod
+    def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
+        import_flight(scenario_file)
+
+    # ------------------------------------------------------------------------ its producers
+    def _servers(self) -> int:
+        return len(self.remote) if self.remote else self.spec.flight_local_servers
+
+    def producer_slots(self) -> int:
+        """Streams read at once: servers x streams per server."""
+        return self._servers() * self.spec.flight_streams_per_server
+
+    def has_producers(self) -> bool:
+        return True
+
+    def producer_nodes(self) -> int | None:
+        """Each server is a node: the what-if's "nodes" are Flight servers."""
+        return self._servers()
+
+    def nodes_simulated(self) -> bool:
+        """Local servers share this machine's cores."""
+        return not self.remote
+
+    def local_producers(self) -> int:
+        """Producer processes on this machine: the local servers (remote ones budget their
+        own machine's cores)."""
+        return 0 if self.remote else self.spec.flight_local_servers
+
+    def producer_threads(self) -> int | None:
+        if self.remote:
+            setting = self.config.loader.producer_threads
+            return None if setting in (None, threads.UNBOUNDED) else setting
+        return super().producer_threads()
+
+    def _ticket_threads(self) -> int | None:
+        """What a ticket asks for: the budget resolved here for local servers; for remote ones
+        the scenario's setting (None: the server's cores; 0: no budget)."""
+        if self.remote:
+            return self.config.loader.producer_threads
+        budget = self.producer_threads()
+        return threads.UNBOUNDED if budget is None else budget
+
+    # ---------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        flight = import_flight(self.scenario_file)
+        t0 = time.perf_counter()
+        if self.remote:
+            self.locations = list(self.remote)
+        else:
+            from .local import LocalServers
+
+            self.local = LocalServers(self.spec.flight_local_servers, self.producer_threads(),
+                                      self.scenario_file)
+            try:
+                self.local.start()
+            except BaseException:
+                self.stop()
+                raise
+            self.locations = self.local.locations
+        t1 = time.perf_counter()
+        self.clients, self.peers, self.served = [], [], []
+        for i, loc in enumerate(self.locations):
+            host, port = protocol.parse_location(loc)
+            self.peers += link.resolve(host, port)
+            client = flight.connect(loc)
+            self.clients.append(client)
+            self.served.append(self._ping(client, i, loc))
+        self._startup = {"servers_start_s": t1 - t0, "connect_s": time.perf_counter() - t1}
+
+    def _where(self, i: int) -> str:
+        return (f"executor.flight_servers[{i}]" if self.remote else "executor.flight_local_servers")
+
+    def _ping(self, client: Any, i: int, loc: str) -> dict[str, Any]:
+        flight = import_flight()
+        opts = flight.FlightCallOptions(timeout=self.spec.connect_timeout_s)
+        try:
+            res = list(client.do_action(flight.Action("ping", b""), options=opts))
+            info = json.loads(res[0].body.to_pybytes())
+        except (flight.FlightError, IndexError, ValueError, OSError) as exc:
+            self.stop()
+            raise ScenarioError(self.scenario_file, self._where(i),
+                                f"no Flight server answers at {loc} within "
+                                f"{self.spec.connect_timeout_s:g} s ({_short(exc)}); start one "
+                                f"with: stallbench serve SCENARIO.toml --port PORT") from None
+        if info.get("v") != protocol.VERSION:
+            self.stop()
+            raise ScenarioError(self.scenario_file, self._where(i),
+                                f"the Flight server at {loc} speaks protocol {info.get('v')!r}, "
+                                f"this trainer {protocol.VERSION}")
+        return info
+
+    def _register(self, plan: Plan) -> str:
+        """Make sure every server serves this plan's variant (local ones are handed it)."""
+        key = protocol.config_key(plan.config)
+        if self.local is not None:
+            self.local.register(plan.config, plan.dataset, key)
+            for s in self.served:
+                s.setdefault("variants", {})[key] = {"shards": len(plan.dataset.shards),
+                                                     "rows": plan.dataset.rows}
+        for i, info in enumerate(self.served):
+            v = info.get("variants", {}).get(key)
+            if v is None:
+                self.stop()
+                raise ScenarioError(self.scenario_file, self._where(i),
+                                    f"the Flight server at {self.locations[i]} serves scenario "
+                                    f"{info.get('scenario')!r}, without this variant (same "
+                                    f"dataset, preprocess and loader keys); start it with this "
+                                    f"scenario file")
+            if (v["shards"], v["rows"]) != (len(plan.dataset.shards), plan.dataset.rows):
+                self.stop()
+                raise ScenarioError(self.scenario_file, self._where(i),
+                                    f"the Flight server at {self.locations[i]} has "
+                                    f"{v['rows']} rows in {v['shards']} row groups, the trainer "
+                                    f"{plan.dataset.rows} in {len(plan.dataset.shards)}: not the "
+                                    f"same data")
+        return key
+
+    def prepare(self, plan: Plan, caches: StageCaches | None) -> None:
+        """Register the variant, have each server build the ablation caches of its own shards,
+        then one untimed pass over one work item per stream (first-use costs: Parquet footers,
+        Arrow kernels, gRPC connections), reported as start-up."""
+        flight = import_flight()
+        t0 = time.perf_counter()
+        key = self._register(plan)
+        if caches is not None and self._prepared != (key, id(caches)):
+            n = len(self.clients)
+            shards = sorted({s.index for s in plan.items})
+            for k, client in enumerate(self.clients):
+                body = json.dumps({"key": key, "shards": [s for s in shards if s % n == k]})
+                try:
+                    list(client.do_action(flight.Action("prepare", body.encode())))
+                except flight.FlightError as exc:
+                    raise UserError(f"{self.scenario_file}: executor: Flight server "
+                                    f"{self.locations[k]} could not prepare the ablation caches "
+                                    f"({_short(exc)})") from None
+            self._prepared = (key, id(caches))
+        t1 = time.perf_counter()
+        warm_items = self._first_per_stream(plan)
+        if warm_items:
+            warm = dataclasses.replace(plan, caches=None, items=warm_items, max_batches=math.inf)
+            gen = self.run(warm)
+            try:
+                for _ in gen:
+                    pass
+            finally:
+                gen.close()
+        self._last, self._late = {}, None
+        self._startup.update({"prepare_caches_s": t1 - t0, "warm_plan_s": time.perf_counter() - t1})
+
+    def _first_per_stream(self, plan: Plan) -> tuple[Any, ...]:
+        total = self.producer_slots()
+        seen: dict[int, Any] = {}
+        for s in plan.items:
+            seen.setdefault(s.index % total, s)
+        return tuple(seen.values())
+
+    def stop(self) -> None:
+        self._close_run()
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self.clients = []
+        if self.local is not None:
+            self.local.stop()
+            self.local = None
+        self._prepared = None
+
+    # --------------------------------------------------------------------------------- run
+    def run(self, plan: Plan) -> Iterator[ShardOutput]:
+        if not self.clients:
+            raise RuntimeError("FlightExecutor.start() has not run")
+        key = self._register(plan)
+        self._late = None
+        r = self._run = _RunState(t0=time.perf_counter())
+        r.link0 = link.bytes_received(self.peers)
+        try:
+            if plan.config.loader.execution == "bulk":
+                done = list(self._merge(plan, key, r))   # the whole epoch before the first batch
+                yield from done
+            else:
+                yield from self._merge(plan, key, r)
+        finally:
+            self._close_run()
+            self._finish(plan, r)
+
+    def _merge(self, plan: Plan, key: str, r: _RunState) -> Iterator[ShardOutput]:
+        n_servers = len(self.clients)
+        total = n_servers * self.spec.flight_streams_per_server
+        by_stream: dict[int, list[int]] = {}
+        for pos, s in enumerate(plan.items):
+            by_stream.setdefault(s.index % total, []).append(pos)
+        depth = max(1, plan.config.loader.prefetch_factor)
+        ticket_threads = self._ticket_threads()
+        single = self.spec.flight_streams_per_server == 1
+        for j, items in sorted(by_stream.items()):
+            st = _Stream(j, j % n_servers, items, queue.Queue(maxsize=depth))
+            ticket = Ticket(key, plan.ablation, tuple(plan.items[p].index for p in items),
+                            tuple(items), ticket_threads, process_clock=single)
+            st.thread = threading.Thread(target=self._read, args=(st, ticket, plan, r),
+                                         name=f"stallbench-flight-{j}", daemon=True)
+            r.streams.append(st)
+        for st in r.streams:
+            st.thread.start()
+        stream_of = {p: st for st in r.streams for p in st.items}
+        for pos in range(len(plan.items)):
+            st = stream_of[pos]
+            while True:
+                try:
+                    got = st.queue.get(timeout=1.0)
+                    break
+                except queue.Empty:
+                    if self.local is not None:
+                        self.local.check_alive()    # a dead server is an error, not a hang
+            if isinstance(got, BaseException):
+                raise got
+            if got is _END or got.item != pos:
+                where = self.locations[st.server]
+                what = "ended" if got is _END else f"sent work item {got.item}"
+                raise RuntimeError(f"Flight server {where} {what} while work item {pos} was due "
+                                   f"on stream {st.index}: a batch was lost")
+            r.delivered += 1
+            yield got
+        r.complete = True
+
+    def _read(self, st: _Stream, ticket: Ticket, plan: Plan, r: _RunState) -> None:
+        """One stream: read batches, assemble each work item, queue it (blocking when full)."""
+        flight = import_flight()
+        client = self.clients[st.server]
+
+        def put(x: Any) -> bool:
+            while not r.stop.is_set():
+                try:
+                    st.queue.put(x, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            reader = st.reader = client.do_get(flight.Ticket(ticket.encode()))
+            if r.stop.is_set():
+                reader.cancel()
+                return
+            payloads: list[Payload] = []
+            want = iter(st.items)
+            expect = next(want, None)
+            while not r.stop.is_set():
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                if st.first_chunk_s is None:
+                    st.first_chunk_s = time.perf_counter() - r.t0
+                meta = protocol.decode_meta(chunk.app_metadata)
+                if isinstance(meta, Trailer):
+                    if meta.item != expect or meta.parts != len(payloads):
+                        raise RuntimeError(f"stream {st.index} from {self.locations[st.server]}: "
+                                           f"work item {meta.item} with {len(payloads)} of "
+                                           f"{meta.parts} batches while item {expect} was due")
+                    t = meta.times
+                    if r.link0 is not None:
+                        t.wire_bytes = 0      # the link's bytes are counted by the kernel
+                    out = ShardOutput(meta.item, meta.shard, payloads if meta.payload else None,
+                                      meta.batches, meta.rows, t)
+                    payloads = []
+                    expect = next(want, None)
+                    if not put(out):
+                        return
+                    continue
+                rb = chunk.data
+                payloads.append(Payload(meta["id"], meta["rows"], rb, False, rb.nbytes,
+                                        rb.nbytes, format="arrow"))
+            if not r.stop.is_set() and expect is not None:
+                raise RuntimeError(f"stream {st.index} from {self.locations[st.server]} ended "
+                                   f"before work item {expect}")
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the trainer's thread
+            if r.stop.is_set():
+                return
+            if isinstance(exc, flight.FlightError):
+                exc = UserError(f"{self.scenario_file}: executor: Flight server "
+                                f"{self.locations[st.server]} failed a stream: {_short(exc, 600)}")
+            put(exc)
+
+    def _close_run(self) -> None:
+        r = self._run
+        if r is None:
+            return
+        r.stop.set()
+        for st in r.streams:
+            if st.reader is not None:
+                try:
+                    st.reader.cancel()
+                except Exception:  # noqa: BLE001
+                    pass
+        for st in r.streams:
+            if st.thread is not None and st.thread.is_alive():
+                st.thread.join(timeout=10)
+
+    def _finish(self, plan: Plan, r: _RunState) -> None:
+        link1 = link.bytes_received(self.peers)
+        got = (link1 - r.link0) if (link1 is not None and r.link0 is not None) else None
+        pid = int(self.served[0].get("pid", -1)) if self.served else -1
+        self._late = StageTimes(wire_bytes=max(got, 0), worker=pid) if got is not None else None
+        firsts = [st.first_chunk_s for st in r.streams if st.first_chunk_s is not None]
+        self._last = {"flight": {
+            "servers": list(self.locations),
+            "local_servers": self.local is not None,
+            "streams": len(r.streams),
+            "streams_per_server": self.spec.flight_streams_per_server,
+            "server_pids": [s.get("pid") for s in self.served],
+            "server_cores": [s.get("cores") for s in self.served],
+            "producer_threads": self.producer_threads(),
+            "compression": plan.config.loader.compression,
+            "ipc_compression": (f"zstd level {plan.config.loader.compression_level}"
+                                if plan.config.loader.compression == "zstd" else "none"),
+            "startup": dict(self._startup),
+            "first_chunk_s": min(firsts) if firsts else None,
+            "link_bytes_received": got,
+            "link_bytes_source": ("tcp_info bytes_received of the trainer's sockets (ss)"
+                                  if got is not None else
+                                  "not measured (no ss here): wire_bytes is the uncompressed "
+                                  "Arrow IPC size the servers sent"),
+            "work_items": r.delivered,
+            "complete": r.complete,
+        }}
+        self._run = None
+
+    # ----------------------------------------------------------------------------- figures
+    def worker_pids(self) -> list[int]:
+        return self.local.pids() if self.local is not None else []
+
+    def producer_cpu_s(self, plan: Plan) -> float | None:
+        if self.local is None or plan.ablation.compute_only:
+            return None
+        return self.local.cpu_s()
+
+    def late_stage_times(self) -> StageTimes | None:
+        """The bytes the link carried, known once the run has ended (no stage time)."""
+        return self._late
+
+    def run_figures(self) -> dict[str, Any]:
+        return self._last
+
+    def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
+        lc = self.config.loader
+        out = {k: v for k, v in transfer_notes.items() if k != "compression"}
+        if lc.batch_format != "arrow":
+            out["batch_format"] = (f"{lc.batch_format!r} not used: Flight streams Arrow record "
+                                   f"batches (the \"arrow\" format; collate = {lc.collate!r})")
+        if lc.num_workers:
+            out["num_workers"] = "not used: the producers are the Flight servers"
+        if lc.compression == "zstd":
+            out["compression"] = (f"Arrow IPC body compression (zstd level "
+                                  f"{lc.compression_level}) on the Flight stream")
+        return out
+
+
+def _short(exc: BaseException, n: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:n] + "...") if len(text) > n else text
