@@ -1,0 +1,57 @@
+"""The README's "Using it" block is run verbatim, as a new user pastes it (issue 14).
+
+Each command line of the block's first ``sh`` fence runs with bash in a fresh directory that
+holds only a copy of ``scenarios/`` (a new user's checkout has nothing else that the commands
+read: no results, no report), with ``stallbench`` on PATH. Every line must exit 0, in order:
+later lines read what earlier ones wrote (the report reads ``results/``, the gate compares two
+runs). Comments after ``#`` are the README's explanations, not part of the command.
+
+It runs the demo scenario twice (the gate needs a baseline and a current run), so it is marked
+``e2e`` and costs about two demo runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def using_it_commands(readme: str) -> list[str]:
+    """The command lines of the first ``sh`` block under "## Using it"."""
+    section = readme.split("\n## Using it\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.S)
+    assert block, "README: no ```sh block under '## Using it'"
+    lines = []
+    for raw in block.group(1).splitlines():
+        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if line:
+            lines.append(line)
+    return lines
+
+
+def test_the_block_is_found_and_uses_the_public_commands() -> None:
+    cmds = using_it_commands((ROOT / "README.md").read_text())
+    verbs = {c.split()[1] for c in cmds if c.startswith("stallbench ")}
+    assert {"run", "report", "whatif", "gate"} <= verbs, cmds
+
+
+@pytest.mark.e2e
+def test_every_using_it_command_exits_0_on_a_fresh_checkout(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("STALLBENCH_CACHE", str(tmp_path / ".cache"))
+    for cmd in using_it_commands((ROOT / "README.md").read_text()):
+        r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, (cmd, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, (cmd, r.stderr[-2000:])
+    assert (tmp_path / "report" / "index.html").stat().st_size > 10_000
