@@ -72,7 +72,7 @@ def digest(batch: dict[str, torch.Tensor]) -> str:
     for name in sorted(batch):
         t = batch[name].contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.numpy().tobytes())
+        h.update(t.cpu().numpy().tobytes())   # compared on the host: batches may be on a GPU
     return h.hexdigest()
 
 
