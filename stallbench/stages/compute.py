@@ -123,7 +123,11 @@ class DLRM(nn.Module):
                 s = b["seq"]
                 idx = torch.where(s >= 0, self._ids(s, self.seq_base.view(1, -1, 1)),
                                   torch.zeros_like(s))
-                pooled = self.seq(idx.reshape(n * self.q, -1)).view(n, self.q, -1)
+                width = s.shape[2]
+                bags = torch.arange(0, n * self.q * width + 1, max(width, 1), device=s.device)
+                if not width:
+                    bags = bags.new_zeros(n * self.q + 1)
+                pooled = self.seq(idx.reshape(-1), bags).view(n, self.q, -1)
             parts.append(pooled.reshape(n, -1))
         return self.top(torch.cat(parts, dim=1)).squeeze(1)
 
