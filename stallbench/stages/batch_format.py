@@ -704,9 +704,12 @@ class SingleBufferFormat(BatchFormat):
 
 def jagged_fields(schema: FeatureSchema, rows: int,
                   n_values: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
-    """Name, dtype and shape of each tensor of a jagged batch (``JAGGED`` order)."""
-    return [("dense", np.dtype(np.float32), (rows, len(schema.dense))),
-            ("sparse", np.dtype(np.int64), (rows, len(schema.sparse))),
+    """Name, dtype and stored shape of each field of a jagged buffer (``JAGGED`` order).
+    ``dense`` and ``sparse`` are stored feature-major, (D, B) and (S, B), as every column
+    already is in Arrow: packing one is a plain copy per column (no transposition), and the
+    trainer sees the (B, D) / (B, S) tensors as transposed views (``decode``)."""
+    return [("dense", np.dtype(np.float32), (len(schema.dense), rows)),
+            ("sparse", np.dtype(np.int64), (len(schema.sparse), rows)),
             ("label", np.dtype(np.float32), (rows,)),
             ("seq_offsets", np.dtype(np.int64), (len(schema.sequence) * rows + 1,)),
             ("seq_values", np.dtype(np.int64), (n_values,))]
@@ -753,20 +756,21 @@ def check_jagged(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
 
 
 def collate_jagged(cols: dict[str, Any], schema: FeatureSchema) -> dict[str, np.ndarray]:
-    """Uncollated columns (sequences as (offsets, values)) -> the jagged arrays (fresh)."""
+    """Uncollated columns (sequences as (offsets, values)) -> the jagged arrays (fresh;
+    ``dense`` and ``sparse`` feature-major underneath, (B, D) / (B, S) as seen)."""
     label = np.array(cols[schema.label], dtype=np.float32)
     n = len(label)
-    dense = np.empty((n, len(schema.dense)), dtype=np.float32)
+    dense = np.empty((len(schema.dense), n), dtype=np.float32)
     for j, c in enumerate(schema.dense):
-        dense[:, j] = cols[c]
-    sparse = np.empty((n, len(schema.sparse)), dtype=np.int64)
+        dense[j] = cols[c]
+    sparse = np.empty((len(schema.sparse), n), dtype=np.int64)
     for j, c in enumerate(schema.sparse):
-        sparse[:, j] = cols[c]
+        sparse[j] = cols[c]
     parts = [cols[c] for c in schema.sequence]
     offsets = np.empty(len(parts) * n + 1, dtype=np.int64)
     values = np.empty(sum(int(v.size) for _, v in parts), dtype=np.int64)
     fill_jagged_sequences(parts, offsets, values)
-    return {"dense": dense, "sparse": sparse, "label": label, "seq_offsets": offsets,
+    return {"dense": dense.T, "sparse": sparse.T, "label": label, "seq_offsets": offsets,
             "seq_values": values}
 
 
@@ -776,8 +780,11 @@ class JaggedFormat(SingleBufferFormat):
     values + offsets (TorchRec's KeyedJaggedTensor layout) instead of padded to
     ``sequence_max_len``. Nothing is cut and nothing is padded, so a batch carries only its
     ids: on data with short sequences most of a padded ``seq`` tensor is padding, and writing
-    it is most of a producer's collation. ``collate = "trainer"`` hands over the uncollated
-    columns as ``single_buffer`` does and the trainer builds the jagged arrays."""
+    it is most of a producer's collation. Dense and id features are stored feature-major as
+    Arrow holds them (one copy per column, no transposition; the trainer's ``dense`` and
+    ``sparse`` are (B, D) / (B, S) views with strides (1, B)), so packing a batch costs about
+    one ``memcpy`` of its bytes. ``collate = "trainer"`` hands over the uncollated columns as
+    ``single_buffer`` does and the trainer builds the jagged arrays."""
 
     name = "jagged"
     pads_sequences = False
@@ -801,8 +808,11 @@ class JaggedFormat(SingleBufferFormat):
         parts = [seq_parts(table.column(c)) for c in s.sequence]
         total = sum(int(v.size) for _, v in parts)
         buf, views = allocate(jagged_fields(s, n, total), batch_id, shared)
-        _stack([column_numpy(table.column(c), np.float32) for c in s.dense], views["dense"])
-        _stack([column_numpy(table.column(c), np.int64) for c in s.sparse], views["sparse"])
+        dense, sparse = views["dense"], views["sparse"]
+        for j, c in enumerate(s.dense):
+            dense[j] = column_numpy(table.column(c), np.float32)
+        for j, c in enumerate(s.sparse):
+            sparse[j] = column_numpy(table.column(c), np.int64)
         views["label"][:] = column_numpy(table.column(s.label), np.float32)
         fill_jagged_sequences(parts, views["seq_offsets"], views["seq_values"])
         return buf
@@ -814,6 +824,11 @@ class JaggedFormat(SingleBufferFormat):
             missing = [k for k in JAGGED if k not in fields]
             if missing:
                 raise PayloadError(f"batch {batch_id}: jagged payload lacks {missing}")
-            return check_jagged({k: fields[k] for k in JAGGED}, s, batch_id, rows)
+            batch = {k: fields[k] for k in JAGGED}
+            for k in ("dense", "sparse"):       # stored feature-major: (B, D) views of (D, B)
+                if batch[k].dim() != 2:
+                    raise PayloadError(f"batch {batch_id}: {k!r} is not 2-D")
+                batch[k] = batch[k].t()
+            return check_jagged(batch, s, batch_id, rows)
         cols = self._columns(data, batch_id, rows)
         return check_jagged(tensors(collate_jagged(cols, s)), s, batch_id, rows)

@@ -196,7 +196,7 @@ class HostBatch:
     offset of one device buffer of ``nbytes``) and where each field lies in that buffer."""
 
     segments: list[tuple[torch.Tensor, int]]             # (flat uint8 host bytes, offset)
-    fields: list[tuple[str, int, torch.dtype, tuple[int, ...]]]   # name, offset, dtype, shape
+    fields: list[tuple[str, int, torch.dtype, tuple[int, ...], tuple[int, ...]]]
     nbytes: int
     source: str                  # "pool" (already pinned: no host copy), "ring" (staged by the
                                  # pin thread), "pageable" (not pinned: the copy is synchronous)
@@ -216,52 +216,84 @@ class HostBatch:
         self.segments = []
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+def dense_extent(t: torch.Tensor) -> int | None:
+    """Elements of storage a view covers when it covers them exactly once with no gap (a
+    contiguous tensor, or a transposed / permuted one such as a feature-major ``dense``
+    seen as (B, D)), else None. Such a view is copied as its storage bytes and rebuilt on the
+    device with the same strides; anything else is made contiguous first."""
+    if t.numel() == 0:
+        return 0
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1)
+    expect = 1
+    for st, n in dims:
+        if st != expect:
+            return None
+        expect *= n
+    return expect
+
+
+def _bytes(t: torch.Tensor, extent: int) -> torch.Tensor:
+    """The storage bytes of a dense view (``extent`` elements from its first one)."""
+    if extent == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    lo = t.storage_offset() * t.element_size()
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage(), lo,
+                                                  (extent * t.element_size(),), (1,))
+
+
+Field = tuple[str, int, torch.dtype, tuple[int, ...], tuple[int, ...]]   # name, offset, dtype,
+                                                                          # shape, stride
 
 
 def host_batch(batch: dict[str, torch.Tensor], api: DeviceApi | None) -> HostBatch:
     """Describe a decoded host batch for one copy, without copying it.
 
-    When every field is a contiguous view into one storage (a single buffer: the batch format
+    When every field is a dense view into one storage (a single buffer: the batch format
     packed it that way) the span from the first to the last field is ONE segment: one DMA, and
-    the device tensors are views at the same relative offsets. Otherwise each field is its own
-    segment at an aligned offset."""
-    items = list(batch.items())
+    the device tensors are views at the same relative offsets and strides. Otherwise each field
+    is its own segment at an aligned offset."""
+    items = [(name, t, dense_extent(t)) for name, t in batch.items()]
+    one = bool(items) and all(t.device.type == "cpu" and ext is not None for _, t, ext in items)
+    if one:
+        ptr = items[0][1].untyped_storage().data_ptr()
+        one = all(t.untyped_storage().data_ptr() == ptr for _, t, _ in items)
     spans = []
-    ptr = None
-    one = True
-    for name, t in items:
-        if not t.is_contiguous() or t.device.type != "cpu":
-            one = False
-            break
-        base = t.untyped_storage().data_ptr()
-        if ptr is None:
-            ptr = base
-        if base != ptr:
-            one = False
-            break
-        lo = t.storage_offset() * t.element_size()
-        spans.append((lo, lo + t.numel() * t.element_size()))
-    if one and items:
-        lo = min(s[0] for s in spans)
-        hi = max(s[1] for s in spans)
-        one = all((s[0] - lo) % max(t.element_size(), 1) == 0 for s, (_, t) in zip(spans, items))
-    if one and items:
+    if one:
+        for _, t, ext in items:
+            lo = t.storage_offset() * t.element_size()
+            spans.append((lo, lo + (ext or 0) * t.element_size()))
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        one = all((a - lo) % t.element_size() == 0 for (a, _), (_, t, _) in zip(spans, items))
+    fields: list[Field] = []
+    if one:
         storage = items[0][1].untyped_storage()
         flat = torch.empty(0, dtype=torch.uint8).set_(storage, lo, (hi - lo,), (1,))
-        fields = [(name, s[0] - lo, t.dtype, tuple(t.shape)) for s, (name, t) in zip(spans, items)]
+        fields = [(name, a - lo, t.dtype, tuple(t.shape), tuple(t.stride()))
+                  for (a, _), (name, t, _) in zip(spans, items)]
         segments = [(flat, 0)]
         total = hi - lo
     else:
-        fields, segments, total = [], [], 0
-        for name, t in items:
-            t = t.contiguous()
-            fields.append((name, total, t.dtype, tuple(t.shape)))
-            segments.append((_flat(t), total))
-            total = _aligned(total + t.numel() * t.element_size())
+        segments, total = [], 0
+        for name, t, ext in items:
+            if ext is None or t.device.type != "cpu":
+                t = t.contiguous().cpu()
+                ext = t.numel()
+            fields.append((name, total, t.dtype, tuple(t.shape), tuple(t.stride())))
+            segments.append((_bytes(t, ext), total))
+            total = _aligned(total + ext * t.element_size())
     pinned = api is not None and all(api.is_pinned(s) for s, _ in segments if s.numel())
     return HostBatch(segments, fields, total, "pool" if pinned else "pageable", keep=batch)
+
+
+def device_views(buf: torch.Tensor, fields: list[Field]) -> dict[str, torch.Tensor]:
+    """The batch's tensors as views of its device buffer (same offsets, shapes, strides)."""
+    out = {}
+    for name, off, dtype, shape, stride in fields:
+        size = torch.empty(0, dtype=dtype).element_size()
+        extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+        base = buf[off:off + extent * size].view(dtype)
+        out[name] = base.as_strided(shape, stride)
+    return out
 
 
 # ----------------------------------------------------------------------------- the ring
@@ -396,13 +428,7 @@ class DeviceFeeder:
                 if seg.numel():
                     self.api.copy(buf[off:off + seg.numel()], seg)
             end.record(stream)
-        out = {}
-        for name, off, dtype, shape in hb.fields:
-            size = torch.empty(0, dtype=dtype).element_size()
-            n = 1
-            for s in shape:
-                n *= s
-            out[name] = buf[off:off + n * size].view(dtype).view(shape)
+        out = device_views(buf, hb.fields)
         if self.on_copy is not None:
             self.on_copy(CopyRecord(hb.nbytes, start, end, hb.source))
         self.inflight.append(_InFlight(out, rows, buf, end, hb, side))
