@@ -174,6 +174,7 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=16, help="held-out files of 65,536 rows")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)   # progress shows when piped to a file
 
     data = heldout_files(default_cache_dir(), files=16)
     files = sorted(str(p) for p in data.glob("*.parquet"))[:args.files]

@@ -99,6 +99,7 @@ class LocalExecutor(Executor):
         super().__init__(config, scenario_file)
         self._pool: BufferPool | None = None
         self._figures: dict[str, Any] = {}
+        self._pin_error: str | None = None
 
     def _pool_for(self, plan: Plan) -> BufferPool | None:
         """One pool per executor (mapped once, reused by every run), rebuilt if the plan
@@ -112,8 +113,13 @@ class LocalExecutor(Executor):
                 p.close()
             self._pool = p = BufferPool(*shape)
         api = plan.transfer.api
-        if plan.transfer.pin and api is not None and not p.pinned:
-            p.pin(api.register, api.unregister)
+        if plan.transfer.pin and api is not None and not p.pinned and not self._pin_error:
+            try:
+                p.pin(api.register, api.unregister)
+            except RuntimeError as exc:   # e.g. the driver refuses to page-lock this much
+                # Not fatal: the pin thread then stages batches in its pinned ring instead;
+                # results say why (executor figures) and the H2D counts show the ring.
+                self._pin_error = f"{type(exc).__name__}: {exc}"
         p.reclaim()
         return p
 
@@ -134,6 +140,7 @@ class LocalExecutor(Executor):
                 self._figures["buffer_pool"] = {
                     "slots": pool.partitions * pool.slots, "slot_bytes": pool.slot_bytes,
                     "pinned": pool.pinned,
+                    **({"pin_error": self._pin_error} if self._pin_error else {}),
                     "pooled_batches": counts["pooled"],
                     ("fresh_shared_batches" if self.config.loader.num_workers
                      else "fresh_batches"): counts["fresh"]}
