@@ -18,11 +18,13 @@ is a second it waits for data, which also makes the stall attribution close exac
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -102,6 +104,39 @@ def _batches(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals)
     for out in deliveries:
         totals.add(out)
         yield from plan.receive_host(out)
+
+
+def _batches_parallel(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals,
+                      threads: int) -> Iterator[Item]:
+    """``_batches`` with up to ``threads`` payloads received (decompressed, decoded) at once,
+    in the order delivered. Runs inside the receive thread: zstd decompresses without holding
+    the GIL, so a compressed stream is no longer limited by one thread's decompression rate."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="stallbench-receive")
+    pending: collections.deque = collections.deque()
+
+    def receive(p: Any) -> Item:
+        t0 = time.perf_counter()
+        batch = plan.transfer.receive_host(p)
+        return batch, p.rows, time.perf_counter() - t0
+
+    try:
+        for out in deliveries:
+            totals.add(out)
+            if out.payloads is None:
+                while pending:
+                    yield pending.popleft().result()
+                yield from plan.receive_host(out)
+                continue
+            for p in out.payloads:
+                pending.append(pool.submit(receive, p))
+                while len(pending) > threads:
+                    yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
 
 
 def _cached(plan: Plan) -> Iterator[Item]:
@@ -198,7 +233,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         if plan.ablation.compute_only:
             source: Iterator[Item] = _cached(plan)
         else:
-            source = _batches(executor.run(plan), plan, totals)
+            threads = tr.receive_threads
+            source = (_batches_parallel(executor.run(plan), plan, totals, threads)
+                      if depth and threads > 1 else _batches(executor.run(plan), plan, totals))
             if depth:
                 stop = threading.Event()
                 stage = (Staging(api, ring_slots(depth, tr.device_prefetch), stop).stage
