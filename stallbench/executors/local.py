@@ -116,7 +116,7 @@ class LocalExecutor(Executor):
         if plan.transfer.pin and api is not None and not p.pinned and not self._pin_error:
             try:
                 p.pin(api.register, api.unregister)
-            except RuntimeError as exc:   # e.g. the driver refuses to page-lock this much
+            except Exception as exc:  # noqa: BLE001 - e.g. the driver refuses to page-lock this much
                 # Not fatal: the pin thread then stages batches in its pinned ring instead;
                 # results say why (executor figures) and the H2D counts show the ring.
                 self._pin_error = f"{type(exc).__name__}: {exc}"

@@ -52,14 +52,20 @@ class DeviceClock:
         ev.record(self.api.current_stream())
         return ev
 
-    def step_end(self, start: Any, host_s: float) -> None:
-        self.host_steps.append(host_s)
+    def step_stop(self, start: Any) -> None:
+        """Right after the step's work is queued (before the host waits for it), so the end
+        event marks when the GPU finished the step, not when the host came back."""
         if start is None:
             return
         assert self.api is not None
         end = self.api.event()
         end.record(self.api.current_stream())
         self.steps.append((start, end))
+
+    def host_step(self, host_s: float) -> None:
+        """The step as the host clock saw it (launch + wait): the source for emulated and
+        CPU steps."""
+        self.host_steps.append(host_s)
 
     def finish(self, epoch_s: float) -> tuple[DeviceRepeat, list[float] | None, list[float] | None]:
         """The run's figures, plus per-batch H2D and GPU step times (ms) for the timeline

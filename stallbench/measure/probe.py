@@ -255,9 +255,10 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                     ttfb = tb - t0
                 ev = clock.step_start()
                 compute.step(batch)
+                clock.step_stop(ev)
                 compute.sync()
                 tc = perf()
-                clock.step_end(ev, tc - tb)
+                clock.host_step(tc - tb)
                 probe.t_start_s.append(ta - t0)
                 probe.wait_s.append(tb - ta - tx)
                 probe.transfer_s.append(tx)

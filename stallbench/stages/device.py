@@ -160,12 +160,15 @@ class CudaApi(DeviceApi):
 
     def register(self, address: int, nbytes: int) -> None:
         cudart = torch.cuda.cudart()
-        torch.cuda.check_error(cudart.cudaHostRegister(address, nbytes, 0))
+        res = cudart.cudaHostRegister(address, nbytes, 0)        # cudaHostRegisterDefault
+        if int(res) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed: "
+                               f"{cudart.cudaGetErrorString(res)}")
         self._registered[address] = nbytes
 
     def unregister(self, address: int) -> None:
         if self._registered.pop(address, None) is not None:
-            torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(address))
+            torch.cuda.cudart().cudaHostUnregister(address)   # best effort: memory goes anyway
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
