@@ -749,7 +749,11 @@ def check_jagged(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
     off = batch["seq_offsets"]
     if off.device.type == "cpu":
         o = off.numpy()
-        if o[0] != 0 or o[-1] != vals.shape[0] or (o.size > 1 and np.diff(o).min() < 0):
+        scratch = _SCRATCH.__dict__.setdefault("ge", np.empty(0, dtype=bool))
+        if scratch.size < o.size:
+            scratch = _SCRATCH.ge = np.empty(o.size, dtype=bool)
+        ok = np.greater_equal(o[1:], o[:-1], out=scratch[:o.size - 1]).all() if o.size > 1 else True
+        if o[0] != 0 or o[-1] != vals.shape[0] or not ok:
             raise PayloadError(f"batch {batch_id}: 'seq_offsets' do not partition the "
                                f"{vals.shape[0]} sequence values")
     return batch
