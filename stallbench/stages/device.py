@@ -383,6 +383,7 @@ class CopyRecord:
 class _InFlight:
     batch: Any                   # device batch (views into ``buf``) or a pass-through batch
     rows: int
+    record: CopyRecord
     buf: torch.Tensor | None = None
     end: Any = None
     host: HostBatch | None = None
@@ -417,9 +418,7 @@ class DeviceFeeder:
                 self.api.on_device(t) for t in batch.values()):
             hb = host_batch(batch, self.api)
         if hb is None:                                   # already on the device
-            if self.on_copy is not None:
-                self.on_copy(CopyRecord(0, None, None, "device"))
-            self.inflight.append(_InFlight(batch, rows))
+            self.inflight.append(_InFlight(batch, rows, CopyRecord(0, None, None, "device")))
             return tx + time.perf_counter() - t0
         side = self.depth > 0
         stream = self.api.side_stream() if side else self.api.current_stream()
@@ -432,9 +431,8 @@ class DeviceFeeder:
                     self.api.copy(buf[off:off + seg.numel()], seg)
             end.record(stream)
         out = device_views(buf, hb.fields)
-        if self.on_copy is not None:
-            self.on_copy(CopyRecord(hb.nbytes, start, end, hb.source))
-        self.inflight.append(_InFlight(out, rows, buf, end, hb, side))
+        self.inflight.append(_InFlight(out, rows, CopyRecord(hb.nbytes, start, end, hb.source),
+                                       buf, end, hb, side))
         return tx + time.perf_counter() - t0
 
     def __next__(self) -> Item:
@@ -449,6 +447,8 @@ class DeviceFeeder:
         if not self.inflight:
             raise StopIteration
         f = self.inflight.popleft()
+        if self.on_copy is not None:     # counted when handed over: a run cut short by
+            self.on_copy(f.record)       # max_batches does not count copies it never used
         if f.end is not None:
             t0 = time.perf_counter()
             f.end.synchronize()          # the copy is done (a preloaded one long since)

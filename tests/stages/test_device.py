@@ -262,6 +262,8 @@ def _run(loader: str, cache: Path, fake: FakeApi | None) -> tuple[list[str], Any
 @pytest.mark.parametrize("loader, source", [
     ('batch_format = "single_buffer"\nnum_workers = 2\ndevice_prefetch = 2\n', "pool"),
     ('batch_format = "jagged"\nnum_workers = 0\ndevice_prefetch = 1\n', "pool"),
+    # cut short: copies preloaded beyond the last batch are not counted
+    ('batch_format = "jagged"\nnum_workers = 2\ndevice_prefetch = 3\nmax_batches = 5\n', "pool"),
     ('batch_format = "columnar"\nnum_workers = 2\ndevice_prefetch = 2\n', "ring"),
     ('batch_format = "single_buffer"\ncompression = "zstd"\nnum_workers = 2\n'
      'device_prefetch = 1\nprefetch_batches = 3\n', "ring"),
