@@ -24,7 +24,7 @@ from .data.schema import FeatureSchema, Shard
 from .errors import ScenarioError
 from .scenario import Config
 from .stages import compute as compute_mod
-from .stages.batch_format import TensorBatch
+from .stages.batch_format import SequenceCounts, TensorBatch
 from .stages.buffers import SlotAllocator
 from .stages.fetch import Fetch
 from .stages.preprocess import Preprocess, TransformSpecError
@@ -77,6 +77,7 @@ class StageTimes:
     raw_bytes: int = 0
     wire_bytes: int = 0
     worker: int = 0                  # pid of the producer
+    sequences: SequenceCounts | None = None   # ids cut by a padded format (None: none padded)
 
 
 @dataclass
@@ -159,6 +160,11 @@ class Plan:
                         for i, b in enumerate(self.transfer.split(table))]
             t.raw_bytes = sum(p.raw_bytes for p in payloads)
             t.wire_bytes = sum(p.wire_bytes for p in payloads)
+            for p in payloads:
+                if p.sequences is not None:
+                    if t.sequences is None:
+                        t.sequences = SequenceCounts(p.sequences.seq_len)
+                    t.sequences.add(p.sequences)
         w3, c3 = time.perf_counter(), cpu()
         t.transfer_s, t.transfer_cpu_s = w3 - w2, c3 - c2
         return ShardOutput(item, shard.index, payloads, n_batches, table.num_rows, t)
@@ -174,14 +180,24 @@ class Plan:
 
     # ----------------------------------------------------------------------- trainer side
     def receive(self, out: ShardOutput) -> Iterator[tuple[TensorBatch, int, float]]:
-        """Yield (batch, rows, trainer-side transfer seconds) for one delivered unit."""
+        """Yield (batch on the trainer's device, rows, trainer-side transfer seconds) for one
+        delivered unit, serially (the measured run uses ``receive_host`` + ``stages.device``)."""
+        for batch, rows, tx in self.receive_host(out):
+            t0 = time.perf_counter()
+            batch = self.transfer.to_device(batch)
+            yield batch, rows, tx + time.perf_counter() - t0
+
+    def receive_host(self, out: ShardOutput) -> Iterator[tuple[TensorBatch, int, float]]:
+        """Yield (host batch, rows, seconds to decompress and decode it) for one delivered
+        unit; a transfer-ablated unit yields its cached final batches (already on the
+        trainer's device) in no time."""
         if out.payloads is None:
             for b in self.caches.final[out.shard]:
                 yield b, int(b["label"].shape[0]), 0.0
             return
         for p in out.payloads:
             t0 = time.perf_counter()
-            batch = self.transfer.receive(p)
+            batch = self.transfer.receive_host(p)
             yield batch, p.rows, time.perf_counter() - t0
 
     def build_compute(self, scenario_file: str = "<scenario>") -> compute_mod.Compute:

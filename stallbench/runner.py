@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from . import __version__, budget, machine, threads
 from .analysis import differential, rates, summary, whatif
+from .analysis.device import device_figures, sequence_note
 from .data.parquet import describe
 from .executors import EXECUTORS
 from .measure.probe import measured_run
@@ -279,7 +280,11 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
         ablations={k: v for k, v in runs.items() if k != "full"},
         notes=plan.transfer.notes() if notes is None else notes,
         timeline=timeline, resources=resources,
+        device=device_figures(full),
     )
+    cut = sequence_note(full, cfg.loader.batch_format)
+    if cut:
+        vr.notes["dataset.sequence_max_len"] = cut
     if analyze:
         epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
         computes = {k: [f.compute_s for f in v] for k, v in runs.items()}

@@ -63,7 +63,9 @@ class DatasetSpec:
     sparse_cardinality: int = knob(100_000, "Distinct ids per sparse feature (Zipf-like).",
                                    min=1, max=2**62)
     sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0, max=1_000)
-    sequence_max_len: int = knob(20, "Longest sequence; also the padded length tensors get.",
+    sequence_max_len: int = knob(20, "Longest synthetic sequence; also the padded length of `seq` "
+                                     "tensors (padded formats cut longer sequences, and results warn "
+                                     "how many ids that lost; `jagged` keeps every id).",
                                  min=1, max=100_000)
     row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).",
                                min=1, max=10**8)
@@ -138,16 +140,25 @@ class LoaderSpec:
                                        "prepares the whole epoch before training.",
                           choices=("streaming", "bulk"))
     batch_format: str = knob("columnar", "What producers hand over: \"rows\" (row dicts), "
-                                         "\"columnar\" (arrays) or \"single_buffer\" (one buffer).",
+                                         "\"columnar\" (arrays), \"single_buffer\" (one buffer), "
+                                         "\"jagged\" (one buffer, sequences as values + offsets: no "
+                                         "padding, no id cut) or \"arrow\" (an Arrow record batch).",
                              registry="batch format")
     compression: str = knob("none", "Compression of what crosses a process boundary.",
                             choices=("none", "zstd"))
     compression_level: int = knob(1, "zstd level.", min=1, max=22)
     collate: str = knob("producer", "Where rows become tensors: \"producer\" or \"trainer\".",
                         choices=("producer", "trainer"))
-    pin_memory: bool = knob(False, "Pin host memory (a labelled no-op without a GPU).")
-    prefetch_batches: int = knob(0, "Trainer-side preload thread keeping N batches ready.",
-                                 min=0, max=1024)
+    pin_memory: bool = knob(False, "GPU trainer: a pin thread stages each batch in a reused ring of "
+                                   "pinned host buffers (or uses the loader's pinned shared-memory "
+                                   "pool as is) so the copy is an asynchronous DMA (a labelled no-op "
+                                   "without a GPU).")
+    prefetch_batches: int = knob(0, "Trainer-side receive thread keeping N batches ready (decompressed, "
+                                    "decoded, pinned).", min=0, max=64)
+    device_prefetch: int = knob(0, "GPU trainer: batches whose host-to-device copy is launched ahead "
+                                   "on a side CUDA stream while the current batch computes (0: each "
+                                   "copy runs on the compute stream just before its step; a labelled "
+                                   "no-op without a GPU).", min=0, max=8)
     wire_bandwidth_mb_s: float | None = knob(None, "EMULATED producer->trainer link bandwidth in MB/s "
                                                    "(e.g. preprocessing on another node).",
                                              min=0, max=10**7, exclusive_min=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from .analysis.device import AU_PASS, WARNING, au_label
 from .results import Attribution, Result, Summary
 
 
@@ -41,10 +42,44 @@ def run_table(result: Result) -> str:
     for v in result.variants:
         rows.append([v.name, spread(v.throughput_samples_s), num(v.epoch_s.median, ".2f"),
                      num(v.stall_s.median, ".2f"), pct(v.stall_share.median),
+                     pct(v.device.au.median) if v.device else "-",
                      num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_pss_mb.median, ",.0f")])
-    head = ["variant", "samples/s median (min..max)", "epoch s", "stall s", "stall %",
+    head = ["variant", "samples/s median (min..max)", "epoch s", "stall s", "stall %", "AU",
             "1st batch s", "peak PSS MB"]
     return table(head, rows)
+
+
+def au_note(result: Result) -> str | None:
+    """What the AU column measures, once per kind of step in the result."""
+    kinds = list(dict.fromkeys(v.device.compute_kind for v in result.variants if v.device))
+    if not kinds:
+        return None
+    return (f"AU: accelerator utilisation = model step time / epoch time (MLPerf Storage passes "
+            f"a run at >= {AU_PASS:.0%}); step time: " + "; ".join(au_label(k) for k in kinds))
+
+
+def device_table(result: Result) -> str | None:
+    """The host -> device copies (CUDA events), for variants whose batches were copied."""
+    rows = []
+    for v in result.variants:
+        d = v.device
+        if d is None or d.h2d_gb_s is None:
+            continue
+        mb = d.h2d_bytes_per_batch / 1e6 if d.h2d_bytes_per_batch is not None else None
+        rows.append([v.name, d.device, pct(d.au.median), num(d.step_ms.median, ".2f"),
+                     num(d.h2d_ms.median if d.h2d_ms else None, ".3f"), num(mb, ".2f"),
+                     num(d.h2d_gb_s.median, ".1f"), str(d.device_prefetch), d.host_memory])
+    if not rows:
+        return None
+    head = ["variant", "device", "AU", "GPU step ms", "H2D ms/batch", "H2D MB/batch", "H2D GB/s",
+            "preload", "host memory of the copies"]
+    return table(head, rows, right={2, 3, 4, 5, 6, 7})
+
+
+def warnings(result: Result) -> list[str]:
+    """Notes that say data was lost (e.g. sequences cut by padding), one line each."""
+    return [f"{v.name}: {note}" for v in result.variants for note in v.notes.values()
+            if note.startswith(WARNING)]
 
 
 def attribution_table(result: Result) -> str | None:

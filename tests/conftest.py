@@ -28,6 +28,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if timing:
         rest = [i for i in items if not i.get_closest_marker("groundtruth")]
         items[:] = timing + rest
+    gpu = [i for i in items if i.get_closest_marker("gpu")]
+    if gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False "
+                                           "on this machine)")
+            for i in gpu:
+                i.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

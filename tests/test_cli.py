@@ -88,7 +88,7 @@ def check_golden(name: str, actual: str) -> None:
      "stallbench: error: s.toml: loader.batch_sise: unknown key; did you mean 'batch_size'? "
      "(valid: batch_size, num_workers, prefetch_factor, epochs, max_batches, execution, "
      "batch_format, compression, compression_level, collate, pin_memory, prefetch_batches, "
-     "wire_bandwidth_mb_s, producer_threads, trainer_threads)\n"),
+     "device_prefetch, wire_bandwidth_mb_s, producer_threads, trainer_threads)\n"),
     ('name = "x"\n[dataset]\nrows = -5\n',
      "stallbench: error: s.toml: dataset.rows: expected a value >= 1, got -5\n"),
     ('name = "x"\n[preprocess]\ntransforms = ["hash_idz"]\n',
@@ -115,7 +115,10 @@ def test_corrupt_parquet_one_line_exit_2(tmp_path: Path, env: dict) -> None:
 
 def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
     write(tmp_path, TINY.format(analyze="true"))
-    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    # The golden is a CPU trainer's output on any machine (a GPU adds the device table:
+    # tests/test_gpu.py checks that one).
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "CUDA_VISIBLE_DEVICES": ""},
+           tmp_path)
     assert r.returncode == 0, r.stderr
     files = list((tmp_path / "out").glob("tiny-*.json"))
     assert len(files) == 1

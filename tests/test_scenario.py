@@ -117,7 +117,7 @@ def test_bad_input_names_file_key_and_expectation(text: str, key: str, fragment:
 
 @pytest.mark.parametrize("text, key, fragment", [
     ('name = "x"\n[loader]\nbatch_format = "colunmar"\n', "loader.batch_format",
-     "did you mean 'columnar'? (valid: arrow, columnar, rows, single_buffer)"),
+     "did you mean 'columnar'? (valid: arrow, columnar, jagged, rows, single_buffer)"),
     ('name = "x"\n[model]\nkind = "dlrn"\n', "model.kind",
      "did you mean 'dlrm'? (valid: dlrm, emulated, \"pkg.module:factory\")"),
     ('name = "x"\n[model]\ntop_mlp = [8, 2]\n', "model.top_mlp", "ending in 1"),
@@ -185,7 +185,7 @@ def test_reference_lists_every_key_and_the_registered_names() -> None:
         for f in cls.__dataclass_fields__:
             assert f"`{f}`" in ref
     line = next(ln for ln in ref.splitlines() if ln.startswith("| `batch_format`"))
-    assert line.endswith('One of: "arrow", "columnar", "rows", "single_buffer". |'), line
+    assert line.endswith('One of: "arrow", "columnar", "jagged", "rows", "single_buffer". |'), line
     line = next(ln for ln in ref.splitlines() if ln.startswith("| `kind` | `\"local\"`"))
     assert line.endswith('One of: "flight", "local", "ray". |'), line
 

@@ -2,7 +2,8 @@
 
 The knobs of ``[loader]`` change where work happens and what crosses a process boundary,
 never the data: across execution x batch_format x compression x collate x pin_memory x
-prefetch_batches x num_workers, the trainer must see byte-identical tensors in the same order.
+prefetch_batches x device_prefetch x num_workers, the trainer must see byte-identical tensors in
+the same order (compared on the host: on a GPU machine the trainer's batches live on the GPU).
 The reference is built independently of stallbench's stages (per-row Python over
 ``pyarrow`` rows), so "all variants agree" cannot mean "all variants are equally wrong".
 
@@ -57,7 +58,9 @@ KNOBS: dict[str, list[Any]] = {
     "collate": ["producer", "trainer"],
     "pin_memory": [False, True],
     "prefetch_batches": [0, 2],
+    "device_prefetch": [0, 2],          # alternated, not multiplied (a no-op on a CPU trainer)
 }
+ALTERNATED = ("device_prefetch",)
 
 
 def _toml(v: Any) -> str:
@@ -72,7 +75,7 @@ def digest(batch: dict[str, torch.Tensor]) -> str:
     for name in sorted(batch):
         t = batch[name].contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.numpy().tobytes())
+        h.update(t.cpu().numpy().tobytes())   # compared on the host: batches may be on a GPU
     return h.hexdigest()
 
 
@@ -136,8 +139,14 @@ def reference(cache: Path) -> list[str]:
 
 
 def _all_combos() -> list[dict[str, Any]]:
-    keys = list(KNOBS)
-    return [dict(zip(keys, vals)) for vals in itertools.product(*KNOBS.values())]
+    keys = [k for k in KNOBS if k not in ALTERNATED]
+    out = []
+    for i, vals in enumerate(itertools.product(*(KNOBS[k] for k in keys))):
+        combo = dict(zip(keys, vals))
+        for k in ALTERNATED:
+            combo[k] = KNOBS[k][i % len(KNOBS[k])]
+        out.append(combo)
+    return out
 
 
 def _worker_combos() -> list[dict[str, Any]]:
@@ -149,6 +158,7 @@ def _worker_combos() -> list[dict[str, Any]]:
         combo = dict(zip(core, vals))
         combo["pin_memory"] = KNOBS["pin_memory"][i % 2]
         combo["prefetch_batches"] = KNOBS["prefetch_batches"][(i // 2) % 2]
+        combo["device_prefetch"] = KNOBS["device_prefetch"][(i // 4) % 2]
         out.append(combo)
     return out
 

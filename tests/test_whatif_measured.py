@@ -8,6 +8,7 @@ it. The prediction from the 1-worker run must land within 15% of the measured 2-
 
 from __future__ import annotations
 
+import math
 import resource
 import subprocess
 import sys
@@ -85,8 +86,22 @@ def test_prediction_from_one_worker_matches_two(tmp_path) -> None:
     # the fit point itself is reproduced (the model is exact on its own inputs up to overlap)
     one = next(m for m in w.measured if m.n == 1)
     assert abs(one.error) <= 0.15
-    knee = w.knee
-    assert knee.n in (None, 7, 8) or knee.bound_by == "preprocess"
+    # The knee follows from the measured rates, whatever the machine: one worker delivers
+    # x1 samples/s (its measured steady rate), the trainer consumes at most xt (1 / its
+    # measured seconds per sample: step + its own data work + loader hand-off), so the stall
+    # goes at ceil(xt / x1) workers, unless the cores run out first (then no knee, and the
+    # workers' heaviest stage, preprocess, bounds). 7-8 on this 2-core box, 6 on a 16-core one.
+    knee, m = w.knee, w.model
+    x1 = one.measured_steady_samples_s
+    xt = 1.0 / (m.t_trainer + m.t_extra)
+    cores_cap = m.cores * m.cores_scale / (m.p_cpu + m.t_cpu)
+    expected = math.ceil(xt / x1 - 1e-9)
+    if cores_cap * 1.05 < xt:
+        assert knee.n is None and knee.bound_by == "preprocess", (knee, cores_cap, xt)
+    elif cores_cap > xt * 1.05:
+        assert knee.n is not None and abs(knee.n - expected) <= 1, (knee, expected, x1, xt)
+    else:   # the core budget and the trainer are within 5%: either outcome is right
+        assert knee.n is None or abs(knee.n - expected) <= 1, (knee, expected, x1, xt)
 
 
 def test_whatif_cli_prints_predicted_table(tmp_path) -> None:

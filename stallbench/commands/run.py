@@ -91,6 +91,16 @@ def run(args: argparse.Namespace) -> int:
                 written.append(path)
             print()
             print(tables.run_table(result))
+            note = tables.au_note(result)
+            if note:
+                print(note)
+            device = tables.device_table(result)
+            if device:
+                print()
+                print("host -> device copies (CUDA events; per batch, medians over repeats):")
+                print(device)
+            for line in tables.warnings(result):
+                print(line)
             ranks = tables.rank_table(result)
             if ranks:
                 print()

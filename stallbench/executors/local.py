@@ -5,7 +5,7 @@ the DataLoader preserves that order whatever ``num_workers`` is, so batches are 
 across worker counts.
 
 - ``num_workers = 0``: the trainer process produces its own batches, one work item at a time
-  (in the trainer thread, or in the preload thread when ``prefetch_batches > 0``). Nothing
+  (in the trainer thread, or in the receive thread when ``prefetch_batches > 0``). Nothing
   crosses a process boundary; batches of a poolable format (``single_buffer``) still recycle
   their memory through a small trainer-local ``BufferPool``.
 - ``num_workers > 0``: forked DataLoader workers produce whole work items; at most
@@ -13,6 +13,9 @@ across worker counts.
   backpressure). Poolable payloads (``single_buffer``) are packed straight into shared
   memory: into the slots of a ``BufferPool`` mapped before the fork, falling back to fresh
   shared memory when no slot is free, so only a small reference crosses the process boundary.
+  With ``pin_memory`` on a GPU trainer the pool is page-locked (``cudaHostRegister``) before
+  the fork, so a worker's batch is already in pinned memory: the trainer copies it to the
+  device straight from the slot, with no host copy.
 - ``execution = "streaming"`` hands each work item to the trainer as soon as it is produced,
   so memory is bounded by what is in flight; ``"bulk"`` produces the whole epoch before the
   first batch is handed to the trainer (time to first batch and memory grow with the data).
@@ -104,13 +107,17 @@ def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
         return None
     per_item = max(-(-s.rows // lc.batch_size) for s in plan.items)
     slot_bytes = fmt.slot_bytes(lc.batch_size)
+    # Batches the trainer holds beyond the one it consumes: its receive (pin) thread's queue
+    # and the one that thread is handing over, and the copies preloaded to the device (a
+    # batch read from the pool in place holds its slot until its copy has completed).
+    held = plan.transfer.receive_thread_depth + plan.transfer.device_prefetch + 1
     if lc.num_workers == 0:
         # The trainer packs for itself: recycling buffers still saves fresh pages per batch.
-        # Room for the item being consumed, the next one and the preload queue.
-        return 1, 2 * per_item + lc.prefetch_batches + 1, slot_bytes
+        # Room for the item being consumed, the next one and what the trainer holds.
+        return 1, 2 * per_item + held, slot_bytes
     # A worker's items in flight (prefetch_factor), the one it is producing, and the trainer's
-    # share of what it holds (the item it is consuming plus its preload queue).
-    slots = (lc.prefetch_factor + 2) * per_item + -(-lc.prefetch_batches // lc.num_workers) + 1
+    # share of what it holds (the item it is consuming plus its receive queue and preload).
+    slots = (lc.prefetch_factor + 2) * per_item + -(-held // lc.num_workers)
     return lc.num_workers, slots, slot_bytes
 
 
@@ -123,6 +130,7 @@ class LocalExecutor(Executor):
         super().__init__(config, scenario_file)
         self._pool: BufferPool | None = None
         self._figures: dict[str, Any] = {}
+        self._pin_error: str | None = None
 
     def _pool_for(self, plan: Plan) -> BufferPool | None:
         """One pool per executor (mapped once, reused by every run), rebuilt if the plan
@@ -135,6 +143,14 @@ class LocalExecutor(Executor):
             if p is not None:
                 p.close()
             self._pool = p = BufferPool(*shape)
+        api = plan.transfer.api
+        if plan.transfer.pin and api is not None and not p.pinned and not self._pin_error:
+            try:
+                p.pin(api.register, api.unregister)
+            except Exception as exc:  # noqa: BLE001 - e.g. the driver refuses to page-lock this much
+                # Not fatal: the pin thread then stages batches in its pinned ring instead;
+                # results say why (executor figures) and the H2D counts show the ring.
+                self._pin_error = f"{type(exc).__name__}: {exc}"
         p.reclaim()
         return p
 
@@ -154,6 +170,8 @@ class LocalExecutor(Executor):
                 # memory (shared with workers) because every slot was held.
                 self._figures["buffer_pool"] = {
                     "slots": pool.partitions * pool.slots, "slot_bytes": pool.slot_bytes,
+                    "pinned": pool.pinned,
+                    **({"pin_error": self._pin_error} if self._pin_error else {}),
                     "pooled_batches": counts["pooled"],
                     ("fresh_shared_batches" if self.config.loader.num_workers
                      else "fresh_batches"): counts["fresh"]}

@@ -5,25 +5,37 @@ how long its own share of data work took (unpack/decompress/collate/copy: traine
 transfer) and how long the model step took. Four ``perf_counter`` calls and a few list appends
 per batch keep the overhead far below a batch's cost (``benchmarks/overhead.py`` measures it).
 
+On a GPU trainer the batches go through the device path (``stages.device``): a receive/pin
+thread (``Transfer.receive_thread_depth``) decodes and stages them in pinned memory, and the
+trainer thread launches each copy (``loader.device_prefetch`` batches ahead on a side stream)
+and waits only for a copy that is late. Copies and GPU steps are timed by CUDA events
+(``measure.device_clock``), which also gives the accelerator utilisation of every run. With a
+copy preloaded, the trainer-side seconds of a batch include launching the next batch's copy.
+
 ``stall_s`` is defined as ``epoch_s - compute_s``: every second the trainer is not computing
 is a second it waits for data, which also makes the stall attribution close exactly.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .. import interrupts
 from ..pipeline import Plan, ShardOutput, StageTimes
-from ..results import ByteCounts, RepeatFigures, Resources, StageRows, StageSeconds, Timeline
-from ..stages.batch_format import TensorBatch
+from ..results import (ByteCounts, RepeatFigures, Resources, SequenceCut, StageRows, StageSeconds,
+                       Timeline)
+from ..stages.batch_format import SequenceCounts, TensorBatch
 from ..stages.compute import Compute
+from ..stages.device import DeviceFeeder, Staging, ring_slots
+from .device_clock import DeviceClock
 from .sampler import Sampler
 
 Item = tuple[TensorBatch, int, float]
@@ -59,6 +71,7 @@ class StageTotals:
                                                            "wire_bytes": 0, "ipc_bytes": 0})
     workers: set[int] = field(default_factory=set)
     trainer_pid: int = field(default_factory=os.getpid)
+    sequences: SequenceCounts | None = None
 
     def add(self, out: ShardOutput) -> None:
         self.add_times(out.times)
@@ -80,12 +93,51 @@ class StageTotals:
         if t.worker != self.trainer_pid:
             self.bytes["ipc_bytes"] += t.wire_bytes
         self.workers.add(t.worker)
+        if t.sequences is not None:
+            if self.sequences is None:
+                self.sequences = SequenceCounts(t.sequences.seq_len)
+            self.sequences.add(t.sequences)
 
 
 def _batches(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals) -> Iterator[Item]:
+    """Host batches (decompressed, decoded) of what the executor delivers; the device path
+    takes them from here."""
     for out in deliveries:
         totals.add(out)
-        yield from plan.receive(out)
+        yield from plan.receive_host(out)
+
+
+def _batches_parallel(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals,
+                      threads: int) -> Iterator[Item]:
+    """``_batches`` with up to ``threads`` payloads received (decompressed, decoded) at once,
+    in the order delivered. Runs inside the receive thread: zstd decompresses without holding
+    the GIL, so a compressed stream is no longer limited by one thread's decompression rate."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="stallbench-receive")
+    pending: collections.deque = collections.deque()
+
+    def receive(p: Any) -> Item:
+        t0 = time.perf_counter()
+        batch = plan.transfer.receive_host(p)
+        return batch, p.rows, time.perf_counter() - t0
+
+    try:
+        for out in deliveries:
+            totals.add(out)
+            if out.payloads is None:
+                while pending:
+                    yield pending.popleft().result()
+                yield from plan.receive_host(out)
+                continue
+            for p in out.payloads:
+                pending.append(pool.submit(receive, p))
+                while len(pending) > threads:
+                    yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
 
 
 def _cached(plan: Plan) -> Iterator[Item]:
@@ -97,21 +149,30 @@ def _cached(plan: Plan) -> Iterator[Item]:
 
 
 class _Preload:
-    """Trainer-side preload thread keeping N batches ready (trainer transfer runs here)."""
+    """Trainer-side receive thread keeping N batches ready: trainer transfer runs here
+    (decompress, decode and, on a GPU with ``pin_memory``, staging in pinned memory: then it
+    is the pin thread). Its seconds count as trainer-side transfer, off the trainer thread."""
 
     _END = object()
 
-    def __init__(self, source: Iterator[Item], n: int, totals: StageTotals) -> None:
+    def __init__(self, source: Iterator[Item], n: int, totals: StageTotals,
+                 stage: Callable[[Any], Any] | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.q: queue.Queue[Any] = queue.Queue(maxsize=n)
         self.source = source
         self.totals = totals
-        self.stop = threading.Event()
+        self.stage = stage
+        self.stop = stop or threading.Event()
         self.thread = threading.Thread(target=self._fill, name="stallbench-preload", daemon=True)
         self.thread.start()
 
     def _fill(self) -> None:
         try:
             for batch, rows, tx in self.source:
+                if self.stage is not None:
+                    t0 = time.perf_counter()
+                    batch = self.stage(batch)
+                    tx += time.perf_counter() - t0
                 self.totals.s["transfer_trainer"] += tx
                 while not self.stop.is_set():
                     try:
@@ -157,21 +218,32 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     probe = Probe()
     totals = StageTotals()
     max_batches = plan.max_batches
-    prefetch = plan.config.loader.prefetch_batches
+    depth = plan.transfer.receive_thread_depth
     sampler = Sampler(sample_interval_s, executor.worker_pids, executor.sample_object_store_mb)
     perf = time.perf_counter
     n = samples = 0
     ttfb = math.nan
     producer_cpu0 = executor.producer_cpu_s(plan)
+    tr = plan.transfer
+    api = tr.api
+    # A stand-in without ``kind`` (a test's hashing step) is timed by the host clock.
+    clock = DeviceClock(api, getattr(compute, "kind", "cpu"), tr.device_prefetch)
     with sampler:
         t0 = perf()
         cpu0 = time.process_time()
         if plan.ablation.compute_only:
             source: Iterator[Item] = _cached(plan)
         else:
-            source = _batches(executor.run(plan), plan, totals)
-        if prefetch and not plan.ablation.compute_only:
-            source = _Preload(source, prefetch, totals)
+            threads = tr.receive_threads
+            source = (_batches_parallel(executor.run(plan), plan, totals, threads)
+                      if depth and threads > 1 else _batches(executor.run(plan), plan, totals))
+            if depth:
+                stop = threading.Event()
+                stage = (Staging(api, ring_slots(depth, tr.device_prefetch), stop).stage
+                         if tr.pin and api is not None else None)
+                source = _Preload(source, depth, totals, stage=stage, stop=stop)
+            if api is not None:
+                source = DeviceFeeder(source, api, tr.device_prefetch, on_copy=clock.on_copy)
         try:
             while n < max_batches:
                 interrupts.check()   # a signal whose exception a library swallowed
@@ -183,9 +255,12 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 tb = perf()
                 if n == 0:
                     ttfb = tb - t0
+                ev = clock.step_start()
                 compute.step(batch)
+                clock.step_stop(ev)
                 compute.sync()
                 tc = perf()
+                clock.host_step(tc - tb)
                 probe.t_start_s.append(ta - t0)
                 probe.wait_s.append(tb - ta - tx)
                 probe.transfer_s.append(tx)
@@ -208,6 +283,10 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     producer_cpu1 = executor.producer_cpu_s(plan) if producer_cpu0 is not None else None
     producer_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
     epoch = t_end - t0
+    device, h2d_ms, gpu_step_ms = clock.finish(epoch)
+    timeline = probe.timeline()
+    timeline.h2d_ms, timeline.gpu_step_ms = h2d_ms, gpu_step_ms
+    seq = totals.sequences
     compute_s = sum(probe.compute_s)
     warm = min(max(warmup_batches, 1), n)
     if n > warm:
@@ -233,5 +312,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         stage_rows=StageRows(**totals.rows), bytes=ByteCounts(**totals.bytes),
         producer_processes=len(totals.workers),
         executor_figures=executor.run_figures() if not plan.ablation.compute_only else {},
+        device=device,
+        sequence_cut=SequenceCut(seq_len=seq.seq_len, sequences=seq.sequences,
+                                 sequences_cut=seq.cut, ids=seq.ids, ids_cut=seq.ids_cut,
+                                 longest=seq.longest) if seq is not None else None,
     )
-    return fig, probe.timeline(), sampler.resources()
+    return fig, timeline, sampler.resources()

@@ -1,4 +1,5 @@
-"""Background resource sampler: CPU per core, memory of the whole producer tree, object store, GPU.
+"""Background resource sampler: CPU per core, memory of the whole producer tree, object store, GPU
+utilisation and GPU memory (NVML, where a GPU exists).
 
 Runs in a thread at a coarse period (default 100 ms) so it costs well under 1% of a core.
 Memory is summed over the trainer, its children (loader workers) and any extra pids an executor
@@ -44,6 +45,11 @@ class _Gpu:
 
     def util(self) -> list[float]:
         return [float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self.handles]
+
+    def memory_mb(self) -> list[float]:
+        """Device memory in use per GPU (NVML: every process's, the caching allocator's
+        reserve included, which is what a co-located job would find taken)."""
+        return [self.nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20 for h in self.handles]
 
 
 def gpu_info() -> list[dict[str, Any]]:
@@ -264,6 +270,7 @@ class Sampler:
             s.setdefault("object_store_mb", []).append(round(store, 1))
         if self.gpu.handles:
             s.setdefault("gpu_util_percent", []).append(self.gpu.util())
+            s.setdefault("gpu_memory_mb", []).append([round(x, 1) for x in self.gpu.memory_mb()])
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -296,5 +303,6 @@ class Sampler:
                          pss_mb=s["pss_mb"], rss_sum_mb=s["rss_sum_mb"],
                          object_store_mb=s.get("object_store_mb"),
                          gpu_util_percent=s.get("gpu_util_percent"),
+                         gpu_memory_mb=s.get("gpu_memory_mb"),
                          pss_exact_sweeps=self.memory.exact_sweeps,
                          pss_sweep_s=round(self.memory.sweep_s, 4))

@@ -384,8 +384,9 @@ def timeline(tl: Timeline) -> str | None:
 # -------------------------------------------------------------------------------- resources
 
 def resources(res: Resources) -> str | None:
-    """CPU per core, memory (PSS), object store and GPU utilisation over one run, sharing the
-    time axis. GPU utilisation is one value per GPU per sample: drawn as the mean over GPUs."""
+    """CPU per core, memory (PSS), object store, GPU utilisation and GPU memory over one run,
+    sharing the time axis. GPU utilisation is one value per GPU per sample: drawn as the mean
+    over GPUs; GPU memory as the sum over GPUs (NVML's used memory)."""
     t = _floats(res.t_s)
     if not t:
         return None
@@ -410,10 +411,15 @@ def resources(res: Resources) -> str | None:
     gpu = None
     if res.gpu_util_percent:
         gpu = [_mean_or_nan(sample) for sample in res.gpu_util_percent]
+    gpu_mem = None
+    if res.gpu_memory_mb:   # every GPU's used memory, summed (NVML)
+        gpu_mem = [sum(float(x) for x in sample if _finite(x)) if sample else math.nan
+                   for sample in res.gpu_memory_mb]
     for key, label, color, vals in (
             ("pss_mb", "memory, PSS (MB)", STAGE_COLORS["compute"], res.pss_mb),
             ("object_store_mb", "object store (MB)", "#2a9d8f", res.object_store_mb),
-            ("gpu_util_percent", "GPU util (%)", "#76b041", gpu)):
+            ("gpu_util_percent", "GPU util (%)", "#76b041", gpu),
+            ("gpu_memory_mb", "GPU memory (MB)", "#4d7c0f", gpu_mem)):
         s = series(vals)
         if s:
             panels.append((key, (label, color, s)))

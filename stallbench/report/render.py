@@ -31,6 +31,7 @@ from .. import results
 from ..errors import UserError
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
+from ..analysis.device import AU_PASS, au_label
 from . import plots
 from .history import view as history_view
 
@@ -256,6 +257,8 @@ class RunView:
     has_inside: bool = False
     emulated_uniform: bool = True   # every variant emulates the same knobs (no per-row badge)
     has_ranks: bool = False         # a variant ran data-parallel ranks (trainers.ranks > 1)
+    device_rows: list[dict[str, Any]] = field(default_factory=list)   # H2D copies, per variant
+    au_note: str = ""               # how AU's step time was measured, for this run's variants
 
 
 def _pair(iv: Interval) -> tuple[float, float]:
@@ -308,7 +311,16 @@ def _timeline_stats(tl: Timeline) -> list[tuple[str, str]]:
     comp = [float(x) for x in tl.compute_s if _num(x) is not None]
     total = sum(wait) + sum(tr) + sum(comp)
     srt = sorted(wait)
-    return [("batches", f"{len(wait)}"),
+    device = []
+    h2d = [float(x) for x in tl.h2d_ms or [] if _num(x) is not None]
+    if h2d:
+        device.append(("H2D copy per batch, median (CUDA events)",
+                       fmt_s(statistics.median(h2d) / 1e3)))
+    gpu = [float(x) for x in tl.gpu_step_ms or [] if _num(x) is not None]
+    if gpu:
+        device.append(("GPU step per batch, median (CUDA events)",
+                       fmt_s(statistics.median(gpu) / 1e3)))
+    return device + [("batches", f"{len(wait)}"),
             ("waiting for a batch", f"{fmt_s(sum(wait))} ({fmt_pct(sum(wait) / total) if total else '—'})"),
             ("trainer-side transfer", fmt_s(sum(tr))),
             ("computing", f"{fmt_s(sum(comp))} ({fmt_pct(sum(comp) / total) if total else '—'})"),
@@ -341,7 +353,32 @@ def _resource_stats(res: Resources) -> list[tuple[str, str]]:
     gpu = [x for sample in res.gpu_util_percent or [] for x in _finite(sample)]
     if gpu:
         out.append(("GPU util mean", f"{statistics.fmean(gpu):.0f}%"))
+    gmem = [sum(_finite(sample)) for sample in res.gpu_memory_mb or []]
+    if gmem:
+        out.append(("GPU memory used, peak (NVML)", fmt_mb(max(gmem))))
     return out
+
+
+def _device_rows(variants: list[VariantResult]) -> list[dict[str, Any]]:
+    """The host -> device copies of variants whose batches went to an accelerator."""
+    rows = []
+    for v in variants:
+        d = v.device
+        if d is None or d.h2d_gb_s is None:
+            continue
+        rows.append({"name": v.name, "device": d.device, "au": d.au.median,
+                     "au_pass": _num(d.au.median) is not None and d.au.median >= AU_PASS,
+                     "step_ms": d.step_ms.median, "h2d_ms": d.h2d_ms.median if d.h2d_ms else None,
+                     "h2d_mb": (d.h2d_bytes_per_batch / 1e6
+                                if d.h2d_bytes_per_batch is not None else None),
+                     "gb_s": d.h2d_gb_s.median, "preload": d.device_prefetch,
+                     "host_memory": d.host_memory})
+    return rows
+
+
+def _au_note(variants: list[VariantResult]) -> str:
+    kinds = list(dict.fromkeys(v.device.compute_kind for v in variants if v.device))
+    return "; ".join(au_label(k) for k in kinds)
 
 
 def _headline(r: Result) -> Headline:
@@ -477,6 +514,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                    emulated=emu_rows, predicted=predicted, anchor=anchor,
                    emulated_uniform=len({tuple(sorted(v.emulated)) for v in r.variants}) <= 1,
                    has_ranks=any(v.ranks is not None for v in r.variants),
+                   device_rows=_device_rows(r.variants), au_note=_au_note(r.variants),
                    has_inside=any(vv.timeline_fig.png or vv.resources_fig.png or vv.timeline_fig.error
                                   or vv.resources_fig.error for vv in views))
 

@@ -33,6 +33,14 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 2 (issue 20): a variant's ``threads`` (``ThreadBudget``: the producer
   and trainer thread budgets as resolved); the ``"flight"`` executor's facts and
   ``executor_figures["flight"]``.
+  Additive since (still version 2; every new field has a default, so earlier v2 files load):
+  the trainer's device path (issue 15): ``RepeatFigures.device`` (``DeviceRepeat``: AU with the
+  source of its compute time, H2D copies timed by CUDA events: bytes, seconds, GB/s, where the
+  host bytes were), ``VariantResult.device`` (``DeviceFigures``: the same over repeats, per-batch
+  H2D and step times of the first repeat), ``RepeatFigures.sequence_cut`` (``SequenceCut``:
+  sequences a padded batch format cut at ``dataset.sequence_max_len``),
+  ``Resources.gpu_memory_mb`` (NVML used memory per GPU per sample) and ``Timeline.h2d_ms`` /
+  ``gpu_step_ms`` (per batch, CUDA events).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -129,6 +137,49 @@ class ByteCounts:
 
 
 @dataclass
+class DeviceRepeat:
+    """One run's accelerator figures (``measure.device_clock`` says how each is taken).
+
+    ``au`` (accelerator utilisation, MLPerf Storage's figure) = ``compute_s`` / the run's
+    epoch. ``compute_kind`` says where ``compute_s`` comes from: ``gpu`` (CUDA events around
+    each step), ``emulated`` (the host clock around an EMULATED step) or ``cpu`` (the host
+    clock around a model step on the CPU). H2D figures exist only where batches were copied to
+    an accelerator, timed by CUDA events on the copy's stream; ``h2d_from_*`` count the copies
+    by where their host bytes were: the loader's pinned pool (no host copy), the pin thread's
+    pinned ring (one host copy, off the trainer thread) or pageable memory."""
+
+    device: str                     # "cpu" or the CUDA device ("cuda:0")
+    compute_kind: str               # "gpu", "emulated" or "cpu"
+    compute_clock: str              # "cuda_events" or "host"
+    compute_s: float                # model step time summed over the run, by compute_clock
+    au: float                       # compute_s / epoch_s
+    step_ms_median: float | None = None
+    h2d_batches: int = 0
+    h2d_bytes: int = 0
+    h2d_s: float | None = None      # copy time summed (CUDA events); None: nothing copied
+    h2d_gb_s: float | None = None   # h2d_bytes / h2d_s
+    h2d_ms_median: float | None = None
+    h2d_from_pool: int = 0
+    h2d_from_ring: int = 0
+    h2d_from_pageable: int = 0
+    device_prefetch: int = 0        # batches whose copy ran ahead on a side stream (0: none)
+
+
+@dataclass
+class SequenceCut:
+    """What a padded batch format did to the id sequences of one run: sequences longer than
+    the padded length (``dataset.sequence_max_len``) lose their tails. Counted by the producer
+    from the Arrow list lengths of every batch it encoded."""
+
+    seq_len: int                    # the padded length
+    sequences: int = 0              # sequences encoded (rows x sequence features)
+    sequences_cut: int = 0          # longer than seq_len
+    ids: int = 0                    # ids in those sequences before padding
+    ids_cut: int = 0                # ids dropped
+    longest: int = 0                # longest sequence seen
+
+
+@dataclass
 class RepeatFigures:
     """Everything measured in one run of one variant (or of one of its ablations)."""
 
@@ -160,6 +211,8 @@ class RepeatFigures:
     # With ``trainers.ranks`` > 1: every rank's own figures of this run (the fields above are
     # then the job's, see ``RankFigures``); empty for a single in-process trainer.
     ranks: list["RankFigures"] = field(default_factory=list)
+    device: DeviceRepeat | None = None          # AU and H2D copies (None: compute-only caches)
+    sequence_cut: SequenceCut | None = None     # None: the format keeps every id, or no sequences
 
 
 @dataclass
@@ -336,6 +389,10 @@ class Timeline:
     transfer_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
+    # Per batch, by CUDA events (ms): its host -> device copy (0: none, already on the
+    # device), and the model step on the GPU; None where no accelerator was used.
+    h2d_ms: list[float] | None = None
+    gpu_step_ms: list[float] | None = None
 
 
 @dataclass
@@ -350,8 +407,26 @@ class Resources:
     rss_sum_mb: list[float] = field(default_factory=list)
     object_store_mb: list[float] | None = None
     gpu_util_percent: list[list[float]] | None = None   # per sample, one value per GPU
+    gpu_memory_mb: list[list[float]] | None = None      # per sample, NVML used memory per GPU
     pss_exact_sweeps: int = 0
     pss_sweep_s: float = 0.0
+
+
+@dataclass
+class DeviceFigures:
+    """A variant's accelerator figures over its full runs (``DeviceRepeat`` per repeat); the
+    per-batch series of the first repeat are in its ``Timeline`` (``h2d_ms``, ``gpu_step_ms``)."""
+
+    device: str
+    compute_kind: str               # "gpu", "emulated" or "cpu": what AU's compute time is
+    compute_clock: str              # "cuda_events" or "host"
+    au: Summary
+    step_ms: Summary                # median step time per batch, over repeats
+    h2d_gb_s: Summary | None = None
+    h2d_ms: Summary | None = None   # median copy time per batch, over repeats
+    h2d_bytes_per_batch: float | None = None
+    host_memory: str = ""           # where copied batches came from (pool / ring / pageable)
+    device_prefetch: int = 0
 
 
 @dataclass
@@ -464,6 +539,7 @@ class VariantResult:
     ranks: RankSummary | None = None
     startup: StartupFigures | None = None                     # issue 16
     threads: ThreadBudget | None = None     # thread budgets as resolved (None: older results)
+    device: DeviceFigures | None = None      # AU, H2D copies (issue 15)
 
 
 # ---------------------------------------------------------------------- what-if (analysis)

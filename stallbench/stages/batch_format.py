@@ -1,14 +1,22 @@
 """Batch formats: how a preprocessed Arrow table becomes what the trainer's model eats.
 
-Whatever the format, the trainer ends with the same ``TensorBatch``:
-``dense`` float32 (B, D), ``sparse`` int64 (B, S), ``seq`` int64 (B, Q, L) padded with -1,
-``label`` float32 (B,). Formats differ only in where the work happens and what crosses the
-process boundary, which is exactly what the field's optimisations change:
+Whatever the format, the trainer ends with a ``TensorBatch``: ``dense`` float32 (B, D),
+``sparse`` int64 (B, S), ``label`` float32 (B,) and the id sequences either *padded*, ``seq``
+int64 (B, Q, L) with -1 after each sequence's end (L = ``dataset.sequence_max_len``: a longer
+sequence loses its tail, and results say how many did), or *jagged* (``jagged`` format):
+``seq_values`` int64 (N,), every id of every sequence, feature-major, and ``seq_offsets`` int64
+(Q*B + 1,), where sequence ``j`` of row ``i`` is ``seq_values[seq_offsets[j*B+i] :
+seq_offsets[j*B+i+1]]``: TorchRec's ``KeyedJaggedTensor`` layout (values + offsets, keys
+outermost), which ``nn.EmbeddingBag(input, offsets)`` consumes with no padding at all. Formats
+differ only in where the work happens and what crosses the process boundary, which is exactly
+what the field's optimisations change:
 
 - ``rows``: per-row dicts, ``torch.utils.data.default_collate`` (the naive PyTorch baseline);
 - ``columnar``: numpy columns -> tensors (zero-copy ``from_numpy``);
 - ``single_buffer``: every tensor of a batch packed into one contiguous buffer with a small
   header (Pinterest/Yelp's trick), unpacked by the trainer as zero-copy views;
+- ``jagged``: a single buffer whose sequences are values + offsets instead of padded: no
+  padding to write in the producer, fewer bytes on every copy, and no id ever cut;
 - ``arrow``: one Arrow record batch (what the Flight executor streams; Arrow's IPC moves it
   between processes without a per-column Python step).
 
@@ -30,6 +38,7 @@ import json
 import math
 import struct
 import threading
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Union
 
 import numpy as np
@@ -46,6 +55,7 @@ TensorBatch = dict[str, torch.Tensor]
 FORMATS: Registry[type["BatchFormat"]] = Registry("batch format")
 PAD_ID = -1
 COLLATED = ("dense", "sparse", "seq", "label")
+JAGGED = ("dense", "sparse", "label", "seq_offsets", "seq_values")
 
 _ARROW_TYPES = {np.dtype(np.float32): pa.float32(), np.dtype(np.int64): pa.int64()}
 
@@ -102,6 +112,52 @@ def seq_parts(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(lengths, out=offsets[1:])
     values = np.asarray(pc.list_flatten(arr).to_numpy(zero_copy_only=False), dtype=np.int64)
     return offsets, values
+
+
+def sequence_lengths(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Items per row of a list column (nulls: 0), int64; from the offsets when canonical."""
+    arr = flat(col)
+    if arr.null_count == 0 and pa.types.is_list(arr.type):
+        return np.diff(primitive_view(arr.offsets, np.dtype(np.int32))).astype(np.int64)
+    return np.asarray(pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False),
+                      dtype=np.int64)
+
+
+@dataclass
+class SequenceCounts:
+    """What padding to ``seq_len`` does to a table's sequences: how many are longer (and lose
+    their tail) and how many ids that drops. Counted by producers, summed per run."""
+
+    seq_len: int
+    sequences: int = 0
+    cut: int = 0
+    ids: int = 0
+    ids_cut: int = 0
+    longest: int = 0
+
+    @classmethod
+    def of(cls, table: pa.Table, schema: FeatureSchema) -> "SequenceCounts":
+        c = cls(schema.seq_len)
+        for name in schema.sequence:
+            lengths = sequence_lengths(table.column(name))
+            if not lengths.size:
+                continue
+            over = lengths - schema.seq_len
+            c.sequences += int(lengths.size)
+            c.ids += int(lengths.sum())
+            c.cut += int(np.count_nonzero(over > 0))
+            c.ids_cut += int(over[over > 0].sum())
+            c.longest = max(c.longest, int(lengths.max()))
+        return c
+
+    def add(self, other: "SequenceCounts | None") -> None:
+        if other is None:
+            return
+        self.sequences += other.sequences
+        self.cut += other.cut
+        self.ids += other.ids
+        self.ids_cut += other.ids_cut
+        self.longest = max(self.longest, other.longest)
 
 
 _POSITIONS = np.arange(4096, dtype=np.int64)
@@ -460,11 +516,15 @@ class BatchFormat:
       compressed and sent as raw bytes, in place, without pickling.
     - ``poolable``: ``encode`` can pack the payload into a ``BufferPool`` slot (``shared`` a
       ``SlotAllocator``); ``slot_bytes`` then sizes the slots.
+    - ``pads_sequences``: sequences become ``seq`` (B, Q, L) padded to ``schema.seq_len``, so a
+      longer sequence loses its tail (``Transfer`` counts those, results say so); False: the
+      format keeps every id (jagged).
     """
 
     name: ClassVar[str]
     contiguous_buffer: ClassVar[bool] = False
     poolable: ClassVar[bool] = False
+    pads_sequences: ClassVar[bool] = True
 
     def __init__(self, schema: FeatureSchema, collate: str) -> None:
         self.schema = schema
@@ -611,6 +671,12 @@ class SingleBufferFormat(BatchFormat):
         s = self.schema
         if self.collate == "producer":
             return check_batch(unpack(data, batch_id), s, batch_id, rows)
+        cols = self._columns(data, batch_id, rows)
+        return check_batch(tensors(collate_columns(cols, s)), s, batch_id, rows)
+
+    def _columns(self, data: Any, batch_id: str, rows: int | None) -> dict[str, Any]:
+        """The uncollated columns of a ``collate = "trainer"`` buffer, checked (views)."""
+        s = self.schema
         fields = unpack_fields(data, batch_id)
         n = rows if rows is not None else -1
         cols: dict[str, Any] = {}
@@ -637,7 +703,145 @@ class SingleBufferFormat(BatchFormat):
                                f"{exc.args[0]!r}") from None
         except ValueError as exc:
             raise PayloadError(f"batch {batch_id}: {exc}") from None
-        return check_batch(tensors(collate_columns(cols, s)), s, batch_id, rows)
+        return cols
+
+
+# ---------------------------------------------------------------------------------- jagged
+
+def jagged_fields(schema: FeatureSchema, rows: int,
+                  n_values: int) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """Name, dtype and stored shape of each field of a jagged buffer (``JAGGED`` order).
+    ``dense`` and ``sparse`` are stored feature-major, (D, B) and (S, B), as every column
+    already is in Arrow: packing one is a plain copy per column (no transposition), and the
+    trainer sees the (B, D) / (B, S) tensors as transposed views (``decode``)."""
+    return [("dense", np.dtype(np.float32), (len(schema.dense), rows)),
+            ("sparse", np.dtype(np.int64), (len(schema.sparse), rows)),
+            ("label", np.dtype(np.float32), (rows,)),
+            ("seq_offsets", np.dtype(np.int64), (len(schema.sequence) * rows + 1,)),
+            ("seq_values", np.dtype(np.int64), (n_values,))]
+
+
+def fill_jagged_sequences(parts: list[tuple[np.ndarray, np.ndarray]], offsets: np.ndarray,
+                          values: np.ndarray) -> None:
+    """Write each feature's (offsets, values) into the feature-major ``offsets`` (Q*B + 1)
+    and ``values``: one copy of the ids, one add per offset; nothing is padded."""
+    offsets[0] = 0
+    base = 0
+    at = 0
+    for off, vals in parts:
+        n = off.size - 1
+        np.add(off[1:], base, out=offsets[at + 1:at + n + 1])
+        values[base:base + vals.size] = vals
+        base += vals.size
+        at += n
+
+
+def check_jagged(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
+                 rows: int | None = None) -> TensorBatch:
+    """The decoded jagged batch has the promised dtypes and shapes, and its offsets are a
+    valid partition of its values (start at 0, never decrease, end at the last value)."""
+    n = rows if rows is not None else (int(batch["label"].shape[0]) if "label" in batch else -1)
+    want = {"dense": (torch.float32, (n, len(schema.dense))),
+            "sparse": (torch.int64, (n, len(schema.sparse))), "label": (torch.float32, (n,)),
+            "seq_offsets": (torch.int64, (len(schema.sequence) * n + 1,))}
+    for name, (dt, shape) in want.items():
+        t = batch.get(name)
+        if not isinstance(t, torch.Tensor) or t.dtype != dt or tuple(t.shape) != shape:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise PayloadError(f"batch {batch_id}: {name!r} is {got}, expected {dt} {shape}")
+    vals = batch.get("seq_values")
+    if not isinstance(vals, torch.Tensor) or vals.dtype != torch.int64 or vals.dim() != 1:
+        raise PayloadError(f"batch {batch_id}: 'seq_values' is not a 1-D int64 tensor")
+    off = batch["seq_offsets"]
+    if off.device.type == "cpu":
+        o = off.numpy()
+        scratch = _SCRATCH.__dict__.setdefault("ge", np.empty(0, dtype=bool))
+        if scratch.size < o.size:
+            scratch = _SCRATCH.ge = np.empty(o.size, dtype=bool)
+        ok = np.greater_equal(o[1:], o[:-1], out=scratch[:o.size - 1]).all() if o.size > 1 else True
+        if o[0] != 0 or o[-1] != vals.shape[0] or not ok:
+            raise PayloadError(f"batch {batch_id}: 'seq_offsets' do not partition the "
+                               f"{vals.shape[0]} sequence values")
+    return batch
+
+
+def collate_jagged(cols: dict[str, Any], schema: FeatureSchema) -> dict[str, np.ndarray]:
+    """Uncollated columns (sequences as (offsets, values)) -> the jagged arrays (fresh;
+    ``dense`` and ``sparse`` feature-major underneath, (B, D) / (B, S) as seen)."""
+    label = np.array(cols[schema.label], dtype=np.float32)
+    n = len(label)
+    dense = np.empty((len(schema.dense), n), dtype=np.float32)
+    for j, c in enumerate(schema.dense):
+        dense[j] = cols[c]
+    sparse = np.empty((len(schema.sparse), n), dtype=np.int64)
+    for j, c in enumerate(schema.sparse):
+        sparse[j] = cols[c]
+    parts = [cols[c] for c in schema.sequence]
+    offsets = np.empty(len(parts) * n + 1, dtype=np.int64)
+    values = np.empty(sum(int(v.size) for _, v in parts), dtype=np.int64)
+    fill_jagged_sequences(parts, offsets, values)
+    return {"dense": dense.T, "sparse": sparse.T, "label": label, "seq_offsets": offsets,
+            "seq_values": values}
+
+
+@FORMATS.register("jagged")
+class JaggedFormat(SingleBufferFormat):
+    """One contiguous buffer per batch, like ``single_buffer``, with the sequences jagged:
+    values + offsets (TorchRec's KeyedJaggedTensor layout) instead of padded to
+    ``sequence_max_len``. Nothing is cut and nothing is padded, so a batch carries only its
+    ids: on data with short sequences most of a padded ``seq`` tensor is padding, and writing
+    it is most of a producer's collation. Dense and id features are stored feature-major as
+    Arrow holds them (one copy per column, no transposition; the trainer's ``dense`` and
+    ``sparse`` are (B, D) / (B, S) views with strides (1, B)), so packing a batch costs about
+    one ``memcpy`` of its bytes. ``collate = "trainer"`` hands over the uncollated columns as
+    ``single_buffer`` does and the trainer builds the jagged arrays."""
+
+    name = "jagged"
+    pads_sequences = False
+
+    def slot_bytes(self, rows: int) -> int:
+        """Sized for sequences averaging up to ``sequence_max_len`` ids (the bound a padded
+        batch would have); a batch with more falls back to fresh memory (counted in results
+        as ``fresh_*_batches``)."""
+        s = self.schema
+        q = len(s.sequence)
+        values = q * rows * s.seq_len
+        data = sum(_aligned(dt.itemsize * math.prod(shape))
+                   for _, dt, shape in jagged_fields(s, rows, values))
+        return data + q * _ALIGN + self.SLOT_HEADER_BYTES
+
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
+        s = self.schema
+        if self.collate != "producer":
+            return super().encode(table, batch_id, shared)
+        n = table.num_rows
+        parts = [seq_parts(table.column(c)) for c in s.sequence]
+        total = sum(int(v.size) for _, v in parts)
+        buf, views = allocate(jagged_fields(s, n, total), batch_id, shared)
+        dense, sparse = views["dense"], views["sparse"]
+        for j, c in enumerate(s.dense):
+            dense[j] = column_numpy(table.column(c), np.float32)
+        for j, c in enumerate(s.sparse):
+            sparse[j] = column_numpy(table.column(c), np.int64)
+        views["label"][:] = column_numpy(table.column(s.label), np.float32)
+        fill_jagged_sequences(parts, views["seq_offsets"], views["seq_values"])
+        return buf
+
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
+        s = self.schema
+        if self.collate == "producer":
+            fields = unpack_fields(data, batch_id)
+            missing = [k for k in JAGGED if k not in fields]
+            if missing:
+                raise PayloadError(f"batch {batch_id}: jagged payload lacks {missing}")
+            batch = {k: fields[k] for k in JAGGED}
+            for k in ("dense", "sparse"):       # stored feature-major: (B, D) views of (D, B)
+                if batch[k].dim() != 2:
+                    raise PayloadError(f"batch {batch_id}: {k!r} is not 2-D")
+                batch[k] = batch[k].t()
+            return check_jagged(batch, s, batch_id, rows)
+        cols = self._columns(data, batch_id, rows)
+        return check_jagged(tensors(collate_jagged(cols, s)), s, batch_id, rows)
 
 
 # ----------------------------------------------------------------------------- Arrow batches

@@ -17,6 +17,10 @@ region *before* the DataLoader forks its workers, so every process already has i
 
 The pool is bounded, so in streaming mode it *is* the bounded buffer: its pages are reused
 instead of new ones being faulted in for every batch.
+
+On a GPU trainer the pool can also be page-locked (``pin``: ``cudaHostRegister`` of its slots in
+the trainer), so loader workers write each batch straight into pinned memory and the trainer
+copies it to the device from where it lies: no host copy remains on the trainer's path.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
@@ -86,7 +90,30 @@ class BufferPool:
         self.data = np.frombuffer(self._map, dtype=np.uint8, offset=state_bytes)
         self._live: set[int] = set()        # slots the trainer holds tensors over
         self._lock = threading.Lock()
+        self._unpin: Callable[[], None] | None = None
         BufferPool.registry[self.key] = self
+
+    @property
+    def pinned(self) -> bool:
+        return self._unpin is not None
+
+    def pin(self, register: Callable[[int, int], None],
+            unregister: Callable[[int], None] | None = None) -> None:
+        """Page-lock every slot: ``register(address, nbytes)`` (``cudaHostRegister``), in the
+        trainer, once; workers forked afterwards write into the same (now pinned) pages.
+
+        A driver may mark page-locked memory ``MADV_DONTFORK`` so that a child cannot
+        copy-on-write pages a DMA engine reads; that would unmap the slots in every worker
+        forked later. Our mapping is ``MAP_SHARED`` (a fork shares its pages, it never copies
+        them), so the mark is lifted again with ``MADV_DOFORK``."""
+        if self._unpin is not None:
+            return
+        address, nbytes = self.data.ctypes.data, self.data.nbytes
+        register(address, nbytes)
+        dofork = getattr(mmap, "MADV_DOFORK", None)
+        if dofork is not None:
+            self._map.madvise(dofork)
+        self._unpin = (lambda: unregister(address)) if unregister else (lambda: None)
 
     def allocator(self, partition: int, fallback_shared: bool = True) -> SlotAllocator:
         return SlotAllocator(self, partition % self.partitions, fallback_shared)
@@ -127,5 +154,9 @@ class BufferPool:
             self.state[held] = keep
 
     def close(self) -> None:
-        """Forget the pool; the mapping itself lives until the last tensor over it is gone."""
+        """Forget the pool (and unpin it); the mapping itself lives until the last tensor over
+        it is gone."""
         BufferPool.registry.pop(self.key, None)
+        if self._unpin is not None:
+            unpin, self._unpin = self._unpin, None
+            unpin()

@@ -40,10 +40,19 @@ class Compute:
     def step(self, batch: TensorBatch) -> None:
         raise NotImplementedError
 
+    @property
+    def kind(self) -> str:
+        """Where the step's time is spent, for accelerator utilisation: "gpu", "cpu" or
+        "emulated" (``measure.device_clock`` takes each from the right clock)."""
+        if self.emulated:
+            return "emulated"
+        return "gpu" if device().type == "cuda" else "cpu"
+
     def sync(self) -> None:
-        """Wait for queued device work so step timings are real (no-op on CPU)."""
+        """Wait for the step's queued device work so host step timings are real (no-op on
+        CPU). Only the compute stream: a copy preloaded on a side stream keeps running."""
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()
 
 
 @MODELS.register("emulated")
@@ -65,34 +74,63 @@ def _mlp(sizes: list[int], final_act: bool) -> nn.Sequential:
 
 
 class DLRM(nn.Module):
-    """DLRM-style: bottom MLP on dense, sum-pooled embedding bags for ids and sequences,
-    concatenated into a top MLP. Sparse gradients keep the embedding update proportional to
-    the ids seen, as in production recommenders."""
+    """DLRM-style: bottom MLP on dense, sum-pooled embedding bags for ids, mean-pooled ones for
+    sequences, concatenated into a top MLP. Sparse gradients keep the embedding update
+    proportional to the ids seen, as in production recommenders.
+
+    The sequence features share one fused table (feature ``j`` owns rows ``j*R+1 .. j*R+R-1``,
+    row 0 is padding), so all of them are pooled by ONE ``EmbeddingBag`` call, either form of
+    batch: padded ``seq`` (B, Q, L) as B*Q bags of L with the padding excluded from the mean,
+    or jagged ``seq_values`` + ``seq_offsets`` (TorchRec's KeyedJaggedTensor layout) as Q*B
+    bags given by their offsets, with no padding at all. Both give the same pooled vectors for
+    the same ids, and nothing here reads a device value back to the host (no sync)."""
 
     def __init__(self, spec: ModelSpec, schema: FeatureSchema) -> None:
         super().__init__()
         d = spec.embedding_dim
         self.rows = spec.embedding_rows
+        self.q = len(schema.sequence)
         self.bottom = _mlp([max(len(schema.dense), 1), *spec.bottom_mlp], final_act=True)
         self.sparse = nn.ModuleList(nn.EmbeddingBag(self.rows, d, mode="sum", sparse=True)
                                     for _ in schema.sparse)
-        # row 0 is padding for sequences; real ids map to 1..rows-1
-        self.seq = nn.ModuleList(nn.EmbeddingBag(self.rows, d, mode="mean", sparse=True,
-                                                 padding_idx=0) for _ in schema.sequence)
-        width = spec.bottom_mlp[-1] + d * (len(schema.sparse) + len(schema.sequence))
+        self.seq = (nn.EmbeddingBag(self.q * self.rows, d, mode="mean", sparse=True,
+                                    padding_idx=0, include_last_offset=True)
+                    if self.q else None)
+        self.register_buffer("seq_base", torch.arange(self.q, dtype=torch.int64) * self.rows,
+                             persistent=False)
+        width = spec.bottom_mlp[-1] + d * (len(schema.sparse) + self.q)
         self.top = _mlp([width, *spec.top_mlp], final_act=False)
 
+    def _ids(self, ids: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """A feature's ids in its part of the fused table (1 .. R-1 above its base)."""
+        return ids % (self.rows - 1) + 1 + base
+
     def forward(self, b: TensorBatch) -> torch.Tensor:
-        dense = b["dense"] if b["dense"].shape[1] else torch.zeros(b["label"].shape[0], 1)
+        n = b["label"].shape[0]
+        dense = b["dense"] if b["dense"].shape[1] else b["label"].new_zeros(n, 1)
         parts = [self.bottom(dense)]
         sparse = b["sparse"] % self.rows
         for j, emb in enumerate(self.sparse):
             parts.append(emb(sparse[:, j:j + 1]))
-        seq = b["seq"]
-        for j, emb in enumerate(self.seq):
-            s = seq[:, j, :]
-            idx = torch.where(s >= 0, s % (self.rows - 1) + 1, torch.zeros_like(s))
-            parts.append(emb(idx))
+        if self.seq is not None:
+            if "seq_values" in b:
+                offsets = b["seq_offsets"]
+                starts = offsets[::n] if n else offsets.new_zeros(self.q + 1)
+                lengths = starts[1:] - starts[:-1]
+                values = b["seq_values"]
+                base = torch.repeat_interleave(self.seq_base, lengths, output_size=values.numel())
+                pooled = self.seq(self._ids(values, base), offsets)          # (Q*B, d)
+                pooled = pooled.view(self.q, n, -1).transpose(0, 1)           # (B, Q, d)
+            else:
+                s = b["seq"]
+                idx = torch.where(s >= 0, self._ids(s, self.seq_base.view(1, -1, 1)),
+                                  torch.zeros_like(s))
+                width = s.shape[2]
+                bags = torch.arange(0, n * self.q * width + 1, max(width, 1), device=s.device)
+                if not width:
+                    bags = bags.new_zeros(n * self.q + 1)
+                pooled = self.seq(idx.reshape(-1), bags).view(n, self.q, -1)
+            parts.append(pooled.reshape(n, -1))
         return self.top(torch.cat(parts, dim=1)).squeeze(1)
 
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 from ..measure.sampler import Sampler
 from ..pipeline import FULL, Ablation, Plan
-from ..results import (ByteCounts, RankFigures, RepeatFigures, Resources, StageRows, StageSeconds,
-                       Timeline)
+from ..results import (ByteCounts, RankFigures, RepeatFigures, Resources, SequenceCut, StageRows,
+                       StageSeconds, Timeline)
 from .base import LAUNCHERS, RankRun
 
 
@@ -144,4 +144,19 @@ def job_figures(ranks: Sequence[RankRun], peak_pss_mb: float, shared_producer_cp
         producer_processes=len(pids) if pids else sum(f.producer_processes for f in figs),
         executor_figures={**extra, "ranks": [f.executor_figures for f in figs]},
         ranks=per,
+        # The device figures are those of the rank whose stall/compute the job reports, with
+        # AU over the job's epoch; ids cut by padding are counted over every rank.
+        device=(dataclasses.replace(t.device, au=t.device.compute_s / epoch if epoch > 0 else 0.0)
+                if t.device is not None else None),
+        sequence_cut=_sequence_cut([f.sequence_cut for f in figs]),
     )
+
+
+def _sequence_cut(cuts: Sequence[SequenceCut | None]) -> SequenceCut | None:
+    have = [c for c in cuts if c is not None]
+    if not have:
+        return None
+    return SequenceCut(seq_len=have[0].seq_len, sequences=sum(c.sequences for c in have),
+                       sequences_cut=sum(c.sequences_cut for c in have),
+                       ids=sum(c.ids for c in have), ids_cut=sum(c.ids_cut for c in have),
+                       longest=max(c.longest for c in have))

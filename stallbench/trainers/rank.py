@@ -74,8 +74,27 @@ def row_hashes(batch: TensorBatch) -> list[int]:
     parts = [t.detach().cpu().contiguous().numpy().reshape(n, -1).view(np.uint8)
              for t in (batch[k] for k in ("dense", "sparse", "seq", "label") if k in batch)]
     rows = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0), np.uint8)
-    return [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest(), "little")
-            for r in rows]
+    jagged = _jagged_rows(batch, n) if "seq_offsets" in batch else None
+    return [int.from_bytes(hashlib.blake2b(r.tobytes() + (jagged[i] if jagged else b""),
+                                           digest_size=8).digest(), "little")
+            for i, r in enumerate(rows)]
+
+
+def _jagged_rows(batch: TensorBatch, n: int) -> list[bytes]:
+    """Each row's ids of a ``jagged`` batch (sequence ``j`` of row ``i`` is
+    ``seq_values[seq_offsets[j*n+i] : seq_offsets[j*n+i+1]]``), each sequence followed by its
+    length so that where one ends is part of the identity."""
+    off = batch["seq_offsets"].detach().cpu().numpy()
+    vals = batch["seq_values"].detach().cpu().numpy()
+    q = (off.size - 1) // n if n else 0
+    out = []
+    for i in range(n):
+        b = bytearray()
+        for j in range(q):
+            lo, hi = int(off[j * n + i]), int(off[j * n + i + 1])
+            b += vals[lo:hi].tobytes() + (hi - lo).to_bytes(8, "little")
+        out.append(bytes(b))
+    return out
 
 
 class SyncedStep:
@@ -157,6 +176,11 @@ class SyncedStep:
 
     def sync(self) -> None:
         self.inner.sync()
+
+    @property
+    def kind(self) -> str:
+        """The inner step's kind (``measure.device_clock``: CUDA events around a GPU step)."""
+        return getattr(self.inner, "kind", "cpu")
 
     def digest(self) -> float | None:
         """Sum of the model's parameters: equal on every rank when the gradients were
@@ -334,6 +358,13 @@ class RankWorker:
         sync_s = sum(sync)
         fig.compute_s = max(fig.compute_s - sync_s, 0.0)
         fig.stall_s = fig.epoch_s - fig.compute_s - sync_s
+        if fig.device is not None:
+            # AU's step time leaves out the all-reduce too, as compute_s does. The all-reduce
+            # is timed by the host clock; on a GPU the step is timed by CUDA events, so this
+            # is the GPU's step time less the host's all-reduce time (an approximation).
+            d = fig.device
+            d.compute_s = max(d.compute_s - sync_s, 0.0)
+            d.au = d.compute_s / fig.epoch_s if fig.epoch_s > 0 else 0.0
         tl.compute_s = [round(max(c - s, 0.0), 6) for c, s in zip(tl.compute_s, sync)]
         return RankRun(
             rank=self.ctx.rank, pid=os.getpid(), figures=fig, sync_s=sync_s,

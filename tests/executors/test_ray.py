@@ -330,28 +330,61 @@ def test_measured_run_records_ray_figures(ray_ex: Any, cache: Path) -> None:
 
 # ---------------------------------------------------------------------------------- faults
 
-def test_worker_killed_mid_epoch_every_row_once(ray_ex: Any, cache: Path) -> None:
-    # ~0.25 s of preprocess per row group, so a task is running when the kill lands.
-    plan = _plan(cache, cost=800)
+class _Gated:
+    """The plan's preprocess, held while a gate file exists: a producer task waits there until
+    the test has killed one (then the gate opens and the retried task goes through), so a task
+    is running when the kill lands on any machine, however many cores finish the epoch."""
+
+    def __init__(self, inner: Any, gate: str, hold_s: float = 60.0) -> None:
+        self.inner = inner
+        self.gate = gate
+        self.hold_s = hold_s
+        self.output_schema = inner.output_schema
+
+    def __call__(self, table: Any, shard_index: int) -> Any:
+        deadline = time.time() + self.hold_s
+        while os.path.exists(self.gate) and time.time() < deadline:
+            time.sleep(0.01)
+        return self.inner(table, shard_index)
+
+
+def test_worker_killed_mid_epoch_every_row_once(ray_ex: Any, cache: Path, tmp_path: Path) -> None:
+    import ray.cloudpickle
+
+    plan = _plan(cache)
     want = _batches(plan.with_ablation(plan.ablation, None), _local(plan))
-    got: list[dict[str, torch.Tensor]] = []
+    gate = tmp_path / "gate"
+    gate.touch()
+    gated = dataclasses.replace(plan, preprocess=_Gated(plan.preprocess, str(gate)))
     killed: list[int] = []
-    for out in ray_ex.run(plan):
-        got.extend({k: v.clone() for k, v in b.items()} for b, _, _ in plan.receive(out))
-        if not killed:
-            deadline = time.time() + 10
-            while not killed and time.time() < deadline:
-                for pid in ray_ex.worker_pids():
-                    try:
-                        title = " ".join(psutil.Process(pid).cmdline())
-                    except psutil.Error:
-                        continue
-                    if "MapBatches" in title:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                        break
-                ray_ex.runtime._pids_cache = (0.0, [])
-                time.sleep(0.02)
+
+    def kill_one_then_open() -> None:
+        deadline = time.time() + 60
+        while not killed and time.time() < deadline:
+            ray_ex.runtime._pids_cache = (0.0, [])
+            for pid in ray_ex.worker_pids():
+                try:
+                    title = " ".join(psutil.Process(pid).cmdline())
+                except psutil.Error:
+                    continue
+                if "MapBatches" in title:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            time.sleep(0.02)
+        gate.unlink(missing_ok=True)
+
+    # The gate class lives in this test module, which Ray workers cannot import: ship it by value.
+    module = sys.modules[__name__]
+    ray.cloudpickle.register_pickle_by_value(module)
+    killer = threading.Thread(target=kill_one_then_open, daemon=True)
+    killer.start()
+    try:
+        got = _batches(gated, ray_ex)
+    finally:
+        gate.unlink(missing_ok=True)
+        killer.join()
+        ray.cloudpickle.unregister_pickle_by_value(module)
     assert killed, "no producer task was running to kill"
     _same(got, want)                                    # every row exactly once, in order
     faults = ray_ex.run_figures()["faults"]

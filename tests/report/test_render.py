@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -531,3 +532,29 @@ def test_no_rank_panel_without_ranks_and_no_straggler_badge_when_none(
     r.variants[0].ranks = _rank_summary(straggler=None)
     html = _html(render([write_result(r)], tmp_path / "b.html"))
     assert "no straggler" in html and 'class="hl straggler"' not in html
+
+
+def test_device_figures_render(tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """A GPU run's figures (made up here, typed as the runner writes them): AU per variant in
+    the throughput table, the H2D table, GPU memory in the resource plot and stats."""
+    from stallbench.results import DeviceFigures, Summary
+
+    r = make_result(gpu=True)
+    for i, v in enumerate(r.variants):
+        v.device = DeviceFigures(device="cuda:0", compute_kind="gpu", compute_clock="cuda_events",
+                                 au=Summary.of([0.91 + 0.01 * i, 0.93]),
+                                 step_ms=Summary.of([9.4, 9.5]), h2d_gb_s=Summary.of([21.5, 22.5]),
+                                 h2d_ms=Summary.of([0.41, 0.43]), h2d_bytes_per_batch=9.1e6,
+                                 host_memory="pinned pool, no host copy 100%", device_prefetch=2)
+        n = len(v.resources.t_s)
+        v.resources.gpu_memory_mb = [[1000.0 + 10 * k] for k in range(n)]
+        v.timeline.h2d_ms = [0.42] * len(v.timeline.rows)
+        v.timeline.gpu_step_ms = [9.45] * len(v.timeline.rows)
+    html = _html(render([write_result(r)], tmp_path / "index.html"))
+    assert "Host → device copies" in html and "could not draw" not in html
+    assert "22.0" in html and "9.10" in html and "pinned pool, no host copy 100%" in html
+    assert "GPU step time by CUDA events" in html and "≥ 90%" in html
+    assert 'data-figure="au">92%' in html
+    assert "GPU memory used, peak (NVML)" in html and "H2D copy per batch, median" in html
+    res = r.variants[0].resources
+    assert plots.resources(res) != plots.resources(dataclasses.replace(res, gpu_memory_mb=None))

@@ -22,7 +22,8 @@ from stallbench.stages import transfer as tr
 from stallbench.stages.batch_format import to_arrays
 
 SCHEMA = FeatureSchema(dense=("d0",), sparse=("s0",), sequence=("q0",), label="y", seq_len=8)
-FORMATS = ["rows", "columnar", "single_buffer"]
+FORMATS = ["rows", "columnar", "single_buffer"]        # padded: compared with to_arrays
+ALL_FORMATS = [*FORMATS, "jagged"]
 
 
 def _table(n: int = 64) -> pa.Table:
@@ -42,9 +43,10 @@ def _transfer(fmt: str, collate: str = "producer", compression: str = "zstd", **
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, np.ndarray]) -> None:
+    """Compared on the host: ``receive`` puts batches on the trainer's device (a GPU if any)."""
     assert set(a) == set(b)
     for k in b:
-        np.testing.assert_array_equal(a[k].numpy(), b[k], err_msg=k)
+        np.testing.assert_array_equal(a[k].cpu().numpy(), b[k], err_msg=k)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -66,13 +68,15 @@ def test_uncompressed_bytes_are_the_payload(fmt: str) -> None:
 
 
 def test_decompressed_buffer_is_fresh_and_writable() -> None:
+    """The host half (before any device copy): decompression gives fresh, writable memory."""
     t = _transfer("single_buffer")
     p = t.send(_table(), "4:0", shared=False)
-    batch = t.receive(p)
+    batch = t.receive_host(p)
     for v in batch.values():
-        assert v.numpy().flags.writeable
+        assert v.device.type == "cpu" and v.numpy().flags.writeable
     batch["dense"].add_(1)                           # the frame itself is untouched
-    _same(t.receive(p), to_arrays(_table(), SCHEMA))
+    _same(t.receive_host(p), to_arrays(_table(), SCHEMA))
+    _same(t.receive(p), to_arrays(_table(), SCHEMA))   # and on the trainer's device
 
 
 def _flip(data: bytes, where: float) -> bytes:
@@ -97,7 +101,7 @@ CORRUPT = {
 }
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_corrupt_zstd_frame_raises_naming_the_batch(fmt: str, case: str) -> None:
     t = _transfer(fmt)
@@ -119,7 +123,7 @@ def test_compressed_payload_of_the_wrong_type_is_refused() -> None:
 def test_a_valid_frame_of_garbage_is_refused_by_the_format() -> None:
     """A well-formed zstd frame whose content is not a payload: the format's checks catch it."""
     junk = zstandard.ZstdCompressor(write_checksum=True).compress(b"not a payload" * 10)
-    for fmt in FORMATS:
+    for fmt in ALL_FORMATS:
         t = _transfer(fmt)
         good = t.send(_table(), "2:0", shared=False)
         with pytest.raises(PayloadError, match="batch 2:0"):
@@ -127,8 +131,24 @@ def test_a_valid_frame_of_garbage_is_refused_by_the_format() -> None:
 
 
 def test_notes_say_what_had_no_effect() -> None:
-    notes = _transfer("single_buffer", pin_memory=True, num_workers=0).notes()
-    if not torch.cuda.is_available():
-        assert "pin_memory" in notes and "device_copy" in notes
+    notes = _transfer("single_buffer", pin_memory=True, num_workers=0, device_prefetch=2).notes()
+    gpu = torch.cuda.is_available()
+    for key in ("pin_memory", "device_copy", "device_prefetch"):
+        assert (key in notes) == (not gpu), (key, notes)
     assert "compression" in notes                    # nothing crosses a process with 0 workers
     assert "compression" not in _transfer("single_buffer", num_workers=2).notes()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_padded_formats_count_the_ids_they_cut(fmt: str) -> None:
+    """Rows of _table() have 0..3 ids; a padded length of 2 cuts every row with 3."""
+    schema = dataclasses.replace(SCHEMA, seq_len=2)
+    t = tr.Transfer(LoaderSpec(batch_size=64, batch_format=fmt), schema)
+    p = t.send(_table(), "0:0", shared=False)
+    lengths = np.arange(64) % 4
+    c = p.sequences
+    assert (c.sequences, c.cut, c.ids, c.ids_cut, c.longest) == (
+        64, int((lengths > 2).sum()), int(lengths.sum()), int((lengths - 2).clip(0).sum()), 3)
+    assert t.send(_table(), "0:0", shared=False).sequences.cut == c.cut      # deterministic
+    jagged = tr.Transfer(LoaderSpec(batch_size=64, batch_format="jagged"), schema)
+    assert jagged.send(_table(), "0:0", shared=False).sequences is None    # keeps every id

@@ -26,6 +26,30 @@ def _rank(rank: int, epoch: float, stall: float, sync: float, arrivals: list[flo
                    deliveries=[Delivery(rank, rank, ["x"], 10, 1)], producer_pids=[100 + rank])
 
 
+def test_job_figures_keep_the_straggling_ranks_device_figures_and_sum_the_cut_ids() -> None:
+    """The job's AU is that of the rank whose stall and compute it reports, over the job's
+    epoch; ids cut by padding are counted over every rank (issue 15 figures under issue 18)."""
+    from stallbench.results import DeviceRepeat, SequenceCut
+
+    ranks = [_rank(0, 2.0, 0.2, 0.5, [1.0, 2.0]), _rank(1, 2.5, 0.9, 0.0, [1.5, 2.5])]
+    for r, (c, cut) in zip(ranks, [(1.3, 2), (1.6, 3)]):
+        r.figures.device = DeviceRepeat(device="cuda:0", compute_kind="gpu",
+                                        compute_clock="cuda_events", compute_s=c,
+                                        au=c / r.figures.epoch_s, h2d_batches=2, h2d_bytes=10)
+        r.figures.sequence_cut = SequenceCut(seq_len=8, sequences=100, sequences_cut=cut,
+                                             ids=500, ids_cut=cut * 4, longest=8 + cut)
+    f = job_figures(ranks, 1.0, None, {})
+    assert f.device is not None and f.device.compute_s == 1.6        # rank 1: the largest stall
+    assert f.device.au == pytest.approx(1.6 / 2.5)
+    assert ranks[1].figures.device.au == pytest.approx(1.6 / 2.5)    # the rank's own untouched
+    assert f.sequence_cut == SequenceCut(seq_len=8, sequences=200, sequences_cut=5, ids=1000,
+                                         ids_cut=20, longest=11)
+    ranks[0].figures.device = ranks[1].figures.device = None
+    ranks[0].figures.sequence_cut = ranks[1].figures.sequence_cut = None
+    f = job_figures(ranks, 1.0, None, {})
+    assert f.device is None and f.sequence_cut is None
+
+
 def test_job_figures_take_the_max_stall_and_sum_the_work() -> None:
     ranks = [_rank(0, 2.0, 0.2, 0.5, [1.0, 2.0, 3.0]),
              _rank(1, 2.1, 0.7, 0.0, [1.5, 2.5, 3.5]),
@@ -98,3 +122,22 @@ def test_the_gate_compares_the_slowest_ranks_stall() -> None:
     (row,) = [r for r in rep.rows if r.metric == "stall_share"]
     assert row.verdict == "slower" and row.change == pytest.approx(0.30, abs=0.01)
     assert gate.exit_code(rep) == 1
+
+
+def test_row_hashes_of_jagged_batches_include_each_rows_sequences() -> None:
+    """Exactly-once checks hash rows; a ``jagged`` batch has no ``seq`` tensor, so its rows'
+    ids come from values + offsets: rows equal but for their sequences hash differently, and
+    moving an id from one sequence to the next changes the hash."""
+    import torch
+
+    from stallbench.trainers.rank import row_hashes
+
+    def batch(values: list[int], offsets: list[int]) -> dict[str, torch.Tensor]:
+        return {"dense": torch.zeros(2, 1), "sparse": torch.zeros(2, 1, dtype=torch.int64),
+                "label": torch.zeros(2), "seq_values": torch.tensor(values),
+                "seq_offsets": torch.tensor(offsets)}
+
+    a = row_hashes(batch([1, 2, 3], [0, 1, 3]))          # Q=1: row 0 [1], row 1 [2, 3]
+    assert a[0] != a[1]
+    assert row_hashes(batch([1, 2, 3], [0, 1, 3])) == a  # deterministic
+    assert row_hashes(batch([1, 2, 3], [0, 2, 3]))[0] != a[0]

@@ -1,0 +1,82 @@
+"""The measured trainer loop's receive stage: compressed batches decoded by several threads
+arrive complete and in order (the trainer thread never decompresses when a receive thread
+exists)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from stallbench import scenario
+from stallbench.executors import EXECUTORS
+from stallbench.measure.probe import measured_run
+from stallbench.pipeline import Plan, dataset_for
+from stallbench.stages.transfer import Transfer
+
+TEXT = """
+name = "probe"
+[dataset]
+rows = 2400
+row_group_rows = 600
+files = 2
+dense_features = 3
+sparse_features = 2
+sequence_features = 2
+sequence_max_len = 6
+[model]
+kind = "emulated"
+[loader]
+batch_size = 100
+batch_format = "{fmt}"
+compression = "zstd"
+num_workers = 2
+prefetch_batches = {prefetch}
+"""
+
+
+class Hash:
+    def __init__(self) -> None:
+        self.digests: list[str] = []
+
+    def step(self, batch: dict[str, torch.Tensor]) -> None:
+        h = hashlib.sha256()
+        for k in sorted(batch):
+            h.update(batch[k].contiguous().cpu().numpy().tobytes())
+        self.digests.append(h.hexdigest())
+
+    def sync(self) -> None:
+        pass
+
+
+def _run(tmp_path: Path, fmt: str, prefetch: int) -> tuple[list[str], set[str]]:
+    cfg = scenario.parse(TEXT.format(fmt=fmt, prefetch=prefetch), "p.toml").base
+    plan = Plan.create(cfg, dataset_for(cfg, tmp_path, "p.toml"), scenario_file="p.toml")
+    seen: set[str] = set()
+    real = plan.transfer.receive_host
+
+    def spy(p):                                   # which threads decompress
+        seen.add(threading.current_thread().name)
+        return real(p)
+
+    plan.transfer.receive_host = spy              # instance attribute: this plan only
+    compute = Hash()
+    with EXECUTORS.get("local")(cfg, "p.toml") as ex:
+        fig, _, _ = measured_run(plan, ex, compute)
+    assert fig.batches == 24
+    return compute.digests, seen
+
+
+@pytest.mark.parametrize("fmt", ["single_buffer", "jagged", "columnar"])
+def test_parallel_receive_keeps_order_and_leaves_the_trainer_thread(
+        tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    serial, where = _run(tmp_path, fmt, prefetch=0)
+    assert where == {threading.main_thread().name}          # no receive thread: the trainer
+    monkeypatch.setattr(Transfer, "receive_threads", property(lambda self: 3))
+    parallel, where = _run(tmp_path, fmt, prefetch=2)
+    assert parallel == serial
+    assert threading.main_thread().name not in where
+    assert all(name.startswith("stallbench-receive") for name in where) and len(where) >= 2

@@ -1,0 +1,203 @@
+"""The jagged batch format: sequences as values + offsets, never cut, never padded.
+
+Ground truth is built row by row in plain Python from the Arrow table (feature-major values,
+offsets per feature and row), independently of the format's vectorised code. The padded and
+jagged forms must carry the same ids wherever no sequence is cut, and the DLRM must pool them
+to the same vectors; a dataset whose sequences a padded format cuts must say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from stallbench import scenario, tables
+from stallbench.data.schema import FeatureSchema
+from stallbench.errors import PayloadError
+from stallbench.runner import RunOptions, run_scenario
+from stallbench.scenario import LoaderSpec, ModelSpec
+from stallbench.stages import batch_format as bf
+from stallbench.stages.buffers import BufferPool, PooledBuffer
+from stallbench.stages.compute import DLRM
+from stallbench.stages.transfer import Transfer
+
+SCHEMA = FeatureSchema(dense=("d0", "d1"), sparse=("s0",), sequence=("q0", "q1", "q2"),
+                       label="y", seq_len=6)
+
+
+def _table(n: int = 9, max_len: int = 6, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    seqs = {q: [[int(x) for x in rng.integers(0, 10**6, rng.integers(0, max_len + 1))]
+                for _ in range(n)] for q in SCHEMA.sequence}
+    return pa.table({
+        "d0": pa.array(rng.random(n, dtype=np.float32)),
+        "d1": pa.array(rng.random(n, dtype=np.float32)),
+        "s0": pa.array(rng.integers(0, 1000, n)),
+        **{q: pa.array(v, pa.list_(pa.int64())) for q, v in seqs.items()},
+        "y": pa.array((np.arange(n) % 2).astype(np.float32)),
+    })
+
+
+def _expected(table: pa.Table) -> dict[str, np.ndarray]:
+    rows = table.to_pylist()
+    values, offsets = [], [0]
+    for q in SCHEMA.sequence:
+        for r in rows:
+            values.extend(r[q])
+            offsets.append(len(values))
+    return {"dense": np.array([[r["d0"], r["d1"]] for r in rows], dtype=np.float32),
+            "sparse": np.array([[r["s0"]] for r in rows], dtype=np.int64),
+            "label": np.array([r["y"] for r in rows], dtype=np.float32),
+            "seq_offsets": np.array(offsets, dtype=np.int64),
+            "seq_values": np.array(values, dtype=np.int64)}
+
+
+def _host(batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.cpu().numpy() for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("collate", ["producer", "trainer"])
+@pytest.mark.parametrize("where", ["private", "shared", "pool"])
+def test_jagged_batches_match_row_by_row_truth(collate: str, where: str) -> None:
+    fmt = bf.FORMATS.get("jagged")(SCHEMA, collate)
+    assert fmt.contiguous_buffer and fmt.poolable and not fmt.pads_sequences
+    table = _table(n=9, max_len=14)          # longer than seq_len: jagged keeps every id
+    pool = BufferPool(1, 2, fmt.slot_bytes(9)) if where == "pool" else None
+    shared = pool.allocator(0) if pool else where == "shared"
+    data = fmt.encode(table, "3:1", shared)
+    assert isinstance(data, PooledBuffer) == (where == "pool")
+    got = _host(fmt.decode(data, "3:1", 9))
+    want = _expected(table)
+    assert set(got) == set(want) == set(bf.JAGGED)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+    assert got["seq_values"].size > 9 * 3 * SCHEMA.seq_len * 0.5   # not cut to 6 per row
+
+
+def test_padded_and_jagged_carry_the_same_ids_where_nothing_is_cut() -> None:
+    table = _table(n=40, max_len=SCHEMA.seq_len, seed=3)     # no sequence longer than seq_len
+    padded = _host(bf.FORMATS.get("single_buffer")(SCHEMA, "producer").decode(
+        bf.FORMATS.get("single_buffer")(SCHEMA, "producer").encode(table, "0:0", False), "0:0"))
+    jf = bf.FORMATS.get("jagged")(SCHEMA, "producer")
+    jagged = _host(jf.decode(jf.encode(table, "0:0", False), "0:0"))
+    n, q = 40, len(SCHEMA.sequence)
+    off, vals = jagged["seq_offsets"], jagged["seq_values"]
+    for j in range(q):
+        for i in range(n):
+            ids = vals[off[j * n + i]:off[j * n + i + 1]]
+            row = padded["seq"][i, j]
+            np.testing.assert_array_equal(row[:ids.size], ids)
+            assert (row[ids.size:] == bf.PAD_ID).all()
+    assert (padded["seq"] != bf.PAD_ID).sum() == vals.size
+    for k in ("dense", "sparse", "label"):
+        np.testing.assert_array_equal(padded[k], jagged[k])
+    # the jagged copy is smaller: it carries the ids, not the padding
+    assert jagged["seq_values"].nbytes + jagged["seq_offsets"].nbytes < padded["seq"].nbytes
+
+
+def test_dlrm_pools_padded_and_jagged_batches_alike() -> None:
+    """Same ids in, same logits out: the model takes the jagged form directly (EmbeddingBag
+    with offsets) and the padded one with the padding excluded from the mean."""
+    table = _table(n=32, max_len=SCHEMA.seq_len, seed=5)
+    sb = bf.FORMATS.get("single_buffer")(SCHEMA, "producer")
+    jf = bf.FORMATS.get("jagged")(SCHEMA, "producer")
+    padded = sb.decode(sb.encode(table, "0:0", False), "0:0")
+    jagged = jf.decode(jf.encode(table, "0:0", False), "0:0")
+    torch.manual_seed(0)
+    model = DLRM(ModelSpec(embedding_rows=1000, embedding_dim=8), SCHEMA)
+    a, b = model(padded), model(jagged)
+    torch.testing.assert_close(a, b)
+    # and the gradients reach the same embedding rows
+    a.sum().backward()
+    grad_p = model.seq.weight.grad.coalesce()
+    model.zero_grad(set_to_none=True)
+    model(jagged).sum().backward()
+    grad_j = model.seq.weight.grad.coalesce()
+    assert torch.equal(grad_p.indices(), grad_j.indices())
+    torch.testing.assert_close(grad_p.values(), grad_j.values())
+
+
+def _bad_offsets(change: str) -> bytes:
+    arrays = {k: v.copy() for k, v in _expected(_table()).items()}
+    if change == "decreasing":
+        arrays["seq_offsets"][3], arrays["seq_offsets"][4] = arrays["seq_offsets"][4] + 1, 0
+    elif change == "short":
+        arrays["seq_offsets"][-1] -= 1
+    elif change == "start":
+        arrays["seq_offsets"][0] = 1
+    elif change == "missing":
+        del arrays["seq_values"]
+    return bytes(bf.pack(arrays, "7:0").numpy())
+
+
+@pytest.mark.parametrize("change", ["decreasing", "short", "start", "missing"])
+def test_inconsistent_jagged_payload_raises_naming_the_batch(change: str) -> None:
+    fmt = bf.FORMATS.get("jagged")(SCHEMA, "producer")
+    with pytest.raises(PayloadError, match="batch 7:0"):
+        fmt.decode(_bad_offsets(change), "7:0")
+
+
+# ------------------------------------------------------------- cut sequences are reported
+
+def _long_sequences(tmp_path: Path) -> Path:
+    """Existing data (not stallbench's generator): lengths uniform in 0..29, as in files
+    where the default sequence_max_len = 20 silently cut the tails."""
+    rng = np.random.default_rng(7)
+    n = 2048
+    table = pa.table({
+        "f": pa.array(rng.random(n, dtype=np.float32)),
+        "cat": pa.array(rng.integers(0, 100, n)),
+        "hist": pa.array([rng.integers(0, 1000, rng.integers(0, 30)).tolist() for _ in range(n)],
+                         pa.list_(pa.int64())),
+        "label": pa.array((rng.random(n) < 0.3).astype(np.float32)),
+    })
+    path = tmp_path / "long.parquet"
+    pq.write_table(table, path, row_group_size=1024)
+    return path
+
+
+def test_a_padded_run_that_cuts_sequences_says_so(tmp_path: Path) -> None:
+    data = _long_sequences(tmp_path)
+    text = f"""
+name = "cut"
+[dataset]
+path = "{data}"
+[model]
+kind = "emulated"
+[loader]
+batch_size = 512
+[analysis]
+differential = false
+[matrix]
+"loader.batch_format" = ["single_buffer", "jagged"]
+"""
+    result = run_scenario(scenario.parse(text, "cut.toml"), RunOptions(cache_dir=tmp_path,
+                                                                       progress=False))
+    padded, jagged = result.variants
+    cut = padded.repeats[0].sequence_cut
+    lengths = np.diff(pq.read_table(data)["hist"].combine_chunks().offsets.to_numpy())
+    assert cut is not None and cut.seq_len == 20
+    assert (cut.sequences, cut.sequences_cut, cut.ids, cut.ids_cut, cut.longest) == (
+        lengths.size, int((lengths > 20).sum()), int(lengths.sum()),
+        int((lengths - 20).clip(0).sum()), int(lengths.max()))
+    note = padded.notes["dataset.sequence_max_len"]
+    assert note.startswith("WARNING") and "dataset.sequence_max_len = 20" in note
+    assert f"{cut.sequences_cut:,} of {cut.sequences:,}" in note
+    assert jagged.repeats[0].sequence_cut is None and "dataset.sequence_max_len" not in jagged.notes
+    lines = tables.warnings(result)
+    assert len(lines) == 1 and lines[0].startswith("batch_format=single_buffer: WARNING")
+
+
+def test_jagged_transfer_round_trip_through_zstd() -> None:
+    t = Transfer(LoaderSpec(batch_size=64, batch_format="jagged", compression="zstd"), SCHEMA)
+    table = _table(n=64, max_len=30)
+    p = t.send(table, "1:0", shared=False)
+    assert p.compressed
+    got = _host(t.receive(p))
+    for k, v in _expected(table).items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
