@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from .analysis.stats import bootstrap_ci
-from .compare import (FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SAME, SLOWER,
-                      VERDICTS, Metric, compare as compare_values, machine_key)
+from .compare import (BUSY, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SAME,
+                      SLOWER, VERDICTS, Metric, compare as compare_values, machine_key, under_load)
 from .errors import ResultError, UserError
 from .results import Result, VariantResult, load, write_atomic
 
-__all__ = ["FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
+__all__ = ["BUSY", "FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
            "GateReport", "Row", "compare", "exit_code", "update_baseline"]
 
 
@@ -248,7 +248,8 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
         _check_repeats(name, vname, "baseline", vb)
         _check_repeats(name, vname, "current", vc)
         for m in metrics:
-            report.rows.append(_row(ctx, name, vname, m.name, m, _values(vb, m), _values(vc, m)))
+            report.rows.append(_row(ctx, name, vname, m.name, m, _values(vb, m), _values(vc, m),
+                                    (_loads(vb), _loads(vc))))
 
 
 def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Result,
@@ -277,7 +278,13 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
             _check_repeats(name, vname, "baseline", vb)
             _check_repeats(name, vname, "current", vc)
             report.rows.append(_row(ctx, name, vname, mname, m,
-                                    _relative(vb, rb, m), _relative(vc, rc, m)))
+                                    _relative(vb, rb, m), _relative(vc, rc, m),
+                                    (_loads(vb, rb), _loads(vc, rc))))
+
+
+def _loads(*vs: VariantResult) -> list:
+    """Every compared repeat's foreign load (the busy-machine pre-check reads them)."""
+    return [f.load for v in vs for f in v.repeats]
 
 
 def _values(v: VariantResult, m: Metric) -> list[float]:
@@ -312,14 +319,14 @@ def _not_comparable(scenario: str, variant: str, metric: str, note: str) -> Row:
 # ------------------------------------------------------------------------------ one row
 
 def _row(ctx: _Ctx, scenario: str, variant: str, metric: str, m: Metric,
-         base: list[float], cur: list[float]) -> Row:
-    c = compare_values(base, cur, m, threshold=ctx.threshold, alpha=ctx.alpha)
+         base: list[float], cur: list[float], loads: tuple[list, list] = ([], [])) -> Row:
+    c = under_load(compare_values(base, cur, m, threshold=ctx.threshold, alpha=ctx.alpha), *loads)
     if c.verdict == NOT_COMPARABLE:
         return _not_comparable(scenario, variant, metric,
                                "no data" if not base or not cur else c.note)
     lo, hi = _change_ci(ctx, m.kind, base, cur)
     return Row(scenario, variant, metric, c.baseline, c.current, c.change, c.change_kind, lo, hi,
-               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current)
+               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current, c.note)
 
 
 def _change_ci(ctx: _Ctx, kind: str, base: list[float], cur: list[float]) -> tuple[float, float]:
@@ -389,6 +396,8 @@ def summary_line(report: GateReport) -> str:
     """One line a CI log reader can grep: PASS/FAIL and the verdict counts."""
     status = "FAIL" if report.failing else "PASS"
     counts = ", ".join(f"{report.count(v)} {v}" for v in VERDICTS)
+    if report.count(BUSY):       # said, never failed on: see compare.busy_note
+        counts += f", {report.count(BUSY)} {BUSY} (not judged)"
     extra = ", fail on improvement" if report.fail_on_improvement else ""
     return (f"gate {status}: {counts} (threshold {report.threshold * 100:g}%, "
             f"alpha {report.alpha:g}{extra})")
@@ -431,7 +440,7 @@ def format_json(report: GateReport) -> str:
         "threshold": report.threshold,
         "alpha": report.alpha,
         "fail_on_improvement": report.fail_on_improvement,
-        "counts": {v: report.count(v) for v in VERDICTS},
+        "counts": {v: report.count(v) for v in (*VERDICTS, BUSY)},
         "modes": report.modes,
         "notes": report.notes,
         "rows": [asdict(r) for r in report.rows],
@@ -457,6 +466,8 @@ def format_github(report: GateReport) -> str:
         elif r.verdict == INCONCLUSIVE:
             what += " (over threshold, not significant)"
             lines.append(f"::warning title=stallbench gate::{_gh_escape(what)}")
+        elif r.verdict == BUSY:
+            lines.append(f"::warning title=stallbench gate::{_gh_escape(what + ': ' + r.note)}")
     return "\n".join(lines) + ("\n" if lines else "") + format_markdown(report)
 
 

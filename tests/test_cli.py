@@ -68,9 +68,13 @@ def mask(text: str) -> str:
     text = re.sub(r"-{3,}", "---", text)
     text = re.sub(r"\b(fetch|preprocess|transfer|compute)$", "<stage>", text, flags=re.M)
     text = re.sub(r"<stage>\?$", "<stage>", text, flags=re.M)   # "?": not conclusive
+    text = re.sub(r"^WARNING: BUSY MACHINE: .*\n", "", text, flags=re.M)   # the machine's load
     # What a verdict says depends on the measurement (a loaded machine makes the tiny run
     # inconclusive); its form is checked by VERDICT below, the golden keeps its place.
     text = re.sub(r"^\s*(\S+): (.*-bound\b.*)$", r"\1: <verdict>", text, flags=re.M)
+    # The next step follows the verdict.
+    text = re.sub(r"^recommendation \((\S+)\): .*$", r"recommendation (\1): <recommendation>",
+                  text, flags=re.M)
     return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
 
 

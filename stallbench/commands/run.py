@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--repeats: expected a positive integer, got {args.repeats}")
     if args.max_batches is not None and args.max_batches < 1:
         raise UserError(f"--max-batches: expected a positive integer, got {args.max_batches}")
+    from ..measure.load import busy_summary
     from ..runner import RunOptions, run_scenario  # heavy (torch): only when running
     from ..validate import check_scenario
 
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
                       progress=not args.no_progress and sys.stderr.isatty(),
                       max_batches=args.max_batches)
     out = Path(args.out)
+    recommendations = []
     for sc in scenarios:
         print(f"scenario {sc.name} ({sc.path}): {len(sc.variants)} variant(s)", flush=True)
         result = run_scenario(sc, opts, say=lambda s: print(s, flush=True))
@@ -66,12 +68,24 @@ def run(args: argparse.Namespace) -> int:
         attribution = tables.attribution_table(result)
         if attribution:
             print()
-            print("stall attribution (seconds per run; [interval]):")
+            print(tables.attribution_title(result))
             print(attribution)
-        for line in tables.verdicts(result):
+        for line in tables.verdicts(result) + tables.phase_lines(result):
             print(f"  {line}")
         note = tables.emulated_note(result)
         if note:
             print(note)
-        print(f"result: {path}\n", flush=True)
+        busy = busy_summary(result)
+        if busy:
+            print(f"WARNING: {busy}")
+        print(f"result: {path}", flush=True)
+        rec = tables.recommendation_line(result)
+        if rec:
+            print(rec)
+            recommendations.append(rec)
+        print(flush=True)
+    if len(recommendations) > 1:      # the run ends with each scenario's next step
+        print("next step per scenario:")
+        for rec in recommendations:
+            print(f"  {rec}")
     return 0

@@ -26,7 +26,8 @@ def test_chain_parts_close_and_bound() -> None:
     assert a.bound_by in {"fetch", "preprocess"}
     assert a.attributed_stall_share == pytest.approx(0.7)
     assert a.ideal_speedup == pytest.approx(10 / 7)
-    assert "-bound: 70% of the epoch is attributed stall" in a.verdict
+    assert "-bound (70% of the epoch is attributed stall): ideal" in a.verdict
+    assert a.basis == "whole run" and a.startup_cost_s == 0.0
 
 
 def test_intervals_collapse_without_spread_and_widen_with_it() -> None:
