@@ -40,12 +40,14 @@ def run_table(result: Result) -> str:
     rows = []
     for v in result.variants:
         ph = v.phases
-        rows.append([v.name, spread(v.throughput_samples_s), num(v.epoch_s.median, ".2f"),
+        rows.append([v.name, spread(v.throughput_samples_s),
+                     num(ph.steady_samples_s.median) if ph else "-", num(v.epoch_s.median, ".2f"),
                      num(v.stall_s.median, ".2f"), pct(v.stall_share.median),
                      pct(ph.steady_stall_share.median) if ph else "-",
                      num(ph.startup_cost_s.median, ".2f") if ph else "-",
                      num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_pss_mb.median, ",.0f")])
-    head = ["variant", "samples/s median (min..max)", "epoch s", "stall s", "stall %",
+    head = ["variant", "samples/s median (min..max)", "steady samples/s", "epoch s", "stall s",
+            "stall %",
             "steady stall %", "start-up s", "1st batch s", "peak PSS MB"]
     return table(head, rows)
 

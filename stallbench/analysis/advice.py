@@ -159,7 +159,9 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> 
             base = whatif.predict(m, cur).throughput_samples_s
             if math.isfinite(base) and base > 0:
                 cached = whatif.predict(m, cur, cache=1.0).throughput_samples_s / base
-                options.append((cached, "cache the data on local disk or in memory", None, None))
+                where = ("cache the data locally (disk or memory)" if m.io_wait > 0 else
+                         "keep the decoded tables in memory (fetch here is Parquet decode)")
+                options.append((cached, where, None, None))
                 if m.io_wait > 0 and m.io_bytes > 0:
                     bw = m.io_bytes / m.io_wait / 1e6          # the measured MB/s per request
                     faster = whatif.predict(m, cur, bandwidth_mb_s=2 * bw).throughput_samples_s
@@ -195,24 +197,34 @@ def action_text(rec: Recommendation) -> str:
     return f"{rec.action} predicted {x:.2f}x"
 
 
+def _rate(v: VariantResult, steady: bool) -> float:
+    if steady and v.phases is not None:
+        return v.phases.steady_samples_s.median
+    return v.throughput_samples_s.median
+
+
 def top(variants: Sequence[VariantResult]) -> Recommendation | None:
-    """The scenario's one recommendation: start from the fastest measured variant (say by how
-    much it beat the first, measured) and give its next change."""
+    """The scenario's one recommendation: start from the fastest measured variant in steady
+    state (whole runs where a variant has no steady window), say by how much it beat the first
+    (measured), and give its next change."""
     if not variants:
         return None
-    base = variants[0]
-    ranked = [v for v in variants if math.isfinite(v.throughput_samples_s.median)]
+    steady = all(v.phases is not None and math.isfinite(v.phases.steady_samples_s.median)
+                 for v in variants)
+    ranked = [v for v in variants if math.isfinite(_rate(v, steady))]
     if not ranked:
         return None
-    best = max(ranked, key=lambda v: v.throughput_samples_s.median)
+    base = variants[0]
+    best = max(ranked, key=lambda v: _rate(v, steady))
     rec = best.recommendation
     if rec is None:
         return None
     out = dataclasses.replace(rec)
-    b = base.throughput_samples_s.median
-    gain = best.throughput_samples_s.median / b if b and math.isfinite(b) else math.nan
+    b = _rate(base, steady)
+    gain = _rate(best, steady) / b if b and math.isfinite(b) else math.nan
     if best is not base and math.isfinite(gain) and gain >= WORTH:
-        out.text = (f"use {best.name} (measured {gain:.2f}x {base.name}); then "
+        basis = " in steady state" if steady else ""
+        out.text = (f"use {best.name} (measured {gain:.2f}x {base.name}{basis}); then "
                     f"{action_text(rec)}")
     else:
         out.text = f"{best.name}: {action_text(rec)}"
