@@ -13,9 +13,17 @@ median epoch time attribute the wall time:
   ablation lattice, i.e. its marginal saving averaged over every removal order. Needed when
   stages overlap in parallel workers: then the chain's answer depends on the order of removal.
 
-The loader overhead (worker start-up, hand-off of empty work) is reported as ``overhead_s``
-beside the three stage stalls; the bounding stage is chosen among fetch, preprocess and
-transfer, because only those can be made cheaper by the knobs the verdict names.
+Steady state (``analyze_runs``): T above is each run's steady epoch (``Phases.steady_epoch_s``:
+its time after every producer delivered its first work item, scaled to all its batches), so
+the parts, the bound, the shares and the ideal speedup describe a long epoch rather than a
+short run's start-up. Start-up is its own part: ``startup_cost_s`` = median T_epoch(full) -
+median T_steady(full), so compute + stages + overhead + startup_cost_s = the median epoch. A
+variant with a run that has no steady window (too short) is attributed on whole runs, and
+``basis`` says why.
+
+The loader overhead (hand-off of empty work; on whole runs also worker start-up) is reported
+as ``overhead_s`` beside the three stage stalls; the bounding stage is chosen among fetch,
+preprocess and transfer, because only those can be made cheaper by the knobs the verdict names.
 
 Point values use the median epoch time of each run over repeats (robust to one disturbed
 repeat); intervals are percentile bootstrap intervals of the same statistic, each run's repeats
