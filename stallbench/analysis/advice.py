@@ -32,6 +32,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+from ..measure.load import HEAVY_CORES
 from ..results import MachineInfo, Recommendation, VariantResult
 from . import whatif
 
@@ -127,8 +128,14 @@ def recommend(v: VariantResult, machine: MachineInfo) -> Recommendation | None:
     rec = Recommendation(variant=v.name, bound_by=a.bound_by, stall_share=share, action="")
     if not a.conclusive:
         rec.conclusive = False
-        rec.action = ("measure again: add repeats (--repeats), or emulate the model step "
-                      "(model.kind = \"emulated\") where a CPU-trained model competes with the loader")
+        rec.action = "measure again: add repeats (--repeats)"
+        if "model.step_ms" not in v.emulated:
+            rec.action += (", or emulate the model step (model.kind = \"emulated\") where a "
+                           "CPU-trained model competes with the loader")
+        busy = [f.load.taken_cores for f in v.repeats if f.load is not None]
+        if busy and max(busy) > HEAVY_CORES:
+            rec.action += (f", on a quieter machine (other processes took up to "
+                           f"{max(busy):.2f} cores during these runs)")
     elif a.bound_by == "compute":
         rec.action = ("nothing to do on the data side: the data stages keep up (a faster step "
                       "or a larger batch is what speeds this up)")
