@@ -162,14 +162,17 @@ def analyze_runs(runs: Mapping[str, Sequence[RepeatFigures]], method: str = "cha
     needed = [a.name for a in ablations_for(method)]
     epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
     computes = {k: [f.compute_s for f in v] for k, v in runs.items()}
-    short = [k for k in needed for f in runs.get(k, ()) if f.phases is None or not f.phases.has_steady]
+    short = [k for k in needed for f in runs.get(k, ())
+             if f.phases is None or not f.phases.has_steady]
     if short:
         return analyze(epochs, method, confidence, computes=computes,
                        basis=f"whole run (no steady window in {len(short)} run(s): too few "
                              "work items after every producer's first; raise max_batches)")
-    steady = {k: [f.phases.steady_epoch_s for f in v] for k, v in runs.items()}  # type: ignore[union-attr]
-    scomp = {k: [f.phases.steady_compute_s * f.batches / f.phases.steady_batches  # type: ignore[union-attr]
-                 for f in v] for k, v in runs.items()}
+    ph = {k: [(f, f.phases) for f in v] for k, v in runs.items()}
+    steady = {k: [p.steady_epoch_s for _, p in v if p] for k, v in ph.items()}
+    # the model steps of the steady window, scaled like its time (the noise floor's input)
+    scomp = {k: [p.steady_compute_s * f.batches / p.steady_batches for f, p in v if p]
+             for k, v in ph.items()}
     return analyze(epochs, method, confidence, computes=computes, steady=steady,
                    steady_computes=scomp)
 
@@ -242,6 +245,10 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
     return stage, epoch / rest if rest > 0 else math.inf
 
 
+def _secs(x: float) -> str:
+    return f"{x * 1000:.0f} ms" if abs(x) < 0.1 else f"{x:.2f} s"
+
+
 def verdict(a: Attribution, action: str | None = None) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
@@ -257,8 +264,8 @@ def verdict(a: Attribution, action: str | None = None) -> str:
         tail += (f"; {part} part {a.part_s(part):+.2f} s: making it ideal slowed the run, so the "
                  f"ablations interact or the run was disturbed (add repeats)")
     if steady and a.startup_cost_share >= COMPUTE_BOUND_SHARE:
-        tail += (f"; start-up {a.startup_cost_s:.2f} s ({a.startup_cost_share:.0%} of this run) is apart: "
-                 f"a long epoch pays it once")
+        tail += (f"; start-up {_secs(a.startup_cost_s)} ({a.startup_cost_share:.0%} of this run) "
+                 f"is apart: a long epoch pays it once")
     elif not steady and a.basis != "whole run":
         tail += f"; {a.basis}"
     if not a.conclusive and a.inconclusive_because == "interval":
@@ -274,6 +281,10 @@ def verdict(a: Attribution, action: str | None = None) -> str:
                 f"loader for CPU or the machine is noisy: add repeats, or emulate the step{tail}")
     head = f"{a.bound_by}-bound ({max(share, 0):.0%} {where} is attributed stall)"
     if a.bound_by == "compute":
+        # the bound is decided on the data stages alone (loader hand-off is said in the tail)
+        total = a.steady_epoch_s if steady and a.steady_epoch_s else a.epoch_s
+        stages = sum(a.part_s(s) for s in STAGES) / total if total > 0 else 0.0
+        head = f"compute-bound (data stages {max(stages, 0):.0%} {where})"
         return (f"{head}: {action or 'nothing to do on the data side: the data stages keep up'}"
                 f"{tail}")
     stage = a.bound_by

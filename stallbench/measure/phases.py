@@ -89,10 +89,12 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
 
 def rule_text(producers: int) -> str:
     s = max(producers, 1)
-    who = (f"each of the {s} producers" if producers > 1 else
-           "the producer" if producers == 1 else "the trainer (no workers)")
+    if producers == 0:
+        return ("start-up ends when the trainer asks for the first batch of work item 1: with "
+                "no workers it made item 0 itself")
+    who = f"each of the {s} producers has" if producers > 1 else "the producer has"
     return (f"start-up ends when the trainer asks for the first batch of work item {s}: "
-            f"{who} has delivered its first item")
+            f"{who} delivered its first item")
 
 
 def full_epoch_samples(dataset_rows: int, epochs: int, reps: Sequence[RepeatFigures]) -> int:
