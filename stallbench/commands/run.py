@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             print(note)
         busy = busy_summary(result)
         if busy:
-            print(f"WARNING: {busy}")
+            print(f"WARNING: BUSY MACHINE: {busy}")
         print(f"result: {path}", flush=True)
         rec = tables.recommendation_line(result)
         if rec:

@@ -119,8 +119,8 @@ def busy_summary(result: Result) -> str | None:
         return None
     worst = max(ld.taken_cores for ld in bad)
     median = sorted(ld.taken_cores for ld in loads)[len(loads) // 2]
-    return (f"BUSY MACHINE: {len(bad)} of {len(loads)} measured runs ran while other processes "
+    return (f"{len(bad)} of {len(loads)} measured runs ran while other processes "
             f"(and hypervisor steal) took more than {HEAVY_CORES:g} cores (median "
-            f"{median:.2f}, worst {worst:.2f} of {bad[0].cores:g} cores); CPU-bound figures are "
-            f"slower than on a quiet machine, and the gate will not call changes slower/faster "
-            f"from these repeats")
+            f"{median:.2f}, worst {worst:.2f} of {bad[0].cores:g} cores): figures that need the CPU "
+            f"are slower than on a quiet machine, and the gate will not call changes "
+            f"slower/faster from these repeats")
