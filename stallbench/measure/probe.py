@@ -7,6 +7,10 @@ per batch keep the overhead far below a batch's cost (``benchmarks/overhead.py``
 
 ``stall_s`` is defined as ``epoch_s - compute_s``: every second the trainer is not computing
 is a second it waits for data, which also makes the stall attribution close exactly.
+
+Each run is also split into start-up and steady state (``phases``: the work item each batch
+came from locates the end of start-up) and bracketed by a reading of the CPU that processes
+outside the run took meanwhile (``load``), both outside the timed region.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from ..pipeline import Plan, ShardOutput, StageTimes
 from ..results import ByteCounts, RepeatFigures, Resources, StageRows, StageSeconds, Timeline
 from ..stages.batch_format import TensorBatch
 from ..stages.compute import Compute
+from .load import LoadMeter
+from .phases import split
 from .sampler import Sampler
 
-Item = tuple[TensorBatch, int, float]
+# (batch, rows, trainer-side transfer seconds, work item it came from)
+Item = tuple[TensorBatch, int, float, int]
 
 
 @dataclass
@@ -36,6 +43,7 @@ class Probe:
     transfer_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
+    items: list[int] = field(default_factory=list)     # work item of each batch (phases)
 
     def timeline(self) -> Timeline:
         r = lambda xs: [round(x, 6) for x in xs]  # noqa: E731 - keep JSON small
@@ -85,15 +93,16 @@ class StageTotals:
 def _batches(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals) -> Iterator[Item]:
     for out in deliveries:
         totals.add(out)
-        yield from plan.receive(out)
+        for batch, rows, tx in plan.receive(out):
+            yield batch, rows, tx, out.item
 
 
 def _cached(plan: Plan) -> Iterator[Item]:
     """Compute-only: pre-materialised final batches, no loader at all (DS-Analyzer's
     ingestion-free rate)."""
-    for shard in plan.items:
+    for item, shard in enumerate(plan.items):
         for b in plan.caches.final[shard.index]:
-            yield b, int(b["label"].shape[0]), 0.0
+            yield b, int(b["label"].shape[0]), 0.0, item
 
 
 class _Preload:
@@ -111,11 +120,11 @@ class _Preload:
 
     def _fill(self) -> None:
         try:
-            for batch, rows, tx in self.source:
+            for batch, rows, tx, item in self.source:
                 self.totals.s["transfer_trainer"] += tx
                 while not self.stop.is_set():
                     try:
-                        self.q.put((batch, rows, 0.0), timeout=0.1)
+                        self.q.put((batch, rows, 0.0, item), timeout=0.1)
                         break
                     except queue.Full:
                         continue
@@ -163,6 +172,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     n = samples = 0
     ttfb = math.nan
     producer_cpu0 = executor.producer_cpu_s(plan)
+    producers = executor.producer_slots()
+    meter = LoadMeter(executor.worker_pids)
+    meter.__enter__()
     with sampler:
         t0 = perf()
         cpu0 = time.process_time()
@@ -177,7 +189,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 interrupts.check()   # a signal whose exception a library swallowed
                 ta = perf()
                 try:
-                    batch, rows, tx = next(source)
+                    batch, rows, tx, item = next(source)
                 except StopIteration:
                     break
                 tb = perf()
@@ -191,6 +203,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 probe.transfer_s.append(tx)
                 probe.compute_s.append(tc - tb)
                 probe.rows.append(rows)
+                probe.items.append(item)
                 totals.s["transfer_trainer"] += tx
                 n += 1
                 samples += rows
@@ -202,6 +215,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             close = getattr(source, "close", None)
             if close:
                 close()       # shuts loader workers down (joined: their CPU is then counted)
+    meter.__exit__(None, None, None)
     late = None if plan.ablation.compute_only else executor.late_stage_times()
     if late is not None:
         totals.add_times(late)
@@ -233,5 +247,8 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         stage_rows=StageRows(**totals.rows), bytes=ByteCounts(**totals.bytes),
         producer_processes=len(totals.workers),
         executor_figures=executor.run_figures() if not plan.ablation.compute_only else {},
+        phases=split(probe.t_start_s, probe.compute_s, probe.wait_s, probe.rows, probe.items,
+                     epoch, producers, warmup_batches),
+        load=meter.load,
     )
     return fig, probe.timeline(), sampler.resources()
