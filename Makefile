@@ -37,7 +37,7 @@ browser:
 # sync first: a fresh setup leaves GBs of dirty pages whose writeback would compete with the
 # timing tests that run first.
 test: setup browser
-	@sync; $(PY) -m pytest -q; rc=$$?; \
+	@sync; $(PY) -m pytest -q -rs; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
 	exit $$rc
 

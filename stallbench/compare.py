@@ -47,10 +47,20 @@ Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against
     The verdicts and their names are the unpaired rule's: a report or a CI log reads "slower"
     the same way whichever test decided (the ``test`` column says which: ``wilcoxon`` or
     ``paired-t`` for pairs; ``mann-whitney`` or ``ci-overlap`` for independent sets).
+
+Pre-check: a busy machine (``busy_note``, applied by ``under_load``)
+    Before a *slower*/*faster* verdict stands, the repeats' foreign load is checked
+    (``RepeatFigures.load``: CPU other processes and the hypervisor took during each run,
+    ``measure.load``). When any compared repeat on either side ran with more than
+    ``HEAVY_CORES`` (0.25) cores taken, the verdict becomes *busy machine*: the change may be
+    the load, so it is said, never failed on; re-run on a quiet machine. Repeats without a
+    load reading (older results) are not judged. The paired rule (``gate --against``) has no
+    such pre-check: its A B A B pairs ran under the same load, which is what pairing is for.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -58,11 +68,13 @@ from typing import Sequence
 
 from .analysis.stats import (hodges_lehmann, mann_whitney_p, min_p_possible, min_p_signed_rank,
                              signed_rank_p, t_interval)
-from .results import MachineInfo
+from .measure.load import HEAVY_CORES
+from .results import ForeignLoad, MachineInfo
 
 FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
     "faster", "slower", "same", "inconclusive", "not comparable")
 VERDICTS = (SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE)
+BUSY = "busy machine"        # the pre-check's verdict: slower/faster under heavy foreign load
 MIN_REPEATS = 2
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_ALPHA = 0.01
@@ -217,3 +229,30 @@ def compare_paired(base: Sequence[float], cur: Sequence[float], m: Metric, *,
     significant, p, test = paired_significance(d, alpha)
     return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
                       n, n)
+
+
+# ------------------------------------------------------------ pre-check: a busy machine
+
+def busy_note(base: Sequence[ForeignLoad | None], cur: Sequence[ForeignLoad | None]) -> str | None:
+    """Why the repeats cannot carry a slower/faster verdict (some ran with more than
+    ``HEAVY_CORES`` cores taken by other processes and steal), or None when they can."""
+    def heavy(loads: Sequence[ForeignLoad | None]) -> list[float]:
+        return [ld.taken_cores for ld in loads if ld is not None and ld.taken_cores > HEAVY_CORES]
+
+    hb, hc = heavy(base), heavy(cur)
+    if not hb and not hc:
+        return None
+    worst = max(hb + hc)
+    return (f"busy machine: {len(hb)} baseline and {len(hc)} current repeat(s) ran with more "
+            f"than {HEAVY_CORES:g} cores taken by other processes (worst {worst:.2f}); "
+            "re-run on a quiet machine")
+
+
+def under_load(c: Comparison, base: Sequence[ForeignLoad | None],
+               cur: Sequence[ForeignLoad | None]) -> Comparison:
+    """``c`` with a slower/faster verdict replaced by *busy machine* when ``busy_note`` says
+    the repeats ran under heavy foreign load; any other verdict stands."""
+    if c.verdict not in (SLOWER, FASTER):
+        return c
+    note = busy_note(base, cur)
+    return c if note is None else dataclasses.replace(c, verdict=BUSY, note=note)

@@ -25,6 +25,8 @@ Exit codes (``exit_code``)
     differs between the sides, fewer than 2 repeats on either side of a compared variant (one
     repeat measures no spread, so noise cannot be told from change), or nothing comparable at
     all. A variant or scenario present on one side only is a "not comparable" row, not a failure.
+    A slower/faster row whose repeats ran under heavy foreign CPU load is "busy machine"
+    (``compare.under_load``): said, never failed on.
 """
 
 from __future__ import annotations
@@ -39,13 +41,13 @@ from typing import Callable, Iterable, Sequence
 from . import outputs
 from .analysis.stats import bootstrap_ci
 from . import metric_values
-from .compare import (ATTRIBUTION_METRICS, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
+from .compare import (ATTRIBUTION_METRICS, BUSY, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
                       NOT_COMPARABLE, SAME, SLOWER, VERDICTS, Metric, compare as compare_values,
-                      machine_key)
+                      machine_key, under_load)
 from .errors import ResultError, UserError
 from .results import Result, VariantResult, load
 
-__all__ = ["FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
+__all__ = ["BUSY", "FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
            "GateReport", "Row", "compare", "exit_code", "update_baseline"]
 
 
@@ -263,7 +265,8 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
                 continue
             report.rows.append(_row(ctx, name, vname, m.name, m,
                                     _measured(ctx, b, vb, m, "baseline"),
-                                    _measured(ctx, c, vc, m, "current")))
+                                    _measured(ctx, c, vc, m, "current"),
+                                    (_loads(vb), _loads(vc))))
 
 
 def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Result,
@@ -297,7 +300,13 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
                                (c, rc, "current")):
                 _measured(ctx, r, v, m, side)
             report.rows.append(_row(ctx, name, vname, mname, m,
-                                    _relative(vb, rb, m), _relative(vc, rc, m)))
+                                    _relative(vb, rb, m), _relative(vc, rc, m),
+                                    (_loads(vb, rb), _loads(vc, rc))))
+
+
+def _loads(*vs: VariantResult) -> list:
+    """Every compared repeat's foreign load (the busy-machine pre-check reads them)."""
+    return [f.load for v in vs for f in v.repeats]
 
 
 def _present(m: Metric, *vs: VariantResult | None) -> bool:
@@ -350,14 +359,14 @@ def _not_comparable(scenario: str, variant: str, metric: str, note: str) -> Row:
 # ------------------------------------------------------------------------------ one row
 
 def _row(ctx: _Ctx, scenario: str, variant: str, metric: str, m: Metric,
-         base: list[float], cur: list[float]) -> Row:
-    c = compare_values(base, cur, m, threshold=ctx.threshold, alpha=ctx.alpha)
+         base: list[float], cur: list[float], loads: tuple[list, list] = ([], [])) -> Row:
+    c = under_load(compare_values(base, cur, m, threshold=ctx.threshold, alpha=ctx.alpha), *loads)
     if c.verdict == NOT_COMPARABLE:
         return _not_comparable(scenario, variant, metric,
                                "no data" if not base or not cur else c.note)
     lo, hi = _change_ci(ctx, m.kind, base, cur)
     return Row(scenario, variant, metric, c.baseline, c.current, c.change, c.change_kind, lo, hi,
-               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current)
+               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current, c.note)
 
 
 def _change_ci(ctx: _Ctx, kind: str, base: list[float], cur: list[float]) -> tuple[float, float]:
@@ -427,6 +436,8 @@ def summary_line(report: GateReport) -> str:
     """One line a CI log reader can grep: PASS/FAIL and the verdict counts."""
     status = "FAIL" if report.failing else "PASS"
     counts = ", ".join(f"{report.count(v)} {v}" for v in VERDICTS)
+    if report.count(BUSY):       # said, never failed on: see compare.busy_note
+        counts += f", {report.count(BUSY)} {BUSY} (not judged)"
     extra = ", fail on improvement" if report.fail_on_improvement else ""
     return (f"gate {status}: {counts} (threshold {report.threshold * 100:g}%, "
             f"alpha {report.alpha:g}{extra})")
@@ -469,7 +480,7 @@ def format_json(report: GateReport) -> str:
         "threshold": report.threshold,
         "alpha": report.alpha,
         "fail_on_improvement": report.fail_on_improvement,
-        "counts": {v: report.count(v) for v in VERDICTS},
+        "counts": {v: report.count(v) for v in (*VERDICTS, BUSY)},
         "modes": report.modes,
         "notes": report.notes,
         "rows": [asdict(r) for r in report.rows],
@@ -495,6 +506,8 @@ def format_github(report: GateReport) -> str:
         elif r.verdict == INCONCLUSIVE:
             what += " (over threshold, not significant)"
             lines.append(f"::warning title=stallbench gate::{_gh_escape(what)}")
+        elif r.verdict == BUSY:
+            lines.append(f"::warning title=stallbench gate::{_gh_escape(what + ': ' + r.note)}")
     return "\n".join(lines) + ("\n" if lines else "") + format_markdown(report)
 
 

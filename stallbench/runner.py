@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__, budget, machine, threads
-from .analysis import differential, rates, summary, whatif
+from .analysis import advice, differential, rates, summary, whatif
 from .analysis.device import device_figures, sequence_note
 from .data.parquet import describe
 from .executors import EXECUTORS
+from .measure import phases as phases_mod
 from .measure.probe import measured_run
 from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from .executors.runtimes import RuntimeScope
@@ -281,16 +282,30 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
         notes=plan.transfer.notes() if notes is None else notes,
         timeline=timeline, resources=resources,
         device=device_figures(full),
+        phases=phases_mod.summarize(
+            full, facts.producer_slots,
+            phases_mod.full_epoch_samples(sum(s.rows for s in plan.dataset.shards),
+                                          cfg.loader.epochs, full)),
     )
     cut = sequence_note(full, cfg.loader.batch_format)
     if cut:
         vr.notes["dataset.sequence_max_len"] = cut
     if analyze:
-        epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
-        computes = {k: [f.compute_s for f in v] for k, v in runs.items()}
-        vr.attribution = differential.analyze(epochs, cfg.analysis.method,
-                                              cfg.analysis.confidence, computes=computes)
+        vr.attribution = differential.analyze_runs(runs, cfg.analysis.method,
+                                                   cfg.analysis.confidence)
     return vr
+
+
+def advise(result: Result) -> None:
+    """Each variant's next change to try (its verdict then names it) and the scenario's top
+    one; after the what-if, whose model the advice uses."""
+    for v in result.variants:
+        v.recommendation = advice.recommend(v, result.machine)
+        if v.attribution is not None and v.recommendation is not None:
+            v.attribution.verdict = differential.verdict(
+                v.attribution, advice.action_text(v.recommendation))
+    result.analysis = summary.scenario_analysis(result.variants, result.analysis.whatif)
+    result.analysis.recommendation = advice.top(result.variants)
 
 
 def run_scenario(scenario: Scenario, opts: RunOptions,
@@ -324,4 +339,5 @@ def run_scenario(scenario: Scenario, opts: RunOptions,
         analysis=summary.scenario_analysis(variants),
     )
     result.analysis.whatif = whatif.validate(result)
+    advise(result)
     return result

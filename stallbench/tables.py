@@ -40,12 +40,16 @@ def pct(x: float | None) -> str:
 def run_table(result: Result) -> str:
     rows = []
     for v in result.variants:
-        rows.append([v.name, spread(v.throughput_samples_s), num(v.epoch_s.median, ".2f"),
+        ph = v.phases
+        rows.append([v.name, spread(v.throughput_samples_s),
+                     num(ph.steady_samples_s.median) if ph else "-", num(v.epoch_s.median, ".2f"),
                      num(v.stall_s.median, ".2f"), pct(v.stall_share.median),
+                     pct(ph.steady_stall_share.median) if ph else "-",
+                     num(ph.startup_cost_s.median, ".2f") if ph else "-",
                      pct(v.device.au.median) if v.device else "-",
                      num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_pss_mb.median, ",.0f")])
-    head = ["variant", "samples/s median (min..max)", "epoch s", "stall s", "stall %", "AU",
-            "1st batch s", "peak PSS MB"]
+    head = ["variant", "samples/s median (min..max)", "steady samples/s", "epoch s", "stall s",
+            "stall %", "steady stall %", "start-up s", "AU", "1st batch s", "peak PSS MB"]
     return table(head, rows)
 
 
@@ -95,14 +99,48 @@ def attribution_table(result: Result) -> str | None:
                 return num(x, ".2f")
             return f"{num(x, '.2f')} [{num(iv.low, '.2f')},{num(iv.high, '.2f')}]"
 
+        steady = a.basis == "steady state"
+        share = a.steady_attributed_stall_share if steady else a.attributed_stall_share
         rows.append([v.name, part("compute"), part("fetch"), part("preprocess"),
-                     part("transfer"), part("overhead"), pct(a.attributed_stall_share),
+                     part("transfer"), part("overhead"),
+                     num(a.startup_cost_s, ".2f") if steady else "-", pct(share),
                      a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None
     head = ["variant", "compute-only s", "fetch stall s", "preprocess stall s", "transfer stall s",
-            "loader overhead s", "attributed stall %", "bound by"]
-    return table(head, rows, right={1, 2, 3, 4, 5, 6})
+            "loader overhead s", "start-up s", "attributed stall %", "bound by"]
+    return table(head, rows, right={1, 2, 3, 4, 5, 6, 7})
+
+
+def attribution_title(result: Result) -> str:
+    """What the attribution table's figures are: steady state unless a run had none."""
+    bases = {v.attribution.basis for v in result.variants if v.attribution is not None}
+    if bases == {"steady state"}:
+        return ("stall attribution (steady state: each run's steady window scaled to all its "
+                "batches, seconds; start-up apart; [interval]):")
+    return "stall attribution (seconds per run, whole runs where no steady window; [interval]):"
+
+
+def phase_lines(result: Result) -> list[str]:
+    """Per variant whose runs were capped (max_batches): the EXTRAPOLATED full epoch."""
+    out = []
+    for v in result.variants:
+        ph = v.phases
+        if ph is None or ph.extrapolated_full_epoch_s is None:
+            continue
+        share = ph.extrapolated_full_epoch_stall_share
+        out.append(f"{v.name}: EXTRAPOLATED full epoch ({ph.full_epoch_samples:,} samples, "
+                   f"from the measured start-up + steady rate, not measured): "
+                   f"{num(ph.extrapolated_full_epoch_s.median, ',.1f')} s, trainer stall "
+                   f"{pct(share.median if share else None)}")
+    return out
+
+
+def recommendation_line(result: Result) -> str | None:
+    rec = result.analysis.recommendation
+    if rec is None or not rec.text:
+        return None
+    return f"recommendation ({result.scenario.name}): {rec.text}"
 
 
 def rank_table(result: Result) -> str | None:
@@ -145,7 +183,9 @@ def emulated_note(result: Result) -> str | None:
 
 def startup_note(result: Result) -> str | None:
     """Executor start-up per variant where a runtime was started or reused (Ray); None when
-    no variant has one (the local executor)."""
+    no variant has one (the local executor). Before the measured runs, so not the run
+    table's "start-up s" (the first part of each run, ``VariantResult.phases``)."""
     parts = [f"{v.name} {v.startup.executor_start_s:.1f} s ({v.startup.runtime})"
              for v in result.variants if v.startup and v.startup.runtime != "none"]
-    return "executor start-up: " + ", ".join(parts) if parts else None
+    return ("executor start-up (before the runs, not in epoch s): " + ", ".join(parts)
+            if parts else None)

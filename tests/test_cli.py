@@ -68,9 +68,13 @@ def mask(text: str) -> str:
     text = re.sub(r"-{3,}", "---", text)
     # a trailing "?" marks a bound that is not conclusive
     text = re.sub(r"\b(fetch|preprocess|transfer|compute)\??$", "<stage>", text, flags=re.M)
+    text = re.sub(r"^WARNING: BUSY MACHINE: .*\n", "", text, flags=re.M)   # the machine's load
     # What a verdict says depends on the measurement (a loaded machine makes the tiny run
     # inconclusive); its form is checked by VERDICT below, the golden keeps its place.
     text = re.sub(r"^\s*(\S+): (.*-bound\b.*)$", r"\1: <verdict>", text, flags=re.M)
+    # The next step follows the verdict.
+    text = re.sub(r"^recommendation \((\S+)\): .*$", r"recommendation (\1): <recommendation>",
+                  text, flags=re.M)
     return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
 
 
@@ -129,6 +133,20 @@ def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
     assert v["attribution"]["bound_by"] in {"fetch", "preprocess", "transfer", "compute"}
     assert VERDICT.search(r.stdout), r.stdout
     check_golden("run_tiny.txt", mask(r.stdout))
+
+
+def test_capped_run_prints_an_extrapolated_full_epoch(tmp_path: Path, env: dict) -> None:
+    write(tmp_path, TINY.format(analyze="false"))
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress", "--max-batches", "4"], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^  default: EXTRAPOLATED full epoch \(4,096 samples, from the measured "
+                     r"start-up \+ steady rate, not measured\): [\d.]+ s, trainer stall \d+%$",
+                     r.stdout, re.M), r.stdout
+    v = json.loads(next((tmp_path / "out").glob("tiny-*.json")).read_text())["variants"][0]
+    ph = v["phases"]
+    assert ph["full_epoch_samples"] == 4096 and ph["extrapolated_full_epoch_s"]["median"] > 0
+    # 4 batches of 2 work items: start-up is the first item (2 batches), then 2 steady ones
+    assert [f["phases"]["steady_batches"] for f in v["repeats"]] == [2, 2]
 
 
 VERDICT = re.compile(r"^\s*default: (inconclusive \(leaning )?(fetch|preprocess|transfer|compute)-bound"

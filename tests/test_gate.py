@@ -113,6 +113,41 @@ def test_improvement_fails_only_with_fail_on_improvement() -> None:
     assert gate.exit_code(cmp(base, cur, fail_on_improvement=True)) == 1
 
 
+def _loaded(result: Result, cores: list[float]) -> Result:
+    """Give each repeat of every variant the foreign load measured during it."""
+    from stallbench.results import ForeignLoad
+
+    for v in result.variants:
+        for f, c in zip(v.repeats, cores):
+            f.load = ForeignLoad(wall_s=1.0, busy_cpu_s=1.0 + c, own_cpu_s=1.0, foreign_cpu_s=c,
+                                 foreign_cores=c, steal_cores=0.0, cores=2.0)
+    return result
+
+
+def test_busy_machine_precheck_replaces_slower_and_does_not_fail() -> None:
+    """A 30% slowdown measured while another process took a core: the gate says the machine
+    was busy instead of "slower", and passes; the same slowdown on a quiet machine fails."""
+    base = make_result({"opt": BASE})
+    quiet = [0.05] * 5
+    cur_busy = _loaded(make_result({"opt": scaled(BASE, 0.7)}), [0.05, 1.0, 1.0, 1.0, 1.0])
+    report = cmp(_loaded(base, quiet), cur_busy)
+    r = row(report)
+    assert r.verdict == gate.BUSY and gate.exit_code(report) == 0
+    assert "4 current repeat(s) ran with more than 0.25 cores" in r.note
+    assert "1 busy machine (not judged)" in gate.summary_line(report)
+    assert "::warning title=stallbench gate::" in gate.format_github(report)
+    cur_quiet = _loaded(make_result({"opt": scaled(BASE, 0.7)}), quiet)
+    assert row(cmp(_loaded(make_result({"opt": BASE}), quiet), cur_quiet)).verdict == "slower"
+    # results without load readings (older files) are judged as before
+    assert row(cmp(make_result({"opt": BASE}), make_result({"opt": scaled(BASE, 0.7)}))).verdict == "slower"
+
+
+def test_busy_machine_precheck_leaves_same_alone() -> None:
+    busy = [1.0] * 5
+    r = row(cmp(_loaded(make_result({"opt": BASE}), busy), _loaded(make_result({"opt": BASE}), busy)))
+    assert r.verdict == "same"
+
+
 def test_few_repeats_fall_back_to_interval_overlap() -> None:
     """3 vs 3 repeats cannot reach p < 0.01 with a rank test; a clear shift still decides."""
     base = make_result({"opt": BASE[:3]})

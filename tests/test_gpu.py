@@ -157,7 +157,7 @@ def test_pinned_ring_buffers_are_reused_across_batches() -> None:
 
     def source() -> Any:
         for b in batches:
-            yield {k: v.clone() for k, v in b.items()}, int(b["dense"].shape[0]), 0.0
+            yield {k: v.clone() for k, v in b.items()}, int(b["dense"].shape[0]), 0.0, 0
 
     stop = threading.Event()
     staging = Staging(api, ring_slots(2, 2), stop)
@@ -165,7 +165,7 @@ def test_pinned_ring_buffers_are_reused_across_batches() -> None:
                           api, depth=2)
     got = []
     seen_addresses = set()
-    for batch, _, _ in feeder:
+    for batch, _, _, _ in feeder:
         got.append(digest(batch))
         seen_addresses.update(staging.addresses())
     feeder.close()
@@ -185,7 +185,7 @@ def test_registered_pool_memory_is_pinned_for_the_copy() -> None:
         t.copy_(torch.arange(1 << 20, dtype=torch.int32).view(torch.uint8)[: 1 << 20])
         hb = host_batch({"x": t[:4096].view(torch.int32)}, api)
         assert hb.source == "pool"
-        (got, _, _), = list(DeviceFeeder(iter([(hb, 1, 0.0)]), api, depth=1))
+        (got, _, _, _), = list(DeviceFeeder(iter([(hb, 1, 0.0, 0)]), api, depth=1))
         assert torch.equal(got["x"].cpu(), t[:4096].view(torch.int32))
     finally:
         pool.close()
@@ -205,7 +205,7 @@ def test_h2d_copy_is_timed_by_cuda_events() -> None:
         for _ in range(2):                                 # the second one is measured
             clock = DeviceClock(api, "gpu")
             t0 = time.perf_counter()
-            out = list(DeviceFeeder(iter([(host_batch({"x": buf}, api), 1, 0.0)]), api, 0,
+            out = list(DeviceFeeder(iter([(host_batch({"x": buf}, api), 1, 0.0, 0)]), api, 0,
                                     on_copy=clock.on_copy))
             hosts[mb] = (time.perf_counter() - t0) * 1e3
             rep, h2d_ms, _ = clock.finish(1.0)

@@ -10,13 +10,13 @@ and the parts must close on the measured epoch time within 3%.
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 
 from stallbench import scenario
 from stallbench.runner import RunOptions, run_scenario
+
+import loadcheck
+from stallbench.stages.costs import precise_wait
 
 pytestmark = pytest.mark.groundtruth
 
@@ -116,44 +116,23 @@ def _check_case(case: str, cache_dir) -> list[str]:
     if abs(a.compute_s - compute_truth) > max(0.15 * compute_truth, 0.050):
         problems.append(f"compute {a.compute_s:.3f}s vs truth {compute_truth:.3f}s")
     parts = a.compute_s + a.fetch_stall_s + a.preprocess_stall_s + a.transfer_stall_s
-    parts += a.overhead_s
+    parts += a.overhead_s + a.startup_cost_s       # start-up is its own part (steady basis)
     if abs(parts - v.epoch_s.median) > 0.03 * v.epoch_s.median or abs(a.closure_error) > 0.03:
         problems.append(f"parts {parts:.3f}s do not close on epoch {v.epoch_s.median:.3f}s")
     return [f"{case}: {p}" for p in problems]
 
 
-def _cpu_stat() -> dict[str, float]:
-    with open("/proc/stat") as fh:
-        f = [float(x) for x in fh.readline().split()[1:9]]
-    return dict(zip(("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"), f))
-
-
 ATTEMPTS = 3
-STEAL_LIMIT_CORES = 0.05    # 2.5% of this 2-core machine taken by the hypervisor
+NEED_CORES = 1.25    # the trainer's thread (0 workers) plus pyarrow's decode threads and the sampler
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
     # A CPU burn spins on its thread's CPU clock, so CPU taken by anything else (other
     # processes, the hypervisor's steal on this VM) stretches its wall time. Bursts of that
-    # come and go on a shared machine: up to three measurements; a harness error shows in all.
-    # Each attempt's machine-wide steal and iowait are reported to tell the two apart.
-    seen = []
-    for _ in range(ATTEMPTS):
-        s0, t0 = _cpu_stat(), time.monotonic()
-        problems = _check_case(case, cache_dir)
-        s1, wall = _cpu_stat(), (time.monotonic() - t0) * os.sysconf("SC_CLK_TCK")
-        seen.append({"problems": problems,
-                     "steal_cores": round((s1["steal"] - s0["steal"]) / wall, 3),
-                     "iowait_cores": round((s1["iowait"] - s0["iowait"]) / wall, 3)})
-        if not problems:
-            return
-    if all(a["steal_cores"] > STEAL_LIMIT_CORES for a in seen):
-        # The hypervisor took CPU from this VM during every attempt: the injected costs were
-        # not what ran, so the measurement is no evidence either way. Said, not passed.
-        pytest.skip(f"{case}: CPU steal above {STEAL_LIMIT_CORES} cores in all {ATTEMPTS} "
-                    f"attempts (machine under interference): {seen}")
-    pytest.fail(f"{case}: wrong in all {ATTEMPTS} attempts: {seen}")
+    # come and go on a shared machine: up to three measurements, each with the load it ran
+    # under; a harness error shows in all of them (tests/loadcheck.py says when it skips).
+    loadcheck.attempts(case, lambda: _check_case(case, cache_dir), ATTEMPTS, NEED_CORES)
 
 
 def test_overlap_hides_a_cheaper_producer(cache_dir) -> None:
@@ -162,11 +141,122 @@ def test_overlap_hides_a_cheaper_producer(cache_dir) -> None:
     extra = ("[dataset]\nrows = 32768\n[model]\nstep_ms = 30\n[preprocess]\ncpu_cost_us_per_row = 8\n"
              "[loader]\nnum_workers = 1\nprefetch_batches = 4\n")
     sc = scenario.parse(_merge(BASE, extra), "<overlap>")
-    for attempt in range(2):   # one re-measurement absorbs a burst of foreign load
+
+    def check() -> list[str]:
         result = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False, repeats=2))
         a = result.variants[0].attribution
-        if a.bound_by == "compute" and a.preprocess_stall_s < 0.05:
-            break
-    assert a.bound_by == "compute", a.verdict
-    # Alone, preprocess costs 32768 * 8 us = 262 ms; hidden behind 960 ms of compute.
-    assert a.preprocess_stall_s < 0.05
+        # Alone, preprocess costs 32768 * 8 us = 262 ms; hidden behind 960 ms of compute.
+        if a.bound_by != "compute" or a.preprocess_stall_s >= 0.05:
+            return [f"{a.bound_by}, preprocess stall {a.preprocess_stall_s:.3f}s: {a.verdict}"]
+        return []
+
+    loadcheck.attempts("overlap", check, 2, NEED_CORES + 1)   # the worker's core as well
+
+
+# ------------------------------------------------------------------ start-up vs steady state
+
+# Pipelines whose costs are waits (emulated storage latency, emulated step), so they hold on a
+# busy machine too: 16 row groups of 2048 rows, 32 batches of 1024 rows, 20 ms per row group
+# of storage latency (10 ms a batch) and a 20 ms step.
+STARTUP = ("[dataset]\nrows = 32768\n[storage]\nlatency_ms = 20\n[model]\nstep_ms = 20\n"
+           "[run]\nrepeats = 2\n")
+DELAY_S = 0.4
+
+
+def _phase_figures(workers: int, delay: float, cache_dir, monkeypatch) -> dict:
+    """Run the STARTUP pipeline with ``delay`` seconds injected before the first work item of
+    every run that uses the loader (a slow executor start: connecting, importing, forking)."""
+    from stallbench.executors.local import LocalExecutor
+
+    original = LocalExecutor.run
+
+    def delayed(self, plan):  # a generator, like the original: the delay lands in the run
+        precise_wait(delay)
+        yield from original(self, plan)
+
+    monkeypatch.setattr(LocalExecutor, "run", delayed)
+    try:
+        extra = STARTUP + f"[loader]\nnum_workers = {workers}\n"
+        sc = scenario.parse(_merge(BASE, extra), "<startup>")
+        v = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False)).variants[0]
+    finally:
+        monkeypatch.setattr(LocalExecutor, "run", original)
+    a, ph = v.attribution, v.phases
+    return {"startup_cost_s": ph.startup_cost_s.median, "attr_startup_s": a.startup_cost_s,
+            "steady_stall_share": ph.steady_stall_share.median,
+            "steady_epoch_s": a.steady_epoch_s, "bound": a.bound_by, "basis": a.basis,
+            "epoch_s": v.epoch_s.median, "verdict": a.verdict}
+
+
+@pytest.mark.parametrize("workers, bound", [(0, "fetch"), (1, "compute")])
+def test_injected_startup_is_recovered_and_steady_state_does_not_move(
+        workers: int, bound: str, cache_dir, monkeypatch) -> None:
+    """Inject a known start-up cost (0.4 s before the first work item of every loader run):
+    the start-up part must grow by 0.4 s within max(25%, 60 ms), the steady figures must not
+    move (steady stall share within 4 points, steady epoch within 8%, same bound), with 0
+    workers (fetch-bound: the trainer waits 10 ms of storage per 30 ms batch) and 1 worker
+    (compute-bound: the worker's 10 ms hide behind the 20 ms step)."""
+    def check() -> list[str]:
+        clean = _phase_figures(workers, 0.0, cache_dir, monkeypatch)
+        slow = _phase_figures(workers, DELAY_S, cache_dir, monkeypatch)
+        problems = []
+        for f in (clean, slow):
+            if f["bound"] != bound or f["basis"] != "steady state":
+                problems.append(f"bound {f['bound']} ({f['basis']}), expected {bound}: {f['verdict']}")
+        tol = max(0.25 * DELAY_S, 0.060)
+        for key in ("startup_cost_s", "attr_startup_s"):
+            got = slow[key] - clean[key]
+            if abs(got - DELAY_S) > tol:
+                problems.append(f"{key} grew by {got:.3f}s, injected {DELAY_S}s")
+        if abs(slow["steady_stall_share"] - clean["steady_stall_share"]) > 0.04:
+            problems.append(f"steady stall share moved: {clean['steady_stall_share']:.3f} -> "
+                            f"{slow['steady_stall_share']:.3f}")
+        if abs(slow["steady_epoch_s"] / clean["steady_epoch_s"] - 1) > 0.08:
+            problems.append(f"steady epoch moved: {clean['steady_epoch_s']:.3f} -> "
+                            f"{slow['steady_epoch_s']:.3f}s")
+        if slow["epoch_s"] - clean["epoch_s"] < 0.5 * DELAY_S:
+            problems.append(f"the delay did not reach the run: {clean['epoch_s']:.3f} -> "
+                            f"{slow['epoch_s']:.3f}s")
+        return [f"workers={workers}: {p}" for p in problems]
+
+    loadcheck.attempts(f"startup[{workers}]", check, 2, NEED_CORES + workers)
+
+
+def test_compute_bound_pipeline_is_compute_bound_despite_its_startup(cache_dir, monkeypatch) -> None:
+    """The issue's case: an emulated 40 ms step, 1 worker that keeps up easily, 1024-row
+    batches, 47 batches, and 0.25 s to the first batch (injected: the run it was seen in had
+    that much start-up). Named compute-bound with a steady-state stall under 3%; the same runs
+    on whole epochs would carry the start-up as stall (checked, so this test can tell)."""
+    from stallbench.executors.local import LocalExecutor
+
+    original = LocalExecutor.run
+
+    def delayed(self, plan):
+        precise_wait(0.25)
+        yield from original(self, plan)
+
+    extra = ("[dataset]\nrows = 48128\nrow_group_rows = 8192\n[model]\nstep_ms = 40\n"
+             "[loader]\nnum_workers = 1\n")
+    sc = scenario.parse(_merge(BASE, extra), "<compute-bound>")
+
+    def check() -> list[str]:
+        monkeypatch.setattr(LocalExecutor, "run", delayed)
+        try:
+            v = run_scenario(sc, RunOptions(cache_dir=cache_dir, progress=False)).variants[0]
+        finally:
+            monkeypatch.setattr(LocalExecutor, "run", original)
+        a = v.attribution
+        problems = []
+        if v.repeats[0].batches != 47:
+            problems.append(f"{v.repeats[0].batches} batches")
+        if a.bound_by != "compute" or not a.conclusive:
+            problems.append(f"not conclusively compute-bound: {a.verdict}")
+        if not a.steady_attributed_stall_share < 0.03:
+            problems.append(f"steady attributed stall {a.steady_attributed_stall_share:.1%}")
+        if not v.phases.steady_stall_share.median < 0.03:
+            problems.append(f"steady trainer stall {v.phases.steady_stall_share.median:.1%}")
+        if not v.stall_share.median > 0.03 + 0.2 / v.epoch_s.median:
+            problems.append(f"whole-run stall {v.stall_share.median:.1%} does not hold the start-up")
+        return problems
+
+    loadcheck.attempts("compute-bound", check, 2, NEED_CORES + 1)

@@ -13,9 +13,18 @@ median epoch time attribute the wall time:
   ablation lattice, i.e. its marginal saving averaged over every removal order. Needed when
   stages overlap in parallel workers: then the chain's answer depends on the order of removal.
 
-The loader overhead (worker start-up, hand-off of empty work) is reported as ``overhead_s``
-beside the three stage stalls; the bounding stage is chosen among fetch, preprocess and
-transfer, because only those can be made cheaper by the knobs the verdict names.
+Steady state (``analyze_runs``): T above is each run's steady epoch (``Phases.steady_epoch_s``:
+its time after every producer delivered its first work item, scaled to all its batches), so
+the parts, the bound, the shares and the ideal speedup describe a long epoch rather than a
+short run's start-up. Start-up is its own part: ``startup_cost_s`` = median T_epoch(full) -
+median T_steady(full), so compute + stages + overhead + startup_cost_s = the median epoch. A
+variant with a run that has no steady window (too short), or whose runs are not split at all
+(a data-parallel job: ``trainers.job`` keeps each rank's runs, not a split of the job's), is
+attributed on whole runs, and ``basis`` says why.
+
+The loader overhead (hand-off of empty work; on whole runs also worker start-up) is reported
+as ``overhead_s`` beside the three stage stalls; the bounding stage is chosen among fetch,
+preprocess and transfer, because only those can be made cheaper by the knobs the verdict names.
 
 Point values use the median epoch time of each run over repeats (robust to one disturbed
 repeat); intervals are percentile bootstrap intervals of the same statistic, each run's repeats
@@ -38,7 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
-from ..results import Attribution, Interval, PartIntervals
+from ..results import Attribution, Interval, PartIntervals, RepeatFigures
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
@@ -82,24 +91,35 @@ def attribute(medians: Mapping[str, Any], method: str) -> dict[str, Any]:
 
 def analyze(epochs: Mapping[str, Sequence[float]], method: str = "chain",
             confidence: float = 0.9, seed: int = 0,
-            computes: Mapping[str, Sequence[float]] | None = None) -> Attribution:
+            computes: Mapping[str, Sequence[float]] | None = None,
+            steady: Mapping[str, Sequence[float]] | None = None,
+            steady_computes: Mapping[str, Sequence[float]] | None = None,
+            basis: str | None = None) -> Attribution:
     """Attribution, intervals, bound stage and verdict from per-ablation epoch times;
-    ``computes`` (each run's measured model-step seconds) gives the noise floor."""
+    ``computes`` (each run's measured model-step seconds) gives the noise floor.
+
+    ``steady`` (each run's steady epoch, ``Phases.steady_epoch_s``, aligned with ``epochs``)
+    and ``steady_computes`` put the parts, the bound, the ideal speedup and the noise floor on
+    steady state; start-up is then its own part, ``startup_cost_s`` = median(full epochs) -
+    median(full steady epochs), so compute + stages + overhead + startup_cost_s = the median epoch
+    exactly. Without them every figure is on whole runs (``basis`` says which)."""
     needed = [a.name for a in ablations_for(method)]
     missing = [n for n in needed if not epochs.get(n)]
     if missing:
         raise ValueError(f"missing ablation runs: {missing}")
+    use = steady if steady is not None else epochs
     # Medians, not means: one disturbed repeat on a shared machine must not move the answer.
-    medians = {k: float(np.median(v)) for k, v in epochs.items() if v}
+    medians = {k: float(np.median(v)) for k, v in use.items() if v}
     point = attribute(medians, method)
     full_median = float(np.median(epochs["full"]))
-    groups = {k: epochs[k] for k in needed}
+    groups = {k: use[k] for k in needed}
     draws = bootstrap_parts(groups, method, confidence, seed)
-    epoch = medians["full"]
+    total = medians["full"]          # the parts' total: the (steady) full run
+    startup = full_median - total if steady is not None else 0.0
     stage_stall = sum(point[f"{s}_stall_s"] for s in STAGES)
     stall = stage_stall + point["overhead_s"]
-    bound, speedup = _bound(point, epoch, stage_stall / epoch if epoch > 0 else math.nan)
-    parts = point["compute_s"] + stall
+    bound, speedup = _bound(point, total, stage_stall / total if total > 0 else math.nan)
+    parts = point["compute_s"] + stall + startup
     a = Attribution(
         method=method,
         interval=f"bootstrap percentile {confidence:.0%} over repeats "
@@ -107,25 +127,74 @@ def analyze(epochs: Mapping[str, Sequence[float]], method: str = "chain",
         compute_s=point["compute_s"], fetch_stall_s=point["fetch_stall_s"],
         preprocess_stall_s=point["preprocess_stall_s"],
         transfer_stall_s=point["transfer_stall_s"], overhead_s=point["overhead_s"],
-        epoch_s=epoch, attributed_stall_s=stall,
-        attributed_stall_share=stall / epoch if epoch > 0 else math.nan,
-        overhead_share=point["overhead_s"] / epoch if epoch > 0 else math.nan,
+        epoch_s=full_median, attributed_stall_s=stall,
+        attributed_stall_share=stall / full_median if full_median > 0 else math.nan,
+        overhead_share=point["overhead_s"] / total if total > 0 else math.nan,
         bound_by=bound, ideal_speedup=speedup,
         intervals=PartIntervals(**{k: Interval(*draws[k]) for k in _PARTS}),
         # parts vs the median full epoch (the headline figure); exact for the chain and for
         # Shapley values by construction, kept as a check on the arithmetic and old results
         closure_error=(parts - full_median) / full_median if full_median > 0 else math.nan,
         ablation_epoch_s={k: medians[k] for k in needed},
+        basis=basis or ("steady state" if steady is not None else "whole run"),
+        startup_cost_s=startup,
+        startup_cost_share=startup / full_median if full_median > 0 else 0.0,
+        startup_cost_interval=(_startup_interval(epochs["full"], use["full"], confidence, seed)
+                          if steady is not None else None),
+        steady_epoch_s=total if steady is not None else None,
+        steady_attributed_stall_share=(stall / total if total > 0 else math.nan)
+        if steady is not None else None,
     )
-    a = noise_floor(computes, needed, a)
+    a = noise_floor(steady_computes if steady is not None else computes, needed, a)
     # A clearly negative part means removing a stage made the run slower: the ablations
     # interact (e.g. caches, memory) or the machine was disturbed. Said, not hidden.
-    floor = max(a.compute_noise_s or 0.0, COMPUTE_BOUND_SHARE * epoch)
+    floor = max(a.compute_noise_s or 0.0, COMPUTE_BOUND_SHARE * total)
     # the whole interval must lie below: with repeats, a part whose interval spans zero is noise
     a.negative_parts = [s for s in (*STAGES, "overhead")
                         if a.part_s(s) < -floor and a.part_interval(s).high < -floor]
     a.verdict = verdict(a)
     return a
+
+
+def analyze_runs(runs: Mapping[str, Sequence[RepeatFigures]], method: str = "chain",
+                 confidence: float = 0.9) -> Attribution:
+    """The attribution of one variant's measured runs (by ablation name): on steady state
+    when every run has a steady window (``Phases``), else on whole runs, saying why."""
+    needed = [a.name for a in ablations_for(method)]
+    epochs = {k: [f.epoch_s for f in v] for k, v in runs.items()}
+    computes = {k: [f.compute_s for f in v] for k, v in runs.items()}
+    unsplit = [k for k in needed for f in runs.get(k, ()) if f.phases is None]
+    short = [k for k in needed for f in runs.get(k, ())
+             if f.phases is not None and not f.phases.has_steady]
+    if unsplit:     # a data-parallel job's figures (``trainers.job``) are not split
+        return analyze(epochs, method, confidence, computes=computes,
+                       basis=f"whole run ({len(unsplit)} run(s) not split into start-up and "
+                             "steady state: data-parallel jobs are attributed on whole runs)")
+    if short:
+        return analyze(epochs, method, confidence, computes=computes,
+                       basis=f"whole run (no steady window in {len(short)} run(s): too few "
+                             "work items after every producer's first; raise max_batches)")
+    ph = {k: [(f, f.phases) for f in v] for k, v in runs.items()}
+    steady = {k: [p.steady_epoch_s for _, p in v if p] for k, v in ph.items()}
+    # the model steps of the steady window, scaled like its time (the noise floor's input)
+    scomp = {k: [p.steady_compute_s * f.batches / p.steady_batches for f, p in v if p]
+             for k, v in ph.items()}
+    return analyze(epochs, method, confidence, computes=computes, steady=steady,
+                   steady_computes=scomp)
+
+
+def _startup_interval(epochs: Sequence[float], steady: Sequence[float], confidence: float,
+                      seed: int, n_boot: int = 2000) -> Interval:
+    """Bootstrap of median(epoch) - median(steady epoch), repeats resampled as pairs."""
+    e, s = np.asarray(epochs, dtype=float), np.asarray(steady, dtype=float)
+    if len(e) != len(s) or len(e) < 2:
+        x = float(np.median(e) - np.median(s))
+        return Interval(x, x)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(e), size=(n_boot, len(e)))
+    d = np.median(e[idx], axis=1) - np.median(s[idx], axis=1)
+    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
+    return Interval(float(np.quantile(d, q[0])), float(np.quantile(d, q[1])))
 
 
 _PARTS = ("compute_s", "fetch_stall_s", "preprocess_stall_s", "transfer_stall_s", "overhead_s")
@@ -140,7 +209,7 @@ def noise_floor(computes: Mapping[str, Sequence[float]] | None, needed: Sequence
     per_run = [float(np.median(computes[k])) for k in needed if computes and computes.get(k)]
     out = dataclasses.replace(a, compute_noise_s=None, compute_noise_share=None,
                               conclusive=True, inconclusive_because=None)
-    epoch = a.epoch_s
+    epoch = a.steady_epoch_s if a.steady_epoch_s is not None else a.epoch_s
     if len(per_run) >= 2:
         noise = max(per_run) - min(per_run)
         out.compute_noise_s = noise
@@ -182,14 +251,29 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
     return stage, epoch / rest if rest > 0 else math.inf
 
 
-def verdict(a: Attribution) -> str:
-    share = a.attributed_stall_share
+def _secs(x: float) -> str:
+    return f"{x * 1000:.0f} ms" if abs(x) < 0.1 else f"{x:.2f} s"
+
+
+def verdict(a: Attribution, action: str | None = None) -> str:
+    """One line: the bound (on steady state when the basis is), its share, the next change
+    to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
+    ideal stage's speedup, and start-up apart when it weighs in this run."""
+    steady = a.basis == "steady state"
+    share = (a.steady_attributed_stall_share if steady and a.steady_attributed_stall_share
+             is not None else a.attributed_stall_share)
+    where = "of steady state" if steady else "of the epoch"
     overhead = a.overhead_share
-    tail = (f" (loader start-up/hand-off alone: {overhead:.0%})"
+    tail = (f" (loader hand-off alone: {overhead:.0%})"
             if overhead >= COMPUTE_BOUND_SHARE else "")
     for part in a.negative_parts:
         tail += (f"; {part} part {a.part_s(part):+.2f} s: making it ideal slowed the run, so the "
                  f"ablations interact or the run was disturbed (add repeats)")
+    if steady and a.startup_cost_share >= COMPUTE_BOUND_SHARE:
+        tail += (f"; start-up {_secs(a.startup_cost_s)} ({a.startup_cost_share:.0%} of this run) "
+                 f"is apart: a long epoch pays it once")
+    elif not steady and a.basis != "whole run":
+        tail += f"; {a.basis}"
     if not a.conclusive and a.inconclusive_because == "interval":
         iv = a.part_interval(a.bound_by)
         return (f"inconclusive (leaning {a.bound_by}-bound): its stall's interval "
@@ -200,10 +284,15 @@ def verdict(a: Attribution) -> str:
         return (f"inconclusive (leaning {lead}): the same model steps took {noise:.2f} s "
                 f"({float(a.compute_noise_share or 0.0):.0%} of the epoch) more in one ablation run "
                 f"than in another, as much as the stalls measured; the model competes with the "
-                f"loader for CPU or the machine is noisy: add repeats, or emulate the step")
+                f"loader for CPU or the machine is noisy: add repeats, or emulate the step{tail}")
+    head = f"{a.bound_by}-bound ({max(share, 0):.0%} {where} is attributed stall)"
     if a.bound_by == "compute":
-        return (f"compute-bound: {max(share, 0):.0%} of the epoch is attributed stall (above the "
-                f"ingestion-free run); the data stages keep up{tail}")
+        # the bound is decided on the data stages alone (loader hand-off is said in the tail)
+        total = a.steady_epoch_s if steady and a.steady_epoch_s else a.epoch_s
+        stages = sum(a.part_s(s) for s in STAGES) / total if total > 0 else 0.0
+        head = f"compute-bound (data stages {max(stages, 0):.0%} {where})"
+        return (f"{head}: {action or 'nothing to do on the data side: the data stages keep up'}"
+                f"{tail}")
     stage = a.bound_by
-    return (f"{stage}-bound: {share:.0%} of the epoch is attributed stall (above the "
-            f"ingestion-free run); ideal {stage} would give {a.ideal_speedup:.2f}x{tail}")
+    ideal = f"ideal {stage} would give {a.ideal_speedup:.2f}x"
+    return f"{head}: {action}; {ideal}{tail}" if action else f"{head}: {ideal}{tail}"

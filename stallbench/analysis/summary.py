@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..results import ScenarioAnalysis, VariantResult
+from ..results import ScenarioAnalysis, VariantResult, WhatIfValidation
 
 
-def scenario_analysis(variants: Sequence[VariantResult]) -> ScenarioAnalysis:
+def scenario_analysis(variants: Sequence[VariantResult],
+                      whatif: WhatIfValidation | None = None) -> ScenarioAnalysis:
     if not variants:
-        return ScenarioAnalysis()
+        return ScenarioAnalysis(whatif=whatif)
     base = variants[0]
     best = max(variants, key=lambda v: v.throughput_samples_s.median)
     speedup = best.throughput_samples_s.median / base.throughput_samples_s.median \
@@ -19,4 +20,5 @@ def scenario_analysis(variants: Sequence[VariantResult]) -> ScenarioAnalysis:
     if best.attribution is not None and best.attribution.verdict:
         parts.append(f"{best.name}: {best.attribution.verdict}")
     return ScenarioAnalysis(baseline_variant=base.name, best_variant=best.name,
-                            best_speedup=speedup, verdict="; ".join(p for p in parts if p))
+                            best_speedup=speedup, verdict="; ".join(p for p in parts if p),
+                            whatif=whatif)

@@ -135,6 +135,10 @@ def fit(v: VariantResult, machine: MachineInfo) -> Model:
     t_cpu = _median(f.trainer_cpu_s / max(f.samples, 1) for f in reps if f.trainer_cpu_s)
     if not math.isfinite(t_cpu):
         t_cpu = trainer_xfer + overhead + (compute if compute_on_cpu(v, machine) else 0.0)
+    elif not v.executor.has_producers:
+        # Fitted with no producers, the trainer's clock also holds the data work (``cpu``):
+        # counted there, it would be counted twice against the cores.
+        t_cpu = max(t_cpu - cpu, 0.0)
     io_bytes = _median(f.bytes.storage_bytes / max(f.samples, 1) for f in reps)
     cpus_per_node = (v.executor.producer_slots // v.executor.producer_nodes
                      if v.executor.producer_nodes else 1)

@@ -74,11 +74,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     cache_flag = "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)"
     _check_outputs(scenarios, out, args.cache_dir or default_cache_dir(), cache_flag)
+    from ..measure.load import busy_summary
     from ..runner import RunOptions, preflight, run_scenario  # heavy (torch)
 
     opts = RunOptions(repeats=repeats, analyze=args.analyze, cache_dir=args.cache_dir,
                       progress=not args.no_progress and sys.stderr.isatty(),
                       max_batches=max_batches)
+    recommendations: list[str] = []
     for sc in scenarios:
         preflight(sc, opts)
     written: list[Path] = []
@@ -112,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
             attribution = tables.attribution_table(result)
             if attribution:
                 print()
-                print("stall attribution (seconds per run; [interval]):")
+                print(tables.attribution_title(result))
                 print(attribution)
-            for line in tables.verdicts(result):
+            for line in tables.verdicts(result) + tables.phase_lines(result):
                 print(f"  {line}")
             note = tables.emulated_note(result)
             if note:
@@ -122,7 +124,19 @@ def run(args: argparse.Namespace) -> int:
             startup = tables.startup_note(result)
             if startup:
                 print(startup)
-            print(f"result: {path}\n", flush=True)
+            busy = busy_summary(result)
+            if busy:
+                print(f"WARNING: BUSY MACHINE: {busy}")
+            print(f"result: {path}", flush=True)
+            rec = tables.recommendation_line(result)
+            if rec:
+                print(rec)
+                recommendations.append(rec)
+            print(flush=True)
+        if len(recommendations) > 1:      # the run ends with each scenario's next step
+            print("next step per scenario:")
+            for rec in recommendations:
+                print(f"  {rec}")
         interrupts.check()
     except interrupts.Interrupted as exc:
         exc.outcome = ("no result written" if not written else

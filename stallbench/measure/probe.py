@@ -14,6 +14,10 @@ copy preloaded, the trainer-side seconds of a batch include launching the next b
 
 ``stall_s`` is defined as ``epoch_s - compute_s``: every second the trainer is not computing
 is a second it waits for data, which also makes the stall attribution close exactly.
+
+Each run is also split into start-up and steady state (``phases``: the work item each batch
+came from locates the end of start-up) and bracketed by a reading of the CPU that processes
+outside the run took meanwhile (``load``), both outside the timed region.
 """
 
 from __future__ import annotations
@@ -36,9 +40,12 @@ from ..stages.batch_format import SequenceCounts, TensorBatch
 from ..stages.compute import Compute
 from ..stages.device import DeviceFeeder, Staging, ring_slots
 from .device_clock import DeviceClock
+from .load import LoadMeter
+from .phases import split
 from .sampler import Sampler
 
-Item = tuple[TensorBatch, int, float]
+# (batch, rows, trainer-side transfer seconds, work item it came from)
+Item = tuple[TensorBatch, int, float, int]
 
 
 @dataclass
@@ -48,6 +55,7 @@ class Probe:
     transfer_s: list[float] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
+    items: list[int] = field(default_factory=list)     # work item of each batch (phases)
 
     def timeline(self) -> Timeline:
         r = lambda xs: [round(x, 6) for x in xs]  # noqa: E731 - keep JSON small
@@ -104,7 +112,8 @@ def _batches(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals)
     takes them from here."""
     for out in deliveries:
         totals.add(out)
-        yield from plan.receive_host(out)
+        for batch, rows, tx in plan.receive_host(out):
+            yield batch, rows, tx, out.item
 
 
 def _batches_parallel(deliveries: Iterator[ShardOutput], plan: Plan, totals: StageTotals,
@@ -115,10 +124,10 @@ def _batches_parallel(deliveries: Iterator[ShardOutput], plan: Plan, totals: Sta
     pool = ThreadPoolExecutor(threads, thread_name_prefix="stallbench-receive")
     pending: collections.deque = collections.deque()
 
-    def receive(p: Any) -> Item:
+    def receive(p: Any, item: int) -> Item:
         t0 = time.perf_counter()
         batch = plan.transfer.receive_host(p)
-        return batch, p.rows, time.perf_counter() - t0
+        return batch, p.rows, time.perf_counter() - t0, item
 
     try:
         for out in deliveries:
@@ -126,10 +135,11 @@ def _batches_parallel(deliveries: Iterator[ShardOutput], plan: Plan, totals: Sta
             if out.payloads is None:
                 while pending:
                     yield pending.popleft().result()
-                yield from plan.receive_host(out)
+                for batch, rows, tx in plan.receive_host(out):
+                    yield batch, rows, tx, out.item
                 continue
             for p in out.payloads:
-                pending.append(pool.submit(receive, p))
+                pending.append(pool.submit(receive, p, out.item))
                 while len(pending) > threads:
                     yield pending.popleft().result()
         while pending:
@@ -143,9 +153,9 @@ def _batches_parallel(deliveries: Iterator[ShardOutput], plan: Plan, totals: Sta
 def _cached(plan: Plan) -> Iterator[Item]:
     """Compute-only: pre-materialised final batches, no loader at all (DS-Analyzer's
     ingestion-free rate)."""
-    for shard in plan.items:
+    for item, shard in enumerate(plan.items):
         for b in plan.caches.final[shard.index]:
-            yield b, int(b["label"].shape[0]), 0.0
+            yield b, int(b["label"].shape[0]), 0.0, item
 
 
 class _Preload:
@@ -168,7 +178,7 @@ class _Preload:
 
     def _fill(self) -> None:
         try:
-            for batch, rows, tx in self.source:
+            for batch, rows, tx, item in self.source:
                 if self.stage is not None:
                     t0 = time.perf_counter()
                     batch = self.stage(batch)
@@ -176,7 +186,7 @@ class _Preload:
                 self.totals.s["transfer_trainer"] += tx
                 while not self.stop.is_set():
                     try:
-                        self.q.put((batch, rows, 0.0), timeout=0.1)
+                        self.q.put((batch, rows, 0.0, item), timeout=0.1)
                         break
                     except queue.Full:
                         continue
@@ -228,6 +238,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     api = tr.api
     # A stand-in without ``kind`` (a test's hashing step) is timed by the host clock.
     clock = DeviceClock(api, getattr(compute, "kind", "cpu"), tr.device_prefetch)
+    producers = executor.producer_slots()
+    meter = LoadMeter(executor.worker_pids)
+    meter.__enter__()
     with sampler:
         t0 = perf()
         cpu0 = time.process_time()
@@ -249,7 +262,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 interrupts.check()   # a signal whose exception a library swallowed
                 ta = perf()
                 try:
-                    batch, rows, tx = next(source)
+                    batch, rows, tx, item = next(source)
                 except StopIteration:
                     break
                 tb = perf()
@@ -266,6 +279,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 probe.transfer_s.append(tx)
                 probe.compute_s.append(tc - tb)
                 probe.rows.append(rows)
+                probe.items.append(item)
                 totals.s["transfer_trainer"] += tx
                 n += 1
                 samples += rows
@@ -277,6 +291,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             close = getattr(source, "close", None)
             if close:
                 close()       # shuts loader workers down (joined: their CPU is then counted)
+    meter.__exit__(None, None, None)
     late = None if plan.ablation.compute_only else executor.late_stage_times()
     if late is not None:
         totals.add_times(late)
@@ -316,5 +331,8 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         sequence_cut=SequenceCut(seq_len=seq.seq_len, sequences=seq.sequences,
                                  sequences_cut=seq.cut, ids=seq.ids, ids_cut=seq.ids_cut,
                                  longest=seq.longest) if seq is not None else None,
+        phases=split(probe.t_start_s, probe.compute_s, probe.wait_s, probe.rows, probe.items,
+                     epoch, producers, warmup_batches),
+        load=meter.load,
     )
     return fig, timeline, sampler.resources()

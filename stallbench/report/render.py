@@ -29,6 +29,7 @@ import jinja2
 from .. import compare as comparing
 from .. import results
 from ..errors import UserError
+from ..measure.load import busy_summary
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from ..analysis.device import AU_PASS, au_label
@@ -225,6 +226,8 @@ class Headline:
     attributed_stall_share: float | None
     baseline_tput: float | None
     best_tput: float | None
+    recommendation: str = ""        # the scenario's next step (analysis.recommendation)
+    busy: str | None = None         # heavy foreign load during the runs (measure.load)
 
     @property
     def line(self) -> str:
@@ -275,6 +278,10 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
                          _pair(a.part_interval(st))))
         if _num(a.overhead_s) is not None:
             segs.append(("loader overhead (attributed)", a.overhead_s, _pair(a.intervals.overhead_s)))
+        if a.basis == "steady state" and _num(a.startup_cost_s) is not None:
+            iv = a.startup_cost_interval
+            segs.append(("start-up (beyond the steady rate)", a.startup_cost_s,
+                         _pair(iv) if iv else None))
         return segs, "attributed"
     reps = v.repeats
     compute = _median(r.compute_s for r in reps)
@@ -408,7 +415,9 @@ def _headline(r: Result) -> Headline:
         bound_by=ba.bound_by if ba else None, best_bound_by=best_a.bound_by if best_a else None,
         stall_share=_num(bv.stall_share.median) if bv else None,
         attributed_stall_share=_num(ba.attributed_stall_share) if ba else None,
-        baseline_tput=tput(base), best_tput=tput(best))
+        baseline_tput=tput(base), best_tput=tput(best),
+        recommendation=a.recommendation.text if a.recommendation else "",
+        busy=busy_summary(r))
 
 
 def _stage_rate_rows(variants: list[VariantResult]) -> list[tuple[str, list[str]]]:
@@ -564,7 +573,7 @@ COMPARE_RULE = {"threshold": comparing.DEFAULT_THRESHOLD, "alpha": comparing.DEF
 
 
 def _compare_note(c: comparing.Comparison) -> str:
-    if c.verdict == comparing.NOT_COMPARABLE:
+    if c.verdict in (comparing.NOT_COMPARABLE, comparing.BUSY):
         return c.note
     if c.verdict == comparing.SAME:
         return f"change within ±{comparing.DEFAULT_THRESHOLD:.0%}"
@@ -588,19 +597,24 @@ def _compare(runs: list[RunView]) -> dict[str, Any]:
     for name in names:
         cells = []
         summaries = []
+        loads = []
         for run in runs:
             try:
                 s = run.result.variant(name).throughput_samples_s
             except KeyError:
                 cells.append(None)
                 summaries.append(None)
+                loads.append([])
                 continue
             cells.append({"median": s.median, "min": s.min, "max": s.max, "n": len(s.values)})
             summaries.append(s)
+            loads.append([f.load for f in run.result.variant(name).repeats])
         first, last = summaries[0], summaries[-1]
         delta, verdict, note = None, "", ""
         if first is not None and last is not None:
-            c = comparing.compare(_finite(first.values), _finite(last.values), THROUGHPUT)
+            c = comparing.under_load(
+                comparing.compare(_finite(first.values), _finite(last.values), THROUGHPUT),
+                loads[0], loads[-1])
             verdict, note = c.verdict, _compare_note(c)
             if _num(c.change) is not None:
                 delta = c.change - 1

@@ -41,6 +41,15 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   sequences a padded batch format cut at ``dataset.sequence_max_len``),
   ``Resources.gpu_memory_mb`` (NVML used memory per GPU per sample) and ``Timeline.h2d_ms`` /
   ``gpu_step_ms`` (per batch, CUDA events).
+  Additive (issue 14, still version 2): ``repeats[].phases`` (start-up vs steady state of the
+  run, ``measure.phases``) and ``repeats[].load`` (CPU taken by processes outside the run,
+  ``measure.load``); a variant's ``phases`` (their summaries, and an EXTRAPOLATED full epoch
+  when ``max_batches`` capped the run) and ``recommendation``; the attribution's ``basis``
+  (its parts now come from steady state, each run scaled to the same batches),
+  ``startup_cost_s`` / ``startup_cost_share`` / ``startup_cost_interval`` (start-up as its own
+  part: compute + stages + overhead + start-up cost = the median epoch), ``steady_epoch_s`` and
+  ``steady_attributed_stall_share``; ``analysis.recommendation`` (the scenario's top one).
+  Not to be confused with issue 16's ``variants[].startup`` (see "Two start-ups" below).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -49,6 +58,16 @@ Names say what they count (Ray Data's lesson). Three stall figures exist and nev
   its own data work: unpack, decompress, collate, copy), from the full run's own clocks;
 - ``attribution.attributed_stall_s`` / ``attributed_stall_share``: how much longer the full run
   took than the ingestion-free (compute-only) run, split over the stages by the ablations.
+
+Two start-ups exist and never share a name:
+
+- ``variants[].startup`` (``StartupFigures``, issue 16) and ``repeats[].executor_start_s``:
+  bringing the executor up (starting or reusing a Ray runtime, warming producers) *before*
+  the measured run; not part of ``epoch_s``;
+- ``repeats[].phases`` / ``variants[].phases`` (``Phases`` / ``PhaseSummary``, issue 14) and
+  ``attribution.startup_cost_s``: the first part of the measured run itself, from the
+  trainer's first request until every producer has delivered its first work item (time to
+  first batch included), as against the steady state after it; inside ``epoch_s``.
 """
 
 from __future__ import annotations
@@ -213,6 +232,8 @@ class RepeatFigures:
     ranks: list["RankFigures"] = field(default_factory=list)
     device: DeviceRepeat | None = None          # AU and H2D copies (None: compute-only caches)
     sequence_cut: SequenceCut | None = None     # None: the format keeps every id, or no sequences
+    phases: Phases | None = None    # start-up vs steady state of this run (issue 14)
+    load: ForeignLoad | None = None   # CPU others took from the machine during this run
 
 
 @dataclass
@@ -255,6 +276,65 @@ class RankFigures:
     # EMULATED (``trainers.straggler_delay_ms``): latency injected into this rank in this run,
     # as measured around the injection (0 for every other rank)
     straggler_delay_s: float = 0.0
+
+
+@dataclass
+class Phases:
+    """One run split into start-up and steady state on its per-batch timeline
+    (``measure.phases`` gives the rule: the steady window starts when the trainer asks for
+    the first batch of work item S, S = max(producers, 1), i.e. once every producer has
+    delivered its first item). k = ``startup_batches``, n = all batches of the run:
+
+        startup_s       = t_start[k]                  (wall time before the steady window)
+        startup_stall_s = startup_s - sum(compute[:k])
+        steady_s        = epoch_s - startup_s
+        steady_stall_s  = steady_s - sum(compute[k:])   (wait + trainer-side data work)
+        steady_epoch_s  = steady_s * n / (n - k)       (the run as if every batch were steady)
+        startup_cost_s  = epoch_s - steady_epoch_s     (what start-up cost beyond the steady rate)
+
+    ``steady_batches`` = 0: the run ended before a steady window (too short); the steady
+    figures are then NaN and readers fall back to the whole run."""
+
+    startup_items: int              # S: work items (one per producer) that make up start-up
+    startup_batches: int
+    startup_samples: int
+    startup_s: float
+    startup_stall_s: float
+    steady_batches: int
+    steady_samples: int
+    steady_s: float
+    steady_stall_s: float
+    steady_wait_s: float
+    steady_compute_s: float
+    steady_stall_share: float       # steady_stall_s / steady_s
+    steady_epoch_s: float
+    startup_cost_s: float
+
+    @property
+    def has_steady(self) -> bool:
+        return self.steady_batches > 0
+
+
+@dataclass
+class ForeignLoad:
+    """CPU the machine spent on anything but this run while it ran (``measure.load``):
+    machine-wide busy CPU (``psutil.cpu_times``: user + nice + system + irq + softirq) minus
+    the run's own process tree (the trainer, its children, reaped ones included, and the Ray
+    processes it started), over the run's wall time. Hypervisor steal (time this VM wanted a
+    core and did not get one) is kept apart; None where the OS does not report it."""
+
+    wall_s: float
+    busy_cpu_s: float
+    own_cpu_s: float
+    foreign_cpu_s: float            # max(busy_cpu_s - own_cpu_s, 0)
+    foreign_cores: float            # foreign_cpu_s / wall_s: cores other processes took
+    steal_cores: float | None = None
+    cores: float = 0.0              # logical cores of the machine, for scale
+
+    @property
+    def taken_cores(self) -> float:
+        """Cores this run could not have: other processes plus hypervisor steal."""
+        return self.foreign_cores + (self.steal_cores or 0.0)
 
 
 # --------------------------------------------------------------------- per-variant parts
@@ -366,6 +446,17 @@ class Attribution:
     inconclusive_because: str | None = None   # "compute_noise" or "interval"
     negative_parts: list[str] = field(default_factory=list)
     verdict: str = ""
+    # Issue 14: the parts above come from steady state (each run's steady window scaled to
+    # all its batches, ``Phases.steady_epoch_s``) when every run has one; start-up is its own
+    # part (what it cost beyond the steady rate), so compute + stages + overhead +
+    # startup_cost_s = epoch_s.
+    basis: str = "whole run"        # "steady state" or "whole run (<why>)"
+    startup_cost_s: float = 0.0     # median full epoch - median full steady epoch
+    startup_cost_share: float = 0.0   # startup_cost_s / epoch_s
+    startup_cost_interval: Interval | None = None
+    steady_epoch_s: float | None = None   # median full run's steady epoch (the parts' total)
+    # attributed_stall_s / steady_epoch_s: the share a long epoch would show; the verdict's
+    steady_attributed_stall_share: float | None = None
 
     def part_s(self, part: str) -> float:
         """A stage's stall (``fetch``, ``preprocess``, ``transfer``), ``overhead`` or ``compute``."""
@@ -377,6 +468,46 @@ class Attribution:
 
 _PART_FIELD = {"fetch": "fetch_stall_s", "preprocess": "preprocess_stall_s",
                "transfer": "transfer_stall_s", "overhead": "overhead_s", "compute": "compute_s"}
+
+
+@dataclass
+class PhaseSummary:
+    """A variant's start-up and steady state over its full runs' repeats (``Phases``), and
+    what a whole epoch of the dataset would take when ``max_batches`` capped the runs:
+    EXTRAPOLATED, never measured, from each repeat's steady rate plus its measured start-up:
+
+        extrapolated_full_epoch_s = startup_s + (full_epoch_samples - startup_samples)
+                                    * steady_s / steady_samples
+        (its stall likewise, with steady_stall_s in place of steady_s)."""
+
+    rule: str                       # where start-up ended, in words
+    startup_s: Summary
+    startup_cost_s: Summary
+    startup_stall_s: Summary
+    steady_s: Summary
+    steady_stall_share: Summary
+    steady_samples_s: Summary       # steady_samples / steady_s
+    full_epoch_samples: int | None = None   # samples a whole epoch (x epochs) would give
+    extrapolated_full_epoch_s: Summary | None = None
+    extrapolated_full_epoch_stall_share: Summary | None = None
+
+
+@dataclass
+class Recommendation:
+    """The next change to try for one variant (``analysis.advice``), from its steady-state
+    attribution and the what-if model. ``predicted_speedup`` is PREDICTED (steady state,
+    vs the variant as measured), never measured; ``predicted_from`` says by what."""
+
+    variant: str
+    bound_by: str
+    stall_share: float | None       # steady-state attributed stall share it starts from
+    action: str                     # the change, in words ("add loader workers")
+    knob: str | None = None         # the scenario key to change ("loader.num_workers")
+    value: Any = None               # the suggested value, where there is one
+    predicted_speedup: float | None = None
+    predicted_from: str = ""        # "what-if model" or "attribution: ideal <stage> (upper bound)"
+    conclusive: bool = True
+    text: str = ""                  # the line printed and shown first in the report
 
 
 @dataclass
@@ -540,6 +671,8 @@ class VariantResult:
     startup: StartupFigures | None = None                     # issue 16
     threads: ThreadBudget | None = None     # thread budgets as resolved (None: older results)
     device: DeviceFigures | None = None      # AU, H2D copies (issue 15)
+    phases: PhaseSummary | None = None                 # start-up vs steady state (issue 14)
+    recommendation: Recommendation | None = None       # the next change to try
 
 
 # ---------------------------------------------------------------------- what-if (analysis)
@@ -637,6 +770,7 @@ class ScenarioAnalysis:
     best_speedup: float | None = None
     verdict: str = ""
     whatif: WhatIfValidation | None = None
+    recommendation: Recommendation | None = None   # the scenario's top one (issue 14)
 
 
 # ------------------------------------------------------------------------- the whole file

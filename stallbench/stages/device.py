@@ -44,7 +44,8 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 ALIGN = 64                     # field offsets in a staged batch (any dtype's alignment)
-Item = tuple[Any, int, float]  # (batch, rows, trainer-side seconds spent producing it)
+# (batch, rows, trainer-side seconds spent producing it, work item it came from)
+Item = tuple[Any, int, float, int]
 
 
 def _aligned(n: int) -> int:
@@ -388,11 +389,13 @@ class _InFlight:
     end: Any = None
     host: HostBatch | None = None
     side: bool = False
+    item: int = 0                # the work item the batch came from (start-up/steady split)
 
 
 @dataclass
 class DeviceFeeder:
-    """Iterates ``(device batch, rows, trainer seconds)`` from a source of host batches.
+    """Iterates ``(device batch, rows, trainer seconds, work item)`` from a source of host
+    batches.
 
     ``depth`` (``loader.device_prefetch``): how many batches beyond the one returned have their
     copy launched; 0 copies each batch on the compute stream right before its step. Batches
@@ -411,14 +414,15 @@ class DeviceFeeder:
     def _launch(self, item: Item) -> float:
         """Start the copy of one batch; returns the trainer seconds it took on the host
         (the producing seconds the source reported, plus launching)."""
-        batch, rows, tx = item
+        batch, rows, tx, work_item = item
         t0 = time.perf_counter()
         hb = batch if isinstance(batch, HostBatch) else None
         if hb is None and isinstance(batch, dict) and not any(
                 self.api.on_device(t) for t in batch.values()):
             hb = host_batch(batch, self.api)
         if hb is None:                                   # already on the device
-            self.inflight.append(_InFlight(batch, rows, CopyRecord(0, None, None, "device")))
+            self.inflight.append(_InFlight(batch, rows, CopyRecord(0, None, None, "device"),
+                                           item=work_item))
             return tx + time.perf_counter() - t0
         side = self.depth > 0
         stream = self.api.side_stream() if side else self.api.current_stream()
@@ -432,7 +436,7 @@ class DeviceFeeder:
             end.record(stream)
         out = device_views(buf, hb.fields)
         self.inflight.append(_InFlight(out, rows, CopyRecord(hb.nbytes, start, end, hb.source),
-                                       buf, end, hb, side))
+                                       buf, end, hb, side, work_item))
         return tx + time.perf_counter() - t0
 
     def __next__(self) -> Item:
@@ -460,7 +464,7 @@ class DeviceFeeder:
                 assert f.buf is not None
                 self.api.record_stream(f.buf, cur)
             tx += time.perf_counter() - t0
-        return f.batch, f.rows, tx
+        return f.batch, f.rows, tx, f.item
 
     def close(self) -> None:
         """Wait for copies still in flight and free their host memory (a run stopped early)."""

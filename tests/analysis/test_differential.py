@@ -26,7 +26,8 @@ def test_chain_parts_close_and_bound() -> None:
     assert a.bound_by in {"fetch", "preprocess"}
     assert a.attributed_stall_share == pytest.approx(0.7)
     assert a.ideal_speedup == pytest.approx(10 / 7)
-    assert "-bound: 70% of the epoch is attributed stall" in a.verdict
+    assert "-bound (70% of the epoch is attributed stall): ideal" in a.verdict
+    assert a.basis == "whole run" and a.startup_cost_s == 0.0
 
 
 def test_intervals_collapse_without_spread_and_widen_with_it() -> None:
@@ -129,3 +130,52 @@ def test_named_stage_whose_interval_includes_zero_is_inconclusive() -> None:
     assert a.verdict.startswith("inconclusive (leaning fetch-bound): its stall's interval")
     clear = analyze(chain_epochs(n=5, jitter=0.2), "chain")        # 3 s stall, +-0.4 s spread
     assert clear.conclusive is True
+
+
+def test_steady_basis_puts_startup_apart_and_still_closes() -> None:
+    """The issue's case: a compute-bound pipeline whose start-up (0.3 s to the first batch)
+    only the transfer-free runs escape. On whole runs the start-up reads as a transfer stall;
+    on steady state (each run's steady window scaled to all its batches) it is compute-bound
+    and start-up is its own part; the parts still sum to the median epoch."""
+    names = ["full", "no_fetch", "no_fetch_preprocess", "no_fetch_preprocess_transfer",
+             "compute_only"]
+    whole = dict(zip(names, [[2.32, 2.31, 2.33], [2.31, 2.30, 2.32], [2.30, 2.31, 2.30],
+                             [2.0, 2.01, 2.0], [1.99, 2.0, 1.99]]))
+    steady = dict(zip(names, [[2.02, 2.01, 2.03], [2.01, 2.0, 2.02], [2.0, 2.01, 2.0],
+                              [2.0, 2.01, 2.0], [1.99, 2.0, 1.99]]))
+    old = analyze(whole, "chain")
+    assert old.bound_by == "transfer"
+    a = analyze(whole, "chain", steady=steady, steady_computes=steady)
+    assert a.basis == "steady state" and a.bound_by == "compute"
+    assert a.steady_epoch_s == pytest.approx(2.02)
+    assert a.startup_cost_s == pytest.approx(2.32 - 2.02)
+    assert a.startup_cost_share == pytest.approx(0.30 / 2.32)
+    parts = a.compute_s + a.fetch_stall_s + a.preprocess_stall_s + a.transfer_stall_s + a.overhead_s
+    assert parts + a.startup_cost_s == pytest.approx(a.epoch_s) and a.closure_error == pytest.approx(0)
+    assert a.steady_attributed_stall_share == pytest.approx(0.03 / 2.02)
+    assert a.startup_cost_interval.low <= 0.30 <= a.startup_cost_interval.high
+    assert a.verdict.startswith("compute-bound (data stages 1% of steady state)")
+    assert "start-up 0.30 s (13% of this run) is apart" in a.verdict
+
+
+def test_runs_without_a_steady_window_fall_back_to_whole_runs() -> None:
+    from stallbench.analysis.differential import analyze_runs
+    from stallbench.measure.phases import split
+
+    import factories
+
+    def run(epoch: float, batches: int) -> object:
+        f = factories.repeat(samples=1000)
+        f.epoch_s, f.batches = epoch, batches
+        items = list(range(batches))                 # one batch per work item
+        f.phases = split([i * epoch / batches for i in range(batches)], [0.0] * batches,
+                         [0.0] * batches, [1] * batches, items, epoch, producers=2)
+        return f
+
+    names = ["full", "no_fetch", "no_fetch_preprocess", "no_fetch_preprocess_transfer",
+             "compute_only"]
+    a = analyze_runs({k: [run(1.0, 8)] for k in names})
+    assert a.basis == "steady state"
+    short = analyze_runs({k: [run(1.0, 3)] for k in names})    # 2 producers, 3 items
+    assert short.basis.startswith("whole run (no steady window in 5 run(s)")
+    assert short.startup_cost_s == 0.0 and short.steady_epoch_s is None

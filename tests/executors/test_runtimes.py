@@ -103,7 +103,7 @@ def test_startup_figures_per_variant_and_the_run_note() -> None:
     a, b = factories.variant("a", [1.0]), factories.variant("b", [1.0])
     a.startup, b.startup = first, again
     assert tables.startup_note(factories.result([a, b])) == \
-        "executor start-up: a 12.5 s (started), b 0.4 s (reused)"
+        "executor start-up (before the runs, not in epoch s): a 12.5 s (started), b 0.4 s (reused)"
     c = factories.variant("c", [1.0])
     c.startup = local
     assert tables.startup_note(factories.result([c])) is None

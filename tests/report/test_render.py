@@ -558,3 +558,47 @@ def test_device_figures_render(tmp_path: Path, make_result: Any, write_result: A
     assert "GPU memory used, peak (NVML)" in html and "H2D copy per batch, median" in html
     res = r.variants[0].resources
     assert plots.resources(res) != plots.resources(dataclasses.replace(res, gpu_memory_mb=None))
+
+
+def _load(result: Any, cores: float) -> Any:
+    from stallbench.results import ForeignLoad
+
+    for v in result.variants:
+        for f in v.repeats:
+            f.load = ForeignLoad(wall_s=1.0, busy_cpu_s=1.0 + cores, own_cpu_s=1.0,
+                                 foreign_cpu_s=cores, foreign_cores=cores, steal_cores=0.0,
+                                 cores=2.0)
+    return result
+
+
+def test_headline_leads_with_the_recommendation_and_says_a_busy_machine(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    from stallbench.results import Recommendation
+
+    r = _load(make_result(**LIGHT), 1.0)
+    r.analysis.recommendation = Recommendation(
+        variant="num_workers=2", bound_by="compute", stall_share=0.01, action="nothing",
+        text="use num_workers=2 (measured 1.90x num_workers=0 in steady state); then nothing")
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    rec = html.index("Next step:</strong> use num_workers=2 (measured 1.90x")
+    assert rec < html.index('class="verdict"') < html.index("Where the epoch goes")
+    assert 'data-figure="busy-machine"' in html
+    n = sum(len(v.repeats) for v in r.variants)
+    assert f"{n} of {n} measured runs ran while other processes" in html
+    quiet = _html(render([write_result(_load(make_result(**LIGHT), 0.05), "q.json")],
+                         tmp_path / "quiet.html"))
+    assert 'data-figure="busy-machine"' not in quiet
+
+
+def test_compare_under_heavy_load_says_busy_machine(tmp_path: Path, make_result: Any,
+                                                    write_result: Any) -> None:
+    base = _load(make_result(seed=1, created_utc="2025-11-19T08:00:00+00:00", **LIGHT), 0.05)
+    cur = _load(make_result(seed=2, speed=2.0, created_utc="2025-11-21T09:30:00+00:00", **LIGHT),
+                1.2)
+    for v in cur.variants:    # clearly faster by the rule, but measured on a busy machine
+        b = base.variant(v.name).throughput_samples_s.values
+        v.throughput_samples_s = Summary.of([2 * x for x in b])
+    html = _html(render([write_result(base, "b.json"), write_result(cur, "c.json")],
+                        tmp_path / "out.html"))
+    assert set(_verdicts(html).values()) == {compare.BUSY}
+    assert "re-run on a quiet machine" in html

@@ -55,7 +55,7 @@ def _batches(n: int, rows: int = 16, seed: int = 0) -> list[dict[str, torch.Tens
 def _source(batches: list[dict[str, torch.Tensor]]) -> Any:
     for b in batches:
         # a fresh copy per batch, as a decoder would produce: the original stays the truth
-        yield {k: v.clone() for k, v in b.items()}, int(b["label"].shape[0]), 0.0
+        yield {k: v.clone() for k, v in b.items()}, int(b["label"].shape[0]), 0.0, 0
 
 
 def _run_feeder(api: FakeApi, batches: list[dict[str, torch.Tensor]], depth: int,
@@ -66,7 +66,7 @@ def _run_feeder(api: FakeApi, batches: list[dict[str, torch.Tensor]], depth: int
     feeder = DeviceFeeder(pre, api, depth)
     got = []
     try:
-        for batch, rows, _ in feeder:
+        for batch, rows, _, _ in feeder:
             assert all(api.on_device(t) for t in batch.values())
             got.append(digest(batch))
             if step_s:
@@ -106,7 +106,7 @@ def test_preloaded_copies_run_on_a_side_stream_and_overlap_the_step() -> None:
     batches = _batches(6)
     feeder = DeviceFeeder(_source(batches), api, depth=1)
     handed = 0
-    for batch, _, _ in feeder:
+    for batch, _, _, _ in feeder:
         handed += 1
         launched = [e for e in api.log if e[0] == "alloc"]     # one buffer per batch copied
         # when batch k (1-based) is handed over, k + 1 copies have been launched (but at the end)
@@ -139,8 +139,8 @@ def test_a_batch_in_pinned_memory_is_copied_from_where_it_lies() -> None:
     staging = Staging(api, 2)
     assert staging.stage({"dense": dense, "label": label}).source == "pool"
     assert staging.copies == 0 and staging.passed == 1
-    feeder = DeviceFeeder(iter([(hb, 4, 0.0)]), api, depth=0)
-    (got, _, _), = list(feeder)
+    feeder = DeviceFeeder(iter([(hb, 4, 0.0, 0)]), api, depth=0)
+    (got, _, _, _), = list(feeder)
     assert torch.equal(got["dense"], dense) and torch.equal(got["label"], label)
 
 
@@ -153,7 +153,7 @@ def test_a_full_ring_waits_for_the_copy_not_the_launch() -> None:
     staging = Staging(api, 1, stop)
     pre = _Preload(_source(batches), 1, StageTotals(), stage=staging.stage, stop=stop)
     feeder = DeviceFeeder(pre, api, depth=0)
-    got = [digest(b) for b, _, _ in feeder]
+    got = [digest(b) for b, _, _, _ in feeder]
     feeder.close()
     assert got == [digest(b) for b in batches]
 

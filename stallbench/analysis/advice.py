@@ -1,0 +1,238 @@
+"""Verdicts that say what to do: the next change to try and what it is predicted to give.
+
+A bound stage alone leaves the user to guess the fix. From a variant's steady-state
+attribution (which stage binds, how much of steady state is stall) and the what-if model fitted
+on that same variant, one ``Recommendation``:
+
+- **compute-bound**: nothing to do on the data side (a faster step or a larger batch is what
+  helps); no prediction.
+- **preprocess- or fetch-bound**: more producers where the executor scales
+  (``ExecutorFacts.scaling_knobs``): for N = current+1 .. max(current+1, cores), the what-if
+  predicts each steady rate; the advice is the fewest N within 5% of the best of them, its
+  predicted gain = predict(N) / predict(current) (both from the model, so the fit point's
+  calibration cancels). For fetch it also weighs caching the data (``cache = 1``) and twice the
+  storage bandwidth where an emulated storage wait was measured, and takes the largest gain.
+  When no option is predicted to give 5% (the cores bind), the advice is to make the stage
+  cheaper or give it more CPUs, with the ideal stage's speedup as an upper bound.
+- **transfer-bound**: the first knob that the configuration leaves on its slow setting, in
+  this order: ``batch_format = "columnar"`` (from rows), ``collate = "producer"``,
+  ``compression = "none"`` (zstd without a slow link), ``compression = "zstd"`` (a slow link
+  without it), ``batch_format = "single_buffer"`` (with producers), ``prefetch_batches = 2``.
+  The what-if has no model of batch formats, so the predicted gain is the attribution's ideal
+  transfer speedup, labelled an upper bound.
+- **inconclusive**: measure again (repeats; an emulated step on a CPU-only machine).
+
+Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what); the
+scenario's top recommendation (``top``) starts from its best measured variant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from ..measure.load import HEAVY_CORES
+from ..results import MachineInfo, Recommendation, VariantResult
+from . import whatif
+
+WORTH = 1.05          # a change predicted to give less than this is not advised
+NEAR_BEST = 0.95      # the fewest producers within 5% of the best predicted rate
+
+
+def _share(v: VariantResult) -> float | None:
+    a = v.attribution
+    if a is None:
+        return None
+    s = a.steady_attributed_stall_share if a.basis == "steady state" else a.attributed_stall_share
+    return s if s is not None and math.isfinite(s) else None
+
+
+def _cfg(v: VariantResult, section: str, key: str) -> Any:
+    return (v.config.get(section) or {}).get(key)
+
+
+def _producer_knob(v: VariantResult) -> tuple[str, str] | None:
+    """(scenario key, words) that adds producers for this executor, or None."""
+    knobs = v.executor.scaling_knobs
+    if "loader.num_workers" in knobs:
+        return "loader.num_workers", "add loader workers"
+    if v.executor.nodes_simulated and "executor.simulated_nodes" in knobs:
+        return "executor.simulated_nodes", "add producer nodes"
+    if "executor.concurrency" in knobs:
+        return "executor.concurrency", "add producer CPUs"
+    return None
+
+
+def _more_producers(v: VariantResult, m: whatif.Model, cores: float
+                    ) -> tuple[str, str, int, float] | None:
+    """(knob, words, value, predicted gain) of the fewest producers near the best rate."""
+    pk = _producer_knob(v)
+    if pk is None:
+        return None
+    cur = v.executor.producer_slots
+    base = whatif.predict(m, cur).throughput_samples_s
+    if not (math.isfinite(base) and base > 0):
+        return None
+    top = max(cur + 1, int(math.ceil(cores)))
+    preds = {n: whatif.predict(m, n).throughput_samples_s for n in range(cur + 1, top + 1)}
+    best = max(preds.values())
+    n = next(n for n, x in preds.items() if x >= NEAR_BEST * best)
+    value = n
+    if pk[0] == "executor.simulated_nodes":
+        per = max(m.cpus_per_node, 1)
+        value = -(-n // per)
+    return pk[0], pk[1], value, preds[n] / base
+
+
+def _producers_text(knob: str, value: int) -> str:
+    if knob == "loader.num_workers":
+        return f"{value} worker{'s' if value != 1 else ''}"
+    if knob == "executor.simulated_nodes":
+        return f"{value} node{'s' if value != 1 else ''}"
+    return f"{value} producer CPUs"
+
+
+def _transfer_fix(v: VariantResult) -> tuple[str, str, Any]:
+    fmt = _cfg(v, "loader", "batch_format")
+    collate = _cfg(v, "loader", "collate")
+    comp = _cfg(v, "loader", "compression")
+    link = _cfg(v, "loader", "wire_bandwidth_mb_s")
+    if fmt == "rows":
+        return ("loader.batch_format", 'batch_format = "columnar" (no per-row Python objects)',
+                "columnar")
+    if collate == "trainer":
+        return ("loader.collate", 'collate = "producer" (tensors made where the data is)',
+                "producer")
+    if comp == "zstd" and link is None:
+        return ("loader.compression", 'compression = "none" (zstd costs CPU on both sides and '
+                "buys nothing without a slow link)", "none")
+    if comp != "zstd" and link is not None:
+        return ("loader.compression", 'compression = "zstd" (fewer bytes over the slow link)',
+                "zstd")
+    if fmt != "single_buffer" and v.executor.has_producers:
+        return ("loader.batch_format", 'batch_format = "single_buffer" (one shared buffer per '
+                "batch, unpacked zero-copy)", "single_buffer")
+    if not _cfg(v, "loader", "prefetch_batches"):
+        return ("loader.prefetch_batches", "prefetch_batches = 2 (the trainer unpacks the next "
+                "batch while the model computes)", 2)
+    return ("", "fewer bytes per sample (narrower dtypes, fewer or shorter features)", None)
+
+
+def recommend(v: VariantResult, machine: MachineInfo) -> Recommendation | None:
+    """The next change to try for ``v`` (None without an attribution)."""
+    a = v.attribution
+    if a is None:
+        return None
+    share = _share(v)
+    rec = Recommendation(variant=v.name, bound_by=a.bound_by, stall_share=share, action="")
+    if not a.conclusive:
+        rec.conclusive = False
+        rec.action = "measure again: add repeats (--repeats)"
+        if "model.step_ms" not in v.emulated:
+            rec.action += (", or emulate the model step (model.kind = \"emulated\") where a "
+                           "CPU-trained model competes with the loader")
+        busy = [f.load.taken_cores for f in v.repeats if f.load is not None]
+        if busy and max(busy) > HEAVY_CORES:
+            rec.action += (f", on a quieter machine (other processes took up to "
+                           f"{max(busy):.2f} cores during these runs)")
+    elif a.bound_by == "compute":
+        rec.action = ("nothing to do on the data side: the data stages keep up (a faster step "
+                      "or a larger batch is what speeds this up)")
+    elif a.bound_by == "transfer":
+        rec.knob, rec.action, rec.value = _transfer_fix(v)
+        rec.knob = rec.knob or None
+        rec.predicted_speedup = a.ideal_speedup
+        rec.predicted_from = "attribution: ideal transfer (an upper bound)"
+    else:
+        _data_stage(v, machine, rec)
+    rec.text = f"{v.name}: {action_text(rec)}"
+    return rec
+
+
+def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> None:
+    a = v.attribution
+    assert a is not None
+    stage = a.bound_by
+    m = whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None
+    options: list[tuple[float, str, str | None, Any]] = []   # (gain, action, knob, value)
+    if m is not None:
+        more = _more_producers(v, m, machine.cores)
+        if more is not None:
+            knob, words, value, gain = more
+            options.append((gain, f"{words}: {_producers_text(knob, value)}", knob, value))
+        if stage == "fetch":
+            cur = v.executor.producer_slots
+            base = whatif.predict(m, cur).throughput_samples_s
+            if math.isfinite(base) and base > 0:
+                cached = whatif.predict(m, cur, cache=1.0).throughput_samples_s / base
+                where = ("cache the data locally (disk or memory)" if m.io_wait > 0 else
+                         "keep the decoded tables in memory (fetch here is Parquet decode)")
+                options.append((cached, where, None, None))
+                if m.io_wait > 0 and m.io_bytes > 0:
+                    bw = m.io_bytes / m.io_wait / 1e6          # the measured MB/s per request
+                    faster = whatif.predict(m, cur, bandwidth_mb_s=2 * bw).throughput_samples_s
+                    options.append((faster / base, f"twice the storage bandwidth "
+                                    f"({2 * bw:,.0f} MB/s per request)", "storage.bandwidth_mb_s",
+                                    round(2 * bw, 1)))
+    # prefer the cheaper change (listed first) unless another is clearly better
+    options = [o for o in options if math.isfinite(o[0])]
+    best = None
+    for o in options:
+        if best is None or o[0] > best[0] * 1.05:
+            best = o
+    if best is not None and best[0] >= WORTH:
+        rec.predicted_speedup, rec.action, rec.knob, rec.value = best
+        rec.predicted_from = "what-if model"
+        return
+    why = ""
+    if m is not None:
+        p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
+        why = f" (more producers predicted no gain: {p.why})"
+    rec.action = (f"make {stage} cheaper or give it more CPUs, e.g. Ray nodes{why}")
+    rec.predicted_speedup = a.ideal_speedup
+    rec.predicted_from = f"attribution: ideal {stage} (an upper bound)"
+
+
+def action_text(rec: Recommendation) -> str:
+    """The action and its PREDICTED gain, e.g. "add loader workers: 2 workers predicted 1.70x"."""
+    x = rec.predicted_speedup
+    if x is None or not math.isfinite(x):
+        return rec.action
+    if rec.predicted_from.startswith("attribution"):
+        return f"{rec.action}: predicted at most {x:.2f}x ({rec.predicted_from})"
+    return f"{rec.action} predicted {x:.2f}x"
+
+
+def _rate(v: VariantResult, steady: bool) -> float:
+    if steady and v.phases is not None:
+        return v.phases.steady_samples_s.median
+    return v.throughput_samples_s.median
+
+
+def top(variants: Sequence[VariantResult]) -> Recommendation | None:
+    """The scenario's one recommendation: start from the fastest measured variant in steady
+    state (whole runs where a variant has no steady window), say by how much it beat the first
+    (measured), and give its next change."""
+    if not variants:
+        return None
+    steady = all(v.phases is not None and math.isfinite(v.phases.steady_samples_s.median)
+                 for v in variants)
+    ranked = [v for v in variants if math.isfinite(_rate(v, steady))]
+    if not ranked:
+        return None
+    base = variants[0]
+    best = max(ranked, key=lambda v: _rate(v, steady))
+    rec = best.recommendation
+    if rec is None:
+        return None
+    out = dataclasses.replace(rec)
+    b = _rate(base, steady)
+    gain = _rate(best, steady) / b if b and math.isfinite(b) else math.nan
+    if best is not base and math.isfinite(gain) and gain >= WORTH:
+        basis = " in steady state" if steady else ""
+        out.text = (f"use {best.name} (measured {gain:.2f}x {base.name}{basis}); then "
+                    f"{action_text(rec)}")
+    else:
+        out.text = f"{best.name}: {action_text(rec)}"
+    return out

@@ -1,0 +1,142 @@
+"""Start-up vs steady state: where a run's pipeline is full, from its per-batch timeline.
+
+A measured run is short next to a real epoch of hours, so what it pays once (forking loader
+workers, importing in them, opening files, the first work item each producer makes before the
+trainer can have anything) weighs far more in it than in the epoch a user cares about. A stage
+that merely looks slow because the run started is not the stage to fix. So every run is split:
+
+**The rule.** With S = max(producers, 1) producers (loader workers, Ray producer slots; the
+trainer itself when there are none), work items go out in order and the first S of them are
+each producer's first. The steady window starts when the trainer *asks for* the first batch of
+work item S (the first item some producer makes as its second): by then every producer has
+delivered its first item, so the pipeline has filled, and from there on the run repeats whole
+production/consumption cycles. Formally, with batches 0..n-1, ``item[i]`` the work item batch i
+came from and ``t_start[i]`` when the trainer asked for it (seconds from the run's start):
+
+    k = max(first i with item[i] >= S, warmup_batches)
+
+Start-up is [0, t_start[k]); steady state is [t_start[k], epoch_s). ``Phases`` (the schema)
+holds the formulas of every figure; the two that analysis uses are
+
+    steady_epoch_s = steady_s * n / (n - k)     # the run as if every batch were steady
+    startup_cost_s = epoch_s - steady_epoch_s   # what start-up cost beyond the steady rate
+
+Why this rule and not "the first batch after which the wait stays at its steady level": waits
+come in bursts of one work item (a row group gives several batches at once), so a per-batch
+level is noisy exactly where the boundary would sit; the item rule needs no threshold, is the
+same for every ablation of a variant (they share the executor), and for one producer it puts
+the boundary mid-cycle at both ends, so the window holds whole cycles: with one worker slower
+than the trainer (P seconds per item, C of compute), steady_s / (items in it) = P exactly.
+With 0 workers (S = 1) the start-up is the first item made and consumed in the trainer: its
+one-off costs (first file open, first use of each code path) are start-up, and the rest of
+it is one steady cycle, which ``startup_cost_s`` subtracts.
+
+**Tiny runs.** When fewer than ``MIN_STEADY_BATCHES`` batches fall after the boundary (the
+run ended before a producer made its second item), the run has no steady window:
+``steady_batches`` is 0, the steady figures are NaN, and the attribution uses whole runs and
+says so (``Attribution.basis``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..results import Phases, RepeatFigures, Summary
+from ..results import PhaseSummary
+
+MIN_STEADY_BATCHES = 2
+
+
+def boundary(items: Sequence[int], producers: int, warmup_batches: int = 0) -> int | None:
+    """k: the first steady batch (see the module docstring), or None without a steady window."""
+    s = max(producers, 1)
+    k = next((i for i, it in enumerate(items) if it >= s), None)
+    if k is None:
+        return None
+    k = max(k, warmup_batches)
+    return k if len(items) - k >= MIN_STEADY_BATCHES else None
+
+
+def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[float],
+          rows: Sequence[int], items: Sequence[int], epoch_s: float, producers: int,
+          warmup_batches: int = 0) -> Phases:
+    """Start-up and steady state of one run from its per-batch timeline."""
+    n = len(t_start)
+    s = max(producers, 1)
+    k = boundary(items, producers, warmup_batches)
+    nan = math.nan
+    if k is None:
+        comp = sum(compute)
+        return Phases(startup_items=s, startup_batches=n, startup_samples=int(sum(rows)),
+                      startup_s=epoch_s, startup_stall_s=epoch_s - comp, steady_batches=0,
+                      steady_samples=0, steady_s=nan, steady_stall_s=nan, steady_wait_s=nan,
+                      steady_compute_s=nan, steady_stall_share=nan, steady_epoch_s=nan,
+                      startup_cost_s=nan)
+    startup = t_start[k]
+    steady = epoch_s - startup
+    comp_steady = sum(compute[k:])
+    steady_epoch = steady * n / (n - k)
+    return Phases(
+        startup_items=s, startup_batches=k, startup_samples=int(sum(rows[:k])),
+        startup_s=startup, startup_stall_s=startup - sum(compute[:k]),
+        steady_batches=n - k, steady_samples=int(sum(rows[k:])), steady_s=steady,
+        steady_stall_s=steady - comp_steady, steady_wait_s=sum(wait[k:]),
+        steady_compute_s=comp_steady,
+        steady_stall_share=(steady - comp_steady) / steady if steady > 0 else nan,
+        steady_epoch_s=steady_epoch, startup_cost_s=epoch_s - steady_epoch)
+
+
+def rule_text(producers: int) -> str:
+    s = max(producers, 1)
+    if producers == 0:
+        return ("start-up ends when the trainer asks for the first batch of work item 1: with "
+                "no workers it made item 0 itself")
+    who = f"each of the {s} producers has" if producers > 1 else "the producer has"
+    return (f"start-up ends when the trainer asks for the first batch of work item {s}: "
+            f"{who} delivered its first item")
+
+
+def full_epoch_samples(dataset_rows: int, epochs: int, reps: Sequence[RepeatFigures]) -> int:
+    """Samples a whole epoch (x ``epochs``) would give: the dataset's rows times the measured
+    rows out per row in (filters and downsampling drop rows)."""
+    ratios = [f.stage_rows.transfer / f.stage_rows.fetch for f in reps if f.stage_rows.fetch]
+    ratio = sorted(ratios)[len(ratios) // 2] if ratios else 1.0
+    return int(round(dataset_rows * epochs * ratio))
+
+
+def extrapolate(p: Phases, full_samples: int) -> tuple[float, float]:
+    """(EXTRAPOLATED seconds, stall share) of a run of ``full_samples`` samples: the measured
+    start-up plus the rest at the measured steady rate (and steady stall per sample)."""
+    if not p.has_steady or p.steady_samples <= 0:
+        return math.nan, math.nan
+    rest = max(full_samples - p.startup_samples, 0)
+    t = p.startup_s + rest * p.steady_s / p.steady_samples
+    stall = p.startup_stall_s + rest * p.steady_stall_s / p.steady_samples
+    return t, (stall / t if t > 0 else math.nan)
+
+
+def summarize(reps: Sequence[RepeatFigures], producers: int,
+              full_samples: int | None) -> PhaseSummary | None:
+    """Per-variant summaries of the full runs' phases; the EXTRAPOLATED full epoch only when
+    the runs covered less than a whole epoch (``max_batches``)."""
+    ph = [f.phases for f in reps if f.phases is not None]
+    if not ph:
+        return None
+    steady = [p for p in ph if p.has_steady]
+    out = PhaseSummary(
+        rule=rule_text(producers),
+        startup_s=Summary.of([p.startup_s for p in ph]),
+        startup_cost_s=Summary.of([p.startup_cost_s for p in steady]),
+        startup_stall_s=Summary.of([p.startup_stall_s for p in ph]),
+        steady_s=Summary.of([p.steady_s for p in steady]),
+        steady_stall_share=Summary.of([p.steady_stall_share for p in steady]),
+        steady_samples_s=Summary.of([p.steady_samples / p.steady_s for p in steady
+                                     if p.steady_s > 0]))
+    capped = full_samples is not None and any(f.samples < 0.999 * full_samples for f in reps)
+    if capped and steady:
+        ex = [extrapolate(p, full_samples) for p in steady]   # type: ignore[arg-type]
+        out.full_epoch_samples = full_samples
+        out.extrapolated_full_epoch_s = Summary.of([e[0] for e in ex])
+        out.extrapolated_full_epoch_stall_share = Summary.of([e[1] for e in ex])
+    return out

@@ -1,0 +1,134 @@
+"""Verdicts that say what to do (``analysis.advice``), on results built by construction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stallbench.analysis import advice
+from stallbench.analysis.differential import verdict
+from stallbench.results import (Attribution, ExecutorFacts, Interval, MachineInfo, PartIntervals,
+                                StageRows, StageSeconds)
+
+import factories
+
+MACHINE = MachineInfo(cpu_model="Test CPU", cores_logical=4)
+SAMPLES = 10_000
+
+
+def attribution(bound: str, share: float = 0.4, ideal: float = 1.6, conclusive: bool = True) -> Attribution:
+    iv = Interval(0.1, 0.2)
+    parts = {s: (0.4 if s == bound else 0.0) for s in ("fetch", "preprocess", "transfer")}
+    return Attribution(
+        method="chain", interval="x", compute_s=0.6, fetch_stall_s=parts["fetch"],
+        preprocess_stall_s=parts["preprocess"], transfer_stall_s=parts["transfer"],
+        overhead_s=0.0, epoch_s=1.0, attributed_stall_s=share, attributed_stall_share=share,
+        overhead_share=0.0, bound_by=bound, ideal_speedup=ideal,
+        intervals=PartIntervals(iv, iv, iv, iv, iv), closure_error=0.0,
+        ablation_epoch_s={"full": 1.0}, conclusive=conclusive, basis="steady state",
+        steady_epoch_s=1.0, steady_attributed_stall_share=share)
+
+
+def variant(bound: str, *, workers: int = 0, loader: dict | None = None, fetch_s: float = 0.1,
+            prep_s: float = 0.6, io_wait_s: float = 0.0, storage_bytes: int = 0,
+            **kw) -> object:
+    """A variant whose full runs spend ``prep_s`` per run preprocessing in the producer and
+    0.4 s computing (40 us/sample of data work vs 40 us/sample of compute at 0 workers)."""
+    v = factories.variant("v", [SAMPLES / 1.0] * 2)
+    for f in v.repeats:
+        f.samples = SAMPLES
+        f.compute_s = 0.4
+        f.trainer_cpu_s = 0.05 + (fetch_s + prep_s if workers == 0 else 0.0)
+        f.stage_s = StageSeconds(fetch=fetch_s, fetch_io_wait=io_wait_s, preprocess=prep_s,
+                                 fetch_cpu=fetch_s - io_wait_s, preprocess_cpu=prep_s)
+        f.stage_rows = StageRows(fetch=SAMPLES, preprocess=SAMPLES, transfer=SAMPLES)
+        f.bytes.storage_bytes = storage_bytes
+    v.config = {"loader": {"batch_format": "columnar", "collate": "producer", "compression": "none",
+                           "wire_bandwidth_mb_s": None, "prefetch_batches": 0, **(loader or {})}}
+    v.executor = ExecutorFacts(kind="local", producer_slots=workers, has_producers=workers > 0,
+                               scaling_knobs=["loader.num_workers"])
+    v.emulated = ["model.step_ms"]
+    v.attribution = attribution(bound, **kw)
+    return v
+
+
+def test_compute_bound_says_nothing_to_do_on_the_data_side() -> None:
+    rec = advice.recommend(variant("compute", share=0.01, ideal=1.0), MACHINE)
+    assert rec.action.startswith("nothing to do on the data side")
+    assert rec.predicted_speedup is None and rec.knob is None
+
+
+def test_preprocess_bound_without_workers_adds_workers_with_a_predicted_gain() -> None:
+    # 70 us/sample of data work in the trainer + 40 us compute = 110 us/sample. One worker
+    # makes 1 sample per 70 us (1.57x); two make one per 35 us, faster than the trainer's
+    # 40 us, so the trainer binds: predicted 110 / 40 = 2.75x; a third adds nothing (the 4
+    # cores have room: 70 + 5 us of CPU per sample).
+    rec = advice.recommend(variant("preprocess"), MACHINE)
+    assert rec.knob == "loader.num_workers" and rec.value == 2
+    assert rec.predicted_from == "what-if model"
+    assert rec.predicted_speedup == pytest.approx(110 / 40)
+    text = advice.action_text(rec)
+    assert text == "add loader workers: 2 workers predicted 2.75x"
+    v = variant("preprocess")
+    assert verdict(v.attribution, text).startswith(
+        "preprocess-bound (40% of steady state is attributed stall): add loader workers: 2 workers "
+        "predicted 2.75x; ideal preprocess would give 1.60x")
+
+
+def test_when_more_workers_cannot_help_the_advice_says_so_and_bounds_the_gain() -> None:
+    # one worker already at 100% of a 1-core machine: the cores bind, more workers give nothing
+    v = variant("preprocess", workers=1, prep_s=2.0, ideal=1.8)
+    rec = advice.recommend(v, MachineInfo(cpu_model="x", cores_logical=1))
+    assert rec.action.startswith("make preprocess cheaper or give it more CPUs")
+    assert rec.predicted_speedup == 1.8
+    assert "at most 1.80x" in advice.action_text(rec)
+
+
+@pytest.mark.parametrize("loader, knob, value", [
+    ({"batch_format": "rows", "collate": "trainer"}, "loader.batch_format", "columnar"),
+    ({"collate": "trainer"}, "loader.collate", "producer"),
+    ({"compression": "zstd"}, "loader.compression", "none"),
+    ({"wire_bandwidth_mb_s": 50.0}, "loader.compression", "zstd"),
+    ({}, "loader.prefetch_batches", 2),
+])
+def test_transfer_bound_names_the_slow_setting(loader: dict, knob: str, value: object) -> None:
+    rec = advice.recommend(variant("transfer", loader=loader, ideal=1.4), MACHINE)
+    assert (rec.knob, rec.value) == (knob, value)
+    assert rec.predicted_speedup == 1.4 and "upper bound" in rec.predicted_from
+
+
+def test_transfer_bound_with_workers_suggests_single_buffer() -> None:
+    rec = advice.recommend(variant("transfer", workers=2), MACHINE)
+    assert (rec.knob, rec.value) == ("loader.batch_format", "single_buffer")
+
+
+def test_fetch_bound_on_slow_storage_weighs_cache_and_bandwidth() -> None:
+    # One worker, 10k samples/s measured: 60 us/sample fetch (50 us of it a storage wait) +
+    # 5 us preprocess, calibrated to the measured rate (+35 us outside the timers): 100 us a
+    # sample per worker vs the trainer's 40 us. 3 workers reach the trainer (2.5x); caching
+    # the data also gives 2.5x (not clearly more, so the cheaper change is advised); twice
+    # the storage bandwidth only 1.33x.
+    v = variant("fetch", workers=1, fetch_s=0.6, prep_s=0.05, io_wait_s=0.5,
+                storage_bytes=50_000_000)
+    rec = advice.recommend(v, MACHINE)
+    assert rec.predicted_from == "what-if model"
+    assert (rec.knob, rec.value) == ("loader.num_workers", 3)
+    assert rec.predicted_speedup == pytest.approx(2.5)
+
+
+def test_inconclusive_asks_to_measure_again() -> None:
+    rec = advice.recommend(variant("preprocess", conclusive=False), MACHINE)
+    assert rec.conclusive is False and rec.action.startswith("measure again")
+
+
+def test_top_starts_from_the_fastest_variant_and_says_the_measured_gain() -> None:
+    slow = variant("preprocess")
+    fast = dataclasses.replace(variant("compute", workers=1, share=0.01), name="fast")
+    slow.throughput_samples_s = factories.Summary.of([1000.0])
+    fast.throughput_samples_s = factories.Summary.of([2500.0])
+    for v in (slow, fast):
+        v.recommendation = advice.recommend(v, MACHINE)
+    rec = advice.top([slow, fast])
+    assert rec.variant == "fast"
+    assert rec.text.startswith("use fast (measured 2.50x v); then nothing to do on the data side")

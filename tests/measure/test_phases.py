@@ -1,0 +1,102 @@
+"""Start-up vs steady state on per-batch timelines built by construction (``measure.phases``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stallbench.measure.phases import (MIN_STEADY_BATCHES, boundary, extrapolate,
+                                       full_epoch_samples, split, summarize)
+
+import factories
+
+
+def timeline(items: list[int], produce: float, compute: float, startup: float = 0.0
+             ) -> tuple[list[float], list[float], list[float], float]:
+    """(t_start, wait, compute, epoch) of a trainer that produces its own batches (0 workers),
+    built by hand: the first batch of each item waits ``produce`` seconds, every batch computes
+    ``compute``; ``startup`` is a one-off delay before the first batch (opening files, first
+    use of a code path)."""
+    t, t_start, wait, comp = 0.0, [], [], []
+    seen: set[int] = set()
+    for i, it in enumerate(items):
+        w = 0.0
+        if it not in seen:
+            seen.add(it)
+            w = produce + (startup if i == 0 else 0.0)
+        t_start.append(t)
+        wait.append(w)
+        comp.append(compute)
+        t += w + compute
+    return t_start, wait, comp, t
+
+
+def test_boundary_is_the_first_batch_of_item_s() -> None:
+    items = [0, 0, 1, 1, 2, 2, 3, 3]
+    assert boundary(items, producers=0) == 2       # the trainer is the one producer
+    assert boundary(items, producers=1) == 2
+    assert boundary(items, producers=2) == 4       # each of 2 producers delivered its first
+    assert boundary(items, producers=1, warmup_batches=5) == 5
+    assert boundary(items, producers=3) == 6 and MIN_STEADY_BATCHES == 2
+    # no item S, or fewer than MIN_STEADY_BATCHES after it: no steady window
+    assert boundary(items, producers=4) is None
+    assert boundary(items, producers=2, warmup_batches=7) is None
+    assert boundary([0, 0, 1], producers=1) is None
+    assert boundary([0, 0, 0, 0], producers=1) is None   # one item only: never steady
+
+
+def test_zero_workers_steady_is_exact_cycles_and_startup_cost_is_the_one_off() -> None:
+    """0 workers: each item costs produce + 2 * compute; a one-off 0.5 s before the first
+    batch is what start-up costs beyond the steady rate, the steady figures do not see it."""
+    items = [i // 2 for i in range(20)]               # 10 items of 2 batches
+    for one_off in (0.0, 0.5):
+        ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01, startup=one_off)
+        p = split(ts, comp, wait, [100] * 20, items, epoch, producers=0)
+        assert p.startup_batches == 2 and p.steady_batches == 18
+        # the steady window is 9 whole cycles of 0.04 + 2 * 0.01
+        assert p.steady_s == pytest.approx(9 * 0.06)
+        assert p.steady_stall_share == pytest.approx(0.04 / 0.06)
+        assert p.steady_epoch_s == pytest.approx(10 * 0.06)
+        assert p.startup_cost_s == pytest.approx(one_off)
+        assert p.startup_s + p.steady_s == pytest.approx(epoch)
+        assert p.startup_stall_s + p.steady_stall_s == pytest.approx(epoch - sum(comp))
+
+
+def test_tiny_run_has_no_steady_window() -> None:
+    p = split([0.0, 0.1], [0.05, 0.05], [0.05, 0.0], [10, 10], [0, 0], 0.2, producers=1)
+    assert not p.has_steady and p.steady_batches == 0 and p.startup_batches == 2
+    assert math.isnan(p.steady_stall_share) and p.startup_s == 0.2
+
+
+def test_extrapolated_full_epoch_adds_the_rest_at_the_steady_rate() -> None:
+    items = [i // 2 for i in range(20)]
+    ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01, startup=0.3)
+    p = split(ts, comp, wait, [100] * 20, items, epoch, producers=0)
+    t, share = extrapolate(p, full_samples=20_000)          # 100x the run's 2,000 samples
+    per_sample = 0.06 / 200
+    assert t == pytest.approx(p.startup_s + (20_000 - 200) * per_sample)
+    stall = p.startup_stall_s + (20_000 - 200) * 0.04 / 200
+    assert share == pytest.approx(stall / t)
+
+
+def test_summary_extrapolates_only_capped_runs() -> None:
+    items = [i // 2 for i in range(20)]
+    ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01)
+    reps = []
+    for _ in range(2):
+        f = factories.repeat(samples=2000)
+        f.phases = split(ts, comp, wait, [100] * 20, items, epoch, producers=0)
+        reps.append(f)
+    capped = summarize(reps, 0, full_samples=20_000)
+    assert capped.extrapolated_full_epoch_s is not None and capped.full_epoch_samples == 20_000
+    assert capped.steady_stall_share.median == pytest.approx(0.04 / 0.06)
+    whole = summarize(reps, 0, full_samples=2000)
+    assert whole.extrapolated_full_epoch_s is None and whole.full_epoch_samples is None
+    assert "work item 1" in whole.rule
+
+
+def test_full_epoch_samples_follow_rows_kept() -> None:
+    f = factories.repeat(samples=1000)
+    f.stage_rows.fetch, f.stage_rows.transfer = 1000, 500      # a filter kept half
+    assert full_epoch_samples(10_000, 2, [f]) == 10_000
