@@ -28,8 +28,24 @@ The binding term names the bound; the knee is the fewest workers (or nodes) with
 i.e. where the trainer term binds. ``cache`` removes that share of the fetch cost;
 ``bandwidth_mb_s`` replaces the measured storage wait by bytes / bandwidth. Nodes add
 ``cpus_per_node`` cores and workers each, unless they are simulated on one machine, where they
-share its cores. The limits: no contention model beyond a core budget, no memory bandwidth, no
-network between nodes except what the trainer-side transfer measured.
+share its cores.
+
+Contention (issue 17; fitted by the "contention" model of ``whatif_models`` from two or more
+measured producer counts, zero for the "one-point" model): each producer's CPU cost per sample,
+and the trainer's time per sample, grow with the cores that are busy, as in the contention term
+of the universal scalability law (Gunther), relative to the fit point N_fit:
+
+    b(N) = min(N, cores)                                  # busy producer cores
+    f(N) = (1 + sigma * (b(N) - 1)) / (1 + sigma * (b(N_fit) - 1))
+    p_wall(N) = io_wait + (p_wall - io_wait + p_extra) * f_p(N);  p_cpu(N) = p_cpu * f_p(N)
+    t_trainer(N) = (t_trainer + t_extra) * f_t(N)
+
+so per-producer throughput is 1 / (1 + sigma (b - 1)) of a lone producer's: sigma = 0 is the
+one-point model, sigma = 0.01 loses 1% per extra busy core. Storage waits use no core and do
+not grow. What a whole run measures (start-up, rounds of work items, the steady figure after
+the first batch) is replayed item by item by ``schedule.simulate`` (``predict_run``); the
+formulas above give its per-sample costs. The limits: no memory bandwidth model beyond what
+sigma absorbs, no network between nodes except what the trainer-side transfer measured.
 """
 
 from __future__ import annotations
@@ -38,8 +54,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from ..results import (Knee, MachineInfo, Result, VariantResult, WhatIfCheck, WhatIfModel,
-                       WhatIfPoint, WhatIfValidation)
+from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
+                       WhatIfModel, WhatIfPoint, WhatIfValidation)
+from . import schedule
 
 
 # The fitted model is result data (stored with the validation): its fields live in the schema.
@@ -54,6 +71,7 @@ class Prediction:
     bound_by: str
     why: str
     binding: str = ""            # the model term that binds: workers, cores, trainer, storage
+    model: str = "one-point"     # the what-if model that made it
 
     def over_run(self, m: "Model", samples: float) -> float:
         """Throughput of a run of ``samples`` samples: start-up (measured at the fit) plus
@@ -82,8 +100,10 @@ def compute_on_cpu(v: VariantResult, machine: MachineInfo) -> bool:
     return "model.step_ms" not in v.emulated and not machine.gpu
 
 
-def fit(v: VariantResult, machine: MachineInfo) -> Model:
-    """Per-sample costs from the variant's full runs (medians over repeats)."""
+def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = None) -> Model:
+    """Per-sample costs from the variant's full runs (medians over repeats). ``dataset`` (the
+    result's) gives the work items' size, so whole runs are replayed item by item and the fit
+    is calibrated against the measured epoch; without it, the steady formula alone."""
     reps = v.repeats
     s = lambda key: _median(getattr(f.stage_s, key) / max(f.samples, 1) for f in reps)  # noqa: E731
     fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
@@ -120,10 +140,27 @@ def fit(v: VariantResult, machine: MachineInfo) -> Model:
         startup_s=_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
         p_solo=v.trainer_solo.data_s_per_sample if v.trainer_solo else None,
         solo_item_s=v.trainer_solo.item_s if v.trainer_solo else None,
+        fit_variants=[v.name],
+        item_rows=item_rows(v, dataset),
+        batch_rows=_median(f.samples / f.batches for f in reps if f.batches) if reps else 0.0,
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
+    if not math.isfinite(raw.batch_rows):
+        raw = replace(raw, batch_rows=0.0)
+    samples = _median(f.samples for f in reps)
+    epoch = _median(f.epoch_s for f in reps)
+    if raw.item_rows and raw.fit_workers >= 1 and math.isfinite(epoch) and epoch > 0:
+        return calibrate_run(raw, epoch, samples)
     return calibrate(raw, _median(f.steady_throughput_samples_s for f in reps))
+
+
+def item_rows(v: VariantResult, dataset: DatasetInfo | None) -> float:
+    """Samples the trainer gets from one work item (a row group, after filters)."""
+    if dataset is None or not dataset.shards or not dataset.rows:
+        return 0.0
+    ratio = v.stage_rates.rows_out_per_row_in
+    return dataset.rows / dataset.shards * (ratio if ratio and math.isfinite(ratio) else 1.0)
 
 
 def calibrate(m: Model, measured_steady: float) -> Model:
@@ -155,8 +192,37 @@ def calibrate(m: Model, measured_steady: float) -> Model:
     return m
 
 
-def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
-            storage_cap_mb_s: float | None = None, cores: float | None = None) -> Prediction:
+def contention_factor(m: Model, sigma: float, workers: float, busy: float | None = None) -> float:
+    """f(N) of the module docstring: per-sample cost at N busy producers relative to the fit's.
+    ``busy``: the busy cores that contend (default min(N, the fit machine's cores); producers
+    on other machines contend only with their own node's)."""
+    if not sigma:
+        return 1.0
+    b = min(workers, m.cores) if busy is None else busy
+    ref = min(m.fit_workers, m.cores)
+    return (1.0 + sigma * (max(b, 1.0) - 1.0)) / (1.0 + sigma * (max(ref, 1.0) - 1.0))
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """Per-sample costs at one configuration, and the steady terms they give."""
+
+    x: float                     # predicted steady throughput
+    terms: dict[str, float]      # each bound's rate (N >= 1)
+    binding: str
+    p_serial: float              # N = 0: the trainer's data work per sample
+    t: float                     # the trainer's seconds per sample
+    p_wall: float
+    p_cpu: float
+    stages: dict[str, float]
+    heaviest: str
+    f_p: float
+    cores: float
+
+
+def _costs(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
+           storage_cap_mb_s: float | None = None, cores: float | None = None,
+           busy_cores: float | None = None) -> _Costs:
     fetch_wall = m.stage_wall["fetch"]
     io = m.io_wait
     if bandwidth_mb_s:
@@ -165,6 +231,7 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         io = io_new
     fetch_cpu_share = m.p_cpu * (m.stage_wall["fetch"] - m.io_wait) / max(m.p_wall - m.io_wait, 1e-12)
     fetch_wall *= (1.0 - cache)
+    io *= (1.0 - cache)
     p_wall = fetch_wall + m.stage_wall["preprocess"] + m.stage_wall["transfer"]
     p_cpu = m.p_cpu - cache * fetch_cpu_share
     cores = cores if cores is not None else m.cores
@@ -172,53 +239,167 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
               "transfer": m.stage_wall["transfer"]}
     heaviest = max(stages, key=stages.get)
     t_trainer = m.t_trainer + m.t_extra
-    binding = "serial"
     if workers == 0:
         # No loader: no hand-off overhead, and the data work runs uncontended in the trainer's
         # own process, at the rate measured there when the model has it (scaled by the same
         # cache/bandwidth changes as the workers' rate). Not calibrated: the fit point's gap
         # is about hand-off, which does not exist here.
-        t_trainer -= m.stage_wall["overhead"]
-        source = "measured in a worker"
+        t = t_trainer - m.stage_wall["overhead"]
         if m.p_solo and m.p_wall > 0:
             p_wall = m.p_solo * (p_wall / m.p_wall)
-            source = "measured in the trainer's process"
-        x = 1.0 / (p_wall + t_trainer)
+        return _Costs(1.0 / (p_wall + t), {}, "serial", p_wall, t, p_wall, p_cpu, stages,
+                      heaviest, 1.0, cores)
+    f_p = contention_factor(m, m.contention_producer, workers, busy_cores)
+    f_t = contention_factor(m, m.contention_trainer, workers, busy_cores)
+    p_wall = io + (p_wall - io + m.p_extra) * f_p
+    p_cpu *= f_p
+    t = t_trainer * f_t
+    cores *= m.cores_scale
+    terms = {
+        "workers": workers / p_wall if p_wall > 0 else math.inf,
+        "cores": cores / (p_cpu + m.t_cpu * f_t) if p_cpu + m.t_cpu > 0 else math.inf,
+        "trainer": 1.0 / t if t > 0 else math.inf,
+    }
+    if storage_cap_mb_s and m.io_bytes:
+        terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
+    binding = min(terms, key=terms.get)
+    return _Costs(terms[binding], terms, binding, math.nan, t, p_wall, p_cpu, stages, heaviest,
+                  f_p, cores)
+
+
+def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
+            storage_cap_mb_s: float | None = None, cores: float | None = None,
+            busy_cores: float | None = None) -> Prediction:
+    c = _costs(m, workers, cache=cache, bandwidth_mb_s=bandwidth_mb_s,
+               storage_cap_mb_s=storage_cap_mb_s, cores=cores, busy_cores=busy_cores)
+    x, heaviest, stages = c.x, c.heaviest, c.stages
+    contended = f" ({c.f_p - 1:+.0%} contention)" if abs(c.f_p - 1) >= 0.005 else ""
+    if workers == 0:
+        source = ("measured in the trainer's process" if m.p_solo and m.p_wall > 0
+                  else "measured in a worker")
         # the same rule as the attribution's: a stall share under 5% is compute-bound, so
         # the table never says "0% stall" beside "bound by fetch"
         bound = heaviest if 1.0 - x * m.compute >= 0.05 else "compute"
-        why = (f"no workers: the trainer does {p_wall * 1e6:.1f} us/sample of data work "
-               f"({source}; {heaviest} heaviest) before each {t_trainer * 1e6:.1f} us/sample step")
+        why = (f"no workers: the trainer does {c.p_serial * 1e6:.1f} us/sample of data work "
+               f"({source}; {heaviest} heaviest) before each {c.t * 1e6:.1f} us/sample step")
+    elif c.binding == "trainer":
+        data_t = m.stage_wall["transfer_trainer"] + m.stage_wall["overhead"]
+        bound = "compute" if m.compute >= data_t else "transfer"
+        why = (f"the trainer binds: {m.compute * 1e6:.1f} us/sample compute + "
+               f"{data_t * 1e6:.1f} us/sample trainer-side data work")
+    elif c.binding == "workers":
+        bound = heaviest
+        why = (f"{workers} worker(s) at {c.p_wall * 1e6:.1f} us/sample each{contended} "
+               f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
+    elif c.binding == "cores":
+        bound = heaviest
+        why = (f"CPU-bound: {c.p_cpu * 1e6:.1f} + {m.t_cpu * 1e6:.1f} us CPU/sample on "
+               f"{c.cores:.3g} cores{contended} ({heaviest} heaviest)")
     else:
-        p_wall += m.p_extra
-        cores *= m.cores_scale
-        terms = {
-            "workers": workers / p_wall if p_wall > 0 else math.inf,
-            "cores": cores / (p_cpu + m.t_cpu) if p_cpu + m.t_cpu > 0 else math.inf,
-            "trainer": 1.0 / t_trainer if t_trainer > 0 else math.inf,
-        }
-        if storage_cap_mb_s and m.io_bytes:
-            terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
-        binding = min(terms, key=terms.get)
-        x = terms[binding]
-        if binding == "trainer":
-            data_t = m.stage_wall["transfer_trainer"] + m.stage_wall["overhead"]
-            bound = "compute" if m.compute >= data_t else "transfer"
-            why = (f"the trainer binds: {m.compute * 1e6:.1f} us/sample compute + "
-                   f"{data_t * 1e6:.1f} us/sample trainer-side data work")
-        elif binding == "workers":
-            bound = heaviest
-            why = (f"{workers} worker(s) at {p_wall * 1e6:.1f} us/sample each "
-                   f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
-        elif binding == "cores":
-            bound = heaviest
-            why = (f"CPU-bound: {p_cpu * 1e6:.1f} + {m.t_cpu * 1e6:.1f} us CPU/sample on "
-                   f"{cores:.3g} cores ({heaviest} heaviest)")
-        else:
-            bound = "fetch"
-            why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
+        bound = "fetch"
+        why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
     stall = max(0.0, 1.0 - x * m.compute) if math.isfinite(x) else 0.0
-    return Prediction(workers, x, stall, bound, why, binding)
+    return Prediction(workers, x, stall, bound, why, c.binding if workers else "serial", m.kind)
+
+
+@dataclass(frozen=True)
+class RunPrediction:
+    """What a whole run of ``samples`` samples would measure (PREDICTED)."""
+
+    n: int
+    whole_samples_s: float       # samples / epoch
+    steady_samples_s: float      # after the first batch, as a run measures it
+    first_batch_s: float
+    model: str
+    replayed: bool               # item by item (schedule) or the steady formula + start-up
+
+
+def start_s(m: Model, workers: int) -> float:
+    """Start-up before the first item begins at ``workers`` producers (grows per worker when
+    the contention fit measured it grow)."""
+    return max(m.start_fixed_s + m.startup_per_worker_s * (workers - m.fit_workers), 0.0)
+
+
+def predict_run(m: Model, workers: int, samples: float, **kw: Any) -> RunPrediction:
+    """A whole run: replayed item by item (``schedule``) when the model knows the items, else
+    the steady rate plus the start-up measured at the fit."""
+    c = _costs(m, workers, **kw)
+    if workers == 0:
+        p = c.p_serial
+        start = 0.0
+    else:
+        producers = min(v for k, v in c.terms.items() if k != "trainer")
+        p = workers / producers if producers > 0 else math.inf
+        start = start_s(m, workers)
+    sch = schedule.simulate(workers=workers, samples=samples, item_rows=m.item_rows, p=p,
+                            t=c.t, start_s=start) if m.item_rows else None
+    if sch is not None:
+        return RunPrediction(workers, sch.throughput_samples_s,
+                             sch.steady_samples_s(m.batch_rows or m.item_rows, c.t),
+                             sch.first_batch_s, m.kind, True)
+    x = c.x
+    if workers == 0:
+        first = m.solo_item_s or m.startup_s
+    else:
+        first = max(m.startup_s + m.startup_per_worker_s * (workers - m.fit_workers), 0.0)
+    whole = samples / (first + samples / x) if math.isfinite(x) and x > 0 and samples > 0 else x
+    return RunPrediction(workers, whole, x, first, m.kind, False)
+
+
+def calibrate_run(m: Model, epoch_s: float, samples: float) -> Model:
+    """``calibrate`` for a model that knows its work items: the gap between the replayed run
+    and the measured epoch at the fit (the cleanest figure a run has: no definition of "steady"
+    in it) goes to the term that binds there. The start-up before the first item is what the
+    measured time to the first batch leaves after the first item's (calibrated) production."""
+    n = m.fit_workers
+    binding = predict(m, n).binding
+
+    def derive(mm: Model) -> Model:
+        c = _costs(mm, n)
+        producers = min(v for k, v in c.terms.items() if k != "trainer")
+        first_item = mm.item_rows * n / producers if producers > 0 else 0.0
+        return replace(mm, start_fixed_s=max(mm.startup_s - first_item, 0.0))
+
+    def epoch_of(mm: Model) -> float:
+        r = predict_run(mm, n, samples)
+        return samples / r.whole_samples_s if r.whole_samples_s > 0 else math.inf
+
+    if binding == "workers":
+        field_, lo, hi, scale = "p_extra", -0.5 * m.p_wall, 20 * m.p_wall, 1e6
+    elif binding == "trainer":
+        field_, lo, hi, scale = "t_extra", -0.5 * m.t_trainer, 20 * m.t_trainer, 1e6
+    elif binding == "cores":
+        field_, lo, hi, scale = "cores_scale", 1.0, 0.02, 1.0   # a smaller share is slower
+    else:
+        return derive(m)
+    at = lambda x: derive(replace(m, **{field_: x}))  # noqa: E731
+    before = epoch_of(at(0.0 if field_ != "cores_scale" else 1.0))
+    e_lo, e_hi = epoch_of(at(lo)), epoch_of(at(hi))
+    if not (math.isfinite(e_lo) and math.isfinite(e_hi)) or abs(e_hi - e_lo) <= 1e-9 * epoch_s:
+        return at(0.0 if field_ != "cores_scale" else 1.0)       # the run does not depend on it
+    if epoch_s <= e_lo:
+        x = lo
+    elif epoch_s >= e_hi:
+        x = hi
+    else:
+        a, b = lo, hi
+        for _ in range(80):
+            mid = (a + b) / 2
+            if epoch_of(at(mid)) < epoch_s:
+                a = mid
+            else:
+                b = mid
+        x = (a + b) / 2
+    out = at(x)
+    gap = epoch_s / before - 1.0 if before > 0 else math.nan   # replayed rate vs measured
+    said = f"(replayed run {gap:+.0%} vs the measured run at the fit)"
+    if field_ == "p_extra":
+        text = f"producers {x * scale:+.1f} us/sample outside the stage timers {said}"
+    elif field_ == "t_extra":
+        text = f"trainer {x * scale:+.1f} us/sample outside its measured parts {said}"
+    else:
+        text = f"the CPU work got {x:.0%} of the cores {said}"
+    return replace(out, calibration=text)
 
 
 def knee(m: Model, candidates: Sequence[int], *,
@@ -255,56 +436,87 @@ def _group_key(v: VariantResult) -> tuple:
     return tuple(sorted(items))
 
 
-def _point(p: Prediction) -> WhatIfPoint:
-    return WhatIfPoint(n=p.n, predicted_samples_s=p.throughput_samples_s,
-                       stall_share=p.stall_share, bound_by=p.bound_by, why=p.why, binding=p.binding)
+def _point(p: Prediction, log_half_width: float | None = None) -> WhatIfPoint:
+    x = p.throughput_samples_s
+    band = log_half_width is not None and math.isfinite(x)
+    return WhatIfPoint(n=p.n, predicted_samples_s=x,
+                       stall_share=p.stall_share, bound_by=p.bound_by, why=p.why, binding=p.binding,
+                       model=p.model,
+                       low_samples_s=x * math.exp(-log_half_width) if band else None,
+                       high_samples_s=x * math.exp(log_half_width) if band else None)
 
 
-def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
-    """Fit on the smallest worker/node count of each group of variants, predict the others,
-    and store predicted vs measured with the error; also a predicted curve and its knee."""
+def scaling_group(result: Result) -> list[VariantResult]:
+    """The largest set of measured variants that differ only in their producer count (one
+    scaling curve), fewest producers first; empty when no curve has two counts."""
     groups: dict[tuple, list[VariantResult]] = {}
     for v in result.variants:
         if v.repeats and v.repeats[0].samples:
             groups.setdefault(_group_key(v), []).append(v)
     best = max(groups.values(), key=len, default=[])
     if len(best) < 2 or len({workers_of(v) for v in best}) < 2:
+        return []
+    return sorted(best, key=workers_of)
+
+
+def check(m: Model, v: VariantResult) -> WhatIfCheck:
+    """A measured variant against the model's prediction of its whole run and steady figure."""
+    n = workers_of(v)
+    p = predict(m, n)
+    run = predict_run(m, n, _median(f.samples for f in v.repeats))
+    got = v.throughput_samples_s.median
+    # The model predicts a steady rate; a run's epoch also holds the time to the first batch
+    # and rounds of work items, so the run is replayed (``predict_run``) for the whole-run
+    # comparison (the headline) and for the steady figure as the run measured it.
+    steady = _median(f.steady_throughput_samples_s for f in v.repeats)
+    return WhatIfCheck(
+        n=n, variant=v.name, measured_samples_s=got,
+        predicted_samples_s=p.throughput_samples_s,
+        predicted_run_samples_s=run.whole_samples_s,
+        error=(run.whole_samples_s - got) / got if got else None,
+        measured_steady_samples_s=steady,
+        steady_error=(run.steady_samples_s - steady) / steady
+        if math.isfinite(steady) and steady else None,
+        is_fit=v.name in m.fit_variants, bound_by=p.bound_by, model=m.kind,
+        predicted_steady_samples_s=run.steady_samples_s)
+
+
+def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
+    """Fit the richest what-if model the scaling curve allows (``whatif_models.fit_best``:
+    contention from two or more producer counts, else one-point), store predicted vs measured
+    for every point, back-test each point with a fit that leaves it out (``backtest``), and
+    draw the predicted curve, its interval and its knee."""
+    from . import backtest, whatif_models
+
+    best = scaling_group(result)
+    if not best:
         return None
-    best.sort(key=workers_of)
-    fit_v = next((v for v in best if workers_of(v) >= 1), best[0])
-    m = fit(fit_v, result.machine)
+    m = whatif_models.fit_best(best, result.machine, result.dataset)
+    if m is None:
+        return None
     simulated = any(v.executor.nodes_simulated for v in best)
-    measured = []
-    for v in best:
-        p = predict(m, workers_of(v))
-        got = v.throughput_samples_s.median
-        # The model predicts a steady rate; a run's epoch also holds the time to the first
-        # batch, so the epoch comparison adds the start-up measured at the fit. Both
-        # comparisons are stored; the epoch one is the headline.
-        steady = _median(f.steady_throughput_samples_s for f in v.repeats)
-        over_run = p.over_run(m, _median(f.samples for f in v.repeats))
-        measured.append(WhatIfCheck(
-            n=workers_of(v), variant=v.name, measured_samples_s=got,
-            predicted_samples_s=p.throughput_samples_s, predicted_run_samples_s=over_run,
-            error=(over_run - got) / got if got else None,
-            measured_steady_samples_s=steady,
-            steady_error=(p.throughput_samples_s - steady) / steady
-            if math.isfinite(steady) and steady else None,
-            is_fit=v is fit_v, bound_by=p.bound_by))
+    measured = [check(m, v) for v in best]
+    bt = backtest.backtest(best, result.machine, result.dataset)
     ns = list(range(0, axis_max + 1))
     errors = [abs(x.error) for x in measured if not x.is_fit and x.error is not None]
     steady_errors = [abs(x.steady_error) for x in measured
                      if not x.is_fit and x.steady_error is not None]
+    fitted = (f"{m.kind} model fitted on {len(m.fit_variants)} configuration(s) "
+              f"({', '.join(m.fit_variants)})")
+    rest = "the rest predicted" if len(m.fit_variants) < len(best) else "every point was fitted"
+    note = f"{fitted}, {rest}; back-tested by leaving each point out"
+    if simulated:
+        note += "; simulated nodes share this machine's cores"
     return WhatIfValidation(
         label="predicted",
         axis="workers" if not simulated else "simulated node CPUs",
-        fit_variant=fit_v.name,
+        fit_variant=m.fit_variant,
         model=m,
-        points=[_point(predict(m, n)) for n in ns],
+        points=[_point(predict(m, n), bt.interval_log_half_width if bt else None) for n in ns],
         measured=measured,
         max_abs_error=max(errors) if errors else None,
         max_abs_steady_error=max(steady_errors) if steady_errors else None,
         knee=knee(m, ns[1:]),
-        note=("fitted on one configuration, the rest predicted; simulated nodes share this "
-              "machine's cores") if simulated else "fitted on one configuration, the rest predicted",
+        note=note,
+        backtest=bt,
     )

@@ -329,6 +329,17 @@ class WhatIfModel:
     calibration: str = ""
     p_solo: float | None = None
     solo_item_s: float | None = None
+    # --- issue 17: which model this is, its contention terms and the run's work items
+    kind: str = "one-point"      # the registered what-if model that made it ("contention")
+    fit_variants: list[str] = field(default_factory=list)   # every variant the fit used
+    # per-sample cost growth per extra busy core, relative to one busy core (0: none)
+    contention_producer: float = 0.0
+    contention_trainer: float = 0.0
+    startup_per_worker_s: float = 0.0   # time to first batch added per producer beyond the fit's
+    item_rows: float = 0.0       # samples per work item (row group); 0: unknown (fluid only)
+    batch_rows: float = 0.0      # samples per batch
+    start_fixed_s: float = 0.0   # start-up before the first item begins (forks, runtime)
+    contention_fit: str = ""     # how the contention terms were fitted, in words
 
 
 @dataclass
@@ -341,6 +352,10 @@ class WhatIfPoint:
     bound_by: str
     why: str
     binding: str = ""            # the model term that binds: workers, cores, trainer, storage
+    model: str = ""              # the what-if model that made it ("one-point", "contention")
+    # prediction interval of the steady rate from the back-test (None: no back-test)
+    low_samples_s: float | None = None
+    high_samples_s: float | None = None
 
 
 @dataclass
@@ -357,6 +372,47 @@ class WhatIfCheck:
     steady_error: float | None = None
     is_fit: bool = False
     bound_by: str = ""
+    model: str = ""              # the what-if model that made the prediction
+    # the steady figure a run measures (after its first batch), replayed item by item
+    predicted_steady_samples_s: float | None = None
+
+
+@dataclass
+class BackTestPoint:
+    """One measured configuration predicted by a fit that did not see it."""
+
+    n: int
+    variant: str
+    model: str                   # the model the other points allowed
+    fitted_on: list[str]         # the variants that fit used
+    measured_samples_s: float    # whole run (epoch throughput), median of repeats
+    predicted_run_samples_s: float
+    error: float | None          # (predicted - measured) / measured, whole run
+    measured_steady_samples_s: float | None = None
+    predicted_steady_samples_s: float | None = None
+    steady_error: float | None = None
+    # the interval made from the OTHER points' residuals, and whether this point fell in it
+    interval_low_samples_s: float | None = None
+    interval_high_samples_s: float | None = None
+    covered: bool | None = None
+
+
+@dataclass
+class BackTest:
+    """Leave-one-out back-test of a scaling curve (``analysis.backtest`` has the method)."""
+
+    method: str                  # in words
+    points: list[BackTestPoint]
+    max_abs_error: float | None = None
+    mean_abs_error: float | None = None
+    max_abs_steady_error: float | None = None
+    mean_abs_steady_error: float | None = None
+    interval_level: float | None = None       # the level the interval is built for
+    interval_log_half_width: float | None = None   # steady: predicted x exp(+-w)
+    interval_run_log_half_width: float | None = None   # whole run
+    coverage: float | None = None             # share of checked points inside their interval
+    covered: int = 0
+    checked: int = 0
 
 
 @dataclass
@@ -379,6 +435,7 @@ class WhatIfValidation:
     max_abs_error: float | None = None
     max_abs_steady_error: float | None = None
     note: str = ""
+    backtest: BackTest | None = None    # every measured point predicted without it
 
 
 @dataclass
