@@ -5,7 +5,8 @@ configuration i of a curve (variants that differ only in producer count), the ri
 model the OTHER points allow (``whatif_models.fit_best``: contention from two or more counts,
 else one-point) predicts the whole run and its steady figure (``whatif.predict_run``), and the
 errors are (predicted - measured) / measured. Worst and mean absolute errors, whole run and
-steady, summarise them.
+steady, summarise them. A point whose removal leaves no run with producers is not back-tested
+(the what-if fits on runs with producers: a no-worker run alone cannot predict workers).
 
 Prediction interval (jackknife, i.e. leave-one-out conformal; Barber et al., "Predictive
 inference with the jackknife+", 2021): with the n leave-one-out log errors
@@ -27,7 +28,7 @@ import statistics
 from typing import Sequence
 
 from ..results import BackTest, BackTestPoint, DatasetInfo, MachineInfo, VariantResult
-from . import whatif, whatif_models
+from . import whatif_models
 
 LEVEL = 0.9
 METHOD = ("leave-one-out: each measured point predicted by the richest model the other points "
@@ -79,12 +80,14 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
     rows: list[BackTestPoint] = []
     for v in pts:
         others = [o for o in pts if o is not v]
+        if not whatif_models.producer_counts(others):
+            continue     # the what-if fits on a run with producers: none left to fit on
         m = whatif_models.fit_best(others, machine, dataset)
         if m is None:
             continue
-        n = whatif.workers_of(v)
+        n = whatif_models.producers(v)
         samples = _median([f.samples for f in v.repeats])
-        run = whatif.predict_run(m, n, samples)
+        run = whatif_models.predict_run(m, n, samples)
         got = v.throughput_samples_s.median
         steady = _median([f.steady_throughput_samples_s for f in v.repeats])
         rows.append(BackTestPoint(

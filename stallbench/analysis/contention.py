@@ -130,6 +130,7 @@ def trainer_busy_per_sample(f: RepeatFigures) -> float:
 class Contention(ScalingModel):
     name = "contention"
     min_counts = 2
+    predict_run = staticmethod(whatif.predict_run)   # the formulas are the one-point model's
 
     @classmethod
     def fit(cls, variants: Sequence[VariantResult], machine: MachineInfo,

@@ -56,7 +56,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
-from . import schedule
+from . import backtest, schedule
+from .whatif_models import MODELS, ScalingModel, fit_best, reference
 
 
 # The fitted model is result data (stored with the validation): its fields live in the schema.
@@ -436,6 +437,21 @@ def _group_key(v: VariantResult) -> tuple:
     return tuple(sorted(items))
 
 
+@MODELS.register("one-point")
+class OnePoint(ScalingModel):
+    """The bottleneck model above, fitted on one configuration: the fewest producers >= 1."""
+
+    name = "one-point"
+    min_counts = 1
+    predict_run = staticmethod(predict_run)
+
+    @classmethod
+    def fit(cls, variants: Sequence[VariantResult], machine: MachineInfo,
+            dataset: DatasetInfo | None = None) -> Model | None:
+        ref = reference(variants)
+        return fit(ref, machine, dataset) if ref is not None else None
+
+
 def _point(p: Prediction, log_half_width: float | None = None) -> WhatIfPoint:
     x = p.throughput_samples_s
     band = log_half_width is not None and math.isfinite(x)
@@ -486,12 +502,10 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     contention from two or more producer counts, else one-point), store predicted vs measured
     for every point, back-test each point with a fit that leaves it out (``backtest``), and
     draw the predicted curve, its interval and its knee."""
-    from . import backtest, whatif_models
-
     best = scaling_group(result)
     if not best:
         return None
-    m = whatif_models.fit_best(best, result.machine, result.dataset)
+    m = fit_best(best, result.machine, result.dataset)
     if m is None:
         return None
     simulated = any(v.executor.nodes_simulated for v in best)

@@ -5,10 +5,13 @@ their producer count) into a fitted ``WhatIfModel``; ``whatif.predict`` / ``pred
 predict any count from it, and every prediction carries the name of the model that made it
 (``WhatIfModel.kind``). Two are registered:
 
-- ``one-point`` (``whatif.fit``): the bottleneck model fitted on ONE configuration (the fewest
-  producers >= 1), calibrated there. Needs one measured producer count.
+- ``one-point`` (registered in ``whatif``, beside its formulas): the bottleneck model fitted on
+  ONE configuration (the fewest producers >= 1), calibrated there. Needs one measured count.
 - ``contention`` (``contention.py``): the same, plus per-sample costs that grow with busy
   cores, fitted on every measured producer count. Needs two.
+
+This module knows no model (they import it to register; ``stallbench.analysis`` imports them
+all), so the back-test and the validation can use any model without an import cycle.
 
 ``fit_best`` takes the richest model the points allow (contention, else one-point): a scenario
 with one measured count still gets a prediction, and says which model made it.
@@ -16,15 +19,15 @@ with one measured count still gets a prediction, and says which model made it.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 from ..registry import Registry
 from ..results import DatasetInfo, MachineInfo, VariantResult, WhatIfModel
-from . import whatif
 
 
 class ScalingModel:
-    """The interface: a name, the measured producer counts it needs, and ``fit``."""
+    """The interface: a name, the measured producer counts it needs, ``fit`` and
+    ``predict_run`` (what a whole run at N producers would measure)."""
 
     name: ClassVar[str]
     min_counts: ClassVar[int] = 1
@@ -35,48 +38,47 @@ class ScalingModel:
         """A fitted model, or None when these points cannot fit it (too few counts)."""
         raise NotImplementedError
 
+    @classmethod
+    def predict_run(cls, m: WhatIfModel, workers: int, samples: float, **kw: Any) -> Any:
+        """A ``whatif.RunPrediction`` of a whole run of ``samples`` samples."""
+        raise NotImplementedError
+
 
 MODELS: Registry[type[ScalingModel]] = Registry("what-if model")
 PREFERENCE = ("contention", "one-point")      # fit_best tries these in order
 
 
+def producers(v: VariantResult) -> int:
+    """Producers working in parallel outside the trainer, as the executor reported them."""
+    return v.executor.producer_slots
+
+
 def measured(variants: Sequence[VariantResult]) -> list[VariantResult]:
     """Variants with at least one measured run, fewest producers first."""
-    return sorted((v for v in variants if v.repeats and v.repeats[0].samples),
-                  key=whatif.workers_of)
+    return sorted((v for v in variants if v.repeats and v.repeats[0].samples), key=producers)
 
 
 def producer_counts(variants: Sequence[VariantResult]) -> list[int]:
-    return sorted({whatif.workers_of(v) for v in measured(variants) if whatif.workers_of(v) >= 1})
+    return sorted({producers(v) for v in measured(variants) if producers(v) >= 1})
 
 
 def reference(variants: Sequence[VariantResult]) -> VariantResult | None:
     """The fit point of the one-point model: the fewest producers >= 1 (else the first)."""
     pts = measured(variants)
-    return next((v for v in pts if whatif.workers_of(v) >= 1), pts[0] if pts else None)
+    return next((v for v in pts if producers(v) >= 1), pts[0] if pts else None)
 
 
-@MODELS.register("one-point")
-class OnePoint(ScalingModel):
-    name = "one-point"
-    min_counts = 1
-
-    @classmethod
-    def fit(cls, variants: Sequence[VariantResult], machine: MachineInfo,
-            dataset: DatasetInfo | None = None) -> WhatIfModel | None:
-        ref = reference(variants)
-        return whatif.fit(ref, machine, dataset) if ref is not None else None
+def predict_run(m: WhatIfModel, workers: int, samples: float, **kw: Any) -> Any:
+    """The run prediction of the model that made ``m``."""
+    return MODELS.get(m.kind).predict_run(m, workers, samples, **kw)
 
 
 def fit_best(variants: Sequence[VariantResult], machine: MachineInfo,
              dataset: DatasetInfo | None = None, *, model: str | None = None) -> WhatIfModel | None:
     """The first model of ``PREFERENCE`` (or the one named) that these points can fit."""
-    names = [model] if model else list(PREFERENCE)
+    names = [model] if model else [n for n in PREFERENCE if n in MODELS]
     for name in names:
         m = MODELS.get(name).fit(variants, machine, dataset)
         if m is not None:
             return m
     return None
-
-
-from . import contention  # noqa: E402,F401  (registers "contention")

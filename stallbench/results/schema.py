@@ -19,6 +19,13 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ingestion-free run, not the trainer's measured stall) and ``notes``; ``stage_rates.trainer_solo_*``
   -> ``trainer_solo``; new ``executor`` facts (producer slots, whether there are producers).
   v1 files load through ``migrate.v1_to_v2``.
+  Additions within version 2 (optional, with defaults: older v2 files still load):
+  issue 17: ``WhatIfModel.kind`` (the what-if model: "one-point" or "contention"),
+  ``fit_variants``, ``contention_producer`` / ``contention_trainer`` (sigma per busy core),
+  ``contention_fit``, ``startup_per_worker_s``, ``item_rows``, ``batch_rows``,
+  ``start_fixed_s``; ``WhatIfPoint.model`` and its interval ``low_samples_s`` /
+  ``high_samples_s``; ``WhatIfCheck.model`` and ``predicted_steady_samples_s``;
+  ``WhatIfValidation.backtest`` (``BackTest``: leave-one-out errors and interval coverage).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
