@@ -14,13 +14,13 @@ from .errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import gate, report, run, whatif
+    from .commands import gate, report, run, tune, whatif
 
     p = argparse.ArgumentParser(prog="stallbench",
                                 description="Find out why ML training waits for data, and prove it.")
     p.add_argument("--version", action="version", version=f"stallbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (run, report, gate, whatif):
+    for mod in (run, report, gate, whatif, tune):
         mod.add_parser(sub)
     return p
 

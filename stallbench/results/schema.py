@@ -550,3 +550,93 @@ class Result:
             if v.name == name:
                 return v
         raise KeyError(name)
+
+
+# --------------------------------------------------------------------- tune (issue 17)
+
+@dataclass
+class TuneFigures:
+    """What one measured configuration gave during ``stallbench tune`` (medians of its repeats).
+    ``steady_stall_share`` = 1 - steady rate x compute seconds per sample: the share of the
+    steady state the trainer is not computing, the figure "stall-free" (< 5%) is judged on,
+    because a short run's start-up alone can be 5% of its epoch."""
+
+    throughput_samples_s: float
+    steady_throughput_samples_s: float
+    epoch_s: float
+    samples: int
+    stall_share: float
+    steady_stall_share: float
+    time_to_first_batch_s: float
+    producer_slots: int
+    cpu_nodes: int               # producer nodes a price applies to (0: on the trainer's node)
+    bound_by: str                # attribution's bound, or the what-if's reading of the run
+    bound_from: str              # "attribution" or "what-if"
+    cost_per_epoch: float | None = None   # with prices: one pass over the dataset
+    repeats: int = 1
+
+
+@dataclass
+class TuneStep:
+    """One configuration ``tune`` tried (or skipped), why, and what it gave."""
+
+    step: int
+    variant: str                 # named from the knobs that differ from the base scenario
+    knobs: dict[str, Any]        # every knob that differs from the base scenario
+    change: str                  # what this step changed, "loader.num_workers: 0 -> 2"
+    why: str                     # the reason, from the attribution and the what-if
+    outcome: str                 # "baseline", "better", "not better", "skipped"
+    predicted_samples_s: float | None = None     # whole run, PREDICTED before measuring
+    predicted_by: str = ""       # the what-if model that predicted it ("" none)
+    measured: TuneFigures | None = None
+    error: float | None = None   # (predicted - measured) / measured
+    wall_s: float = 0.0          # time the step took, set-up included
+    foreign_cores: float | None = None   # cores other processes kept busy meanwhile
+
+
+@dataclass
+class TuneRecommendation:
+    variant: str
+    knobs: dict[str, Any]
+    scenario_path: str           # the scenario file written: the base plus these knobs
+    stall_free: bool
+    why: str
+    measured: TuneFigures        # from the search
+    predicted_samples_s: float | None = None     # what the confirmation run should give
+    predicted_by: str = ""       # what-if model, or "search run" (its own measurement)
+
+
+@dataclass
+class TuneConfirmation:
+    """A fresh measured run of the written scenario file."""
+
+    result_path: str
+    measured: TuneFigures
+    predicted_samples_s: float | None
+    error: float | None          # (predicted - measured) / measured
+    within_goal: bool | None     # |error| <= 10%
+    foreign_cores: float | None = None   # cores other processes kept busy meanwhile
+
+
+@dataclass
+class TuneResult:
+    """``stallbench tune``: the search, the recommendation and its confirmation. Saved like a
+    run's result (atomically) under ``tune/`` of the result directory, so the directory's
+    run results stay one kind of file."""
+
+    schema_version: int
+    kind: str                    # "tune"
+    tool: ToolInfo
+    created_utc: str
+    scenario: ScenarioInfo
+    machine: MachineInfo
+    budget_s: float
+    wall_s: float
+    cpu_node_cost: float | None
+    gpu_node_cost: float | None
+    steps: list[TuneStep]
+    stopped_because: str
+    recommendation: TuneRecommendation | None = None
+    confirmation: TuneConfirmation | None = None
+    # cores other processes kept busy during the whole tune: the what-if assumes none
+    foreign_cores: float | None = None
