@@ -433,9 +433,12 @@ class Tuner:
             out.append(_Candidate("loader.batch_format", "single_buffer",
                                   "one buffer per batch: fewer bytes copied and pickled between "
                                   "producer and trainer, zero-copy to unpack"))
-        if ld.collate == "trainer":
+        if ld.collate == "trainer" and best.figures.producer_slots > 0:
             out.append(_Candidate("loader.collate", "producer",
                                   "collate on the producers, off the trainer's critical path"))
+        elif ld.collate == "trainer":
+            self._skip("collate on the producers: with no workers the trainer is the producer, "
+                       "so it would move nothing off the trainer (tried with workers)")
         if ld.prefetch_batches == 0:
             out.append(_Candidate("loader.prefetch_batches", 2,
                                   "a trainer-side preload thread unpacks the next batches while "
@@ -565,8 +568,8 @@ class Tuner:
         why = (f"{cost}: steady stall {best.figures.steady_stall_share:.1%}, "
                f"{best.figures.throughput_samples_s:,.0f} samples/s")
         text = scenario_text(self.sc, best.knobs,
-                             f"{self.sc.description or self.sc.name} Tuned: "
-                             f"{variant_name(best.knobs)}.")
+                             f"{self.sc.description or self.sc.name} (tuned: "
+                             f"{variant_name(best.knobs)})")
         parsed = parse_scenario(text, "<tuned>")
         if parsed.base != best.cfg:      # the file must say exactly what was measured
             raise AssertionError("tune: the written scenario does not resolve to the recommended "
