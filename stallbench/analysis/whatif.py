@@ -497,6 +497,9 @@ def check(m: Model, v: VariantResult) -> WhatIfCheck:
         predicted_steady_samples_s=run.steady_samples_s)
 
 
+IN_SAMPLE_WARN = 0.15     # a fit point missed by more than this is said in the note
+
+
 def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     """Fit the richest what-if model the scaling curve allows (``whatif_models.fit_best``:
     contention from two or more producer counts, else one-point), store predicted vs measured
@@ -519,6 +522,11 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
               f"({', '.join(m.fit_variants)})")
     rest = "the rest predicted" if len(m.fit_variants) < len(best) else "every point was fitted"
     note = f"{fitted}, {rest}; back-tested by leaving each point out"
+    inside = [abs(x.error) for x in measured if x.is_fit and x.error is not None]
+    if inside and max(inside) > IN_SAMPLE_WARN:
+        note += (f"; the model misses its own fit points by up to {max(inside):.0%}: their "
+                 f"per-sample costs do not explain their rates (other processes taking the "
+                 f"cores the model assumes free?)")
     if simulated:
         note += "; simulated nodes share this machine's cores"
     return WhatIfValidation(
