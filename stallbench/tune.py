@@ -466,11 +466,16 @@ class Tuner:
     def left(self) -> float:
         return self.deadline - time.perf_counter()
 
+    def setup_estimate(self) -> float:
+        """Set-up time of one step (executor start, solo probe, dataset open): from the steps
+        without ablations once there is one (the baseline's also built the ablation caches)."""
+        plain = [p.setup_s for p in self.points if not p.vr.ablations]
+        return max(plain) if plain else max(p.setup_s for p in self.points)
+
     def estimate(self, cfg: Config, predicted: float | None, best: _Point) -> float:
         samples = best.figures.samples
         epoch = samples / predicted if predicted else best.figures.epoch_s
-        setup = max(p.setup_s for p in self.points)
-        return (epoch + setup) * MARGIN
+        return (epoch + self.setup_estimate()) * MARGIN
 
     # ------------------------------------------------------------------------ the run
     def record(self, cfg: Config, vr: VariantResult, wall: float, change: str, why: str,
@@ -590,7 +595,7 @@ class Tuner:
     def confirm(self, rec: TuneRecommendation, path: Path) -> TuneConfirmation:
         sc = load_scenario(path)            # the file as written: valid and loadable
         check_scenario(sc)
-        est = rec.measured.epoch_s + max(p.setup_s for p in self.points)
+        est = rec.measured.epoch_s + self.setup_estimate()
         repeats = max(1, min(sc.base.run.repeats, int(self.left() // max(est, 1e-9))))
         self.say(f"  confirm: stallbench run {path} ({repeats} repeat(s), no ablations)")
         with ForeignLoad() as load:
