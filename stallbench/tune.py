@@ -479,7 +479,7 @@ class Tuner:
 
     # ------------------------------------------------------------------------ the run
     def record(self, cfg: Config, vr: VariantResult, wall: float, change: str, why: str,
-               predicted: float | None, predicted_by: str) -> _Point:
+               predicted: float | None, predicted_by: str, tried: str) -> _Point:
         fig = self.figures(vr)
         prev = self.best() if self.points else None
         err = (predicted / fig.throughput_samples_s - 1.0
@@ -496,11 +496,11 @@ class Tuner:
         if prev is not None:
             step.outcome = "better" if self.best() is point else "not better"
         self.tried.add(vr.name)
-        pred = (f"; predicted {predicted:,.0f} ({predicted_by}), error {err:+.0%}"
+        pred = (f" vs {predicted:,.0f} PREDICTED ({predicted_by}), error {err:+.0%}"
                 if predicted and err is not None else "")
-        self.say(f"    measured {vr.name}: {fig.throughput_samples_s:,.0f} samples/s, "
-                 f"steady stall {fig.steady_stall_share:.0%} ({fig.bound_by}-bound, from the "
-                 f"{fig.bound_from}){pred}"
+        self.say(f"  step {step.step}: {tried} => measured {fig.throughput_samples_s:,.0f} "
+                 f"samples/s{pred}, steady stall {fig.steady_stall_share:.0%} ({fig.bound_by}-bound,"
+                 f" from the {fig.bound_from})"
                  + (f"; cost/epoch {fig.cost_per_epoch:.4g}" if fig.cost_per_epoch is not None else "")
                  + f" -> {step.outcome} [{wall:.0f} s"
                  + (f"; other processes used {self.last_foreign:.1f} of {self.machine.cores:g} "
@@ -510,11 +510,11 @@ class Tuner:
     def search(self) -> str:
         base = self.sc.base
         analyze = base.analysis.differential and self.opts.budget_s >= ATTRIBUTION_BUDGET_S
-        self.say(f"  step 1: baseline {self.sc.name} (base scenario, no matrix), 1 repeat"
-                 + (", with the differential attribution" if analyze else
-                    " (budget under 4 min: the bound is read by the what-if, no ablations)"))
+        tried = (f"baseline {self.sc.name} (base scenario, no matrix, 1 repeat"
+                 + (", with the differential attribution)" if analyze else
+                    "; budget under 4 min: the bound read by the what-if, no ablations)"))
         vr, wall = self._measure(base, analyze)
-        self.record(base, vr, wall, "baseline", "the base scenario", None, "")
+        self.record(base, vr, wall, "baseline", "the base scenario", None, "", tried)
         while True:
             best = self.best()
             cands = [c for c in self.candidates(best)
@@ -533,10 +533,7 @@ class Tuner:
                         f"confirmation (~{reserve:.0f} s) do not fit in the {self.left():.0f} s left")
             old = best.cfg.get(c.key)
             change = f"{c.key}: {_fmt(old)} -> {_fmt(c.value)}"
-            pred = (f", predicted {c.predicted_samples_s:,.0f} samples/s ({c.predicted_by})"
-                    if c.predicted_samples_s else "")
-            self.say(f"  step {len(self.steps) + 1}: try {change} on {best.name} "
-                     f"({best.figures.bound_by}-bound): {c.why}{pred}")
+            tried = f"{change} on {best.name} ({best.figures.bound_by}-bound; {c.why})"
             try:
                 vr, wall = self._measure(cfg, False)
             except Exception as exc:  # noqa: BLE001 - a config that cannot run is a finding
@@ -547,9 +544,9 @@ class Tuner:
                 self.steps.append(TuneStep(step=len(self.steps) + 1, variant=name,
                                            knobs=knob_diff(base, cfg), change=change, why=c.why,
                                            outcome=f"skipped: failed ({type(exc).__name__}: {exc})"))
-                self.say(f"    failed: {type(exc).__name__}: {exc}")
+                self.say(f"  step {len(self.steps)}: {tried} => failed: {type(exc).__name__}: {exc}")
                 continue
-            self.record(cfg, vr, wall, change, c.why, c.predicted_samples_s, c.predicted_by)
+            self.record(cfg, vr, wall, change, c.why, c.predicted_samples_s, c.predicted_by, tried)
 
     def predict_point(self, point: _Point) -> tuple[float, str]:
         """What a fresh run of a measured configuration should give: the what-if fitted on the

@@ -117,6 +117,9 @@ def test_tune_end_to_end_finds_the_naive_format_and_confirms(tmp_path: Path) -> 
     for line in ("step 1: baseline", "recommendation:", "confirmation: measured",
                  "tune result:"):
         assert line in out, out
+    steps = [line for line in out.splitlines() if line.startswith("  step ")]
+    assert len(steps) == len(results.load_tune(next((tmp_path / "out" / "tune").glob("*.json")))
+                             .steps), "one line per step"
     tr = results.load_tune(next((tmp_path / "out" / "tune").glob("*.json")))
     assert tr.kind == "tune" and tr.steps[0].outcome == "baseline"
     assert tr.steps[0].measured.bound_by == "transfer", out
