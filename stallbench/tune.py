@@ -551,10 +551,12 @@ class Tuner:
     def predict_point(self, point: _Point) -> tuple[float, str]:
         """What a fresh run of a measured configuration should give: the what-if fitted on the
         search's runs of its family (every producer count of it when the contention model
-        applies; the point alone when it has no producers), run over the same samples."""
-        fam = [p.vr for p in self.family(point.cfg)]
+        applies), run over the same samples; with no producers, the point's own search run."""
         if point.figures.producer_slots == 0:
-            fam = [point.vr]
+            # no producers: nothing to scale, and a no-worker fit is not calibrated (its gap
+            # would be hand-off, which it has none of): its own search run is the prediction
+            return point.figures.throughput_samples_s, "search run (no producers to scale)"
+        fam = [p.vr for p in self.family(point.cfg)]
         m = fit_best(fam, self.machine, self.dataset)
         if m is None:
             return point.figures.throughput_samples_s, "search run"
