@@ -41,8 +41,27 @@ i.e. where the trainer term binds. ``cache`` removes that share of the fetch cos
 ``cpus_per_node`` cores and workers each when they are real machines (``producer_cores =
 "own"``: the core budget at N producer slots is cores + N); simulated nodes, and `ray start`
 nodes on the trainer's own host, share its cores. Validation points with more producer slots
-than the cores they share are oversubscribed: stored, marked, and left out of the error. The limits: no contention model beyond a core budget, no memory bandwidth, no
-network between nodes except what the trainer-side transfer measured.
+than the cores they share are oversubscribed: stored and marked, but left out of the error
+and of the fit (while other points remain to fit on).
+
+Contention (issue 17; fitted by the "contention" model of ``whatif_models`` from two or more
+measured producer counts, zero for the "one-point" model): each producer's CPU cost per sample,
+and the trainer's time per sample, grow with the cores that are busy, as in the contention term
+of the universal scalability law (Gunther), relative to the fit point N_fit:
+
+    b(N) = min(P(N), cores)          # busy producer cores; P(N): the producers (R x N with
+                                     # a loader per rank); real nodes ("own"): min(P, cpus_per_node)
+    f(N) = (1 + sigma * (b(N) - 1)) / (1 + sigma * (b(N_fit) - 1))
+    p_wall(N) = io_wait + (p_wall - io_wait + p_extra) * f_p(N);  p_cpu(N) = p_cpu * f_p(N)
+    t_trainer(N) = (t_trainer + t_extra) * f_t(N)
+
+so per-producer throughput is 1 / (1 + sigma (b - 1)) of a lone producer's: sigma = 0 is the
+one-point model, sigma = 0.01 loses 1% per extra busy core. Storage waits use no core and do
+not grow. What a whole run measures (start-up, rounds of work items, the steady figure after
+the first batch) is replayed item by item by ``schedule.simulate`` (``predict_run``); the
+formulas above give its per-sample costs (R ranks are replayed as one trainer R times as fast:
+they are assumed to keep pace). The limits: no memory bandwidth model beyond what sigma
+absorbs, no network between nodes except what the trainer-side transfer measured.
 """
 
 from __future__ import annotations
@@ -51,8 +70,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
-from ..results import (Knee, MachineInfo, Result, VariantResult, WhatIfCheck, WhatIfModel,
-                       WhatIfPoint, WhatIfValidation)
+from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
+                       WhatIfModel, WhatIfPoint, WhatIfValidation)
+from . import backtest, schedule
+from .whatif_models import MODELS, ScalingModel, fit_best, fit_points, oversubscribed, reference
 
 
 # The fitted model is result data (stored with the validation): its fields live in the schema.
@@ -67,6 +88,7 @@ class Prediction:
     bound_by: str
     why: str
     binding: str = ""            # the model term that binds: workers, cores, trainer, storage
+    model: str = "one-point"     # the what-if model that made it
 
     def over_run(self, m: "Model", samples: float) -> float:
         """Throughput of a run of ``samples`` samples: start-up (measured at the fit) plus
@@ -105,8 +127,10 @@ def compute_on_cpu(v: VariantResult, machine: MachineInfo) -> bool:
     return "model.step_ms" not in v.emulated and not machine.gpu
 
 
-def fit(v: VariantResult, machine: MachineInfo) -> Model:
-    """Per-sample costs from the variant's full runs (medians over repeats)."""
+def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = None) -> Model:
+    """Per-sample costs from the variant's full runs (medians over repeats). ``dataset`` (the
+    result's) gives the work items' size, so whole runs are replayed item by item and the fit
+    is calibrated against the measured epoch; without it, the steady formula alone."""
     reps = v.repeats
     s = lambda key: _median(getattr(f.stage_s, key) / max(f.samples, 1) for f in reps)  # noqa: E731
     fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
@@ -155,10 +179,27 @@ def fit(v: VariantResult, machine: MachineInfo) -> Model:
         solo_item_s=v.trainer_solo.item_s if v.trainer_solo else None,
         ranks=ranks, producers_per_rank=v.ranks.producers_per_rank if v.ranks else True,
         producer_cores="shared" if v.executor.producers_share_cores else "own",
+        fit_variants=[v.name],
+        item_rows=item_rows(v, dataset),
+        batch_rows=_median(f.samples / f.batches for f in reps if f.batches) if reps else 0.0,
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
+    if not math.isfinite(raw.batch_rows):
+        raw = replace(raw, batch_rows=0.0)
+    samples = _median(f.samples for f in reps)
+    epoch = _median(f.epoch_s for f in reps)
+    if raw.item_rows and raw.fit_workers >= 1 and math.isfinite(epoch) and epoch > 0:
+        return calibrate_run(raw, epoch, samples)
     return calibrate(raw, _median(f.steady_throughput_samples_s for f in reps))
+
+
+def item_rows(v: VariantResult, dataset: DatasetInfo | None) -> float:
+    """Samples the trainer gets from one work item (a row group, after filters)."""
+    if dataset is None or not dataset.shards or not dataset.rows:
+        return 0.0
+    ratio = v.stage_rates.rows_out_per_row_in
+    return dataset.rows / dataset.shards * (ratio if ratio and math.isfinite(ratio) else 1.0)
 
 
 def calibrate(m: Model, measured_steady: float) -> Model:
@@ -184,18 +225,61 @@ def calibrate(m: Model, measured_steady: float) -> Model:
             f"trainer {extra * 1e6:+.1f} us/sample outside its measured parts "
             f"(model {gap:+.0%} vs measured steady rate at the fit)"))
     if p.binding == "cores":
-        scale = min(1.0, measured_steady * (m.p_cpu + m.t_cpu) / m.cores)
+        budget = core_budget(m, m.fit_workers)
+        scale = min(1.0, measured_steady * (m.p_cpu + m.t_cpu) / budget)
         return replace(m, cores_scale=scale, calibration=(
             f"the CPU work got {scale:.0%} of the cores (model {gap:+.0%} vs measured steady "
             f"rate at the fit)"))
     return m
 
 
-def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
-            storage_cap_mb_s: float | None = None, cores: float | None = None,
-            ranks: int | None = None) -> Prediction:
-    """``workers``: per rank where each rank has its own (local), else the one pool's size;
-    ``ranks``: data-parallel trainer ranks (default: the fit's)."""
+def core_budget(m: Model, workers: int) -> float:
+    """Cores the CPU work shares at ``workers`` producer slots: real nodes bring their own
+    (one per producer slot); simulated nodes and local workers share the machine's."""
+    return m.cores + workers if m.producer_cores == "own" else m.cores
+
+
+def busy_of(m: Model, workers: float, ranks: int | None = None) -> float:
+    """Busy producer cores that contend, b(N) of the module docstring: the producers at
+    ``workers`` (per rank with a loader per rank), capped by the cores they share; producers
+    on real nodes contend only with their own node's."""
+    total = producers(m, workers, ranks or m.ranks)
+    return min(total, m.cpus_per_node if m.producer_cores == "own" else m.cores)
+
+
+def contention_factor(m: Model, sigma: float, workers: float, busy: float | None = None,
+                      ranks: int | None = None) -> float:
+    """f(N) of the module docstring: per-sample cost at N busy producers relative to the fit's.
+    ``busy``: the busy cores that contend (default ``busy_of``)."""
+    if not sigma:
+        return 1.0
+    b = busy_of(m, workers, ranks) if busy is None else busy
+    ref = busy_of(m, m.fit_workers, m.ranks)
+    return (1.0 + sigma * (max(b, 1.0) - 1.0)) / (1.0 + sigma * (max(ref, 1.0) - 1.0))
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """Per-sample costs at one configuration, and the steady terms they give."""
+
+    x: float                     # predicted steady throughput (the job's, all ranks)
+    terms: dict[str, float]      # each bound's rate (N >= 1)
+    binding: str
+    p_serial: float              # N = 0: one rank's data work per sample
+    t: float                     # one rank's trainer seconds per sample
+    p_wall: float
+    p_cpu: float
+    stages: dict[str, float]
+    heaviest: str
+    f_p: float
+    cores: float
+    ranks: int = 1
+    total: int = 0               # producers working in parallel (all ranks)
+
+
+def _costs(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
+           storage_cap_mb_s: float | None = None, cores: float | None = None,
+           busy_cores: float | None = None, ranks: int | None = None) -> _Costs:
     n_ranks = ranks or m.ranks
     fetch_wall = m.stage_wall["fetch"]
     io = m.io_wait
@@ -205,72 +289,203 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         io = io_new
     fetch_cpu_share = m.p_cpu * (m.stage_wall["fetch"] - m.io_wait) / max(m.p_wall - m.io_wait, 1e-12)
     fetch_wall *= (1.0 - cache)
+    io *= (1.0 - cache)
     p_wall = fetch_wall + m.stage_wall["preprocess"] + m.stage_wall["transfer"]
     p_cpu = m.p_cpu - cache * fetch_cpu_share
     if cores is None:
-        # real nodes bring their own cores (one per producer slot); simulated nodes and local
-        # workers share the machine's
-        cores = m.cores + workers if m.producer_cores == "own" else m.cores
+        cores = core_budget(m, workers)
     stages = {"fetch": fetch_wall, "preprocess": m.stage_wall["preprocess"],
               "transfer": m.stage_wall["transfer"]}
     heaviest = max(stages, key=stages.get)
     t_trainer = m.t_trainer + m.t_extra
-    binding = "serial"
     if workers == 0:
         # No loader: no hand-off overhead, and the data work runs uncontended in the trainer's
         # own process, at the rate measured there when the model has it (scaled by the same
         # cache/bandwidth changes as the workers' rate). Not calibrated: the fit point's gap
-        # is about hand-off, which does not exist here.
-        t_trainer -= m.stage_wall["overhead"]
-        source = "measured in a worker"
+        # is about hand-off, which does not exist here. R ranks each do their own, in
+        # parallel, within the cores.
+        t = t_trainer - m.stage_wall["overhead"]
         if m.p_solo and m.p_wall > 0:
             p_wall = m.p_solo * (p_wall / m.p_wall)
-            source = "measured in the trainer's process"
-        x = n_ranks / (p_wall + t_trainer)
-        # the same rule as the attribution's: a stall share under 5% is compute-bound, so
-        # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
-        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= 0.05 else "compute"
-        why = (f"no workers: the trainer does {p_wall * 1e6:.1f} us/sample of data work "
-               f"({source}; {heaviest} heaviest) before each {t_trainer * 1e6:.1f} us/sample step")
+        x, binding = n_ranks / (p_wall + t), "serial"
         if n_ranks > 1:
-            why = f"{n_ranks} ranks; " + why
             cpu_cap = cores / (p_cpu + m.t_cpu) if p_cpu + m.t_cpu > 0 else math.inf
             if cpu_cap < x:
                 x, binding = cpu_cap, "cores"
-                why += f"; CPU-bound on {cores:.3g} cores"
+        return _Costs(x, {}, binding, p_wall, t, p_wall, p_cpu, stages, heaviest, 1.0, cores,
+                      n_ranks, 0)
+    f_p = contention_factor(m, m.contention_producer, workers, busy_cores, n_ranks)
+    f_t = contention_factor(m, m.contention_trainer, workers, busy_cores, n_ranks)
+    p_wall = io + (p_wall - io + m.p_extra) * f_p
+    p_cpu *= f_p
+    t = t_trainer * f_t
+    cores *= m.cores_scale
+    total = producers(m, workers, n_ranks)
+    terms = {
+        "workers": total / p_wall if p_wall > 0 else math.inf,
+        "cores": cores / (p_cpu + m.t_cpu * f_t) if p_cpu + m.t_cpu > 0 else math.inf,
+        "trainer": n_ranks / t if t > 0 else math.inf,
+    }
+    if storage_cap_mb_s and m.io_bytes:
+        terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
+    binding = min(terms, key=terms.get)
+    return _Costs(terms[binding], terms, binding, math.nan, t, p_wall, p_cpu, stages, heaviest,
+                  f_p, cores, n_ranks, total)
+
+
+def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
+            storage_cap_mb_s: float | None = None, cores: float | None = None,
+            busy_cores: float | None = None, ranks: int | None = None) -> Prediction:
+    """``workers``: per rank where each rank has its own (local), else the one pool's size;
+    ``ranks``: data-parallel trainer ranks (default: the fit's)."""
+    c = _costs(m, workers, cache=cache, bandwidth_mb_s=bandwidth_mb_s,
+               storage_cap_mb_s=storage_cap_mb_s, cores=cores, busy_cores=busy_cores,
+               ranks=ranks)
+    x, heaviest, stages, n_ranks = c.x, c.heaviest, c.stages, c.ranks
+    contended = f" ({c.f_p - 1:+.0%} contention)" if abs(c.f_p - 1) >= 0.005 else ""
+    if workers == 0:
+        source = ("measured in the trainer's process" if m.p_solo and m.p_wall > 0
+                  else "measured in a worker")
+        # the same rule as the attribution's: a stall share under 5% is compute-bound, so
+        # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
+        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= 0.05 else "compute"
+        why = (f"no workers: the trainer does {c.p_serial * 1e6:.1f} us/sample of data work "
+               f"({source}; {heaviest} heaviest) before each {c.t * 1e6:.1f} us/sample step")
+        if n_ranks > 1:
+            why = f"{n_ranks} ranks; " + why
+            if c.binding == "cores":
+                why += f"; CPU-bound on {c.cores:.3g} cores"
+    elif c.binding == "trainer":
+        data_t = m.stage_wall["transfer_trainer"] + m.stage_wall["overhead"]
+        bound = "compute" if m.compute >= data_t else "transfer"
+        why = (f"the trainer binds: {m.compute * 1e6:.1f} us/sample compute + "
+               f"{data_t * 1e6:.1f} us/sample trainer-side data work")
+        if n_ranks > 1:
+            why = f"{n_ranks} ranks in parallel; " + why
+    elif c.binding == "workers":
+        bound = heaviest
+        why = (f"{c.total} worker(s) at {c.p_wall * 1e6:.1f} us/sample each{contended} "
+               f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
+    elif c.binding == "cores":
+        bound = heaviest
+        why = (f"CPU-bound: {c.p_cpu * 1e6:.1f} + {m.t_cpu * 1e6:.1f} us CPU/sample on "
+               f"{c.cores:.3g} cores{contended} ({heaviest} heaviest)")
     else:
-        p_wall += m.p_extra
-        cores *= m.cores_scale
-        total = producers(m, workers, n_ranks)
-        terms = {
-            "workers": total / p_wall if p_wall > 0 else math.inf,
-            "cores": cores / (p_cpu + m.t_cpu) if p_cpu + m.t_cpu > 0 else math.inf,
-            "trainer": n_ranks / t_trainer if t_trainer > 0 else math.inf,
-        }
-        if storage_cap_mb_s and m.io_bytes:
-            terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
-        binding = min(terms, key=terms.get)
-        x = terms[binding]
-        if binding == "trainer":
-            data_t = m.stage_wall["transfer_trainer"] + m.stage_wall["overhead"]
-            bound = "compute" if m.compute >= data_t else "transfer"
-            why = (f"the trainer binds: {m.compute * 1e6:.1f} us/sample compute + "
-                   f"{data_t * 1e6:.1f} us/sample trainer-side data work")
-        elif binding == "workers":
-            bound = heaviest
-            why = (f"{total} worker(s) at {p_wall * 1e6:.1f} us/sample each "
-                   f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
-        elif binding == "cores":
-            bound = heaviest
-            why = (f"CPU-bound: {p_cpu * 1e6:.1f} + {m.t_cpu * 1e6:.1f} us CPU/sample on "
-                   f"{cores:.3g} cores ({heaviest} heaviest)")
-        else:
-            bound = "fetch"
-            why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
-    if n_ranks > 1 and binding == "trainer":
-        why = f"{n_ranks} ranks in parallel; " + why
+        bound = "fetch"
+        why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
     stall = max(0.0, 1.0 - x / n_ranks * m.compute) if math.isfinite(x) else 0.0
-    return Prediction(workers, x, stall, bound, why, binding)
+    return Prediction(workers, x, stall, bound, why, c.binding, m.kind)
+
+
+@dataclass(frozen=True)
+class RunPrediction:
+    """What a whole run of ``samples`` samples would measure (PREDICTED)."""
+
+    n: int
+    whole_samples_s: float       # samples / epoch
+    steady_samples_s: float      # after the first batch, as a run measures it
+    first_batch_s: float
+    model: str
+    replayed: bool               # item by item (schedule) or the steady formula + start-up
+
+
+def start_s(m: Model, workers: int) -> float:
+    """Start-up before the first item begins at ``workers`` producers (grows per worker when
+    the contention fit measured it grow)."""
+    return max(m.start_fixed_s + m.startup_per_worker_s * (workers - m.fit_workers), 0.0)
+
+
+def _producer_rate(c: _Costs) -> float:
+    """The producers' aggregate rate: the smallest bound that is not the trainer's."""
+    return min(v for k, v in c.terms.items() if k != "trainer")
+
+
+def predict_run(m: Model, workers: int, samples: float, **kw: Any) -> RunPrediction:
+    """A whole run: replayed item by item (``schedule``) when the model knows the items, else
+    the steady rate plus the start-up measured at the fit. R ranks are replayed as one trainer
+    R times as fast, fed by all their producers (the ranks are assumed to keep pace)."""
+    c = _costs(m, workers, **kw)
+    r = c.ranks
+    if workers == 0:
+        # R ranks each make and consume their own items, in parallel (slowed when the
+        # cores bind): as one trainer R times as fast
+        slow = (r / (c.p_serial + c.t)) / c.x if c.x > 0 else 1.0
+        p, t = c.p_serial * slow / r, c.t * slow / r
+        start, slots = 0.0, 0
+    else:
+        rate = _producer_rate(c)
+        p = c.total / rate if rate > 0 else math.inf
+        t = c.t / r
+        start, slots = start_s(m, workers), c.total
+    sch = schedule.simulate(workers=slots, samples=samples, item_rows=m.item_rows, p=p,
+                            t=t, start_s=start) if m.item_rows else None
+    if sch is not None:
+        return RunPrediction(workers, sch.throughput_samples_s,
+                             sch.steady_samples_s(m.batch_rows or m.item_rows, t),
+                             sch.first_batch_s, m.kind, True)
+    x = c.x
+    if workers == 0:
+        first = m.solo_item_s or m.startup_s
+    else:
+        first = max(m.startup_s + m.startup_per_worker_s * (workers - m.fit_workers), 0.0)
+    whole = samples / (first + samples / x) if math.isfinite(x) and x > 0 and samples > 0 else x
+    return RunPrediction(workers, whole, x, first, m.kind, False)
+
+
+def calibrate_run(m: Model, epoch_s: float, samples: float) -> Model:
+    """``calibrate`` for a model that knows its work items: the gap between the replayed run
+    and the measured epoch at the fit (the cleanest figure a run has: no definition of "steady"
+    in it) goes to the term that binds there. The start-up before the first item is what the
+    measured time to the first batch leaves after the first item's (calibrated) production."""
+    n = m.fit_workers
+    binding = predict(m, n).binding
+
+    def derive(mm: Model) -> Model:
+        c = _costs(mm, n)
+        rate = _producer_rate(c)
+        first_item = mm.item_rows * c.total / rate if rate > 0 else 0.0
+        return replace(mm, start_fixed_s=max(mm.startup_s - first_item, 0.0))
+
+    def epoch_of(mm: Model) -> float:
+        r = predict_run(mm, n, samples)
+        return samples / r.whole_samples_s if r.whole_samples_s > 0 else math.inf
+
+    if binding == "workers":
+        field_, lo, hi, scale = "p_extra", -0.5 * m.p_wall, 20 * m.p_wall, 1e6
+    elif binding == "trainer":
+        field_, lo, hi, scale = "t_extra", -0.5 * m.t_trainer, 20 * m.t_trainer, 1e6
+    elif binding == "cores":
+        field_, lo, hi, scale = "cores_scale", 1.0, 0.02, 1.0   # a smaller share is slower
+    else:
+        return derive(m)
+    at = lambda x: derive(replace(m, **{field_: x}))  # noqa: E731
+    before = epoch_of(at(0.0 if field_ != "cores_scale" else 1.0))
+    e_lo, e_hi = epoch_of(at(lo)), epoch_of(at(hi))
+    if not (math.isfinite(e_lo) and math.isfinite(e_hi)) or abs(e_hi - e_lo) <= 1e-9 * epoch_s:
+        return at(0.0 if field_ != "cores_scale" else 1.0)       # the run does not depend on it
+    if epoch_s <= e_lo:
+        x = lo
+    elif epoch_s >= e_hi:
+        x = hi
+    else:
+        a, b = lo, hi
+        for _ in range(80):
+            mid = (a + b) / 2
+            if epoch_of(at(mid)) < epoch_s:
+                a = mid
+            else:
+                b = mid
+        x = (a + b) / 2
+    out = at(x)
+    gap = epoch_s / before - 1.0 if before > 0 else math.nan   # replayed rate vs measured
+    said = f"(replayed run {gap:+.0%} vs the measured run at the fit)"
+    if field_ == "p_extra":
+        text = f"producers {x * scale:+.1f} us/sample outside the stage timers {said}"
+    elif field_ == "t_extra":
+        text = f"trainer {x * scale:+.1f} us/sample outside its measured parts {said}"
+    else:
+        text = f"the CPU work got {x:.0%} of the cores {said}"
+    return replace(out, calibration=text)
 
 
 def knee(m: Model, candidates: Sequence[int], *,
@@ -307,14 +522,37 @@ def _group_key(v: VariantResult) -> tuple:
     return tuple(sorted(items))
 
 
-def _point(p: Prediction) -> WhatIfPoint:
-    return WhatIfPoint(n=p.n, predicted_samples_s=p.throughput_samples_s,
-                       stall_share=p.stall_share, bound_by=p.bound_by, why=p.why, binding=p.binding)
+@MODELS.register("one-point")
+class OnePoint(ScalingModel):
+    """The bottleneck model above, fitted on one configuration: the fewest ranks, then the
+    fewest producers >= 1, that is not oversubscribed (if any is not)."""
+
+    name = "one-point"
+    min_counts = 1
+    predict_run = staticmethod(predict_run)
+
+    @classmethod
+    def fit(cls, variants: Sequence[VariantResult], machine: MachineInfo,
+            dataset: DatasetInfo | None = None) -> Model | None:
+        ref = reference(fit_points(variants, machine))
+        return fit(ref, machine, dataset) if ref is not None else None
 
 
-def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
-    """Fit on the smallest worker/node count of each group of variants, predict the others,
-    and store predicted vs measured with the error; also a predicted curve and its knee."""
+def _point(p: Prediction, log_half_width: float | None = None) -> WhatIfPoint:
+    x = p.throughput_samples_s
+    band = log_half_width is not None and math.isfinite(x)
+    return WhatIfPoint(n=p.n, predicted_samples_s=x,
+                       stall_share=p.stall_share, bound_by=p.bound_by, why=p.why, binding=p.binding,
+                       model=p.model,
+                       low_samples_s=x * math.exp(-log_half_width) if band else None,
+                       high_samples_s=x * math.exp(log_half_width) if band else None)
+
+
+def scaling_group(result: Result) -> list[VariantResult]:
+    """The largest set of measured variants that differ only in their producer count (one
+    scaling curve), or only in their data-parallel ranks; sorted by (ranks, producers). A
+    worker (or node) sweep is the curve at its smallest rank count. Empty when there is no
+    curve (fewer than two counts)."""
     groups: dict[tuple, list[VariantResult]] = {}
     for v in result.variants:
         if v.repeats and v.repeats[0].samples:
@@ -324,46 +562,82 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         # a worker (or node) sweep: the curve is over workers, at the smallest rank count
         fewest = min(ranks_of(v) for v in best)
         best = [v for v in best if ranks_of(v) == fewest]
-    by_ranks = len({ranks_of(v) for v in best}) >= 2      # a sweep over ranks alone
-    if len(best) < 2 or (len({workers_of(v) for v in best}) < 2 and not by_ranks):
+    if len(best) < 2 or (len({workers_of(v) for v in best}) < 2 and not by_ranks(best)):
+        return []
+    return sorted(best, key=lambda v: (ranks_of(v), workers_of(v)))
+
+
+def by_ranks(group: Sequence[VariantResult]) -> bool:
+    """A curve over ranks alone (one producer count, several rank counts)."""
+    return len({ranks_of(v) for v in group}) >= 2
+
+
+def check(m: Model, v: VariantResult, *, rank_axis: bool = False,
+          cores: float | None = None) -> WhatIfCheck:
+    """A measured variant against the model's prediction of its whole run and steady figure.
+    ``rank_axis``: the curve's axis is ranks (``n`` is then the variant's ranks); ``cores``:
+    the machine's, to mark an oversubscribed point (default the model's)."""
+    n, r = workers_of(v), ranks_of(v)
+    p = predict(m, n, ranks=r)
+    run = predict_run(m, n, _median(f.samples for f in v.repeats), ranks=r)
+    got = v.throughput_samples_s.median
+    # The model predicts a steady rate; a run's epoch also holds the time to the first batch
+    # and rounds of work items, so the run is replayed (``predict_run``) for the whole-run
+    # comparison (the headline) and for the steady figure as the run measured it.
+    steady = _median(f.steady_throughput_samples_s for f in v.repeats)
+    return WhatIfCheck(
+        n=r if rank_axis else n, variant=v.name, measured_samples_s=got,
+        predicted_samples_s=p.throughput_samples_s,
+        predicted_run_samples_s=run.whole_samples_s,
+        error=(run.whole_samples_s - got) / got if got else None,
+        measured_steady_samples_s=steady,
+        steady_error=(run.steady_samples_s - steady) / steady
+        if math.isfinite(steady) and steady else None,
+        is_fit=v.name in m.fit_variants, bound_by=p.bound_by, ranks=r,
+        oversubscribed=oversubscribed(v, m.cores if cores is None else cores),
+        model=m.kind, predicted_steady_samples_s=run.steady_samples_s)
+
+
+IN_SAMPLE_WARN = 0.15     # a fit point missed by more than this is said in the note
+
+
+def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
+    """Fit the richest what-if model the scaling curve allows (``whatif_models.fit_best``:
+    contention from two or more producer counts, else one-point; oversubscribed points are
+    not fitted on while others remain), store predicted vs measured for every point, back-test
+    each point with a fit that leaves it out (``backtest``), and draw the predicted curve, its
+    interval and its knee (over workers or nodes, or over ranks for a sweep of ranks alone)."""
+    best = scaling_group(result)
+    if not best:
         return None
-    best.sort(key=lambda v: (ranks_of(v), workers_of(v)))
+    m = fit_best(best, result.machine, result.dataset)
+    if m is None:
+        return None
+    rank_axis = by_ranks(best)
     cores = result.machine.cores
-    oversub = {id(v): v.executor.producers_share_cores and workers_of(v) > cores for v in best}
-    # fit on the smallest count with producers that is not oversubscribed (if any is not)
-    fit_v = next((v for v in best if workers_of(v) >= 1 and not oversub[id(v)]),
-                 next((v for v in best if workers_of(v) >= 1), best[0]))
-    m = fit(fit_v, result.machine)
     simulated = any(v.executor.nodes_simulated for v in best)
     nodes = any(v.executor.producer_nodes for v in best)
-    measured = []
-    for v in best:
-        p = predict(m, workers_of(v), ranks=ranks_of(v))
-        got = v.throughput_samples_s.median
-        # The model predicts a steady rate; a run's epoch also holds the time to the first
-        # batch, so the epoch comparison adds the start-up measured at the fit. Both
-        # comparisons are stored; the epoch one is the headline.
-        steady = _median(f.steady_throughput_samples_s for f in v.repeats)
-        over_run = p.over_run(m, _median(f.samples for f in v.repeats))
-        measured.append(WhatIfCheck(
-            n=ranks_of(v) if by_ranks else workers_of(v), variant=v.name, measured_samples_s=got,
-            predicted_samples_s=p.throughput_samples_s, predicted_run_samples_s=over_run,
-            error=(over_run - got) / got if got else None,
-            measured_steady_samples_s=steady,
-            steady_error=(p.throughput_samples_s - steady) / steady
-            if math.isfinite(steady) and steady else None,
-            is_fit=v is fit_v, bound_by=p.bound_by, ranks=ranks_of(v),
-            oversubscribed=oversub[id(v)]))
+    measured = [check(m, v, rank_axis=rank_axis, cores=cores) for v in best]
+    bt = backtest.backtest(best, result.machine, result.dataset)
+    width = bt.interval_log_half_width if bt else None
     ns = list(range(0, axis_max + 1))
     checked = [x for x in measured if not x.is_fit and not x.oversubscribed]
     errors = [abs(x.error) for x in checked if x.error is not None]
     steady_errors = [abs(x.steady_error) for x in checked if x.steady_error is not None]
-    note = "fitted on one configuration, the rest predicted"
-    if by_ranks:      # the curve over ranks, each with the fit's workers per rank (or pool)
+    fitted = (f"{m.kind} model fitted on {len(m.fit_variants)} configuration(s) "
+              f"({', '.join(m.fit_variants)})")
+    rest = "the rest predicted" if len(m.fit_variants) < len(best) else "every point was fitted"
+    note = f"{fitted}, {rest}; back-tested by leaving each point out"
+    inside = [abs(x.error) for x in measured if x.is_fit and x.error is not None]
+    if inside and max(inside) > IN_SAMPLE_WARN:
+        note += (f"; the model misses its own fit points by up to {max(inside):.0%}: their "
+                 f"per-sample costs do not explain their rates (other processes taking the "
+                 f"cores the model assumes free?)")
+    if rank_axis:      # the curve over ranks, each with the fit's workers per rank (or pool)
         each = "workers per rank" if m.producers_per_rank else "producers"
         axis = f"ranks ({m.fit_workers} {each})"
         preds = [replace(predict(m, m.fit_workers, ranks=r), n=r) for r in ns[1:]]
-        points = [_point(p) for p in preds]
+        points = [_point(p, width) for p in preds]
         top = max(p.throughput_samples_s for p in preds)
         first = next(p for p in preds if p.throughput_samples_s >= 0.99 * top)
         kn = Knee(None, first.bound_by, f"from {first.n} ranks on, more ranks add nothing: "
@@ -378,15 +652,15 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         else:
             axis, where = "workers", ""
         note += f"; {where}" if where else ""
-        points = [_point(predict(m, n)) for n in ns]
+        points = [_point(predict(m, n), width) for n in ns]
         kn = knee(m, ns[1:])
     if any(x.oversubscribed for x in measured):
         note += (f"; points with more producer slots than the {cores:g} cores they share are "
-                 f"oversubscribed: shown, left out of the error")
+                 f"oversubscribed: shown, left out of the fit and the error")
     return WhatIfValidation(
         label="predicted",
         axis=axis,
-        fit_variant=fit_v.name,
+        fit_variant=m.fit_variant,
         model=m,
         points=points,
         measured=measured,
@@ -394,4 +668,5 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         max_abs_steady_error=max(steady_errors) if steady_errors else None,
         knee=kn,
         note=note,
+        backtest=bt,
     )

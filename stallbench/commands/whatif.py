@@ -18,8 +18,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("results", nargs="+", metavar="RESULT",
                    help="result files or directories (searched one level deep); the newest result "
                         "of each scenario is used")
-    p.add_argument("--variant", help="variant to fit on (default: the what-if fit variant, or the "
-                                     "first); with several scenarios, in each that has it")
+    p.add_argument("--variant", help="fit the one-point model on this variant only (default: the "
+                                     "result's scaling curve, as its stored validation did); with "
+                                     "several scenarios, in each that has it")
+    p.add_argument("--model", choices=["auto", "one-point", "contention"], default="auto",
+                   help="what-if model (default auto: contention when the result measured two or "
+                        "more producer counts, else one-point)")
     axis = p.add_mutually_exclusive_group()
     axis.add_argument("--workers", default=None, help="worker counts: N, A..B or A,B,C (default 0..16)")
     axis.add_argument("--nodes", default=None, help="CPU node counts: N, A..B or A,B,C")
@@ -111,21 +115,36 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     from .. import tables
-    from ..analysis import whatif
+    from ..analysis import backtest, whatif, whatif_models
 
     stored = r.analysis.whatif
-    name = args.variant or (stored.fit_variant if stored else None) or (
-        r.variants[0].name if r.variants else None)
-    if name is None:
-        raise UserError(f"{path}: no variants: nothing measured to fit on")
-    try:
-        v = r.variant(name)
-    except KeyError:
-        raise UserError(f"{path}: no variant {name!r} (have: "
-                        f"{', '.join(x.name for x in r.variants)})") from None
-    if not v.repeats or not v.repeats[0].samples:
-        raise UserError(f"{path}: variant {name!r} has no measured runs to fit on")
-    m = whatif.fit(v, r.machine)
+    group = [] if args.variant else whatif.scaling_group(r)
+    for g in group:      # every variant the models read from: measured, possible figures
+        _check_fit(whatif.fit(g, r.machine), g, path)
+    if group:
+        model = None if args.model == "auto" else args.model
+        m = whatif_models.fit_best(group, r.machine, r.dataset, model=model)
+        if m is None:
+            raise UserError(f"{path}: --model {args.model}: needs "
+                            f"{whatif_models.MODELS.get(args.model).min_counts} measured producer "
+                            f"counts, the result has {len(whatif_models.producer_counts(group))}")
+        v = r.variant(m.fit_variant)
+    else:
+        name = args.variant or (stored.fit_variant if stored else None) or (
+            r.variants[0].name if r.variants else None)
+        if name is None:
+            raise UserError(f"{path}: no variants: nothing measured to fit on")
+        try:
+            v = r.variant(name)
+        except KeyError:
+            raise UserError(f"{path}: no variant {name!r} (have: "
+                            f"{', '.join(x.name for x in r.variants)})") from None
+        if not v.repeats or not v.repeats[0].samples:
+            raise UserError(f"{path}: variant {name!r} has no measured runs to fit on")
+        if args.model == "contention":
+            raise UserError("--model contention: fits a scaling curve, not one variant; "
+                            "drop --variant")
+        m = whatif.fit(v, r.machine, r.dataset)
     _check_fit(m, v, path)
     cpn = a["cpus_per_node"] or m.cpus_per_node
     if a["nodes"] is not None:
@@ -134,19 +153,30 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
         unit = "node"
         # real nodes bring their own cores; the trainer keeps the measured machine's
         cores = lambda c: (a["cores"] or m.cores) + c  # noqa: E731
+        # and their producers contend only with their own node's
+        busy = lambda c: min(c, cpn)  # noqa: E731
     else:
         nodes = a["workers"]
         counts = nodes
         unit = "worker"
         cores = lambda c: a["cores"] or m.cores  # noqa: E731
+        busy = lambda c: None  # noqa: E731
     kw = dict(cache=a["cache"], bandwidth_mb_s=a["bandwidth_mb_s"],
               storage_cap_mb_s=a["storage_cap_mb_s"], ranks=a["ranks"])
-    preds = [whatif.predict(m, c, cores=cores(c), **kw) for c in counts]
+    preds = [whatif.predict(m, c, cores=cores(c), busy_cores=busy(c), **kw) for c in counts]
     samples = v.repeats[0].samples
     priced = a["cpu_node_cost"] is not None or a["gpu_node_cost"] is not None
+    # the back-test is recomputed from the measured variants (results written before it
+    # existed get one too); it always fits the richest model the other points allow
+    bt = backtest.backtest(group, r.machine, r.dataset) if group and args.model == "auto" else None
+    width = bt.interval_log_half_width if bt else None
     rows, cheapest = [], None
     for n, p in zip(nodes, preds):
-        row = [n, tables.num(p.throughput_samples_s), tables.pct(p.stall_share), p.bound_by]
+        row = [n, tables.num(p.throughput_samples_s)]
+        if width is not None:
+            x = p.throughput_samples_s
+            row.append(f"{tables.num(x * math.exp(-width))}..{tables.num(x * math.exp(width))}")
+        row += [tables.pct(p.stall_share), p.bound_by, p.model]
         if priced:
             hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
             cpu_nodes = n if unit == "node" else 0
@@ -157,9 +187,13 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
         rows.append(row + [p.why])
     per_rank = unit == "worker" and (a["ranks"] or m.ranks) > 1 and m.producers_per_rank
     axis = "workers per rank" if per_rank else f"{unit}s"
-    head = [axis, "PREDICTED samples/s", "stall %", "bound by"] + (["cost/run"] if priced else [])
-    print(f"what-if for {r.scenario.name} / {v.name} from {path} (fitted on this variant's "
-          f"measured rates; every figure below is PREDICTED)")
+    level = f"{bt.interval_level:.0%} interval" if bt and bt.interval_level else ""
+    head = ([axis, "PREDICTED samples/s"] + ([level] if width is not None else [])
+            + ["stall %", "bound by", "model"] + (["cost/run"] if priced else []))
+    fitted = (f"{m.kind} model fitted on {', '.join(m.fit_variants) or v.name}"
+              if group else f"{m.kind} model fitted on this variant's measured rates")
+    print(f"what-if for {r.scenario.name} / {v.name} from {path} ({fitted}; every figure below "
+          f"is PREDICTED)")
     ranks = a["ranks"] or m.ranks
     print(f"measured: {v.throughput_samples_s.median:,.0f} samples/s with "
           f"{whatif.workers_of(v)} producer(s)"
@@ -168,7 +202,10 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
           + (f"; predicting for {ranks} ranks" if ranks != m.ranks else ""))
     print(f"rates are steady state (a run adds its start-up: {m.startup_s:.2f} s to the first "
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
-    print(tables.table(head + ["why"], collapse_rows(rows), right=set(range(1, len(head)))))
+    if m.contention_fit:
+        print(f"contention: {m.contention_fit}")
+    right = set(range(1, 3 if width is None else 4)) | ({len(head) - 1} if priced else set())
+    print(tables.table(head + ["why"], collapse_rows(rows), right=right))
     candidates = [(n, c) for n, c in zip(nodes, counts) if c > 0]
     k = whatif.knee(m, [c for _, c in candidates], cores_for=cores, unit=unit,
                     shown=dict((c, n) for n, c in candidates), **kw)
@@ -176,7 +213,7 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     if cheapest:
         print(f"cheapest configuration without stall: {cheapest[0]} {unit}(s), "
               f"{cheapest[1]:.6f} per run")
-    check = stored.measured if stored else []
+    check = stored.measured if stored and not group else []
     if check:
         errs = [f"{x.n}: {x.error:+.0%}" for x in check if not x.is_fit and x.error is not None]
         steady = [f"{x.n}: {x.steady_error:+.0%}" for x in check
@@ -185,6 +222,31 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
             print(f"validation in this result (fitted on {stored.fit_variant}): prediction error "
                   + ", ".join(errs) + (f" (steady state, after the first batch: {', '.join(steady)})"
                                        if steady else ""))
+    if bt:
+        for line in backtest_lines(bt):
+            print(line)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def backtest_lines(bt: Any) -> list[str]:
+    """The back-test as the result stores it: per point, then the summary."""
+    per = ", ".join(
+        f"{p.n}: {p.error:+.1%}" + (f" / {p.steady_error:+.1%}" if p.steady_error is not None else "")
+        + f" ({p.model})" for p in bt.points if p.error is not None)
+    out = [f"back-test (each measured point predicted by a fit without it; whole run / steady): {per}",
+           f"  error whole run: worst {_pct(bt.max_abs_error)}, mean {_pct(bt.mean_abs_error)}; "
+           f"steady: worst {_pct(bt.max_abs_steady_error)}, mean {_pct(bt.mean_abs_steady_error)}"]
+    if bt.interval_log_half_width is not None:
+        w = bt.interval_log_half_width
+        out.append(f"  {bt.interval_level:.0%} prediction interval: predicted x/ "
+                   f"{math.exp(w):.3f} (-{1 - math.exp(-w):.1%} .. +{math.exp(w) - 1:.1%}, "
+                   f"jackknife on the leave-one-out errors); "
+                   + (f"covered {bt.covered} of {bt.checked} points when rebuilt without each"
+                      if bt.checked else "coverage not checkable with one back-tested point"))
+    return out
 
 
 def collapse_rows(rows: list[list[Any]]) -> list[list[str]]:

@@ -250,8 +250,10 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
 # ---------------------------------------------------------------------------------- what-if
 
 def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
-           knee: Knee | None = None, axis: str = "workers") -> str | None:
-    """PREDICTED throughput against workers/nodes, measured points on top, knee marked."""
+           knee: Knee | None = None, axis: str = "workers",
+           band_label: str = "prediction interval (back-test)") -> str | None:
+    """PREDICTED throughput against workers/nodes, its prediction interval as a band, measured
+    points on top, knee marked."""
     pts = sorted((p for p in points if _finite(p.predicted_samples_s)), key=lambda p: p.n)
     if not pts:
         return None
@@ -263,6 +265,11 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
         xs = [p.n for p in pts]
         ys = [p.predicted_samples_s for p in pts]
         ax.plot(xs, ys, color=MUTED, lw=1.2, ls="--", zorder=2)
+        banded = [p for p in pts if _finite(p.low_samples_s) and _finite(p.high_samples_s)]
+        if banded:
+            ax.fill_between([p.n for p in banded], [float(p.low_samples_s) for p in banded],
+                            [float(p.high_samples_s) for p in banded], color=MUTED, alpha=0.18,
+                            lw=0, zorder=1, label=band_label)
         seen: set[str] = set()
         for p in pts:
             b = p.bound_by or "unknown"
@@ -280,16 +287,24 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
             return float(m.measured_steady_samples_s if steady else m.measured_samples_s)
 
         labelled: set[bool] = set()
+        replayed = False
         for m in mpts:
             ax.scatter([m.n], [y_of(m)], marker="D", s=34, zorder=4,
                        color="white" if m.is_fit else INK, edgecolor=INK, linewidth=1.2,
                        label=None if m.is_fit in labelled else
                        (f"{kind} (the model was fitted here)" if m.is_fit else kind))
             labelled.add(m.is_fit)
-            if _finite(m.predicted_samples_s):
-                ax.plot([m.n, m.n], [y_of(m), m.predicted_samples_s],
-                        color=INK, lw=0.8, alpha=0.5, zorder=3)
-        top = max(ys + [y_of(m) for m in mpts])
+            # the same run replayed item by item (start-up, rounds of work items): what the
+            # model predicts that run measured, where the result has it
+            replay = m.predicted_steady_samples_s if steady else m.predicted_run_samples_s
+            target = replay if _finite(replay) else m.predicted_samples_s
+            if _finite(target):
+                ax.plot([m.n, m.n], [y_of(m), target], color=INK, lw=0.8, alpha=0.5, zorder=3)
+            if _finite(replay):
+                ax.scatter([m.n], [replay], marker="_", s=90, color=INK, lw=1.4, zorder=4,
+                           label=None if replayed else "predicted for that run (replayed)")
+                replayed = True
+        top = max(ys + [y_of(m) for m in mpts] + [float(p.high_samples_s) for p in banded])
         mark, what = (knee.n, "knee") if knee else (None, "knee")
         if mark is None and knee and knee.saturates_at is not None:
             mark, what = knee.saturates_at, "saturates at"

@@ -439,14 +439,18 @@ def _whatif_rows(wi: WhatIfValidation) -> list[dict[str, Any]]:
     """Prediction table rows: each PREDICTED point with the measured check at its n, then
     measured checks at an n the curve does not cover."""
     measured_by_n: dict[int, WhatIfCheck] = {m.n: m for m in wi.measured}
+    loo = {p.n: p for p in wi.backtest.points} if wi.backtest else {}
     rows: list[dict[str, Any]] = []
     for p in wi.points:
         rows.append({"n": p.n, "predicted_samples_s": p.predicted_samples_s,
+                     "low": p.low_samples_s, "high": p.high_samples_s, "model": p.model,
                      "stall_share": p.stall_share, "bound_by": p.bound_by, "why": p.why,
-                     "measured": measured_by_n.pop(p.n, None)})
+                     "measured": measured_by_n.pop(p.n, None), "backtest": loo.pop(p.n, None)})
     for n, m in measured_by_n.items():
         rows.append({"n": n, "predicted_samples_s": m.predicted_samples_s, "stall_share": None,
-                     "bound_by": m.bound_by or None, "why": "", "measured": m})
+                     "low": None, "high": None, "model": m.model,
+                     "bound_by": m.bound_by or None, "why": "", "measured": m,
+                     "backtest": loo.pop(n, None)})
     return rows
 
 
@@ -486,7 +490,10 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
     no_whatif = ("No what-if prediction in this result (it needs variants that differ only in "
                  "their worker or node count).")
     if wi is not None:
-        wi_fig = _draw(plots.whatif, wi.points, wi.measured, wi.knee, wi.axis or "workers",
+        bt = wi.backtest
+        band = (f"{bt.interval_level:.0%} prediction interval (back-test)"
+                if bt and bt.interval_level else "prediction interval (back-test)")
+        wi_fig = _draw(plots.whatif, wi.points, wi.measured, wi.knee, wi.axis or "workers", band,
                        alt="what-if: predicted throughput", missing=no_whatif)
     else:
         wi_fig = Figure(None, "what-if: predicted throughput", no_whatif)

@@ -50,6 +50,14 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   part: compute + stages + overhead + start-up cost = the median epoch), ``steady_epoch_s`` and
   ``steady_attributed_stall_share``; ``analysis.recommendation`` (the scenario's top one).
   Not to be confused with issue 16's ``variants[].startup`` (see "Two start-ups" below).
+  Additions within version 2 (optional, with defaults: older v2 files still load):
+  issue 17: ``WhatIfModel.kind`` (the what-if model: "one-point" or "contention"),
+  ``fit_variants``, ``contention_producer`` / ``contention_trainer`` (sigma per busy core),
+  ``contention_fit``, ``startup_per_worker_s``, ``item_rows``, ``batch_rows``,
+  ``start_fixed_s``; ``WhatIfPoint.model`` and its interval ``low_samples_s`` /
+  ``high_samples_s``; ``WhatIfCheck.model`` and ``predicted_steady_samples_s``;
+  ``WhatIfValidation.backtest`` (``BackTest``: leave-one-out errors and interval coverage).
+  Merged with issues 16 and 18: ``BackTestPoint.ranks`` and ``BackTestPoint.oversubscribed``.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -707,6 +715,17 @@ class WhatIfModel:
     # producer slot brings a core of its own (real nodes on other machines), so the CPU
     # budget at N slots is cores + N (issue 16)
     producer_cores: str = "shared"
+    # --- issue 17: which model this is, its contention terms and the run's work items
+    kind: str = "one-point"      # the registered what-if model that made it ("contention")
+    fit_variants: list[str] = field(default_factory=list)   # every variant the fit used
+    # per-sample cost growth per extra busy core, relative to one busy core (0: none)
+    contention_producer: float = 0.0
+    contention_trainer: float = 0.0
+    startup_per_worker_s: float = 0.0   # time to first batch added per producer beyond the fit's
+    item_rows: float = 0.0       # samples per work item (row group); 0: unknown (fluid only)
+    batch_rows: float = 0.0      # samples per batch
+    start_fixed_s: float = 0.0   # start-up before the first item begins (forks, runtime)
+    contention_fit: str = ""     # how the contention terms were fitted, in words
 
 
 @dataclass
@@ -719,6 +738,10 @@ class WhatIfPoint:
     bound_by: str
     why: str
     binding: str = ""            # the model term that binds: workers, cores, trainer, storage
+    model: str = ""              # the what-if model that made it ("one-point", "contention")
+    # prediction interval of the steady rate from the back-test (None: no back-test)
+    low_samples_s: float | None = None
+    high_samples_s: float | None = None
 
 
 @dataclass
@@ -739,6 +762,49 @@ class WhatIfCheck:
     # more producer slots than the cores they share: a point that measures contention the
     # model does not have; kept, but left out of max_abs_error (issue 16)
     oversubscribed: bool = False
+    model: str = ""              # the what-if model that made the prediction
+    # the steady figure a run measures (after its first batch), replayed item by item
+    predicted_steady_samples_s: float | None = None
+
+
+@dataclass
+class BackTestPoint:
+    """One measured configuration predicted by a fit that did not see it."""
+
+    n: int
+    variant: str
+    model: str                   # the model the other points allowed
+    fitted_on: list[str]         # the variants that fit used
+    measured_samples_s: float    # whole run (epoch throughput), median of repeats
+    predicted_run_samples_s: float
+    error: float | None          # (predicted - measured) / measured, whole run
+    measured_steady_samples_s: float | None = None
+    predicted_steady_samples_s: float | None = None
+    steady_error: float | None = None
+    # the interval made from the OTHER points' residuals, and whether this point fell in it
+    interval_low_samples_s: float | None = None
+    interval_high_samples_s: float | None = None
+    covered: bool | None = None
+    ranks: int = 1               # the point's data-parallel ranks (issue 18)
+    oversubscribed: bool = False   # shown, not counted in the errors or the interval (issue 16)
+
+
+@dataclass
+class BackTest:
+    """Leave-one-out back-test of a scaling curve (``analysis.backtest`` has the method)."""
+
+    method: str                  # in words
+    points: list[BackTestPoint]
+    max_abs_error: float | None = None
+    mean_abs_error: float | None = None
+    max_abs_steady_error: float | None = None
+    mean_abs_steady_error: float | None = None
+    interval_level: float | None = None       # the level the interval is built for
+    interval_log_half_width: float | None = None   # steady: predicted x exp(+-w)
+    interval_run_log_half_width: float | None = None   # whole run
+    coverage: float | None = None             # share of checked points inside their interval
+    covered: int = 0
+    checked: int = 0
 
 
 @dataclass
@@ -761,6 +827,7 @@ class WhatIfValidation:
     max_abs_error: float | None = None
     max_abs_steady_error: float | None = None
     note: str = ""
+    backtest: BackTest | None = None    # every measured point predicted without it
 
 
 @dataclass
@@ -869,3 +936,93 @@ class Result:
             if v.name == name:
                 return v
         raise KeyError(name)
+
+
+# --------------------------------------------------------------------- tune (issue 17)
+
+@dataclass
+class TuneFigures:
+    """What one measured configuration gave during ``stallbench tune`` (medians of its repeats).
+    ``steady_stall_share`` = 1 - steady rate x compute seconds per sample: the share of the
+    steady state the trainer is not computing, the figure "stall-free" (< 5%) is judged on,
+    because a short run's start-up alone can be 5% of its epoch."""
+
+    throughput_samples_s: float
+    steady_throughput_samples_s: float
+    epoch_s: float
+    samples: int
+    stall_share: float
+    steady_stall_share: float
+    time_to_first_batch_s: float
+    producer_slots: int
+    cpu_nodes: int               # producer nodes a price applies to (0: on the trainer's node)
+    bound_by: str                # attribution's bound, or the what-if's reading of the run
+    bound_from: str              # "attribution" or "what-if"
+    cost_per_epoch: float | None = None   # with prices: one pass over the dataset
+    repeats: int = 1
+
+
+@dataclass
+class TuneStep:
+    """One configuration ``tune`` tried (or skipped), why, and what it gave."""
+
+    step: int
+    variant: str                 # named from the knobs that differ from the base scenario
+    knobs: dict[str, Any]        # every knob that differs from the base scenario
+    change: str                  # what this step changed, "loader.num_workers: 0 -> 2"
+    why: str                     # the reason, from the attribution and the what-if
+    outcome: str                 # "baseline", "better", "not better", "skipped"
+    predicted_samples_s: float | None = None     # whole run, PREDICTED before measuring
+    predicted_by: str = ""       # the what-if model that predicted it ("" none)
+    measured: TuneFigures | None = None
+    error: float | None = None   # (predicted - measured) / measured
+    wall_s: float = 0.0          # time the step took, set-up included
+    foreign_cores: float | None = None   # cores other processes kept busy meanwhile
+
+
+@dataclass
+class TuneRecommendation:
+    variant: str
+    knobs: dict[str, Any]
+    scenario_path: str           # the scenario file written: the base plus these knobs
+    stall_free: bool
+    why: str
+    measured: TuneFigures        # from the search
+    predicted_samples_s: float | None = None     # what the confirmation run should give
+    predicted_by: str = ""       # what-if model, or "search run" (its own measurement)
+
+
+@dataclass
+class TuneConfirmation:
+    """A fresh measured run of the written scenario file."""
+
+    result_path: str
+    measured: TuneFigures
+    predicted_samples_s: float | None
+    error: float | None          # (predicted - measured) / measured
+    within_goal: bool | None     # |error| <= 10%
+    foreign_cores: float | None = None   # cores other processes kept busy meanwhile
+
+
+@dataclass
+class TuneResult:
+    """``stallbench tune``: the search, the recommendation and its confirmation. Saved like a
+    run's result (atomically) under ``tune/`` of the result directory, so the directory's
+    run results stay one kind of file."""
+
+    schema_version: int
+    kind: str                    # "tune"
+    tool: ToolInfo
+    created_utc: str
+    scenario: ScenarioInfo
+    machine: MachineInfo
+    budget_s: float
+    wall_s: float
+    cpu_node_cost: float | None
+    gpu_node_cost: float | None
+    steps: list[TuneStep]
+    stopped_because: str
+    recommendation: TuneRecommendation | None = None
+    confirmation: TuneConfirmation | None = None
+    # cores other processes kept busy during the whole tune: the what-if assumes none
+    foreign_cores: float | None = None

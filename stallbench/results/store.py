@@ -19,7 +19,7 @@ from typing import Any
 from .. import interrupts
 from ..errors import ResultError, UserError
 from . import codec, migrate
-from .schema import SCHEMA_VERSION, SUPPORTED_VERSIONS, Result
+from .schema import SCHEMA_VERSION, SUPPORTED_VERSIONS, Result, TuneResult
 
 
 def to_dict(result: Result) -> dict[str, Any]:
@@ -167,10 +167,15 @@ def save(result: Result, out_dir: Path) -> Path:
     existing file: the complete temp file is hard-linked under the first free name (link
     fails if the name exists, so two concurrent runs cannot clobber each other). A signal
     received before the link means no result (``interrupts.check``)."""
-    out_dir = Path(out_dir)
-    base = result_stem(result.scenario.name)
+    return _publish(Path(out_dir), result_stem(result.scenario.name),
+                    json.dumps(to_dict(result), indent=1) + "\n")
+
+
+def _publish(out_dir: Path, base: str, payload: str) -> Path:
+    """The one way a result file (a run's, a tune's) is published: whole, under a new name,
+    and not at all once a signal has arrived."""
     try:
-        tmp = _write_temp(out_dir, base, json.dumps(to_dict(result), indent=1) + "\n")
+        tmp = _write_temp(out_dir, base, payload)
     except OSError as exc:
         raise UserError(f"--out: {out_dir}: cannot write the result "
                         f"({exc.strerror or exc})") from None
@@ -186,6 +191,29 @@ def save(result: Result, out_dir: Path) -> Path:
                 n += 1
     finally:
         _unlink(tmp)
+
+
+TUNE_DIR = "tune"
+
+
+def save_tune(result: TuneResult, out_dir: Path) -> Path:
+    """Publish a ``stallbench tune`` result as ``<out_dir>/tune/<scenario>-tune-<UTC time>.json``,
+    atomically and never replacing a file, like ``save``; in its own directory so that readers
+    of run results (report, whatif, gate) never meet it."""
+    return _publish(Path(out_dir) / TUNE_DIR, result_stem(result.scenario.name + "-tune"),
+                    json.dumps(codec.to_json(result), indent=1) + "\n")
+
+
+def load_tune(path: str | Path) -> TuneResult:
+    """A tune result, checked as strictly as a run's."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_reject_constant)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ResultError(f"{path}: cannot read a tune result ({exc})") from None
+    if not isinstance(data, dict) or data.get("kind") != "tune":
+        raise ResultError(f"{path}: kind: expected \"tune\"")
+    codec.check_depth(data, str(path))
+    return codec.from_json(TuneResult, data, f"{path}:")
 
 
 def now_utc() -> str:

@@ -4,6 +4,7 @@ wording that follows the axis. Runs the real command on the committed example re
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,17 @@ def test_knee_wording_follows_the_axis() -> None:
     assert "node" in knee and "worker" not in knee, knee
     head = next(line for line in r.stdout.splitlines() if "PREDICTED samples/s" in line)
     assert head.startswith("nodes")
+
+
+def test_every_prediction_names_its_model_and_the_back_test_is_printed() -> None:
+    r = whatif(str(EXAMPLES / "schema-v2.json"), "--workers", "0..4")
+    assert r.returncode == 0, r.stderr
+    head = next(line for line in r.stdout.splitlines() if "PREDICTED samples/s" in line)
+    assert "model" in head.split()
+    rows = [line for line in r.stdout.splitlines()
+            if re.fullmatch(r"\d+(\.\.\d+)?", (line.split() or [""])[0])]
+    assert rows and all(("one-point" in row) or ("contention" in row) for row in rows)
+    assert "back-test (each measured point predicted by a fit without it" in r.stdout
+    bad = whatif(str(EXAMPLES / "schema-v2.json"), "--variant", "num_workers=1,ranks=1", "--model",
+                 "contention")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--model" in bad.stderr

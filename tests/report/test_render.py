@@ -602,3 +602,31 @@ def test_compare_under_heavy_load_says_busy_machine(tmp_path: Path, make_result:
                         tmp_path / "out.html"))
     assert set(_verdicts(html).values()) == {compare.BUSY}
     assert "re-run on a quiet machine" in html
+
+
+def test_whatif_card_draws_the_back_test_band_and_errors(tmp_path: Path, make_result: Any,
+                                                        write_result: Any) -> None:
+    """A result with a back-test: the card says its errors and interval, the table has the
+    interval, the model and the back-test error per measured point, and the plot draws."""
+    from stallbench.results import BackTest, BackTestPoint
+
+    r = make_result()
+    wi = r.analysis.whatif
+    for p in wi.points:
+        p.model = "contention"
+        p.low_samples_s, p.high_samples_s = p.predicted_samples_s * 0.9, p.predicted_samples_s * 1.1
+    m = wi.measured[-1]
+    wi.backtest = BackTest(
+        method="leave-one-out", max_abs_error=0.043, mean_abs_error=0.021,
+        max_abs_steady_error=0.031, mean_abs_steady_error=0.012, interval_level=0.75,
+        interval_log_half_width=0.095, coverage=2 / 3, covered=2, checked=3,
+        points=[BackTestPoint(n=m.n, variant=m.variant, model="contention",
+                              fitted_on=["num_workers=1"], measured_samples_s=100.0,
+                              predicted_run_samples_s=104.3, error=0.043, covered=False)])
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    assert "worst 4.3%" in html and "mean 2.1%" in html and "75% prediction interval" in html
+    assert "covered 2 of 3" in html
+    assert ">interval<" in html and ">model<" in html and "back-test error" in html
+    assert "+4.3%" in html and "contention" in html
+    assert "could not draw" not in html
+    assert plots.whatif(wi.points, wi.measured, wi.knee, "workers", "75% band") is not None
