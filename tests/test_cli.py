@@ -163,7 +163,8 @@ def test_crash_mid_run_leaves_no_result(tmp_path: Path, env: dict) -> None:
         "        raise RuntimeError('injected failure')\n"
         "    return table\n")
     write(tmp_path, TINY.format(analyze="false") + '[preprocess]\ntransforms = ["boom:fail_on_third"]\n')
-    e = {**env, "PYTHONPATH": str(tmp_path)}
+    e = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                           env.get("PYTHONPATH")]))}
     r = sb(["run", "s.toml", "--out", "out", "--no-progress"], e, tmp_path)
     assert r.returncode != 0
     assert "injected failure" in r.stderr

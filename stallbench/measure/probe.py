@@ -212,6 +212,9 @@ class _Preload:
         return item
 
     def close(self) -> None:
+        """Stop the thread, then close its source: a run stopped early (``max_batches``) must
+        shut the executor's stream down now (loader workers joined, their CPU and the
+        executor's figures final), not whenever the generator is collected."""
         self.stop.set()
         while self.thread.is_alive():
             try:
@@ -219,6 +222,9 @@ class _Preload:
             except queue.Empty:
                 pass
         self.thread.join()
+        close = getattr(self.source, "close", None)
+        if close:
+            close()
 
 
 def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches: int = 0,

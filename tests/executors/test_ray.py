@@ -171,7 +171,8 @@ def background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         text = _text().replace('transforms = ["log_dense",',
                                'transforms = ["boom:fail_on_second", "log_dense",')
         (d / "s.toml").write_text(text + "[analysis]\ndifferential = false\n")
-        runs["error"] = _Background(d, {**cli_env, "PYTHONPATH": str(d)},
+        runs["error"] = _Background(d, {**cli_env, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(d), cli_env.get("PYTHONPATH")]))},
                                     ["run", "s.toml", "--no-progress"])
     if "test_cli_simulated_nodes_end_to_end" in selected:
         d = tmp_path_factory.mktemp("ray-cli-sim")

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...pipeline import Ablation, StageTimes
+from ...stages.batch_format import SequenceCounts
 from ...scenario import Config
 
 VERSION = 1
@@ -130,6 +131,7 @@ def _json(raw: bytes | None, what: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------ batch metadata
 
 _TIMES = {f.name for f in dataclasses.fields(StageTimes)}
+_SEQUENCES = {f.name for f in dataclasses.fields(SequenceCounts)}
 
 
 @dataclass
@@ -163,6 +165,11 @@ def decode_meta(raw: Any) -> dict[str, Any] | Trailer:
             t = d["times"]
             if not isinstance(t, dict) or set(t) - _TIMES:
                 raise ProtocolError("trailer times have unknown keys")
+            seqs = t.get("sequences")
+            if seqs is not None:       # the one nested record: sequences a padded format cut
+                if not isinstance(seqs, dict) or set(seqs) - _SEQUENCES:
+                    raise ProtocolError("trailer sequence counts have unknown keys")
+                t = {**t, "sequences": SequenceCounts(**seqs)}
             return Trailer(int(d["item"]), int(d["shard"]), int(d["parts"]), int(d["batches"]),
                            int(d["rows"]), bool(d["payload"]), StageTimes(**t))
         return {"item": int(d["item"]), "part": int(d["part"]), "rows": int(d["rows"]),

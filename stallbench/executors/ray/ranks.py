@@ -85,6 +85,14 @@ class SplitSource:
     def worker_pids(self) -> list[int]:
         return []
 
+    def producer_slots(self) -> int:
+        """For this rank's start-up/steady split (``measure.phases``): one pool serves every
+        rank and hands each block to the rank with the fewest rows, so a rank receives its
+        items one at a time and its steady state starts after its first. The pool's own
+        size is the job's figure (the driver's ``producer_slots``); rank runs are attributed
+        on whole runs at the job level."""
+        return 1
+
     def producer_cpu_s(self, plan: Plan) -> float | None:
         return None      # one pool for all ranks: the launcher measures it
 
