@@ -588,7 +588,7 @@ def _variant_name(combo: dict[str, Any], knobs: dict[str, Any]) -> str:
     rest = {k: v for k, v in knobs.items() if k.split(".", 1)[0] not in labelled}
     short = [k.split(".", 1)[1] for k in rest]
     names = short if len(set(short)) == len(short) else list(rest)
-    parts = iter(f"{n}={_fmt(v)}" for n, v in zip(names, rest.values()))
+    parts = iter(f"{n}={format_value(v)}" for n, v in zip(names, rest.values()))
     out, done = [], set()
     for k in knobs:           # keep matrix order: labels where their axis stands
         sec = k.split(".", 1)[0]
@@ -601,7 +601,8 @@ def _variant_name(combo: dict[str, Any], knobs: dict[str, Any]) -> str:
     return ",".join(out)
 
 
-def _fmt(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A knob value as variant names and tune's messages write it (TOML's booleans, 2 not 2.0)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and v.is_integer():

@@ -54,7 +54,7 @@ from .results import (SCHEMA_VERSION, DatasetInfo, MachineInfo, ScenarioInfo, To
                       TuneConfirmation, TuneFigures, TuneRecommendation, TuneResult, TuneStep,
                       VariantResult, now_utc)
 from .runner import RunOptions, default_cache_dir, run_scenario, run_variant
-from .scenario import Config, Scenario, Variant
+from .scenario import Config, Scenario, Variant, format_value
 from .scenario import load as load_scenario
 from .scenario import parse as parse_scenario
 from .validate import check_config, check_scenario
@@ -132,15 +132,7 @@ def knob_diff(base: Config, cfg: Config) -> dict[str, Any]:
 def variant_name(knobs: dict[str, Any]) -> str:
     if not knobs:
         return "base"
-    return ",".join(f"{k.split('.', 1)[1]}={_fmt(v)}" for k, v in sorted(knobs.items()))
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float) and v.is_integer():
-        return f"{v:g}"
-    return str(v)
+    return ",".join(f"{k.split('.', 1)[1]}={format_value(v)}" for k, v in sorted(knobs.items()))
 
 
 # ------------------------------------------------------------------------ scenario file
@@ -529,10 +521,10 @@ class Tuner:
             need = self.estimate(cfg, c.predicted_samples_s, best)
             reserve = self.estimate(best.cfg, best.figures.throughput_samples_s, best)
             if need + reserve > self.left():
-                return (f"budget: the next step ({c.key} = {_fmt(c.value)}, ~{need:.0f} s) and the "
+                return (f"budget: the next step ({c.key} = {format_value(c.value)}, ~{need:.0f} s) and the "
                         f"confirmation (~{reserve:.0f} s) do not fit in the {self.left():.0f} s left")
             old = best.cfg.get(c.key)
-            change = f"{c.key}: {_fmt(old)} -> {_fmt(c.value)}"
+            change = f"{c.key}: {format_value(old)} -> {format_value(c.value)}"
             tried = f"{change} on {best.name} ({best.figures.bound_by}-bound; {c.why})"
             try:
                 vr, wall = self._measure(cfg, False)
