@@ -7,7 +7,10 @@ scenario imports a transform from the repository (``"mytf:fn"``):
 - one extra commit that changes nothing measurable: it exits 0.
 
 Slow (each gate is 20-40 runs of a few seconds): marked ``abgate`` so they can be run alone
-(``pytest -m abgate``) or skipped (``-m "not abgate"``); CI runs them with the whole suite.
+(``pytest -m abgate``) or skipped (``-m "not abgate"``). The two gates above are also marked
+``slow`` (4-6 minutes together here): ``make test`` (and so CI) leaves them out to keep CI well
+under its time limit, and ``make test-all`` runs them; CI's own ``make ci-ab`` runs the same
+machinery (worktree, interleaved pairs, confirmation) against HEAD~1 on every commit.
 Ctrl-C/SIGTERM cleanup of the worktree is tested here too, with a real gate process.
 """
 
@@ -38,6 +41,7 @@ def _epoch_share_cost(repo: Path, share: float) -> float:
     return share * abrepo.idle_epoch(v) / v.repeats[0].samples
 
 
+@pytest.mark.slow
 def test_a_commit_costing_10_percent_of_the_epoch_fails_after_confirmation(tmp_path: Path) -> None:
     repo = abrepo.make(tmp_path / "user", transform=abrepo.identity("v1"))
     cost = _epoch_share_cost(repo, 0.10)
@@ -53,6 +57,7 @@ def test_a_commit_costing_10_percent_of_the_epoch_fails_after_confirmation(tmp_p
     assert abrepo.worktrees(repo) == [str(repo.resolve())]
 
 
+@pytest.mark.slow
 def test_a_commit_that_changes_nothing_measurable_passes(tmp_path: Path) -> None:
     repo = abrepo.make(tmp_path / "user", transform=abrepo.identity("v1"))
     abrepo.commit(repo, "mytf: docstring", **{
