@@ -252,20 +252,40 @@ def stop_new_children(before: set[int], grace_s: float = 3.0) -> list[int]:
     if not alive:
         _wait_zombies(procs)
         return []
-    for p in alive:
+    terminate_then_kill(alive, grace_s)
+    _wait_zombies(procs)
+    return [p.pid for p in alive]
+
+
+def running(p: Any) -> bool:
+    """A ``psutil.Process`` that is still running (a zombie has exited: only its parent's wait
+    is missing)."""
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def terminate_then_kill(procs: list[Any], grace_s: float) -> None:
+    """SIGTERM each ``psutil.Process``, give them ``grace_s`` to exit, SIGKILL what is left
+    and wait for it: the one way stallbench stops processes it started (by PID, never by
+    name). A process already gone is skipped."""
+    import psutil
+
+    for p in procs:
         try:
             p.terminate()
         except psutil.Error:
             pass
-    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    _, still = psutil.wait_procs(procs, timeout=grace_s)
     for p in still:
         try:
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(still, timeout=grace_s)
-    _wait_zombies(procs)
-    return [p.pid for p in alive]
 
 
 def _wait_zombies(procs: list[Any]) -> None:

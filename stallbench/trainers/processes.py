@@ -27,6 +27,7 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .. import interrupts
 from ..errors import UserError
 from ..pipeline import Ablation, Plan
 from .base import LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan
@@ -217,18 +218,8 @@ class ProcessLauncher(RankLauncher):
                 p.join(timeout=STOP_GRACE_S)
         for c in conns:
             c.close()
-        left = [c for c in started.values() if _alive(c)]
-        for c in left:
-            try:
-                c.terminate()
-            except psutil.Error:
-                pass
-        _, left = psutil.wait_procs(left, timeout=STOP_GRACE_S)
-        for c in left:
-            try:
-                c.kill()
-            except psutil.Error:
-                pass
+        interrupts.terminate_then_kill([c for c in started.values() if interrupts.running(c)],
+                                       STOP_GRACE_S)
         if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             try:
                 signal.signal(signal.SIGTERM, self._old_sigterm)
@@ -237,10 +228,3 @@ class ProcessLauncher(RankLauncher):
             self._old_sigterm = None
 
 
-def _alive(p: Any) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

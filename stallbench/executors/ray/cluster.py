@@ -687,31 +687,11 @@ def _reap(pids: set[int], grace_s: float = 5.0) -> None:
             procs.extend(p.children(recursive=True))
         except psutil.Error:
             pass
-    alive = [p for p in procs if _alive(p)]
+    alive = [p for p in procs if interrupts.running(p)]
     if not alive:
         return
     _, alive = psutil.wait_procs(alive, timeout=min(1.0, grace_s))
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
-
-
-def _alive(p: Any) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    interrupts.terminate_then_kill(alive, grace_s)
 
 
 # ------------------------------------------------------------------------ connecting by address
