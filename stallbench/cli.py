@@ -18,7 +18,7 @@ from .errors import UserCodeError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import gate, history, report, run, serve, tune, whatif
+    from .commands import gate, history, profile, report, run, serve, tune, whatif
 
     p = argparse.ArgumentParser(prog="stallbench",
                                 description="Find out why ML training waits for data, and prove it.")
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true",
                    help="show the traceback of a failure in your own code (transforms, models)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for mod in (run, report, gate, whatif, tune, history, serve):
+    for mod in (run, profile, report, gate, whatif, tune, history, serve):
         mod.add_parser(sub)
     return p
 
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(argv)   # argparse exits 2 on bad usage, as we do
         debug = args.debug
-        nothing = "no result written" if args.command in ("run", "tune") else nothing
+        nothing = ("no result written" if args.command in ("run", "tune", "profile")
+                   else nothing)
         code = int(args.func(args) or 0)
         interrupts.check()  # a signal whose exception was swallowed still ends the command
         return code

@@ -54,6 +54,8 @@ _RESULT_MARK = re.compile(rb'\A\s*\{\s*"schema_version"\s*:\s*\d+\s*,\s*"tool"\s
 
 REPORT = Kind("stallbench HTML report", lambda head: _REPORT_MARK in head)
 RESULT = Kind("stallbench result", lambda head: bool(_RESULT_MARK.match(head)))
+TRACE_MARK = b'{"otherData": {"generator": "stallbench'
+TRACE = Kind("stallbench trace", lambda head: head.startswith(TRACE_MARK))
 
 
 def _fail(flag: str, path: str | Path, problem: str) -> UserError:

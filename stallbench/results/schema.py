@@ -58,6 +58,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``high_samples_s``; ``WhatIfCheck.model`` and ``predicted_steady_samples_s``;
   ``WhatIfValidation.backtest`` (``BackTest``: leave-one-out errors and interval coverage).
   Merged with issues 16 and 18: ``BackTestPoint.ranks`` and ``BackTestPoint.oversubscribed``.
+  Additive (issue 23, ``stallbench profile``; executor kind ``"profile"``): ``Result.profile``
+  (``ProfileCommand``: the command, redacted) and ``VariantResult.profile``
+  (``ProfileVariant``: every loader stream per rank, ``ProfileLoader`` / ``ProfileStage``).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -652,6 +655,80 @@ class StartupFigures:
     parts: dict[str, float] = field(default_factory=dict)   # the executor's own breakdown
 
 
+# ------------------------------------------------------------------ profile (issue 23)
+
+@dataclass
+class ProfileStage:
+    """A stage timed inside a profiled job's producers (or its trainer with 0 workers):
+    ``dataset.__getitem__`` / ``dataset.__iter__`` (the items of each batch), ``collate_fn``,
+    ``pin_memory``, or a ``stallbench.stage`` name. Sums over the run; ``cpu_s`` is the CPU
+    clock of the thread that ran it."""
+
+    name: str
+    where: str                      # "workers" or "trainer"
+    calls: int
+    wall_s: float
+    cpu_s: float
+
+
+@dataclass
+class ProfileLoader:
+    """One loader stream of a profiled job on one rank (a DataLoader, a Ray Data iterator or a
+    ``stallbench.watch``ed iterable), named by its dataset class and creation order
+    (``ParquetDataset#0``); medians over repeats. ``wait_s``: the loop blocked in the
+    loader's ``__next__`` (from ``iter()`` for each epoch's first batch: worker start-up is
+    in it); ``step_s``: time between a batch's return and the next request (the loop's own
+    work); ``epoch_s`` = wait + step, summed over the epochs (time between epochs is not the
+    loader's)."""
+
+    name: str
+    kind: str                       # "torch.DataLoader", "ray.iter_torch_batches", "watch", ...
+    rank: int
+    headline: bool                  # the loader that yielded the most batches
+    settings: dict[str, Any]        # as the job's loader ran (overrides applied)
+    epochs: int
+    batches: int
+    samples: int
+    epoch_s: float
+    wait_s: float
+    step_s: float
+    wait_share: float               # wait_s / epoch_s
+    time_to_first_batch_s: float
+    batches_s: float
+    samples_s: float
+    steady_samples_s: float | None = None
+    steady_wait_share: float | None = None
+    stages: list[ProfileStage] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gpu_wait_s: float | None = None     # CUDA events: the GPU idle between the batch boundaries
+    gpu_step_s: float | None = None
+
+
+@dataclass
+class ProfileVariant:
+    """What ``stallbench profile`` measured of one variant beyond the headline loader's
+    figures (which are the variant's ``repeats``)."""
+
+    loaders: list[ProfileLoader]
+    exit_code: int = 0
+    ended_early: str = ""           # the job ended before its loader finished an epoch (why)
+    capped: bool = False            # --max-batches ended the epochs
+
+
+@dataclass
+class ProfileCommand:
+    """The profiled command, as recorded (secret-looking values redacted, ``profile.redact``)."""
+
+    argv: list[str]
+    cwd: str
+    environment: dict[str, str]     # the variables that shape the run, redacted
+    torch: str | None
+    ray: str | None
+    hooks_written_for: dict[str, str]
+    world_size: int = 1
+    nodes: int = 1
+
+
 @dataclass
 class VariantResult:
     name: str
@@ -681,6 +758,7 @@ class VariantResult:
     device: DeviceFigures | None = None      # AU, H2D copies (issue 15)
     phases: PhaseSummary | None = None                 # start-up vs steady state (issue 14)
     recommendation: Recommendation | None = None       # the next change to try
+    profile: ProfileVariant | None = None    # stallbench profile: every loader (issue 23)
 
 
 # ---------------------------------------------------------------------- what-if (analysis)
@@ -930,6 +1008,7 @@ class Result:
     variants: list[VariantResult]
     analysis: ScenarioAnalysis = field(default_factory=ScenarioAnalysis)
     status: str = "complete"
+    profile: ProfileCommand | None = None    # stallbench profile: the command (issue 23)
 
     def variant(self, name: str) -> VariantResult:
         for v in self.variants:

@@ -1,0 +1,133 @@
+"""``stallbench profile [options] -- COMMAND [ARGS...]``: the user's own job, measured unchanged
+(``stallbench.profile`` does the work; this module parses and prints)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import interrupts, outputs, results, tables
+from ..errors import UserError
+from . import numbers
+
+MAX_REPEATS = 1000
+MAX_BATCHES = 10**9
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "profile", help="measure your own training command's data wait, per loader and rank",
+        description="Run COMMAND unchanged (python train.py, python -m pkg, torchrun ...) and "
+                    "measure every DataLoader and Ray Data iterator in its processes; --set "
+                    "tries DataLoader settings on it. Everything after -- is the command.")
+    p.add_argument("--out", default="results", help="result directory (default: results/)")
+    p.add_argument("--name", default=None, help="result name (default: the script's stem)")
+    p.add_argument("--repeats", default="1", metavar="N",
+                   help=f"runs per variant, 1..{MAX_REPEATS} (default 1; the gate needs 2)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1,V2",
+                   help="try these values on the job (repeatable): dataloader.num_workers, "
+                        "dataloader.pin_memory, dataloader.prefetch_factor, "
+                        "dataloader.persistent_workers, ray.prefetch_batches")
+    p.add_argument("--max-batches", default=None, metavar="N",
+                   help="end each hooked epoch after N batches (the script sees a shorter epoch)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--analyze", dest="analyze", action="store_true", default=None,
+                   help="ablations on the job (not built yet: issue 28)")
+    g.add_argument("--no-analyze", dest="analyze", action="store_false")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="write a Chrome trace-event JSON of batches, waits and steps per rank")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    p.set_defaults(func=run)
+    return p
+
+
+def loader_table(result: results.Result) -> str:
+    rows = []
+    for v in result.variants:
+        if v.profile is None:
+            continue
+        for lo in v.profile.loaders:
+            top = max(lo.stages, key=lambda s: s.wall_s, default=None)
+            rows.append([v.name, lo.name + (" *" if lo.headline else ""), str(lo.rank),
+                         str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
+                         tables.num(lo.samples_s), tables.num(lo.steady_samples_s),
+                         tables.num(lo.wait_s, ".2f"), tables.pct(lo.wait_share),
+                         tables.pct(lo.steady_wait_share), tables.num(lo.step_s, ".2f"),
+                         tables.num(lo.time_to_first_batch_s, ".2f"),
+                         f"{top.name} {top.wall_s:.2f} s" if top else "-"])
+    head = ["variant", "loader", "rank", "workers", "batches", "samples/s", "steady samples/s",
+            "wait s", "wait %", "steady wait %", "step s", "1st batch s", "top stage (wall)"]
+    return tables.table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+
+
+def print_result(result: results.Result) -> None:
+    print("per loader (medians over repeats; * = headline, the loader with most batches; "
+          "wait = blocked on the next batch, step = the loop's time between batches):")
+    print(loader_table(result))
+    for v in result.variants:
+        if v.profile is not None and v.profile.ended_early:
+            print(f"  {v.name}: {v.profile.ended_early}")
+        if v.profile is not None and v.profile.capped:
+            print(f"  {v.name}: --max-batches ended the epochs early")
+        for loader, note in v.notes.items():
+            print(f"  {v.name}: {loader}: {note}")
+    ranks = tables.rank_table(result)
+    if ranks:
+        print()
+        print("ranks (exposed stall = the rank's wait for its batches; medians over repeats):")
+        print(ranks)
+        for line in tables.rank_verdicts(result):
+            print(f"  {line}")
+    from ..measure.load import busy_summary
+    busy = busy_summary(result)
+    if busy:
+        print(f"WARNING: BUSY MACHINE: {busy}")
+
+
+def _command(cmd: list[str]) -> list[str]:
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UserError("profile: expected the command after --: stallbench profile [options] "
+                        "-- python train.py [ARGS...]")
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..profile import knobs, session
+
+    argv = _command(args.cmd)
+    repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
+    max_batches = numbers.integer(args.max_batches, "--max-batches", 1, MAX_BATCHES)
+    axes = knobs.parse(args.sets)
+    if args.analyze:
+        raise UserError("profile: --analyze (ablations on your job) is not built yet; "
+                        "run without it")
+    name = args.name or session.default_name(argv)
+    out = Path(args.out)
+    outputs.check_dir(out, "--out", [results.store.longest_name(name)])
+    trace = None
+    if args.trace:
+        trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
+    opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
+                           max_batches=max_batches, axes=axes)
+    try:
+        result = session.profile(opts, say=lambda s: print(f"stallbench: {s}", file=sys.stderr,
+                                                            flush=True))
+    except session.JobFailed as exc:
+        print(f"stallbench: {exc}", file=sys.stderr)
+        return exc.code
+    print()
+    print_result(result)
+    with interrupts.deferred():
+        path = results.save(result, out)
+        if trace is not None:
+            from ..profile import trace as trace_mod
+            outputs.write_file(trace, trace_mod.dumps(result), outputs.TRACE, "--trace")
+    print(f"result: {path}")
+    if trace is not None:
+        print(f"trace: {trace}")
+    if result.analysis.recommendation is not None:
+        print(result.analysis.recommendation.text)
+    return 0

@@ -1,0 +1,652 @@
+"""The code ``stallbench profile`` runs inside the user's processes (loaded by the bootstrap's
+``sitecustomize``; never imported by stallbench itself).
+
+Rules it keeps, and why:
+
+- **Standard library only** at import, torch only once the job imported torch's DataLoader,
+  Ray only once the job imported Ray Data: a hook that imported torch first would change what
+  the job measures (its start-up) and what it can run (a CPU-only job importing CUDA).
+  ``_PostImport`` is a ``sys.meta_path`` finder that patches a module right after the job's
+  own import of it executed.
+- **Per batch, not per item**: the trainer's clocks sit at ``_BaseDataLoaderIter.__next__``
+  (wait = inside it, step = between its return and the next call) and the producers' at the
+  fetchers (``dataset[i]`` for a whole batch of indices, ``collate_fn``) and ``pin_memory``:
+  two clock pairs per batch, so no sampling is needed to stay inside the 2% overhead target.
+- **Files, not pipes**: each process writes its own part (JSON, atomically replaced) into the
+  run directory the launcher named in ``STALLBENCH_PROFILE``: the trainer at each epoch end
+  (at most every ``FLUSH_S``) and at exit, loader workers at most every ``FLUSH_S`` and when
+  their loop ends (multiprocessing children leave through ``os._exit``: no ``atexit``).
+  Nothing is sent through the job's own queues, so its batches are exactly its own.
+- **Per-batch records are a seam**: every batch of a stream goes through ``Stream.next_batch``
+  (``source`` = the loader's own ``__next__``), so a later replay (issue 28) can serve
+  recorded batches from memory by swapping the source, and the records (epoch, index,
+  request time, wait, step, rows) say which batch to serve.
+
+Written for torch 2.13 and Ray 2.60 (``WRITTEN_FOR``); with another version the job's stderr
+gets one line saying what the hooks patch and that it may have changed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+WRITTEN_FOR = {"torch": "2.13", "ray": "2.60"}
+ENV = "STALLBENCH_PROFILE"
+LOADER_ENV = "STALLBENCH_PROFILE_LOADER"   # "trainer pid:loader order", for spawned workers
+FLUSH_S = 1.0
+
+_perf = time.perf_counter
+_tcpu = time.thread_time
+
+SETTINGS: dict = {}
+STREAMS: list = []              # this process's streams, in creation order
+_LOCK = threading.Lock()
+_ACTIVE = threading.local()     # the stream whose batch this thread is fetching (0 workers)
+_WORKER_LOADER: str | None = None   # in a loader worker: "trainer pid:order" it works for
+_STAGES: dict = {}              # key -> name -> [calls, wall, cpu, where]
+_next_flush = 0.0
+_said: set = set()
+
+
+def _say(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(f"stallbench profile: {line}", file=sys.stderr, flush=True)
+
+
+def _rank() -> dict:
+    env = os.environ
+
+    def num(name: str, default: int) -> int:
+        try:
+            return int(env.get(name, default))
+        except ValueError:
+            return default
+    return {"rank": num("RANK", 0), "local_rank": num("LOCAL_RANK", 0),
+            "world_size": num("WORLD_SIZE", 1), "node_rank": num("GROUP_RANK", 0)}
+
+
+# ------------------------------------------------------------------------ stage records
+
+def stage_add(name: str, wall: float, cpu: float, calls: int = 1, where: str = "") -> None:
+    """Add one timed stage call to the bucket of the loader being served (in a worker: the
+    loader it works for; in the trainer: the stream fetching now, else "trainer")."""
+    if _WORKER_LOADER is not None:
+        key = _WORKER_LOADER
+        where = where or "workers"
+    else:
+        st = getattr(_ACTIVE, "stream", None)
+        key = st.key if st is not None else f"{os.getpid()}:trainer"
+        where = where or "trainer"
+    rec = _STAGES.setdefault(key, {}).get(name)
+    if rec is None:
+        rec = _STAGES[key][name] = [0, 0.0, 0.0, where]
+    rec[0] += calls
+    rec[1] += wall
+    rec[2] += cpu
+    if _WORKER_LOADER is not None and _perf() >= _next_flush:
+        flush_worker()
+
+
+class Stage:
+    """``stallbench.stage(name)``: a context manager and a decorator timing wall and this
+    thread's CPU (the CPU clock of the calling thread: a worker's other threads are not it)."""
+
+    __slots__ = ("name", "_w", "_c")
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+
+    def __enter__(self) -> "Stage":
+        self._w, self._c = _perf(), _tcpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stage_add(self.name, _perf() - self._w, _tcpu() - self._c)
+
+    def __call__(self, fn):
+        import functools
+        name = self.name
+
+        @functools.wraps(fn)
+        def timed(*a, **k):
+            w, c = _perf(), _tcpu()
+            try:
+                return fn(*a, **k)
+            finally:
+                stage_add(name, _perf() - w, _tcpu() - c)
+        return timed
+
+
+# ----------------------------------------------------------------------------- streams
+
+def _rows(batch, default: int) -> int:
+    """Samples in a batch: the leading dimension of its first tensor/array (dicts, tuples and
+    lists looked into once), else the loader's batch size."""
+    b = batch
+    for _ in range(3):
+        if isinstance(b, dict):
+            b = next(iter(b.values()), None)
+        elif isinstance(b, (list, tuple)) and b and not hasattr(b, "shape"):
+            b = b[0]
+        else:
+            break
+    shape = getattr(b, "shape", None)
+    if shape is not None and len(shape) > 0:
+        try:
+            return int(shape[0])
+        except (TypeError, ValueError):
+            return default
+    return default
+
+
+class Epoch:
+    """One pass over a stream (one ``iter()``): per-batch request time, wait and step."""
+
+    __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "t_last", "t_end", "capped",
+                 "cuda")
+
+    def __init__(self, t: float) -> None:
+        self.t_iter = t
+        self.t_req: list = []
+        self.wait: list = []
+        self.step: list = []
+        self.rows: list = []
+        self.t_last = t
+        self.t_end: float | None = None
+        self.capped = False
+        self.cuda: list | None = None   # [(start event, end event)] per batch on a GPU
+
+    def to_json(self, t0: float) -> dict:
+        steps = list(self.step)
+        if self.t_end is not None and self.t_req:
+            steps.append(self.t_end - self.t_last)   # the last batch's step ends at the end call
+        out = {"t_iter": self.t_iter - t0, "t_req": [round(t - t0, 6) for t in self.t_req],
+               "wait": [round(w, 7) for w in self.wait], "step": [round(s, 7) for s in steps],
+               "rows": self.rows, "ended": self.t_end is not None, "capped": self.capped,
+               "t_end": (self.t_end if self.t_end is not None else self.t_last) - t0}
+        if self.cuda:
+            out["gpu"] = _cuda_times(self.cuda)
+        return out
+
+
+def _cuda_times(events: list) -> dict:
+    """GPU-side wait and step per batch from CUDA events recorded on the current stream when
+    the loop asked for a batch (``a``) and when it got it (``b``): wait_i = a_i -> b_i on the
+    GPU's clock (the GPU idled that long only if it had finished the previous step's work),
+    step_i = b_i -> a_{i+1} (what the GPU spent on the loop's kernels)."""
+    try:
+        events[-1][1].synchronize()
+        wait = [a.elapsed_time(b) / 1e3 for a, b in events]
+        step = [events[i][1].elapsed_time(events[i + 1][0]) / 1e3 for i in range(len(events) - 1)]
+        return {"wait": wait, "step": step}
+    except Exception as exc:  # noqa: BLE001 - a failed GPU read must not fail the job
+        return {"error": str(exc)[:200]}
+
+
+class Stream:
+    """One loader (a DataLoader, a Ray Data iterator, a watched iterable) in this process."""
+
+    def __init__(self, kind: str, label: str, settings: dict | None = None) -> None:
+        with _LOCK:
+            self.order = len(STREAMS)
+            STREAMS.append(self)
+        self.kind = kind
+        self.name = f"{label}#{self.order}"
+        self.key = f"{os.getpid()}:{self.order}"
+        self.settings = settings or {}
+        self.notes: list = []
+        self.epochs: list = []
+        self.default_rows = int(self.settings.get("batch_size") or 1)
+
+    def new_epoch(self, t: float) -> Epoch:
+        ep = Epoch(t)
+        self.epochs.append(ep)
+        return ep
+
+    def next_batch(self, ep: Epoch, source, it):
+        """One batch through the stream's clocks; ``source(it)`` makes it (the seam a replay
+        swaps, see the module docstring). StopIteration ends the epoch and flushes the part."""
+        t0 = _perf()
+        cap = SETTINGS.get("max_batches")
+        if cap and len(ep.wait) >= cap:
+            ep.capped = True
+            self.end_epoch(ep, t0)
+            raise StopIteration
+        cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
+        prev = getattr(_ACTIVE, "stream", None)
+        _ACTIVE.stream = self
+        try:
+            batch = source(it)
+        except StopIteration:
+            self.end_epoch(ep, t0)
+            raise
+        finally:
+            _ACTIVE.stream = prev
+        t1 = _perf()
+        if ep.t_req:
+            ep.step.append(t0 - ep.t_last)
+            ep.t_req.append(t0)
+            ep.wait.append(t1 - t0)
+        else:                       # the first batch waits from iter(): worker start-up is in it
+            ep.t_req.append(ep.t_iter)
+            ep.wait.append(t1 - ep.t_iter)
+        ep.t_last = t1
+        ep.rows.append(_rows(batch, self.default_rows))
+        if cuda is not None:
+            if ep.cuda is None:
+                ep.cuda = []
+            ep.cuda.append((cuda, _cuda_event()))
+        return batch
+
+    def end_epoch(self, ep: Epoch, t: float) -> None:
+        if ep.t_end is None:
+            ep.t_end = t
+            flush(force=False)
+
+    def to_json(self, t0: float) -> dict:
+        return {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
+                "settings": self.settings, "notes": self.notes,
+                "epochs": [e.to_json(t0) for e in self.epochs if e.t_req]}
+
+
+def _cuda_on() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _cuda_event():
+    import torch
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
+
+def watch(iterable, name: str | None = None):
+    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass)."""
+    label = name or type(iterable).__name__
+    st = Stream("watch", label)
+    ep = st.new_epoch(_perf())
+    it = iter(iterable)
+    nxt = type(it).__next__
+    while True:
+        try:
+            yield st.next_batch(ep, nxt, it)
+        except StopIteration:
+            return
+
+
+# ------------------------------------------------------------------------------- parts
+
+_T0_PERF = _perf()
+_T0_WALL = time.time()
+
+
+def _write(name: str, payload: dict) -> None:
+    run_dir = SETTINGS.get("run_dir")
+    if not run_dir:
+        return
+    path = os.path.join(run_dir, name)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(payload, fh)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _say(f"cannot write its figures to {run_dir} ({exc})")
+
+
+def _header() -> dict:
+    torch = sys.modules.get("torch")
+    ray = sys.modules.get("ray")
+    return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid(),
+            "t0_wall": _T0_WALL, "t0_perf": _T0_PERF, **_rank(),
+            "torch": getattr(torch, "__version__", None), "ray": getattr(ray, "__version__", None),
+            "cpu_s": time.process_time()}
+
+
+_last_flush = 0.0
+
+
+def flush(force: bool = True) -> None:
+    """The trainer's part: its streams and the stages it timed itself (0 workers)."""
+    global _last_flush
+    now = _perf()
+    if not force and now - _last_flush < FLUSH_S:
+        return
+    _last_flush = now
+    if not STREAMS and not _STAGES:
+        return
+    with _LOCK:
+        streams = [s.to_json(_T0_PERF) for s in STREAMS]
+    part = {"role": "trainer", **_header(), "streams": streams, "stages": _STAGES,
+            "exiting": force}
+    _write(f"part-{socket.gethostname()}-{os.getpid()}.json", part)
+
+
+def flush_worker() -> None:
+    global _next_flush
+    _next_flush = _perf() + FLUSH_S
+    part = {"role": "worker", **_header(), "loader": _WORKER_LOADER, "stages": _STAGES}
+    _write(f"stage-{socket.gethostname()}-{os.getpid()}.json", part)
+
+
+# ----------------------------------------------------------------------- torch patches
+
+OVERRIDABLE = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+def _version_check(lib: str, version: str) -> None:
+    want = WRITTEN_FOR[lib]
+    if not version.startswith(want + ".") and version != want:
+        what = ("DataLoader.__init__/__iter__, _BaseDataLoaderIter.__next__, the map/iterable "
+                "fetchers, the worker loop and pin_memory" if lib == "torch" else
+                "DataIterator.iter_batches/iter_torch_batches")
+        _say(f"hooks written for {lib} {want}, this job has {lib} {version}: they patch {what}, "
+             "which this version may have changed")
+
+
+def patch_torch(dl_mod) -> None:
+    import functools
+    import inspect
+    torch = sys.modules["torch"]
+    _version_check("torch", torch.__version__)
+    utils = sys.modules["torch.utils.data._utils"]
+    DataLoader = dl_mod.DataLoader
+    BaseIter = dl_mod._BaseDataLoaderIter
+    MultiIter = dl_mod._MultiProcessingDataLoaderIter
+    overrides = SETTINGS.get("overrides", {}).get("dataloader", {})
+
+    orig_init = DataLoader.__init__
+    sig = inspect.signature(orig_init)
+
+    @functools.wraps(orig_init)
+    def __init__(self, *args, **kwargs):
+        if getattr(self, "_stallbench_stream", None) is not None:   # a subclass's second init
+            return orig_init(self, *args, **kwargs)
+        notes = []
+        if overrides:
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError:
+                bound = None        # torch raises its own error below
+            if bound is not None:
+                bound.apply_defaults()
+                a = bound.arguments
+                for k, v in overrides.items():
+                    a[k] = v
+                if not a.get("num_workers"):
+                    if a.get("prefetch_factor") is not None:
+                        notes.append("prefetch_factor not applied: torch refuses it with "
+                                     "num_workers=0")
+                        a["prefetch_factor"] = None
+                    if a.get("persistent_workers"):
+                        notes.append("persistent_workers not applied: torch refuses it with "
+                                     "num_workers=0")
+                        a["persistent_workers"] = False
+                args, kwargs = bound.args[1:], bound.kwargs
+        orig_init(self, *args, **kwargs)
+        ds = getattr(self, "dataset", None)
+        settings = {"num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
+                    "prefetch_factor": self.prefetch_factor,
+                    "persistent_workers": bool(self.persistent_workers),
+                    "batch_size": self.batch_size,
+                    "dataset": type(ds).__module__ + "." + type(ds).__qualname__}
+        st = Stream("torch.DataLoader", type(ds).__name__, settings)
+        st.notes.extend(notes)
+        object.__setattr__(self, "_stallbench_stream", st)
+
+    DataLoader.__init__ = __init__
+
+    orig_iter = DataLoader.__iter__
+
+    @functools.wraps(orig_iter)
+    def __iter__(self):
+        st = getattr(self, "_stallbench_stream", None)
+        if st is None:
+            return orig_iter(self)
+        t = _perf()
+        it = orig_iter(self)
+        try:
+            it._stallbench_epoch = (st, st.new_epoch(t))
+        except AttributeError:      # a custom iterator without __dict__: not timed
+            pass
+        return it
+
+    DataLoader.__iter__ = __iter__
+
+    orig_next = BaseIter.__next__
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        tag = self.__dict__.get("_stallbench_epoch")
+        if tag is None:
+            return orig_next(self)
+        return tag[0].next_batch(tag[1], orig_next, self)
+
+    BaseIter.__next__ = __next__
+
+    orig_multi_init = MultiIter.__init__
+
+    @functools.wraps(orig_multi_init)
+    def multi_init(self, loader, *a, **k):
+        # Workers start in here: they learn which loader they serve from a global (fork) or
+        # the environment (spawn copies os.environ when it starts them).
+        global _SERVING
+        st = getattr(loader, "_stallbench_stream", None)
+        prev, prev_env = _SERVING, os.environ.get(LOADER_ENV)
+        if st is not None:
+            _SERVING = st.key
+            os.environ[LOADER_ENV] = st.key
+        try:
+            orig_multi_init(self, loader, *a, **k)
+        finally:
+            _SERVING = prev
+            if prev_env is None:
+                os.environ.pop(LOADER_ENV, None)
+            else:
+                os.environ[LOADER_ENV] = prev_env
+
+    MultiIter.__init__ = multi_init
+
+    worker_mod = utils.worker
+    orig_loop = worker_mod._worker_loop
+
+    @functools.wraps(orig_loop)
+    def _worker_loop(*a, **k):
+        global _WORKER_LOADER
+        _WORKER_LOADER = _SERVING or os.environ.get(LOADER_ENV) or f"{os.getppid()}:?"
+        STREAMS.clear()             # forked: the trainer's streams are not this process's
+        _STAGES.clear()
+        try:
+            return orig_loop(*a, **k)
+        finally:
+            flush_worker()
+
+    worker_mod._worker_loop = _worker_loop
+
+    fetch_mod = utils.fetch
+    for cls in (fetch_mod._MapDatasetFetcher, fetch_mod._IterableDatasetFetcher):
+        _patch_fetch(cls, functools)
+
+    pin_mod = utils.pin_memory
+    orig_pin = pin_mod.pin_memory
+    depth = threading.local()
+
+    @functools.wraps(orig_pin)
+    def pin_memory(data, *a, **k):
+        if getattr(depth, "n", 0):
+            return orig_pin(data, *a, **k)
+        depth.n = 1
+        w, c = _perf(), _tcpu()
+        try:
+            return orig_pin(data, *a, **k)
+        finally:
+            depth.n = 0
+            stage_add("pin_memory", _perf() - w, _tcpu() - c, where="trainer")
+
+    pin_mod.pin_memory = pin_memory
+
+
+_SERVING: str | None = None
+
+
+class _TimedCollate:
+    """A fetcher's ``collate_fn``, timed (wall and thread CPU of its last call kept)."""
+
+    __slots__ = ("fn", "wall", "cpu")
+
+    def __init__(self, fn) -> None:
+        self.fn, self.wall, self.cpu = fn, 0.0, 0.0
+
+    def __call__(self, data):
+        w, c = _perf(), _tcpu()
+        try:
+            return self.fn(data)
+        finally:
+            self.wall += _perf() - w
+            self.cpu += _tcpu() - c
+
+
+def _patch_fetch(cls, functools) -> None:
+    orig = cls.fetch
+    item = "dataset.__getitem__" if "Map" in cls.__name__ else "dataset.__iter__"
+
+    @functools.wraps(orig)
+    def fetch(self, index):
+        col = self.collate_fn
+        if type(col) is not _TimedCollate:
+            col = self.collate_fn = _TimedCollate(col)
+        cw0, cc0 = col.wall, col.cpu
+        w, c = _perf(), _tcpu()
+        try:
+            return orig(self, index)
+        finally:
+            wall, cpu = _perf() - w, _tcpu() - c
+            cw, cc = col.wall - cw0, col.cpu - cc0
+            n = len(index) if self.auto_collation else 1
+            stage_add(item, wall - cw, cpu - cc, n)
+            stage_add("collate_fn", cw, cc)
+
+    cls.fetch = fetch
+
+
+# ------------------------------------------------------------------------- Ray patches
+
+def patch_ray(it_mod) -> None:
+    import functools
+    ray = sys.modules.get("ray")
+    _version_check("ray", getattr(ray, "__version__", "?"))
+    DataIterator = it_mod.DataIterator
+    prefetch = SETTINGS.get("overrides", {}).get("ray", {}).get("prefetch_batches")
+    inside = threading.local()
+    for meth in ("iter_batches", "iter_torch_batches"):
+        orig = getattr(DataIterator, meth, None)
+        if orig is None:
+            continue
+
+        def make(orig, meth):
+            @functools.wraps(orig)
+            def wrapped(self, *a, **k):
+                if getattr(inside, "on", False):   # iter_torch_batches -> iter_batches
+                    return orig(self, *a, **k)
+                if prefetch is not None:
+                    k["prefetch_batches"] = prefetch
+                inside.on = True
+                try:
+                    inner = orig(self, *a, **k)
+                finally:
+                    inside.on = False
+                bs = k.get("batch_size", 256)
+                st = Stream(f"ray.{meth}", type(self).__name__,
+                            {"batch_size": bs, "prefetch_batches": k.get("prefetch_batches")})
+                return _ray_gen(st, inner, inside)
+            return wrapped
+        setattr(DataIterator, meth, make(orig, meth))
+
+
+def _ray_gen(st: Stream, inner, inside):
+    ep = st.new_epoch(_perf())
+    it = iter(inner)
+    nxt = type(it).__next__
+
+    def source(i):
+        inside.on = True
+        try:
+            return nxt(i)
+        finally:
+            inside.on = False
+    while True:
+        try:
+            yield st.next_batch(ep, source, it)
+        except StopIteration:
+            return
+
+
+# ---------------------------------------------------------------------- post-import hook
+
+TARGETS = {"torch.utils.data.dataloader": patch_torch, "ray.data.iterator": patch_ray}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner, then) -> None:
+        self.inner, self.then = inner, then
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        try:
+            self.then(module)
+        except Exception as exc:  # noqa: BLE001 - a hook that fails leaves the job unhooked
+            _say(f"could not hook {module.__name__} ({type(exc).__name__}: {exc}); "
+                 "the job runs unmeasured there")
+
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Patches a target module right after the job's own import of it executed."""
+
+    def __init__(self) -> None:
+        self.busy: set = set()
+
+    def find_spec(self, name, path, target=None):
+        if name not in TARGETS or name in self.busy:
+            return None
+        self.busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy.discard(name)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _Loader(spec.loader, TARGETS[name])
+        return spec
+
+
+def install() -> None:
+    """Read the settings, hook the targets (now if already imported), flush at exit."""
+    global SETTINGS
+    try:
+        SETTINGS = json.loads(os.environ.get(ENV, "{}"))
+    except ValueError:
+        SETTINGS = {}
+    if not SETTINGS.get("run_dir"):
+        return
+    for name, patch in TARGETS.items():
+        mod = sys.modules.get(name)
+        if mod is not None:
+            patch(mod)
+    sys.meta_path.insert(0, _PostImport())
+    atexit.register(flush)

@@ -1,0 +1,252 @@
+"""Part files of one profiled run -> typed figures (``results`` schema, executor ``"profile"``).
+
+Per process, the hooks wrote its loader streams (per-batch request time, wait, step, rows;
+``hooks.Epoch``) and the stages it timed; each loader worker wrote its stages, keyed by the
+stream it served. Here, per run:
+
+- a stream is named by its dataset class and creation order in its process
+  (``ParquetDataset#0``), the same name on every rank and in every repeat;
+- the **headline** loader is the name with the most batches over the ranks; its figures are
+  the run's ``RepeatFigures`` (the others keep their own ``ProfileLoader`` figures: a
+  validation loader's waits are its own, not stall of the training loop);
+- per batch i of a stream: ``wait[i]`` (blocked in ``__next__``), ``step[i]`` (until the next
+  request), so ``epoch_s`` = sum(wait) + sum(step) over its epochs and ``stall_s`` = ``wait_s``
+  (the loader's own data work, collate and pinning with 0 workers, happens inside the wait);
+  ``compute_s`` = sum(step);
+- start-up vs steady state by ``measure.phases`` with each batch its own work item and
+  S = num_workers producers (steady once every worker delivered its first batch);
+- several ranks: one ``RankFigures`` each, the job's figures as ``RankFigures`` documents
+  (epoch the max, counts summed, stall the max's), the straggler by ``analysis.ranks``.
+  ``sync_s`` is 0: a user's step cannot be split into compute and all-reduce from outside,
+  so a rank waiting for a slow peer shows it in its step, not its stall.
+
+Stage seconds map onto the scenario stages as: ``fetch`` = the dataset's item/iter function
+(reading *and* the user's transform inside it: they cannot be told apart without
+``stallbench.stage``), ``preprocess`` = ``collate_fn``, ``transfer_producer`` / trainer =
+``pin_memory`` where it ran.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..measure import phases as phases_mod
+from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
+                       Timeline)
+
+
+@dataclass
+class StreamRun:
+    """One stream of one process in one run, its epochs concatenated."""
+
+    name: str
+    kind: str
+    rank: int
+    key: str
+    settings: dict[str, Any]
+    notes: list[str]
+    epochs: int = 0
+    t_start: list[float] = field(default_factory=list)   # from the stream's own start, gaps cut
+    wait: list[float] = field(default_factory=list)
+    step: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    epoch_s: float = 0.0
+    ended: bool = True
+    capped: bool = False
+    stages: dict[str, list[Any]] = field(default_factory=dict)   # name -> [calls, wall, cpu, where]
+    gpu_wait: list[float] = field(default_factory=list)
+    gpu_step: list[float] = field(default_factory=list)
+    trainer_cpu_s: float = 0.0
+    producer_cpu_s: float | None = None
+    producer_processes: int = 0
+
+    @property
+    def batches(self) -> int:
+        return len(self.wait)
+
+    @property
+    def producers(self) -> int:
+        return int(self.settings.get("num_workers") or 0)
+
+
+def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> None:
+    for name, (calls, wall, cpu, where) in stages.items():
+        rec = into.setdefault(name, [0, 0.0, 0.0, where])
+        rec[0] += calls
+        rec[1] += wall
+        rec[2] += cpu
+
+
+def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
+    """Every stream of a run, with the stages its workers (or its own process) timed."""
+    workers: dict[str, list[dict[str, Any]]] = {}
+    for p in parts:
+        if p.get("role") == "worker":
+            workers.setdefault(str(p.get("loader")), []).append(p)
+    out = []
+    for p in parts:
+        if p.get("role") != "trainer":
+            continue
+        for s in p.get("streams", []):
+            sr = StreamRun(name=s["name"], kind=s["kind"], rank=int(p.get("rank", 0)), key=s["key"],
+                           settings=s.get("settings", {}), notes=list(s.get("notes", [])),
+                           trainer_cpu_s=float(p.get("cpu_s", 0.0)))
+            offset = 0.0
+            for ep in s.get("epochs", []):
+                t_iter = ep["t_iter"]
+                for t in ep["t_req"]:
+                    sr.t_start.append(offset + (t - t_iter))
+                n = len(ep["wait"])
+                steps = list(ep["step"])[:n] + [0.0] * max(0, n - len(ep["step"]))
+                sr.wait.extend(ep["wait"])
+                sr.step.extend(steps)
+                sr.rows.extend(ep["rows"])
+                dur = sum(ep["wait"]) + sum(steps)
+                offset += dur
+                sr.epoch_s += dur
+                sr.epochs += 1
+                sr.ended = sr.ended and bool(ep["ended"])
+                sr.capped = sr.capped or bool(ep.get("capped"))
+                gpu = ep.get("gpu") or {}
+                sr.gpu_wait.extend(gpu.get("wait", []))
+                sr.gpu_step.extend(gpu.get("step", []))
+            _add_stages(sr.stages, p.get("stages", {}).get(s["key"], {}))
+            ws = workers.get(s["key"], [])
+            for w in ws:
+                _add_stages(sr.stages, w.get("stages", {}).get(s["key"], {}))
+            if ws:
+                sr.producer_cpu_s = sum(float(w.get("cpu_s", 0.0)) for w in ws)
+                sr.producer_processes = len(ws)
+            _add_stages(sr.stages, {k: v for k, v in
+                                    p.get("stages", {}).get(f"{p['pid']}:trainer", {}).items()
+                                    if k == "pin_memory" and sr.settings.get("pin_memory")})
+            if sr.batches:
+                out.append(sr)
+    return out
+
+
+def headline_name(runs: list[StreamRun]) -> str | None:
+    totals: dict[str, int] = {}
+    for s in runs:
+        totals[s.name] = totals.get(s.name, 0) + s.batches
+    return max(totals, key=lambda n: (totals[n], -min(s.rank for s in runs if s.name == n)),
+               default=None)
+
+
+def _stage_seconds(stages: dict[str, list[Any]]) -> StageSeconds:
+    ss = StageSeconds()
+    for name, (calls, wall, cpu, where) in stages.items():
+        if name.startswith("dataset."):
+            ss.fetch += wall
+            ss.fetch_cpu += cpu
+        elif name == "collate_fn":
+            ss.preprocess += wall
+            ss.preprocess_cpu += cpu
+        elif name == "pin_memory":
+            if where == "trainer":
+                ss.transfer_trainer += wall
+            else:
+                ss.transfer_producer += wall
+                ss.transfer_producer_cpu += cpu
+    ss.transfer = ss.transfer_producer + ss.transfer_trainer
+    return ss
+
+
+def phases_of(s: StreamRun):
+    items = list(range(s.batches))
+    return phases_mod.split(s.t_start, s.step, s.wait, s.rows, items, s.epoch_s, s.producers)
+
+
+def figures(s: StreamRun, peak_pss_mb: float = 0.0) -> RepeatFigures:
+    ph = phases_of(s)
+    samples = int(sum(s.rows))
+    steady = (ph.steady_samples / ph.steady_s if ph.has_steady and ph.steady_s > 0
+              else (samples / s.epoch_s if s.epoch_s > 0 else math.nan))
+    wait = float(sum(s.wait))
+    return RepeatFigures(
+        epoch_s=s.epoch_s, samples=samples, batches=s.batches,
+        throughput_samples_s=samples / s.epoch_s if s.epoch_s > 0 else math.nan,
+        steady_throughput_samples_s=steady, stall_s=wait, wait_s=wait, trainer_transfer_s=0.0,
+        compute_s=float(sum(s.step)), time_to_first_batch_s=s.wait[0] if s.wait else math.nan,
+        peak_pss_mb=peak_pss_mb, trainer_cpu_s=s.trainer_cpu_s, producer_cpu_s=s.producer_cpu_s,
+        stage_s=_stage_seconds(s.stages), producer_processes=s.producer_processes, phases=ph)
+
+
+def rank_figures(s: StreamRun, f: RepeatFigures) -> RankFigures:
+    return RankFigures(rank=s.rank, epoch_s=f.epoch_s, samples=f.samples, batches=f.batches,
+                       steady_throughput_samples_s=f.steady_throughput_samples_s,
+                       stall_s=f.stall_s, wait_s=f.wait_s, trainer_transfer_s=0.0,
+                       compute_s=f.compute_s, sync_s=0.0,
+                       time_to_first_batch_s=f.time_to_first_batch_s, peak_pss_mb=0.0,
+                       trainer_cpu_s=f.trainer_cpu_s, producer_cpu_s=f.producer_cpu_s)
+
+
+def job_figures(per_rank: list[tuple[StreamRun, RepeatFigures]], peak_pss_mb: float) -> RepeatFigures:
+    """The run's figures: one rank's own, or the job's over ranks (``RankFigures`` doc)."""
+    if len(per_rank) == 1:
+        return per_rank[0][1]
+    figs = [f for _, f in per_rank]
+    worst = max(figs, key=lambda f: f.stall_s)
+    epoch = max(f.epoch_s for f in figs)
+    samples = sum(f.samples for f in figs)
+    prod = [f.producer_cpu_s for f in figs if f.producer_cpu_s is not None]
+    stage = StageSeconds()
+    for f in figs:
+        for k in vars(stage):
+            setattr(stage, k, getattr(stage, k) + getattr(f.stage_s, k))
+    return RepeatFigures(
+        epoch_s=epoch, samples=samples, batches=sum(f.batches for f in figs),
+        throughput_samples_s=samples / epoch if epoch > 0 else math.nan,
+        steady_throughput_samples_s=sum(f.steady_throughput_samples_s for f in figs),
+        stall_s=worst.stall_s, wait_s=worst.wait_s, trainer_transfer_s=0.0,
+        compute_s=worst.compute_s,
+        time_to_first_batch_s=max(f.time_to_first_batch_s for f in figs),
+        peak_pss_mb=peak_pss_mb, trainer_cpu_s=sum(f.trainer_cpu_s for f in figs),
+        producer_cpu_s=sum(prod) if prod else None, stage_s=stage,
+        producer_processes=sum(f.producer_processes for f in figs),
+        ranks=[rank_figures(s, f) for s, f in per_rank], phases=worst.phases)
+
+
+def timeline(s: StreamRun) -> Timeline:
+    return Timeline(t_start_s=list(s.t_start), wait_s=list(s.wait),
+                    transfer_s=[0.0] * s.batches, compute_s=list(s.step), rows=list(s.rows),
+                    gpu_step_ms=[x * 1e3 for x in s.gpu_step] or None)
+
+
+def _med(xs: list[float]) -> float:
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(vals) if vals else math.nan
+
+
+def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLoader]:
+    """Per (loader name, rank): medians over the repeats that saw it."""
+    keyed: dict[tuple[str, int], list[StreamRun]] = {}
+    for run in runs:
+        for s in run:
+            keyed.setdefault((s.name, s.rank), []).append(s)
+    out = []
+    for (name, rank), ss in sorted(keyed.items(), key=lambda kv: (kv[0][1], kv[1][0].key)):
+        figs = [figures(s) for s in ss]
+        first = ss[0]
+        stages = [ProfileStage(name=n, where=v[3], calls=int(v[0]), wall_s=float(v[1]),
+                               cpu_s=float(v[2])) for n, v in first.stages.items()]
+        ph_w = [f.phases.steady_wait_s / f.phases.steady_s for f in figs
+                if f.phases is not None and f.phases.has_steady and f.phases.steady_s > 0]
+        out.append(ProfileLoader(
+            name=name, kind=first.kind, rank=rank, headline=name == headline,
+            settings=first.settings, epochs=first.epochs, batches=int(_med([f.batches for f in figs])),
+            samples=int(_med([f.samples for f in figs])), epoch_s=_med([f.epoch_s for f in figs]),
+            wait_s=_med([f.wait_s for f in figs]), step_s=_med([f.compute_s for f in figs]),
+            wait_share=_med([f.wait_s / f.epoch_s for f in figs if f.epoch_s > 0]),
+            time_to_first_batch_s=_med([f.time_to_first_batch_s for f in figs]),
+            batches_s=_med([f.batches / f.epoch_s for f in figs if f.epoch_s > 0]),
+            samples_s=_med([f.throughput_samples_s for f in figs]),
+            steady_samples_s=_med([f.steady_throughput_samples_s for f in figs]),
+            steady_wait_share=_med(ph_w) if ph_w else None, stages=stages,
+            notes=list(dict.fromkeys(n for s in ss for n in s.notes)),
+            gpu_wait_s=sum(first.gpu_wait) if first.gpu_wait else None,
+            gpu_step_s=sum(first.gpu_step) if first.gpu_step else None))
+    return out

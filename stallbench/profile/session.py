@@ -1,0 +1,271 @@
+"""One ``stallbench profile``: every variant x repeat of the user's command -> one ``Result``.
+
+The command runs as given, once per variant (the ``--set`` matrix) and repeat; variants torch
+would refuse are skipped with one line. The job's own exit code wins: a run that exits
+non-zero ends the profile with that code and no result (``JobFailed``). A job that ends with
+0 before its loader finished an epoch (``sys.exit(0)`` mid-loop) keeps what ran, and the
+result says so. A job in which no loader iteration was seen gives no result (``NoLoader``).
+
+The recommendation is measured, never predicted: the variant with the highest steady-state
+samples/s of the headline loader (median over repeats) against the first variant, by how
+much; "keep" when no variant beats it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shlex
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..errors import UserError
+from ..measure import phases as phases_mod
+from ..results import (DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
+                       Recommendation, Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
+                       Summary, ToolInfo, VariantResult, now_utc)
+from . import knobs as knobs_mod
+from . import merge, redact
+from .launcher import JobRun, run_once
+
+ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
+                "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
+
+
+class JobFailed(Exception):
+    def __init__(self, code: int, where: str) -> None:
+        super().__init__(f"the job exited with code {code} ({where}); no result written")
+        self.code = code
+
+
+class NoLoader(UserError):
+    pass
+
+
+@dataclass
+class Options:
+    argv: list[str]
+    name: str
+    out: Path
+    repeats: int = 1
+    max_batches: int | None = None
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def default_name(argv: list[str]) -> str:
+    """The script's stem (``python train.py`` -> ``train``; ``python -m pkg.train`` ->
+    ``train``; ``torchrun ... train.py`` -> ``train``), else the program's name."""
+    for i, a in enumerate(argv):
+        if a.endswith(".py"):
+            return Path(a).stem
+        if a == "-m" and i + 1 < len(argv):
+            return argv[i + 1].rsplit(".", 1)[-1]
+    return Path(argv[0]).name
+
+
+def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | None) -> str:
+    """What must match for two profiles to be compared: the redacted command, the ``--set``
+    matrix and ``--max-batches`` (not the working directory: a clone elsewhere compares)."""
+    blob = json.dumps({"argv": redact.argv(argv), "matrix": axes, "max_batches": max_batches},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _summary(xs: list[float]) -> Summary:
+    return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
+
+
+def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
+    per_run = [merge.streams(r.parts) for r in runs]
+    headline = merge.headline_name([s for run in per_run for s in run])
+    reps, notes = [], {}
+    timeline_stream = None
+    ended_early, capped = "", False
+    for run, streams in zip(runs, per_run):
+        hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
+        per_rank = [(s, merge.figures(s)) for s in hs]
+        f = merge.job_figures(per_rank, run.peak_pss_mb)
+        f.peak_pss_mb = run.peak_pss_mb
+        f.load = run.load
+        reps.append(f)
+        if timeline_stream is None and hs:
+            timeline_stream = max(hs, key=lambda s: sum(s.wait))
+        for s in hs:
+            capped = capped or s.capped
+            if not s.ended and not ended_early:
+                ended_early = (f"the job exited 0 before {s.name} (rank {s.rank}) ended its "
+                               f"epoch, after {s.batches} batches: the figures cover what ran")
+        for s in streams:
+            for n in s.notes:
+                notes[f"{s.name}"] = n
+    first = timeline_stream
+    producers = first.producers if first else 0
+    res = runs[0].resources
+    vr = VariantResult(
+        name=v.name, knobs=dict(v.knobs), config={"set": dict(v.knobs)}, emulated=[],
+        executor=ExecutorFacts(kind="profile", producer_slots=producers,
+                               has_producers=producers > 0,
+                               scaling_knobs=["dataloader.num_workers"]),
+        throughput_samples_s=_summary([f.throughput_samples_s for f in reps]),
+        epoch_s=_summary([f.epoch_s for f in reps]),
+        stall_s=_summary([f.stall_s for f in reps]),
+        stall_share=_summary([f.stall_s / f.epoch_s for f in reps if f.epoch_s > 0]),
+        time_to_first_batch_s=_summary([f.time_to_first_batch_s for f in reps]),
+        peak_pss_mb=_summary([f.peak_pss_mb for f in reps]),
+        repeats=reps, notes=notes,
+        timeline=merge.timeline(first) if first else merge.Timeline(),
+        resources=res,
+        phases=phases_mod.summarize(reps, producers, None),
+        profile=ProfileVariant(loaders=merge.loaders(per_run, headline), exit_code=0,
+                               ended_early=ended_early, capped=capped))
+    if reps and reps[0].ranks:
+        vr.ranks = rank_summary(reps, vr.epoch_s.median, per_run, headline)
+    return vr
+
+
+def rank_summary(reps, epoch_s: float, per_run, headline):
+    """The straggler across ranks (``analysis.ranks``: exposed stall = the rank's wait)."""
+    from ..analysis import ranks as ranks_mod
+    from ..results import RankStats, RankSummary
+
+    world = len(reps[0].ranks)
+    stalls = [[r.stall_s for r in f.ranks] for f in reps]
+    steps = []
+    for streams in per_run:
+        hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
+        steps.append([list(s.wait) for s in hs])
+    c, ex, noise, named = ranks_mod.straggler(stalls, steps)
+    gain = ranks_mod._med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
+    med = ranks_mod._med
+    stats = [RankStats(rank=f0.rank, stall_s=med([f.ranks[i].stall_s for f in reps]),
+                       wait_s=med([f.ranks[i].wait_s for f in reps]), trainer_transfer_s=0.0,
+                       compute_s=med([f.ranks[i].compute_s for f in reps]), sync_s=0.0,
+                       steady_throughput_samples_s=med([f.ranks[i].steady_throughput_samples_s
+                                                        for f in reps]),
+                       time_to_first_batch_s=med([f.ranks[i].time_to_first_batch_s for f in reps]),
+                       last_step_share=math.nan)
+             for i, f0 in enumerate(reps[0].ranks)]
+    spread = med([max(s) - min(s) for s in stalls])
+    s = RankSummary(world=world, launcher="the job's own (torchrun, ...)", backend="",
+                    sharding="the job's own", producers_per_rank=True, launch_s=0.0, ranks=stats,
+                    max_stall_s=Summary.of([max(x) for x in stalls]),
+                    median_stall_s=Summary.of([sorted(x)[len(x) // 2] for x in stalls]),
+                    spread_s=spread, noise_s=noise, straggler=reps[0].ranks[c].rank if named is not None else None,
+                    candidate=reps[0].ranks[c].rank, straggler_excess_s=ex,
+                    gain_if_median_pace_s=gain,
+                    gain_speedup=epoch_s / (epoch_s - gain) if epoch_s > gain > 0 else 1.0)
+    s.verdict = ranks_mod.verdict(s) if named is None else (
+        f"rank {s.straggler} is the straggler: it waited {stats[c].wait_s:.2f} s for its batches, "
+        f"{ex:.2f} s above the other ranks' median (noise {noise:.2f} s); at their pace the job "
+        f"would wait {gain:.2f} s less ({s.gain_speedup:.2f}x, ESTIMATED)")
+    return s
+
+
+def steady_rate(v: VariantResult) -> float:
+    if v.phases is not None and math.isfinite(v.phases.steady_samples_s.median):
+        return v.phases.steady_samples_s.median
+    return v.throughput_samples_s.median
+
+
+def recommend(variants: list[VariantResult]) -> Recommendation | None:
+    """Measured: the best variant in steady state against the first one."""
+    if len(variants) < 2:
+        return None
+    base = variants[0]
+    best = max(variants, key=steady_rate)
+    b, x = steady_rate(base), steady_rate(best)
+    share = base.phases.steady_stall_share.median if base.phases else None
+    if best is base or not (b > 0 and x > 0):
+        text = (f"recommendation: keep {base.name}: no variant was faster in steady state "
+                f"({b:,.0f} samples/s; measured)")
+        return Recommendation(variant=base.name, bound_by="", stall_share=share,
+                              action="keep", predicted_from="measured", text=text)
+    changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
+                        for k, val in best.knobs.items() if base.knobs.get(k) != val)
+    where = "Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else "DataLoader"
+    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x {base.name} "
+            f"({b:,.0f}; measured, steady state); set {changes} on your {where}")
+    key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
+    return Recommendation(variant=best.name, bound_by="", stall_share=share,
+                          action=f"set {changes} on your {where}", knob=key,
+                          value=best.knobs.get(key) if key else None,
+                          predicted_speedup=None, predicted_from="measured",
+                          text=text)
+
+
+def _versions(runs: list[JobRun]) -> tuple[str | None, str | None]:
+    torch = next((p.get("torch") for r in runs for p in r.parts if p.get("torch")), None)
+    ray = next((p.get("ray") for r in runs for p in r.parts if p.get("ray")), None)
+    return torch, ray
+
+
+def profile(opts: Options, say: Callable[[str], None]) -> Result:
+    from ..machine import metadata
+    from .hooks import WRITTEN_FOR
+
+    variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
+    run_root = opts.out / f".stallbench-profile-{uuid.uuid4().hex[:12]}"
+    results: list[VariantResult] = []
+    all_runs: list[JobRun] = []
+    machine = metadata()
+    created = now_utc()
+    try:
+        for i, v in enumerate(variants, 1):
+            if v.skipped:
+                say(f"variant {v.name}: skipped: {v.skipped}")
+                continue
+            runs = []
+            for r in range(opts.repeats):
+                say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
+                    f"{shlex.join(redact.argv(opts.argv))}")
+                run = run_once(opts.argv, run_root / f"v{i}r{r}", v.overrides(), opts.max_batches)
+                if run.exit_code != 0:
+                    code = 128 - run.exit_code if run.exit_code < 0 else run.exit_code
+                    raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
+                runs.append(run)
+            all_runs.extend(runs)
+            if not any(merge.streams(r.parts) for r in runs):
+                raise NoLoader(
+                    "no DataLoader or Ray Data iteration was seen in the job (variant "
+                    f"{v.name}); for another loader, wrap what the loop iterates: "
+                    "`for batch in stallbench.watch(my_loader):` (docs/profile.md); "
+                    "no result written")
+            results.append(variant_result(v, runs))
+    finally:
+        shutil.rmtree(run_root, ignore_errors=True)
+    torch_v, ray_v = _versions(all_runs)
+    world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or
+           redact.secret_name(k)}
+    argv = redact.argv(opts.argv)
+    script = next((a for a in opts.argv if a.endswith(".py") and os.path.isfile(a)), None)
+    sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(argv).encode())
+    rec = recommend(results)
+    best = max(results, key=steady_rate) if len(results) > 1 else None
+    analysis = ScenarioAnalysis(
+        baseline_variant=results[0].name if results else None,
+        best_variant=best.name if best else None,
+        best_speedup=(steady_rate(best) / steady_rate(results[0])
+                      if best and steady_rate(results[0]) > 0 else None),
+        verdict=rec.text if rec else "", recommendation=rec)
+    return Result(
+        schema_version=2, tool=ToolInfo("stallbench", __version__), created_utc=created,
+        scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
+                              fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
+                              text=shlex.join(argv), matrix=dict(opts.axes),
+                              description=f"stallbench profile -- {shlex.join(argv)}"),
+        machine=machine,
+        settings=RunSettings(repeats=opts.repeats, argv=redact.argv(sys.argv),
+                             max_batches_override=opts.max_batches),
+        dataset=DatasetInfo(source="the job's own loaders"),
+        variants=results, analysis=analysis,
+        profile=ProfileCommand(argv=argv, cwd=os.getcwd(), environment=redact.env(env),
+                               torch=torch_v, ray=ray_v, hooks_written_for=dict(WRITTEN_FOR),
+                               world_size=world, nodes=1))
