@@ -1,0 +1,53 @@
+"""Running ``stallbench profile`` on user-style scripts, as a user would (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONUNBUFFERED"] = "1"
+    e.update(extra)
+    return e
+
+
+def profile(args: list[str], cwd: Path, timeout: float = 300, **extra: str
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallbench", "profile", *args], cwd=cwd,
+                          env=env(**extra), capture_output=True, text=True, timeout=timeout)
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def result_files(out: Path) -> list[Path]:
+    return sorted(out.glob("*.json")) if out.exists() else []
+
+
+def load(out: Path):
+    from stallbench import results
+
+    files = result_files(out)
+    assert len(files) == 1, files
+    return results.load(files[0])
+
+
+def truth(stdout: str) -> dict:
+    line = [x for x in stdout.splitlines() if x.startswith("truth: ")][-1]
+    return json.loads(line[len("truth: "):])
+
+
+def item_seconds(data: Path) -> list[float]:
+    out = []
+    for f in sorted((data / "truth").glob("items-*.txt")):
+        out.extend(float(x) for x in f.read_text().split())
+    return out

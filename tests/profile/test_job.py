@@ -1,0 +1,175 @@
+"""``stallbench profile`` around the user's command: the import path it keeps, the job's exit
+code, early exits, no loader, bad --set keys, secrets, and Ctrl-C (130, nothing written, no
+process of the job left)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import helpers
+
+PY = sys.executable
+
+
+def _path_line(stdout: str) -> dict:
+    line = [x for x in stdout.splitlines() if x.startswith("path: ")][-1]
+    return json.loads(line[len("path: "):])
+
+
+@pytest.mark.parametrize("user_pythonpath", [None, "", "/nonexistent/user/dir"])
+def test_import_path_is_what_python_gives_the_job(tmp_path: Path,
+                                                  user_pythonpath: str | None) -> None:
+    extra = {} if user_pythonpath is None else {"PYTHONPATH": user_pythonpath}
+    base = helpers.env(**extra)
+    if user_pythonpath is None:
+        base.pop("PYTHONPATH", None)
+    plain = subprocess.run([PY, helpers.script("show_path.py")], cwd=tmp_path, env=base,
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    # stallbench itself must be importable in the test's own env; the job gets `base`
+    (tmp_path / "run").mkdir()
+    launcher_env = dict(base)
+    launcher_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(helpers.ROOT), base.get("PYTHONPATH", "")] if p)
+    cp = subprocess.run([PY, "-c", "import sys, os; from stallbench.profile import launcher; "
+                         "import subprocess; from pathlib import Path; "
+                         "env = launcher.job_env(" + repr(base) + ", Path(sys.argv[1]), {}, None); "
+                         "sys.exit(subprocess.run(sys.argv[2:], env=env).returncode)",
+                         str(tmp_path / "run"), PY, helpers.script("show_path.py")],
+                        cwd=tmp_path, env=launcher_env, capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    a, b = _path_line(plain.stdout), _path_line(cp.stdout)
+    assert b["main"] == a["main"]
+    assert b["spawned"] == a["spawned"]
+    assert b["modules"] == a["modules"] == []   # the hooks imported neither torch nor stallbench
+    assert list((tmp_path / "run").glob("part-*.json")), "the job was not hooked"
+
+
+def test_failing_job_keeps_its_exit_code_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", PY, helpers.script("user_train.py"),
+                          str(tmp_path / "d"), "0", "0", "0", "1", "3", "3"], cwd=tmp_path)
+    assert cp.returncode == 3, cp.stderr
+    assert "stallbench: the job exited with code 3" in cp.stderr
+    assert "no result written" in cp.stderr
+    assert helpers.result_files(out) == []
+    assert not list(out.glob(".stallbench-profile-*")) if out.exists() else True
+
+
+def test_early_exit_zero_keeps_what_ran_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", PY, helpers.script("user_train.py"),
+                          str(tmp_path / "d"), "0", "0", "0", "1", "5", "0"], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    r = helpers.load(out)
+    v = r.variants[0]
+    assert v.repeats[0].batches == 5
+    assert "before ParquetItems#0 (rank 0) ended its epoch, after 5 batches" in v.profile.ended_early
+    assert v.profile.ended_early in cp.stdout
+
+
+def test_no_loader_says_so_and_shows_watch(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", PY, "-c", "print('hello')"], cwd=tmp_path)
+    assert cp.returncode == 2
+    assert "hello" in cp.stdout
+    assert "no DataLoader or Ray Data iteration was seen" in cp.stderr
+    assert "stallbench.watch(" in cp.stderr
+    assert helpers.result_files(out) == []
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--set", "dataloader.workers=2"],
+     "stallbench: error: --set dataloader.workers: unknown key; valid keys: "
+     "dataloader.num_workers, dataloader.pin_memory, dataloader.prefetch_factor, "
+     "dataloader.persistent_workers, ray.prefetch_batches\n"),
+    (["--set", "dataloader.num_workers=two"],
+     "stallbench: error: --set dataloader.num_workers: expected an integer 0..1024, got 'two'\n"),
+    (["--set", "dataloader.pin_memory=maybe"],
+     "stallbench: error: --set dataloader.pin_memory: expected true or false, got 'maybe'\n"),
+    ([], "stallbench: error: profile: expected the command after --: stallbench profile "
+         "[options] -- python train.py [ARGS...]\n"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], line: str) -> None:
+    cmd = [] if not args else ["--", PY, "-c", "pass"]
+    cp = helpers.profile([*args, *cmd], cwd=tmp_path)
+    assert cp.returncode == 2
+    assert cp.stderr == line
+    assert not (tmp_path / "results").exists()
+
+
+def test_refused_combination_is_skipped_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--set", "dataloader.num_workers=0,1",
+                          "--set", "dataloader.prefetch_factor=2", "--", PY,
+                          helpers.script("user_train.py"), str(tmp_path / "d"), "0", "0", "0"],
+                         cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert ("stallbench: variant num_workers=0,prefetch_factor=2: skipped: torch refuses "
+            "prefetch_factor with num_workers=0\n") in cp.stderr
+    r = helpers.load(out)
+    assert [v.name for v in r.variants] == ["num_workers=1,prefetch_factor=2"]
+    assert r.variants[0].profile.loaders[0].settings["num_workers"] == 1
+    assert r.variants[0].profile.loaders[0].settings["prefetch_factor"] == 2
+
+
+def test_secrets_are_redacted_and_fingerprint_ignores_them(tmp_path: Path) -> None:
+    outs = []
+    for i, token in enumerate(("s3cr3t-one", "s3cr3t-two")):
+        out = tmp_path / f"out-{i}"
+        cp = helpers.profile(["--out", str(out), "--", PY, helpers.script("user_train.py"),
+                              str(tmp_path / "d"), "0", "0", "0", "1", "-1", "0",
+                              "--token", token, f"API_KEY={token}"],
+                             cwd=tmp_path, MY_SERVICE_PASSWORD=token)
+        assert cp.returncode == 0, cp.stderr
+        text = helpers.result_files(out)[0].read_text()
+        assert token not in text
+        outs.append(helpers.load(out))
+    a, b = outs
+    assert "--token REDACTED API_KEY=REDACTED" in a.scenario.text
+    assert a.profile.environment["MY_SERVICE_PASSWORD"] == "REDACTED"
+    assert a.scenario.fingerprint == b.scenario.fingerprint
+    assert a.variants[0].executor.kind == "profile"
+
+
+def _job_pids(root: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_the_job_and_writes_nothing(tmp_path: Path, sig: int, code: int) -> None:
+    out = tmp_path / "out"
+    p = subprocess.Popen([PY, "-m", "stallbench", "profile", "--out", str(out), "--", PY,
+                          helpers.script("user_train.py"), str(tmp_path / "d"), "2", "20", "5",
+                          "50"], cwd=tmp_path, env=helpers.env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    job: list[int] = []
+    while time.time() < deadline and len(job) < 3:    # the job and its two loader workers
+        job = _job_pids(p.pid)
+        time.sleep(0.2)
+    assert len(job) >= 3, job
+    time.sleep(0.5)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert f"interrupted by {signal.Signals(sig).name}; no result written" in err
+    assert helpers.result_files(out) == []
+    assert not list(out.glob(".stallbench-profile-*"))
+    time.sleep(0.5)
+    left = [pid for pid in job if psutil.pid_exists(pid)
+            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert left == []
