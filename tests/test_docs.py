@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stallbench import validate
+from stallbench.run import preflight as validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
