@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import interrupts, outputs, results, tables
+from .. import interrupts, outputs, results
+from ..report import tables
 from ..errors import UserError
 from . import numbers
 

@@ -207,7 +207,7 @@ def _versions(runs: list[JobRun]) -> tuple[str | None, str | None]:
 
 
 def profile(opts: Options, say: Callable[[str], None]) -> Result:
-    from ..machine import metadata
+    from ..measure.machine import metadata
     from .hooks import WRITTEN_FOR
 
     variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
