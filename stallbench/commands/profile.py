@@ -33,8 +33,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--max-batches", default=None, metavar="N",
                    help="end each hooked epoch after N batches (the script sees a shorter epoch)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--analyze", dest="analyze", action="store_true", default=None,
-                   help="ablations on the job (not built yet: issue 28)")
+    g.add_argument("--analyze", dest="analyze", action="store_true", default=True,
+                   help="(default) prove the split: run the first variant again with its "
+                        "data path served from memory (compute-only, dataset, collate) and "
+                        "attribute the stall; fit the what-if on the worker variants")
     g.add_argument("--no-analyze", dest="analyze", action="store_false")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write a Chrome trace-event JSON of batches, waits and steps per rank")
@@ -80,6 +82,18 @@ def print_result(result: results.Result) -> None:
         print(ranks)
         for line in tables.rank_verdicts(result):
             print(f"  {line}")
+    from ..profile import ablate
+    for v in result.variants:
+        if v.profile is not None and v.profile.analysis is not None:
+            print()
+            print(f"analysis of {v.name} (--analyze):")
+            for line in ablate.lines(v.attribution, v.profile.analysis):
+                print(line)
+    knee = ablate.knee_lines(result)
+    if knee:
+        print()
+        for line in knee:
+            print(line)
     from ..measure.load import busy_summary
     busy = busy_summary(result)
     if busy:
@@ -102,9 +116,6 @@ def run(args: argparse.Namespace) -> int:
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
     max_batches = numbers.integer(args.max_batches, "--max-batches", 1, MAX_BATCHES)
     axes = knobs.parse(args.sets)
-    if args.analyze:
-        raise UserError("profile: --analyze (ablations on your job) is not built yet; "
-                        "run without it")
     name = args.name or session.default_name(argv)
     out = Path(args.out)
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
@@ -112,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
     opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
-                           max_batches=max_batches, axes=axes)
+                           max_batches=max_batches, axes=axes, analyze=bool(args.analyze))
     try:
         result = session.profile(opts, say=lambda s: print(f"stallbench: {s}", file=sys.stderr,
                                                             flush=True))

@@ -41,6 +41,7 @@ import time
 WRITTEN_FOR = {"torch": "2.13", "ray": "2.60"}
 ENV = "STALLBENCH_PROFILE"
 LOADER_ENV = "STALLBENCH_PROFILE_LOADER"   # "trainer pid:loader order", for spawned workers
+EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"     # the epoch spawned workers start for (replay)
 FLUSH_S = 1.0
 
 _perf = time.perf_counter
@@ -54,6 +55,8 @@ _WORKER_LOADER: str | None = None   # in a loader worker: "trainer pid:order" it
 _STAGES: dict = {}              # key -> name -> [calls, wall, cpu, where]
 _next_flush = 0.0
 _said: set = set()
+_REPLAY = None                  # replay.py (issue 28), loaded only for an ablation run
+_SERVING_EPOCH: int | None = None   # in a loader worker: the epoch it was started for
 
 
 def _say(line: str) -> None:
@@ -222,6 +225,8 @@ class Stream:
             self.end_epoch(ep, t0)
             raise StopIteration
         cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
+        if _REPLAY is not None:
+            source = _REPLAY.source(self, ep, source, it)
         prev = getattr(_ACTIVE, "stream", None)
         _ACTIVE.stream = self
         try:
@@ -333,6 +338,8 @@ def flush(force: bool = True) -> None:
     part = {"role": "trainer", **_header(), "streams": streams, "stages": _STAGES,
             "exiting": force}
     _write(f"part-{socket.gethostname()}-{os.getpid()}.json", part)
+    if _REPLAY is not None:
+        _REPLAY.flush()
 
 
 def flush_worker() -> None:
@@ -340,6 +347,8 @@ def flush_worker() -> None:
     _next_flush = _perf() + FLUSH_S
     part = {"role": "worker", **_header(), "loader": _WORKER_LOADER, "stages": _STAGES}
     _write(f"stage-{socket.gethostname()}-{os.getpid()}.json", part)
+    if _REPLAY is not None:
+        _REPLAY.flush()
 
 
 # ----------------------------------------------------------------------- torch patches
@@ -443,12 +452,14 @@ def patch_torch(dl_mod) -> None:
     def multi_init(self, loader, *a, **k):
         # Workers start in here: they learn which loader they serve from a global (fork) or
         # the environment (spawn copies os.environ when it starts them).
-        global _SERVING
+        global _SERVING, _SERVING_EPOCH
         st = getattr(loader, "_stallbench_stream", None)
         prev, prev_env = _SERVING, os.environ.get(LOADER_ENV)
         if st is not None:
             _SERVING = st.key
             os.environ[LOADER_ENV] = st.key
+            _SERVING_EPOCH = len(st.epochs)     # the epoch these workers start for (replay)
+            os.environ[EPOCH_ENV] = str(_SERVING_EPOCH)
         try:
             orig_multi_init(self, loader, *a, **k)
         finally:
@@ -531,6 +542,8 @@ def _patch_fetch(cls, functools) -> None:
         cw0, cc0 = col.wall, col.cpu
         w, c = _perf(), _tcpu()
         try:
+            if _REPLAY is not None:
+                return _REPLAY.fetch(self, index, orig, col)
             return orig(self, index)
         finally:
             wall, cpu = _perf() - w, _tcpu() - c
@@ -635,6 +648,21 @@ class _PostImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _load_replay(cfg: dict) -> None:
+    """replay.py beside this file, by path (as the bootstrap loads this one)."""
+    global _REPLAY
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "_stallbench_profile_replay", os.path.join(os.path.dirname(__file__), "replay.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        mod.setup(cfg)
+        _REPLAY = mod
+    except Exception as exc:  # noqa: BLE001 - the run goes on unablated, and says so
+        _say(f"replay not loaded ({type(exc).__name__}: {exc}); this ablation run is void")
+
+
 def install() -> None:
     """Read the settings, hook the targets (now if already imported), flush at exit."""
     global SETTINGS
@@ -644,6 +672,8 @@ def install() -> None:
         SETTINGS = {}
     if not SETTINGS.get("run_dir"):
         return
+    if SETTINGS.get("replay"):
+        _load_replay(SETTINGS["replay"])
     for name, patch in TARGETS.items():
         mod = sys.modules.get(name)
         if mod is not None:

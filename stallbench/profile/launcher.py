@@ -46,13 +46,13 @@ class JobRun:
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
-            max_batches: int | None) -> dict[str, str]:
+            max_batches: int | None, replay: dict[str, Any] | None = None) -> dict[str, str]:
     env = dict(base)
     user = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP) + (os.pathsep + user if user else "")
     env["STALLBENCH_PROFILE"] = json.dumps({
         "run_dir": str(run_dir), "hooks": str(HOOKS), "overrides": overrides,
-        "max_batches": max_batches})
+        "max_batches": max_batches, **({"replay": replay} if replay else {})})
     return env
 
 
@@ -85,9 +85,10 @@ def read_parts(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
-             max_batches: int | None) -> JobRun:
+             max_batches: int | None, replay: dict[str, Any] | None = None) -> JobRun:
+    """``replay``: the ablation this run is (``replay.py``; None: the job as it is)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = job_env(dict(os.environ), run_dir, overrides, max_batches)
+    env = job_env(dict(os.environ), run_dir, overrides, max_batches, replay)
     with LoadMeter() as meter, Sampler(interval_s=0.2) as sampler:
         t0 = time.perf_counter()
         try:

@@ -57,6 +57,7 @@ class Options:
     repeats: int = 1
     max_batches: int | None = None
     axes: dict[str, list[Any]] = field(default_factory=dict)
+    analyze: bool = False           # the ablation runs of the first variant (issue 28)
 
 
 def default_name(argv: list[str]) -> str:
@@ -238,6 +239,13 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                     "`for batch in stallbench.watch(my_loader):` (docs/profile.md); "
                     "no result written")
             results.append(variant_result(v, runs))
+            if opts.analyze and len(results) == 1:
+                from . import ablate
+                a, an = ablate.analyze(opts.argv, v.overrides(), opts.max_batches, runs,
+                                       opts.repeats, run_root, say)
+                results[0].attribution = a
+                if results[0].profile is not None:
+                    results[0].profile.analysis = an
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
     torch_v, ray_v = _versions(all_runs)
@@ -255,7 +263,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
         best_speedup=(steady_rate(best) / steady_rate(results[0])
                       if best and steady_rate(results[0]) > 0 else None),
         verdict=rec.text if rec else "", recommendation=rec)
-    return Result(
+    result = Result(
         schema_version=2, tool=ToolInfo("stallbench", __version__), created_utc=created,
         scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
                               fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
@@ -269,3 +277,6 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
         profile=ProfileCommand(argv=argv, cwd=os.getcwd(), environment=redact.env(env),
                                torch=torch_v, ray=ray_v, hooks_written_for=dict(WRITTEN_FOR),
                                world_size=world, nodes=1))
+    from . import ablate
+    ablate.whatif_of(result)
+    return result

@@ -705,6 +705,37 @@ class ProfileLoader:
 
 
 @dataclass
+class ProfileAblation:
+    """One ablation of ``stallbench profile --analyze`` (``profile.ablate``): a run of the
+    job with one part of its data path served from memory instead of computed."""
+
+    name: str                       # the ablation's name (differential's: "compute_only", ...)
+    removes: str                    # what it takes out of the run, in words
+    done: bool
+    why: str = ""                   # why it could not be done (never a guessed figure then)
+    runs: int = 0
+    epoch_s: Summary | None = None          # whole run over repeats (compute-only: extrapolated)
+    steady_epoch_s: Summary | None = None   # steady state over repeats (the differential's)
+
+
+@dataclass
+class ProfileAnalysis:
+    """What ``--analyze`` did to one variant and what it found beyond ``attribution``."""
+
+    method: str                     # in words
+    keep_batches: int               # batches the compute-only run kept per loader
+    budget_mb: float                # memory budget of the kept/recorded outputs per process
+    ablations: list[ProfileAblation] = field(default_factory=list)
+    # full - compute-only, steady state where both have it (whole runs otherwise)
+    data_stall_s: float | None = None
+    data_stall_interval: Interval | None = None
+    compute_only_step_s: float | None = None    # per batch, served from memory (median of runs)
+    transfer_note: str = ""         # where the host->device copy is counted
+    stage_map: dict[str, str] = field(default_factory=dict)   # stage name -> attributed part
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ProfileVariant:
     """What ``stallbench profile`` measured of one variant beyond the headline loader's
     figures (which are the variant's ``repeats``)."""
@@ -713,6 +744,7 @@ class ProfileVariant:
     exit_code: int = 0
     ended_early: str = ""           # the job ended before its loader finished an epoch (why)
     capped: bool = False            # --max-batches ended the epochs
+    analysis: ProfileAnalysis | None = None   # --analyze: the ablation runs (issue 28)
 
 
 @dataclass

@@ -1,0 +1,392 @@
+"""``stallbench profile --analyze``: prove the split on the user's own job by ablation (issue 28).
+
+The first variant (the job as written, with the first ``--set`` values) is run again with
+parts of its data path served from memory instead of computed (``replay.py`` does the serving
+inside the job's processes), in DS-Analyzer's chain, so ``analysis.differential`` attributes
+the stall exactly as it does for scenarios:
+
+    full (the variant's own runs)
+    -> dataset served        (``fetch``: the dataset's item/iter function, the user's transform
+                              inside it included, replayed from a warm recording run)
+    -> dataset+collate served (``preprocess``: ``collate_fn`` as well)
+    -> + pin served          (``transfer``: only where the job pins; otherwise the previous run
+                              is already "all three free" and the transfer part is 0 by
+                              construction: there is no pin stage to remove)
+    -> compute-only          (no loader at all: the trainer's stream serves its first batches
+                              again; ``replay.py`` says how)
+
+Recorded outputs are matched to the calls of the served run by (loader, worker, epoch, call
+number) and checked against the indices the sampler asked for; a run in which any call was
+not served (a sampler that shuffles without a seed, the memory budget) is not an ablation of
+that stage, and the result says so instead of giving a number (``ProfileAblation.why``).
+
+The compute-only run keeps its first ``keep`` batches (the loader's real start-up happens
+there and is left out) and serves them for the rest of each epoch, as many batches as the full
+run had; its epoch is the served batches' mean wait + step x the full run's batches: a
+steady figure by construction, EXTRAPOLATED over batches it served rather than one that ran
+whole. A GPU job copies the served batches to the device in its own step as it did in the full
+run, so the host-to-device copy stays in compute, not in transfer (``transfer_note``).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from ..analysis import differential
+from ..pipeline import COMPUTE_ONLY, Ablation
+from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
+                       Summary)
+from . import merge
+from .launcher import JobRun, run_once
+
+KEEP_BATCHES = 8
+BUDGET_MB = 512.0
+FULL = "full"
+ITEMS = Ablation(fetch=True).name
+BATCH = Ablation(fetch=True, preprocess=True).name
+FREE = Ablation(True, True, True).name
+ONLY = COMPUTE_ONLY.name
+TRANSFER_NOTE = ("the job copies its batches to the device in its own step (as in the full "
+                 "run): served batches are host batches it copies again, so the copy is "
+                 "counted in compute, not in transfer; transfer is pin_memory alone")
+
+
+class Failed(Exception):
+    """The job failed under an ablation: the ablation is void, the profile goes on."""
+
+
+def _counts(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Batches per epoch per stream name, as the full run's trainer (lowest rank) saw them."""
+    out: dict[str, list[int]] = {}
+    for p in sorted((p for p in parts if p.get("role") == "trainer"),
+                    key=lambda p: p.get("rank", 0)):
+        for s in p.get("streams", []):
+            out.setdefault(s["name"], [len(e["wait"]) for e in s.get("epochs", [])])
+    return out
+
+
+def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
+    hs = sorted((s for s in merge.streams(run.parts) if s.name == headline), key=lambda s: s.rank)
+    if not hs:
+        return None
+    return merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
+
+
+def _replay_parts(run: JobRun) -> list[dict[str, Any]]:
+    return [p for p in run.parts if p.get("role") == "replay"]
+
+
+def _served_problem(runs: list[JobRun], stage: str) -> str:
+    """Why these serve runs are not an ablation of ``stage`` ("" when every call was served)."""
+    for r in runs:
+        for p in _replay_parts(r):
+            if p.get("mismatch"):
+                m = p["mismatch"]
+                return (f"the loader asked for other items than in the recording run (worker "
+                        f"{m['where'][1]}, epoch {m['where'][2]}, call {m['call']}: recorded "
+                        f"{m['recorded']}, asked {m['asked']}): its sampler shuffles without a "
+                        f"seed (torch.manual_seed, or DataLoader(generator=...)), so {stage}'s "
+                        f"outputs cannot be matched between runs")
+            if p.get("missing"):
+                m = p["missing"]
+                return (f"the recording holds {m['recorded']} calls of worker {m['where'][1]}, "
+                        f"epoch {m['where'][2]}; the run made more (the memory budget ended "
+                        f"the recording, or calls differ between runs)")
+        if not any(p.get("served") for p in _replay_parts(r)):
+            return f"no fetch call was served ({stage}: the loader's fetchers were not reached)"
+    return ""
+
+
+def _compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, float, float] | None:
+    """(epoch, step per batch, compute) of a compute-only run, extrapolated to ``batches``
+    from the batches it served from memory (the worst rank's)."""
+    served_from: dict[int, list] = {}
+    for p in _replay_parts(run):
+        served_from[int(p.get("pid", -1))] = (p.get("served_from") or {}).get(headline) or []
+    best = None
+    for p in run.parts:
+        if p.get("role") != "trainer":
+            continue
+        marks = served_from.get(int(p.get("pid", -1)), [])
+        for s in p.get("streams", []):
+            if s["name"] != headline:
+                continue
+            per, steps = [], []
+            for e, ep in enumerate(s.get("epochs", [])):
+                k = marks[e] if e < len(marks) else None
+                if k is None:
+                    continue
+                n = len(ep["wait"])
+                for i in range(k, n):
+                    st = ep["step"][i] if i < len(ep["step"]) else None
+                    if st is None:
+                        continue
+                    per.append(ep["wait"][i] + st)
+                    steps.append(st)
+            if len(per) >= 2:
+                cand = (statistics.fmean(per) * batches, statistics.fmean(steps),
+                        statistics.fmean(steps) * batches)
+                if best is None or cand[0] > best[0]:
+                    best = cand
+    return best
+
+
+def _difference_interval(a: list[float], b: list[float], confidence: float = 0.9,
+                         n_boot: int = 2000) -> Interval:
+    """Percentile bootstrap of median(a) - median(b), each resampled on its own (as
+    ``differential`` does for its parts); the point itself with one repeat each."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    da = np.median(rng.choice(np.asarray(a, float), size=(n_boot, len(a))), axis=1)
+    db = np.median(rng.choice(np.asarray(b, float), size=(n_boot, len(b))), axis=1)
+    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
+    return Interval(*(float(x) for x in np.quantile(da - db, q)))
+
+
+def _summary(xs: list[float]) -> Summary:
+    return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
+
+
+def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
+            full_runs: list[JobRun], repeats: int, run_root: Path,
+            say: Callable[[str], None], keep: int = KEEP_BATCHES,
+            budget_mb: float = BUDGET_MB) -> tuple[Attribution | None, ProfileAnalysis]:
+    """The ablation runs of one variant and its attribution (None where the chain is not
+    whole: the ``ProfileAnalysis`` then says which ablation is missing and why)."""
+    streams0 = [s for r in full_runs for s in merge.streams(r.parts)]
+    headline = merge.headline_name(streams0)
+    counts = _counts(full_runs[0].parts)
+    hs = [s for s in streams0 if s.name == headline]
+    settings = hs[0].settings if hs else {}
+    first_epoch = (counts.get(headline) or [0])[0]
+    keep = max(1, min(keep, first_epoch // 4))
+    an = ProfileAnalysis(
+        method=("DS-Analyzer's chain by replay: full -> dataset served -> dataset+collate "
+                "served -> pin served -> compute-only, each served from memory; stall parts "
+                "from differences of median (steady) epochs, bootstrap intervals over repeats"),
+        keep_batches=keep, budget_mb=budget_mb, transfer_note=TRANSFER_NOTE,
+        stage_map={"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
+                   "collate_fn": "preprocess", "pin_memory": "transfer"})
+    full = [f for f in (_figures(r, headline) for r in full_runs) if f is not None]
+    batches = statistics.median(f.batches for f in full) if full else 0
+    rec_dir = run_root / "replay-record"
+    tag = [0]
+
+    def runs_of(label: str, replay: dict[str, Any], n: int) -> list[JobRun]:
+        out = []
+        for r in range(n):
+            say(f"analyze: {label} ({r + 1}/{n})")
+            tag[0] += 1
+            run = run_once(argv, run_root / f"a{tag[0]}", overrides, max_batches, replay)
+            if run.exit_code != 0:
+                raise Failed(f"the job exited with code {run.exit_code} under this ablation")
+            out.append(run)
+        return out
+
+    # compute-only
+    done: dict[str, list[tuple[float, float, float]]] = {}
+    only_runs: list[JobRun] = []
+    try:
+        only_runs = runs_of("compute-only, loader replaced by its first batches from memory",
+                            {"mode": "compute_only", "keep": keep, "budget_mb": budget_mb,
+                             "counts": counts}, repeats)
+        vals = [_compute_only(r, headline, batches) for r in only_runs]
+        if any(v is None for v in vals):
+            an.ablations.append(ProfileAblation(
+                ONLY, "the whole data path", False,
+                f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve after "
+                f"the {keep} kept", runs=len(only_runs)))
+        else:
+            done[ONLY] = vals       # type: ignore[assignment]
+            an.ablations.append(ProfileAblation(
+                ONLY, "the whole data path", True, runs=len(vals),
+                epoch_s=_summary([v[0] for v in vals]),
+                steady_epoch_s=_summary([v[0] for v in vals])))
+            an.compute_only_step_s = statistics.median(v[1] for v in vals)
+    except Failed as exc:
+        an.ablations.append(ProfileAblation(ONLY, "the whole data path", False, str(exc)))
+
+    # stage ablations: a warm recording run, then the served runs
+    served: dict[str, list[RepeatFigures]] = {}
+    try:
+        rec_dir.mkdir(parents=True, exist_ok=True)
+        rec = runs_of("recording every fetch call's items and batch", {
+            "mode": "record", "dir": str(rec_dir), "budget_mb": budget_mb}, 1)
+        stop = next((p["budget_stop"] for r in rec for p in _replay_parts(r)
+                     if p.get("budget_stop")), None)
+        recorded = sum(int(p.get("recorded", 0)) for r in rec for p in _replay_parts(r))
+        if stop is not None and stop.get("error"):
+            why = f"the recording run could not keep the outputs: {stop['error']}"
+        elif stop is not None:
+            why = (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls filled "
+                   f"the {budget_mb:g} MB memory budget of one process before the run ended")
+        elif not recorded:
+            why = "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
+        else:
+            why = ""
+        for name, serve, removes in ((ITEMS, "items", "the dataset's item/iter function"),
+                                     (BATCH, "batch", "the dataset and collate_fn")):
+            if why:
+                an.ablations.append(ProfileAblation(name, removes, False, why))
+                continue
+            try:
+                rs = runs_of(f"{removes} served from the recording",
+                             {"mode": "serve", "serve": serve, "dir": str(rec_dir),
+                              "budget_mb": budget_mb}, repeats)
+            except Failed as exc:
+                an.ablations.append(ProfileAblation(name, removes, False, str(exc)))
+                continue
+            problem = _served_problem(rs, removes)
+            if problem:
+                an.ablations.append(ProfileAblation(name, removes, False, problem, runs=len(rs)))
+                why = problem       # the next stage's runs would not match either
+                continue
+            figs = [f for f in (_figures(r, headline) for r in rs) if f is not None]
+            served[name] = figs
+            an.ablations.append(ProfileAblation(
+                name, removes, True, runs=len(figs),
+                epoch_s=_summary([f.epoch_s for f in figs]),
+                steady_epoch_s=_summary([f.phases.steady_epoch_s for f in figs
+                                         if f.phases is not None])))
+    except Failed as exc:
+        an.ablations.append(ProfileAblation(ITEMS, "the dataset's item/iter function", False,
+                                            f"recording run: {exc}"))
+    finally:
+        shutil.rmtree(rec_dir, ignore_errors=True)
+    if settings.get("pin_memory"):
+        an.ablations.append(ProfileAblation(
+            FREE, "pin_memory", False,
+            "serving pinned batches is not built: pin_memory's cost stays in the loader "
+            "hand-off part (overhead)"))
+        if BATCH in served:
+            served[FREE] = served[BATCH]
+            an.notes.append("transfer 0 by construction: pin_memory not ablated (its cost is "
+                            "in overhead)")
+    elif BATCH in served:
+        served[FREE] = served[BATCH]
+        an.notes.append("transfer 0 by construction: the job does not pin (no pin stage)")
+
+    # data stall = full - compute-only, with its interval over repeats
+    steady_ok = full and all(f.phases is not None and f.phases.has_steady for f in full)
+    full_t = [f.phases.steady_epoch_s if steady_ok else f.epoch_s for f in full]
+    if ONLY in done and full_t:
+        only_t = [v[0] for v in done[ONLY]]
+        an.data_stall_s = statistics.median(full_t) - statistics.median(only_t)
+        an.data_stall_interval = _difference_interval(full_t, only_t)
+    if ONLY not in done or any(k not in served for k in (ITEMS, BATCH, FREE)):
+        return None, an
+    epochs = {FULL: [f.epoch_s for f in full], ITEMS: [f.epoch_s for f in served[ITEMS]],
+              BATCH: [f.epoch_s for f in served[BATCH]], FREE: [f.epoch_s for f in served[FREE]],
+              ONLY: [v[0] for v in done[ONLY]]}
+    computes = {FULL: [f.compute_s for f in full], ITEMS: [f.compute_s for f in served[ITEMS]],
+                BATCH: [f.compute_s for f in served[BATCH]],
+                FREE: [f.compute_s for f in served[FREE]], ONLY: [v[2] for v in done[ONLY]]}
+    ablated = [f for k in (ITEMS, BATCH) for f in served[k]]
+    if steady_ok and all(f.phases is not None and f.phases.has_steady for f in ablated):
+        def st(fs: list[RepeatFigures]) -> list[float]:
+            return [f.phases.steady_epoch_s for f in fs]     # type: ignore[union-attr]
+
+        def sc(fs: list[RepeatFigures]) -> list[float]:
+            return [f.phases.steady_compute_s * f.batches / f.phases.steady_batches  # type: ignore[union-attr]
+                    for f in fs]
+        steady = {FULL: st(full), ITEMS: st(served[ITEMS]), BATCH: st(served[BATCH]),
+                  FREE: st(served[FREE]), ONLY: epochs[ONLY]}
+        scomp = {FULL: sc(full), ITEMS: sc(served[ITEMS]), BATCH: sc(served[BATCH]),
+                 FREE: sc(served[FREE]), ONLY: computes[ONLY]}
+        a = differential.analyze(epochs, "chain", 0.9, computes=computes, steady=steady,
+                                 steady_computes=scomp)
+    else:
+        a = differential.analyze(epochs, "chain", 0.9, computes=computes,
+                                 basis="whole run (a run without a steady window)")
+    return a, an
+
+
+def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
+    """The attribution as printed at the end of a profile (and by ``report`` for profiles)."""
+    out = []
+    iv = an.data_stall_interval
+    if an.data_stall_s is not None and iv is not None:
+        out.append(f"data stall (full - compute-only): {an.data_stall_s:.2f} s "
+                   f"[{iv.low:.2f}, {iv.high:.2f}]; the loop's own step served from memory: "
+                   f"{(an.compute_only_step_s or math.nan) * 1e3:.1f} ms/batch "
+                   f"(compute-only, kept {an.keep_batches} batches per loader)")
+    if a is not None:
+        ivs = a.intervals
+        basis = a.basis
+        out.append(f"attribution ({basis}, {a.interval}):")
+        for label, part, i in (("compute", a.compute_s, ivs.compute_s),
+                               ("fetch (dataset item/iter)", a.fetch_stall_s, ivs.fetch_stall_s),
+                               ("preprocess (collate_fn)", a.preprocess_stall_s,
+                                ivs.preprocess_stall_s),
+                               ("transfer (pin_memory)", a.transfer_stall_s, ivs.transfer_stall_s),
+                               ("loader hand-off (overhead)", a.overhead_s, ivs.overhead_s)):
+            out.append(f"  {label:<28} {part:8.2f} s  [{i.low:.2f}, {i.high:.2f}]")
+        if a.startup_cost_s:
+            out.append(f"  {'start-up (apart)':<28} {a.startup_cost_s:8.2f} s")
+        out.append(f"  verdict: {a.verdict}")
+    for ab in an.ablations:
+        if not ab.done:
+            out.append(f"cannot ablate {ab.removes} ({ab.name}): {ab.why}")
+    for n in an.notes:
+        out.append(f"  note: {n}")
+    out.append(f"  note: {an.transfer_note}")
+    return out
+
+
+# ------------------------------------------------------------------ what-if and the knee
+
+def whatif_of(result) -> None:
+    """The scenario what-if on the profile's measured ``dataloader.num_workers`` variants
+    (same models, same leave-one-out back-test: ``analysis.whatif.validate``); nothing
+    without two or more worker counts."""
+    from ..analysis import whatif
+
+    result.analysis.whatif = whatif.validate(result)
+
+
+def knee_lines(result) -> list[str]:
+    """The knee and what to do, measured where a variant measured it, PREDICTED (with the
+    back-test's interval) only where none did."""
+    wi = result.analysis.whatif
+    if wi is None:
+        return []
+    measured = {c.n: c for c in wi.measured}
+    kn = wi.knee
+    out = [f"what-if ({wi.model.kind} model, {wi.note}):"]
+    bt = wi.backtest
+    if bt is not None and bt.max_abs_steady_error is not None:
+        out.append(f"  back-test: leave-one-out steady error up to {bt.max_abs_steady_error:.0%}"
+                   f" over {bt.checked} point(s)")
+    n = kn.n if kn.n is not None else kn.saturates_at
+    if n is None:
+        out.append(f"  knee: {kn.explanation}")
+        return out
+    point = next((p for p in wi.points if p.n == n), None)
+    if n in measured:
+        c = measured[n]
+        rate = c.measured_steady_samples_s or c.measured_samples_s
+        out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} steady samples/s;"
+                   f" {kn.explanation}")
+    elif point is not None:
+        band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
+                if point.low_samples_s is not None else " (no back-test interval: one point)")
+        out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
+                   f"samples/s{band}; {kn.explanation}")
+    best = max(wi.measured, key=lambda c: c.measured_steady_samples_s or c.measured_samples_s)
+    if n in measured or n <= max(measured):
+        pick = measured.get(n, best)
+        out.append(f"  recommendation: num_workers={pick.n} on your DataLoader (MEASURED "
+                   f"{(pick.measured_steady_samples_s or pick.measured_samples_s):,.0f} steady "
+                   f"samples/s, variant {pick.variant})")
+    elif point is not None:
+        gain = point.predicted_samples_s / (best.measured_steady_samples_s
+                                            or best.measured_samples_s)
+        out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
+                   f"{gain:.2f}x the best measured ({best.variant}); measure it with "
+                   f"--set dataloader.num_workers={best.n},{n}")
+    return out

@@ -1,0 +1,308 @@
+"""Record and serve a loader's work inside the user's processes (issue 28; loaded by
+``hooks.py`` by file path, only when ``STALLBENCH_PROFILE`` carries a ``replay`` object, so a
+plain profile never runs a line of it). Standard library only, like the hooks: torch is
+reached through the objects the hooks hand over.
+
+Three modes, one per kind of ablation run ``ablate.py`` plans:
+
+- ``compute_only``: in the trainer, each hooked stream keeps its first ``keep`` batches of the
+  run in memory (references to the batches the loop got; at most ``budget_mb`` of tensor
+  bytes) and from then on serves them again, round robin, instead of asking the loader, for
+  as many batches as the full run's epoch had. The loop runs ingestion-free; what it does
+  with a batch (``.to(device)`` included) is its own step, as in the full run.
+- ``record``: a warm run that computes everything and writes, per fetch call, the indices it
+  asked for, the dataset's items and ``collate_fn``'s batch (pickled, appended to one file per
+  process and epoch, at most ``budget_mb`` per process).
+- ``serve``: the same fetch calls answered from that file, matched by (loader order, worker
+  id, epoch, call number) and checked against the indices asked for: ``items`` serves the
+  dataset's items (collate still runs on them), ``batch`` serves collate's output (neither
+  runs). A call that does not match (a sampler that shuffles without a seed), or that the
+  record does not hold (the budget ran out), is computed for real and counted, so the
+  launcher can refuse the ablation instead of reporting a mixed run.
+
+Each process says what it did in ``replay-<host>-<pid>.json`` (role ``replay``) beside its
+part: served/computed calls, the first mismatch, the budget stop, and per stream and epoch
+the index of the first batch served from memory (compute-only).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pickle
+import socket
+import sys
+import threading
+
+H = sys.modules.get("_stallbench_profile_hooks")
+CFG: dict = {}
+MODE = ""
+_LOCK = threading.Lock()
+_STAT = {"served": 0, "computed": 0, "recorded": 0, "recorded_bytes": 0, "budget_stop": None,
+         "mismatch": None, "missing": None, "unserved_batches": 0}
+_SERVED_FROM: dict = {}       # stream name -> [first served batch index per epoch]
+_KEPT: dict = {}              # stream key -> [batches kept for compute-only]
+_KEPT_BYTES: dict = {}
+_CALLS: dict = {}             # (order, worker, epoch) -> calls so far in this process
+_REC_FILES: dict = {}
+_RECORDS: dict = {}           # (order, worker, epoch) -> list of entries (serve)
+_FULL = threading.local()
+
+
+def setup(cfg: dict) -> None:
+    global CFG, MODE, H
+    CFG = cfg
+    MODE = str(cfg.get("mode", ""))
+    H = sys.modules.get("_stallbench_profile_hooks")
+
+
+def _budget() -> int:
+    return int(float(CFG.get("budget_mb", 512)) * 1024 * 1024)
+
+
+def _nbytes(batch, depth: int = 0) -> int:
+    """Tensor/array bytes of a batch (dicts, lists, tuples looked into)."""
+    if depth > 4:
+        return 0
+    if isinstance(batch, dict):
+        return sum(_nbytes(v, depth + 1) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in batch)
+    n = getattr(batch, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    try:
+        return int(batch.element_size() * batch.nelement())
+    except Exception:  # noqa: BLE001 - not a tensor: counted as nothing
+        return sys.getsizeof(batch) if isinstance(batch, (bytes, str)) else 0
+
+
+# ------------------------------------------------------------------ compute-only (trainer)
+
+def _expected(stream, it, epoch: int) -> int | None:
+    counts = (CFG.get("counts") or {}).get(stream.name)
+    if counts:
+        return int(counts[epoch]) if epoch < len(counts) else int(counts[-1])
+    try:
+        return len(it)
+    except TypeError:
+        return None
+
+
+def source(stream, ep, source_fn, it):
+    """``Stream.next_batch``'s seam in a compute-only run: the real loader for the first
+    batches of the run (kept), the kept batches afterwards, StopIteration where the full
+    run's epoch ended."""
+    if MODE != "compute_only" or stream.kind == "watch":
+        return source_fn
+    kept = _KEPT.setdefault(stream.key, [])
+    epoch = len(stream.epochs) - 1
+    keep = int(CFG.get("keep", 8))
+
+    def serve(i):
+        done = len(ep.wait)
+        want = _expected(stream, i, epoch)
+        full = len(kept) >= keep or _KEPT_BYTES.get(stream.key, 0) >= _budget()
+        if not full or not kept:
+            batch = source_fn(i)            # StopIteration passes through: the real end
+            if not full:
+                kept.append(batch)
+                _KEPT_BYTES[stream.key] = _KEPT_BYTES.get(stream.key, 0) + _nbytes(batch)
+            return batch
+        if want is None:
+            with _LOCK:
+                _STAT["unserved_batches"] += 1
+            return source_fn(i)
+        if done >= want:
+            raise StopIteration
+        marks = _SERVED_FROM.setdefault(stream.name, [])
+        while len(marks) <= epoch:
+            marks.append(None)
+        if marks[epoch] is None:
+            marks[epoch] = done
+        with _LOCK:
+            _STAT["served"] += 1
+        return kept[done % len(kept)]
+    return serve
+
+
+# ------------------------------------------------------------- record / serve (fetchers)
+
+def _where() -> tuple[int, int, int]:
+    """(loader order, worker id or -1, epoch) of the fetch running in this thread."""
+    if H._WORKER_LOADER is not None:
+        order = H._WORKER_LOADER.rsplit(":", 1)[-1]
+        torch = sys.modules.get("torch")
+        info = torch.utils.data.get_worker_info() if torch is not None else None
+        wid = info.id if info is not None else 0
+        epoch = int(os.environ.get(EPOCH_ENV, "0") if H._SERVING_EPOCH is None
+                    else H._SERVING_EPOCH)
+        try:
+            return int(order), wid, epoch
+        except ValueError:
+            return -1, wid, epoch
+    st = getattr(H._ACTIVE, "stream", None)
+    if st is None:
+        return -1, -1, 0
+    return st.order, -1, max(len(st.epochs) - 1, 0)
+
+
+EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"
+
+
+def _rec_path(where: tuple[int, int, int], pid: int | None = None) -> str:
+    o, w, e = where
+    tail = f"-p{pid}" if pid is not None else "-p*"
+    return os.path.join(CFG["dir"], f"rec-o{o}-w{w}-e{e}{tail}.pkl")
+
+
+def _next_call(where) -> int:
+    with _LOCK:
+        n = _CALLS.get(where, 0)
+        _CALLS[where] = n + 1
+    return n
+
+
+def _record(where, entry) -> None:
+    if _STAT["budget_stop"] is not None:
+        return
+    try:
+        blob = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable item: no recording, job goes on
+        _STAT["budget_stop"] = {"where": list(where), "call": entry[0], "bytes": 0,
+                                "error": f"cannot pickle the outputs ({type(exc).__name__})"}
+        return
+    with _LOCK:
+        if _STAT["recorded_bytes"] + len(blob) > _budget():
+            _STAT["budget_stop"] = {"where": list(where), "call": entry[0],
+                                    "bytes": _STAT["recorded_bytes"]}
+            return
+        try:
+            fh = _REC_FILES.get(where)
+            if fh is None:
+                fh = _REC_FILES[where] = open(_rec_path(where, os.getpid()), "ab")
+            fh.write(blob)
+            fh.flush()
+        except OSError as exc:      # the job goes on; the recording is void and says why
+            _STAT["budget_stop"] = {"where": list(where), "call": entry[0],
+                                    "bytes": _STAT["recorded_bytes"], "error": str(exc)}
+            return
+        _STAT["recorded"] += 1
+        _STAT["recorded_bytes"] += len(blob)
+
+
+def _load(where) -> list:
+    recs = _RECORDS.get(where)
+    if recs is None:
+        recs = []
+        files = sorted(glob.glob(_rec_path(where)))
+        for f in files[:1]:
+            with open(f, "rb") as fh:
+                while True:
+                    try:
+                        recs.append(pickle.load(fh))
+                    except EOFError:
+                        break
+        _RECORDS[where] = recs
+    return recs
+
+
+def _index_key(index):
+    try:
+        return list(index)
+    except TypeError:
+        return index
+
+
+def fetch(fetcher, index, orig, col):
+    """A fetcher's ``fetch`` under ``record`` or ``serve`` (``hooks._patch_fetch`` calls this
+    inside its timers; ``col`` is the fetcher's timed ``collate_fn``)."""
+    if MODE not in ("record", "serve"):
+        return orig(fetcher, index)
+    where = _where()
+    n = _next_call(where)
+    idx = _index_key(index) if getattr(fetcher, "auto_collation", True) else index
+    if MODE == "record":
+        inner = col.fn
+        items_box: list = []
+
+        def tap(data):
+            items_box.append(data)
+            return inner(data)
+        col.fn = tap
+        try:
+            out = orig(fetcher, index)
+        except StopIteration:
+            _record(where, (n, idx, None, None, "stop"))
+            raise
+        finally:
+            col.fn = inner
+        _record(where, (n, idx, items_box[0] if items_box else None, out, ""))
+        return out
+    recs = _load(where)
+    stage = CFG.get("serve", "items")
+    if n >= len(recs):
+        with _LOCK:
+            _STAT["computed"] += 1
+            if _STAT["missing"] is None:
+                _STAT["missing"] = {"where": list(where), "call": n, "recorded": len(recs)}
+        return orig(fetcher, index)
+    _, r_idx, items, batch, flag = recs[n]
+    if not _same(r_idx, idx):
+        with _LOCK:
+            _STAT["computed"] += 1
+            if _STAT["mismatch"] is None:
+                _STAT["mismatch"] = {"where": list(where), "call": n,
+                                     "recorded": _short(r_idx), "asked": _short(idx)}
+        return orig(fetcher, index)
+    with _LOCK:
+        _STAT["served"] += 1
+    if flag == "stop":
+        raise StopIteration
+    if stage == "batch" or items is None:
+        return batch
+    return col(items)
+
+
+def _same(a, b) -> bool:
+    try:
+        return a == b
+    except Exception:  # noqa: BLE001 - uncomparable indices do not match
+        return False
+
+
+def _short(x):
+    s = repr(x)
+    return s if len(s) <= 120 else s[:117] + "..."
+
+
+# ----------------------------------------------------------------------------- report
+
+def flush() -> None:
+    """This process's replay part (written where the hooks write their parts)."""
+    run_dir = H.SETTINGS.get("run_dir") if H is not None else None
+    if not run_dir:
+        return
+    for fh in list(_REC_FILES.values()):
+        try:
+            fh.flush()
+        except (OSError, ValueError):
+            pass
+    with _LOCK:
+        payload = {"role": "replay", "mode": MODE, "serve": CFG.get("serve"),
+                   "pid": os.getpid(), "worker": H._WORKER_LOADER is not None,
+                   **_STAT, "served_from": _SERVED_FROM,
+                   "kept": {k: len(v) for k, v in _KEPT.items()},
+                   "kept_bytes": dict(_KEPT_BYTES)}
+    if not (payload["served"] or payload["computed"] or payload["recorded"]
+            or payload["budget_stop"] or payload["unserved_batches"]):
+        return
+    path = os.path.join(run_dir, f"replay-{socket.gethostname()}-{os.getpid()}.json")
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(payload, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
