@@ -361,7 +361,7 @@ def knee_lines(result) -> list[str]:
     bt = wi.backtest
     if bt is not None and bt.max_abs_steady_error is not None:
         out.append(f"  back-test: leave-one-out steady error up to {bt.max_abs_steady_error:.0%}"
-                   f" over {bt.checked} point(s)")
+                   f" over {len(bt.points)} point(s)")
     n = kn.n if kn.n is not None else kn.saturates_at
     if n is None:
         out.append(f"  knee: {kn.explanation}")

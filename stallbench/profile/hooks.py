@@ -155,7 +155,7 @@ class Epoch:
     """One pass over a stream (one ``iter()``): per-batch request time, wait and step."""
 
     __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "t_last", "t_end", "capped",
-                 "cuda")
+                 "cuda", "cpu0", "cpu1")
 
     def __init__(self, t: float) -> None:
         self.t_iter = t
@@ -167,6 +167,10 @@ class Epoch:
         self.t_end: float | None = None
         self.capped = False
         self.cuda: list | None = None   # [(start event, end event)] per batch on a GPU
+        # the trainer process's CPU over this epoch (not its start-up: imports, data set-up),
+        # as the what-if's t_cpu wants it
+        self.cpu0 = time.process_time()
+        self.cpu1: float | None = None
 
     def to_json(self, t0: float) -> dict:
         steps = list(self.step)
@@ -175,7 +179,9 @@ class Epoch:
         out = {"t_iter": self.t_iter - t0, "t_req": [round(t - t0, 6) for t in self.t_req],
                "wait": [round(w, 7) for w in self.wait], "step": [round(s, 7) for s in steps],
                "rows": self.rows, "ended": self.t_end is not None, "capped": self.capped,
-               "t_end": (self.t_end if self.t_end is not None else self.t_last) - t0}
+               "t_end": (self.t_end if self.t_end is not None else self.t_last) - t0,
+               "cpu_s": (self.cpu1 if self.cpu1 is not None else time.process_time())
+               - self.cpu0}
         if self.cuda:
             out["gpu"] = _cuda_times(self.cuda)
         return out
@@ -255,6 +261,7 @@ class Stream:
     def end_epoch(self, ep: Epoch, t: float) -> None:
         if ep.t_end is None:
             ep.t_end = t
+            ep.cpu1 = time.process_time()
             flush(force=False)
 
     def to_json(self, t0: float) -> dict:

@@ -95,6 +95,9 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                            settings=s.get("settings", {}), notes=list(s.get("notes", [])),
                            trainer_cpu_s=float(p.get("cpu_s", 0.0)))
             offset = 0.0
+            if all("cpu_s" in ep for ep in s.get("epochs", [])):
+                # the process's CPU over this stream's epochs, not its start-up (imports)
+                sr.trainer_cpu_s = sum(float(ep["cpu_s"]) for ep in s.get("epochs", []))
             for ep in s.get("epochs", []):
                 t_iter = ep["t_iter"]
                 for t in ep["t_req"]:
