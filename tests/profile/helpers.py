@@ -21,6 +21,11 @@ def env(**extra: str) -> dict[str, str]:
 
 def profile(args: list[str], cwd: Path, timeout: float = 300, **extra: str
             ) -> subprocess.CompletedProcess:
+    """``stallbench profile ARGS``; ``--no-analyze`` unless ARGS say ``--analyze``: the
+    ablation runs (issue 28) are tested on their own (test_ablate.py), and would multiply
+    every other test's runs by five."""
+    if "--analyze" not in args and "--no-analyze" not in args:
+        args = ["--no-analyze", *args]
     return subprocess.run([sys.executable, "-m", "stallbench", "profile", *args], cwd=cwd,
                           env=env(**extra), capture_output=True, text=True, timeout=timeout)
 

@@ -1,0 +1,114 @@
+"""Ground truth for ``stallbench profile --analyze`` (issue 28): a user-style script
+(scripts/user_ablate.py, importing nothing of stallbench) with known, sleep-made costs in each
+part of its data path, profiled as a user would (a subprocess, 0 and 2 workers).
+
+Each run of the job prints its own truth (the loop's step, the item and collate costs it paid
+in its own process); the runs come in the order the profile makes them: the first variant's
+full run, the compute-only run, the recording run, the items-served run, the batch-served run,
+then the other variant. So:
+
+- compute-only: its per-batch time (wait + step of the batches served from memory) is the
+  loop's own step in that run, within 5%;
+- fetch stall = full - items served: the item costs of the full run (0 workers: all in its
+  process), within 10%;
+- preprocess stall = items served - batch served: the collate costs of the items-served run,
+  within 10% (+ 10 ms: 24 batches of 8 ms is a small figure);
+- the knee: with W workers a batch costs P = 16 x item + collate on one worker and the loop
+  C per batch, so the fewest workers with no stall is ceil(P / C); where P / C lies within
+  10% of a whole number either side is accepted (the boundary itself is noise).
+
+A sampler that shuffles without a seed asks for other items in every run: the stage
+ablations must say they cannot be done, with no number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import helpers
+import loadcheck
+
+pytestmark = pytest.mark.groundtruth
+
+ITEM_MS, COLLATE_MS, STEP_MS, BATCH = 2.0, 8.0, 12.0, 16
+
+
+def _truths(stdout: str) -> list[dict]:
+    return [json.loads(x[len("truth: "):]) for x in stdout.splitlines()
+            if x.startswith("truth: ")]
+
+
+def _run(tmp_path: Path, shuffle: str, sets: list[str], item: float, collate: float,
+         step: float):
+    data, out = tmp_path / "data", tmp_path / "out"
+    shutil.rmtree(data, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    cp = helpers.profile(["--out", str(out), "--analyze", *sets, "--", sys.executable,
+                          helpers.script("user_ablate.py"), str(data), "0", str(item),
+                          str(collate), str(step), shuffle], cwd=tmp_path, timeout=600)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
+    return cp, helpers.load(out)
+
+
+def _case(tmp_path: Path) -> list[str]:
+    cp, r = _run(tmp_path, "seeded", ["--set", "dataloader.num_workers=0,2"], ITEM_MS,
+                 COLLATE_MS, STEP_MS)
+    t = _truths(cp.stdout)
+    assert len(t) == 6, t
+    full, only, served = t[0], t[1], t[3]
+    v = r.variants[0]
+    an = v.profile.analysis
+    a = v.attribution
+    assert a is not None, [(x.name, x.why) for x in an.ablations]
+    problems = []
+    co = next(x for x in an.ablations if x.name == "compute_only")
+    per_batch = co.epoch_s.median / v.repeats[0].batches
+    want_step = only["step_s"] / only["batches"]
+    if abs(per_batch - want_step) > 0.05 * want_step:
+        problems.append(f"compute-only {per_batch * 1e3:.2f} ms/batch vs the loop's own step "
+                        f"{want_step * 1e3:.2f} ms ({per_batch / want_step - 1:+.1%})")
+    if abs(a.fetch_stall_s - full["items_s"]) > 0.10 * full["items_s"]:
+        problems.append(f"fetch stall {a.fetch_stall_s:.3f} s vs items {full['items_s']:.3f} s "
+                        f"({a.fetch_stall_s / full['items_s'] - 1:+.1%})")
+    if abs(a.preprocess_stall_s - served["collate_s"]) > 0.10 * served["collate_s"] + 0.01:
+        problems.append(f"preprocess stall {a.preprocess_stall_s:.3f} s vs collate "
+                        f"{served['collate_s']:.3f} s")
+    if "fetch (dataset item/iter)" not in cp.stdout or "knee:" not in cp.stdout:
+        problems.append("the attribution or the knee is not printed")
+    p = full["items_s"] / full["items"] * BATCH + full["collate_s"] / full["collates"]
+    c = full["step_s"] / full["batches"]
+    ratio = p / c
+    ok = {math.ceil(ratio)}
+    if abs(ratio - round(ratio)) < 0.10 * ratio:
+        ok |= {round(ratio), round(ratio) + 1}
+    wi = r.analysis.whatif
+    kn = wi.knee if wi is not None else None
+    got = (kn.n if kn.n is not None else kn.saturates_at) if kn is not None else None
+    if got not in ok:
+        problems.append(f"knee {got} (bound {kn.bound_by if kn else None}) vs P/C = "
+                        f"{p * 1e3:.1f}/{c * 1e3:.1f} ms -> {sorted(ok)}")
+    return problems
+
+
+def test_split_and_knee_recovered(tmp_path: Path) -> None:
+    # sleeps: the job and its workers need well under a core each
+    loadcheck.attempts("profile --analyze", lambda: _case(tmp_path), 2, 1.0)
+
+
+def test_unseeded_shuffle_cannot_ablate(tmp_path: Path) -> None:
+    cp, r = _run(tmp_path, "unseeded", [], 0.5, 0.0, 1.0)
+    v = r.variants[0]
+    assert v.attribution is None
+    an = v.profile.analysis
+    items = next(x for x in an.ablations if x.name == "no_fetch")
+    assert not items.done and "shuffles without a seed" in items.why, items
+    assert items.epoch_s is None
+    line = next(x for x in cp.stdout.splitlines() if x.startswith("cannot ablate"))
+    assert "shuffles without a seed" in line, line
+    assert "fetch (dataset item/iter)" not in cp.stdout
