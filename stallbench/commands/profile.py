@@ -74,7 +74,8 @@ def print_result(result: results.Result) -> None:
         if v.profile is not None and v.profile.capped:
             print(f"  {v.name}: --max-batches ended the epochs early")
         for loader, note in v.notes.items():
-            print(f"  {v.name}: {loader}: {note}")
+            if not loader.startswith("--analyze"):     # printed with the analysis below
+                print(f"  {v.name}: {loader}: {note}")
     ranks = tables.rank_table(result)
     if ranks:
         print()

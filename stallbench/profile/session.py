@@ -246,6 +246,9 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                 results[0].attribution = a
                 if results[0].profile is not None:
                     results[0].profile.analysis = an
+                for ab in an.ablations:     # the report shows them beside the run table
+                    if not ab.done:
+                        results[0].notes[f"--analyze {ab.name}"] = f"cannot ablate: {ab.why}"
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
     torch_v, ray_v = _versions(all_runs)

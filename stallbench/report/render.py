@@ -310,6 +310,18 @@ def _attribution_notes(a: Attribution) -> list[str]:
     return notes
 
 
+def _profile_notes(v: VariantResult) -> list[str]:
+    """``stallbench profile --analyze``: how the parts were made on the user's job (served
+    from memory, what the compute-only run kept) and where the copy to a device is counted.
+    The ablations it could not do are in the variant's notes (shown without an attribution)."""
+    an = v.profile.analysis if v.profile is not None else None
+    if an is None or v.attribution is None:
+        return []
+    out = [f"by replay on the job: {an.method}; compute-only kept {an.keep_batches} batches "
+           f"per loader (budget {an.budget_mb:g} MB)", an.transfer_note, *an.notes]
+    return out
+
+
 def _timeline_stats(tl: Timeline) -> list[tuple[str, str]]:
     wait = [float(x) for x in tl.wait_s if _num(x) is not None]
     if not wait:
@@ -463,7 +475,8 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
         vv = VariantView(v=v, name=v.name, knobs=fmt_value(v.knobs) if v.knobs else "(base config)",
                          is_baseline=v.name == head.baseline, is_best=v.name == head.best,
                          attribution=a, segments=segs, split_kind=kind,
-                         attribution_notes=_attribution_notes(a) if a else [])
+                         attribution_notes=(_attribution_notes(a) if a else [])
+                         + _profile_notes(v))
         vv.timeline_fig = _draw(plots.timeline, v.timeline, alt=f"per-batch timeline of {v.name}",
                                 missing="No per-batch timeline in this result for this variant.")
         vv.resources_fig = _draw(plots.resources, v.resources, alt=f"resources of {v.name}",
