@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     except session.JobFailed as exc:
         print(f"stallbench: {exc}", file=sys.stderr)
         return exc.code
+    except session.NodePartsLeft as exc:
+        print(f"stallbench: {exc}", file=sys.stderr)
+        return 0
     print()
     print_result(result)
     with interrupts.deferred():

@@ -154,7 +154,8 @@ EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"
 def _rec_path(where: tuple[int, int, int], pid: int | None = None) -> str:
     o, w, e = where
     tail = f"-p{pid}" if pid is not None else "-p*"
-    return os.path.join(CFG["dir"], f"rec-o{o}-w{w}-e{e}{tail}.pkl")
+    rank = H._rank()["rank"]        # torchrun: each rank has its own loader and sampler shard
+    return os.path.join(CFG["dir"], f"rec-r{rank}-o{o}-w{w}-e{e}{tail}.pkl")
 
 
 def _next_call(where) -> int:

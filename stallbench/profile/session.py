@@ -49,6 +49,10 @@ class NoLoader(UserError):
     pass
 
 
+class NodePartsLeft(Exception):
+    """Not node rank 0: this launcher's work ends with its parts left for rank 0 to merge."""
+
+
 @dataclass
 class Options:
     argv: list[str]
@@ -71,10 +75,91 @@ def default_name(argv: list[str]) -> str:
     return Path(argv[0]).name
 
 
+def torchrun_nodes(argv: list[str]) -> tuple[int, int]:
+    """(nodes, this node's rank) from torchrun's own flags (``--nnodes 2 --node-rank 1``,
+    ``--nnodes=2``, ``--node_rank``); (1, 0) for anything else."""
+    def flag(names: tuple[str, ...]) -> str | None:
+        for i, a in enumerate(argv):
+            for n in names:
+                if a == n and i + 1 < len(argv):
+                    return argv[i + 1]
+                if a.startswith(n + "="):
+                    return a.split("=", 1)[1]
+        return None
+    if not any(Path(a).name in ("torchrun", "torch.distributed.run") or a == "torch.distributed.run"
+               for a in argv[:3]):
+        return 1, 0
+    try:
+        nodes = int(flag(("--nnodes",)) or 1)
+        rank = int(flag(("--node-rank", "--node_rank")) or 0)
+    except ValueError:
+        raise UserError("profile: torchrun --nnodes and --node-rank must be integers for "
+                        "stallbench profile (an elastic range MIN:MAX is not supported)") from None
+    return nodes, rank
+
+
+NODE_WAIT_S = 120.0     # how long node rank 0 waits for the other nodes' parts of a run
+
+
+def _node_done(d: Path, started: float, rc: int) -> None:
+    from ..results import write_atomic
+    write_atomic(d / "done.json", json.dumps({"started": started, "exit_code": rc,
+                                               "host": os.uname().nodename}))
+
+
+def _gather_nodes(root: Path, nodes: int, started: float, ended: float,
+                  say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Node rank 0: the other nodes' parts of this run, once each says it is done. A marker
+    counts only if its job started while ours ran (torchrun's rendezvous starts them
+    together), so a stale directory of an earlier profile is never merged."""
+    import time
+    from .launcher import read_parts
+    parts: list[dict[str, Any]] = []
+    deadline = time.monotonic() + NODE_WAIT_S
+    for k in range(1, nodes):
+        d = root / f"node{k}"
+        while True:
+            try:
+                m = json.loads((d / "done.json").read_text())
+                if started - 120 <= float(m["started"]) <= ended:
+                    break
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            if time.monotonic() > deadline:
+                raise UserError(f"profile: node rank {k} left no finished parts in {d} within "
+                                f"{NODE_WAIT_S:.0f} s; every node's --out must be the same "
+                                "shared directory (docs/profile.md)")
+            from .. import interrupts
+            interrupts.check()
+            time.sleep(0.5)
+        if int(m.get("exit_code", 0)) != 0:
+            raise JobFailed(int(m["exit_code"]), f"node rank {k}")
+        parts.extend(read_parts(d))
+    say(f"merged the parts of {nodes} nodes")
+    return parts
+
+
+def _without_node_rank(argv: list[str]) -> list[str]:
+    """The command as every node runs it: torchrun's node rank left out (it is all that
+    differs between the nodes' commands, and they must find the same run directory)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--node-rank", "--node_rank"):
+            skip = True
+            continue
+        if a.startswith(("--node-rank=", "--node_rank=")):
+            continue
+        out.append(a)
+    return out
+
+
 def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | None) -> str:
     """What must match for two profiles to be compared: the redacted command, the ``--set``
     matrix and ``--max-batches`` (not the working directory: a clone elsewhere compares)."""
-    blob = json.dumps({"argv": redact.argv(argv), "matrix": axes, "max_batches": max_batches},
+    blob = json.dumps({"argv": _without_node_rank(redact.argv(argv)), "matrix": axes, "max_batches": max_batches},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -211,8 +296,14 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
     from ..measure.machine import metadata
     from .hooks import WRITTEN_FOR
 
+    import time
     variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
-    run_root = opts.out / f".stallbench-profile-{uuid.uuid4().hex[:12]}"
+    nodes, node_rank = torchrun_nodes(opts.argv)
+    fp = fingerprint(opts.argv, opts.axes, opts.max_batches)
+    if nodes > 1:       # a directory every node's launcher finds: --out must be shared
+        run_root = opts.out / f".stallbench-profile-{opts.name}-{fp}"
+    else:
+        run_root = opts.out / f".stallbench-profile-{uuid.uuid4().hex[:12]}"
     results: list[VariantResult] = []
     all_runs: list[JobRun] = []
     machine = metadata()
@@ -226,12 +317,22 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
             for r in range(opts.repeats):
                 say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
                     f"{shlex.join(redact.argv(opts.argv))}")
-                run = run_once(opts.argv, run_root / f"v{i}r{r}", v.overrides(), opts.max_batches)
-                if run.exit_code != 0:
-                    code = 128 - run.exit_code if run.exit_code < 0 else run.exit_code
+                run_dir = run_root / f"v{i}r{r}"
+                node_dir = run_dir / f"node{node_rank}" if nodes > 1 else run_dir
+                shutil.rmtree(node_dir, ignore_errors=True)
+                started = time.time()
+                run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
+                code = 128 - run.exit_code if run.exit_code < 0 else run.exit_code
+                if nodes > 1 and node_rank != 0:
+                    _node_done(node_dir, started, code)
+                if code != 0:
                     raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
+                if nodes > 1 and node_rank == 0:
+                    run.parts.extend(_gather_nodes(run_dir, nodes, started, time.time(), say))
                 runs.append(run)
             all_runs.extend(runs)
+            if nodes > 1 and node_rank != 0:
+                continue
             if not any(merge.streams(r.parts) for r in runs):
                 raise NoLoader(
                     "no DataLoader or Ray Data iteration was seen in the job (variant "
@@ -239,7 +340,10 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                     "`for batch in stallbench.watch(my_loader):` (docs/profile.md); "
                     "no result written")
             results.append(variant_result(v, runs))
-            if opts.analyze and len(results) == 1:
+            if opts.analyze and nodes > 1 and len(results) == 1:
+                say("--analyze: the ablation runs need every node's launcher to run them in "
+                    "step, which is not built: no attribution for a multi-node job")
+            elif opts.analyze and len(results) == 1:
                 from . import ablate
                 a, an = ablate.analyze(opts.argv, v.overrides(), opts.max_batches, runs,
                                        opts.repeats, run_root, say)
@@ -250,7 +354,11 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                     if not ab.done:
                         results[0].notes[f"--analyze {ab.name}"] = f"cannot ablate: {ab.why}"
     finally:
-        shutil.rmtree(run_root, ignore_errors=True)
+        if nodes == 1 or node_rank == 0:
+            shutil.rmtree(run_root, ignore_errors=True)
+    if nodes > 1 and node_rank != 0:
+        raise NodePartsLeft(f"node rank {node_rank} of {nodes}: its parts are in {run_root} for "
+                            "node rank 0 to merge; the result is written there")
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or
@@ -279,7 +387,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
         variants=results, analysis=analysis,
         profile=ProfileCommand(argv=argv, cwd=os.getcwd(), environment=redact.env(env),
                                torch=torch_v, ray=ray_v, hooks_written_for=dict(WRITTEN_FOR),
-                               world_size=world, nodes=1))
+                               world_size=world, nodes=nodes))
     from . import ablate
     ablate.whatif_of(result)
     return result
