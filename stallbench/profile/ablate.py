@@ -148,6 +148,87 @@ def _difference_interval(a: list[float], b: list[float], confidence: float = 0.9
     return Interval(*(float(x) for x in np.quantile(da - db, q)))
 
 
+AUTOMATIC = ("dataset.__getitem__", "dataset.__iter__", "collate_fn", "pin_memory")
+PART_WORDS = {"fetch": ("read", "load", "fetch", "decode", "open", "download", "io"),
+              "preprocess": ("transform", "augment", "preprocess", "tokeni", "resize", "crop",
+                             "normali", "collate", "encode"),
+              "transfer": ("pin", "copy", "transfer", "to_device", "h2d")}
+
+
+def part_of(name: str) -> str:
+    """The scenario part a user's stage name maps to, or the name itself."""
+    low = name.lower()
+    for part, words in PART_WORDS.items():
+        if any(w in low for w in words):
+            return part
+    return name
+
+
+def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
+            streams0: list, headline: str | None, runs_of, rec_dir: Path, budget_mb: float,
+            repeats: int) -> None:
+    """Each ``stallbench.stage`` of the headline loader served alone from the recording (by
+    its hashable arguments): its stall = full - that run, with its interval."""
+    seen: dict[str, dict[str, int]] = {}
+    for r in rec:
+        for p in _replay_parts(r):
+            for name, d in (p.get("stages") or {}).items():
+                acc = seen.setdefault(name, {})
+                for k, n in d.items():
+                    acc[k] = acc.get(k, 0) + int(n)
+    marked = sorted({n for s in streams0 if s.name == headline for n in s.stages
+                     if n not in AUTOMATIC} | set(seen))
+    steady_ok = all(f.phases is not None and f.phases.has_steady for f in full)
+
+    def t(f: RepeatFigures) -> float:
+        return f.phases.steady_epoch_s if steady_ok and f.phases is not None else f.epoch_s
+    for name in marked:
+        d = seen.get(name, {})
+        removes = f"stallbench.stage({name!r})"
+        why = ""
+        if not d:
+            why = ("a `with stallbench.stage(...)` block has no return value to serve; "
+                   "decorate the function that computes it instead")
+        elif d.get("unkeyed"):
+            why = ("its calls have no hashable argument (a number, a string) to match them "
+                   "between runs by")
+        elif d.get("unpicklable") or d.get("unwritable"):
+            why = "its outputs could not be kept (not picklable, or the disk refused them)"
+        elif not d.get("recorded"):
+            why = f"the memory budget ({budget_mb:g} MB) ran out before its calls were kept"
+        if why:
+            an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, why,
+                                                part=part_of(name)))
+            continue
+        try:
+            rs = runs_of(f"{removes} served from the recording",
+                         {"mode": "serve", "serve": f"stage:{name}", "dir": str(rec_dir),
+                          "budget_mb": budget_mb}, repeats)
+        except Failed as exc:
+            an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, str(exc),
+                                                part=part_of(name)))
+            continue
+        computed = sum(((p.get("stages") or {}).get(name) or {}).get("computed", 0)
+                       for r in rs for p in _replay_parts(r))
+        if computed:
+            an.ablations.append(ProfileAblation(
+                f"stage:{name}", removes, False,
+                f"{computed} call(s) asked for arguments the recording run never saw (its "
+                f"inputs differ between runs: a sampler that shuffles without a seed?)",
+                runs=len(rs), part=part_of(name)))
+            continue
+        figs = [f for f in (_figures(r, headline) for r in rs) if f is not None]
+        ok = steady_ok and all(f.phases is not None and f.phases.has_steady for f in figs)
+        full_t = [t(f) for f in full] if ok else [f.epoch_s for f in full]
+        got = [f.phases.steady_epoch_s if ok else f.epoch_s for f in figs]  # type: ignore[union-attr]
+        an.ablations.append(ProfileAblation(
+            f"stage:{name}", removes, True, runs=len(figs),
+            epoch_s=_summary([f.epoch_s for f in figs]),
+            steady_epoch_s=_summary(got) if ok else None,
+            stall_s=statistics.median(full_t) - statistics.median(got),
+            stall_interval=_difference_interval(full_t, got), part=part_of(name)))
+
+
 def _summary(xs: list[float]) -> Summary:
     return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
 
@@ -253,6 +334,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                 epoch_s=_summary([f.epoch_s for f in figs]),
                 steady_epoch_s=_summary([f.phases.steady_epoch_s for f in figs
                                          if f.phases is not None])))
+        if stop is None:
+            _marked(an, rec, full, streams0, headline, runs_of, rec_dir, budget_mb, repeats)
     except Failed as exc:
         an.ablations.append(ProfileAblation(ITEMS, "the dataset's item/iter function", False,
                                             f"recording run: {exc}"))
@@ -329,6 +412,11 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
         if a.startup_cost_s:
             out.append(f"  {'start-up (apart)':<28} {a.startup_cost_s:8.2f} s")
         out.append(f"  verdict: {a.verdict}")
+    for ab in an.ablations:
+        if ab.done and ab.stall_s is not None and ab.stall_interval is not None:
+            part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
+            out.append(f"  {ab.removes + part:<28} {ab.stall_s:8.2f} s  [{ab.stall_interval.low:.2f}, "
+                       f"{ab.stall_interval.high:.2f}]  served alone: full - that run")
     for ab in an.ablations:
         if not ab.done:
             out.append(f"cannot ablate {ab.removes} ({ab.name}): {ab.why}")

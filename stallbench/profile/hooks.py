@@ -123,6 +123,8 @@ class Stage:
         def timed(*a, **k):
             w, c = _perf(), _tcpu()
             try:
+                if _REPLAY is not None:     # an ablation run: recorded, or served (replay.py)
+                    return _REPLAY.stage_call(name, fn, a, k)
                 return fn(*a, **k)
             finally:
                 stage_add(name, _perf() - w, _tcpu() - c)

@@ -219,7 +219,8 @@ def _index_key(index):
 def fetch(fetcher, index, orig, col):
     """A fetcher's ``fetch`` under ``record`` or ``serve`` (``hooks._patch_fetch`` calls this
     inside its timers; ``col`` is the fetcher's timed ``collate_fn``)."""
-    if MODE not in ("record", "serve"):
+    if MODE not in ("record", "serve") or (MODE == "serve" and
+                                           CFG.get("serve") not in ("items", "batch")):
         return orig(fetcher, index)
     where = _where()
     n = _next_call(where)
@@ -297,6 +298,7 @@ def flush() -> None:
                    "kept": {k: len(v) for k, v in _KEPT.items()},
                    "kept_bytes": dict(_KEPT_BYTES)}
     if not (payload["served"] or payload["computed"] or payload["recorded"]
+            or payload.get("stages")
             or payload["budget_stop"] or payload["unserved_batches"]):
         return
     path = os.path.join(run_dir, f"replay-{socket.gethostname()}-{os.getpid()}.json")
@@ -307,3 +309,97 @@ def flush() -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+# ------------------------------------------------------ stallbench.stage (the decorator)
+
+_PRIMITIVE = (int, float, str, bytes, bool, type(None))
+_STAGE_REC: dict = {}         # name -> {key: output} (serve)
+_STAGE_FILE = []
+
+
+def _arg_key(a: tuple, k: dict) -> str | None:
+    """The call's hashable arguments (numbers, strings, tuples of them), in order; other
+    arguments (``self``, arrays) stand as their type. None when no argument is hashable:
+    then calls cannot be told apart and the stage is not served."""
+    def one(x, depth=0):
+        if isinstance(x, _PRIMITIVE):
+            return x, True
+        if isinstance(x, tuple) and depth < 2:
+            parts = [one(y, depth + 1) for y in x]
+            return tuple(p for p, _ in parts), all(ok for _, ok in parts)
+        return f"<{type(x).__qualname__}>", False
+    keyed = [one(x) for x in a] + [(n, True) for n in sorted(k)] + [one(v) for _, v in
+                                                                   sorted(k.items())]
+    if not any(ok for _, ok in keyed):
+        return None
+    return repr(tuple(p for p, _ in keyed))
+
+
+def stage_call(name: str, fn, a: tuple, k: dict):
+    """A ``@stallbench.stage(name)`` function's call in a recording run (output kept by its
+    arguments) or in the run that serves ``name`` (output returned, ``fn`` not called)."""
+    if MODE == "record":
+        out = fn(*a, **k)
+        key = _arg_key(a, k)
+        if key is None:
+            _note_stage(name, "unkeyed")
+            return out
+        if _STAT["budget_stop"] is None:
+            try:
+                blob = pickle.dumps((name, key, out), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - an output that cannot be kept: not served
+                _note_stage(name, "unpicklable")
+                return out
+            with _LOCK:
+                if _STAT["recorded_bytes"] + len(blob) > _budget():
+                    _STAT["budget_stop"] = {"where": [name], "call": 0,
+                                            "bytes": _STAT["recorded_bytes"]}
+                    return out
+                try:
+                    if not _STAGE_FILE:
+                        _STAGE_FILE.append(open(os.path.join(
+                            CFG["dir"], f"stage-rec-{socket.gethostname()}-{os.getpid()}.pkl"),
+                            "ab"))
+                    _STAGE_FILE[0].write(blob)
+                    _STAGE_FILE[0].flush()
+                except OSError:
+                    _note_stage(name, "unwritable")
+                    return out
+                _STAT["recorded_bytes"] += len(blob)
+            _note_stage(name, "recorded")
+        return out
+    if MODE == "serve" and CFG.get("serve") == f"stage:{name}":
+        recs = _stage_records(name)
+        key = _arg_key(a, k)
+        if key is not None and key in recs:
+            _note_stage(name, "served")
+            return recs[key]
+        _note_stage(name, "computed")
+        with _LOCK:
+            if _STAT["missing"] is None:
+                _STAT["missing"] = {"where": [name], "call": key, "recorded": len(recs)}
+    return fn(*a, **k)
+
+
+def _note_stage(name: str, what: str) -> None:
+    with _LOCK:
+        d = _STAT.setdefault("stages", {}).setdefault(name, {})
+        d[what] = d.get(what, 0) + 1
+
+
+def _stage_records(name: str) -> dict:
+    recs = _STAGE_REC.get(name)
+    if recs is None:
+        recs = {}
+        for f in sorted(glob.glob(os.path.join(CFG["dir"], "stage-rec-*.pkl"))):
+            with open(f, "rb") as fh:
+                while True:
+                    try:
+                        n, key, out = pickle.load(fh)
+                    except EOFError:
+                        break
+                    if n == name:
+                        recs.setdefault(key, out)
+        _STAGE_REC[name] = recs
+    return recs

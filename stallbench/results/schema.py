@@ -716,6 +716,11 @@ class ProfileAblation:
     runs: int = 0
     epoch_s: Summary | None = None          # whole run over repeats (compute-only: extrapolated)
     steady_epoch_s: Summary | None = None   # steady state over repeats (the differential's)
+    # a ``stallbench.stage`` served alone: full - this run, and the part it maps to
+    # ("fetch", "preprocess", "transfer", or the user's own name)
+    stall_s: float | None = None
+    stall_interval: Interval | None = None
+    part: str = ""
 
 
 @dataclass
