@@ -402,6 +402,9 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
         ivs = a.intervals
         basis = a.basis
         out.append(f"attribution ({basis}, {a.interval}):")
+        if "(1 per run)" in a.interval:
+            out.append("  (one repeat per run: each interval is its point; --repeats 2 or more "
+                       "gives intervals)")
         for label, part, i in (("compute", a.compute_s, ivs.compute_s),
                                ("fetch (dataset item/iter)", a.fetch_stall_s, ivs.fetch_stall_s),
                                ("preprocess (collate_fn)", a.preprocess_stall_s,
