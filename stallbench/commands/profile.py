@@ -39,7 +39,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                         "attribute the stall; fit the what-if on the worker variants")
     g.add_argument("--no-analyze", dest="analyze", action="store_false")
     p.add_argument("--trace", default=None, metavar="FILE",
-                   help="write a Chrome trace-event JSON of batches, waits and steps per rank")
+                   help="write a Chrome trace-event JSON (Perfetto) of every batch's wait and step, per "
+                        "variant, repeat, rank and loader")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     p.set_defaults(func=run)
     return p
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
     opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
-                           max_batches=max_batches, axes=axes, analyze=bool(args.analyze))
+                           max_batches=max_batches, axes=axes, analyze=bool(args.analyze),
+                           trace=[] if trace is not None else None)
     try:
         result = session.profile(opts, say=lambda s: print(f"stallbench: {s}", file=sys.stderr,
                                                             flush=True))
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         path = results.save(result, out)
         if trace is not None:
             from ..profile import trace as trace_mod
-            outputs.write_file(trace, trace_mod.dumps(result), outputs.TRACE, "--trace")
+            outputs.write_file(trace, trace_mod.dumps(opts.trace or []), outputs.TRACE, "--trace")
     print(f"result: {path}")
     if trace is not None:
         print(f"trace: {trace}")

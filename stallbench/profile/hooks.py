@@ -566,22 +566,37 @@ def _patch_fetch(cls, functools) -> None:
 
 # ------------------------------------------------------------------------- Ray patches
 
+_RAY_INSIDE = threading.local()
+
+
 def patch_ray(it_mod) -> None:
-    import functools
+    """Ray Data's iterators: ``DataIterator.iter_batches`` / ``iter_torch_batches`` (what
+    ``Dataset.iter_torch_batches`` and Ray Train's ``get_dataset_shard`` give) and
+    ``Dataset.iter_batches`` (which goes around ``DataIterator.iter_batches``). One stream per
+    iterator or dataset object, one epoch per call; a call made inside another's iteration
+    is not counted twice."""
     ray = sys.modules.get("ray")
     _version_check("ray", getattr(ray, "__version__", "?"))
-    DataIterator = it_mod.DataIterator
+    _patch_ray_class(it_mod.DataIterator, ("iter_batches", "iter_torch_batches"))
+
+
+def patch_ray_dataset(ds_mod) -> None:
+    _patch_ray_class(ds_mod.Dataset, ("iter_batches",))
+
+
+def _patch_ray_class(cls, methods) -> None:
+    import functools
     prefetch = SETTINGS.get("overrides", {}).get("ray", {}).get("prefetch_batches")
-    inside = threading.local()
-    for meth in ("iter_batches", "iter_torch_batches"):
-        orig = getattr(DataIterator, meth, None)
+    inside = _RAY_INSIDE
+    for meth in methods:
+        orig = cls.__dict__.get(meth)
         if orig is None:
             continue
 
         def make(orig, meth):
             @functools.wraps(orig)
             def wrapped(self, *a, **k):
-                if getattr(inside, "on", False):   # iter_torch_batches -> iter_batches
+                if getattr(inside, "on", False):
                     return orig(self, *a, **k)
                 if prefetch is not None:
                     k["prefetch_batches"] = prefetch
@@ -590,12 +605,18 @@ def patch_ray(it_mod) -> None:
                     inner = orig(self, *a, **k)
                 finally:
                     inside.on = False
-                bs = k.get("batch_size", 256)
-                st = Stream(f"ray.{meth}", type(self).__name__,
-                            {"batch_size": bs, "prefetch_batches": k.get("prefetch_batches")})
+                st = self.__dict__.get("_stallbench_stream")
+                if st is None:
+                    st = Stream(f"ray.{meth}", type(self).__name__,
+                                {"batch_size": k.get("batch_size", 256),
+                                 "prefetch_batches": k.get("prefetch_batches", 1)})
+                    try:
+                        self._stallbench_stream = st
+                    except AttributeError:
+                        pass
                 return _ray_gen(st, inner, inside)
             return wrapped
-        setattr(DataIterator, meth, make(orig, meth))
+        setattr(cls, meth, make(orig, meth))
 
 
 def _ray_gen(st: Stream, inner, inside):
@@ -618,7 +639,8 @@ def _ray_gen(st: Stream, inner, inside):
 
 # ---------------------------------------------------------------------- post-import hook
 
-TARGETS = {"torch.utils.data.dataloader": patch_torch, "ray.data.iterator": patch_ray}
+TARGETS = {"torch.utils.data.dataloader": patch_torch, "ray.data.iterator": patch_ray,
+           "ray.data.dataset": patch_ray_dataset}
 
 
 class _Loader(importlib.abc.Loader):

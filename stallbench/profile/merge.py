@@ -59,6 +59,8 @@ class StreamRun:
     stages: dict[str, list[Any]] = field(default_factory=dict)   # name -> [calls, wall, cpu, where]
     gpu_wait: list[float] = field(default_factory=list)
     gpu_step: list[float] = field(default_factory=list)
+    t_wall: list[float] = field(default_factory=list)    # each request, Unix time (the trace)
+    host: str = ""
     trainer_cpu_s: float = 0.0
     producer_cpu_s: float | None = None
     producer_processes: int = 0
@@ -93,7 +95,8 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
         for s in p.get("streams", []):
             sr = StreamRun(name=s["name"], kind=s["kind"], rank=int(p.get("rank", 0)), key=s["key"],
                            settings=s.get("settings", {}), notes=list(s.get("notes", [])),
-                           trainer_cpu_s=float(p.get("cpu_s", 0.0)))
+                           trainer_cpu_s=float(p.get("cpu_s", 0.0)), host=str(p.get("host", "")))
+            t0_wall = float(p.get("t0_wall", 0.0))
             offset = 0.0
             if all("cpu_s" in ep for ep in s.get("epochs", [])):
                 # the process's CPU over this stream's epochs, not its start-up (imports)
@@ -102,6 +105,7 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                 t_iter = ep["t_iter"]
                 for t in ep["t_req"]:
                     sr.t_start.append(offset + (t - t_iter))
+                    sr.t_wall.append(t0_wall + t)
                 n = len(ep["wait"])
                 steps = list(ep["step"])[:n] + [0.0] * max(0, n - len(ep["step"]))
                 sr.wait.extend(ep["wait"])

@@ -62,6 +62,7 @@ class Options:
     max_batches: int | None = None
     axes: dict[str, list[Any]] = field(default_factory=dict)
     analyze: bool = False           # the ablation runs of the first variant (issue 28)
+    trace: list[dict[str, Any]] | None = None      # filled with trace events when given
 
 
 def default_name(argv: list[str]) -> str:
@@ -254,6 +255,13 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
     return s
 
 
+def _by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
+    out: dict[int, list[merge.StreamRun]] = {}
+    for s in streams:
+        out.setdefault(s.rank, []).append(s)
+    return [out[k] for k in sorted(out)]
+
+
 def steady_rate(v: VariantResult) -> float:
     if v.phases is not None and math.isfinite(v.phases.steady_samples_s.median):
         return v.phases.steady_samples_s.median
@@ -330,6 +338,13 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                 if nodes > 1 and node_rank == 0:
                     run.parts.extend(_gather_nodes(run_dir, nodes, started, time.time(), say))
                 runs.append(run)
+                if opts.trace is not None and (nodes == 1 or node_rank == 0):
+                    from . import trace
+                    for rank_streams in _by_rank(merge.streams(run.parts)):
+                        pid = len([e for e in opts.trace if e.get("name") == "process_name"])
+                        opts.trace.extend(trace.events(
+                            f"{v.name} repeat {r + 1} rank {rank_streams[0].rank}", pid,
+                            rank_streams))
             all_runs.extend(runs)
             if nodes > 1 and node_rank != 0:
                 continue

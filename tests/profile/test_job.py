@@ -173,3 +173,23 @@ def test_signal_stops_the_job_and_writes_nothing(tmp_path: Path, sig: int, code:
     left = [pid for pid in job if psutil.pid_exists(pid)
             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == []
+
+
+def test_trace_holds_every_batch_and_replaces_only_its_own_kind(tmp_path: Path) -> None:
+    out, trace = tmp_path / "out", tmp_path / "t.json"
+    cp = helpers.profile(["--out", str(out), "--trace", str(trace), "--", PY,
+                          helpers.script("user_train.py"), str(tmp_path / "d"), "0", "0", "1"],
+                         cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    d = json.loads(trace.read_text())
+    waits = [e for e in d["traceEvents"] if e["name"] == "wait"]
+    steps = [e for e in d["traceEvents"] if e["name"] == "step"]
+    assert len(waits) == len(steps) == helpers.load(out).variants[0].repeats[0].batches == 32
+    assert all(w["ts"] + w["dur"] <= s["ts"] + 1 for w, s in zip(waits, steps))
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    cp = helpers.profile(["--out", str(out), "--trace", str(other), "--", PY, "-c", "pass"],
+                         cwd=tmp_path)
+    assert cp.returncode == 2
+    assert cp.stderr.startswith(f"stallbench: error: --trace: {other}: exists and is not a "
+                                "stallbench trace")
