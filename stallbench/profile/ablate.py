@@ -469,8 +469,8 @@ def knee_lines(result) -> list[str]:
         out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
                    f"samples/s{band}; {kn.explanation}")
     best = max(wi.measured, key=lambda c: c.measured_steady_samples_s or c.measured_samples_s)
-    if n in measured or n <= max(measured):
-        pick = measured.get(n, best)
+    if n in measured:
+        pick = measured[n]
         out.append(f"  recommendation: num_workers={pick.n} on your DataLoader (MEASURED "
                    f"{(pick.measured_steady_samples_s or pick.measured_samples_s):,.0f} steady "
                    f"samples/s, variant {pick.variant})")
