@@ -1,0 +1,68 @@
+"""The decisions of ``--analyze`` that need no job run: which part a user's stage name maps
+to, how calls are keyed by their arguments, the compute-only run's extrapolation from the
+batches it served, and the "cannot ablate" reasons read from the replay parts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from stallbench.profile import ablate
+from stallbench.profile.launcher import HERE, JobRun
+
+
+def _replay_module():
+    spec = importlib.util.spec_from_file_location("_replay_under_test", HERE / "replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name,part", [("decode", "fetch"), ("read_parquet", "fetch"),
+                                       ("augment", "preprocess"), ("Tokenize", "preprocess"),
+                                       ("to_device", "transfer"), ("my_stage", "my_stage")])
+def test_stage_names_map_to_parts(name: str, part: str) -> None:
+    assert ablate.part_of(name) == part
+
+
+def test_calls_keyed_by_their_hashable_arguments() -> None:
+    rp = _replay_module()
+
+    class Ds:
+        pass
+    ds = Ds()
+    assert rp._arg_key((ds, 3), {}) == rp._arg_key((Ds(), 3), {})   # self stands as its type
+    assert rp._arg_key((ds, 3), {}) != rp._arg_key((ds, 4), {})
+    assert rp._arg_key((ds, (1, "a")), {"k": 2}) != rp._arg_key((ds, (1, "a")), {"k": 3})
+    assert rp._arg_key((ds,), {}) is None          # nothing to tell calls apart by
+    assert rp._arg_key((ds, [1, 2]), {}) is None
+
+
+def _run(parts: list[dict]) -> JobRun:
+    return JobRun(exit_code=0, wall_s=1.0, parts=parts)
+
+
+def test_compute_only_extrapolates_the_served_batches() -> None:
+    trainer = {"role": "trainer", "pid": 7, "rank": 0, "streams": [{
+        "name": "D#0", "epochs": [{"wait": [0.5, 0.1, 0.001, 0.003],
+                                   "step": [0.01, 0.01, 0.020, 0.020]}]}]}
+    replay = {"role": "replay", "pid": 7, "served_from": {"D#0": [2]}}
+    epoch, step, compute = ablate._compute_only(_run([trainer, replay]), "D#0", 10)
+    assert epoch == pytest.approx(10 * (0.021 + 0.023) / 2)
+    assert step == pytest.approx(0.020)
+    assert compute == pytest.approx(0.2)
+    # nothing served (the epoch ended within the kept batches): no figure, not a guess
+    assert ablate._compute_only(_run([trainer, {**replay, "served_from": {}}]), "D#0", 10) is None
+
+
+def test_unmatched_calls_void_the_ablation_with_the_reason() -> None:
+    mismatch = {"role": "replay", "served": 3, "mismatch": {
+        "where": [0, 1, 0], "call": 0, "recorded": "[5, 9]", "asked": "[2, 7]"}}
+    why = ablate._served_problem([_run([mismatch])], "the dataset")
+    assert "shuffles without a seed" in why and "worker 1" in why
+    missing = {"role": "replay", "served": 3, "missing": {"where": [0, -1, 1], "call": 40,
+                                                           "recorded": 40}}
+    assert "holds 40 calls" in ablate._served_problem([_run([missing])], "the dataset")
+    assert ablate._served_problem([_run([{"role": "replay", "served": 5}])], "x") == ""
+    assert "no fetch call was served" in ablate._served_problem([_run([])], "x")
