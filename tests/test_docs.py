@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from stallbench import validate
 from stallbench.data.schema import FeatureSchema
+from stallbench.run import preflight
 from stallbench.scenario import ModelSpec
 from stallbench.stages import batch_format as bf
 from stallbench.stages.compute import TorchCompute
@@ -26,7 +26,7 @@ README_MAX_LINES = 250
 
 def test_key_reference_in_docs_is_generated_from_the_code() -> None:
     text = (ROOT / "docs" / "scenarios.md").read_text()
-    assert validate.reference_markdown().lstrip("\n") in text, (
+    assert preflight.reference_markdown().lstrip("\n") in text, (
         "docs/scenarios.md key reference is stale: paste reference_markdown() between the markers")
 
 

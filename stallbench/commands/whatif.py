@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
-    from .. import tables
+    from ..report import tables
     from ..analysis import backtest, whatif, whatif_models
 
     stored = r.analysis.whatif

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from reliability_helpers import TINY, no_files, one_error_line, sb, write
 
-from stallbench import scenario, validate
+from stallbench import scenario
+from stallbench.run import preflight as validate
 from stallbench.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[2]
