@@ -193,3 +193,24 @@ def test_trace_holds_every_batch_and_replaces_only_its_own_kind(tmp_path: Path) 
     assert cp.returncode == 2
     assert cp.stderr.startswith(f"stallbench: error: --trace: {other}: exists and is not a "
                                 "stallbench trace")
+
+
+GOLDEN = helpers.ROOT / "tests" / "golden" / "profile_errors.txt"
+
+
+def test_bad_input_lines_golden(tmp_path: Path) -> None:
+    """Every one-line refusal of `stallbench profile`, as printed (STALLBENCH_UPDATE_GOLDEN=1
+    refreshes the file)."""
+    cases = [["--set", "dataloader.workers=2"], ["--set", "dataloader.num_workers=two"],
+             ["--set", "dataloader.num_workers=0,0"], ["--set", "dataloader.num_workers"],
+             ["--set", "ray.prefetch_batches=-1"], ["--repeats", "0"], ["--analyze"], []]
+    got = []
+    for args in cases:
+        cmd = ["--", PY, "-c", "pass"] if args else []
+        cp = helpers.profile([*args, *cmd], cwd=tmp_path)
+        got.append(f"$ stallbench profile {' '.join(args)}{' -- python -c pass' if args else ''}"
+                   f"\nrc={cp.returncode}\n{cp.stderr}")
+    text = "\n".join(got)
+    if os.environ.get("STALLBENCH_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
