@@ -203,7 +203,8 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
     refreshes the file)."""
     cases = [["--set", "dataloader.workers=2"], ["--set", "dataloader.num_workers=two"],
              ["--set", "dataloader.num_workers=0,0"], ["--set", "dataloader.num_workers"],
-             ["--set", "ray.prefetch_batches=-1"], ["--repeats", "0"], ["--analyze"], []]
+             ["--set", "ray.prefetch_batches=-1"], ["--repeats", "0"],
+             ["--analyze", "--no-analyze"], []]
     got = []
     for args in cases:
         cmd = ["--", PY, "-c", "pass"] if args else []
