@@ -88,9 +88,9 @@ def _served_problem(runs: list[JobRun], stage: str) -> str:
                 m = p["mismatch"]
                 return (f"the loader asked for other items than in the recording run (worker "
                         f"{m['where'][1]}, epoch {m['where'][2]}, call {m['call']}: recorded "
-                        f"{m['recorded']}, asked {m['asked']}): its sampler shuffles without a "
-                        f"seed (torch.manual_seed, or DataLoader(generator=...)), so {stage}'s "
-                        f"outputs cannot be matched between runs")
+                        f"{m['recorded']}, asked {m['asked']}), so {stage}'s outputs cannot be "
+                        f"matched between runs: a sampler that shuffles without a seed does "
+                        f"this (seed it: torch.manual_seed, or DataLoader(generator=...))")
             if p.get("missing"):
                 m = p["missing"]
                 return (f"the recording holds {m['recorded']} calls of worker {m['where'][1]}, "
