@@ -220,7 +220,7 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
         figs = [f for f in (_figures(r, headline) for r in rs) if f is not None]
         ok = steady_ok and all(f.phases is not None and f.phases.has_steady for f in figs)
         full_t = [t(f) for f in full] if ok else [f.epoch_s for f in full]
-        got = [f.phases.steady_epoch_s if ok else f.epoch_s for f in figs]  # type: ignore[union-attr]
+        got = [f.phases.steady_epoch_s if ok and f.phases else f.epoch_s for f in figs]
         an.ablations.append(ProfileAblation(
             f"stage:{name}", removes, True, runs=len(figs),
             epoch_s=_summary([f.epoch_s for f in figs]),
@@ -375,7 +375,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             return [f.phases.steady_epoch_s for f in fs]     # type: ignore[union-attr]
 
         def sc(fs: list[RepeatFigures]) -> list[float]:
-            return [f.phases.steady_compute_s * f.batches / f.phases.steady_batches  # type: ignore[union-attr]
+            return [f.phases.steady_compute_s * f.batches  # type: ignore[union-attr]
+                    / f.phases.steady_batches  # type: ignore[union-attr]
                     for f in fs]
         steady = {FULL: st(full), ITEMS: st(served[ITEMS]), BATCH: st(served[BATCH]),
                   FREE: st(served[FREE]), ONLY: epochs[ONLY]}
@@ -415,11 +416,15 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
         if a.startup_cost_s:
             out.append(f"  {'start-up (apart)':<28} {a.startup_cost_s:8.2f} s")
         out.append(f"  verdict: {a.verdict}")
-    for ab in an.ablations:
-        if ab.done and ab.stall_s is not None and ab.stall_interval is not None:
-            part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
-            out.append(f"  {ab.removes + part:<28} {ab.stall_s:8.2f} s  [{ab.stall_interval.low:.2f}, "
-                       f"{ab.stall_interval.high:.2f}]  served alone: full - that run")
+    marked = [ab for ab in an.ablations
+              if ab.done and ab.stall_s is not None and ab.stall_interval is not None]
+    if marked:
+        out.append("your stallbench.stage functions, each served alone (full - that run; "
+                   "inside the parts above, not beside them):")
+    for ab in marked:
+        part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
+        lo, hi = ab.stall_interval.low, ab.stall_interval.high  # type: ignore[union-attr]
+        out.append(f"  {ab.removes + part:<28} {ab.stall_s:8.2f} s  [{lo:.2f}, {hi:.2f}]")
     for ab in an.ablations:
         if not ab.done:
             out.append(f"cannot ablate {ab.removes} ({ab.name}): {ab.why}")

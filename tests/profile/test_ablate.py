@@ -18,7 +18,9 @@ then the other variant. So:
   10% of a whole number either side is accepted (the boundary itself is noise).
 
 A sampler that shuffles without a seed asks for other items in every run: the stage
-ablations must say they cannot be done, with no number.
+ablations must say they cannot be done, with no number. A ``@stallbench.stage`` function
+(scripts/user_marked.py: the one script here that imports stallbench, for its markers) served
+alone by its argument costs the run its own cost; a ``with`` block cannot be served and says so.
 """
 
 from __future__ import annotations
@@ -112,3 +114,29 @@ def test_unseeded_shuffle_cannot_ablate(tmp_path: Path) -> None:
     line = next(x for x in cp.stdout.splitlines() if x.startswith("cannot ablate"))
     assert "shuffles without a seed" in line, line
     assert "fetch (dataset item/iter)" not in cp.stdout
+
+
+def _marked_case(tmp_path: Path) -> list[str]:
+    out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    cp = helpers.profile(["--out", str(out), "--analyze", "--", sys.executable,
+                          helpers.script("user_marked.py"), "2", "1", "5"], cwd=tmp_path,
+                         timeout=600)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
+    full = _truths(cp.stdout)[0]            # the full run comes first
+    an = helpers.load(out).variants[0].profile.analysis
+    decode = next(x for x in an.ablations if x.name == "stage:decode")
+    augment = next(x for x in an.ablations if x.name == "stage:augment")
+    assert decode.done and decode.part == "fetch", decode
+    assert not augment.done and "no return value" in augment.why and augment.stall_s is None
+    assert "cannot ablate stallbench.stage('augment')" in cp.stdout
+    if abs(decode.stall_s - full["decode_s"]) > 0.10 * full["decode_s"]:
+        return [f"decode stall {decode.stall_s:.3f} s vs its cost {full['decode_s']:.3f} s "
+                f"({decode.stall_s / full['decode_s'] - 1:+.1%})"]
+    return []
+
+
+def test_marked_stage_served_alone(tmp_path: Path) -> None:
+    # a decorated stage served by its argument (the item's index) leaves the run: its stall
+    # is its cost (0 workers: every decode is in the loop's own next()), within 10%
+    loadcheck.attempts("profile --analyze stage", lambda: _marked_case(tmp_path), 2, 1.0)
