@@ -22,7 +22,7 @@ from stallbench.results import MachineInfo, Result, VariantResult, load
 
 import factories
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MACHINE = MachineInfo(cpu_model="Test CPU 3000", cores_logical=2, memory_gb=8)
 
 

@@ -14,7 +14,7 @@ from stallbench.results import TuneFigures
 from stallbench.run.tune import (ForeignLoad, TuneOptions, Tuner, knob_diff, scenario_text,
                                  variant_name, with_knobs)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = """
 name = "tiny-tune"
