@@ -30,6 +30,7 @@ from . import worktree
 from .rule import (FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, change_of,
                    compare_paired, paired_differences)
 from .baseline import GateReport, Row, _metrics, _not_comparable
+from .. import interrupts
 from ..errors import ResultError
 from ..results import Result
 
@@ -195,7 +196,7 @@ def run_gate(scenarios: Sequence[Path], ref: str, settings: ABSettings, *, cwd: 
     repo = worktree.toplevel(cwd)
     commit = worktree.resolve(repo, ref)
     label = worktree.describe(repo, commit)
-    with worktree.sigterm_as_interrupt():
+    with interrupts.SigtermAsInterrupt():
         say(f"gate: checking out {ref} ({label}) into a temporary worktree")
         with worktree.checkout(repo, commit) as ref_root:
             a = ab.Side(f"REF {ref}", ref_root)

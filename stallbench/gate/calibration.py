@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .rule import FASTER, METRICS, SLOWER, Metric, compare_paired, paired_differences
+from .. import interrupts
 from ..errors import ResultError
 from ..results import codec
 
@@ -340,7 +341,7 @@ def calibrate(scenarios: Sequence[Path], *, threshold: float, alpha: float, pair
     machine = metadata()
     start_load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
-    with worktree.sigterm_as_interrupt():
+    with interrupts.SigtermAsInterrupt():
         runs = ab.run_pairs(scenarios, ab.Side("A", repo), ab.Side("B", repo), pairs * rounds,
                             cwd=cwd, work_root=repo, say=say)
     seconds = time.perf_counter() - t0
