@@ -332,7 +332,7 @@ def calibrate(scenarios: Sequence[Path], *, threshold: float, alpha: float, pair
     from . import pairs as ab
     from . import worktree
     from .ab import paired_values, variant_names
-    from .baseline import _metrics
+    from .rows import gated_metrics
     from ..measure.machine import metadata
     from ..results import now_utc
     from .. import __version__
@@ -346,7 +346,7 @@ def calibrate(scenarios: Sequence[Path], *, threshold: float, alpha: float, pair
                             cwd=cwd, work_root=repo, say=say)
     seconds = time.perf_counter() - t0
     end_load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    chosen = _metrics(metrics, False)
+    chosen = gated_metrics(metrics, False)
     out = []
     for name in runs[0].a:
         first = runs[0].a[name]
@@ -445,9 +445,9 @@ def apply(cals: Sequence[Calibration], *, threshold: float, alpha: float, pairs:
     is not given, a ``UserError`` for a threshold below a gated row's noise floor, and notes
     saying what the gate can promise at the pairs it runs."""
     from ..errors import UserError
-    from .baseline import _metrics
+    from .rows import gated_metrics
 
-    gated = {m.name for m in _metrics(metrics, False)}
+    gated = {m.name for m in gated_metrics(metrics, False)}
     rows = [(cal, x) for cal in cals for x in cal.metrics if x.metric in gated]
     tput = [(cal, x) for cal, x in rows if x.metric == "throughput"]
     out = Applied(pairs=pairs)
