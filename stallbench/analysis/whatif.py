@@ -73,6 +73,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
 from . import backtest, schedule
+from .stats import COMPUTE_BOUND_SHARE
 from .whatif_models import MODELS, ScalingModel, fit_best, fit_points, oversubscribed, reference
 
 
@@ -348,7 +349,7 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
                   else "measured in a worker")
         # the same rule as the attribution's: a stall share under 5% is compute-bound, so
         # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
-        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= 0.05 else "compute"
+        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= COMPUTE_BOUND_SHARE else "compute"
         why = (f"no workers: the trainer does {c.p_serial * 1e6:.1f} us/sample of data work "
                f"({source}; {heaviest} heaviest) before each {c.t * 1e6:.1f} us/sample step")
         if n_ranks > 1:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                           "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)",
                           [longest_temp_name()])
     from ..run.tune import TuneOptions, tune  # heavy (torch): only when tuning
+    from ..measure.load import HEAVY_CORES
     from ..run.preflight import check_scenario
 
     check_scenario(sc)
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"conditions: other processes kept {r.foreign_cores:.1f} of {r.machine.cores:g} cores "
               f"busy on average during the tune (the what-if assumes the cores are free"
               + ("; expect predictions and repeat runs to miss under such load)"
-                 if r.foreign_cores >= 0.25 else ")"))
+                 if r.foreign_cores >= HEAVY_CORES else ")"))
     print(f"tune result: {path} ({r.wall_s:.0f} s of a {r.budget_s:.0f} s budget; stopped: "
           f"{r.stopped_because})")
     return 0

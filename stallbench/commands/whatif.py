@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     from ..report import tables
     from ..analysis import backtest, whatif, whatif_models
+    from ..analysis.stats import COMPUTE_BOUND_SHARE
 
     stored = r.analysis.whatif
     group = [] if args.variant else whatif.scaling_group(r)
@@ -182,7 +183,7 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
             cpu_nodes = n if unit == "node" else 0
             cost = hours * ((a["cpu_node_cost"] or 0) * cpu_nodes + (a["gpu_node_cost"] or 0))
             row.append(f"{cost:.6f}")
-            if p.stall_share < 0.05 and (cheapest is None or cost < cheapest[1]):
+            if p.stall_share < COMPUTE_BOUND_SHARE and (cheapest is None or cost < cheapest[1]):
                 cheapest = (n, cost)
         rows.append(row + [p.why])
     per_rank = unit == "worker" and (a["ranks"] or m.ranks) > 1 and m.producers_per_rank

@@ -33,7 +33,7 @@ from .. import interrupts, threads
 from ..errors import UserCodeError, UserError
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
-from .base import EXECUTORS, Executor
+from .base import EXECUTORS, Executor, ProducerKnob
 
 
 class _Failed:
@@ -211,6 +211,13 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    @classmethod
+    def producer_knob(cls, config: Config) -> ProducerKnob | None:
+        return ProducerKnob("loader.num_workers", "worker(s)", elsewhere=(
+            "executor ray / more nodes: nodes simulated on this machine share its {cores:g} "
+            "cores (the what-if's cores bound), so they cannot beat local workers here; a real "
+            "cluster needs executor.ray_address"))
 
     def producer_slots(self) -> int:
         """Loader worker processes (0: the trainer produces its own batches)."""

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -29,6 +28,7 @@ from . import rows
 from .rule import FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, compare_paired
 from .rows import GateReport, Row, gated_metrics
 from .. import interrupts
+from ..analysis.stats import finite_median
 from ..errors import ResultError
 from ..results import Result
 
@@ -55,8 +55,7 @@ def _value(results: Result, variant: str, m: Metric) -> float:
         return math.nan
     if not metric_values.available(v, m):
         return math.nan
-    vals = [x for x in metric_values.per_repeat(v, m) if math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
+    return finite_median(metric_values.per_repeat(v, m))
 
 
 def paired_values(pairs: Sequence[ab.Pair], scenario: str, variant: str,

@@ -33,6 +33,7 @@ from ..measure.load import busy_summary
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from ..analysis.device import AU_PASS, au_label
+from ..analysis.stats import finite_median
 from . import plots
 from .history import view as history_view
 
@@ -139,11 +140,6 @@ def fmt_value(x: Any) -> str:
     if isinstance(x, (list, tuple)):
         return ", ".join(fmt_value(v) for v in x) or "—"
     return str(x)
-
-
-def _median(vals: Iterable[Any]) -> float | None:
-    xs = [float(v) for v in vals if _num(v) is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -284,10 +280,10 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
                          _pair(iv) if iv else None))
         return segs, "attributed"
     reps = v.repeats
-    compute = _median(r.compute_s for r in reps)
-    wait = _median(r.wait_s for r in reps)
-    transfer = _median(r.trainer_transfer_s for r in reps)
-    epoch = _median(r.epoch_s for r in reps)
+    compute = finite_median((r.compute_s for r in reps), None)
+    wait = finite_median((r.wait_s for r in reps), None)
+    transfer = finite_median((r.trainer_transfer_s for r in reps), None)
+    epoch = finite_median((r.epoch_s for r in reps), None)
     if compute is None or epoch is None:
         return [], ""
     segs = [("compute", compute, None), ("wait for a batch", wait or 0.0, None),
