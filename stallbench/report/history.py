@@ -48,7 +48,7 @@ def view(loaded: Sequence[tuple[Path, Result]], draw: Callable[..., Any]) -> dic
     results = [r for _, r in loaded]
     if len(results) < 2 * history.DEFAULT_MIN_SIZE:
         return None
-    series = history.analyse(history.series_of(results, ("throughput",)))
+    series = history.analyze(history.series_of(results, ("throughput",)))
     rows = []
     for s in series:
         for cp in s.points:

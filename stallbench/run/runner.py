@@ -55,7 +55,7 @@ def _progress(desc: str, total: int, enabled: bool) -> Any:
 
 
 def _configs(scenario: Scenario, opts: RunOptions) -> list[tuple[Any, bool]]:
-    """Each variant's config as it will run (CLI overrides applied) and whether it is analysed."""
+    """Each variant's config as it will run (CLI overrides applied) and whether it is analyzed."""
     out = []
     for v in scenario.variants:
         cfg = v.config
