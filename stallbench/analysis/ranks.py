@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..results import Attribution, ExactlyOnce, RankStats, RankSummary, Summary
+from ..stages.sizes import ceil_div
 from ..trainers.job import last_rank_per_step
 from . import differential
 
@@ -126,7 +127,7 @@ def exactly_once(runs: Sequence[Any], plan: Any) -> ExactlyOnce | None:
                 item_rows[d.item] = d.item_rows
             rows += d.rows if len(new) == len(d.batch_ids) else 0
     bs = plan.config.loader.batch_size
-    expected = sum(item_batches.get(i, -(-s.rows // bs)) for i, s in enumerate(plan.items))
+    expected = sum(item_batches.get(i, ceil_div(s.rows, bs)) for i, s in enumerate(plan.items))
     expected_rows = sum(item_rows.get(i, s.rows) for i, s in enumerate(plan.items))
     delivered = len(seen)
     return ExactlyOnce(expected_batches=expected, delivered_batches=delivered,
