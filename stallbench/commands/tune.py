@@ -37,10 +37,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1%}"
-
-
 def _parse(args: argparse.Namespace) -> dict:
     """Every numeric flag, checked before the scenario is read (issue 13's rule: finite,
     bounded, one line and exit 2 otherwise)."""
@@ -73,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                           [longest_temp_name()])
     from ..run.tune import TuneOptions, tune  # heavy (torch): only when tuning
     from ..measure.load import HEAVY_CORES
+    from ..report.tables import format_percent
     from ..run.preflight import check_scenario
 
     check_scenario(sc)
@@ -102,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                                      else " (NOT within 10%)")
         print(f"confirmation: measured {conf.measured.throughput_samples_s:,.0f} samples/s, "
               f"steady stall {conf.measured.steady_stall_share:.1%} "
-              f"({conf.measured.repeats} repeat(s)) vs {pred}: error {_pct(conf.error)}{goal}")
+              f"({conf.measured.repeats} repeat(s)) vs {pred}: error {format_percent(conf.error, '+.1%')}{goal}")
         print(f"  confirmation result: {conf.result_path}")
     if r.foreign_cores is not None:
         print(f"conditions: other processes kept {r.foreign_cores:.1f} of {r.machine.cores:g} cores "
