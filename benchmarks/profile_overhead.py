@@ -40,6 +40,7 @@ def spin(s):
     while time.perf_counter() < end: pass
 
 workers, batches = int(sys.argv[1]), int(sys.argv[2])
+step_s = float(sys.argv[3]) if len(sys.argv) > 3 else 0.001
 torch.set_num_threads(1)
 ds = Rows(4096 * batches)
 dl = DataLoader(ds, batch_size=None, num_workers=workers,
@@ -47,17 +48,19 @@ dl = DataLoader(ds, batch_size=None, num_workers=workers,
 t = time.perf_counter()
 n = 0
 for b in dl:
-    spin(0.001)
+    spin(step_s)
     n += 1
 print(json.dumps({"wall_s": time.perf_counter() - t, "batches": n}))
 '''
 
 
-def once(script: Path, workers: int, batches: int, hooked: bool, run_dir: Path) -> float:
+def once(script: Path, workers: int, batches: int, hooked: bool, run_dir: Path,
+         step_s: float = 0.001) -> float:
     env = dict(os.environ)
     if hooked:
         env = job_env(env, run_dir, {}, None)
-    cp = subprocess.run([sys.executable, str(script), str(workers), str(batches)], env=env,
+    cp = subprocess.run([sys.executable, str(script), str(workers), str(batches), str(step_s)],
+                        env=env,
                         capture_output=True, text=True, check=True)
     return float(json.loads(cp.stdout.strip().splitlines()[-1])["wall_s"])
 
@@ -86,8 +89,19 @@ def main() -> None:
                          f"{statistics.median(hooked):.3f}",
                          f"{statistics.median(ratios) - 1:+.2%} ({min(ratios) - 1:+.2%}.."
                          f"{max(ratios) - 1:+.2%})"])
+        # The hooks' own cost per batch, apart from any loop: 0 workers, no step, many
+        # batches; the fastest of the pairs on each side (least disturbed by other processes).
+        plain0, hooked0 = [], []
+        for i in range(args.pairs):
+            run_dir = Path(tmp) / f"bare{i}"
+            run_dir.mkdir()
+            plain0.append(once(script, 0, 4 * args.batches, False, run_dir, 0.0))
+            hooked0.append(once(script, 0, 4 * args.batches, True, run_dir, 0.0))
+        per_batch_us = (min(hooked0) - min(plain0)) / (4 * args.batches) * 1e6
     print(table(["workers", "batches", "unhooked s (median)", "hooked s (median)",
                  "hooked / unhooked - 1, median (min..max) over pairs"], rows))
+    print(f"hooks' own cost per batch (0 workers, no step, fastest of {args.pairs} runs each "
+          f"side): {per_batch_us:.1f} us = {per_batch_us / 1000:.2%} of a 1 ms step")
     print(f"target: <= +2.00% (1 ms step, 4096-row batches, {args.pairs} pairs); load average "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 

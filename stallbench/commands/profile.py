@@ -55,10 +55,10 @@ def loader_table(result: results.Result) -> str:
             top = max(lo.stages, key=lambda s: s.wall_s, default=None)
             rows.append([v.name, lo.name + (" *" if lo.headline else ""), str(lo.rank),
                          str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
-                         tables.num(lo.samples_s), tables.num(lo.steady_samples_s),
-                         tables.num(lo.wait_s, ".2f"), tables.pct(lo.wait_share),
-                         tables.pct(lo.steady_wait_share), tables.num(lo.step_s, ".2f"),
-                         tables.num(lo.time_to_first_batch_s, ".2f"),
+                         tables.format_number(lo.samples_s), tables.format_number(lo.steady_samples_s),
+                         tables.format_number(lo.wait_s, ".2f"), tables.format_percent(lo.wait_share),
+                         tables.format_percent(lo.steady_wait_share), tables.format_number(lo.step_s, ".2f"),
+                         tables.format_number(lo.time_to_first_batch_s, ".2f"),
                          f"{top.name} {top.wall_s:.2f} s" if top else "-"])
     head = ["variant", "loader", "rank", "workers", "batches", "samples/s", "steady samples/s",
             "wait s", "wait %", "steady wait %", "step s", "1st batch s", "top stage (wall)"]

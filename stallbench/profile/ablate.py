@@ -62,10 +62,12 @@ class Failed(Exception):
 def _counts(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Batches per epoch per stream name, as the full run's trainer (lowest rank) saw them."""
     out: dict[str, list[int]] = {}
+    eps = merge.epochs_of(parts)
     for p in sorted((p for p in parts if p.get("role") == "trainer"),
                     key=lambda p: p.get("rank", 0)):
+        mine = eps.get((p.get("host"), p.get("pid")), {})
         for s in p.get("streams", []):
-            out.setdefault(s["name"], [len(e["wait"]) for e in s.get("epochs", [])])
+            out.setdefault(s["name"], [len(e["wait"]) for e in mine.get(s["key"], [])])
     return out
 
 
@@ -108,15 +110,17 @@ def _compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, fl
     for p in _replay_parts(run):
         served_from[int(p.get("pid", -1))] = (p.get("served_from") or {}).get(headline) or []
     best = None
+    eps = merge.epochs_of(run.parts)
     for p in run.parts:
         if p.get("role") != "trainer":
             continue
         marks = served_from.get(int(p.get("pid", -1)), [])
+        mine = eps.get((p.get("host"), p.get("pid")), {})
         for s in p.get("streams", []):
             if s["name"] != headline:
                 continue
             per, steps = [], []
-            for e, ep in enumerate(s.get("epochs", [])):
+            for e, ep in enumerate(mine.get(s["key"], [])):
                 k = marks[e] if e < len(marks) else None
                 if k is None:
                     continue

@@ -79,9 +79,10 @@ def _rank() -> dict:
 
 # ------------------------------------------------------------------------ stage records
 
-def stage_add(name: str, wall: float, cpu: float, calls: int = 1, where: str = "") -> None:
+def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: str = "") -> None:
     """Add one timed stage call to the bucket of the loader being served (in a worker: the
-    loader it works for; in the trainer: the stream fetching now, else "trainer")."""
+    loader it works for; in the trainer: the stream fetching now, else "trainer"). A record
+    is [calls, wall, cpu, where, calls whose CPU was read]; ``cpu`` None: not read."""
     if _WORKER_LOADER is not None:
         key = _WORKER_LOADER
         where = where or "workers"
@@ -91,10 +92,12 @@ def stage_add(name: str, wall: float, cpu: float, calls: int = 1, where: str = "
         where = where or "trainer"
     rec = _STAGES.setdefault(key, {}).get(name)
     if rec is None:
-        rec = _STAGES[key][name] = [0, 0.0, 0.0, where]
+        rec = _STAGES[key][name] = [0, 0.0, 0.0, where, 0]
     rec[0] += calls
     rec[1] += wall
-    rec[2] += cpu
+    if cpu is not None:
+        rec[2] += cpu
+        rec[4] += calls
     if _WORKER_LOADER is not None and _perf() >= _next_flush:
         flush_worker()
 
@@ -178,8 +181,8 @@ class Epoch:
         steps = list(self.step)
         if self.t_end is not None and self.t_req:
             steps.append(self.t_end - self.t_last)   # the last batch's step ends at the end call
-        out = {"t_iter": self.t_iter - t0, "t_req": [round(t - t0, 6) for t in self.t_req],
-               "wait": [round(w, 7) for w in self.wait], "step": [round(s, 7) for s in steps],
+        out = {"t_iter": self.t_iter - t0, "t_req": [t - t0 for t in self.t_req],
+               "wait": self.wait, "step": steps,
                "rows": self.rows, "ended": self.t_end is not None, "capped": self.capped,
                "t_end": (self.t_end if self.t_end is not None else self.t_last) - t0,
                "cpu_s": (self.cpu1 if self.cpu1 is not None else time.process_time())
@@ -216,6 +219,7 @@ class Stream:
         self.settings = settings or {}
         self.notes: list = []
         self.epochs: list = []
+        self.written = 0            # epochs already in an epochs-*.json file
         self.default_rows = int(self.settings.get("batch_size") or 1)
 
     def new_epoch(self, t: float) -> Epoch:
@@ -266,10 +270,21 @@ class Stream:
             ep.cpu1 = time.process_time()
             flush(force=False)
 
-    def to_json(self, t0: float) -> dict:
+    def to_json(self) -> dict:
         return {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
-                "settings": self.settings, "notes": self.notes,
-                "epochs": [e.to_json(t0) for e in self.epochs if e.t_req]}
+                "settings": self.settings, "notes": self.notes}
+
+    def take_epochs(self, t0: float, all_: bool) -> list:
+        """The epochs not written yet: the finished ones (every one at exit), in order."""
+        out = []
+        while self.written < len(self.epochs):
+            ep = self.epochs[self.written]
+            if ep.t_end is None and not all_:
+                break
+            if ep.t_req:
+                out.append(ep.to_json(t0))
+            self.written += 1
+        return out
 
 
 def _cuda_on() -> bool:
@@ -331,11 +346,14 @@ def _header() -> dict:
 
 
 _last_flush = 0.0
+_seq = 0
 
 
 def flush(force: bool = True) -> None:
-    """The trainer's part: its streams and the stages it timed itself (0 workers)."""
-    global _last_flush
+    """The trainer's part (its streams and the stages it timed itself, small: rewritten each
+    time) and, in a file of their own, the epochs finished since the last flush (at exit,
+    every epoch left): a flush costs what is new, not the whole history."""
+    global _last_flush, _seq
     now = _perf()
     if not force and now - _last_flush < FLUSH_S:
         return
@@ -343,10 +361,16 @@ def flush(force: bool = True) -> None:
     if not STREAMS and not _STAGES:
         return
     with _LOCK:
-        streams = [s.to_json(_T0_PERF) for s in STREAMS]
-    part = {"role": "trainer", **_header(), "streams": streams, "stages": _STAGES,
-            "exiting": force}
-    _write(f"part-{socket.gethostname()}-{os.getpid()}.json", part)
+        streams = list(STREAMS)
+    new = {s.key: s.take_epochs(_T0_PERF, force) for s in streams}
+    new = {k: v for k, v in new.items() if v}
+    host, pid = socket.gethostname(), os.getpid()
+    if new:
+        _write(f"epochs-{host}-{pid}-{_seq:06d}.json", {"pid": pid, "host": host, "streams": new})
+        _seq += 1
+    part = {"role": "trainer", **_header(), "streams": [s.to_json() for s in streams],
+            "stages": _STAGES, "exiting": force}
+    _write(f"part-{host}-{pid}.json", part)
     if _REPLAY is not None:
         _REPLAY.flush()
 
@@ -525,12 +549,18 @@ _SERVING: str | None = None
 class _TimedCollate:
     """A fetcher's ``collate_fn``, timed (wall and thread CPU of its last call kept)."""
 
-    __slots__ = ("fn", "wall", "cpu")
+    __slots__ = ("fn", "wall", "cpu", "sample")
 
     def __init__(self, fn) -> None:
-        self.fn, self.wall, self.cpu = fn, 0.0, 0.0
+        self.fn, self.wall, self.cpu, self.sample = fn, 0.0, 0.0, True
 
     def __call__(self, data):
+        if not self.sample:
+            w = _perf()
+            try:
+                return self.fn(data)
+            finally:
+                self.wall += _perf() - w
         w, c = _perf(), _tcpu()
         try:
             return self.fn(data)
@@ -539,7 +569,15 @@ class _TimedCollate:
             self.cpu += _tcpu() - c
 
 
+CPU_EVERY = 8       # fetches per thread-CPU reading (see _patch_fetch)
+_fetches = [0]
+
+
 def _patch_fetch(cls, functools) -> None:
+    """Wall time of every fetch; the thread's CPU clock on one fetch in ``CPU_EVERY``: a
+    CPU-clock read is a system call (several us where the VM has no vDSO for it), four per
+    batch would cost more than the overhead target at a 1 ms step. The merge scales the
+    sampled CPU by calls / sampled calls (``cpu_calls`` says how many were read)."""
     orig = cls.fetch
     item = "dataset.__getitem__" if "Map" in cls.__name__ else "dataset.__iter__"
 
@@ -548,18 +586,23 @@ def _patch_fetch(cls, functools) -> None:
         col = self.collate_fn
         if type(col) is not _TimedCollate:
             col = self.collate_fn = _TimedCollate(col)
+        _fetches[0] += 1
+        sample = _fetches[0] % CPU_EVERY == 1
+        col.sample = sample
         cw0, cc0 = col.wall, col.cpu
-        w, c = _perf(), _tcpu()
+        w = _perf()
+        c = _tcpu() if sample else 0.0
         try:
             if _REPLAY is not None:
                 return _REPLAY.fetch(self, index, orig, col)
             return orig(self, index)
         finally:
-            wall, cpu = _perf() - w, _tcpu() - c
+            wall = _perf() - w
+            cpu = _tcpu() - c if sample else None
             cw, cc = col.wall - cw0, col.cpu - cc0
             n = len(index) if self.auto_collation else 1
-            stage_add(item, wall - cw, cpu - cc, n)
-            stage_add("collate_fn", cw, cc)
+            stage_add(item, wall - cw, None if cpu is None else cpu - cc, n)
+            stage_add("collate_fn", cw, None if cpu is None else cc)
 
     cls.fetch = fetch
 

@@ -78,9 +78,12 @@ def read_parts(run_dir: Path) -> list[dict[str, Any]]:
     parts = []
     for p in sorted(run_dir.glob("*.json")):
         try:
-            parts.append(json.loads(p.read_text()))
+            part = json.loads(p.read_text())
         except (OSError, ValueError):
             continue                # a part caught mid-write by a kill: its process's loss
+        if p.name.startswith("epochs-"):    # epochs-<host>-<pid>-<seq>.json: order them
+            part["seq"] = int(p.stem.rsplit("-", 1)[1])
+        parts.append(part)
     return parts
 
 

@@ -75,11 +75,28 @@ class StreamRun:
 
 
 def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> None:
-    for name, (calls, wall, cpu, where) in stages.items():
+    """Sum stage records [calls, wall, cpu, where, cpu_calls]; the CPU of calls whose clock
+    was not read (``hooks._patch_fetch`` samples it) is scaled from those whose was:
+    cpu x calls / cpu_calls per process, before summing."""
+    for name, rec_in in stages.items():
+        calls, wall, cpu, where = rec_in[:4]
+        cpu_calls = rec_in[4] if len(rec_in) > 4 else calls
+        cpu = cpu * calls / cpu_calls if cpu_calls else 0.0
         rec = into.setdefault(name, [0, 0.0, 0.0, where])
         rec[0] += calls
         rec[1] += wall
         rec[2] += cpu
+
+
+def epochs_of(parts: list[dict[str, Any]]
+              ) -> dict[tuple[str, int], dict[str, list[dict[str, Any]]]]:
+    """(host, pid) -> stream key -> its epochs in order, from the epoch files of a run."""
+    epochs: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
+    for p in sorted((p for p in parts if p.get("role") is None and "streams" in p
+                     and "seq" in p), key=lambda p: p["seq"]):
+        for key, eps in p["streams"].items():
+            epochs.setdefault((p["host"], p["pid"]), {}).setdefault(key, []).extend(eps)
+    return epochs
 
 
 def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
@@ -88,20 +105,23 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
     for p in parts:
         if p.get("role") == "worker":
             workers.setdefault(str(p.get("loader")), []).append(p)
+    epochs = epochs_of(parts)
     out = []
     for p in parts:
         if p.get("role") != "trainer":
             continue
+        mine = epochs.get((p.get("host"), p.get("pid")), {})
         for s in p.get("streams", []):
             sr = StreamRun(name=s["name"], kind=s["kind"], rank=int(p.get("rank", 0)), key=s["key"],
                            settings=s.get("settings", {}), notes=list(s.get("notes", [])),
                            trainer_cpu_s=float(p.get("cpu_s", 0.0)), host=str(p.get("host", "")))
             t0_wall = float(p.get("t0_wall", 0.0))
             offset = 0.0
-            if all("cpu_s" in ep for ep in s.get("epochs", [])):
+            mine_eps = mine.get(s["key"], [])
+            if all("cpu_s" in ep for ep in mine_eps):
                 # the process's CPU over this stream's epochs, not its start-up (imports)
-                sr.trainer_cpu_s = sum(float(ep["cpu_s"]) for ep in s.get("epochs", []))
-            for ep in s.get("epochs", []):
+                sr.trainer_cpu_s = sum(float(ep["cpu_s"]) for ep in mine_eps)
+            for ep in mine_eps:
                 t_iter = ep["t_iter"]
                 for t in ep["t_req"]:
                     sr.t_start.append(offset + (t - t_iter))
@@ -145,7 +165,7 @@ def headline_name(runs: list[StreamRun]) -> str | None:
 
 def _stage_seconds(stages: dict[str, list[Any]]) -> StageSeconds:
     ss = StageSeconds()
-    for name, (calls, wall, cpu, where) in stages.items():
+    for name, (calls, wall, cpu, where) in stages.items():   # already scaled by _add_stages
         if name.startswith("dataset."):
             ss.fetch += wall
             ss.fetch_cpu += cpu
