@@ -164,6 +164,12 @@ def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _finite_median(xs: list[float]) -> float:
+    import statistics
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(vals) if vals else math.nan
+
+
 def _summary(xs: list[float]) -> Summary:
     return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
 
@@ -228,8 +234,9 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
         hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
         steps.append([list(s.wait) for s in hs])
     c, ex, noise, named = ranks_mod.straggler(stalls, steps)
-    gain = ranks_mod._med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
-    med = ranks_mod._med
+    med = _finite_median
+    gain = med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
+
     stats = [RankStats(rank=f0.rank, stall_s=med([f.ranks[i].stall_s for f in reps]),
                        wait_s=med([f.ranks[i].wait_s for f in reps]), trainer_transfer_s=0.0,
                        compute_s=med([f.ranks[i].compute_s for f in reps]), sync_s=0.0,
