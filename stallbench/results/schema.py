@@ -606,11 +606,13 @@ class RankSummary:
     """The ranks of a data-parallel variant (``trainers.ranks`` > 1): how they were run, each
     rank's figures, and the straggler.
 
-    The *straggler* is the rank with the largest exposed stall (median over the full runs),
-    named only when its ``straggler_excess_s`` (its stall minus the median stall of the
-    other ranks) is larger than ``noise_s``, the noise measured for that excess: the
-    half-width of a bootstrap interval over the run's steps (resampling the per-step excess)
-    and, with repeats, the spread of each rank's stall across repeats, whichever is larger.
+    The *straggler* is the rank that reaches the all-reduce last: the largest own time
+    (exposed stall + model step, summed over the steps every rank took; median over the full
+    runs), named only when its ``straggler_excess_s`` (its own time minus the median of the
+    other ranks') is larger than ``noise_s``, the 99th percentile of that excess with the
+    steps dealt to the ranks at random (``analysis.ranks``: ~1% false alarms among
+    exchangeable ranks, bursty stalls included). ``others_wait_s`` is what the other ranks
+    spent in the all-reduce beyond what the candidate spent there (measured).
     ``gain_if_median_pace_s`` (ESTIMATED from the measured per-step stalls) is how much less
     the job would have stalled had the straggler kept pace with the median of the other
     ranks at every step: per step the job waits for its slowest rank, so the gain is the sum
@@ -630,13 +632,14 @@ class RankSummary:
     noise_s: float                  # what an excess must beat to name a straggler
     straggler: int | None           # None: the spread is within the noise
     candidate: int                  # the rank with the largest stall, named or not
-    straggler_excess_s: float       # candidate's stall - median of the others (median over runs)
+    straggler_excess_s: float       # candidate's own time - median of the others' (median over runs)
     gain_if_median_pace_s: float    # ESTIMATED, see the class docstring
     gain_speedup: float             # epoch / (epoch - gain)
     last_rank_per_step: list[int] = field(default_factory=list)   # first full run
     timeline_rank: int = 0          # the variant's ``timeline`` is this rank's (largest stall)
     exactly_once: ExactlyOnce | None = None
     verdict: str = ""
+    others_wait_s: float = 0.0      # the others' all-reduce wait beyond the candidate's (measured)
 
 
 @dataclass
