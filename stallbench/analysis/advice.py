@@ -125,7 +125,8 @@ def recommend(v: VariantResult, machine: MachineInfo) -> Recommendation | None:
     if a is None:
         return None
     share = _share(v)
-    rec = Recommendation(variant=v.name, bound_by=a.bound_by, stall_share=share, action="")
+    rec = Recommendation(variant=v.name, bound_by=a.bound_by, steady_attributed_stall_share=share,
+                         action="")
     if not a.conclusive:
         rec.conclusive = False
         rec.action = "measure again: add repeats (--repeats)"

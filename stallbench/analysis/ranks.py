@@ -23,11 +23,13 @@ per-item delay); (b) pooled, all steps of all ranks dealt back to the ranks at r
 the straggler's bursts with the other ranks' smaller ones). Neither can go below p = 1/64 on six
 bursts per rank (a permutation test on six informative steps), so (c) a burst test: on the
 steps where the slowest rank's own time is 2x the median step (chosen by a rule symmetric
-in the ranks), Student's t on the candidate's own time minus the others' median, one-sided
-at alpha/(2N) (half the budget, shared by the N ranks that could be the candidate); Student's t is conservative for values
+in the ranks), Student's t on the candidate's log own time minus the others' median (log:
+one long start-up step must not drown the rest), one-sided at alpha/(2N) (half the budget,
+shared by the N ranks that could be the candidate); Student's t is conservative for values
 symmetric about 0 (Efron 1969), which the differences of exchangeable ranks are. A straggler
 is named when its excess beats (a) or (b) at their 99.75th percentile (each 1000
-shuffles: a quarter of the budget each) or (c); the noise reported is the smallest of the three thresholds (median over runs).
+shuffles: a quarter of the budget each) or (c); ``noise_s`` is the shuffles' threshold (median over runs) and the verdict says
+which test named the rank (``straggler_evidence``).
 Together they keep the false-alarm rate among exchangeable ranks near 1%
 (``STRAGGLER_ALPHA``), smooth or bursty, which the simulation test measures; each also pays
 for choosing the largest of N. Bursts that land on
@@ -161,29 +163,27 @@ def _quantile(deal: Any, x: np.ndarray, q: float, seed: int, n_perm: int) -> flo
 BURST_FACTOR = 2.0          # a step is a burst when the slowest rank's own time is 2x the median
 
 
-def burst_threshold(own: Sequence[Sequence[float]], c: int, alpha: float = STRAGGLER_ALPHA
-                    ) -> tuple[float, float] | None:
-    """(sum over the burst steps of the candidate's own time minus the others' median, what
-    that sum must beat) or None with fewer than 3 burst steps. Burst steps: where the slowest
-    rank's own time is ``BURST_FACTOR`` x the median own time of all steps of all ranks, a
-    choice symmetric in the ranks, so it favours none. Under exchangeable ranks the per-step
-    differences there are symmetric about 0 and Student's t is conservative for symmetric
-    values (Efron 1969); the level is alpha/2 (half the budget, the shuffles have the
-    other half) shared by the world ranks that could have been the candidate (one-sided
-    alpha/(2 x world) each)."""
+def burst_test(own: Sequence[Sequence[float]], c: int, alpha: float = STRAGGLER_ALPHA
+               ) -> tuple[float, float, int] | None:
+    """(t, critical t, burst steps) of one run, or None with fewer than 3 burst steps. Burst
+    steps: where the slowest rank's own time is ``BURST_FACTOR`` x the median own time of
+    all steps of all ranks, a choice symmetric in the ranks, so it favours none. There, the
+    candidate's log own time minus the median of the others' (log: one huge start-up step
+    must not drown the rest): under exchangeable ranks symmetric about 0, where Student's t
+    is conservative (Efron 1969). One-sided at alpha / (2 x world): half the budget (the
+    shuffles have the other half), shared by the ranks that could be the candidate."""
     from scipy import stats as _st  # lazy: keeps `stallbench --help` fast
     k = min(len(s) for s in own)
-    x = np.asarray([s[:k] for s in own], dtype=float)
-    others = np.delete(x, c, axis=0)
-    top = x.max(axis=0)
-    sel = top > BURST_FACTOR * float(np.median(x))
+    x = np.log(np.maximum(np.asarray([s[:k] for s in own], dtype=float), 1e-6))
+    sel = x.max(axis=0) > math.log(BURST_FACTOR) + float(np.median(x))
     n = int(sel.sum())
     if n < 3:
         return None
-    d = x[c, sel] - np.median(others[:, sel], axis=0)
+    d = x[c, sel] - np.median(np.delete(x, c, axis=0)[:, sel], axis=0)
     sd = float(np.std(d, ddof=1))
-    t = float(_st.t.ppf(1 - alpha / (2 * len(own)), n - 1))
-    return float(d.sum()), t * sd * math.sqrt(n)
+    mean = float(d.mean())
+    t = math.inf if sd == 0 and mean > 0 else (mean / sd * math.sqrt(n) if sd > 0 else 0.0)
+    return t, float(_st.t.ppf(1 - alpha / (2 * len(own)), n - 1)), n
 
 
 def straggler(own: Sequence[Sequence[Sequence[float]]], alpha: float = STRAGGLER_ALPHA,
@@ -191,9 +191,14 @@ def straggler(own: Sequence[Sequence[Sequence[float]]], alpha: float = STRAGGLER
     """(candidate, excess, noise, named straggler or None) from the per-step own times of
     every full run (``own[run][rank][step]``, ``own_steps``): the candidate has the largest
     own time over the steps every rank took (median over runs); named when its excess
-    (median over runs) beats the noise: per run the smaller of the shuffle null
-    (``null_excess``) and the burst-step t threshold (``burst_threshold``, expressed as the
-    excess it takes), median over runs."""
+    (median over runs) beats the shuffles' noise (median over runs of ``null_excess``) or
+    the burst test names it (median over runs of t minus its critical value > 0)."""
+    c, ex, noise = _candidate(own, alpha, n_perm)
+    return c, ex, noise, (c if ex > noise or burst_margin(own, c, alpha) > 0 else None)
+
+
+def _candidate(own: Sequence[Sequence[Sequence[float]]], alpha: float, n_perm: int
+               ) -> tuple[int, float, float]:
     world = len(own[0])
     sums = []
     for run in own:
@@ -202,17 +207,30 @@ def straggler(own: Sequence[Sequence[Sequence[float]]], alpha: float = STRAGGLER
     per_rank = [_med([run[r] for run in sums]) for r in range(world)]
     c = max(range(world), key=lambda r: per_rank[r])
     ex = _med([excess(run, c) for run in sums])
-    noises = []
-    for i, (run, total) in enumerate(zip(own, sums)):
-        noise = null_excess(run, alpha, seed=i, n_perm=n_perm)
-        burst = burst_threshold(run, c, alpha) if min(len(s) for s in run) >= 2 else None
-        if burst is not None:
-            # the excess at which the burst test would name c in this run
-            noise = min(noise, excess(total, c) - burst[0] + burst[1])
-        noises.append(noise)
-    noise = _med(noises)
-    noise = noise if math.isfinite(noise) else 0.0
-    return c, ex, noise, (c if ex > noise else None)
+    noise = _med([null_excess(s, alpha, seed=i, n_perm=n_perm) for i, s in enumerate(own)])
+    return c, ex, (noise if math.isfinite(noise) else 0.0)
+
+
+def burst_margin(own: Sequence[Sequence[Sequence[float]]], c: int,
+                 alpha: float = STRAGGLER_ALPHA) -> float:
+    """Median over runs of (t - critical t) of ``burst_test``; -inf where no run has 3
+    burst steps."""
+    tests = [burst_test(run, c, alpha) for run in own if min(len(s) for s in run) >= 2]
+    margins = [t - crit for t, crit, _ in filter(None, tests)]
+    return statistics.median(margins) if margins else -math.inf
+
+
+def evidence(own: Sequence[Sequence[Sequence[float]]], c: int, ex: float, noise: float,
+             alpha: float = STRAGGLER_ALPHA) -> str:
+    """Which test named the straggler, in words (for the verdict)."""
+    if ex > noise:
+        return f"noise {noise:.2f} s"
+    tests = [t for t in (burst_test(run, c, alpha) for run in own) if t is not None]
+    if not tests:
+        return f"noise {noise:.2f} s"
+    t, crit, n = sorted(tests)[len(tests) // 2]
+    return (f"its {n} burst steps: t = {min(t, 999):.1f} > {crit:.1f}, the 1% level; the "
+            f"shuffles' noise {noise:.2f} s")
 
 
 def others_wait(syncs: Sequence[float], c: int) -> float:
@@ -273,6 +291,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
     own = [[own_steps(run[r].step_stall_s, run[r].step_compute_s) for r in range(world)]
            for run in full]
     c, ex, noise, named = straggler(own)
+    why = evidence(own, c, ex, noise) if named is not None else ""
     waited = _med([others_wait([run[r].sync_s for r in range(world)], c) for run in full])
     gain = _med([gain_if_median_pace(s, c) for s in steps])
     job_steps = [max(run[r].figures.batches for r in range(world)) for run in full]
@@ -300,7 +319,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
         max_stall_s=Summary.of([max(s) for s in stalls]),
         median_stall_s=Summary.of([statistics.median(s) for s in stalls]),
         spread_s=spread, noise_s=noise, straggler=named, candidate=c, straggler_excess_s=ex,
-        others_wait_s=waited,
+        others_wait_s=waited, straggler_evidence=why,
         gain_if_median_pace_s=gain, gain_speedup=speedup,
         last_rank_per_step=last[0] if last else [], timeline_rank=jr.timeline_rank,
         exactly_once=exactly_once(full[0], plan) if full else None)
@@ -320,6 +339,6 @@ def verdict(s: RankSummary) -> str:
     return (f"rank {s.straggler} is the straggler: the other ranks waited "
             f"{s.others_wait_s:.2f} s for it in the all-reduce; exposed stall {r.stall_s:.2f} s, "
             f"reaching the all-reduce {s.straggler_excess_s:.2f} s later than the other ranks' "
-            f"median (noise {s.noise_s:.2f} s), last to receive its batch at {r.last_step_share:.0%} of the "
+            f"median ({s.straggler_evidence or f'noise {s.noise_s:.2f} s'}), last to receive its batch at {r.last_step_share:.0%} of the "
             f"steps{bound}; at the others' median pace the job would stall "
             f"{s.gain_if_median_pace_s:.2f} s less ({s.gain_speedup:.2f}x, ESTIMATED)")

@@ -58,6 +58,14 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``high_samples_s``; ``WhatIfCheck.model`` and ``predicted_steady_samples_s``;
   ``WhatIfValidation.backtest`` (``BackTest``: leave-one-out errors and interval coverage).
   Merged with issues 16 and 18: ``BackTestPoint.ranks`` and ``BackTestPoint.oversubscribed``.
+- 3 (2026-11-24, issue 25): one name per figure. Renamed: a recommendation's ``stall_share``
+  (``variants[].recommendation`` and ``analysis.recommendation``; the steady-state attributed
+  stall share, while a variant's ``stall_share`` is the whole run's measured stall) ->
+  ``steady_attributed_stall_share``. v2 files load through ``migrate.v2_to_v3`` (v1 through
+  ``v1_to_v2`` then it). Additive in version 3 (defaults keep earlier v3 files loading):
+  ``RankSummary.others_wait_s`` (what the other ranks spent in the all-reduce beyond the
+  straggler candidate, measured), ``RankSummary.straggler_evidence`` (which test named it)
+  and the straggler rule on own time (``analysis.ranks``).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -85,8 +93,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 
 # ------------------------------------------------------------------------------ primitives
@@ -508,7 +516,7 @@ class Recommendation:
 
     variant: str
     bound_by: str
-    stall_share: float | None       # steady-state attributed stall share it starts from
+    steady_attributed_stall_share: float | None   # steady-state attributed stall share it starts from
     action: str                     # the change, in words ("add loader workers")
     knob: str | None = None         # the scenario key to change ("loader.num_workers")
     value: Any = None               # the suggested value, where there is one
@@ -640,6 +648,7 @@ class RankSummary:
     exactly_once: ExactlyOnce | None = None
     verdict: str = ""
     others_wait_s: float = 0.0      # the others' all-reduce wait beyond the candidate's (measured)
+    straggler_evidence: str = ""    # which test named the straggler, in words ("" when none)
 
 
 @dataclass
