@@ -64,7 +64,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``steady_attributed_stall_share``. v2 files load through ``migrate.v2_to_v3`` (v1 through
   ``v1_to_v2`` then it). Additive in version 3 (defaults keep earlier v3 files loading):
   ``RankSummary.others_wait_s`` (what the other ranks spent in the all-reduce beyond the
-  straggler candidate, measured), ``RankSummary.straggler_evidence`` (which test named it)
+  straggler candidate, measured), ``RankSummary.straggler_evidence`` (which test named it),
+  ``Recommendation.measured_speedup`` / ``measured_variant`` (a suggested value this run
+  measured), ``predicted_low`` / ``predicted_high`` (the back-test's interval) and
+  ``not_predicted`` (why no figure)
   and the straggler rule on own time (``analysis.ranks``).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
@@ -524,6 +527,13 @@ class Recommendation:
     predicted_from: str = ""        # "what-if model" or "attribution: ideal <stage> (upper bound)"
     conclusive: bool = True
     text: str = ""                  # the line printed and shown first in the report
+    # issue 25: a value measured in the same run is quoted as measured, never predicted
+    measured_speedup: float | None = None   # MEASURED steady ratio of that variant to this one
+    measured_variant: str | None = None
+    # the interval of a what-if prediction, from the leave-one-out back-test's errors
+    predicted_low: float | None = None
+    predicted_high: float | None = None
+    not_predicted: str = ""         # why no gain is predicted (back-test error above 25%)
 
 
 @dataclass

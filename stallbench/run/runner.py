@@ -301,7 +301,8 @@ def advise(result: Result) -> None:
     """Each variant's next change to try (its verdict then names it) and the scenario's top
     one; after the what-if, whose model the advice uses."""
     for v in result.variants:
-        v.recommendation = advice.recommend(v, result.machine)
+        bt = result.analysis.whatif.backtest if result.analysis.whatif is not None else None
+        v.recommendation = advice.recommend(v, result.machine, result.variants, bt)
         if v.attribution is not None and v.recommendation is not None:
             v.attribution.verdict = differential.verdict(
                 v.attribution, advice.action_text(v.recommendation))
