@@ -1,7 +1,7 @@
 """Scenario files: TOML -> validated, frozen dataclasses -> concrete variants.
 
 The key names are a public contract (users' CI files depend on them). Each section is a
-dataclass whose fields *are* the schema: validation, defaults, the README reference and the
+dataclass whose fields *are* the schema: validation, defaults, the key reference in docs/scenarios.md and the
 "did you mean" suggestions are all derived from these fields, so a new knob is one new field.
 """
 
@@ -30,7 +30,7 @@ def knob(default: Any, doc: str, *, min: float | None = None, max: float | None 
     """A scenario key: its default, its one-line documentation and its constraints.
 
     Every number has a finite ``min`` and ``max`` (for a list of numbers: of each element);
-    the README shows them as the key's range, ``_build_section`` refuses NaN, infinity and
+    docs/scenarios.md shows them as the key's range, ``_build_section`` refuses NaN, infinity and
     anything outside, and ``tests/reliability/test_numbers.py`` fails for a numeric knob
     without both bounds. A bound is an absurdity guard, not a tuning hint: what a value
     implies on this machine (memory, disk) is checked by ``stallbench.run.preflight``.
@@ -695,7 +695,7 @@ def load(path: str | Path) -> Scenario:
 
 
 def reference_markdown(registered: dict[str, list[str]] | None = None) -> str:
-    """The README's scenario key reference, generated from the dataclasses above.
+    """The scenario key reference of docs/scenarios.md, generated from the dataclasses above.
 
     ``registered``: the valid names of each registry (see ``knob``), listed for the keys that
     name one; ``stallbench.run.preflight.reference_markdown`` passes the live registries."""

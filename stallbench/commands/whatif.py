@@ -49,7 +49,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-# Bounds of the flags (README: "whatif"): finite, and small enough that the table is instant.
+# Bounds of the flags (docs/whatif-and-tune.md): finite, and small enough that the table is instant.
 MAX_COUNT = 100_000            # workers or nodes in one configuration
 MAX_VALUES = 1_000             # configurations in one table
 MAX_CPUS_PER_NODE = 4096

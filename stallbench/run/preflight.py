@@ -232,5 +232,5 @@ def registered_names() -> dict[str, list[str]]:
 
 
 def reference_markdown() -> str:
-    """The README's key reference, with the registries' names for registry-backed keys."""
+    """The key reference of docs/scenarios.md, with the registries' names for registry-backed keys."""
     return _reference(registered_names())
