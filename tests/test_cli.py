@@ -127,7 +127,7 @@ def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
     files = list((tmp_path / "out").glob("tiny-*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     v = data["variants"][0]
     assert len(v["throughput_samples_s"]["values"]) == 2
     assert v["attribution"]["bound_by"] in {"fetch", "preprocess", "transfer", "compute"}

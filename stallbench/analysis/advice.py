@@ -145,11 +145,15 @@ def _measured_or_bounded(v: VariantResult, rec: Recommendation,
     if rec.knob and rec.value is not None and variants:
         s = _sibling(v, variants, rec.knob, rec.value)
         if s is not None:
-            here, there = _rate(v, True), _rate(s, True)
-            if math.isfinite(here) and here > 0 and math.isfinite(there):
-                rec.measured_speedup, rec.measured_variant = there / here, s.name
-                rec.predicted_speedup, rec.predicted_from = None, "measured in this run"
-                return
+            # steady state where both have one, else whole runs (a run too short for a
+            # steady state: ``measure.phases``), said in the text
+            for steady, basis in ((True, "steady state"), (False, "whole run")):
+                here, there = _rate(v, steady), _rate(s, steady)
+                if math.isfinite(here) and here > 0 and math.isfinite(there):
+                    rec.measured_speedup, rec.measured_variant = there / here, s.name
+                    rec.predicted_speedup = None
+                    rec.predicted_from = f"measured in this run ({basis})"
+                    return
     if rec.predicted_from != "what-if model" or rec.predicted_speedup is None or bt is None:
         return
     worst = bt.max_abs_steady_error if bt.max_abs_steady_error is not None else bt.max_abs_error
@@ -257,8 +261,12 @@ def action_text(rec: Recommendation) -> str:
     back-test interval ("4 workers predicted 2.10x [1.80x, 2.40x]"), or "not predicted"
     with the reason."""
     if rec.measured_speedup is not None and math.isfinite(rec.measured_speedup):
-        return (f"{rec.action} measured {rec.measured_speedup:.2f}x ({rec.measured_variant}, "
-                f"steady state)")
+        basis = rec.predicted_from.partition("(")[2].rstrip(")") or "steady state"
+        text = f"{rec.action} measured {rec.measured_speedup:.2f}x ({rec.measured_variant}, {basis})"
+        if rec.measured_speedup < WORTH:
+            text += (f": no gain, so not that; make {rec.bound_by} cheaper or give it more "
+                     f"CPUs")
+        return text
     if rec.not_predicted:
         return f"{rec.action}: gain not predicted ({rec.not_predicted})"
     x = rec.predicted_speedup

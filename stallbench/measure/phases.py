@@ -35,6 +35,18 @@ it is one steady cycle, which ``startup_cost_s`` subtracts.
 run ended before a producer made its second item), the run has no steady window:
 ``steady_batches`` is 0, the steady figures are NaN, and the attribution uses whole runs and
 says so (``Attribution.basis``).
+
+**Too short for its figures (issue 25).** A window of part of a cycle is not a steady state:
+a ``--max-batches 20`` look at a transform-bound loop with 0 workers and 8 batches per row
+group put 1.5 items' batches but 2 items' preprocessing in its window, so its "steady" rate
+was below the whole run's and its start-up cost negative; with 2 workers 4 batches fell in the
+window, half of one item, and the steady rate came out above what two cores can do. So a
+window must hold ``MIN_STEADY_CYCLES`` whole production cycles (S producers x the batches of
+one item: the median over the run's items but its last, which a cap may cut), and a window
+whose batches come slower than the whole run's by more than ``SLOWER_TOLERANCE`` of the run
+(a negative start-up cost: start-up cannot make a run faster) is refused, not clamped. Either
+way the run has no steady window and ``Phases.no_steady_reason`` says why; the printed
+tables and verdicts then give whole-run figures and say the run was too short.
 """
 
 from __future__ import annotations
@@ -46,16 +58,45 @@ from ..results import Phases, RepeatFigures, Summary
 from ..results import PhaseSummary
 
 MIN_STEADY_BATCHES = 2
+MIN_STEADY_CYCLES = 2       # whole production cycles (S items) a steady window must hold
+SLOWER_TOLERANCE = 0.02     # a steady window slower than the run by more (share of the run): refused
+
+
+def batches_per_item(items: Sequence[int]) -> int:
+    """Median batches of one work item, over the run's items but its last (a cap may cut it)."""
+    counts: dict[int, int] = {}
+    for it in items:
+        counts[it] = counts.get(it, 0) + 1
+    whole = [c for it, c in counts.items() if it != items[-1]] if len(counts) > 1 else []
+    if not whole:
+        return 1
+    whole.sort()
+    return whole[len(whole) // 2]
+
+
+def window(items: Sequence[int], producers: int, warmup_batches: int = 0
+           ) -> tuple[int | None, str]:
+    """(k, "") or (None, why there is no steady window): the rule and the length check of the
+    module docstring."""
+    s = max(producers, 1)
+    k = next((i for i, it in enumerate(items) if it >= s), None)
+    if k is None:
+        return None, (f"too short for a steady state: the run ended before a producer made "
+                      f"its second work item")
+    k = max(k, warmup_batches)
+    if len(items) - k < MIN_STEADY_BATCHES:
+        return None, "too short for a steady state: fewer than 2 batches after start-up"
+    need = MIN_STEADY_CYCLES * s * batches_per_item(items)
+    if len(items) - k < need:
+        return None, (f"too short for a steady state: {len(items) - k} batches after start-up, "
+                      f"fewer than {MIN_STEADY_CYCLES} whole cycles of {s} producer"
+                      f"{'s' if s > 1 else ''} ({need} batches)")
+    return k, ""
 
 
 def boundary(items: Sequence[int], producers: int, warmup_batches: int = 0) -> int | None:
     """k: the first steady batch (see the module docstring), or None without a steady window."""
-    s = max(producers, 1)
-    k = next((i for i, it in enumerate(items) if it >= s), None)
-    if k is None:
-        return None
-    k = max(k, warmup_batches)
-    return k if len(items) - k >= MIN_STEADY_BATCHES else None
+    return window(items, producers, warmup_batches)[0]
 
 
 def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[float],
@@ -64,19 +105,27 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
     """Start-up and steady state of one run from its per-batch timeline."""
     n = len(t_start)
     s = max(producers, 1)
-    k = boundary(items, producers, warmup_batches)
+    k, why = window(items, producers, warmup_batches) if n else (None, "no batches")
     nan = math.nan
-    if k is None:
+
+    def none(reason: str) -> Phases:
         comp = sum(compute)
         return Phases(startup_items=s, startup_batches=n, startup_samples=int(sum(rows)),
                       startup_s=epoch_s, startup_stall_s=epoch_s - comp, steady_batches=0,
                       steady_samples=0, steady_s=nan, steady_stall_s=nan, steady_wait_s=nan,
                       steady_compute_s=nan, steady_stall_share=nan, steady_epoch_s=nan,
-                      startup_cost_s=nan)
+                      startup_cost_s=nan, no_steady_reason=reason)
+
+    if k is None:
+        return none(why)
     startup = t_start[k]
     steady = epoch_s - startup
     comp_steady = sum(compute[k:])
     steady_epoch = steady * n / (n - k)
+    if epoch_s - steady_epoch < -SLOWER_TOLERANCE * epoch_s:
+        return none(f"refused a steady window slower per batch than the whole run (start-up "
+                    f"would cost {epoch_s - steady_epoch:.2f} s, and start-up cannot make a "
+                    f"run faster): not a steady state")
     return Phases(
         startup_items=s, startup_batches=k, startup_samples=int(sum(rows[:k])),
         startup_s=startup, startup_stall_s=startup - sum(compute[:k]),

@@ -97,7 +97,10 @@ def attribution_table(result: Result) -> str | None:
             x, iv = a.part_s(name), a.part_interval(name)
             if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.width < 1e-9:
                 return num(x, ".2f")
-            return f"{num(x, '.2f')} [{num(iv.low, '.2f')},{num(iv.high, '.2f')}]"
+            # an interval spanning 0: the part is not distinguishable from 0 (never printed
+            # as a negative stall): "~0", explained under the table
+            head = "~0" if spans_zero(iv) else num(x, ".2f")
+            return f"{head} [{num(iv.low, '.2f')},{num(iv.high, '.2f')}]"
 
         steady = a.basis == "steady state"
         share = a.steady_attributed_stall_share if steady else a.attributed_stall_share
@@ -110,6 +113,16 @@ def attribution_table(result: Result) -> str | None:
     head = ["variant", "compute-only s", "fetch stall s", "preprocess stall s", "transfer stall s",
             "loader overhead s", "start-up s", "attributed stall %", "bound by"]
     return table(head, rows, right={1, 2, 3, 4, 5, 6, 7})
+
+
+def spans_zero(iv: object) -> bool:
+    """An interval whose ends lie on both sides of 0 (its figure is not distinguishable
+    from 0)."""
+    low, high = getattr(iv, "low"), getattr(iv, "high")
+    return math.isfinite(low) and math.isfinite(high) and low < 0 < high
+
+
+ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
 
 
 def attribution_title(result: Result) -> str:
@@ -125,6 +138,12 @@ def phase_lines(result: Result) -> list[str]:
     """Per variant whose runs were capped (max_batches): the EXTRAPOLATED full epoch."""
     out = []
     for v in result.variants:
+        reasons = [f.phases.no_steady_reason for f in v.repeats
+                   if f.phases is not None and f.phases.no_steady_reason]
+        if reasons:
+            n = sum(f.phases is not None for f in v.repeats)
+            out.append(f"{v.name}: {reasons[0]} ({len(reasons)} of {n} runs): no steady-state "
+                       f"figure from {'them' if len(reasons) > 1 else 'it'}; raise max_batches")
         ph = v.phases
         if ph is None or ph.extrapolated_full_epoch_s is None:
             continue

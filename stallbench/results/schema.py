@@ -67,7 +67,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   straggler candidate, measured), ``RankSummary.straggler_evidence`` (which test named it),
   ``Recommendation.measured_speedup`` / ``measured_variant`` (a suggested value this run
   measured), ``predicted_low`` / ``predicted_high`` (the back-test's interval) and
-  ``not_predicted`` (why no figure)
+  ``not_predicted`` (why no figure), ``Phases.no_steady_reason`` (a run too short for a
+  steady state says so: ``measure.phases``), ``Attribution.refused`` (a stage stall longer
+  than the run: refused, ``inconclusive_because = "impossible"``)
   and the straggler rule on own time (``analysis.ranks``).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
@@ -328,6 +330,7 @@ class Phases:
     steady_stall_share: float       # steady_stall_s / steady_s
     steady_epoch_s: float
     startup_cost_s: float
+    no_steady_reason: str = ""      # why the run has no steady window (issue 25), "" when it has
 
     @property
     def has_steady(self) -> bool:
@@ -462,7 +465,8 @@ class Attribution:
     compute_noise_s: float | None = None
     compute_noise_share: float | None = None
     conclusive: bool = True
-    inconclusive_because: str | None = None   # "compute_noise" or "interval"
+    inconclusive_because: str | None = None   # "compute_noise", "interval" or "impossible"
+    refused: str = ""               # the impossible figure and why it was refused (issue 25)
     negative_parts: list[str] = field(default_factory=list)
     verdict: str = ""
     # Issue 14: the parts above come from steady state (each run's steady window scaled to

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stallbench.measure.phases import (MIN_STEADY_BATCHES, boundary, extrapolate,
+from stallbench.measure.phases import (MIN_STEADY_BATCHES, batches_per_item, window, boundary, extrapolate,
                                        full_epoch_samples, split, summarize)
 
 import factories
@@ -33,17 +33,43 @@ def timeline(items: list[int], produce: float, compute: float, startup: float = 
 
 
 def test_boundary_is_the_first_batch_of_item_s() -> None:
-    items = [0, 0, 1, 1, 2, 2, 3, 3]
+    items = [i // 2 for i in range(20)]             # 10 items of 2 batches
     assert boundary(items, producers=0) == 2       # the trainer is the one producer
     assert boundary(items, producers=1) == 2
     assert boundary(items, producers=2) == 4       # each of 2 producers delivered its first
     assert boundary(items, producers=1, warmup_batches=5) == 5
     assert boundary(items, producers=3) == 6 and MIN_STEADY_BATCHES == 2
     # no item S, or fewer than MIN_STEADY_BATCHES after it: no steady window
-    assert boundary(items, producers=4) is None
-    assert boundary(items, producers=2, warmup_batches=7) is None
+    assert boundary(items, producers=10) is None
+    assert boundary(items, producers=2, warmup_batches=19) is None
     assert boundary([0, 0, 1], producers=1) is None
     assert boundary([0, 0, 0, 0], producers=1) is None   # one item only: never steady
+
+
+def test_a_window_shorter_than_two_whole_cycles_is_no_steady_state_and_says_why() -> None:
+    """Issue 25: ``--max-batches 20`` with 8 batches per item. 0 workers: 12 batches after
+    start-up, 1.5 items, fewer than 2 cycles of 8; 2 workers: 4 batches, half an item."""
+    items = [i // 8 for i in range(20)]
+    k, why = window(items, producers=0)
+    assert k is None and why.startswith("too short for a steady state: 12 batches after")
+    assert "2 whole cycles of 1 producer (16 batches)" in why
+    k, why = window([0, 1] * 8 + [2, 3] * 2, producers=2)
+    assert k is None and "(32 batches)" in why
+    # the full run of 64 batches has 7 items' worth after start-up: steady
+    assert window([i // 8 for i in range(64)], producers=0) == (8, "")
+    assert batches_per_item([0, 0, 0, 1, 1, 1, 2]) == 3        # the cut last item left out
+
+
+def test_a_steady_window_slower_than_the_whole_run_is_refused_not_clamped() -> None:
+    """Start-up cannot make a run faster: a window whose batches come slower than the run's
+    (a negative start-up cost) is not a steady state, and the split says so."""
+    items = [i // 2 for i in range(20)]
+    ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01)
+    # 0.5 s more at the end: the window's batches come slower than the run's
+    p = split(ts, comp, wait, [100] * 20, items, epoch + 0.5, producers=0)
+    assert not p.has_steady and p.steady_batches == 0
+    assert p.no_steady_reason.startswith("refused a steady window slower per batch")
+    assert "start-up would cost -" in p.no_steady_reason
 
 
 def test_zero_workers_steady_is_exact_cycles_and_startup_cost_is_the_one_off() -> None:
