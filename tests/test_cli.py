@@ -137,7 +137,7 @@ def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
 
 def test_capped_run_prints_an_extrapolated_full_epoch(tmp_path: Path, env: dict) -> None:
     write(tmp_path, TINY.format(analyze="false"))
-    r = sb(["run", "s.toml", "--out", "out", "--no-progress", "--max-batches", "4"], env, tmp_path)
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress", "--max-batches", "6"], env, tmp_path)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^  default: EXTRAPOLATED full epoch \(4,096 samples, from the measured "
                      r"start-up \+ steady rate, not measured\): [\d.]+ s, trainer stall \d+%$",
@@ -145,8 +145,9 @@ def test_capped_run_prints_an_extrapolated_full_epoch(tmp_path: Path, env: dict)
     v = json.loads(next((tmp_path / "out").glob("tiny-*.json")).read_text())["variants"][0]
     ph = v["phases"]
     assert ph["full_epoch_samples"] == 4096 and ph["extrapolated_full_epoch_s"]["median"] > 0
-    # 4 batches of 2 work items: start-up is the first item (2 batches), then 2 steady ones
-    assert [f["phases"]["steady_batches"] for f in v["repeats"]] == [2, 2]
+    # 6 batches of 3 work items: start-up is the first item (2 batches), then 4 steady ones,
+    # the 2 whole cycles a steady window needs (issue 25: 4 batches would be too short)
+    assert [f["phases"]["steady_batches"] for f in v["repeats"]] == [4, 4]
 
 
 VERDICT = re.compile(r"^\s*default: (inconclusive \(leaning )?(fetch|preprocess|transfer|compute)-bound"

@@ -43,8 +43,11 @@ was below the whole run's and its start-up cost negative; with 2 workers 4 batch
 window, half of one item, and the steady rate came out above what two cores can do. So a
 window must hold ``MIN_STEADY_CYCLES`` whole production cycles (S producers x the batches of
 one item: the median over the run's items but its last, which a cap may cut), and a window
-whose batches come slower than the whole run's by more than ``SLOWER_TOLERANCE`` of the run
-(a negative start-up cost: start-up cannot make a run faster) is refused, not clamped. Either
+whose batches come slower than the whole run's by more than half a work item's steady time
+(``SLOWER_TOLERANCE_ITEMS``; less is where the boundary's placement and machine noise reach)
+makes the start-up cost negative, and start-up cannot make a run faster: refused, not clamped.
+A start-up cost negative within that tolerance is printed as "~0" (not distinguishable
+from 0). Either
 way the run has no steady window and ``Phases.no_steady_reason`` says why; the printed
 tables and verdicts then give whole-run figures and say the run was too short.
 """
@@ -59,7 +62,7 @@ from ..results import PhaseSummary
 
 MIN_STEADY_BATCHES = 2
 MIN_STEADY_CYCLES = 2       # whole production cycles (S items) a steady window must hold
-SLOWER_TOLERANCE = 0.02     # a steady window slower than the run by more (share of the run): refused
+SLOWER_TOLERANCE_ITEMS = 0.5   # a steady window slower than the run by more than half an item: refused
 
 
 def batches_per_item(items: Sequence[int]) -> int:
@@ -122,7 +125,8 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
     steady = epoch_s - startup
     comp_steady = sum(compute[k:])
     steady_epoch = steady * n / (n - k)
-    if epoch_s - steady_epoch < -SLOWER_TOLERANCE * epoch_s:
+    per_item = steady / max((n - k) / batches_per_item(items), 1.0)
+    if epoch_s - steady_epoch < -SLOWER_TOLERANCE_ITEMS * per_item:
         return none(f"refused a steady window slower per batch than the whole run (start-up "
                     f"would cost {epoch_s - steady_epoch:.2f} s, and start-up cannot make a "
                     f"run faster): not a steady state")

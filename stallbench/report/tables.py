@@ -45,7 +45,7 @@ def run_table(result: Result) -> str:
                      num(ph.steady_samples_s.median) if ph else "-", num(v.epoch_s.median, ".2f"),
                      num(v.stall_s.median, ".2f"), pct(v.stall_share.median),
                      pct(ph.steady_stall_share.median) if ph else "-",
-                     num(ph.startup_cost_s.median, ".2f") if ph else "-",
+                     startup_text(ph.startup_cost_s.median) if ph else "-",
                      pct(v.device.au.median) if v.device else "-",
                      num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_pss_mb.median, ",.0f")])
     head = ["variant", "samples/s median (min..max)", "steady samples/s", "epoch s", "stall s",
@@ -106,13 +106,21 @@ def attribution_table(result: Result) -> str | None:
         share = a.steady_attributed_stall_share if steady else a.attributed_stall_share
         rows.append([v.name, part("compute"), part("fetch"), part("preprocess"),
                      part("transfer"), part("overhead"),
-                     num(a.startup_cost_s, ".2f") if steady else "-", pct(share),
+                     startup_text(a.startup_cost_s) if steady else "-", pct(share),
                      a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None
     head = ["variant", "compute-only s", "fetch stall s", "preprocess stall s", "transfer stall s",
             "loader overhead s", "start-up s", "attributed stall %", "bound by"]
     return table(head, rows, right={1, 2, 3, 4, 5, 6, 7})
+
+
+def startup_text(x: float | None) -> str:
+    """A start-up cost: never negative (start-up cannot make a run faster; a window slower
+    than that is refused in ``measure.phases``), "~0" within its tolerance."""
+    if x is not None and math.isfinite(x) and x < 0:
+        return "~0"
+    return num(x, ".2f")
 
 
 def spans_zero(iv: object) -> bool:

@@ -65,8 +65,9 @@ def test_a_steady_window_slower_than_the_whole_run_is_refused_not_clamped() -> N
     (a negative start-up cost) is not a steady state, and the split says so."""
     items = [i // 2 for i in range(20)]
     ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01)
-    # 0.5 s more at the end: the window's batches come slower than the run's
-    p = split(ts, comp, wait, [100] * 20, items, epoch + 0.5, producers=0)
+    # 1 s more at the end: the window's 9 items take 0.17 s each, item 0 took 0.06 s; start-up
+    # would cost 0.06 - 0.17 = -0.11 s, more than half an item below 0
+    p = split(ts, comp, wait, [100] * 20, items, epoch + 1.0, producers=0)
     assert not p.has_steady and p.steady_batches == 0
     assert p.no_steady_reason.startswith("refused a steady window slower per batch")
     assert "start-up would cost -" in p.no_steady_reason
