@@ -72,10 +72,20 @@ def mask(text: str) -> str:
     # What a verdict says depends on the measurement (a loaded machine makes the tiny run
     # inconclusive); its form is checked by VERDICT below, the golden keeps its place.
     text = re.sub(r"^\s*(\S+): (.*-bound\b.*)$", r"\1: <verdict>", text, flags=re.M)
+    # Issue 25: whether an interval spans 0 ("~0", its note), whether a noisy tiny window is
+    # refused as a steady state (then whole runs, said in a line and in the title) depend on
+    # the measurement; the golden keeps the table's place, not these.
+    text = re.sub(r"~N", "N", text)
+    text = re.sub(r"^N: not distinguishable from N.*\n", "", text, flags=re.M)
+    text = re.sub(r"^\s*\S+: (refused a steady window|too short for a steady state).*\n", "",
+                  text, flags=re.M)
+    text = re.sub(r"^stall attribution \(.*\):$", "stall attribution (<basis>):", text, flags=re.M)
     # The next step follows the verdict.
     text = re.sub(r"^recommendation \((\S+)\): .*$", r"recommendation (\1): <recommendation>",
                   text, flags=re.M)
-    return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
+    lines = (re.sub(r"\s+", " ", line).strip() for line in text.splitlines())
+    # a steady figure a refused window does not have prints "-" (issue 25): a number's place
+    return "\n".join(re.sub(r"(?<= )-(?= |$)", "N", line) for line in lines) + "\n"
 
 
 def check_golden(name: str, actual: str) -> None:
@@ -146,8 +156,13 @@ def test_capped_run_prints_an_extrapolated_full_epoch(tmp_path: Path, env: dict)
     ph = v["phases"]
     assert ph["full_epoch_samples"] == 4096 and ph["extrapolated_full_epoch_s"]["median"] > 0
     # 6 batches of 3 work items: start-up is the first item (2 batches), then 4 steady ones,
-    # the 2 whole cycles a steady window needs (issue 25: 4 batches would be too short)
-    assert [f["phases"]["steady_batches"] for f in v["repeats"]] == [4, 4]
+    # the 2 whole cycles a steady window needs (issue 25: 4 batches would be too short); a
+    # window this small that a loaded machine made slower than its run is refused, and says so
+    for f in v["repeats"]:
+        ph = f["phases"]
+        assert ph["steady_batches"] == 4 or ph["no_steady_reason"].startswith(
+            "refused a steady window"), ph
+    assert any(f["phases"]["steady_batches"] == 4 for f in v["repeats"])
 
 
 VERDICT = re.compile(r"^\s*default: (inconclusive \(leaning )?(fetch|preprocess|transfer|compute)-bound"
