@@ -22,7 +22,7 @@ per-item delay); (b) pooled, all steps of all ranks dealt back to the ranks at r
 (powerful for *bursty* stalls, a few steps carrying a row group's whole cost: it compares
 the straggler's bursts with the other ranks' smaller ones). Neither can go below p = 1/64 on six
 bursts per rank (a permutation test on six informative steps), so (c) a burst test: on the
-steps where the slowest rank's own time is 2x the median step (chosen by a rule symmetric
+steps where the slowest rank's own time is 4x the median step (chosen by a rule symmetric
 in the ranks), Student's t on the candidate's log own time minus the others' median (log:
 one long start-up step must not drown the rest), one-sided at alpha/(2N) (half the budget,
 shared by the N ranks that could be the candidate); Student's t is conservative for values
@@ -160,7 +160,7 @@ def _quantile(deal: Any, x: np.ndarray, q: float, seed: int, n_perm: int) -> flo
     return float(np.quantile(np.concatenate(out), q))
 
 
-BURST_FACTOR = 2.0          # a step is a burst when the slowest rank's own time is 2x the median
+BURST_FACTOR = 4.0          # a step is a burst when the slowest rank's own time is 4x the median
 
 
 def burst_test(own: Sequence[Sequence[float]], c: int, alpha: float = STRAGGLER_ALPHA

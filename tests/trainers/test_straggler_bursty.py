@@ -5,7 +5,7 @@ lands on one step) or sleeps 0.1 s per row group (a storage-like latency, no CPU
 ranks, one run, 0 loader workers. stallbench must name rank 1 and say the other rank waited for it in the
 all-reduce; with the same CPU burn on every rank (exchangeable, bursty) it must name none.
 
-Timing tests on a shared 2-core machine: up to two measurements each, every attempt's
+Timing tests on a shared 2-core machine: up to three measurements each, every attempt's
 verdict reported when all fail. Kept few and small (12 row groups, 24 steps per rank: six
 bursts per rank, the fewest the burst test can judge at 1% with the costs here).
 """
@@ -22,7 +22,7 @@ from stallbench.run.runner import RunOptions, run_scenario
 
 pytestmark = pytest.mark.groundtruth
 
-ATTEMPTS = 2
+ATTEMPTS = 3
 USER = '''
 import os
 import time
