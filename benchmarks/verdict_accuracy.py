@@ -24,7 +24,6 @@ measured count (the hidden one included); the point prediction does not.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile

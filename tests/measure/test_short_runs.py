@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
 
 from stallbench import scenario
 from stallbench.report import tables
