@@ -263,7 +263,7 @@ def _secs(x: float) -> str:
     return f"{x * 1000:.0f} ms" if abs(x) < 0.1 else f"{x:.2f} s"
 
 
-def verdict(a: Attribution, action: str | None = None) -> str:
+def verdict(a: Attribution, action: str | None = None, gain: float | None = None) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
     ideal stage's speedup, and start-up apart when it weighs in this run."""
@@ -307,4 +307,9 @@ def verdict(a: Attribution, action: str | None = None) -> str:
                 f"{tail}")
     stage = a.bound_by
     ideal = f"ideal {stage} would give {a.ideal_speedup:.2f}x"
+    if gain is not None and math.isfinite(gain) and gain > a.ideal_speedup:
+        # "1 worker predicted 1.58x; ideal fetch would give 1.53x" read as one worker beating
+        # no fetch at all: say why a change can beat one stage's bound (issue 25)
+        ideal = (f"ideal {stage} alone would give {a.ideal_speedup:.2f}x (the change also takes "
+                 f"other data work off the trainer)")
     return f"{head}: {action}; {ideal}{tail}" if action else f"{head}: {ideal}{tail}"

@@ -304,8 +304,11 @@ def advise(result: Result) -> None:
         bt = result.analysis.whatif.backtest if result.analysis.whatif is not None else None
         v.recommendation = advice.recommend(v, result.machine, result.variants, bt)
         if v.attribution is not None and v.recommendation is not None:
+            rec = v.recommendation
+            gain = rec.measured_speedup if rec.measured_speedup is not None else (
+                rec.predicted_speedup if rec.predicted_from == "what-if model" else None)
             v.attribution.verdict = differential.verdict(
-                v.attribution, advice.action_text(v.recommendation))
+                v.attribution, advice.action_text(rec), gain)
     result.analysis = summary.scenario_analysis(result.variants, result.analysis.whatif)
     result.analysis.recommendation = advice.top(result.variants)
 

@@ -183,3 +183,13 @@ def test_a_predicted_gain_carries_its_back_test_interval_or_is_withdrawn() -> No
     assert advice.action_text(rec) == (
         "add loader workers: 2 workers: gain not predicted (the what-if's leave-one-out "
         "back-test missed a measured count by 33%, above 25%)")
+
+
+def test_a_gain_above_the_ideal_stage_says_why_it_can_be() -> None:
+    """Issue 25: "1 worker predicted 1.58x; ideal fetch would give 1.53x" read as one worker
+    beating no fetch at all; the verdict says the change takes more than that stage off."""
+    v = variant("preprocess", ideal=1.6)
+    text = verdict(v.attribution, "add loader workers: 2 workers predicted 2.75x", 2.75)
+    assert ("ideal preprocess alone would give 1.60x (the change also takes other data work "
+            "off the trainer)") in text
+    assert "ideal preprocess would give 1.60x" in verdict(v.attribution, "x", 1.5)
