@@ -140,6 +140,43 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
         steady_epoch_s=steady_epoch, startup_cost_s=epoch_s - steady_epoch)
 
 
+CPU_LIMIT_TOLERANCE = 1.10   # a steady rate above the CPU limit by more: refused
+
+
+def cpu_limit_reason(f: RepeatFigures, cores: float) -> str:
+    """Why this run's steady rate is impossible, or "": the data work measured in CPU seconds
+    per sample (fetch + preprocess + the producer's transfer, thread CPU clocks) cannot run on
+    ``cores`` cores faster than ``cores / cpu_per_sample``; a steady window that claims more
+    (a window too short for its work: issue 25's 161k samples/s where 2 cores at 20 us/row
+    allow ~100k) is refused with the figures, never clamped. Local producers only: real Ray
+    nodes bring cores this machine does not have."""
+    p = f.phases
+    if p is None or not p.has_steady or p.steady_s <= 0 or f.samples <= 0 or cores <= 0:
+        return ""
+    st = f.stage_s
+    cpu = (st.fetch_cpu + st.preprocess_cpu + st.transfer_producer_cpu) / f.samples
+    if cpu <= 0:
+        return ""
+    rate, limit = p.steady_samples / p.steady_s, cores / cpu
+    if rate <= CPU_LIMIT_TOLERANCE * limit:
+        return ""
+    return (f"refused a steady rate of {rate:,.0f} samples/s: the data work measured "
+            f"{cpu * 1e6:.1f} us of CPU per sample, so {cores:g} cores allow at most "
+            f"{limit:,.0f}/s: not a steady state")
+
+
+def refuse(p: Phases, reason: str, epoch_s: float, compute_s: float, batches: int,
+           samples: int) -> Phases:
+    """The run's phases with no steady window, saying why (nothing clamped)."""
+    nan = math.nan
+    return Phases(startup_items=p.startup_items, startup_batches=batches,
+                  startup_samples=samples, startup_s=epoch_s,
+                  startup_stall_s=epoch_s - compute_s, steady_batches=0, steady_samples=0,
+                  steady_s=nan, steady_stall_s=nan, steady_wait_s=nan, steady_compute_s=nan,
+                  steady_stall_share=nan, steady_epoch_s=nan, startup_cost_s=nan,
+                  no_steady_reason=reason)
+
+
 def rule_text(producers: int) -> str:
     s = max(producers, 1)
     if producers == 0:

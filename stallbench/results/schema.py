@@ -68,7 +68,8 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``Recommendation.measured_speedup`` / ``measured_variant`` (a suggested value this run
   measured), ``predicted_low`` / ``predicted_high`` (the back-test's interval) and
   ``not_predicted`` (why no figure), ``Phases.no_steady_reason`` (a run too short for a
-  steady state says so: ``measure.phases``), ``Attribution.refused`` (a stage stall longer
+  steady state, a window slower than its run or a rate above the measured CPU limit says so:
+  ``measure.phases``), ``Attribution.refused`` (a stage stall longer
   than the run: refused, ``inconclusive_because = "impossible"``)
   and the straggler rule on own time (``analysis.ranks``).
 

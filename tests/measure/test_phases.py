@@ -127,3 +127,26 @@ def test_full_epoch_samples_follow_rows_kept() -> None:
     f = factories.repeat(samples=1000)
     f.stage_rows.fetch, f.stage_rows.transfer = 1000, 500      # a filter kept half
     assert full_epoch_samples(10_000, 2, [f]) == 10_000
+
+
+def test_a_steady_rate_above_the_cpu_limit_is_refused_with_its_figures() -> None:
+    """Issue 25: a quick look claimed 161k samples/s steady where 2 cores at 20 us of CPU per
+    row allow ~100k. The measured CPU per sample bounds the rate; above it (10% tolerance)
+    the window is refused, with the figures, and nothing is clamped."""
+    from factories import repeat
+    from stallbench.measure.phases import cpu_limit_reason, refuse
+    from stallbench.results import StageSeconds
+
+    items = [i // 2 for i in range(20)]
+    ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01)
+    f = repeat(2000 / epoch, 0.5, 300.0)
+    f.samples, f.batches, f.epoch_s = 2000, 20, epoch
+    f.phases = split(ts, comp, wait, [100] * 20, items, epoch, producers=0)
+    rate = f.phases.steady_samples / f.phases.steady_s            # 100 rows per 0.03 s
+    f.stage_s = StageSeconds(preprocess=1.0, preprocess_cpu=2000 * 2 / rate)   # limit: rate
+    assert cpu_limit_reason(f, cores=2) == ""                     # exactly at the limit
+    f.stage_s = StageSeconds(preprocess=1.0, preprocess_cpu=2000 * 2 / rate * 1.5)
+    why = cpu_limit_reason(f, cores=2)
+    assert why.startswith(f"refused a steady rate of {rate:,.0f} samples/s") and "2 cores" in why
+    p = refuse(f.phases, why, f.epoch_s, sum(comp), f.batches, f.samples)
+    assert not p.has_steady and p.no_steady_reason == why and math.isnan(p.startup_cost_s)
