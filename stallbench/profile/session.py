@@ -28,7 +28,7 @@ from typing import Any, Callable
 from .. import __version__
 from ..errors import UserError
 from ..measure import phases as phases_mod
-from ..results import (DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
+from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        Recommendation, Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
                        Summary, ToolInfo, VariantResult, now_utc)
 from . import knobs as knobs_mod
@@ -281,11 +281,10 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
     base = variants[0]
     best = max(variants, key=steady_rate)
     b, x = steady_rate(base), steady_rate(best)
-    share = base.phases.steady_stall_share.median if base.phases else None
     if best is base or not (b > 0 and x > 0):
         text = (f"recommendation: keep {base.name}: no variant was faster in steady state "
                 f"({b:,.0f} samples/s; measured)")
-        return Recommendation(variant=base.name, bound_by="", stall_share=share,
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
                               action="keep", predicted_from="measured", text=text)
     changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
@@ -293,7 +292,8 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
     text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x {base.name} "
             f"({b:,.0f}; measured, steady state); set {changes} on your {where}")
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
-    return Recommendation(variant=best.name, bound_by="", stall_share=share,
+    return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
+                          measured_speedup=x / b, measured_variant=best.name,
                           action=f"set {changes} on your {where}", knob=key,
                           value=best.knobs.get(key) if key else None,
                           predicted_speedup=None, predicted_from="measured",
@@ -383,7 +383,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                       if best and steady_rate(results[0]) > 0 else None),
         verdict=rec.text if rec else "", recommendation=rec)
     return Result(
-        schema_version=2, tool=ToolInfo("stallbench", __version__), created_utc=created,
+        schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,
         scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
                               fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
                               text=shlex.join(argv), matrix=dict(opts.axes),
