@@ -28,7 +28,7 @@ from typing import Any, Callable
 from .. import __version__
 from ..errors import UserError
 from ..measure import phases as phases_mod
-from ..results import (DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
+from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        Recommendation, Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
                        Summary, ToolInfo, VariantResult, now_utc)
 from . import knobs as knobs_mod
@@ -165,6 +165,12 @@ def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _finite_median(xs: list[float]) -> float:
+    import statistics
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return statistics.median(vals) if vals else math.nan
+
+
 def _summary(xs: list[float]) -> Summary:
     return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
 
@@ -229,8 +235,9 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
         hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
         steps.append([list(s.wait) for s in hs])
     c, ex, noise, named = ranks_mod.straggler(stalls, steps)
-    gain = ranks_mod._med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
-    med = ranks_mod._med
+    med = _finite_median
+    gain = med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
+
     stats = [RankStats(rank=f0.rank, stall_s=med([f.ranks[i].stall_s for f in reps]),
                        wait_s=med([f.ranks[i].wait_s for f in reps]), trainer_transfer_s=0.0,
                        compute_s=med([f.ranks[i].compute_s for f in reps]), sync_s=0.0,
@@ -275,11 +282,10 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
     base = variants[0]
     best = max(variants, key=steady_rate)
     b, x = steady_rate(base), steady_rate(best)
-    share = base.phases.steady_stall_share.median if base.phases else None
     if best is base or not (b > 0 and x > 0):
         text = (f"recommendation: keep {base.name}: no variant was faster in steady state "
                 f"({b:,.0f} samples/s; measured)")
-        return Recommendation(variant=base.name, bound_by="", stall_share=share,
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
                               action="keep", predicted_from="measured", text=text)
     changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
@@ -287,7 +293,8 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
     text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x {base.name} "
             f"({b:,.0f}; measured, steady state); set {changes} on your {where}")
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
-    return Recommendation(variant=best.name, bound_by="", stall_share=share,
+    return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
+                          measured_speedup=x / b, measured_variant=best.name,
                           action=f"set {changes} on your {where}", knob=key,
                           value=best.knobs.get(key) if key else None,
                           predicted_speedup=None, predicted_from="measured",
@@ -390,7 +397,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                       if best and steady_rate(results[0]) > 0 else None),
         verdict=rec.text if rec else "", recommendation=rec)
     result = Result(
-        schema_version=2, tool=ToolInfo("stallbench", __version__), created_utc=created,
+        schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,
         scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
                               fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
                               text=shlex.join(argv), matrix=dict(opts.axes),
