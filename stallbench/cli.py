@@ -43,12 +43,13 @@ def _say_error(exc: UserError, debug: bool) -> None:
 
 
 def user_code_path() -> None:
-    """Where a scenario's ``"pkg.mod:fn"`` code is imported from: ``sys.path`` plus the current
-    directory, *after* every installed package, for both entry points (``python -m`` would
-    put it first, the script not at all). Loader workers are forked and inherit it."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
+    """Nothing of the working directory on the import path: a scenario's ``"mytf:fn"`` is
+    loaded by its file path (``registry.locate``), so the directory need not be importable,
+    and must not be: libraries probe optional modules by importing them (``cython``,
+    ``uarray``), and a file of that name there would run under every command. ``python -m``
+    puts the directory first (``__main__`` drops it before any import); an empty entry
+    (``PYTHONPATH=:...``) means the same. Loader workers are forked or spawned with this path."""
+    sys.path[:] = [p for p in sys.path if p != ""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,10 +74,46 @@ class UserCodeError(UserError):
                              self.traceback_text, self.pid))
 
 
+MESSAGE_CHARS = 1000    # of a user's exception message quoted in our one line
+
+
 def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` on one line (the first line of a multi-line message)."""
+    """``Type: message`` on one line (the first line of a multi-line message, at most
+    ``MESSAGE_CHARS`` of it: a 5 MB message is not a line). ``sys.exit(n)`` says so."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (sys.exit({exc.code!r:.{MESSAGE_CHARS}}))"
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    first = text[0] if len(text[0]) <= MESSAGE_CHARS else text[0][:MESSAGE_CHARS] + "..."
+    return f"{type(exc).__name__}: {first}"
+
+
+def is_real_signal(exc: BaseException) -> bool:
+    """A ``KeyboardInterrupt`` that a real SIGINT/SIGTERM caused (it ends the command with
+    130/143) rather than one the user's code raised itself (reported as its error, exit 2)."""
+    from . import interrupts
+    return isinstance(exc, interrupts.Interrupted) or (
+        isinstance(exc, KeyboardInterrupt) and interrupts.pending() is not None)
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_frame(tb: object) -> str:
+    """``file:line in function`` of the deepest frame of a traceback that is neither
+    stallbench's nor an installed library's: where the user's code was when it failed."""
+    import sys
+    import traceback
+    libs = {os.path.realpath(p) for p in sys.path if "site-packages" in p or "/lib/python" in p}
+    found = ""
+    for fs in traceback.extract_tb(tb):  # type: ignore[arg-type]
+        f = os.path.realpath(fs.filename)
+        if f.startswith(_OURS) or any(f.startswith(lib + os.sep) for lib in libs) \
+                or fs.filename.startswith("<"):
+            continue
+        found = f"{fs.filename}:{fs.lineno} in {fs.name}"
+    return found
 
 
 class PayloadError(Exception):

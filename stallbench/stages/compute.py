@@ -14,12 +14,13 @@ import torch
 from torch import nn
 
 from ..data.schema import FeatureSchema
-from ..errors import ScenarioError, UserCodeError, describe_exception
-from ..registry import Registry, import_object
+from ..errors import ScenarioError, UserCodeError, describe_exception, is_real_signal
+from ..registry import Registry, import_object, locate, user_dirs
 from ..scenario import ModelSpec
 from .batch_format import TensorBatch
 from .costs import precise_wait
 from .transfer import device
+from .transforms import _at
 
 MODELS: Registry[type["Compute"]] = Registry("model")
 
@@ -179,16 +180,23 @@ class UserCompute(TorchCompute):
                  scenario_file: str = "<scenario>") -> None:
         self.file = scenario_file
         self.spec = spec
+        searched = user_dirs(scenario_file)
         try:
-            factory: Callable[..., Any] = import_object(spec.kind)  # type: ignore[assignment]
-        except Exception as exc:  # noqa: BLE001 - a user module may raise anything at import
-            raise self._error(f"cannot be imported: {describe_exception(exc)}") from None
+            factory: Callable[..., Any] = import_object(  # type: ignore[assignment]
+                spec.kind, locate(spec.kind.partition(":")[0], searched), searched)
+        except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"cannot be imported: {describe_exception(exc)}{_at(exc)}") \
+                from None
         if not callable(factory):
             raise self._error(f"is not callable (it is a {type(factory).__name__})")
         try:
             module = factory(schema, spec)
-        except Exception as exc:  # noqa: BLE001
-            raise self._error(f"raised {describe_exception(exc)}") from None
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() in it too: never a silent end
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"raised {describe_exception(exc)}{_at(exc)}") from None
         if not isinstance(module, nn.Module):
             raise self._error(f"returned {type(module).__name__}, expected a torch.nn.Module")
         super().__init__(spec, schema, module)
@@ -201,8 +209,11 @@ class UserCompute(TorchCompute):
     def step(self, batch: TensorBatch) -> None:
         try:
             super().step(batch)
-        except Exception as exc:  # noqa: BLE001 - the user's forward/backward
-            raise self._error(f"failed in a training step: {describe_exception(exc)}") from None
+        except BaseException as exc:  # noqa: BLE001 - the user's forward/backward
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"failed in a training step: {describe_exception(exc)}"
+                              f"{_at(exc)}") from None
 
 
 def build(spec: ModelSpec, schema: FeatureSchema, scenario_file: str = "<scenario>") -> Compute:
