@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stallbench: interrupted by {exc.name}; {exc.outcome or nothing}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:      # before our handler, or a library's own SIGINT handling
-        print(f"stallbench: interrupted by SIGINT; {nothing}", file=sys.stderr)
-        return 130
+        sig = interrupts.Interrupted(interrupts.pending() or 2)   # SIGTERM stays SIGTERM
+        print(f"stallbench: interrupted by {sig.name}; {nothing}", file=sys.stderr)
+        return sig.exit_code
     except UserError as exc:
         if interrupts.pending() is not None:   # an error while unwinding from a signal
             sig = interrupts.Interrupted(interrupts.pending())

@@ -116,5 +116,26 @@ def user_frame(tb: object) -> str:
     return found
 
 
+class ProcessDied(UserError):
+    """A process the run depends on died under it: a loader worker, a trainer rank (any cause:
+    the user's code calling ``os._exit``, a segfault in an extension, ``kill -9``, the OOM
+    killer). One line naming the process and its exit status, exit 2, no result: never the
+    DataLoader's or the rank launcher's traceback, never exit 1 as if stallbench had a bug."""
+
+
+def exit_status(code: int | None) -> str:
+    """A process's end in words: ``killed by SIGKILL``, ``exited with status 3``."""
+    import signal
+
+    if code is None:
+        return "ended (exit status unknown)"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
 class PayloadError(Exception):
     """A serialized batch is corrupt; never turned into a garbage tensor."""

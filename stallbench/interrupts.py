@@ -153,6 +153,15 @@ def pending() -> int | None:
     return _state.pending
 
 
+def received(signum: int) -> Interrupted:
+    """What a handler of some other part (a rank launcher's, the A/B gate's, Ray's) raises for
+    a signal: recorded like ours, so the command ends with 128 + that signal (143 for
+    SIGTERM), never as a generic KeyboardInterrupt read as SIGINT."""
+    if _state.pending is None:
+        _state.pending = int(signum)
+    return Interrupted(int(signum))
+
+
 def check() -> None:
     """Raise ``Interrupted`` if a signal was received, even if its first exception was lost."""
     if _state.pending is not None:

@@ -62,10 +62,21 @@ def run(args: argparse.Namespace) -> int:
     # The server's threads serve from its construction on; this thread only waits for a
     # stop, in Python, where SIGINT and SIGTERM handlers run.
     stop = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        got.append(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     while not stop.wait(0.5):
         pass
     server.shutdown()
     print("stallbench serve: stopped", flush=True)
-    return 0
+    # Like every verb: 130 for SIGINT, 143 for SIGTERM (a supervisor reads how it ended).
+    from .. import interrupts
+
+    exc = interrupts.received(got[0])
+    exc.outcome = "server stopped"
+    raise exc

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
+import signal
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .. import interrupts, threads
-from ..errors import UserCodeError, UserError
+from ..errors import ProcessDied, UserCodeError, UserError, exit_status
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
 from .base import EXECUTORS, Executor
@@ -95,6 +96,14 @@ class _WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         threads.apply(self.budget)
+        # The DataLoader's own handlers print "ERROR: Unexpected segmentation fault
+        # encountered in worker." from each dying worker; the trainer says it in one line
+        # (``LocalExecutor._worker_died``), so a crash ends the worker the default way.
+        for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
 
 
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
@@ -131,6 +140,7 @@ class LocalExecutor(Executor):
         self._pool: BufferPool | None = None
         self._figures: dict[str, Any] = {}
         self._pin_error: str | None = None
+        self._user_code: list[str] = []     # the user's code the loader workers run, by name
 
     def _pool_for(self, plan: Plan) -> BufferPool | None:
         """One pool per executor (mapped once, reused by every run), rebuilt if the plan
@@ -183,6 +193,9 @@ class LocalExecutor(Executor):
             for i in range(len(plan.items)):
                 yield plan.produce(i, shared=alloc)
             return
+        self._user_code = [f"transform {st.path!r}"
+                           + (f" ({st.origin})" if getattr(st, "origin", None) else "")
+                           for st in plan.preprocess.steps if st.name == "user"]
         loader = DataLoader(
             _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
             prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=False,
@@ -191,7 +204,16 @@ class LocalExecutor(Executor):
         )
         it = iter(loader)
         try:
-            for out in it:
+            while True:
+                try:
+                    out = next(it)
+                except StopIteration:
+                    return
+                except RuntimeError as exc:
+                    died = self._worker_died(it, exc)
+                    if died is None:
+                        raise
+                    raise died from None
                 if isinstance(out, _Failed):
                     raise out.error
                 yield out
@@ -200,6 +222,26 @@ class LocalExecutor(Executor):
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown:
                 shutdown()
+
+    def _worker_died(self, it: Any, exc: RuntimeError) -> ProcessDied | None:
+        """The DataLoader's "worker (pid(s) N) exited unexpectedly" / "is killed by signal",
+        as one line naming the worker, its exit status and the user code it ran (None: some
+        other RuntimeError, kept as it is)."""
+        text = str(exc)
+        if "DataLoader worker" not in text:
+            return None
+        dead = []
+        for i, w in enumerate(getattr(it, "_workers", []) or []):
+            try:
+                w.join(timeout=1.0)
+            except (AssertionError, OSError, ValueError):
+                pass
+            code = getattr(w, "exitcode", None)
+            if code is not None:
+                dead.append(f"loader worker {i} (pid {w.pid}) {exit_status(code)}")
+        what = "; ".join(dead) or " ".join(text.split())[:200]
+        user = f" while running {', '.join(self._user_code)}" if self._user_code else ""
+        return ProcessDied(f"{self.scenario_file}: {what}{user}; no result written")
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
         self._figures = {}

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from .. import interrupts
 from ..errors import UserError
 
 
@@ -65,7 +66,7 @@ def describe(repo: Path, commit: str) -> str:
 
 
 def _term_as_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt("SIGTERM")
+    raise interrupts.received(signal.SIGTERM)
 
 
 @contextlib.contextmanager

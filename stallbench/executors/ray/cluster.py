@@ -240,7 +240,7 @@ class RayRuntime:
             return
 
         def on_term(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt("SIGTERM")
+            raise interrupts.received(signal.SIGTERM)
 
         try:
             self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
