@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _say_error(exc: UserError, debug: bool) -> None:
     if isinstance(exc, UserCodeError) and not exc.where:
         exc.located("the trainer" if exc.pid == os.getpid() else f"process {exc.pid}")
-    print(f"stallbench: error: {exc}", file=sys.stderr)
+    from .outputs import one_line   # a file's name or a user's message: never two lines
+
+    print(f"stallbench: error: {one_line(exc)}", file=sys.stderr)
     if isinstance(exc, UserCodeError):
         if debug and exc.traceback_text:
             print(exc.traceback_text.rstrip(), file=sys.stderr)

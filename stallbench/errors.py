@@ -93,6 +93,10 @@ def is_real_signal(exc: BaseException) -> bool:
     """A ``KeyboardInterrupt`` that a real SIGINT/SIGTERM caused (it ends the command with
     130/143) rather than one the user's code raised itself (reported as its error, exit 2)."""
     from . import interrupts
+    from .measure.watchdog import NoProgress
+
+    if isinstance(exc, NoProgress):     # the progress watchdog ending a stuck wait: ours too
+        return True
     return isinstance(exc, interrupts.Interrupted) or (
         isinstance(exc, KeyboardInterrupt) and interrupts.pending() is not None)
 

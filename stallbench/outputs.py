@@ -191,3 +191,109 @@ def write_file(path: str | Path, payload: str, kind: Kind, flag: str) -> Path:
     except OSError as exc:
         raise _fail(flag, p, f"cannot write it ({exc.strerror or exc})") from None
     return p
+
+
+# ---------------------------------------------------------------- strings, escaped per sink
+# A string from a file (a variant name, an axis label, a path, a user's exception message)
+# reaches terminals, markdown, HTML, plots and CI annotations. Each sink has its escaping,
+# applied where the text is written (docs/reliability-rules.md "Escaped for each sink"): the
+# terminal and markdown get one line without control characters (a newline would start a
+# line GitHub Actions executes as "::error ...", an ESC sequence would repaint the
+# terminal); HTML is escaped by the template engine; plots render labels as text
+# (``report.plots``: ``text.parse_math`` off); annotation data escapes ``%``, CR and LF.
+
+def one_line(text: object) -> str:
+    """``text`` on one printable line: control and line-separator characters (newlines, ESC,
+    bidi overrides) shown as ``\\xNN``/``\\uNNNN`` escapes, so what was written is still seen."""
+    import unicodedata
+
+    s = str(text)
+    if s.isprintable():
+        return s
+    out = []
+    for c in s:
+        if c.isprintable() or (c == " "):
+            out.append(c)
+        elif unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            out.append(c.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def markdown_cell(text: object) -> str:
+    """One line for a markdown table cell: ``one_line``, ``|`` escaped."""
+    return one_line(text).replace("|", "\\|")
+
+
+def annotation(text: object) -> str:
+    """GitHub workflow-command data (``::error title=..::DATA``): ``%``, CR and LF escaped (the
+    command ends at the line's end), other control characters as ``one_line`` shows them."""
+    s = str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return one_line(s)
+
+
+# ------------------------------------------------------------------------- files read whole
+
+class NotReadable(ValueError):
+    """A path named as an input file that must not be read (not a regular file, too large)."""
+
+
+def read_text(path: str | os.PathLike, limit: int) -> str:
+    """A UTF-8 input file (a scenario, a calibration), refused *before* reading when it is not
+    a regular file (a FIFO would block forever, ``/dev/zero`` never ends) or is larger than
+    ``limit`` bytes, and read at most ``limit + 1`` bytes (a file growing while read).
+    FileNotFoundError/IsADirectoryError/OSError/UnicodeDecodeError pass through."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise NotReadable("not a regular file (a device, FIFO or socket)")
+    if st.st_size > limit:
+        raise NotReadable(f"{st.st_size / 2**20:,.1f} MB, more than the {limit / 2**20:g} MB "
+                          f"such a file can be")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # never blocks on open
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())             # what was opened (a swapped-in FIFO: refused)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotReadable("not a regular file (a device, FIFO or socket)")
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise NotReadable(f"grew past {limit / 2**20:g} MB while read")
+    return raw.decode("utf-8")
+
+
+def nesting_depth(text: str, limit: int) -> int | None:
+    """The first position where TOML ``[``/``{`` nesting exceeds ``limit`` (outside strings and
+    comments), else None: checked without recursion before a recursive parser sees the text
+    (tomllib raises RecursionError, a 3,000-line traceback, at about 500 levels)."""
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c in "\"'":
+            triple = text.startswith(c * 3, i)
+            quote = c * 3 if triple else c
+            j = i + len(quote)
+            while j < n:
+                if c == '"' and text[j] == "\\":
+                    j += 2
+                    continue
+                if text.startswith(quote, j):
+                    break
+                if not triple and text[j] == "\n":
+                    break
+                j += 1
+            i = j + len(quote)
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return i
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None

@@ -236,6 +236,10 @@ class RunSpec:
     repeats: int = knob(1, "Measured runs per variant (CLI --repeats overrides).", min=1, max=1000)
     warmup_batches: int = knob(0, "Batches excluded from steady-state throughput.", min=0, max=10**9)
     sample_interval_s: float = knob(0.1, "Resource sampler period.", min=0.01, max=60)
+    progress_timeout_s: float = knob(
+        300.0, "No wait without an end: while the trainer waits for a batch and no producer "
+        "completes any work for this long, the run ends (exit 2, no result) naming the "
+        "executor and what it waited for.", min=1, max=86400)
 
 
 SECTIONS: dict[str, type] = {
@@ -252,6 +256,29 @@ SECTIONS: dict[str, type] = {
 TOP_LEVEL = ("name", "description", "matrix", *SECTIONS)
 # Sections added after the first results were recorded (see ``Scenario.fingerprint``).
 LATER_SECTIONS = ("trainers",)
+# The keys every fingerprint stored so far was computed over (frozen: never edit). A key
+# added since is hashed only where a scenario sets it to something other than its default,
+# so adding a key never changes a stored fingerprint and no baseline needs re-recording.
+FINGERPRINT_KEYS: dict[str, tuple[str, ...]] = {
+    "dataset": ("path", "label_column", "dense_columns", "sparse_columns", "sequence_columns",
+                "rows", "dense_features", "sparse_features", "sparse_cardinality",
+                "sequence_features", "sequence_max_len", "row_group_rows", "files", "codec",
+                "seed"),
+    "storage": ("bandwidth_mb_s", "latency_ms"),
+    "preprocess": ("transforms", "cpu_cost_us_per_row"),
+    "model": ("kind", "step_ms", "embedding_dim", "embedding_rows", "bottom_mlp", "top_mlp",
+              "lr", "torch_threads"),
+    "loader": ("batch_size", "num_workers", "prefetch_factor", "epochs", "max_batches",
+               "execution", "batch_format", "compression", "compression_level", "collate",
+               "pin_memory", "prefetch_batches", "device_prefetch", "wire_bandwidth_mb_s",
+               "producer_threads", "trainer_threads"),
+    "executor": ("kind", "ray_address", "cpus", "simulated_nodes", "cpus_per_node",
+                 "object_store_mb", "ray_mode", "concurrency", "ray_pool", "connect_timeout_s",
+                 "flight_servers", "flight_local_servers", "flight_streams_per_server"),
+    "trainers": ("ranks", "straggler_rank", "straggler_delay_ms"),
+    "analysis": ("differential", "method", "confidence"),
+    "run": ("repeats", "warmup_batches", "sample_interval_s"),
+}
 
 
 @dataclass(frozen=True)
@@ -323,10 +350,18 @@ class Scenario:
         description do not break comparability, but any knob that changes the work does.
         """
         base = self.base.to_dict()
+        for name, section in base.items():
+            frozen = FINGERPRINT_KEYS.get(name, ())
+            defaults = dataclasses.asdict(SECTIONS[name]())
+            for key in [k for k in section if k not in frozen]:
+                if section[key] == defaults.get(key):
+                    del section[key]
         for name in LATER_SECTIONS:
             # A section added after results existed, left at its defaults, must not change the
             # fingerprint: committed baselines of scenarios that do not use it stay comparable.
-            if base.get(name) == dataclasses.asdict(SECTIONS[name]()):
+            defaults = {k: v for k, v in dataclasses.asdict(SECTIONS[name]()).items()
+                        if k in FINGERPRINT_KEYS.get(name, ())}
+            if base.get(name) == defaults:
                 del base[name]
         blob = json.dumps({"base": base, "matrix": self.matrix}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -612,6 +647,13 @@ def format_value(v: Any) -> str:
 
 def parse(text: str, file: str = "<scenario>") -> Scenario:
     """Parse scenario text; every problem is a ScenarioError naming file and key."""
+    from .outputs import nesting_depth
+
+    deep = nesting_depth(text, MAX_TOML_DEPTH)
+    if deep is not None:
+        line = text.count("\n", 0, deep) + 1
+        raise ScenarioError(file, None, f"line {line}: arrays or tables nested deeper than "
+                                        f"{MAX_TOML_DEPTH} levels: not a scenario")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -681,10 +723,18 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     )
 
 
+MAX_SCENARIO_BYTES = 4 * 2**20   # scenarios are a few KB; a bigger file is not one
+MAX_TOML_DEPTH = 32              # nesting of arrays/tables; real scenarios need 3
+
+
 def load(path: str | Path) -> Scenario:
+    from .outputs import NotReadable, read_text
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p, MAX_SCENARIO_BYTES)
+    except NotReadable as exc:
+        raise ScenarioError(str(path), None, f"{exc}: not a scenario file") from None
     except FileNotFoundError:
         raise ScenarioError(str(path), None, "no such scenario file") from None
     except IsADirectoryError:

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .. import interrupts, threads
 from ..errors import ProcessDied, UserCodeError, UserError, exit_status
+from ..measure.watchdog import tick
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
 from .base import EXECUTORS, Executor
@@ -170,6 +171,7 @@ class LocalExecutor(Executor):
         outs = self._produce(plan, pool)
         try:
             for out in outs:
+                tick()        # a row group produced: progress, in bulk mode too
                 for p in out.payloads or ():
                     counts["pooled" if isinstance(p.data, PooledBuffer) else "fresh"] += 1
                 yield out
@@ -218,7 +220,14 @@ class LocalExecutor(Executor):
                     raise out.error
                 yield out
         finally:
-            # Stop workers promptly when the trainer stops early (max_batches) or fails.
+            # Stop workers promptly when the trainer stops early (max_batches) or fails. A
+            # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
+            # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
+            for w in getattr(it, "_workers", None) or ():
+                try:
+                    os.kill(w.pid, signal.SIGCONT)
+                except (OSError, TypeError):
+                    pass
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown:
                 shutdown()
@@ -253,6 +262,19 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    def waiting_for(self) -> str:
+        """What the trainer waits on (the progress watchdog's line)."""
+        n = self.config.loader.num_workers
+        if not n:
+            return "its own batch production (no loader workers)"
+        import psutil
+
+        try:
+            pids = ", ".join(str(c.pid) for c in psutil.Process().children())
+        except psutil.Error:
+            pids = ""
+        return f"{n} loader worker(s)" + (f" (pids {pids})" if pids else "")
 
     def producer_slots(self) -> int:
         """Loader worker processes (0: the trainer produces its own batches)."""

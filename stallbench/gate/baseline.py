@@ -426,9 +426,10 @@ def _cells(report: GateReport) -> tuple[list[str], list[list[str]]]:
     conf = f"{(1 - report.alpha) * 100:g}% CI"
     head = ["scenario", "variant", "metric", "baseline", "current", "change", conf, "p", "test",
             "verdict"]
-    body = [[r.scenario, r.variant, r.metric, _value(r, r.baseline), _value(r, r.current),
-             _change(r), _ci(r), _p(r), r.test or "-",
-             r.verdict + (f" ({r.note})" if r.note else "")] for r in report.rows]
+    body = [[outputs.one_line(c) for c in (
+        r.scenario, r.variant, r.metric, _value(r, r.baseline), _value(r, r.current),
+        _change(r), _ci(r), _p(r), r.test or "-",
+        r.verdict + (f" ({r.note})" if r.note else ""))] for r in report.rows]
     return head, body
 
 
@@ -447,7 +448,7 @@ def format_table(report: GateReport) -> str:
     head, body = _cells(report)
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    lines += [f"note: {n}" for n in report.notes]
+    lines += [f"note: {outputs.one_line(n)}" for n in report.notes]
     lines.append(summary_line(report))
     return "\n".join(lines) + "\n"
 
@@ -458,7 +459,7 @@ def format_markdown(report: GateReport) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
     lines.append("")
-    lines += [f"- {n}" for n in report.notes]
+    lines += [f"- {outputs.one_line(n)}" for n in report.notes]
     lines.append(f"**{summary_line(report)}**")
     return "\n".join(lines) + "\n"
 
@@ -489,8 +490,10 @@ def format_json(report: GateReport) -> str:
 
 
 def _gh_escape(s: str) -> str:
-    """GitHub workflow-command data escaping (``%``, CR, LF), or the annotation is mangled."""
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """GitHub workflow-command data escaping (``outputs.annotation``)."""
+    from ..outputs import annotation
+
+    return annotation(s)
 
 
 def format_github(report: GateReport) -> str:
