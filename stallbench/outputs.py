@@ -48,11 +48,15 @@ class Kind:
         return self.marker(head)
 
 
-_REPORT_MARK = b'<meta name="generator" content="stallbench'
+# The marker where the report writes it (its template's first lines), never anywhere in a
+# file's head: a user's NOTES.md quoting the meta tag is theirs, and is not overwritten.
+_REPORT_MARK = re.compile(rb'\A<!DOCTYPE html>\s*<html lang="en">\s*<head>\s*'
+                          rb'<meta charset="utf-8">\s*<meta name="viewport"[^>\n]*>\s*'
+                          rb'<meta name="generator" content="stallbench[ "]')
 _RESULT_MARK = re.compile(rb'\A\s*\{\s*"schema_version"\s*:\s*\d+\s*,\s*"tool"\s*:\s*\{\s*'
                           rb'"name"\s*:\s*"stallbench"')
 
-REPORT = Kind("stallbench HTML report", lambda head: _REPORT_MARK in head)
+REPORT = Kind("stallbench HTML report", lambda head: bool(_REPORT_MARK.match(head)))
 RESULT = Kind("stallbench result", lambda head: bool(_RESULT_MARK.match(head)))
 
 
