@@ -228,7 +228,7 @@ class _Preload:
             close()
 
 
-def _stalled(plan: Plan, executor: Any, timeout_s: float) -> str:
+def stall_line(plan: Plan, executor: Any, timeout_s: float) -> str:
     """The one line of a wait without progress: the executor and what it waited for."""
     what = getattr(executor, "waiting_for", None)
     on = what() if callable(what) else "its producers"
@@ -277,7 +277,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 source = _Preload(source, depth, totals, stage=stage, stop=stop)
             if api is not None:
                 source = DeviceFeeder(source, api, tr.device_prefetch, on_copy=clock.on_copy)
-        dog = Watchdog(progress_timeout_s, lambda: _stalled(plan, executor, progress_timeout_s))
+        dog = Watchdog(progress_timeout_s, lambda: stall_line(plan, executor, progress_timeout_s))
         try:
             dog.__enter__()
             while n < max_batches:
@@ -310,6 +310,13 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                     on_batch(n, samples, tc - t0)
             t_end = perf()
             trainer_cpu = time.process_time() - cpu0
+        except BaseException:
+            # Ending early (no progress, a signal, an error): an executor whose streams a
+            # receive thread reads is told first, or closing that thread could wait on them.
+            abort = getattr(executor, "abort", None)
+            if abort is not None:
+                abort()
+            raise
         finally:
             dog.__exit__(None, None, None)
             close = getattr(source, "close", None)

@@ -37,6 +37,8 @@ def hang(table, **kw):
     return table
 
 def slow(table, **kw):
+    if os.environ.get("SLOW_MARK"):
+        open(os.environ["SLOW_MARK"], "a").write("x")
     time.sleep(0.4)
     return table
 '''
@@ -150,3 +152,67 @@ def test_nesting_inside_strings_and_comments_is_not_nesting() -> None:
     text = 'a = "' + "[" * 100 + '"\n# ' + "{" * 100 + "\nb = '''" + "[" * 100 + "'''\n"
     assert nesting_depth(text, 32) is None
     assert nesting_depth("x = " + "[" * 33, 32) is not None
+
+
+def _serve(tmp_path: Path, env: dict) -> tuple[Watched, int]:
+    w = Watched(["serve", "s.toml", "--port", "0", "--host", "127.0.0.1"], env, tmp_path)
+    deadline = time.monotonic() + 180
+    line = ""
+    while "serving" not in line and time.monotonic() < deadline and w.proc.poll() is None:
+        line = w.proc.stdout.readline()
+    assert "serving" in line, line + w.proc.stderr.read()
+    port = int(line.split("grpc://127.0.0.1:")[1].split()[0])
+    return w, port
+
+
+def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
+    """``kill -STOP`` of a ``stallbench serve`` mid-stream: was a wait forever."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    _project(tmp_path, TINY + '[preprocess]\ntransforms = ["usercode:slow"]\n')
+    mark = tmp_path / "served"
+    server, port = _serve(tmp_path, {**env, "SLOW_MARK": str(mark)})
+    try:
+        write(tmp_path, TINY + '[preprocess]\ntransforms = ["usercode:slow"]\n'
+              f'[executor]\nkind = "flight"\nflight_servers = ["grpc://127.0.0.1:{port}"]\n'
+              '[run]\nprogress_timeout_s = 3\n', "t.toml")
+        w = Watched(["run", "t.toml", "--out", "out", "--no-progress"], env, tmp_path)
+        deadline = time.monotonic() + 120
+        while not mark.exists() and w.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)             # the server is producing the first row groups
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        code, out, err = w.finish(timeout=120)
+        assert code == 2, err[-3000:]
+        lines = [ln for ln in err.splitlines() if ln.startswith("stallbench: error:")]
+        assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert "run.progress_timeout_s" in lines[0] and "flight executor" in lines[0], lines[0]
+        assert f"127.0.0.1:{port}" in lines[0], lines[0]
+        assert no_files(tmp_path / "out")
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.proc.terminate()
+        server.finish(timeout=60)
+
+
+@pytest.mark.parametrize("answer", [b"[]", b"42", b'{"v": 1, "variants": []}',
+                                    b'{"variants": {"k": {"shards": "x", "rows": 1}}}'])
+def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
+                                                  answer: bytes) -> None:
+    flight = pytest.importorskip("pyarrow.flight")
+    import threading
+
+    class Foreign(flight.FlightServerBase):
+        def do_action(self, context, action):  # noqa: ANN001
+            yield flight.Result(answer)
+
+    srv = Foreign("grpc://127.0.0.1:0")
+    t = threading.Thread(target=srv.serve, daemon=True)
+    t.start()
+    try:
+        write(tmp_path, TINY + f'[executor]\nkind = "flight"\n'
+              f'flight_servers = ["grpc://127.0.0.1:{srv.port}"]\n')
+        r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
+        one_error_line(r, "s.toml", "executor.flight_servers[0]", "not a stallbench Flight server")
+    finally:
+        srv.shutdown()
