@@ -277,7 +277,11 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 source = _Preload(source, depth, totals, stage=stage, stop=stop)
             if api is not None:
                 source = DeviceFeeder(source, api, tr.device_prefetch, on_copy=clock.on_copy)
-        dog = Watchdog(progress_timeout_s, lambda: stall_line(plan, executor, progress_timeout_s))
+        # Executors that report what they wait on also report their progress (local, Flight);
+        # the others (Ray, whose bulk materialisation ticks nothing yet) are not watched.
+        watched = callable(getattr(executor, "waiting_for", None))
+        dog = Watchdog(progress_timeout_s if watched else math.inf,
+                       lambda: stall_line(plan, executor, progress_timeout_s))
         try:
             dog.__enter__()
             while n < max_batches:

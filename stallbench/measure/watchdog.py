@@ -94,6 +94,8 @@ class Watchdog:
             raise NoProgress(self.fired)
 
     def _watch(self) -> None:
+        if self.timeout_s == float("inf"):     # not watched: nothing to do
+            return
         step = min(1.0, self.timeout_s / 10)
         while not self._done.wait(step):
             since = self.waiting_since

@@ -103,6 +103,9 @@ def prepare_watched(executor: Any, plan: Plan, caches: Any) -> None:
     from ..measure.probe import stall_line
     from ..measure.watchdog import Watchdog
 
+    if not callable(getattr(executor, "waiting_for", None)):   # not watched (see probe)
+        executor.prepare(plan, caches)
+        return
     timeout = plan.config.run.progress_timeout_s
     dog = Watchdog(timeout, lambda: stall_line(plan, executor, timeout))
     with dog:
