@@ -4,7 +4,7 @@ Python's ``-m`` puts the current directory *first* on ``sys.path``, so a stray `
 or ``cython.py`` there would be imported by stallbench or by a library probing an optional
 module. The entry is dropped before anything else is imported (unless ``-P`` already left it
 out): a scenario's own ``"mytf:fn"`` is loaded by its file path instead (``registry.locate``).
-The ``stallbench`` script's first entry is its own bin directory. README: "Trust".
+The ``stallbench`` script's first entry is its own bin directory. docs/reliability.md: "Trust".
 """
 
 import os

@@ -20,7 +20,7 @@ from ..scenario import ModelSpec
 from .batch_format import TensorBatch
 from .costs import precise_wait
 from .transfer import device
-from .transforms import _at
+from .transforms import at_user_frame
 
 MODELS: Registry[type["Compute"]] = Registry("model")
 
@@ -187,7 +187,7 @@ class UserCompute(TorchCompute):
         except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
             if is_real_signal(exc):
                 raise
-            raise self._error(f"cannot be imported: {describe_exception(exc)}{_at(exc)}") \
+            raise self._error(f"cannot be imported: {describe_exception(exc)}{at_user_frame(exc)}") \
                 from None
         if not callable(factory):
             raise self._error(f"is not callable (it is a {type(factory).__name__})")
@@ -196,7 +196,7 @@ class UserCompute(TorchCompute):
         except BaseException as exc:  # noqa: BLE001 - sys.exit() in it too: never a silent end
             if is_real_signal(exc):
                 raise
-            raise self._error(f"raised {describe_exception(exc)}{_at(exc)}") from None
+            raise self._error(f"raised {describe_exception(exc)}{at_user_frame(exc)}") from None
         if not isinstance(module, nn.Module):
             raise self._error(f"returned {type(module).__name__}, expected a torch.nn.Module")
         super().__init__(spec, schema, module)
@@ -213,7 +213,7 @@ class UserCompute(TorchCompute):
             if is_real_signal(exc):
                 raise
             raise self._error(f"failed in a training step: {describe_exception(exc)}"
-                              f"{_at(exc)}") from None
+                              f"{at_user_frame(exc)}") from None
 
 
 def build(spec: ModelSpec, schema: FeatureSchema, scenario_file: str = "<scenario>") -> Compute:

@@ -274,7 +274,7 @@ class MapSideJoin(Transform):
         return table
 
 
-def _at(exc: BaseException) -> str:
+def at_user_frame(exc: BaseException) -> str:
     """`` at file:line in fn``: where in the user's own files it happened (if it did)."""
     where = user_frame(exc.__traceback__)
     return f" at {where}" if where else ""
@@ -315,7 +315,7 @@ class UserTransform(Transform):
             if is_real_signal(exc):
                 raise
             raise self._error(f"cannot be imported: {describe_exception(exc)}"
-                              f"{_at(exc)}", traceback.format_exc()) from None
+                              f"{at_user_frame(exc)}", traceback.format_exc()) from None
         if not callable(fn):
             raise self._error(f"is not callable (it is a {type(fn).__name__})")
         return fn  # type: ignore[return-value]
@@ -337,7 +337,7 @@ class UserTransform(Transform):
             # end the process silently (rc 0 or 3, no result); a real signal still wins.
             if is_real_signal(exc):
                 raise
-            raise self._error(f"raised {describe_exception(exc)}{_at(exc)}",
+            raise self._error(f"raised {describe_exception(exc)}{at_user_frame(exc)}",
                               traceback.format_exc()) from None
         if not isinstance(out, pa.Table):
             raise self._error(f"returned {type(out).__name__}, expected a pyarrow.Table")
