@@ -89,18 +89,6 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
-def is_real_signal(exc: BaseException) -> bool:
-    """A ``KeyboardInterrupt`` that a real SIGINT/SIGTERM caused (it ends the command with
-    130/143) rather than one the user's code raised itself (reported as its error, exit 2)."""
-    from . import interrupts
-    from .measure.watchdog import NoProgress
-
-    if isinstance(exc, NoProgress):     # the progress watchdog ending a stuck wait: ours too
-        return True
-    return isinstance(exc, interrupts.Interrupted) or (
-        isinstance(exc, KeyboardInterrupt) and interrupts.pending() is not None)
-
-
 _OURS = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -139,6 +127,11 @@ def exit_status(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with status {code}"
+
+
+class NoProgress(UserError):
+    """The trainer waited ``[run] progress_timeout_s`` with no batch and no producer progress
+    (``measure.watchdog``)."""
 
 
 class PayloadError(Exception):

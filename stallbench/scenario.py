@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import os
+import stat
 import itertools
 import json
 import math
@@ -642,8 +644,6 @@ def format_value(v: Any) -> str:
 
 def parse(text: str, file: str = "<scenario>") -> Scenario:
     """Parse scenario text; every problem is a ScenarioError naming file and key."""
-    from .outputs import nesting_depth
-
     deep = nesting_depth(text, MAX_TOML_DEPTH)
     if deep is not None:
         line = text.count("\n", 0, deep) + 1
@@ -718,13 +718,78 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     )
 
 
+
+# ----------------------------------------------------------- input files, read bounded
+
+class NotReadable(ValueError):
+    """A path named as an input file that must not be read (not a regular file, too large)."""
+
+
+def read_text(path: str | os.PathLike, limit: int) -> str:
+    """A UTF-8 input file (a scenario, a calibration), refused *before* reading when it is not
+    a regular file (a FIFO would block forever, ``/dev/zero`` never ends) or is larger than
+    ``limit`` bytes, and read at most ``limit + 1`` bytes (a file growing while read).
+    FileNotFoundError/IsADirectoryError/OSError/UnicodeDecodeError pass through."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise NotReadable("not a regular file (a device, FIFO or socket)")
+    if st.st_size > limit:
+        raise NotReadable(f"{st.st_size / 2**20:,.1f} MB, more than the {limit / 2**20:g} MB "
+                          f"such a file can be")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # never blocks on open
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())             # what was opened (a swapped-in FIFO: refused)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotReadable("not a regular file (a device, FIFO or socket)")
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise NotReadable(f"grew past {limit / 2**20:g} MB while read")
+    return raw.decode("utf-8")
+
+
+def nesting_depth(text: str, limit: int) -> int | None:
+    """The first position where TOML ``[``/``{`` nesting exceeds ``limit`` (outside strings and
+    comments), else None: checked without recursion before a recursive parser sees the text
+    (tomllib raises RecursionError, a 3,000-line traceback, at about 500 levels)."""
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c in "\"'":
+            triple = text.startswith(c * 3, i)
+            quote = c * 3 if triple else c
+            j = i + len(quote)
+            while j < n:
+                if c == '"' and text[j] == "\\":
+                    j += 2
+                    continue
+                if text.startswith(quote, j):
+                    break
+                if not triple and text[j] == "\n":
+                    break
+                j += 1
+            i = j + len(quote)
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return i
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
+
+
 MAX_SCENARIO_BYTES = 4 * 2**20   # scenarios are a few KB; a bigger file is not one
 MAX_TOML_DEPTH = 32              # nesting of arrays/tables; real scenarios need 3
 
 
 def load(path: str | Path) -> Scenario:
-    from .outputs import NotReadable, read_text
-
     p = Path(path)
     try:
         text = read_text(p, MAX_SCENARIO_BYTES)

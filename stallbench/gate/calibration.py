@@ -138,7 +138,7 @@ def save(cal: Calibration, directory: Path) -> Path:
 def load(path: Path) -> Calibration:
     """A calibration file, strictly: wrong types, missing keys or another version are a
     one-line error naming the file and the key (exit 2)."""
-    from ..outputs import NotReadable, read_text
+    from ..scenario import NotReadable, read_text
 
     try:
         data = json.loads(read_text(Path(path), 64 * 2**20))

@@ -22,11 +22,9 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from ..errors import UserError
+from ..errors import NoProgress
 
-
-class NoProgress(UserError):
-    """The trainer waited ``progress_timeout_s`` with no batch and no producer progress."""
+__all__ = ["NoProgress", "Watchdog", "tick", "ticking"]
 
 
 class _Clock:

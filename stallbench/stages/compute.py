@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from ..data.schema import FeatureSchema
-from ..errors import ScenarioError, UserCodeError, describe_exception, is_real_signal
+from ..errors import ScenarioError, UserCodeError, describe_exception
 from ..registry import Registry, import_object, locate, user_dirs
 from ..scenario import ModelSpec
 from .batch_format import TensorBatch
 from .costs import precise_wait
 from .transfer import device
-from .transforms import at_user_frame
+from .transforms import at_user_frame, is_real_signal
 
 MODELS: Registry[type["Compute"]] = Registry("model")
 

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..data.schema import FeatureSchema
-from ..errors import UserCodeError, describe_exception, is_real_signal, user_frame
+from .. import interrupts
+from ..errors import NoProgress, UserCodeError, describe_exception, user_frame
 from ..registry import Registry, import_object, locate, user_dirs
 
 TRANSFORMS: Registry[type["Transform"]] = Registry("transform")
@@ -272,6 +273,15 @@ class MapSideJoin(Transform):
         for j, name in enumerate(self.names):
             table = table.add_column(label_idx + j, name, pa.array(rows[:, j]))
         return table
+
+
+def is_real_signal(exc: BaseException) -> bool:
+    """A ``KeyboardInterrupt`` that a real SIGINT/SIGTERM caused (it ends the command with
+    130/143) rather than one the user's code raised itself (reported as its error, exit 2)."""
+    if isinstance(exc, NoProgress):     # the progress watchdog ending a stuck wait: ours too
+        return True
+    return isinstance(exc, interrupts.Interrupted) or (
+        isinstance(exc, KeyboardInterrupt) and interrupts.pending() is not None)
 
 
 def at_user_frame(exc: BaseException) -> str:

@@ -6,7 +6,7 @@ ends with one line naming the executor and what it waited for, exit 2, no result
 running; bulk materialisation and slow items are progress. Adding the key (or any key at its
 default) does not change a stored scenario fingerprint (``scenario.FINGERPRINT_KEYS``).
 Scenario paths that are not regular files are refused before reading, every read is bounded,
-and TOML nesting is checked without recursion (``outputs.read_text``/``nesting_depth``).
+and TOML nesting is checked without recursion (``scenario.read_text``/``nesting_depth``).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_deep_toml_is_one_line(tmp_path: Path, env: dict, nest: str) -> None:
 
 
 def test_nesting_inside_strings_and_comments_is_not_nesting() -> None:
-    from stallbench.outputs import nesting_depth
+    from stallbench.scenario import nesting_depth
 
     text = 'a = "' + "[" * 100 + '"\n# ' + "{" * 100 + "\nb = '''" + "[" * 100 + "'''\n"
     assert nesting_depth(text, 32) is None
