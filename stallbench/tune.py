@@ -54,6 +54,7 @@ from .results import (SCHEMA_VERSION, DatasetInfo, MachineInfo, ScenarioInfo, To
                       TuneConfirmation, TuneFigures, TuneRecommendation, TuneResult, TuneStep,
                       VariantResult, now_utc)
 from .runner import RunOptions, default_cache_dir, run_scenario, run_variant
+from .stages.batch_format import FORMATS
 from .scenario import Config, Scenario, Variant, format_value
 from .scenario import load as load_scenario
 from .scenario import parse as parse_scenario
@@ -421,7 +422,7 @@ class Tuner:
         cfg = best.cfg
         ld = cfg.loader
         out = []
-        if ld.batch_format != "single_buffer":
+        if not FORMATS.get(ld.batch_format).contiguous_buffer:   # jagged already is one
             out.append(_Candidate("loader.batch_format", "single_buffer",
                                   "one buffer per batch: fewer bytes copied and pickled between "
                                   "producer and trainer, zero-copy to unpack"))

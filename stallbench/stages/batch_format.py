@@ -765,6 +765,65 @@ def check_jagged(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
     return batch
 
 
+def padded_from_jagged(offsets: torch.Tensor, values: torch.Tensor, features: int, rows: int,
+                       min_len: int) -> torch.Tensor:
+    """The padded ``seq`` (B, Q, L) of a jagged batch, on the batch's device, with nothing cut:
+    L = max(``min_len``, the batch's longest sequence), ``PAD_ID`` after each sequence's end.
+
+    Built in one masked scatter: the mask's True cells, enumerated in (Q, B, L) order, are
+    exactly the positions of ``values`` in their feature-major order, and the (Q, B, L) view
+    writes straight into a contiguous (B, Q, L) tensor. Reading the longest length back is
+    one host sync on a GPU."""
+    lengths = offsets[1:] - offsets[:-1]
+    width = max(min_len, int(lengths.max()) if lengths.numel() else 0)
+    out = torch.full((rows, features, width), PAD_ID, dtype=torch.int64, device=values.device)
+    if values.numel():
+        pos = torch.arange(width, device=values.device)
+        mask = pos < lengths.view(features, rows, 1)
+        out.permute(1, 0, 2)[mask] = values
+    return out
+
+
+class PaddedOnDemand(dict):
+    """A jagged batch that also answers the documented ``seq`` key (B, Q, L), built from
+    ``seq_values`` + ``seq_offsets`` the first time it is asked for (``padded_from_jagged``:
+    padded to at least ``sequence_max_len``, so a model sized for it keeps its shapes while no
+    sequence is longer, and to the batch's longest otherwise: no id is cut).
+
+    Why on demand: ``jagged`` is the default format because it keeps every id, and a model of
+    the user's own written for the documented dict (``dense``, ``sparse``, ``seq``, ``label``)
+    must keep working; a model that reads the jagged keys instead pays no padding at all. The
+    padding, when asked for, runs inside the model's step and is timed as compute."""
+
+    def __init__(self, batch: TensorBatch, schema: FeatureSchema) -> None:
+        super().__init__(batch)
+        self._features = len(schema.sequence)
+        self._min_len = schema.seq_len
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        if key != "seq":
+            raise KeyError(key)
+        seq = padded_from_jagged(dict.__getitem__(self, "seq_offsets"),
+                                 dict.__getitem__(self, "seq_values"), self._features,
+                                 int(dict.__getitem__(self, "label").shape[0]), self._min_len)
+        self["seq"] = seq
+        return seq
+
+    def __contains__(self, key: object) -> bool:
+        return key == "seq" or dict.__contains__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+
+def documented(batch: TensorBatch, schema: FeatureSchema) -> TensorBatch:
+    """``batch`` as a model written for the documented keys expects it: a jagged batch gains
+    ``seq`` on demand (``PaddedOnDemand``); a padded one is returned as is."""
+    if "seq_values" in batch and "seq" not in batch:
+        return PaddedOnDemand(batch, schema)
+    return batch
+
+
 def collate_jagged(cols: dict[str, Any], schema: FeatureSchema) -> dict[str, np.ndarray]:
     """Uncollated columns (sequences as (offsets, values)) -> the jagged arrays (fresh;
     ``dense`` and ``sparse`` feature-major underneath, (B, D) / (B, S) as seen)."""
