@@ -49,7 +49,7 @@ test-all: setup browser
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
 	exit $$rc
 
-# Same-job A/B (README "The CI gate"): the previous commit's code against the working tree's on
+# Same-job A/B (docs/ci-gate.md): the previous commit's code against the working tree's on
 # the CI scenarios, interleaved in this job. Exit 1 (a slowdown the confirmation rerun saw too)
 # fails. Without HEAD~1 (a shallow clone, the first commit) or when the gate cannot compare
 # (exit 2: e.g. HEAD~1's stallbench cannot run today's scenario), it says so loudly and the

@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_groundtruth import BASE, BATCH, CASES, _merge  # noqa: E402
 
 from stallbench import scenario  # noqa: E402
-from stallbench.runner import RunOptions, run_scenario  # noqa: E402
-from stallbench.tables import table  # noqa: E402
+from stallbench.run.runner import RunOptions, run_scenario  # noqa: E402
+from stallbench.report.tables import table  # noqa: E402
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ from stallbench import scenario  # noqa: E402
 from stallbench.executors import EXECUTORS  # noqa: E402
 from stallbench.measure.probe import measured_run  # noqa: E402
 from stallbench.pipeline import COMPUTE_ONLY, Plan, StageCaches, dataset_for  # noqa: E402
-from stallbench.runner import default_cache_dir  # noqa: E402
+from stallbench.run.runner import default_cache_dir  # noqa: E402
 
 BATCH = 8192
 TARGET_COMPUTE = 0.9

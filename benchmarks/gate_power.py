@@ -13,7 +13,7 @@ one more transform, ``costtf:fn``, imported from the repository, and three commi
            step's spin), so the cost does not grow with the load while sizing it
     same   base plus a comment: nothing measurable
 
-Two measurements, both with the gate's own code paths (``stallbench.ab``, ``ab_gate``):
+Two measurements, both with the gate's own code paths (``stallbench.gate.pairs``, ``gate.ab``):
 
 1. A pool of interleaved pairs: base vs slow (A/B) and base vs same (A/A), alternating, one
    subprocess a run, exactly as the gate runs them. Gates of N pairs (default 10, the gate's
@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import abrepo  # noqa: E402
-from stallbench import ab, ab_gate  # noqa: E402
+from stallbench.gate import pairs as ab
+from stallbench.gate import ab as ab_gate  # noqa: E402
 from stallbench.results import find, load  # noqa: E402
 
 
@@ -160,8 +161,8 @@ def exact_ten_percent(pairs: list[ab.Pair], n: int) -> dict[str, float]:
     """Power of one gate run against an exact 10% slowdown of each throughput row, from the
     measured A/A differences shifted (``calibration.power``): it does not depend on how well
     the cost commit's size was estimated under the load of the moment."""
-    from stallbench import calibration
-    from stallbench.compare import METRICS, paired_differences
+    from stallbench.gate import calibration
+    from stallbench.gate.rule import METRICS, paired_differences
 
     m = METRICS["throughput"]
     out = {}
@@ -175,7 +176,7 @@ def save(p: dict[str, list[ab.Pair]], path: Path) -> None:
     """Every row's per-pair values, to re-analyse without measuring again."""
     import json
 
-    from stallbench.compare import METRICS
+    from stallbench.gate.rule import METRICS
 
     data = {}
     for kind, pairs in p.items():
@@ -187,7 +188,7 @@ def save(p: dict[str, list[ab.Pair]], path: Path) -> None:
 
 
 def diffs_summary(pairs: list[ab.Pair]) -> list[str]:
-    from stallbench.compare import METRICS, paired_differences
+    from stallbench.gate.rule import METRICS, paired_differences
 
     out = []
     for variant in ab_gate.variant_names(pairs, "ci_loader"):

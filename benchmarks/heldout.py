@@ -66,6 +66,6 @@ if __name__ == "__main__":
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from stallbench.runner import default_cache_dir
+    from stallbench.run.runner import default_cache_dir
 
     print(heldout_files(default_cache_dir()))

@@ -136,7 +136,7 @@ class Stallbench:
     def __init__(self, rows: int, executor: str, loader: dict[str, Any]) -> None:
         from stallbench.executors import EXECUTORS
         from stallbench.pipeline import Plan, dataset_for
-        from stallbench.runner import default_cache_dir
+        from stallbench.run.runner import default_cache_dir
 
         cfg = _config(rows, executor, loader)
         self.plan = Plan.create(cfg, dataset_for(cfg, default_cache_dir(), "bench"))
@@ -173,7 +173,7 @@ def plain_dataloader(rows: int) -> dict[str, Any]:
     from torch.utils.data import DataLoader, Dataset
 
     from stallbench.pipeline import Plan, dataset_for
-    from stallbench.runner import default_cache_dir
+    from stallbench.run.runner import default_cache_dir
     from stallbench.stages.batch_format import tensors, to_arrays
 
     cfg = _config(rows, 'kind = "local"\n', {})
@@ -220,7 +220,7 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT))
     from stallbench.pipeline import dataset_for
-    from stallbench.runner import default_cache_dir
+    from stallbench.run.runner import default_cache_dir
 
     cfg = _config(args.rows, 'kind = "local"\n', {})
     files = list(dataset_for(cfg, default_cache_dir(), "bench").files)

@@ -57,7 +57,7 @@ from stallbench import scenario  # noqa: E402
 from stallbench.executors import EXECUTORS  # noqa: E402
 from stallbench.measure.probe import measured_run  # noqa: E402
 from stallbench.pipeline import Plan, dataset_for  # noqa: E402
-from stallbench.runner import default_cache_dir  # noqa: E402
+from stallbench.run.runner import default_cache_dir  # noqa: E402
 from stallbench.stages.batch_format import seq_parts  # noqa: E402
 from variants import with_cpu  # noqa: E402
 

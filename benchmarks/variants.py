@@ -44,7 +44,7 @@ from stallbench.executors import EXECUTORS  # noqa: E402
 from stallbench.measure.probe import measured_run  # noqa: E402
 from stallbench.measure.sampler import Sampler  # noqa: E402
 from stallbench.pipeline import Plan, dataset_for  # noqa: E402
-from stallbench.runner import default_cache_dir  # noqa: E402
+from stallbench.run.runner import default_cache_dir  # noqa: E402
 from stallbench.stages.batch_format import tensors, to_arrays  # noqa: E402
 
 BATCH = 4096

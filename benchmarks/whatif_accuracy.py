@@ -82,7 +82,7 @@ def _busy_cpu() -> tuple[float, float]:
 
 
 def measure(args: argparse.Namespace) -> tuple[Path, str]:
-    from stallbench.runner import RunOptions, run_scenario
+    from stallbench.run.runner import RunOptions, run_scenario
 
     text = TEXT.format(rows=args.rows, row_group_rows=args.row_group_rows, cpu_us=args.cpu_us,
                        step_ms=args.step_ms, batch=args.batch, repeats=args.repeats,
@@ -168,7 +168,7 @@ def errors(rows: list[tuple[int, float, float, float, float]], fit: list[int],
 
 
 def evaluate(r: Any, fit: list[int]) -> int:
-    from stallbench.tables import table
+    from stallbench.report.tables import table
 
     cores = r.machine.cores
     counts = sorted(whatif.workers_of(v) for v in r.variants)

@@ -4,7 +4,7 @@ Python's ``-m`` puts the current directory *first* on ``sys.path``, so a stray `
 or ``torch.py`` there would replace the real module for stallbench and every library it
 imports. The directory moves to the *end* before anything else is imported: a scenario's own
 ``"mytf:fn"`` transform in it still imports, no installed module can be shadowed (the
-``stallbench`` script gets the same order from ``cli.user_code_path``). README: "Trust".
+``stallbench`` script gets the same order from ``cli.user_code_path``). docs/reliability.md: "Trust".
 """
 
 import os

@@ -1,7 +1,7 @@
 """Scenario files: TOML -> validated, frozen dataclasses -> concrete variants.
 
 The key names are a public contract (users' CI files depend on them). Each section is a
-dataclass whose fields *are* the schema: validation, defaults, the README reference and the
+dataclass whose fields *are* the schema: validation, defaults, the key reference in docs/scenarios.md and the
 "did you mean" suggestions are all derived from these fields, so a new knob is one new field.
 """
 
@@ -30,14 +30,14 @@ def knob(default: Any, doc: str, *, min: float | None = None, max: float | None 
     """A scenario key: its default, its one-line documentation and its constraints.
 
     Every number has a finite ``min`` and ``max`` (for a list of numbers: of each element);
-    the README shows them as the key's range, ``_build_section`` refuses NaN, infinity and
+    docs/scenarios.md shows them as the key's range, ``_build_section`` refuses NaN, infinity and
     anything outside, and ``tests/reliability/test_numbers.py`` fails for a numeric knob
     without both bounds. A bound is an absurdity guard, not a tuning hint: what a value
-    implies on this machine (memory, disk) is checked by ``stallbench.budget``.
+    implies on this machine (memory, disk) is checked by ``stallbench.run.preflight``.
 
     ``registry``: the value names an implementation registered under that kind ("executor",
     "model", "batch format"). Those registries live with their implementations, which import
-    this module, so the names are checked by ``stallbench.validate`` after parsing, not here.
+    this module, so the names are checked by ``stallbench.run.preflight`` after parsing, not here.
     """
     meta = {"doc": doc, "min": min, "max": max, "choices": choices, "exclusive_min": exclusive_min,
             "registry": registry}
@@ -494,7 +494,7 @@ MAX_LIST_IDS = 2**31 - 1     # ids of one list column in one row group (Arrow li
 
 def _check_cross(cfg: Config, file: str) -> None:
     """Rules that span keys; kept here so every variant is checked before anything runs.
-    Rules of one implementation (an executor's, a model's) live with it: ``stallbench.validate``."""
+    Rules of one implementation (an executor's, a model's) live with it: ``stallbench.run.preflight``."""
     ds = cfg.dataset
     if ds.path is None and (ds.dense_features + ds.sparse_features + ds.sequence_features) == 0:
         raise ScenarioError(file, "dataset", "a synthetic dataset needs at least one feature")
@@ -699,10 +699,10 @@ def load(path: str | Path) -> Scenario:
 
 
 def reference_markdown(registered: dict[str, list[str]] | None = None) -> str:
-    """The README's scenario key reference, generated from the dataclasses above.
+    """The scenario key reference of docs/scenarios.md, generated from the dataclasses above.
 
     ``registered``: the valid names of each registry (see ``knob``), listed for the keys that
-    name one; ``stallbench.validate.reference_markdown`` passes the live registries."""
+    name one; ``stallbench.run.preflight.reference_markdown`` passes the live registries."""
     lines = []
     for section, cls in SECTIONS.items():
         lines.append(f"\n### `[{section}]`\n\n| key | default | meaning |\n|---|---|---|")

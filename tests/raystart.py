@@ -1,6 +1,6 @@
 """A real multi-node Ray cluster on this machine, made with ``ray start`` (test helper).
 
-This is what the README's "Running on a real Ray cluster" section tells a user to do, with
+This is what docs/ray.md ("Running on a real Ray cluster") tells a user to do, with
 everything a shared machine needs on top: every node on loopback (``--node-ip-address=
 127.0.0.2``: Ray keeps it, while it rewrites 127.0.0.1 to the machine's outward address),
 ports of the test's own (none of Ray's defaults, so another cluster on the machine never

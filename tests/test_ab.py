@@ -13,7 +13,10 @@ import pytest
 
 import abrepo
 import factories
-from stallbench import ab, ab_gate, cli, worktree
+from stallbench import cli
+from stallbench.gate import pairs as ab
+from stallbench.gate import ab as ab_gate
+from stallbench.gate import worktree
 from stallbench.errors import UserError
 
 GOLDEN = Path(__file__).parent / "golden"

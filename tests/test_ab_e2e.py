@@ -103,7 +103,8 @@ OLD_SCHEMA_COMMIT = "1f0d990"    # stallbench before result schema 2 (writes ver
 def test_an_older_ref_writing_schema_1_runs_and_migrates(tmp_path: Path) -> None:
     """REF may be an older stallbench: the one command line a side must understand still
     works, and its version 1 result loads through the migration."""
-    from stallbench import ab, worktree
+    from stallbench.gate import pairs as ab
+    from stallbench.gate import worktree
 
     root = Path(__file__).resolve().parents[1]
     try:

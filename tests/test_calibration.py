@@ -12,8 +12,10 @@ import pytest
 
 import abrepo
 import factories
-from stallbench import ab, calibration, cli
-from stallbench.compare import METRICS
+from stallbench import cli
+from stallbench.gate import pairs as ab
+from stallbench.gate import calibration
+from stallbench.gate.rule import METRICS
 from stallbench.errors import ResultError, UserError
 
 TP = METRICS["throughput"]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stallbench import calibration
+from stallbench.gate import calibration
 from stallbench.analysis.stats import hodges_lehmann, min_p_signed_rank, signed_rank_p
-from stallbench.compare import (FASTER, INCONCLUSIVE, METRICS, NOT_COMPARABLE, SAME, SLOWER,
-                                compare_paired, paired_differences)
+from stallbench.gate.rule import (FASTER, INCONCLUSIVE, METRICS, NOT_COMPARABLE, SAME, SLOWER,
+                                  compare_paired, paired_differences)
 
 TP = METRICS["throughput"]
 SHARE = METRICS["stall_share"]
@@ -42,7 +42,7 @@ def test_ten_percent_slower_in_every_pair_is_slower() -> None:
     assert c.change == pytest.approx(1 / 1.1)
     assert c.p_value == pytest.approx(2 / 1024)
     # unpaired, the drift (80..150) hides the same change
-    from stallbench.compare import compare
+    from stallbench.gate.rule import compare
     assert compare(base, cur, TP, threshold=0.05, alpha=0.01).verdict != SLOWER
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stallbench import gate
+from stallbench.gate import baseline as gate
 from stallbench.commands import gate as gate_cmd
 from stallbench.errors import ResultError, UserError
 from stallbench import results

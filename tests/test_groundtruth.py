@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from stallbench import scenario
-from stallbench.runner import RunOptions, run_scenario
+from stallbench.run.runner import RunOptions, run_scenario
 
 import loadcheck
 from stallbench.stages.costs import precise_wait

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import factories
-from stallbench import cli, history, results
+from stallbench import cli, results
+from stallbench.gate import history
 from stallbench.results import GitInfo, MachineInfo
 
 LEVELS = [(100.0, 20), (88.0, 15), (95.0, 20)]

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 import factories
-from stallbench import ab, ab_gate, gate, metric_values
+from stallbench.gate import pairs as ab
+from stallbench.gate import ab as ab_gate
+from stallbench.gate import baseline as gate
+from stallbench.gate import metrics as metric_values
 from stallbench.analysis import differential
-from stallbench.compare import METRICS
+from stallbench.gate.rule import METRICS
 
 CHAIN = ["no_fetch", "no_fetch_preprocess", "no_fetch_preprocess_transfer", "compute_only"]
 

@@ -6,12 +6,17 @@ read: no results, no report), with ``stallbench`` on PATH. Every line must exit 
 later lines read what earlier ones wrote (the report reads ``results/``, the gate compares two
 runs). Comments after ``#`` are the README's explanations, not part of the command.
 
+Both demo runs must also tell the story the README's "What the demo shows" tells (the bound of
+each variant and the fix the first one's verdict names): the README prints no figure, so the
+story is what a test holds it to.
+
 It runs the demo scenario twice (the gate needs a baseline and a current run), so it is marked
 ``e2e`` and costs about two demo runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -55,3 +60,11 @@ def test_every_using_it_command_exits_0_on_a_fresh_checkout(tmp_path: Path) -> N
         assert r.returncode == 0, (cmd, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
         assert "Traceback" not in r.stderr, (cmd, r.stderr[-2000:])
     assert (tmp_path / "report" / "index.html").stat().st_size > 10_000
+    # The story "What the demo shows" tells, read off the two runs the block made: no worker is
+    # fetch-bound and its verdict's fix is loader workers; two workers are compute-bound.
+    for result in [*(tmp_path / "baseline").glob("demo-*.json"), *(tmp_path / "results").glob("demo-*.json")]:
+        variants = {v["name"]: v for v in json.loads(result.read_text())["variants"]}
+        none, two = variants["num_workers=0"], variants["num_workers=2"]
+        assert none["recommendation"]["bound_by"] == "fetch", (result.name, none["recommendation"])
+        assert none["recommendation"]["knob"] == "loader.num_workers", none["recommendation"]
+        assert two["recommendation"]["bound_by"] == "compute", (result.name, two["recommendation"])

@@ -163,7 +163,7 @@ def test_current_example_has_exactly_the_keys_the_code_writes(tmp_path: Path) ->
     scenario (every code path that writes a key: ablations, what-if, workers) writes exactly
     its keys. Numbers are not compared."""
     from stallbench import scenario
-    from stallbench.runner import RunOptions, run_scenario
+    from stallbench.run.runner import RunOptions, run_scenario
 
     sc = scenario.parse(EXAMPLE_SCENARIO, "example.toml")
     fresh = results.to_dict(run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)))
@@ -207,7 +207,7 @@ if __name__ == "__main__":   # re-record the current version's example (keys are
     import tempfile
 
     from stallbench import scenario
-    from stallbench.runner import RunOptions, run_scenario
+    from stallbench.run.runner import RunOptions, run_scenario
 
     with tempfile.TemporaryDirectory() as cache:
         r = run_scenario(scenario.parse(EXAMPLE_SCENARIO, "example.toml"),

@@ -8,7 +8,7 @@ import pytest
 
 from stallbench import scenario
 from stallbench.pipeline import Plan, dataset_for
-from stallbench.runner import SOLO_ITEMS, solo_probe
+from stallbench.run.runner import SOLO_ITEMS, solo_probe
 
 TEXT = """
 name = "solo"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stallbench import scenario, validate
+from stallbench import scenario
+from stallbench.run import preflight as validate
 from stallbench.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import torch
 from stallbench import scenario, threads
 from stallbench.executors import EXECUTORS
 from stallbench.pipeline import Plan, dataset_for
-from stallbench.runner import RunOptions, run_scenario
+from stallbench.run.runner import RunOptions, run_scenario
 
 BASE = """
 name = "threads"

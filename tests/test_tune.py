@@ -11,8 +11,8 @@ import pytest
 
 from stallbench import results, scenario
 from stallbench.results import TuneFigures
-from stallbench.tune import (ForeignLoad, TuneOptions, Tuner, knob_diff, scenario_text,
-                             variant_name, with_knobs)
+from stallbench.run.tune import (ForeignLoad, TuneOptions, Tuner, knob_diff, scenario_text,
+                                 variant_name, with_knobs)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from stallbench import scenario
-from stallbench.runner import RunOptions, run_scenario
+from stallbench.run.runner import RunOptions, run_scenario
 
 import loadcheck
 

@@ -1,4 +1,4 @@
-"""``stallbench gate``: the CI regression gate on the command line (logic in stallbench.gate).
+"""``stallbench gate``: the CI regression gate on the command line (logic in stallbench.gate.baseline).
 
 Exit 0: nothing regressed. Exit 1: a regression (or an improvement with --fail-on-improvement).
 Bad input raises UserError/ResultError, which the CLI prints as one line with exit 2.
@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import gate, outputs
+from .. import outputs
+from ..gate import baseline as gate
 from ..errors import ResultError, UserError
 from ..results import find, load
 

@@ -1,5 +1,5 @@
 """``stallbench gate --against REF SCENARIO.toml...`` and ``--calibrate SCENARIO.toml...``: the
-gate that runs both sides itself (logic in ``stallbench.ab_gate`` and ``stallbench.calibration``).
+gate that runs both sides itself (logic in ``stallbench.gate.ab`` and ``stallbench.gate.calibration``).
 
 Exit 0: nothing slower than REF (or a slower first run the confirmation rerun did not
 confirm). Exit 1: a regression confirmed by the rerun. Exit 2: bad input (REF not a commit, a
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .. import gate
+from ..gate import baseline as gate
 from ..errors import UserError
 
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, parse_threshold: Callable[[str], float],
         parse_alpha: Callable[[str], float], default_metrics: tuple[str, ...]) -> int:
     """``commands.gate`` hands over its own parsers (one way to read a threshold; no import
     back into it)."""
-    from ..ab_gate import DEFAULT_AB_ALPHA, DEFAULT_AB_THRESHOLD, DEFAULT_PAIRS
+    from ..gate.ab import DEFAULT_AB_ALPHA, DEFAULT_AB_THRESHOLD, DEFAULT_PAIRS
 
     if args.current:
         raise UserError("gate: --current compares result files; --against and --calibrate "
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, parse_threshold: Callable[[str], float],
 
 
 def _detect(args: argparse.Namespace, parse_threshold: Callable[[str], float]) -> float:
-    from ..calibration import DEFAULT_DETECT
+    from ..gate.calibration import DEFAULT_DETECT
 
     if args.detect is None:
         return DEFAULT_DETECT
@@ -110,7 +110,7 @@ def _detect(args: argparse.Namespace, parse_threshold: Callable[[str], float]) -
 
 def _calibrate(args: argparse.Namespace, files: list[Path], threshold: float, alpha: float,
                metrics: tuple[str, ...], pairs: int, detect: float) -> int:
-    from .. import calibration
+    from ..gate import calibration
 
     rounds = calibration.DEFAULT_ROUNDS if args.rounds is None else args.rounds
     if not 1 <= rounds <= 50:
@@ -129,9 +129,10 @@ def _calibrate(args: argparse.Namespace, files: list[Path], threshold: float, al
 
 def _calibrations(files: list[Path], directory: Path) -> tuple[list, list[str]]:
     """Usable calibrations of these scenarios on this machine, and notes on the others."""
-    from .. import calibration, scenario
-    from ..compare import machine_key
-    from ..machine import metadata
+    from .. import scenario
+    from ..gate import calibration
+    from ..gate.rule import machine_key
+    from ..measure.machine import metadata
 
     key = machine_key(metadata())
     cals, notes = [], []
@@ -146,7 +147,9 @@ def _calibrations(files: list[Path], directory: Path) -> tuple[list, list[str]]:
 
 def _against(args: argparse.Namespace, files: list[Path], threshold: float, alpha: float,
              metrics: tuple[str, ...]) -> int:
-    from .. import ab_gate, calibration, worktree
+    from ..gate import ab as ab_gate
+    from ..gate import calibration
+    from ..gate import worktree
 
     worktree.resolve(worktree.toplevel(Path.cwd()), args.against)   # bad REF: fail first
     cals, notes = _calibrations(files, _calibration_dir(args))

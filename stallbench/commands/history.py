@@ -1,13 +1,13 @@
 """``stallbench history DIR``: change points in a series of results (logic in
-``stallbench.history``). Exit 0 (a history reports; it does not gate), 2 on bad input."""
+``stallbench.gate.history``). Exit 0 (a history reports; it does not gate), 2 on bad input."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .. import history
-from ..compare import METRICS
+from ..gate import history
+from ..gate.rule import METRICS
 from ..errors import UserError
 from ..results import find, load
 

@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from .. import interrupts, outputs, results, scenario, tables
+from .. import interrupts, outputs, results, scenario
+from ..report import tables
 from ..errors import UserError
 from . import numbers
 
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     cache_flag = "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)"
     _check_outputs(scenarios, out, args.cache_dir or default_cache_dir(), cache_flag)
     from ..measure.load import busy_summary
-    from ..runner import RunOptions, preflight, run_scenario  # heavy (torch)
+    from ..run.runner import RunOptions, preflight, run_scenario  # heavy (torch)
 
     opts = RunOptions(repeats=repeats, analyze=args.analyze, cache_dir=args.cache_dir,
                       progress=not args.no_progress and sys.stderr.isatty(),

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from .. import scenario
     from ..executors.flight.driver import import_flight
     from ..pipeline import dataset_for
-    from ..runner import default_cache_dir
-    from ..validate import check_scenario
+    from ..run.runner import default_cache_dir
+    from ..run.preflight import check_scenario
 
     sc = scenario.load(args.scenario)
     check_scenario(sc)

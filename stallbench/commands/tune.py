@@ -1,5 +1,5 @@
 """``stallbench tune SCENARIO.toml``: search for the cheapest configuration without a data stall,
-write it as a scenario file, and confirm it with a measured run (``stallbench.tune``)."""
+write it as a scenario file, and confirm it with a measured run (``stallbench.run.tune``)."""
 
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
         outputs.check_dir((args.cache_dir or default_cache_dir()) / "datasets",
                           "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)",
                           [longest_temp_name()])
-    from ..tune import TuneOptions, tune   # heavy (torch): only when tuning
-    from ..validate import check_scenario
+    from ..run.tune import TuneOptions, tune  # heavy (torch): only when tuning
+    from ..run.preflight import check_scenario
 
     check_scenario(sc)
     opts = TuneOptions(budget_s=b * 60.0, cpu_node_cost=a["cpu_node_cost"],

@@ -49,7 +49,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-# Bounds of the flags (README: "whatif"): finite, and small enough that the table is instant.
+# Bounds of the flags (docs/whatif-and-tune.md): finite, and small enough that the table is instant.
 MAX_COUNT = 100_000            # workers or nodes in one configuration
 MAX_VALUES = 1_000             # configurations in one table
 MAX_CPUS_PER_NODE = 4096
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
-    from .. import tables
+    from ..report import tables
     from ..analysis import backtest, whatif, whatif_models
 
     stored = r.analysis.whatif

@@ -24,7 +24,7 @@ Clock ticks are 10 ms, so a run of 0.5 s on 2 cores reads to about +-0.05 cores.
 **Heavy** load is ``taken_cores`` (foreign + steal) above ``HEAVY_CORES`` = 0.25 cores: a
 quarter of a core is about what moves a CPU-bound 2-core measurement by the gate's 10%.
 ``stallbench run`` and the report warn above it, and the gate does not call a change slower or
-faster from repeats that ran above it (``stallbench.compare.busy_note``).
+faster from repeats that ran above it (``stallbench.gate.rule.busy_note``).
 """
 
 from __future__ import annotations

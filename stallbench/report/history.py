@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import history
+from ..gate import history
 from ..results import Result
 from . import plots
 

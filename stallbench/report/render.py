@@ -10,7 +10,7 @@ The page reads the typed result (``stallbench.results``; v1 files arrive migrate
 and uses the result's names for its figures: "trainer stalled" is a variant's ``stall_share``
 (the run table's stall), "attributed stall" is the attribution's ``attributed_stall_*`` (epoch
 time above the compute-only run), "wait for a batch" is ``wait_s``. Two runs are faster/slower only
-by ``stallbench.compare``, the rule ``stallbench gate`` applies.
+by ``stallbench.gate.rule``, the rule ``stallbench gate`` applies.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import jinja2
 
-from .. import compare as comparing
+from ..gate import rule as comparing
 from .. import results
 from ..errors import UserError
 from ..measure.load import busy_summary
@@ -594,7 +594,7 @@ def _compare_note(c: comparing.Comparison) -> str:
 
 def _compare(runs: list[RunView]) -> dict[str, Any]:
     """Side-by-side numbers of several runs of one scenario (oldest first). The change and the
-    verdict compare the oldest run with the newest, by ``stallbench.compare`` (the gate's rule)."""
+    verdict compare the oldest run with the newest, by ``stallbench.gate.rule`` (the gate's rule)."""
     names: list[str] = []
     for run in runs:
         for v in run.result.variants:

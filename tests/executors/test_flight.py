@@ -262,7 +262,7 @@ def test_a_server_killed_mid_epoch_is_an_error_naming_it(cache: Path) -> None:
 
 
 def test_validation_of_flight_servers() -> None:
-    from stallbench.validate import check_config
+    from stallbench.run.preflight import check_config
 
     for value, key in (('["http://a:1"]', "executor.flight_servers[0]"),
                        ('["grpc://a"]', "executor.flight_servers[0]"),

@@ -27,7 +27,7 @@ import pytest
 from stallbench import scenario
 from stallbench.executors.flight.driver import FlightExecutor
 from stallbench.pipeline import dataset_for
-from stallbench.runner import RunOptions, run_scenario
+from stallbench.run.runner import RunOptions, run_scenario
 
 pytestmark = pytest.mark.groundtruth
 

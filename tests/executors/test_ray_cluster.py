@@ -198,7 +198,7 @@ def test_ray_client_address_with_token(clusters: dict, cache: Path, tmp_path: Pa
 
 
 def test_cli_auto_with_token_end_to_end(clusters: dict, tmp_path: Path) -> None:
-    """The README's steps: ``ray_address = "auto"`` finds the cluster through the
+    """The steps of docs/ray.md: ``ray_address = "auto"`` finds the cluster through the
     current-cluster file of ``RAY_TMPDIR``, the token comes from the environment."""
     c = clusters["token"]
     (tmp_path / "s.toml").write_text(_text("auto"))

@@ -104,7 +104,7 @@ def test_every_row_once_across_ranks_except_what_equal_drops(ray_session: Any, c
 
 
 def test_ray_ranks_with_stock_mode_are_refused(tmp_path: Path) -> None:
-    from stallbench.validate import check_scenario
+    from stallbench.run.preflight import check_scenario
 
     sc = scenario.parse(TEXT.format(ranks=2, concurrency=1) + "", "r.toml")
     text = sc.text.replace('kind = "ray"', 'kind = "ray"\nray_mode = "stock"')

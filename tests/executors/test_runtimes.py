@@ -7,7 +7,7 @@ import pytest
 
 from stallbench import scenario
 from stallbench.executors import runtimes
-from stallbench.runner import run_order
+from stallbench.run.runner import run_order
 
 
 class Fake:
@@ -89,8 +89,8 @@ def test_local_variants_keep_the_scenarios_order() -> None:
 
 def test_startup_figures_per_variant_and_the_run_note() -> None:
     import factories
-    from stallbench import tables
-    from stallbench.runner import startup_figures
+    from stallbench.report import tables
+    from stallbench.run.runner import startup_figures
 
     first = startup_figures(12.5, {"runtime": "started", "ray_init_s": 9.0,
                                    "warm_workers_s": 3.0, "warm_plan_s": 0.5})

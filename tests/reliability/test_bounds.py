@@ -2,7 +2,7 @@
 
 The rules: each knob's bound (``scenario.knob``), the matrix size counted before it is
 expanded (``scenario.MAX_VARIANTS``), and what a variant implies on this machine
-(``stallbench/budget.py``: generated data vs free disk, embedding tables, one batch, row
+(``stallbench/run/preflight.py``: generated data vs free disk, embedding tables, one batch, row
 groups in flight, a bulk epoch, ablation caches and Ray object stores vs memory), each one
 line naming file and key, exit 2, before any data is written. An existing Parquet is
 checked from its footer (row-group sizes) before it is read, and its string ids are hashed

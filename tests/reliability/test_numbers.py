@@ -3,7 +3,7 @@
 The rule for scenario numbers lives in one function (``scenario._check_number``, applied to
 every knob and every element of a list knob): NaN and infinity are refused (``value < lo`` is
 false for NaN, so a plain range check let ``step_ms = nan`` run), and every numeric knob has a
-finite ``min`` and ``max`` (shown in the README key reference). CLI numbers follow the same
+finite ``min`` and ``max`` (shown in the key reference of docs/scenarios.md). CLI numbers follow the same
 rule (``commands/numbers.py``): bounded ranges, finite numbers, one line, exit 2.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from reliability_helpers import TINY, no_files, one_error_line, sb, write
 
-from stallbench import scenario, validate
+from stallbench import scenario
+from stallbench.run import preflight as validate
 from stallbench.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[2]

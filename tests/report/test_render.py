@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from stallbench import compare, results
+from stallbench import results
+from stallbench.gate import rule as compare
 from stallbench.commands import report as report_cmd
 from stallbench.errors import ResultError, UserError
 from stallbench.report import plots, render
@@ -447,7 +448,7 @@ def _verdicts(html: str) -> dict[str, str]:
 
 def test_compare_verdict_is_the_gates_rule(tmp_path: Path, make_result: Any,
                                            write_result: Any) -> None:
-    """The page's faster/slower is ``stallbench.compare.compare``'s verdict. The values are
+    """The page's faster/slower is ``stallbench.gate.rule.compare``'s verdict. The values are
     chosen so the old min..max-overlap rule would say the opposite for every variant."""
     cases = {   # variant: (baseline repeats, current repeats, verdict by the shared rule)
         # ranges overlap (130 > 125), yet 24% faster and Mann-Whitney p = 0.003

@@ -16,10 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from stallbench import scenario, tables
+from stallbench import scenario
+from stallbench.report import tables
 from stallbench.data.schema import FeatureSchema
 from stallbench.errors import PayloadError
-from stallbench.runner import RunOptions, run_scenario
+from stallbench.run.runner import RunOptions, run_scenario
 from stallbench.scenario import LoaderSpec, ModelSpec
 from stallbench.stages import batch_format as bf
 from stallbench.stages.buffers import BufferPool, PooledBuffer

@@ -114,7 +114,7 @@ def test_the_gate_compares_the_slowest_ranks_stall() -> None:
     """One rank's stall growing by 30% of the epoch is a regression of the job's stall share,
     even though the other ranks (and the median rank) did not change."""
     from factories import result
-    from stallbench import gate
+    from stallbench.gate import baseline as gate
 
     base = result([_job_variant("4-ranks", 0.25)])
     cur = result([_job_variant("4-ranks", 0.85)])

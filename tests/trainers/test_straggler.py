@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from stallbench import scenario
-from stallbench.runner import RunOptions, run_scenario
+from stallbench.run.runner import RunOptions, run_scenario
 
 pytestmark = pytest.mark.groundtruth
 

@@ -57,7 +57,7 @@ RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU 
 # (no dashboard), and every Ray process pays for it in CPU that the producer CPU figures would
 # charge to the Ray path: metrics collection and export (core workers, raylet, the dashboard
 # agent's metrics), per-handler event-loop statistics, and the agent's per-process stats
-# sweep every 5 s. Measured by benchmarks/ray_efficiency.py (README). Clusters reached by
+# sweep every 5 s. Measured by benchmarks/ray_efficiency.py (benchmarks/README.md). Clusters reached by
 # address are left as their owner configured them.
 LEAN_SYSTEM_CONFIG = {"enable_metrics_collection": False, "event_stats": False}
 LEAN_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}

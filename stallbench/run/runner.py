@@ -15,21 +15,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, budget, machine, threads
-from .analysis import advice, differential, rates, summary, whatif
-from .analysis.device import device_figures, sequence_note
-from .data.parquet import describe
-from .executors import EXECUTORS
-from .measure import phases as phases_mod
-from .measure.probe import measured_run
-from .pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
-from .executors.runtimes import RuntimeScope
-from .results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources,
-                      Result, RunSettings, ScenarioInfo, StartupFigures, Summary, ThreadBudget,
-                      Timeline,
-                      ToolInfo, TrainerSolo, VariantResult, now_utc)
-from .scenario import Scenario, Variant
-from .validate import check_scenario
+from .. import __version__, threads
+from ..measure import machine
+from ..analysis import advice, differential, rates, summary, whatif
+from ..analysis.device import device_figures, sequence_note
+from ..data.parquet import describe
+from ..executors import EXECUTORS
+from ..measure import phases as phases_mod
+from ..measure.probe import measured_run
+from ..pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
+from ..executors.runtimes import RuntimeScope
+from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources, Result,
+                       RunSettings, ScenarioInfo, StartupFigures, Summary, ThreadBudget, Timeline,
+                       ToolInfo, TrainerSolo, VariantResult, now_utc)
+from ..scenario import Scenario, Variant
+from .preflight import check as check_machine
+from .preflight import check_scenario
 
 
 def default_cache_dir() -> Path:
@@ -68,12 +69,12 @@ def _configs(scenario: Scenario, opts: RunOptions) -> list[tuple[Any, bool]]:
 def preflight(scenario: Scenario, opts: RunOptions) -> None:
     """What can be checked without opening data: registry-backed keys, each executor's needs
     here (e.g. Ray installed), and what each variant implies on this machine (memory, disk:
-    ``stallbench.budget``). ``stallbench run`` calls it for every scenario before the first."""
+    ``stallbench.run.preflight``). ``stallbench run`` calls it for every scenario before the first."""
     check_scenario(scenario)
     cache = opts.cache_dir or default_cache_dir()
     for cfg, analyze in _configs(scenario, opts):
         EXECUTORS.get(cfg.executor.kind).check(cfg, scenario.path)
-        budget.check(cfg, scenario.path, analyze=analyze, cache_dir=cache)
+        check_machine(cfg, scenario.path, analyze=analyze, cache_dir=cache)
 
 
 def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
@@ -85,7 +86,7 @@ def prepare(scenario: Scenario, opts: RunOptions) -> list[Plan]:
     for cfg, analyze in _configs(scenario, opts):
         ds = dataset_for(cfg, cache, scenario.path)
         plan = Plan.create(cfg, ds, FULL, scenario.path)
-        budget.check(cfg, scenario.path, analyze=analyze, plan=plan)   # the real columns
+        check_machine(cfg, scenario.path, analyze=analyze, plan=plan)   # the real columns
         plans.append(plan)
     return plans
 
@@ -182,8 +183,8 @@ def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenari
     """A data-parallel variant (``trainers.ranks`` > 1): the same runs, each on all ranks at
     once (``trainers.job``); the variant's figures are the job's, and ``ranks`` holds each
     rank's and the straggler (``analysis.ranks``)."""
-    from .analysis import ranks as rank_analysis
-    from .trainers import LAUNCHERS, job
+    from ..analysis import ranks as rank_analysis
+    from ..trainers import LAUNCHERS, job
 
     cfg = plan.config
     ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]

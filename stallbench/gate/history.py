@@ -38,9 +38,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import metric_values
-from .compare import METRICS
-from .results import Result
+from . import metrics as metric_values
+from .rule import METRICS
+from ..results import Result
 
 DEFAULT_MAX_P = 0.05
 DEFAULT_PERMUTATIONS = 199

@@ -44,21 +44,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, machine, results
-from .analysis import whatif
-from .analysis.whatif_models import fit_best
-from .data.parquet import describe
-from .executors import EXECUTORS
-from .pipeline import FULL, Plan, dataset_for
-from .results import (SCHEMA_VERSION, DatasetInfo, MachineInfo, ScenarioInfo, ToolInfo,
-                      TuneConfirmation, TuneFigures, TuneRecommendation, TuneResult, TuneStep,
-                      VariantResult, now_utc)
+from .. import __version__, results
+from ..measure import machine
+from ..analysis import whatif
+from ..analysis.whatif_models import fit_best
+from ..data.parquet import describe
+from ..executors import EXECUTORS
+from ..pipeline import FULL, Plan, dataset_for
+from ..results import (SCHEMA_VERSION, DatasetInfo, MachineInfo, ScenarioInfo, ToolInfo,
+                       TuneConfirmation, TuneFigures, TuneRecommendation, TuneResult, TuneStep,
+                       VariantResult, now_utc)
 from .runner import RunOptions, default_cache_dir, run_scenario, run_variant
-from .stages.batch_format import FORMATS
-from .scenario import Config, Scenario, Variant, format_value
-from .scenario import load as load_scenario
-from .scenario import parse as parse_scenario
-from .validate import check_config, check_scenario
+from ..stages.batch_format import FORMATS
+from ..scenario import Config, Scenario, Variant, format_value
+from ..scenario import load as load_scenario
+from ..scenario import parse as parse_scenario
+from .preflight import check_config, check_scenario
 
 STALL_FREE = 0.05            # steady stall share below this: the stall is removed
 BETTER = 0.03                # a stalled configuration must be this much faster to count

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .errors import UserError
+from ..errors import UserError
 
 
 def _git(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

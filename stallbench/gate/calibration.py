@@ -49,9 +49,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .compare import FASTER, METRICS, SLOWER, Metric, compare_paired, paired_differences
-from .errors import ResultError
-from .results import codec
+from .rule import FASTER, METRICS, SLOWER, Metric, compare_paired, paired_differences
+from ..errors import ResultError
+from ..results import codec
 
 CALIBRATION_VERSION = 1
 MAX_PAIRS = 40
@@ -126,7 +126,7 @@ def path_for(directory: Path, scenario: str) -> Path:
 
 
 def save(cal: Calibration, directory: Path) -> Path:
-    from .results import write_atomic
+    from ..results import write_atomic
 
     path = path_for(directory, cal.scenario)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,12 +328,13 @@ def calibrate(scenarios: Sequence[Path], *, threshold: float, alpha: float, pair
     import os
     import time
 
-    from . import ab, worktree
-    from .ab_gate import paired_values, variant_names
-    from .gate import _metrics
-    from .machine import metadata
-    from .results import now_utc
-    from . import __version__
+    from . import pairs as ab
+    from . import worktree
+    from .ab import paired_values, variant_names
+    from .baseline import _metrics
+    from ..measure.machine import metadata
+    from ..results import now_utc
+    from .. import __version__
 
     repo = worktree.toplevel(cwd)
     machine = metadata()
@@ -442,8 +443,8 @@ def apply(cals: Sequence[Calibration], *, threshold: float, alpha: float, pairs:
     """The gate's use of calibrations (see the module docstring): the pairs when ``--repeats``
     is not given, a ``UserError`` for a threshold below a gated row's noise floor, and notes
     saying what the gate can promise at the pairs it runs."""
-    from .errors import UserError
-    from .gate import _metrics
+    from ..errors import UserError
+    from .baseline import _metrics
 
     gated = {m.name for m in _metrics(metrics, False)}
     rows = [(cal, x) for cal in cals for x in cal.metrics if x.metric in gated]

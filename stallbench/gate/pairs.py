@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import UserError
-from .results import Result, find, load
+from ..errors import UserError
+from ..results import Result, find, load
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import ab, metric_values, worktree
-from .compare import (FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, change_of,
-                      compare_paired, paired_differences)
-from .gate import GateReport, Row, _metrics, _not_comparable
-from .errors import ResultError
-from .results import Result
+from . import pairs as ab
+from . import metrics as metric_values
+from . import worktree
+from .rule import (FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, change_of,
+                   compare_paired, paired_differences)
+from .baseline import GateReport, Row, _metrics, _not_comparable
+from ..errors import ResultError
+from ..results import Result
 
 # 12 pairs: at alpha 0.05 the signed-rank test tolerates up to 13 rank points against (two or
 # three small opposite pairs); with 5% noise per pair a 10% slower epoch is caught in ~99% of
@@ -231,7 +233,7 @@ def run_gate(scenarios: Sequence[Path], ref: str, settings: ABSettings, *, cwd: 
 
 
 def _scenario_name(path: Path) -> str:
-    from .scenario import load
+    from ..scenario import load
 
     return load(path).name
 

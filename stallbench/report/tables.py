@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from .analysis.device import AU_PASS, WARNING, au_label
-from .results import Attribution, DeviceFigures, Result, Summary
+from ..analysis.device import AU_PASS, WARNING, au_label
+from ..results import Attribution, DeviceFigures, Result, Summary
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int] | None = None) -> str:

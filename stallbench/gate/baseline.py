@@ -5,7 +5,7 @@ Rows
     name (the newest result by ``created_utc`` when a side has several) and variants by name.
 
 Metrics and the decision rule
-    ``stallbench.compare`` holds both (throughput, stall_share, peak_pss_mb; asv's threshold +
+    ``stallbench.gate.rule`` holds both (throughput, stall_share, peak_pss_mb; asv's threshold +
     significance rule): the report decides "faster"/"slower" with the same code, so a page and
     a CI log never disagree about the same repeats.
 
@@ -38,14 +38,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from . import outputs
-from .analysis.stats import bootstrap_ci
-from . import metric_values
-from .compare import (ATTRIBUTION_METRICS, BUSY, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
-                      NOT_COMPARABLE, SAME, SLOWER, VERDICTS, Metric, compare as compare_values,
-                      machine_key, under_load)
-from .errors import ResultError, UserError
-from .results import Result, VariantResult, load
+from .. import outputs
+from ..analysis.stats import bootstrap_ci
+from . import metrics as metric_values
+from .rule import (ATTRIBUTION_METRICS, BUSY, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
+                   NOT_COMPARABLE, SAME, SLOWER, VERDICTS, Metric, compare as compare_values,
+                   machine_key, under_load)
+from ..errors import ResultError, UserError
+from ..results import Result, VariantResult, load
 
 __all__ = ["BUSY", "FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
            "GateReport", "Row", "compare", "exit_code", "update_baseline"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from .results import GitInfo, GpuInfo, MachineInfo
+from ..results import GitInfo, GpuInfo, MachineInfo
 
 LIBRARIES = ("stallbench", "torch", "pyarrow", "numpy", "ray", "zstandard", "pandas", "psutil",
              "nvidia-ml-py")
@@ -49,7 +49,7 @@ def git_commit(cwd: str | os.PathLike[str] = ".") -> GitInfo | None:
 
 
 def metadata() -> MachineInfo:
-    from .measure.sampler import gpu_info
+    from .sampler import gpu_info
 
     vm = psutil.virtual_memory()
     return MachineInfo(

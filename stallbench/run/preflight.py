@@ -1,6 +1,15 @@
-"""What a variant implies on this machine (memory, disk), checked before anything runs.
+"""Preflight: everything checked about a scenario before anything runs.
 
-Each scenario number is bounded by its knob (``scenario.knob``); these checks refuse values
+Two kinds of check, both refused as one ``ScenarioError`` naming the file and the key (exit 2):
+
+**Names of implementations** (``check_scenario``, ``check_config``). ``scenario.py`` validates structure (types, ranges, plain choices) and cannot import the
+implementations (they import it). Keys whose value names an implementation (``knob(...,
+registry=...)``: the executor, the model, the batch format) are checked here, against the live
+registries, for every variant, with the implementation's own cross-key rules
+(``Executor.validate``, ``Compute.validate``). ``stallbench run`` calls ``check_scenario`` on
+every scenario before the first one runs.
+
+**What a variant implies on this machine** (``check``: memory, disk). Each scenario number is bounded by its knob (``scenario.knob``); these checks refuse values
 that pass alone but cannot work here together, before the first variant starts, each as one
 ``ScenarioError`` naming the file and the key to change (exit 2). The estimates are simple
 products, stated in the message, and deliberately generous: they catch the absurd (a 4 TB
@@ -31,8 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ScenarioError
-from .scenario import Config
+from ..errors import ScenarioError
+from ..executors import EXECUTORS
+from ..scenario import Config, Scenario
+from ..scenario import reference_markdown as _reference
+from ..stages.batch_format import FORMATS
+from ..stages.compute import MODELS
 
 GB = 2**30
 
@@ -166,7 +179,7 @@ def _check_object_store(cfg: Config, file: str, mem: int) -> None:
 def _check_disk(cfg: Config, file: str, cache_dir: Path | None) -> None:
     if cache_dir is None:
         return
-    from .data.synthetic import complete_files, dataset_key
+    from ..data.synthetic import complete_files, dataset_key
 
     root = Path(cache_dir) / "datasets"
     if complete_files(root / dataset_key(cfg.dataset)) is not None:
@@ -183,3 +196,41 @@ def _check_disk(cfg: Config, file: str, cache_dir: Path | None) -> None:
         raise _fail(file, "dataset.rows",
                     f"the synthetic dataset would take about {_gb(need)} ({cfg.dataset.rows:,} "
                     f"rows, uncompressed); {probe} has {_gb(free)} free")
+
+
+USER_MODEL = '"pkg.module:factory"'    # the other accepted form of model.kind
+
+
+def check_config(cfg: Config, file: str = "<scenario>") -> None:
+    """One variant's registry-backed keys; ScenarioError(file, key, ...) naming valid values."""
+    if cfg.loader.batch_format not in FORMATS:
+        raise ScenarioError(file, "loader.batch_format", FORMATS.unknown(cfg.loader.batch_format))
+    kind = cfg.model.kind
+    if ":" not in kind:
+        if kind not in MODELS:
+            raise ScenarioError(file, "model.kind", MODELS.unknown(kind, also=USER_MODEL))
+        MODELS.get(kind).validate(cfg.model, file)
+    if cfg.executor.kind not in EXECUTORS:
+        raise ScenarioError(file, "executor.kind", EXECUTORS.unknown(cfg.executor.kind))
+    EXECUTORS.get(cfg.executor.kind).validate(cfg, file)
+
+
+def check_scenario(sc: Scenario) -> None:
+    """The base config, then every variant (whose errors say they come from the matrix)."""
+    check_config(sc.base, sc.path)
+    for v in sc.variants:
+        try:
+            check_config(v.config, sc.path)
+        except ScenarioError as exc:
+            raise ScenarioError(sc.path, exc.key, f"{exc.message} (from [matrix])") from None
+
+
+def registered_names() -> dict[str, list[str]]:
+    """Valid names per registry kind, as ``knob(registry=...)`` names them."""
+    return {EXECUTORS.kind: list(EXECUTORS), MODELS.kind: [*MODELS, USER_MODEL.strip('"')],
+            FORMATS.kind: list(FORMATS)}
+
+
+def reference_markdown() -> str:
+    """The key reference of docs/scenarios.md, with the registries' names for registry-backed keys."""
+    return _reference(registered_names())

@@ -66,10 +66,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from .analysis.stats import (hodges_lehmann, mann_whitney_p, min_p_possible, min_p_signed_rank,
-                             signed_rank_p, t_interval)
-from .measure.load import HEAVY_CORES
-from .results import ForeignLoad, MachineInfo
+from ..analysis.stats import (hodges_lehmann, mann_whitney_p, min_p_possible, min_p_signed_rank,
+                              signed_rank_p, t_interval)
+from ..measure.load import HEAVY_CORES
+from ..results import ForeignLoad, MachineInfo
 
 FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
     "faster", "slower", "same", "inconclusive", "not comparable")

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from .compare import ATTRIBUTION_METRICS, Metric
-from .results import VariantResult
+from .rule import ATTRIBUTION_METRICS, Metric
+from ..results import VariantResult
 
 _PART = {"fetch_stall_share": "fetch_stall_s", "preprocess_stall_share": "preprocess_stall_s",
          "transfer_stall_share": "transfer_stall_s", "loader_overhead_share": "overhead_s"}
@@ -52,7 +52,7 @@ def stall_share(v: VariantResult) -> list[float]:
 def _attribution_part(v: VariantResult, part: str) -> list[float]:
     if v.attribution is None or not v.ablations:
         return []
-    from .analysis.differential import ablations_for, attribute
+    from ..analysis.differential import ablations_for, attribute
 
     method = v.attribution.method
     names = [a.name for a in ablations_for(method) if a.name != "full"]
