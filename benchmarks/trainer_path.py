@@ -302,8 +302,10 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
     pool = f2.executor_figures.get("buffer_pool", {})
     cpu0 = r0["cpu_us_row"] * r0["samples"] / 1e6
     cpu2 = r2["cpu_us_row"] * r2["samples"] / 1e6
+    steady = f2.steady_throughput_samples_s / f0.steady_throughput_samples_s
     print(f"  2 workers / 0 workers {ratio:.2f} (median of paired repeats "
-          f"{statistics.median(b['samples_s'] / a['samples_s'] for a, b in zip(*res.values())):.2f})")
+          f"{statistics.median(b['samples_s'] / a['samples_s'] for a, b in zip(*res.values())):.2f}"
+          f"; steady state only, after each run's first batch: {steady:.2f})")
     print(f"  where 2 workers' time goes (best repeat, {f2.epoch_s:.2f} s wall, {r2['cores']:.2f} "
           f"cores used of {os.cpu_count()}):")
     print(f"    workers' CPU {prod:.2f} s: in their stages {stages_cpu:.2f} s (fetch "
