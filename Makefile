@@ -37,7 +37,7 @@ browser:
 # sync first: a fresh setup leaves GBs of dirty pages whose writeback would compete with the
 # timing tests that run first.
 # `make test` leaves out the few tests marked `slow` (minutes each: the A/B gate's ground-truth
-# runs in tests/test_ab_e2e.py) so that CI stays well under its time limit; `make test-all`
+# runs in tests/gate/test_ab_e2e.py) so that CI stays well under its time limit; `make test-all`
 # runs every test.
 test: setup browser
 	@sync; $(PY) -m pytest -q -rs -m "not slow"; rc=$$?; \

@@ -173,7 +173,7 @@ def exact_ten_percent(pairs: list[ab.Pair], n: int) -> dict[str, float]:
 
 
 def save(p: dict[str, list[ab.Pair]], path: Path) -> None:
-    """Every row's per-pair values, to re-analyse without measuring again."""
+    """Every row's per-pair values, to re-analyze without measuring again."""
     import json
 
     from stallbench.gate.rule import METRICS

@@ -295,3 +295,58 @@ def _wait_zombies(procs: list[Any]) -> None:
             os.waitpid(p.pid, os.WNOHANG)
         except (ChildProcessError, OSError):
             pass
+
+
+# --- SIGTERM outside the CLI's handlers ---------------------------------------------------------
+# Library use (tests, a user's script) has no ``install()``: SIGTERM's default action would kill
+# the process without running a ``finally`` (a rank, a Ray runtime or a git worktree left behind).
+# These are the one place that says what SIGTERM does then.
+
+def _term_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+class SigtermAsInterrupt:
+    """While taken, SIGTERM raises ``KeyboardInterrupt`` (so every ``finally`` runs, as on
+    Ctrl-C); ``give_back`` restores the handler that was there. A no-op outside the main thread,
+    where handlers cannot be installed. Also a context manager, for a block."""
+
+    def __init__(self) -> None:
+        self._old: Any = None
+        self._taken = False
+
+    def take(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            self._old = signal.signal(signal.SIGTERM, _term_as_interrupt)
+            self._taken = True
+        except (ValueError, OSError):  # pragma: no cover - no signals here
+            self._taken = False
+
+    def give_back(self) -> None:
+        if not self._taken or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            signal.signal(signal.SIGTERM, self._old if self._old is not None else signal.SIG_DFL)
+        except (ValueError, OSError, TypeError):  # pragma: no cover
+            pass
+        self._taken = False
+        self._old = None
+
+    def __enter__(self) -> "SigtermAsInterrupt":
+        self.take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.give_back()
+
+
+def sigterm_exits() -> None:
+    """In a child process that serves its parent (a trainer rank): SIGTERM ends it with exit
+    code 128 + 15 through its ``finally`` (its executor and loader workers stopped), not by
+    the default action that skips them."""
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)

@@ -26,6 +26,7 @@ from .scenario import Config
 from .stages import compute as compute_mod
 from .stages.batch_format import SequenceCounts, TensorBatch
 from .stages.buffers import SlotAllocator
+from .stages.sizes import ceil_div
 from .stages.fetch import Fetch
 from .stages.preprocess import Preprocess, TransformSpecError
 from .stages.transfer import Payload, Transfer
@@ -154,7 +155,7 @@ class Plan:
         w2, c2 = time.perf_counter(), cpu()
         t.preprocess_s, t.preprocess_cpu_s = w2 - w1, c2 - c1
         t.rows_out = table.num_rows
-        n_batches = -(-table.num_rows // self.config.loader.batch_size)
+        n_batches = ceil_div(table.num_rows, self.config.loader.batch_size)
         payloads = None
         if not a.transfer:
             payloads = self.transfer.send_table(table, str(shard.index), shared)
@@ -247,7 +248,7 @@ def select_work(shards: list[Shard], config: Config) -> list[Shard]:
             if cap and covered >= cap:
                 return out
             out.append(s)
-            covered += -(-s.rows // bs)
+            covered += ceil_div(s.rows, bs)
     return out
 
 

@@ -9,9 +9,22 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+
+
+def closest(name: str, options: Iterable[str]) -> str | None:
+    """The valid name a typo most likely meant, or None: the one rule behind every "did you
+    mean" (registry names, scenario keys and values, Parquet columns)."""
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` to append to an error, or ``""`` when nothing is close."""
+    match = closest(name, options)
+    return f"; did you mean {match!r}?" if match is not None else ""
 
 
 class Registry(Generic[T]):
@@ -36,8 +49,7 @@ class Registry(Generic[T]):
     def unknown(self, name: str, also: str | None = None) -> str:
         """The message for a name that is not registered: the closest name, and every valid
         one (``also``: another accepted form, e.g. ``"pkg.module:factory"``)."""
-        match = difflib.get_close_matches(name, list(self._items), n=1, cutoff=0.6)
-        hint = f"; did you mean {match[0]!r}?" if match else ""
+        hint = did_you_mean(name, self._items)
         valid = ", ".join([*sorted(self._items), *([also] if also else [])])
         return f"unknown {self.kind} {name!r}{hint} (valid: {valid})"
 

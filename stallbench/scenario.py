@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import hashlib
 import itertools
 import json
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ScenarioError
+from .registry import did_you_mean
 
 
 def knob(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
@@ -399,11 +399,6 @@ def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
     return isinstance(value, tp), value
 
 
-def _suggest(key: str, valid: typing.Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f"; did you mean {match[0]!r}?" if match else ""
-
-
 def _build_section(cls: type, table: Any, file: str, section: str) -> Any:
     if not isinstance(table, dict):
         raise ScenarioError(file, section, f"expected a table [{section}], got {_show(table)}")
@@ -412,7 +407,7 @@ def _build_section(cls: type, table: Any, file: str, section: str) -> Any:
     for key in table:
         if key not in fields:
             raise ScenarioError(file, f"{section}.{key}",
-                                f"unknown key{_suggest(key, fields)} (valid: {', '.join(fields)})")
+                                f"unknown key{did_you_mean(key, fields)} (valid: {', '.join(fields)})")
     values = {}
     for name, f in fields.items():
         if name not in table:
@@ -428,7 +423,7 @@ def _build_section(cls: type, table: Any, file: str, section: str) -> Any:
         if meta.get("choices") and value not in meta["choices"]:
             valid = ", ".join(_show(c) for c in meta["choices"])
             raise ScenarioError(file, dotted, f"expected one of {valid}, got {_show(value)}"
-                                f"{_suggest(str(value), [str(c) for c in meta['choices']])}")
+                                f"{did_you_mean(str(value), [str(c) for c in meta['choices']])}")
         values[name] = value
     try:
         return cls(**values)
@@ -565,7 +560,7 @@ def _check_section_axis(file: str, mkey: str, section: str, values: Any) -> None
         for key in table:
             if key != LABEL and key not in names:
                 raise ScenarioError(file, f"{mkey}[{i}].{key}",
-                                    f"unknown key {section}.{key}{_suggest(key, names)}")
+                                    f"unknown key {section}.{key}{did_you_mean(key, names)}")
 
 
 def _flatten_axes(knobs: dict[str, Any], matrix: dict[str, Any], base: "Config") -> dict[str, Any]:
@@ -622,7 +617,7 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
         raise ScenarioError(file, None, f"TOML syntax error: {exc}") from None
     for key in raw:
         if key not in TOP_LEVEL:
-            raise ScenarioError(file, key, f"unknown key{_suggest(key, TOP_LEVEL)} "
+            raise ScenarioError(file, key, f"unknown key{did_you_mean(key, TOP_LEVEL)} "
                                            f"(valid: {', '.join(TOP_LEVEL)})")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
@@ -652,7 +647,7 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
         section, key = dotted.split(".", 1)
         names = [f.name for f in dataclasses.fields(SECTIONS[section])]
         if key not in names:
-            raise ScenarioError(file, mkey, f"unknown key {dotted!r}{_suggest(key, names)}")
+            raise ScenarioError(file, mkey, f"unknown key {dotted!r}{did_you_mean(key, names)}")
         if not isinstance(values, list) or not values:
             raise ScenarioError(file, mkey, f"expected a non-empty list of values, got {_show(values)}")
 

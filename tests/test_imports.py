@@ -162,3 +162,187 @@ def test_lower_layers_do_not_import_implementations(module: str) -> None:
     g = graph()
     assert not {m for m in g[module] if m.startswith("stallbench.executors.")
                 and m != "stallbench.executors.base"}, g[module]
+
+
+# --- The architecture as tests (issue 24) ------------------------------------------------------
+#
+# docs/architecture.md declares the order of the wings in a fenced ``layers`` block, top first;
+# wings on one line are peers. A module may import only from its own wing or from wings on lower
+# lines: an import that runs back up (or across to a peer) fails here, as does a cycle between
+# wings, a cycle between files, a private name imported from another module, and a top-level
+# module not on the allow-list. ``stallbench/__init__.py`` is the package's face: it may re-export
+# (lazily) from any wing and any wing may read ``__version__`` from it, so it stands outside the
+# order (file cycles through it still fail).
+
+DOC = ROOT / "docs" / "architecture.md"
+# The ground floor (rules every layer uses, the two Ray modules that import nothing of
+# stallbench), the scenario, the plan, and the entry points. A new capability is a wing.
+TOP_LEVEL_ALLOWED = {"cli", "errors", "registry", "interrupts", "outputs", "threads", "ray_probe",
+                     "ray_setup", "scenario", "pipeline", "__init__", "__main__"}
+
+
+def layers(doc: Path = DOC) -> list[list[str]]:
+    """The ``layers`` block of the architecture page: one list of peer wings per line, top first."""
+    text = doc.read_text(encoding="utf-8")
+    block = text.split("```layers\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].split() for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def wing(mod: str) -> str | None:
+    """``stallbench.gate.ab`` -> ``gate``; ``stallbench.cli`` -> ``cli``; the face -> None."""
+    parts = mod.split(".")
+    return None if parts[1:] == ["__init__"] else parts[1]
+
+
+def wing_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for m, deps in g.items():
+        a = wing(m)
+        if a is None:
+            continue
+        out.setdefault(a, set())
+        for d in deps:
+            b = wing(d)
+            if b is not None and b != a:
+                out[a].add(b)
+                out.setdefault(b, set())
+    return out
+
+
+def back_up(g: dict[str, set[str]], order: list[list[str]]) -> list[str]:
+    """File-level imports that run back up the order (or across to a peer wing)."""
+    level = {w: i for i, line in enumerate(order) for w in line}
+    bad = []
+    for m, deps in sorted(g.items()):
+        a = wing(m)
+        for d in sorted(deps):
+            b = wing(d)
+            if a is None or b is None or a == b:
+                continue
+            if a not in level or b not in level:
+                bad.append(f"{m} -> {d} (wing {a if a not in level else b!r} not in the order)")
+            elif level[b] <= level[a]:
+                bad.append(f"{m} -> {d}")
+    return bad
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """A private name (``_x``) of one module used in another: ``from stallbench.x import _name``,
+    or ``mod._name`` where ``mod`` is a stallbench module the file imported. Make it public, or
+    move it to where it is used. Dunders (``__version__``) are public."""
+    mods = modules(root)
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+    bad = []
+    for mod, path in mods.items():
+        pkg = mod.split(".")[:-1]
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        aliases: dict[str, str] = {}           # local name -> the stallbench module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == PACKAGE and alias.asname:
+                        aliases[alias.asname] = alias.name
+                continue
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                target = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                if private(alias.name):
+                    bad.append(f"{path.relative_to(root)}:{node.lineno} imports {target}.{alias.name}")
+                elif _node(f"{target}.{alias.name}", mods) is not None:
+                    aliases[alias.asname or alias.name] = f"{target}.{alias.name}"
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and private(node.attr)):
+                bad.append(f"{path.relative_to(root)}:{node.lineno} uses "
+                           f"{aliases[node.value.id]}.{node.attr}")
+    return bad
+
+
+def top_level(root: Path = ROOT) -> list[str]:
+    return sorted(p.stem for p in (root / PACKAGE).glob("*.py"))
+
+
+def figures(root: Path = ROOT) -> dict[str, int]:
+    """The issue's figures, measured: ``python tests/test_imports.py [ROOT]`` prints them."""
+    g = graph(root)
+    order = layers(root / "docs" / "architecture.md") if "```layers" in (
+        root / "docs" / "architecture.md").read_text() else DEFAULT_ORDER
+    return {"top-level modules (not __init__/__main__)":
+            len([m for m in top_level(root) if m not in ("__init__", "__main__")]),
+            "imports running back up the order": len(back_up(g, order)),
+            "package-level cycles": len(cycles(wing_graph(g))),
+            "file cycles": len(cycles(g)),
+            "private names imported across modules": len(private_imports(root))}
+
+
+# The order this test shipped with, to measure trees whose page predates the ``layers`` block.
+DEFAULT_ORDER = [["__main__"], ["cli"], ["commands"], ["report"], ["gate", "run", "profile"],
+                 ["analysis", "executors"], ["trainers"], ["measure"], ["pipeline"], ["stages"],
+                 ["data"], ["scenario", "outputs", "threads"], ["results"],
+                 ["registry", "interrupts", "errors", "ray_probe", "ray_setup"]]
+
+
+def test_the_page_declares_every_wing_once() -> None:
+    order = layers()
+    flat = [w for line in order for w in line]
+    assert len(flat) == len(set(flat)), f"a wing twice in the order: {flat}"
+    present = {wing(m) for m in graph()} - {None}
+    assert not present - set(flat), f"wings missing from docs/architecture.md: {present - set(flat)}"
+
+
+def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
+    """Ground truth by construction: a low wing importing a high one, a wing cycle without a
+    file cycle, a private name across modules, and a stray top-level module."""
+    pkg = tmp_path / PACKAGE
+    for d in ("low", "high"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high" / "a.py").write_text("from ..low.b import f\n")
+    (pkg / "low" / "b.py").write_text("def f():\n    pass\n")
+    (pkg / "low" / "c.py").write_text("from ..high import a\nfrom .b import _g\nfrom . import b\n"
+                                      "b._h()\n")
+    (pkg / "stray.py").write_text("")
+    g = graph(tmp_path)
+    order = [["high"], ["low"], ["stray"]]
+    assert back_up(g, order) == [f"{PACKAGE}.low.c -> {PACKAGE}.high.a"]
+    assert not cycles(g) and cycles(wing_graph(g)) == [["high", "low", "high"]]
+    assert private_imports(tmp_path) == ["stallbench/low/c.py:2 imports stallbench.low.b._g",
+                                         "stallbench/low/c.py:4 uses stallbench.low.b._h"]
+    assert "stray" in set(top_level(tmp_path)) - TOP_LEVEL_ALLOWED
+
+
+def test_no_import_runs_back_up_the_order_of_the_wings() -> None:
+    bad = back_up(graph(), layers())
+    assert not bad, "imports running back up docs/architecture.md's order:\n" + "\n".join(bad)
+
+
+def test_no_cycle_between_wings() -> None:
+    found = cycles(wing_graph(graph()))
+    assert not found, "wing cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    bad = private_imports()
+    assert not bad, "private names imported from another module:\n" + "\n".join(bad)
+
+
+def test_the_top_level_holds_only_the_ground_floor() -> None:
+    stray = sorted(set(top_level()) - TOP_LEVEL_ALLOWED)
+    assert not stray, (f"new top-level modules {stray}: a new capability is a wing (a package) "
+                       "or joins one (docs/architecture.md, 'Where to put a new ...')")
+
+
+if __name__ == "__main__":
+    import sys
+    for k, v in figures(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT).items():
+        print(f"{v:4d}  {k}")

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 from ..measure.load import HEAVY_CORES
 from ..results import MachineInfo, Recommendation, VariantResult
+from ..stages.sizes import ceil_div
 from . import whatif
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
@@ -81,7 +82,7 @@ def _more_producers(v: VariantResult, m: whatif.Model, cores: float
     value = n
     if pk[0] == "executor.simulated_nodes":
         per = max(m.cpus_per_node, 1)
-        value = -(-n // per)
+        value = ceil_div(n, per)
     return pk[0], pk[1], value, preds[n] / base
 
 

@@ -31,6 +31,7 @@ from typing import Sequence
 
 from ..results import BackTest, BackTestPoint, DatasetInfo, MachineInfo, VariantResult
 from . import whatif_models
+from .stats import finite_median
 
 LEVEL = 0.9
 METHOD = ("leave-one-out: each measured point predicted by the richest model the other points "
@@ -62,11 +63,6 @@ def coverage(log_errors: Sequence[float], level: float = LEVEL) -> list[bool | N
     return out
 
 
-def _median(xs: Sequence[float]) -> float:
-    vals = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
-
-
 def _log_err(pred: float | None, meas: float | None) -> float:
     if pred is None or meas is None or not (pred > 0 and meas > 0):
         return math.nan
@@ -91,10 +87,10 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
         if m is None:
             continue
         n, r = whatif_models.producers(v), whatif_models.ranks(v)
-        samples = _median([f.samples for f in v.repeats])
+        samples = finite_median([f.samples for f in v.repeats])
         run = whatif_models.predict_run(m, n, samples, ranks=r)
         got = v.throughput_samples_s.median
-        steady = _median([f.steady_throughput_samples_s for f in v.repeats])
+        steady = finite_median([f.steady_throughput_samples_s for f in v.repeats])
         rows.append(BackTestPoint(
             n=r if rank_axis else n, variant=v.name, model=m.kind, fitted_on=list(m.fit_variants),
             ranks=r, oversubscribed=whatif_models.oversubscribed(v, machine.cores),

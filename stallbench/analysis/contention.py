@@ -113,11 +113,6 @@ def _say(what: str, sigma: float, s: Slope | None) -> str:
     return f"{what} {sigma:+.2%} per busy core{t}"
 
 
-def _median(xs: Sequence[float]) -> float:
-    vals = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
-
-
 def producer_cpu_per_sample(f: RepeatFigures) -> float:
     stage = f.stage_s.fetch_cpu + f.stage_s.preprocess_cpu + f.stage_s.transfer_producer_cpu
     cpu = f.producer_cpu_s if f.producer_cpu_s else stage

@@ -48,12 +48,11 @@ import numpy as np
 
 from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures
+from .stats import COMPUTE_BOUND_SHARE
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
          Ablation(True, True, True), COMPUTE_ONLY]
-# Below this stall share, the data pipeline keeps up: the variant is compute-bound.
-COMPUTE_BOUND_SHARE = 0.05
 
 
 def ablations_for(method: str) -> list[Ablation]:

@@ -33,13 +33,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..results import Attribution, ExactlyOnce, RankStats, RankSummary, Summary
+from ..stages.sizes import ceil_div
 from ..trainers.job import last_rank_per_step
 from . import differential
-
-
-def _med(xs: Sequence[float]) -> float:
-    vals = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
+from .stats import finite_median
 
 
 def excess(stalls: Sequence[float], c: int) -> float:
@@ -97,10 +94,10 @@ def straggler(stalls: Sequence[Sequence[float]], steps: Sequence[Sequence[Sequen
     named when the candidate's excess (median over runs) beats the noise (median over runs
     of ``null_excess``)."""
     world = len(stalls[0])
-    per_rank = [_med([run[r] for run in stalls]) for r in range(world)]
+    per_rank = [finite_median([run[r] for run in stalls]) for r in range(world)]
     c = max(range(world), key=lambda r: per_rank[r])
-    ex = _med([excess(run, c) for run in stalls])
-    noise = _med([null_excess(s, alpha, seed=i) for i, s in enumerate(steps)])
+    ex = finite_median([excess(run, c) for run in stalls])
+    noise = finite_median([null_excess(s, alpha, seed=i) for i, s in enumerate(steps)])
     noise = noise if math.isfinite(noise) else 0.0
     return c, ex, noise, (c if ex > noise else None)
 
@@ -126,7 +123,7 @@ def exactly_once(runs: Sequence[Any], plan: Any) -> ExactlyOnce | None:
                 item_rows[d.item] = d.item_rows
             rows += d.rows if len(new) == len(d.batch_ids) else 0
     bs = plan.config.loader.batch_size
-    expected = sum(item_batches.get(i, -(-s.rows // bs)) for i, s in enumerate(plan.items))
+    expected = sum(item_batches.get(i, ceil_div(s.rows, bs)) for i, s in enumerate(plan.items))
     expected_rows = sum(item_rows.get(i, s.rows) for i, s in enumerate(plan.items))
     delivered = len(seen)
     return ExactlyOnce(expected_batches=expected, delivered_batches=delivered,
@@ -154,7 +151,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
     stalls = [[run[r].figures.stall_s for r in range(world)] for run in full]
     steps = [[run[r].step_stall_s for r in range(world)] for run in full]
     c, ex, noise, named = straggler(stalls, steps)
-    gain = _med([gain_if_median_pace(s, c) for s in steps])
+    gain = finite_median([gain_if_median_pace(s, c) for s in steps])
     job_steps = [max(run[r].figures.batches for r in range(world)) for run in full]
     last = [last_rank_per_step(run) for run in full]
     analyzed = len(jr.rank_runs) > 1
@@ -162,17 +159,17 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
     for r in range(world):
         figs = [run[r].figures for run in full]
         stats.append(RankStats(
-            rank=r, stall_s=_med([f.stall_s for f in figs]), wait_s=_med([f.wait_s for f in figs]),
-            trainer_transfer_s=_med([f.trainer_transfer_s for f in figs]),
-            compute_s=_med([f.compute_s for f in figs]),
-            sync_s=_med([run[r].sync_s for run in full]),
-            steady_throughput_samples_s=_med([f.steady_throughput_samples_s for f in figs]),
-            time_to_first_batch_s=_med([f.time_to_first_batch_s for f in figs]),
-            last_step_share=_med([lr.count(r) / n if n else 0.0 for lr, n in zip(last, job_steps)]),
-            straggler_delay_s=_med([run[r].straggler_delay_s for run in full]),
+            rank=r, stall_s=finite_median([f.stall_s for f in figs]), wait_s=finite_median([f.wait_s for f in figs]),
+            trainer_transfer_s=finite_median([f.trainer_transfer_s for f in figs]),
+            compute_s=finite_median([f.compute_s for f in figs]),
+            sync_s=finite_median([run[r].sync_s for run in full]),
+            steady_throughput_samples_s=finite_median([f.steady_throughput_samples_s for f in figs]),
+            time_to_first_batch_s=finite_median([f.time_to_first_batch_s for f in figs]),
+            last_step_share=finite_median([lr.count(r) / n if n else 0.0 for lr, n in zip(last, job_steps)]),
+            straggler_delay_s=finite_median([run[r].straggler_delay_s for run in full]),
             attribution=(rank_attribution(jr.rank_runs, r, cfg.analysis.method,
                                           cfg.analysis.confidence) if analyzed else None)))
-    spread = _med([max(s) - min(s) for s in stalls])
+    spread = finite_median([max(s) - min(s) for s in stalls])
     speedup = epoch_s / (epoch_s - gain) if epoch_s > gain > 0 else 1.0
     summary = RankSummary(
         world=world, launcher=jr.launcher, backend=jr.backend, sharding=jr.sharding,

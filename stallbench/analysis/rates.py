@@ -12,6 +12,7 @@ import statistics
 from typing import Callable, Sequence
 
 from ..results import ByteFigures, RepeatFigures, StageRates
+from .stats import finite_median
 
 
 def _rate(rows: float, seconds: float) -> float | None:
@@ -22,8 +23,7 @@ def stage_rates(full: Sequence[RepeatFigures],
                 compute_only: Sequence[RepeatFigures] | None = None) -> StageRates:
     """Medians over the full runs' repeats of each stage's rows per producer-second."""
     def med(fn: Callable[[RepeatFigures], float | None]) -> float | None:
-        vals = [v for v in (fn(f) for f in full) if v is not None]
-        return statistics.median(vals) if vals else None
+        return finite_median((fn(f) for f in full), None)
 
     return StageRates(
         fetch_rows_s=med(lambda f: _rate(f.stage_rows.fetch, f.stage_s.fetch)),

@@ -7,8 +7,9 @@ reproducible from the same result files.
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,6 +27,21 @@ def t_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float,
     se = statistics.stdev(vals) / math.sqrt(len(vals))
     h = float(_st.t.ppf(0.5 + confidence / 2, len(vals) - 1)) * se
     return (m - h, m + h)
+
+
+# Below this stall share the data pipeline keeps up: the variant is compute-bound, "stall-free".
+# The one threshold the attribution, the what-if and tune all judge by (here, not in
+# ``differential``, because the what-if must not import torch).
+COMPUTE_BOUND_SHARE = 0.05
+
+
+def finite_median(values: Iterable[Any], empty: Any = math.nan) -> Any:
+    """The median of the finite numbers among ``values`` (None, NaN and infinities are not
+    measurements and are left out); ``empty`` when there is none. The one median of figures
+    that may be missing, so a missing repeat is skipped the same way everywhere."""
+    xs = [float(v) for v in values
+          if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
+    return statistics.median(xs) if xs else empty
 
 
 def bootstrap_ci(

@@ -73,6 +73,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
 from . import backtest, schedule
+from .stats import COMPUTE_BOUND_SHARE, finite_median
 from .whatif_models import MODELS, ScalingModel, fit_best, fit_points, oversubscribed, reference
 
 
@@ -100,14 +101,6 @@ class Prediction:
         return samples / (startup + samples / x)
 
 
-def _median(xs: Iterable[float]) -> float:
-    vals = sorted(x for x in xs if x is not None and math.isfinite(x))
-    if not vals:
-        return math.nan
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-
-
 def workers_of(v: VariantResult) -> int:
     """Producers working in parallel outside the trainer, as the executor reported them."""
     return v.executor.producer_slots
@@ -132,38 +125,38 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
     result's) gives the work items' size, so whole runs are replayed item by item and the fit
     is calibrated against the measured epoch; without it, the steady formula alone."""
     reps = v.repeats
-    s = lambda key: _median(getattr(f.stage_s, key) / max(f.samples, 1) for f in reps)  # noqa: E731
+    s = lambda key: finite_median(getattr(f.stage_s, key) / max(f.samples, 1) for f in reps)  # noqa: E731
     fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
     cpu = s("fetch_cpu") + s("preprocess_cpu") + s("transfer_producer_cpu")
     # The producer processes' own CPU clocks also see what happens outside the stage timers
     # (pickling a batch on the queue's feeder thread, the DataLoader loop, start-up; Ray's
     # scheduling, object transfer and daemons): the whole cost of producing. Use it when
     # measured.
-    whole = _median(f.producer_cpu_s / max(f.samples, 1) for f in reps if f.producer_cpu_s)
+    whole = finite_median(f.producer_cpu_s / max(f.samples, 1) for f in reps if f.producer_cpu_s)
     if math.isfinite(whole) and whole > cpu:
         cpu = whole
     trainer_xfer = s("transfer_trainer")
-    compute = _median(f.compute_s / max(f.samples, 1) for f in reps)
+    compute = finite_median(f.compute_s / max(f.samples, 1) for f in reps)
     ranks = ranks_of(v)
     if ranks > 1:
         # per sample of one rank: each rank unpacks and steps its own share, in parallel
         per = [r for f in reps for r in f.ranks]
-        trainer_xfer = _median(r.trainer_transfer_s / max(r.samples, 1) for r in per)
-        compute = _median(r.compute_s / max(r.samples, 1) for r in per)
+        trainer_xfer = finite_median(r.trainer_transfer_s / max(r.samples, 1) for r in per)
+        compute = finite_median(r.compute_s / max(r.samples, 1) for r in per)
     overhead = 0.0
     if v.attribution is not None and v.executor.has_producers:
-        samples = _median(f.samples for f in reps) / ranks
+        samples = finite_median(f.samples for f in reps) / ranks
         overhead = max(v.attribution.overhead_s, 0.0) / max(samples, 1)
     # The trainer process's own CPU clock covers everything it does (hand-off, unpacking,
     # a CPU model step, helper threads); older results without it fall back to the parts.
-    t_cpu = _median(f.trainer_cpu_s / max(f.samples, 1) for f in reps if f.trainer_cpu_s)
+    t_cpu = finite_median(f.trainer_cpu_s / max(f.samples, 1) for f in reps if f.trainer_cpu_s)
     if not math.isfinite(t_cpu):
         t_cpu = trainer_xfer + overhead + (compute if compute_on_cpu(v, machine) else 0.0)
     elif not v.executor.has_producers:
         # Fitted with no producers, the trainer's clock also holds the data work (``cpu``):
         # counted there, it would be counted twice against the cores.
         t_cpu = max(t_cpu - cpu, 0.0)
-    io_bytes = _median(f.bytes.storage_bytes / max(f.samples, 1) for f in reps)
+    io_bytes = finite_median(f.bytes.storage_bytes / max(f.samples, 1) for f in reps)
     cpus_per_node = (v.executor.producer_slots // v.executor.producer_nodes
                      if v.executor.producer_nodes else 1)
     raw = Model(
@@ -174,24 +167,24 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
         io_wait=s("fetch_io_wait"), io_bytes=io_bytes, compute=compute,
         fit_workers=workers_of(v), fit_variant=v.name,
         cpus_per_node=max(cpus_per_node, 1),
-        startup_s=_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
+        startup_s=finite_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
         p_solo=v.trainer_solo.data_s_per_sample if v.trainer_solo else None,
         solo_item_s=v.trainer_solo.item_s if v.trainer_solo else None,
         ranks=ranks, producers_per_rank=v.ranks.producers_per_rank if v.ranks else True,
         producer_cores="shared" if v.executor.producers_share_cores else "own",
         fit_variants=[v.name],
         item_rows=item_rows(v, dataset),
-        batch_rows=_median(f.samples / f.batches for f in reps if f.batches) if reps else 0.0,
+        batch_rows=finite_median(f.samples / f.batches for f in reps if f.batches) if reps else 0.0,
     )
     if not math.isfinite(raw.startup_s):
         raw = replace(raw, startup_s=0.0)
     if not math.isfinite(raw.batch_rows):
         raw = replace(raw, batch_rows=0.0)
-    samples = _median(f.samples for f in reps)
-    epoch = _median(f.epoch_s for f in reps)
+    samples = finite_median(f.samples for f in reps)
+    epoch = finite_median(f.epoch_s for f in reps)
     if raw.item_rows and raw.fit_workers >= 1 and math.isfinite(epoch) and epoch > 0:
         return calibrate_run(raw, epoch, samples)
-    return calibrate(raw, _median(f.steady_throughput_samples_s for f in reps))
+    return calibrate(raw, finite_median(f.steady_throughput_samples_s for f in reps))
 
 
 def item_rows(v: VariantResult, dataset: DatasetInfo | None) -> float:
@@ -348,7 +341,7 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
                   else "measured in a worker")
         # the same rule as the attribution's: a stall share under 5% is compute-bound, so
         # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
-        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= 0.05 else "compute"
+        bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= COMPUTE_BOUND_SHARE else "compute"
         why = (f"no workers: the trainer does {c.p_serial * 1e6:.1f} us/sample of data work "
                f"({source}; {heaviest} heaviest) before each {c.t * 1e6:.1f} us/sample step")
         if n_ranks > 1:
@@ -579,12 +572,12 @@ def check(m: Model, v: VariantResult, *, rank_axis: bool = False,
     the machine's, to mark an oversubscribed point (default the model's)."""
     n, r = workers_of(v), ranks_of(v)
     p = predict(m, n, ranks=r)
-    run = predict_run(m, n, _median(f.samples for f in v.repeats), ranks=r)
+    run = predict_run(m, n, finite_median(f.samples for f in v.repeats), ranks=r)
     got = v.throughput_samples_s.median
     # The model predicts a steady rate; a run's epoch also holds the time to the first batch
     # and rounds of work items, so the run is replayed (``predict_run``) for the whole-run
     # comparison (the headline) and for the steady figure as the run measured it.
-    steady = _median(f.steady_throughput_samples_s for f in v.repeats)
+    steady = finite_median(f.steady_throughput_samples_s for f in v.repeats)
     return WhatIfCheck(
         n=r if rank_axis else n, variant=v.name, measured_samples_s=got,
         predicted_samples_s=p.throughput_samples_s,

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .. import outputs
 from ..gate import baseline as gate
+from ..gate import formats, rows
+from ..gate.rule import METRICS, SLOWER
 from ..errors import ResultError, UserError
 from ..results import find, load
 
@@ -39,13 +41,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--alpha", default=None,
                    help="significance level (default 0.01; 0.05 with --against/--calibrate, "
                         "where a confirmation rerun must agree)")
-    p.add_argument("--metric", action="append", choices=[*gate.METRICS, "attribution"],
+    p.add_argument("--metric", action="append", choices=[*METRICS, "attribution"],
                    dest="metrics",
                    help="metric to gate, repeatable (default: throughput, stall_share and, where "
                         "results carry an attribution, its parts; 'attribution' names the four "
                         "parts)")
     p.add_argument("--memory", action="store_true", help="also gate peak memory (peak_pss_mb)")
-    p.add_argument("--format", choices=list(gate.FORMATTERS), default="table")
+    p.add_argument("--format", choices=list(formats.FORMATTERS), default="table")
     p.add_argument("--fail-on-improvement", action="store_true",
                    help="exit 1 on a significant improvement too, so a stale baseline "
                         "gets refreshed")
@@ -142,17 +144,17 @@ def run(args: argparse.Namespace) -> int:
                           include_memory=args.memory,
                           fail_on_improvement=args.fail_on_improvement,
                           machine=getattr(args, "machine", None) or "auto", sources=sources)
-    sys.stdout.write(gate.FORMATTERS[args.format](report))
-    code = gate.exit_code(report)
+    sys.stdout.write(formats.FORMATTERS[args.format](report))
+    code = rows.exit_code(report)
     if args.update_baseline:
         _update(report, current_files, _baseline_dir(args))
     return code
 
 
-def _update(report: gate.GateReport, current_files: list[Path], bdir: Path) -> None:
+def _update(report: rows.GateReport, current_files: list[Path], bdir: Path) -> None:
     """Refresh only when nothing is slower: a refresh must never swallow a regression."""
-    if report.count(gate.SLOWER):
-        print(f"gate: baseline NOT updated: {report.count(gate.SLOWER)} row(s) slower",
+    if report.count(SLOWER):
+        print(f"gate: baseline NOT updated: {report.count(SLOWER)} row(s) slower",
               file=sys.stderr)
         return
     written = gate.update_baseline(current_files, bdir)

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..gate import baseline as gate
+from ..gate import formats
+from ..gate.rows import GateReport
+from ..gate.rule import INCONCLUSIVE
 from ..errors import UserError
 
 
@@ -59,12 +61,12 @@ def _calibration_dir(args: argparse.Namespace) -> Path:
 
 def _scenario_files(args: argparse.Namespace) -> list[Path]:
     from .. import scenario
-    from .run import _expand
+    from .run import expand_scenario_files
 
     if not args.scenarios:
         raise UserError(f"gate {'--against' if args.against else '--calibrate'}: name the "
                         "scenario files to run (e.g. scenarios/ci/*.toml)")
-    files = [Path(p) for p in _expand(args.scenarios)]
+    files = [Path(p) for p in expand_scenario_files(args.scenarios)]
     for f in files:
         scenario.load(f)             # bad input fails here, before any checkout or run
     return files
@@ -164,10 +166,10 @@ def _against(args: argparse.Namespace, files: list[Path], threshold: float, alph
                                   fail_on_improvement=args.fail_on_improvement,
                                   confirm=args.confirm)
     # github: the runs as markdown; annotations only at the end, once the rerun has decided
-    fmt = gate.format_markdown if args.format == "github" else gate.FORMATTERS[args.format]
-    printed: list[tuple[str, gate.GateReport]] = []
+    fmt = formats.format_markdown if args.format == "github" else formats.FORMATTERS[args.format]
+    printed: list[tuple[str, GateReport]] = []
 
-    def on_report(title: str, report: gate.GateReport) -> None:
+    def on_report(title: str, report: GateReport) -> None:
         printed.append((title, report))
         if args.format != "json":
             sys.stdout.write(f"\n{title}:\n" if args.format == "table" else f"\n### {title}\n\n")
@@ -185,7 +187,7 @@ def _against(args: argparse.Namespace, files: list[Path], threshold: float, alph
             "passed": not out.failed, "exit_code": 1 if out.failed else 0,
             "against": out.ref, "commit": out.commit, "pairs": out.pairs,
             "seconds": round(out.seconds, 1), "summary": line,
-            "runs": [{"title": t, **json.loads(gate.format_json(r))} for t, r in printed],
+            "runs": [{"title": t, **json.loads(formats.format_json(r))} for t, r in printed],
         }, indent=1) + "\n")
     else:
         if args.format == "github":
@@ -197,13 +199,13 @@ def _against(args: argparse.Namespace, files: list[Path], threshold: float, alph
 def _annotations(out) -> str:
     """GitHub annotations: an error per confirmed row, a warning per row the rerun did not
     confirm and per inconclusive row of the first run."""
-    esc = gate._gh_escape
+    esc = formats.escape_github
     lines = []
     for r in out.confirmed:
-        lines.append(f"::error title=stallbench gate::{esc(f'{r.label}: {r.verdict} than REF {out.ref}, confirmed by the rerun (change {gate._change(r)}, p={gate._p(r)})')}")
+        lines.append(f"::error title=stallbench gate::{esc(f'{r.label}: {r.verdict} than REF {out.ref}, confirmed by the rerun (change {formats.format_change(r)}, p={formats.format_p(r)})')}")
     for r in out.unconfirmed:
         lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: {r.verdict} in the first run only; the rerun did not confirm it')}")
     for r in out.first.rows:
-        if r.verdict == gate.INCONCLUSIVE:
-            lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: inconclusive (change {gate._change(r)} over the threshold, not significant)')}")
+        if r.verdict == INCONCLUSIVE:
+            lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: inconclusive (change {formats.format_change(r)} over the threshold, not significant)')}")
     return "\n".join(lines) + ("\n" if lines else "")

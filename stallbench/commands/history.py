@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         what = f" of scenario {args.scenario!r}" if args.scenario else ""
         raise UserError(f"history: no results{what} in {', '.join(args.paths)}")
     series = history.series_of(results, args.metrics or ("throughput", "stall_share"))
-    history.analyse(series, max_p=args.max_p, permutations=args.permutations,
+    history.analyze(series, max_p=args.max_p, permutations=args.permutations,
                     min_size=args.min_size)
     sys.stdout.write(history.format_history(series, max_p=args.max_p,
                                             permutations=args.permutations,

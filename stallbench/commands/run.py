@@ -39,7 +39,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-def _expand(patterns: list[str]) -> list[str]:
+def expand_scenario_files(patterns: list[str]) -> list[str]:
+    """Scenario paths and globs, in the order given (a glob sorted); a glob that matches
+    nothing is bad input. Shared by every verb that runs scenario files."""
     out = []
     for pat in patterns:
         hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # Check every scenario first: a typo in the third file fails before the first one runs,
     # and so does an output path that cannot be written or a variant this machine cannot hold
     # (the cheap checks before torch is imported).
-    scenarios = [scenario.load(p) for p in _expand(args.scenarios)]
+    scenarios = [scenario.load(p) for p in expand_scenario_files(args.scenarios)]
     out = Path(args.out)
     cache_flag = "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)"
     _check_outputs(scenarios, out, args.cache_dir or default_cache_dir(), cache_flag)

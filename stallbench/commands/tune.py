@@ -37,10 +37,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1%}"
-
-
 def _parse(args: argparse.Namespace) -> dict:
     """Every numeric flag, checked before the scenario is read (issue 13's rule: finite,
     bounded, one line and exit 2 otherwise)."""
@@ -72,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
                           "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)",
                           [longest_temp_name()])
     from ..run.tune import TuneOptions, tune  # heavy (torch): only when tuning
+    from ..measure.load import HEAVY_CORES
+    from ..report.tables import format_percent
     from ..run.preflight import check_scenario
 
     check_scenario(sc)
@@ -101,13 +99,13 @@ def run(args: argparse.Namespace) -> int:
                                                      else " (NOT within 10%)")
         print(f"confirmation: measured {conf.measured.throughput_samples_s:,.0f} samples/s, "
               f"steady stall {conf.measured.steady_stall_share:.1%} "
-              f"({conf.measured.repeats} repeat(s)) vs {pred}: error {_pct(conf.error)}{goal}")
+              f"({conf.measured.repeats} repeat(s)) vs {pred}: error {format_percent(conf.error, '+.1%')}{goal}")
         print(f"  confirmation result: {conf.result_path}")
     if r.foreign_cores is not None:
         print(f"conditions: other processes kept {r.foreign_cores:.1f} of {r.machine.cores:g} cores "
               f"busy on average during the tune (the what-if assumes the cores are free"
               + ("; expect predictions and repeat runs to miss under such load)"
-                 if r.foreign_cores >= 0.25 else ")"))
+                 if r.foreign_cores >= HEAVY_CORES else ")"))
     print(f"tune result: {path} ({r.wall_s:.0f} s of a {r.budget_s:.0f} s budget; stopped: "
           f"{r.stopped_because})")
     return 0

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     from ..report import tables
     from ..analysis import backtest, whatif, whatif_models
+    from ..analysis.stats import COMPUTE_BOUND_SHARE
 
     stored = r.analysis.whatif
     group = [] if args.variant else whatif.scaling_group(r)
@@ -172,17 +173,17 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     width = bt.interval_log_half_width if bt else None
     rows, cheapest = [], None
     for n, p in zip(nodes, preds):
-        row = [n, tables.num(p.throughput_samples_s)]
+        row = [n, tables.format_number(p.throughput_samples_s)]
         if width is not None:
             x = p.throughput_samples_s
-            row.append(f"{tables.num(x * math.exp(-width))}..{tables.num(x * math.exp(width))}")
-        row += [tables.pct(p.stall_share), p.bound_by, p.model]
+            row.append(f"{tables.format_number(x * math.exp(-width))}..{tables.format_number(x * math.exp(width))}")
+        row += [tables.format_percent(p.stall_share), p.bound_by, p.model]
         if priced:
             hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
             cpu_nodes = n if unit == "node" else 0
             cost = hours * ((a["cpu_node_cost"] or 0) * cpu_nodes + (a["gpu_node_cost"] or 0))
             row.append(f"{cost:.6f}")
-            if p.stall_share < 0.05 and (cheapest is None or cost < cheapest[1]):
+            if p.stall_share < COMPUTE_BOUND_SHARE and (cheapest is None or cost < cheapest[1]):
                 cheapest = (n, cost)
         rows.append(row + [p.why])
     per_rank = unit == "worker" and (a["ranks"] or m.ranks) > 1 and m.producers_per_rank
@@ -227,18 +228,19 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
             print(line)
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1%}"
-
-
 def backtest_lines(bt: Any) -> list[str]:
     """The back-test as the result stores it: per point, then the summary."""
+    from ..report.tables import format_percent
+
+    def pct(x: float | None) -> str:
+        return format_percent(x, ".1%")
+
     per = ", ".join(
         f"{p.n}: {p.error:+.1%}" + (f" / {p.steady_error:+.1%}" if p.steady_error is not None else "")
         + f" ({p.model})" for p in bt.points if p.error is not None)
     out = [f"back-test (each measured point predicted by a fit without it; whole run / steady): {per}",
-           f"  error whole run: worst {_pct(bt.max_abs_error)}, mean {_pct(bt.mean_abs_error)}; "
-           f"steady: worst {_pct(bt.max_abs_steady_error)}, mean {_pct(bt.mean_abs_steady_error)}"]
+           f"  error whole run: worst {pct(bt.max_abs_error)}, mean {pct(bt.mean_abs_error)}; "
+           f"steady: worst {pct(bt.max_abs_steady_error)}, mean {pct(bt.mean_abs_steady_error)}"]
     if bt.interval_log_half_width is not None:
         w = bt.interval_log_half_width
         out.append(f"  {bt.interval_level:.0%} prediction interval: predicted x/ "

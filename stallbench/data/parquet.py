@@ -18,7 +18,6 @@ Id conventions (documented because they change which ids collide):
 
 from __future__ import annotations
 
-import difflib
 import glob
 import os
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import DataError
+from ..registry import closest
 from ..scenario import DatasetSpec
 from .schema import FeatureSchema, Shard
 from .synthetic import dataset_key, generate
@@ -340,8 +340,8 @@ def _check_explicit(arrow: pa.Schema, col: str, kind: str, label: str, claimed: 
 
 
 def _suggest(name: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(name, options, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(name, options)
+    return f" (did you mean {close!r}?)" if close is not None else ""
 
 
 def _listing(names: list[str], limit: int = 20) -> str:

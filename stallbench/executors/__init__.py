@@ -6,6 +6,6 @@ None of them imports Ray at module level, so this stays cheap without a Ray runt
 """
 
 from . import flight, local, ray  # noqa: F401 - registration
-from .base import EXECUTORS, Executor
+from .base import EXECUTORS, Executor, ProducerKnob
 
-__all__ = ["EXECUTORS", "Executor"]
+__all__ = ["EXECUTORS", "Executor", "ProducerKnob"]

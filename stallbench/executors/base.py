@@ -16,6 +16,7 @@ this module knows none of them (``stallbench.executors`` imports them all).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
 from .. import threads
@@ -24,6 +25,20 @@ from ..registry import Registry
 from ..scenario import Config
 
 EXECUTORS: Registry[type["Executor"]] = Registry("executor")
+
+
+@dataclass(frozen=True)
+class ProducerKnob:
+    """The one key that sets how many producers run, as a search varies it (``run.tune``):
+    each step of ``key`` adds ``slots_per_step`` producer slots, from ``lowest``. ``unit``
+    names a step in sentences; ``elsewhere`` (with ``{cores}``) says why no other executor is
+    worth trying from this one on this machine, or is empty."""
+
+    key: str
+    unit: str
+    slots_per_step: int = 1
+    lowest: int = 0
+    elsewhere: str = ""
 
 
 class Executor:
@@ -62,6 +77,18 @@ class Executor:
     def emulated_keys(cls, config: Config) -> list[str]:
         """Keys of this executor whose figures come from an emulation (results label them)."""
         return []
+
+    @classmethod
+    def producer_knob(cls, config: Config) -> ProducerKnob | None:
+        """The key a search may vary to change the producer count here; None where the count
+        is not a knob (a real cluster's CPUs)."""
+        return None
+
+    @classmethod
+    def reserved_memory(cls, config: Config) -> tuple[int, str, str] | None:
+        """Memory this executor reserves on this machine before anything runs, checked against
+        it up front (``run.preflight``): (bytes, the key that sets it, what it is); None: none."""
+        return None
 
     # ---------------------------------------------------------------------------- lifecycle
     def start(self) -> None:

@@ -33,7 +33,8 @@ from .. import interrupts, threads
 from ..errors import UserCodeError, UserError
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
-from .base import EXECUTORS, Executor
+from ..stages.sizes import ceil_div
+from .base import EXECUTORS, Executor, ProducerKnob
 
 
 class _Failed:
@@ -105,7 +106,7 @@ def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
     fmt = plan.transfer.format
     if not fmt.poolable or lc.compression != "none" or plan.ablation.transfer or not plan.items:
         return None
-    per_item = max(-(-s.rows // lc.batch_size) for s in plan.items)
+    per_item = max(ceil_div(s.rows, lc.batch_size) for s in plan.items)
     slot_bytes = fmt.slot_bytes(lc.batch_size)
     # Batches the trainer holds beyond the one it consumes: its receive (pin) thread's queue
     # and the one that thread is handing over, and the copies preloaded to the device (a
@@ -117,7 +118,7 @@ def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
         return 1, 2 * per_item + held, slot_bytes
     # A worker's items in flight (prefetch_factor), the one it is producing, and the trainer's
     # share of what it holds (the item it is consuming plus its receive queue and preload).
-    slots = (lc.prefetch_factor + 2) * per_item + -(-held // lc.num_workers)
+    slots = (lc.prefetch_factor + 2) * per_item + ceil_div(held, lc.num_workers)
     return lc.num_workers, slots, slot_bytes
 
 
@@ -234,6 +235,13 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    @classmethod
+    def producer_knob(cls, config: Config) -> ProducerKnob | None:
+        return ProducerKnob("loader.num_workers", "worker(s)", elsewhere=(
+            "executor ray / more nodes: nodes simulated on this machine share its {cores:g} "
+            "cores (the what-if's cores bound), so they cannot beat local workers here; a real "
+            "cluster needs executor.ray_address"))
 
     def producer_slots(self) -> int:
         """Loader worker processes (0: the trainer produces its own batches)."""

@@ -17,19 +17,18 @@
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from . import pairs as ab
 from . import metrics as metric_values
 from . import worktree
-from .rule import (FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, change_of,
-                   compare_paired, paired_differences)
-from .baseline import GateReport, Row, _metrics, _not_comparable
+from . import rows
+from .rule import FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, compare_paired
+from .rows import GateReport, Row, gated_metrics
+from .. import interrupts
+from ..analysis.stats import finite_median
 from ..errors import ResultError
 from ..results import Result
 
@@ -56,8 +55,7 @@ def _value(results: Result, variant: str, m: Metric) -> float:
         return math.nan
     if not metric_values.available(v, m):
         return math.nan
-    vals = [x for x in metric_values.per_repeat(v, m) if math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
+    return finite_median(metric_values.per_repeat(v, m))
 
 
 def paired_values(pairs: Sequence[ab.Pair], scenario: str, variant: str,
@@ -68,28 +66,11 @@ def paired_values(pairs: Sequence[ab.Pair], scenario: str, variant: str,
     return a, b
 
 
-def _paired_ci(d: list[float], m: Metric, alpha: float, n_boot: int, seed: int,
-               ) -> tuple[float, float]:
-    """Percentile bootstrap over pairs (resampled whole) of the paired change; for reading,
-    it does not decide."""
-    arr = np.asarray(d, dtype=float)
-    if arr.size < 2:
-        return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, arr.size, size=(n_boot, arr.size))
-    draws = np.array([change_of(arr[row], m) for row in idx])
-    lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
-    return float(lo), float(hi)
-
-
 def paired_row(scenario: str, variant: str, m: Metric, a: list[float], b: list[float], *,
                threshold: float, alpha: float, n_boot: int = 1000, seed: int = 0) -> Row:
     c = compare_paired(a, b, m, threshold=threshold, alpha=alpha)
-    if c.verdict == NOT_COMPARABLE:
-        return _not_comparable(scenario, variant, m.name, c.note)
-    lo, hi = _paired_ci(paired_differences(a, b, m), m, alpha, n_boot, seed)
-    return Row(scenario, variant, m.name, c.baseline, c.current, c.change, c.change_kind, lo, hi,
-               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current)
+    return rows.row(scenario, variant, m.name, m, c, a, b, rows.paired_interval, alpha=alpha,
+                    n_boot=n_boot, seed=seed)
 
 
 def variant_names(pairs: Sequence[ab.Pair], scenario: str) -> list[str]:
@@ -107,7 +88,7 @@ def paired_report(pairs: Sequence[ab.Pair], *, threshold: float, alpha: float,
                   include_memory: bool = False, fail_on_improvement: bool = False,
                   n_boot: int = 1000, seed: int = 0) -> GateReport:
     """One row per scenario / variant / metric present in the pairs, by the paired rule."""
-    chosen = _metrics(metrics, include_memory)
+    chosen = gated_metrics(metrics, include_memory)
     report = GateReport([], threshold, alpha, fail_on_improvement)
     if not pairs:
         return report
@@ -195,7 +176,7 @@ def run_gate(scenarios: Sequence[Path], ref: str, settings: ABSettings, *, cwd: 
     repo = worktree.toplevel(cwd)
     commit = worktree.resolve(repo, ref)
     label = worktree.describe(repo, commit)
-    with worktree.sigterm_as_interrupt():
+    with interrupts.SigtermAsInterrupt():
         say(f"gate: checking out {ref} ({label}) into a temporary worktree")
         with worktree.checkout(repo, commit) as ref_root:
             a = ab.Side(f"REF {ref}", ref_root)

@@ -31,67 +31,23 @@ Exit codes (``exit_code``)
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from .. import outputs
-from ..analysis.stats import bootstrap_ci
 from . import metrics as metric_values
-from .rule import (ATTRIBUTION_METRICS, BUSY, FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS,
-                   NOT_COMPARABLE, SAME, SLOWER, VERDICTS, Metric, compare as compare_values,
-                   machine_key, under_load)
+from . import rows
+from .rows import GateReport, Row, gated_metrics, not_comparable
+from .rule import (MIN_REPEATS, NOT_COMPARABLE, Metric, compare as compare_values, machine_key,
+                   under_load)
 from ..errors import ResultError, UserError
 from ..results import Result, VariantResult, load
 
-__all__ = ["BUSY", "FASTER", "INCONCLUSIVE", "METRICS", "NOT_COMPARABLE", "SAME", "SLOWER", "VERDICTS",
-           "GateReport", "Row", "compare", "exit_code", "update_baseline"]
-
-
-@dataclass
-class Row:
-    """One compared figure. ``change`` is a ratio or a difference, as ``change_kind`` says."""
-
-    scenario: str
-    variant: str
-    metric: str
-    baseline: float            # median over the baseline repeats
-    current: float             # median over the current repeats
-    change: float              # ratio current/baseline ("ratio") or current - baseline ("points")
-    change_kind: str
-    ci_low: float
-    ci_high: float
-    p_value: float | None
-    test: str                  # "mann-whitney", "ci-overlap" or "" (not compared)
-    verdict: str
-    n_baseline: int = 0
-    n_current: int = 0
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"{self.scenario}/{self.variant} {self.metric}"
-
-
-@dataclass
-class GateReport:
-    rows: list[Row]
-    threshold: float
-    alpha: float
-    fail_on_improvement: bool = False
-    modes: dict[str, str] = field(default_factory=dict)    # scenario -> same-machine|cross-machine
-    notes: list[str] = field(default_factory=list)
-
-    def count(self, verdict: str) -> int:
-        return sum(r.verdict == verdict for r in self.rows)
-
-    @property
-    def failing(self) -> list[Row]:
-        bad = {SLOWER, FASTER} if self.fail_on_improvement else {SLOWER}
-        return [r for r in self.rows if r.verdict in bad]
+__all__ = ["compare", "machines_differ", "update_baseline"]
 
 
 # ------------------------------------------------------------------------------ compare
@@ -118,7 +74,7 @@ def compare(
     compares must be measured in every repeat: a null (NaN) value is bad input (ResultError),
     never a "not comparable" row that lets the gate pass.
     """
-    chosen = _metrics(metrics, include_memory)
+    chosen = gated_metrics(metrics, include_memory)
     _check_args(threshold, alpha, machine)
     if not baseline:
         raise ResultError("gate: no baseline results")
@@ -142,19 +98,6 @@ class _Ctx:
     n_boot: int
     seed: int
     sources: dict[int, str] = field(default_factory=dict)
-
-
-def _metrics(names: Iterable[str], include_memory: bool) -> list[Metric]:
-    out: list[Metric] = []
-    names = [x for n in names for x in (ATTRIBUTION_METRICS if n == "attribution" else [n])]
-    for n in names + (["peak_pss_mb"] if include_memory else []):
-        if n not in METRICS:
-            raise UserError(f"gate: unknown metric {n!r}; choose from {', '.join(METRICS)}")
-        if METRICS[n] not in out:
-            out.append(METRICS[n])
-    if not out:
-        raise UserError("gate: no metric to compare")
-    return out
 
 
 def _check_args(threshold: float, alpha: float, machine: str) -> None:
@@ -209,7 +152,7 @@ def _compare_scenario(report: GateReport, ctx: _Ctx, name: str, b: Result | None
         side = "current" if c is None else "baseline"
         present = b or c
         assert present is not None
-        report.rows.extend(_not_comparable(name, v.name, m.name, f"scenario missing in {side}")
+        report.rows.extend(not_comparable(name, v.name, m.name, f"scenario missing in {side}")
                            for v in present.variants for m in metrics)
         return
     fb, fc = b.scenario.fingerprint, c.scenario.fingerprint
@@ -255,7 +198,7 @@ def _rows_absolute(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Resul
         vb, vc = _get(b, vname), _get(c, vname)
         if vb is None or vc is None:
             side = "current" if vc is None else "baseline"
-            report.rows.extend(_not_comparable(name, vname, m.name, f"variant missing in {side}")
+            report.rows.extend(not_comparable(name, vname, m.name, f"variant missing in {side}")
                                for m in metrics)
             continue
         _check_repeats(ctx, b, vname, "baseline", vb)
@@ -280,7 +223,7 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
     if not others:
         report.notes.append(f"{name}: cross-machine and a single variant: no within-run ratio to "
                             "compare (use --same-machine to compare absolute figures)")
-        report.rows.extend(_not_comparable(name, ref or "?", m.name,
+        report.rows.extend(not_comparable(name, ref or "?", m.name,
                                            "cross-machine, single variant") for m in metrics)
         return
     for vname in others:
@@ -292,7 +235,7 @@ def _rows_within_run(report: GateReport, ctx: _Ctx, name: str, b: Result, c: Res
             if vb is None or vc is None or rb is None or rc is None:
                 why = "reference missing" if rb is None or rc is None else (
                     f"variant missing in {'current' if vc is None else 'baseline'}")
-                report.rows.append(_not_comparable(name, vname, mname, why))
+                report.rows.append(not_comparable(name, vname, mname, why))
                 continue
             _check_repeats(ctx, b, vname, "baseline", vb)
             _check_repeats(ctx, c, vname, "current", vc)
@@ -350,171 +293,15 @@ def _finite(values: Iterable[object]) -> list[float]:
     return [float(x) for x in values if _ok(x)]  # type: ignore[arg-type]
 
 
-def _not_comparable(scenario: str, variant: str, metric: str, note: str) -> Row:
-    nan = math.nan
-    return Row(scenario, variant, metric, nan, nan, nan, "", nan, nan, None, "", NOT_COMPARABLE,
-               note=note)
-
-
 # ------------------------------------------------------------------------------ one row
 
 def _row(ctx: _Ctx, scenario: str, variant: str, metric: str, m: Metric,
          base: list[float], cur: list[float], loads: tuple[list, list] = ([], [])) -> Row:
     c = under_load(compare_values(base, cur, m, threshold=ctx.threshold, alpha=ctx.alpha), *loads)
-    if c.verdict == NOT_COMPARABLE:
-        return _not_comparable(scenario, variant, metric,
-                               "no data" if not base or not cur else c.note)
-    lo, hi = _change_ci(ctx, m.kind, base, cur)
-    return Row(scenario, variant, metric, c.baseline, c.current, c.change, c.change_kind, lo, hi,
-               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current, c.note)
-
-
-def _change_ci(ctx: _Ctx, kind: str, base: list[float], cur: list[float]) -> tuple[float, float]:
-    stat: Callable[[dict[str, float]], float]
-    if kind == "ratio":
-        stat = lambda g: g["c"] / g["b"] if g["b"] else math.nan  # noqa: E731
-    else:
-        stat = lambda g: g["c"] - g["b"]  # noqa: E731
-    return bootstrap_ci({"b": base, "c": cur}, stat, confidence=1 - ctx.alpha,
-                        n_boot=ctx.n_boot, seed=ctx.seed)
-
-
-def exit_code(report: GateReport) -> int:
-    """0 nothing regressed, 1 a regression (or improvement with fail_on_improvement)."""
-    return 1 if report.failing else 0
-
-
-# ------------------------------------------------------------------------------ formatting
-
-def _num(x: float) -> str:
-    if x is None or not math.isfinite(x):
-        return "-"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    if abs(x) >= 100:
-        return f"{x:.1f}"
-    return f"{x:.2f}" if abs(x) >= 10 else f"{x:.3f}"
-
-
-def _value(r: Row, x: float) -> str:
-    if r.change_kind == "points" and math.isfinite(x):
-        return f"{x * 100:.1f}%"
-    return _num(x)
-
-
-def _change(r: Row) -> str:
-    if not math.isfinite(r.change):
-        return "-"
-    if r.change_kind == "points":
-        return f"{r.change * 100:+.1f} pt"
-    return f"{r.change:.3f} ({(r.change - 1) * 100:+.1f}%)"
-
-
-def _ci(r: Row) -> str:
-    if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
-        return "-"
-    if r.change_kind == "points":
-        return f"[{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}] pt"
-    return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
-
-
-def _p(r: Row) -> str:
-    return "-" if r.p_value is None else f"{r.p_value:.3g}"
-
-
-def _cells(report: GateReport) -> tuple[list[str], list[list[str]]]:
-    conf = f"{(1 - report.alpha) * 100:g}% CI"
-    head = ["scenario", "variant", "metric", "baseline", "current", "change", conf, "p", "test",
-            "verdict"]
-    body = [[r.scenario, r.variant, r.metric, _value(r, r.baseline), _value(r, r.current),
-             _change(r), _ci(r), _p(r), r.test or "-",
-             r.verdict + (f" ({r.note})" if r.note else "")] for r in report.rows]
-    return head, body
-
-
-def summary_line(report: GateReport) -> str:
-    """One line a CI log reader can grep: PASS/FAIL and the verdict counts."""
-    status = "FAIL" if report.failing else "PASS"
-    counts = ", ".join(f"{report.count(v)} {v}" for v in VERDICTS)
-    if report.count(BUSY):       # said, never failed on: see compare.busy_note
-        counts += f", {report.count(BUSY)} {BUSY} (not judged)"
-    extra = ", fail on improvement" if report.fail_on_improvement else ""
-    return (f"gate {status}: {counts} (threshold {report.threshold * 100:g}%, "
-            f"alpha {report.alpha:g}{extra})")
-
-
-def format_table(report: GateReport) -> str:
-    head, body = _cells(report)
-    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    lines += [f"note: {n}" for n in report.notes]
-    lines.append(summary_line(report))
-    return "\n".join(lines) + "\n"
-
-
-def format_markdown(report: GateReport) -> str:
-    head, body = _cells(report)
-    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
-    lines.append("")
-    lines += [f"- {n}" for n in report.notes]
-    lines.append(f"**{summary_line(report)}**")
-    return "\n".join(lines) + "\n"
-
-
-def _jsonable(x: object) -> object:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def format_json(report: GateReport) -> str:
-    data = {
-        "passed": not report.failing,
-        "exit_code": exit_code(report),
-        "threshold": report.threshold,
-        "alpha": report.alpha,
-        "fail_on_improvement": report.fail_on_improvement,
-        "counts": {v: report.count(v) for v in (*VERDICTS, BUSY)},
-        "modes": report.modes,
-        "notes": report.notes,
-        "rows": [asdict(r) for r in report.rows],
-    }
-    return json.dumps(_jsonable(data), indent=1) + "\n"
-
-
-def _gh_escape(s: str) -> str:
-    """GitHub workflow-command data escaping (``%``, CR, LF), or the annotation is mangled."""
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def format_github(report: GateReport) -> str:
-    """``::error::``/``::warning::`` annotations for the rows that matter, then the table."""
-    lines = []
-    for r in report.rows:
-        what = f"{r.label}: {r.verdict}, change {_change(r)}, p={_p(r)} ({r.test})"
-        if r.verdict == SLOWER:
-            lines.append(f"::error title=stallbench gate::{_gh_escape(what)}")
-        elif r.verdict == FASTER and report.fail_on_improvement:
-            what += "; refresh the baseline (--update-baseline)"
-            lines.append(f"::error title=stallbench gate::{_gh_escape(what)}")
-        elif r.verdict == INCONCLUSIVE:
-            what += " (over threshold, not significant)"
-            lines.append(f"::warning title=stallbench gate::{_gh_escape(what)}")
-        elif r.verdict == BUSY:
-            lines.append(f"::warning title=stallbench gate::{_gh_escape(what + ': ' + r.note)}")
-    return "\n".join(lines) + ("\n" if lines else "") + format_markdown(report)
-
-
-FORMATTERS: dict[str, Callable[[GateReport], str]] = {
-    "table": format_table, "json": format_json, "markdown": format_markdown,
-    "github": format_github,
-}
+    if c.verdict == NOT_COMPARABLE and (not base or not cur):
+        c = dataclasses.replace(c, note="no data")
+    return rows.row(scenario, variant, metric, m, c, base, cur, rows.unpaired_interval,
+                    alpha=ctx.alpha, n_boot=ctx.n_boot, seed=ctx.seed)
 
 
 # ------------------------------------------------------------------------------ baseline

@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .rule import FASTER, METRICS, SLOWER, Metric, compare_paired, paired_differences
+from .. import interrupts
 from ..errors import ResultError
 from ..results import codec
 
@@ -331,7 +332,7 @@ def calibrate(scenarios: Sequence[Path], *, threshold: float, alpha: float, pair
     from . import pairs as ab
     from . import worktree
     from .ab import paired_values, variant_names
-    from .baseline import _metrics
+    from .rows import gated_metrics
     from ..measure.machine import metadata
     from ..results import now_utc
     from .. import __version__
@@ -340,12 +341,12 @@ def calibrate(scenarios: Sequence[Path], *, threshold: float, alpha: float, pair
     machine = metadata()
     start_load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
-    with worktree.sigterm_as_interrupt():
+    with interrupts.SigtermAsInterrupt():
         runs = ab.run_pairs(scenarios, ab.Side("A", repo), ab.Side("B", repo), pairs * rounds,
                             cwd=cwd, work_root=repo, say=say)
     seconds = time.perf_counter() - t0
     end_load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    chosen = _metrics(metrics, False)
+    chosen = gated_metrics(metrics, False)
     out = []
     for name in runs[0].a:
         first = runs[0].a[name]
@@ -444,9 +445,9 @@ def apply(cals: Sequence[Calibration], *, threshold: float, alpha: float, pairs:
     is not given, a ``UserError`` for a threshold below a gated row's noise floor, and notes
     saying what the gate can promise at the pairs it runs."""
     from ..errors import UserError
-    from .baseline import _metrics
+    from .rows import gated_metrics
 
-    gated = {m.name for m in _metrics(metrics, False)}
+    gated = {m.name for m in gated_metrics(metrics, False)}
     rows = [(cal, x) for cal in cals for x in cal.metrics if x.metric in gated]
     tput = [(cal, x) for cal, x in rows if x.metric == "throughput"]
     out = Applied(pairs=pairs)

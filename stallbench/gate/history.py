@@ -186,7 +186,7 @@ def series_of(results: Sequence[Result], metrics: Sequence[str] = ("throughput",
     return out
 
 
-def analyse(series: Sequence[Series], **kw: float | int) -> list[Series]:
+def analyze(series: Sequence[Series], **kw: float | int) -> list[Series]:
     for s in series:
         s.points = change_points(s.values, **kw)  # type: ignore[arg-type]
     return list(series)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -62,25 +61,6 @@ def describe(repo: Path, commit: str) -> str:
     """A short readable name for a commit (abbreviated id and subject)."""
     out = _git(["log", "-1", "--format=%h %s", commit], repo)
     return out.stdout.strip() if out.returncode == 0 else commit[:12]
-
-
-def _term_as_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt("SIGTERM")
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While the block runs, SIGTERM raises KeyboardInterrupt (so cleanups in ``finally`` run);
-    a no-op outside the main thread, where handlers cannot be installed."""
-    try:
-        old = signal.signal(signal.SIGTERM, _term_as_interrupt)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager

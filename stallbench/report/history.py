@@ -20,8 +20,8 @@ def plot(series: Sequence[history.Series]) -> str | None:
         return None
     from matplotlib.ticker import FuncFormatter
 
-    with plots._ctx():
-        fig = plots._figure(3.2)
+    with plots.style():
+        fig = plots.figure(3.2)
         ax = fig.add_subplot()
         for i, s in enumerate(series):
             color = plots.RUN_COLORS[i % len(plots.RUN_COLORS)]
@@ -34,12 +34,12 @@ def plot(series: Sequence[history.Series]) -> str | None:
                 ax.annotate(f"{commit} {cp.change * 100:+.0f}%", (x, 1.0),
                             xycoords=("data", "axes fraction"), rotation=90, va="top",
                             ha="right", fontsize=7.5, color=color)
-        ax.yaxis.set_major_formatter(FuncFormatter(plots._rate_fmt))
+        ax.yaxis.set_major_formatter(FuncFormatter(plots.format_rate))
         ax.set_xlabel("result, oldest → newest")
         ax.set_ylabel("samples / s (median)")
         ax.set_ylim(bottom=0)
         ax.legend(loc="lower left", ncol=min(len(series), 3))
-        return plots._png(fig)
+        return plots.png(fig)
 
 
 def view(loaded: Sequence[tuple[Path, Result]], draw: Callable[..., Any]) -> dict[str, Any] | None:
@@ -48,7 +48,7 @@ def view(loaded: Sequence[tuple[Path, Result]], draw: Callable[..., Any]) -> dic
     results = [r for _, r in loaded]
     if len(results) < 2 * history.DEFAULT_MIN_SIZE:
         return None
-    series = history.analyse(history.series_of(results, ("throughput",)))
+    series = history.analyze(history.series_of(results, ("throughput",)))
     rows = []
     for s in series:
         for cp in s.points:

@@ -79,12 +79,12 @@ def _floats(xs: Iterable[Any]) -> list[float]:
     return [float(x) for x in xs if _finite(x)]
 
 
-def _figure(height_in: float, width_in: float = WIDTH_IN) -> Figure:
+def figure(height_in: float, width_in: float = WIDTH_IN) -> Figure:
     fig = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
     return fig
 
 
-def _png(fig: Figure) -> str:
+def png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, facecolor="white", metadata={"Software": None})
     data = buf.getvalue()
@@ -102,7 +102,7 @@ def _png(fig: Figure) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _rate_fmt(x: float, _pos: Any = None) -> str:
+def format_rate(x: float, _pos: Any = None) -> str:
     if abs(x) >= 1e6:
         return f"{x / 1e6:.1f}M"
     if abs(x) >= 1e3:
@@ -120,7 +120,7 @@ def _human_rate(x: float) -> str:
     return f"{x:.0f}"
 
 
-def _ctx() -> Any:
+def style() -> Any:
     return matplotlib.rc_context(_RC)
 
 
@@ -143,8 +143,8 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
     # bar and named beside the total, which is still the signed sum (the epoch).
     if not rows:
         return None
-    with _ctx():
-        fig = _figure(0.9 + 0.42 * len(rows))
+    with style():
+        fig = figure(0.9 + 0.42 * len(rows))
         ax = fig.add_subplot()
         names = [r["name"] for r in rows]
         y = list(range(len(rows)))[::-1]
@@ -194,7 +194,7 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
         ncol = 6 if sum(len(x) for x in seen) <= 70 else 3
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, handlelength=1.2,
                   columnspacing=1.2)
-        return _png(fig)
+        return png(fig)
 
 
 # ------------------------------------------------------------------------------- throughput
@@ -211,8 +211,8 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
         return None
     nruns = len(runs)
     colors = [RUN_COLORS[1]] if nruns == 1 else [RUN_COLORS[i % len(RUN_COLORS)] for i in range(nruns)]
-    with _ctx():
-        fig = _figure(0.8 + max(0.42, 0.3 * nruns) * len(have) + (0.25 if nruns > 1 else 0))
+    with style():
+        fig = figure(0.8 + max(0.42, 0.3 * nruns) * len(have) + (0.25 if nruns > 1 else 0))
         ax = fig.add_subplot()
         group_h = 0.72
         bar_h = group_h / nruns
@@ -239,12 +239,12 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
                         fontsize=8.5, color=INK)
         ax.set_yticks(range(len(have))[::-1], have)
         ax.set_xlim(0, ymax * 1.18 if ymax else 1)
-        ax.xaxis.set_major_formatter(FuncFormatter(_rate_fmt))
+        ax.xaxis.set_major_formatter(FuncFormatter(format_rate))
         ax.set_xlabel("samples / s  (bar: median · whisker: min..max · dots: repeats)")
         ax.grid(axis="y", visible=False)
         if nruns > 1:
             ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=min(nruns, 4))
-        return _png(fig)
+        return png(fig)
 
 
 # ---------------------------------------------------------------------------------- what-if
@@ -257,8 +257,8 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
     pts = sorted((p for p in points if _finite(p.predicted_samples_s)), key=lambda p: p.n)
     if not pts:
         return None
-    with _ctx():
-        fig = _figure(3.3)
+    with style():
+        fig = figure(3.3)
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "PREDICTED", transform=ax.transAxes, ha="center", va="center",
                 fontsize=46, fontweight="bold", color="#eef0f3", zorder=0)
@@ -315,13 +315,13 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
                         xy=(mark, top * 1.04), xytext=(6, 0), textcoords="offset points",
                         fontsize=8.5, color=STAGE_COLORS["preprocess"], va="center")
         ax.set_ylim(0, top * 1.14)
-        ax.yaxis.set_major_formatter(FuncFormatter(_rate_fmt))
+        ax.yaxis.set_major_formatter(FuncFormatter(format_rate))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(f"CPU {axis}")
         ax.set_ylabel("samples / s")
         ax.set_title(f"PREDICTED throughput vs {axis} (model, not measured)", color=INK)
         ax.legend(loc="lower right")
-        return _png(fig)
+        return png(fig)
 
 
 # --------------------------------------------------------------------------------- timeline
@@ -356,8 +356,8 @@ def timeline(tl: Timeline) -> str | None:
         starts_f = [s - t0 for s in starts_f]
     parts = (("wait", wait, STAGE_COLORS["wait"]), ("transfer", transfer, STAGE_COLORS["transfer"]),
              ("compute", compute, STAGE_COLORS["compute"]))
-    with _ctx():
-        fig = _figure(3.4)
+    with style():
+        fig = figure(3.4)
         gs = fig.add_gridspec(2, 1, height_ratios=[1, 2.6])
         lane = fig.add_subplot(gs[0])
         left = list(starts_f)
@@ -393,7 +393,7 @@ def timeline(tl: Timeline) -> str | None:
         bars.set_ylabel("ms per batch")
         bars.xaxis.set_major_locator(MaxNLocator(integer=True))
         bars.grid(axis="x", visible=False)
-        return _png(fig)
+        return png(fig)
 
 
 # -------------------------------------------------------------------------------- resources
@@ -440,8 +440,8 @@ def resources(res: Resources) -> str | None:
             panels.append((key, (label, color, s)))
     if not panels:
         return None
-    with _ctx():
-        fig = _figure(0.55 + 1.35 * len(panels))
+    with style():
+        fig = figure(0.55 + 1.35 * len(panels))
         axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         for ax, (kind, data) in zip(axes, panels):
             if kind == "cpu":
@@ -481,7 +481,7 @@ def resources(res: Resources) -> str | None:
                 ax.set_ylabel(label)
         axes[-1].set_xlabel("wall time in the run (s)")
         axes[-1].set_xlim(t[0], t[-1])
-        return _png(fig)
+        return png(fig)
 
 
 # --------------------------------------------------------------------------------- ranks
@@ -493,8 +493,8 @@ def ranks(summary: RankSummary) -> str | None:
     rs = [r for r in summary.ranks if _finite(r.stall_s)]
     if not rs:
         return None
-    with _ctx():
-        fig = _figure(0.9 + 0.36 * len(rs))
+    with style():
+        fig = figure(0.9 + 0.36 * len(rs))
         ax = fig.add_subplot()
         y = list(range(len(rs)))[::-1]
         parts = (("exposed stall", "stall_s", STAGE_COLORS["wait"]),
@@ -526,4 +526,4 @@ def ranks(summary: RankSummary) -> str | None:
         ax.grid(axis="y", visible=False)
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, handlelength=1.2,
                   columnspacing=1.2)
-        return _png(fig)
+        return png(fig)

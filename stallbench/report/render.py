@@ -33,6 +33,7 @@ from ..measure.load import busy_summary
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from ..analysis.device import AU_PASS, au_label
+from ..analysis.stats import finite_median
 from . import plots
 from .history import view as history_view
 
@@ -65,14 +66,14 @@ def _num(x: Any) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def fmt_rate(x: Any) -> str:
+def format_rate(x: Any) -> str:
     v = _num(x)
     if v is None:
         return "—"
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def fmt_s(x: Any) -> str:
+def format_s(x: Any) -> str:
     v = _num(x)
     if v is None:
         return "—"
@@ -85,22 +86,22 @@ def fmt_s(x: Any) -> str:
     return f"{v:.2f} s"
 
 
-def fmt_pct(x: Any) -> str:
+def format_pct(x: Any) -> str:
     v = _num(x)
     return "—" if v is None else f"{v * 100:.0f}%"
 
 
-def fmt_x(x: Any) -> str:
+def format_x(x: Any) -> str:
     v = _num(x)
     return "—" if v is None else f"{v:.2f}×"
 
 
-def fmt_mb(x: Any) -> str:
+def format_mb(x: Any) -> str:
     v = _num(x)
     return "—" if v is None else (f"{v:,.0f} MB" if v >= 100 else f"{v:.1f} MB")
 
 
-def fmt_bytes(x: Any) -> str:
+def format_bytes(x: Any) -> str:
     v = _num(x)
     if v is None:
         return "—"
@@ -111,20 +112,20 @@ def fmt_bytes(x: Any) -> str:
     return "—"  # pragma: no cover
 
 
-def fmt_us(x: Any) -> str:
+def format_us(x: Any) -> str:
     """Seconds per sample, which are microseconds in practice."""
     v = _num(x)
     return "—" if v is None else f"{v * 1e6:.3g} µs"
 
 
-def fmt_interval(iv: Interval | None, fmt: Callable[[Any], str] = fmt_s) -> str:
+def format_interval(iv: Interval | None, fmt: Callable[[Any], str] = format_s) -> str:
     """``low – high``; may break at the dash only (a narrow table column), never in a value."""
     if iv is not None and _num(iv.low) is not None and _num(iv.high) is not None:
         return f"{fmt(iv.low).replace(' ', NBSP)} – {fmt(iv.high).replace(' ', NBSP)}"
     return ""
 
 
-def fmt_value(x: Any) -> str:
+def format_value(x: Any) -> str:
     """A metadata value: dicts and lists compact, None as a dash."""
     if x is None:
         return "—"
@@ -135,15 +136,10 @@ def fmt_value(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:,.0f}" if x.is_integer() and abs(x) >= 10_000 else f"{x:g}"
     if isinstance(x, dict):
-        return ", ".join(f"{k}={fmt_value(v)}" for k, v in x.items()) or "—"
+        return ", ".join(f"{k}={format_value(v)}" for k, v in x.items()) or "—"
     if isinstance(x, (list, tuple)):
-        return ", ".join(fmt_value(v) for v in x) or "—"
+        return ", ".join(format_value(v) for v in x) or "—"
     return str(x)
-
-
-def _median(vals: Iterable[Any]) -> float | None:
-    xs = [float(v) for v in vals if _num(v) is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -284,10 +280,10 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
                          _pair(iv) if iv else None))
         return segs, "attributed"
     reps = v.repeats
-    compute = _median(r.compute_s for r in reps)
-    wait = _median(r.wait_s for r in reps)
-    transfer = _median(r.trainer_transfer_s for r in reps)
-    epoch = _median(r.epoch_s for r in reps)
+    compute = finite_median((r.compute_s for r in reps), None)
+    wait = finite_median((r.wait_s for r in reps), None)
+    transfer = finite_median((r.trainer_transfer_s for r in reps), None)
+    epoch = finite_median((r.epoch_s for r in reps), None)
     if compute is None or epoch is None:
         return [], ""
     segs = [("compute", compute, None), ("wait for a batch", wait or 0.0, None),
@@ -322,18 +318,18 @@ def _timeline_stats(tl: Timeline) -> list[tuple[str, str]]:
     h2d = [float(x) for x in tl.h2d_ms or [] if _num(x) is not None]
     if h2d:
         device.append(("H2D copy per batch, median (CUDA events)",
-                       fmt_s(statistics.median(h2d) / 1e3)))
+                       format_s(statistics.median(h2d) / 1e3)))
     gpu = [float(x) for x in tl.gpu_step_ms or [] if _num(x) is not None]
     if gpu:
         device.append(("GPU step per batch, median (CUDA events)",
-                       fmt_s(statistics.median(gpu) / 1e3)))
+                       format_s(statistics.median(gpu) / 1e3)))
     return device + [("batches", f"{len(wait)}"),
-            ("waiting for a batch", f"{fmt_s(sum(wait))} ({fmt_pct(sum(wait) / total) if total else '—'})"),
-            ("trainer-side transfer", fmt_s(sum(tr))),
-            ("computing", f"{fmt_s(sum(comp))} ({fmt_pct(sum(comp) / total) if total else '—'})"),
-            ("first batch wait", fmt_s(wait[0])),
+            ("waiting for a batch", f"{format_s(sum(wait))} ({format_pct(sum(wait) / total) if total else '—'})"),
+            ("trainer-side transfer", format_s(sum(tr))),
+            ("computing", f"{format_s(sum(comp))} ({format_pct(sum(comp) / total) if total else '—'})"),
+            ("first batch wait", format_s(wait[0])),
             ("wait per batch, median / p95",
-             f"{fmt_s(statistics.median(srt))} / {fmt_s(srt[min(len(srt) - 1, int(0.95 * len(srt)))])}")]
+             f"{format_s(statistics.median(srt))} / {format_s(srt[min(len(srt) - 1, int(0.95 * len(srt)))])}")]
 
 
 def _finite(xs: Iterable[Any]) -> list[float]:
@@ -353,16 +349,16 @@ def _resource_stats(res: Resources) -> list[tuple[str, str]]:
             out.append((f"CPU mean over {len(means)} cores", f"{statistics.fmean(means):.0f}%"))
     pss = _finite(res.pss_mb)
     if pss:
-        out.append(("memory (PSS) peak", fmt_mb(max(pss))))
+        out.append(("memory (PSS) peak", format_mb(max(pss))))
     store = _finite(res.object_store_mb or [])
     if store:
-        out.append(("object store peak", fmt_mb(max(store))))
+        out.append(("object store peak", format_mb(max(store))))
     gpu = [x for sample in res.gpu_util_percent or [] for x in _finite(sample)]
     if gpu:
         out.append(("GPU util mean", f"{statistics.fmean(gpu):.0f}%"))
     gmem = [sum(_finite(sample)) for sample in res.gpu_memory_mb or []]
     if gmem:
-        out.append(("GPU memory used, peak (NVML)", fmt_mb(max(gmem))))
+        out.append(("GPU memory used, peak (NVML)", format_mb(max(gmem))))
     return out
 
 
@@ -427,11 +423,11 @@ def _stage_rate_rows(variants: list[VariantResult]) -> list[tuple[str, list[str]
     for f in dataclasses.fields(results.StageRates):
         vals = [getattr(v.stage_rates, f.name) for v in variants]
         if any(_num(x) is not None for x in vals):
-            rows.append((f.name, [fmt_rate(x) for x in vals]))
+            rows.append((f.name, [format_rate(x) for x in vals]))
     for f in dataclasses.fields(results.TrainerSolo):
         vals = [getattr(v.trainer_solo, f.name) if v.trainer_solo else None for v in variants]
         if any(_num(x) is not None for x in vals):
-            rows.append((f"trainer_solo.{f.name}", [fmt_us(x) for x in vals]))
+            rows.append((f"trainer_solo.{f.name}", [format_us(x) for x in vals]))
     return rows
 
 
@@ -460,7 +456,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
     for v in r.variants:
         segs, kind = _variant_split(v)
         a = v.attribution
-        vv = VariantView(v=v, name=v.name, knobs=fmt_value(v.knobs) if v.knobs else "(base config)",
+        vv = VariantView(v=v, name=v.name, knobs=format_value(v.knobs) if v.knobs else "(base config)",
                          is_baseline=v.name == head.baseline, is_best=v.name == head.best,
                          attribution=a, segments=segs, split_kind=kind,
                          attribution_notes=_attribution_notes(a) if a else [])
@@ -504,7 +500,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
             emulated.setdefault(key, []).append(v.name)
     emu_rows = []
     for key, vnames in emulated.items():
-        vals = {fmt_value(_dig(v.config, key)) for v in r.variants if v.name in vnames}
+        vals = {format_value(_dig(v.config, key)) for v in r.variants if v.name in vnames}
         vals.discard("—")
         meaning = EMULATED_MEANING.get(key, "emulated, not measured on real hardware")
         emu_rows.append({"key": key, "meaning": meaning,
@@ -658,14 +654,14 @@ def _machine_items(m: MachineInfo) -> list[tuple[str, str]]:
     for f in dataclasses.fields(m):
         x = getattr(m, f.name)
         if f.name == "libraries":
-            items.extend((f"library {k}", fmt_value(v)) for k, v in x.items())
+            items.extend((f"library {k}", format_value(v)) for k, v in x.items())
         elif f.name == "git":
             items.append(("git", _commit(m) or "—"))
         elif f.name == "gpu":
-            items.append(("gpu", ", ".join(f"{g.name} ({fmt_mb(g.memory_mb)})" for g in x)
+            items.append(("gpu", ", ".join(f"{g.name} ({format_mb(g.memory_mb)})" for g in x)
                           if x else "none"))
         else:
-            items.append((f.name, fmt_value(x)))
+            items.append((f.name, format_value(x)))
     return items
 
 
@@ -675,7 +671,7 @@ def _machine_table(runs: list[RunView]) -> list[dict[str, Any]]:
     for run in runs:
         d = dict(_machine_items(run.result.machine))
         d["result created"] = str(run.result.created_utc)
-        d["stallbench"] = fmt_value(run.result.tool.version)
+        d["stallbench"] = format_value(run.result.tool.version)
         flat.append(d)
         for k in d:
             if k not in keys:
@@ -712,7 +708,7 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
         "settings": _settings_rows(primary.result),
         "dataset": [] if dataset == DatasetInfo() else _flatten(dataclasses.asdict(dataset)),
         "text": sc.text,
-        "scenario_meta": [(k, v if k == "sha256" else fmt_value(v)) for k, v in meta if v],
+        "scenario_meta": [(k, v if k == "sha256" else format_value(v)) for k, v in meta if v],
         "description": sc.description,
     }
 
@@ -721,8 +717,8 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              autoescape=jinja2.select_autoescape(["html"]), extensions=["jinja2.ext.do"],
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(rate=fmt_rate, secs=fmt_s, pct=fmt_pct, times=fmt_x, mb=fmt_mb,
-                       bytes=fmt_bytes, interval=fmt_interval, value=fmt_value, us=fmt_us)
+    env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
+                       bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
     return env
 

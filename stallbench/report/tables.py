@@ -21,7 +21,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def num(x: float | None, fmt: str = ",.0f") -> str:
+def format_number(x: float | None, fmt: str = ",.0f") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return format(x, fmt)
@@ -29,12 +29,12 @@ def num(x: float | None, fmt: str = ",.0f") -> str:
 
 def spread(s: Summary, fmt: str = ",.0f") -> str:
     if len(s.values) <= 1:
-        return num(s.median, fmt)
-    return f"{num(s.median, fmt)} ({num(s.min, fmt)}..{num(s.max, fmt)})"
+        return format_number(s.median, fmt)
+    return f"{format_number(s.median, fmt)} ({format_number(s.min, fmt)}..{format_number(s.max, fmt)})"
 
 
-def pct(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.0%}"
+def format_percent(x: float | None, spec: str = ".0%") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
 def run_table(result: Result) -> str:
@@ -42,13 +42,13 @@ def run_table(result: Result) -> str:
     for v in result.variants:
         ph = v.phases
         rows.append([v.name, spread(v.throughput_samples_s),
-                     num(ph.steady_samples_s.median) if ph else "-", num(v.epoch_s.median, ".2f"),
-                     num(v.stall_s.median, ".2f"), pct(v.stall_share.median),
-                     pct(ph.steady_stall_share.median) if ph else "-",
-                     num(ph.startup_cost_s.median, ".2f") if ph else "-",
-                     pct(v.device.au.median) if v.device else "-",
+                     format_number(ph.steady_samples_s.median) if ph else "-", format_number(v.epoch_s.median, ".2f"),
+                     format_number(v.stall_s.median, ".2f"), format_percent(v.stall_share.median),
+                     format_percent(ph.steady_stall_share.median) if ph else "-",
+                     format_number(ph.startup_cost_s.median, ".2f") if ph else "-",
+                     format_percent(v.device.au.median) if v.device else "-",
                      _steady_au(v.device),
-                     num(v.time_to_first_batch_s.median, ".2f"), num(v.peak_pss_mb.median, ",.0f")])
+                     format_number(v.time_to_first_batch_s.median, ".2f"), format_number(v.peak_pss_mb.median, ",.0f")])
     head = ["variant", "samples/s median (min..max)", "steady samples/s", "epoch s", "stall s",
             "stall %", "steady stall %", "start-up s", "AU", "steady AU", "1st batch s",
             "peak PSS MB"]
@@ -56,7 +56,7 @@ def run_table(result: Result) -> str:
 
 
 def _steady_au(d: DeviceFigures | None) -> str:
-    return pct(d.steady_au.median) if d is not None and d.steady_au is not None else "-"
+    return format_percent(d.steady_au.median) if d is not None and d.steady_au is not None else "-"
 
 
 def au_note(result: Result) -> str | None:
@@ -77,10 +77,10 @@ def device_table(result: Result) -> str | None:
         if d is None or d.h2d_gb_s is None:
             continue
         mb = d.h2d_bytes_per_batch / 1e6 if d.h2d_bytes_per_batch is not None else None
-        rows.append([v.name, d.device, pct(d.au.median), _steady_au(d),
-                     num(d.step_ms.median, ".2f"),
-                     num(d.h2d_ms.median if d.h2d_ms else None, ".3f"), num(mb, ".2f"),
-                     num(d.h2d_gb_s.median, ".1f"), str(d.device_prefetch), d.host_memory])
+        rows.append([v.name, d.device, format_percent(d.au.median), _steady_au(d),
+                     format_number(d.step_ms.median, ".2f"),
+                     format_number(d.h2d_ms.median if d.h2d_ms else None, ".3f"), format_number(mb, ".2f"),
+                     format_number(d.h2d_gb_s.median, ".1f"), str(d.device_prefetch), d.host_memory])
     if not rows:
         return None
     head = ["variant", "device", "AU", "steady AU", "GPU step ms", "H2D ms/batch", "H2D MB/batch",
@@ -104,14 +104,14 @@ def attribution_table(result: Result) -> str | None:
         def part(name: str, a: Attribution = a) -> str:
             x, iv = a.part_s(name), a.part_interval(name)
             if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.width < 1e-9:
-                return num(x, ".2f")
-            return f"{num(x, '.2f')} [{num(iv.low, '.2f')},{num(iv.high, '.2f')}]"
+                return format_number(x, ".2f")
+            return f"{format_number(x, '.2f')} [{format_number(iv.low, '.2f')},{format_number(iv.high, '.2f')}]"
 
         steady = a.basis == "steady state"
         share = a.steady_attributed_stall_share if steady else a.attributed_stall_share
         rows.append([v.name, part("compute"), part("fetch"), part("preprocess"),
                      part("transfer"), part("overhead"),
-                     num(a.startup_cost_s, ".2f") if steady else "-", pct(share),
+                     format_number(a.startup_cost_s, ".2f") if steady else "-", format_percent(share),
                      a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None
@@ -139,8 +139,8 @@ def phase_lines(result: Result) -> list[str]:
         share = ph.extrapolated_full_epoch_stall_share
         out.append(f"{v.name}: EXTRAPOLATED full epoch ({ph.full_epoch_samples:,} samples, "
                    f"from the measured start-up + steady rate, not measured): "
-                   f"{num(ph.extrapolated_full_epoch_s.median, ',.1f')} s, trainer stall "
-                   f"{pct(share.median if share else None)}")
+                   f"{format_number(ph.extrapolated_full_epoch_s.median, ',.1f')} s, trainer stall "
+                   f"{format_percent(share.median if share else None)}")
     return out
 
 
@@ -160,10 +160,10 @@ def rank_table(result: Result) -> str | None:
         for r in v.ranks.ranks:
             a = r.attribution
             mark = " straggler" if r.rank == v.ranks.straggler else ""
-            rows.append([v.name, f"{r.rank}{mark}", num(r.stall_s, ".3f"), num(r.wait_s, ".3f"),
-                         num(r.trainer_transfer_s, ".3f"), num(r.compute_s, ".3f"),
-                         num(r.sync_s, ".3f"), num(r.steady_throughput_samples_s),
-                         num(r.time_to_first_batch_s, ".3f"), pct(r.last_step_share),
+            rows.append([v.name, f"{r.rank}{mark}", format_number(r.stall_s, ".3f"), format_number(r.wait_s, ".3f"),
+                         format_number(r.trainer_transfer_s, ".3f"), format_number(r.compute_s, ".3f"),
+                         format_number(r.sync_s, ".3f"), format_number(r.steady_throughput_samples_s),
+                         format_number(r.time_to_first_batch_s, ".3f"), format_percent(r.last_step_share),
                          "-" if a is None else a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None

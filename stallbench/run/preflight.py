@@ -159,21 +159,22 @@ def check(cfg: Config, file: str, *, analyze: bool, cache_dir: Path | None = Non
                         f"memory, about {_gb(cached)} for {total_rows:,} rows; this machine has "
                         f"{_gb(mem)}: set analysis.differential = false (or --no-analyze) or use "
                         f"fewer rows")
-    _check_object_store(cfg, file, mem)
+    _check_reserved_memory(cfg, file, mem)
     if plan is None:
         _check_disk(cfg, file, cache_dir)
 
 
-def _check_object_store(cfg: Config, file: str, mem: int) -> None:
-    ex = cfg.executor
-    if ex.kind != "ray" or ex.ray_address:
+def _check_reserved_memory(cfg: Config, file: str, mem: int) -> None:
+    """What the executor reserves up front (Ray's object stores), against this machine's memory:
+    the executor says how much and which key sets it."""
+    if cfg.executor.kind not in EXECUTORS:
+        return                     # named by check_config
+    held = EXECUTORS.get(cfg.executor.kind).reserved_memory(cfg)
+    if held is None:
         return
-    nodes = ex.simulated_nodes + 1 if ex.simulated_nodes else 1
-    store = ex.object_store_mb * 2**20 * nodes
-    if store > mem:
-        raise _fail(file, "executor.object_store_mb",
-                    f"{ex.object_store_mb:,} MB x {nodes} node(s) of object store = {_gb(store)}; "
-                    f"this machine has {_gb(mem)} of memory")
+    need, key, what = held
+    if need > mem:
+        raise _fail(file, key, f"{what} = {_gb(need)}; this machine has {_gb(mem)} of memory")
 
 
 def _check_disk(cfg: Config, file: str, cache_dir: Path | None) -> None:

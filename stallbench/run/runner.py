@@ -29,6 +29,7 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures
                        RunSettings, ScenarioInfo, StartupFigures, Summary, ThreadBudget, Timeline,
                        ToolInfo, TrainerSolo, VariantResult, now_utc)
 from ..scenario import Scenario, Variant
+from ..stages.sizes import ceil_div
 from .preflight import check as check_machine
 from .preflight import check_scenario
 
@@ -55,7 +56,7 @@ def _progress(desc: str, total: int, enabled: bool) -> Any:
 
 
 def _configs(scenario: Scenario, opts: RunOptions) -> list[tuple[Any, bool]]:
-    """Each variant's config as it will run (CLI overrides applied) and whether it is analysed."""
+    """Each variant's config as it will run (CLI overrides applied) and whether it is analyzed."""
     out = []
     for v in scenario.variants:
         cfg = v.config
@@ -107,7 +108,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
     executor = EXECUTORS.get(cfg.executor.kind)(cfg, scenario_file)
     runs: dict[str, list[RepeatFigures]] = {a.name: [] for a in [FULL, *extra_runs]}
     timeline, resources = Timeline(), Resources()
-    est_batches = sum(-(-s.rows // cfg.loader.batch_size) for s in plan.items)
+    est_batches = sum(ceil_div(s.rows, cfg.loader.batch_size) for s in plan.items)
     if cfg.loader.max_batches:
         est_batches = min(est_batches, cfg.loader.max_batches)
     bar = _progress(variant.name, est_batches * repeats * (1 + len(extra_runs)), progress)
@@ -189,7 +190,7 @@ def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenari
     cfg = plan.config
     ablations = differential.ablations_for(cfg.analysis.method) if analyze else [FULL]
     executor = EXECUTORS.get(cfg.executor.kind)(cfg, scenario_file)
-    est = sum(-(-s.rows // cfg.loader.batch_size) for s in plan.items)
+    est = sum(ceil_div(s.rows, cfg.loader.batch_size) for s in plan.items)
     if cfg.loader.max_batches:
         est = min(est, cfg.loader.max_batches)
     bar = _progress(f"{variant.name} ({cfg.trainers.ranks} ranks)", est * repeats * len(ablations),

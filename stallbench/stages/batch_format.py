@@ -50,6 +50,7 @@ from ..data.schema import FeatureSchema
 from ..errors import PayloadError
 from ..registry import Registry
 from .buffers import PooledBuffer, SlotAllocator
+from .sizes import align_up
 
 TensorBatch = dict[str, torch.Tensor]
 FORMATS: Registry[type["BatchFormat"]] = Registry("batch format")
@@ -323,7 +324,7 @@ _FIELDS = COLLATED
 
 
 def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
+    return align_up(n, _ALIGN)
 
 
 Buffer = Union[torch.Tensor, PooledBuffer]

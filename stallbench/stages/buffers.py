@@ -35,6 +35,8 @@ from typing import Callable, ClassVar
 import numpy as np
 import torch
 
+from .sizes import align_up
+
 _PAGE = mmap.PAGESIZE
 _FREE, _USED = 0, 1
 
@@ -81,9 +83,9 @@ class BufferPool:
     def __init__(self, partitions: int, slots: int, slot_bytes: int) -> None:
         self.partitions = partitions
         self.slots = slots
-        self.slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
+        self.slot_bytes = align_up(slot_bytes, _PAGE)
         n = partitions * slots
-        state_bytes = -(-n // _PAGE) * _PAGE
+        state_bytes = align_up(n, _PAGE)
         self.key = f"{os.getpid()}:{id(self)}"
         self._map = mmap.mmap(-1, state_bytes + n * self.slot_bytes)   # MAP_SHARED | ANONYMOUS
         self.state = np.frombuffer(self._map, dtype=np.uint8, count=n)

@@ -43,13 +43,15 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from .sizes import align_up
+
 ALIGN = 64                     # field offsets in a staged batch (any dtype's alignment)
 # (batch, rows, trainer-side seconds spent producing it, work item it came from)
 Item = tuple[Any, int, float, int]
 
 
 def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+    return align_up(n, ALIGN)
 
 
 # ----------------------------------------------------------------------------- device API

@@ -92,13 +92,16 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-def _detach(obj: Any) -> Any:
-    """Tensors -> numpy views before pickling: numpy pickles its data in one flat copy, torch
-    through a slower storage serialiser. ``BatchFormat.decode`` accepts either."""
+def as_numpy(obj: Any) -> Any:
+    """Tensors -> numpy views (in dicts and lists too) before pickling: numpy pickles its data
+    in one flat copy, torch through a slower storage serialiser. ``BatchFormat.decode``
+    accepts either. Both wires (this stage's and the Ray codec's) pickle through here."""
     if isinstance(obj, torch.Tensor):
         return obj.numpy()
     if isinstance(obj, dict):
-        return {k: _detach(v) for k, v in obj.items()}
+        return {k: as_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [as_numpy(v) for v in obj]
     return obj
 
 
@@ -230,7 +233,7 @@ class Transfer:
             if self.format.contiguous_buffer:     # compressed in place, no pickle
                 data = compress_buffer(data, self.level)
             else:
-                blob = pickle.dumps(_detach(data), protocol=pickle.HIGHEST_PROTOCOL)
+                blob = pickle.dumps(as_numpy(data), protocol=pickle.HIGHEST_PROTOCOL)
                 raw = len(blob)
                 data = _compressor(self.level).compress(blob)
             compressed = True

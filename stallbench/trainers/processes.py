@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
-import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
@@ -36,14 +34,14 @@ READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
 
 
-def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool) -> None:
-    """A rank process: set up, then serve ``run`` requests until ``stop`` or the pipe closes."""
-    def on_term(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
+def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool,
+               executor_cls: type) -> None:
+    """A rank process: set up, then serve ``run`` requests until ``stop`` or the pipe closes.
 
-    signal.signal(signal.SIGTERM, on_term)
+    The launcher hands over the executor's class (pickled by reference), so this package
+    imports nothing of ``executors`` (which imports it: the Ray launcher lives there)."""
+    interrupts.sigterm_exits()
     os.environ.update(ctx.environ())      # before the loader forks its workers
-    from ..executors import EXECUTORS
     from .rank import RankWorker
 
     executor = None
@@ -51,7 +49,7 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
     code = 0
     try:
         mine = rank_plan(plan, ctx.rank, ctx.world)
-        executor = EXECUTORS.get(plan.config.executor.kind)(plan.config)
+        executor = executor_cls(plan.config)
         executor.start()
         worker = RankWorker(ctx, mine, lambda _arg: executor, mine if with_caches else None,
                             job_item=lambda i: ctx.rank + i * ctx.world)
@@ -107,19 +105,20 @@ class ProcessLauncher(RankLauncher):
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self.info: list[dict[str, Any]] = []
-        self._old_sigterm: Any = None
+        self._sigterm = interrupts.SigtermAsInterrupt()
 
     def start(self) -> None:
         ctx_mp = mp.get_context(self.start_method or start_method())
         port = free_port()
         tr = self.plan.config.trainers
-        self._take_sigterm()
+        self._sigterm.take()
         try:
             for r in range(self.world):
                 ctx = RankContext(r, self.world, r, "127.0.0.1", port, tr.straggler_rank,
                                   tr.straggler_delay_ms / 1000.0)
                 parent, child = ctx_mp.Pipe()
-                p = ctx_mp.Process(target=_rank_main, args=(ctx, self.plan, child, self.ablations),
+                p = ctx_mp.Process(target=_rank_main, args=(ctx, self.plan, child, self.ablations,
+                                                            type(self.executor)),
                                    name=f"stallbench-rank-{r}")
                 p.start()
                 child.close()
@@ -178,18 +177,6 @@ class ProcessLauncher(RankLauncher):
                          f"(exit code {p.exitcode})")
 
     # ------------------------------------------------------------------------------ stop
-    def _take_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_term(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt("SIGTERM")
-
-        try:
-            self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
-        except (ValueError, OSError):  # pragma: no cover
-            self._old_sigterm = None
-
     def stop(self) -> None:
         import psutil
 
@@ -220,11 +207,6 @@ class ProcessLauncher(RankLauncher):
             c.close()
         interrupts.terminate_then_kill([c for c in started.values() if interrupts.running(c)],
                                        STOP_GRACE_S)
-        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
-            try:
-                signal.signal(signal.SIGTERM, self._old_sigterm)
-            except (ValueError, OSError, TypeError):  # pragma: no cover
-                pass
-            self._old_sigterm = None
+        self._sigterm.give_back()
 
 

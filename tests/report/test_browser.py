@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from stallbench.report import render
-from stallbench.report.render import fmt_pct
+from stallbench.report.render import format_pct
 
 pytestmark = pytest.mark.browser
 
@@ -150,7 +150,7 @@ def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: An
     _check(seen, expect_verdict=current.analysis.verdict)
     # what a reader sees on the card is the trainer's stall of the newest run's baseline variant
     base = current.variant(current.analysis.baseline_variant)
-    assert seen["trainer_stalled"].split()[0] == fmt_pct(base.stall_share.median)
+    assert seen["trainer_stalled"].split()[0] == format_pct(base.stall_share.median)
     # 2 runs x (breakdown, throughput, what-if, 3 variants x (timeline, resources)) + comparison
     # + the bare scenario's breakdown and throughput.
     assert len(seen["imgs"]) == 2 * (3 + 3 * 2) + 1 + 2

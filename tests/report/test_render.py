@@ -17,7 +17,7 @@ from stallbench.gate import rule as compare
 from stallbench.commands import report as report_cmd
 from stallbench.errors import ResultError, UserError
 from stallbench.report import plots, render
-from stallbench.report.render import fmt_mb, fmt_pct, fmt_s
+from stallbench.report.render import format_mb, format_pct, format_s
 from stallbench.results import (Interval, Knee, Resources, StageRates, Summary, Timeline,
                                 WhatIfCheck, WhatIfPoint)
 
@@ -356,17 +356,17 @@ def test_trainer_stalled_card_is_the_variants_stall_share(tmp_path: Path, make_r
     r = make_result(timeline=False, resources=False)
     html = _html(render([write_result(r)], tmp_path / "out.html"))
     base = r.variant(r.analysis.baseline_variant)
-    trainer, attributed = fmt_pct(base.stall_share.median), fmt_pct(base.attribution.attributed_stall_share)
+    trainer, attributed = format_pct(base.stall_share.median), format_pct(base.attribution.attributed_stall_share)
     assert trainer != attributed   # the sample makes them differ, as real runs do
     assert _card(html, "trainer-stalled") == trainer
     assert _attributed_sub(html) == f"attributed stall (above compute-only run): {attributed}"
     # the throughput table's "trainer stalled" column: the same figure, per variant
-    assert _cells(html, "trainer-stalled") == [fmt_pct(v.stall_share.median) for v in r.variants]
+    assert _cells(html, "trainer-stalled") == [format_pct(v.stall_share.median) for v in r.variants]
     # the attribution table's total: the attributed stall, seconds and share
     for v in r.variants:
         a = v.attribution
-        assert (f'data-figure="attributed-stall">{fmt_s(a.attributed_stall_s)}'
-                f'<span class="ci">{fmt_pct(a.attributed_stall_share)} of the epoch</span>') in html
+        assert (f'data-figure="attributed-stall">{format_s(a.attributed_stall_s)}'
+                f'<span class="ci">{format_pct(a.attributed_stall_share)} of the epoch</span>') in html
 
 
 def test_stall_labels_each_name_one_figure(tmp_path: Path, make_result: Any, write_result: Any) -> None:
@@ -391,11 +391,11 @@ def test_v1_example_renders_through_migration(tmp_path: Path) -> None:
     _assert_self_contained(html)
     assert "could not draw" not in html
     base = next(v for v in raw["variants"] if v["name"] == raw["analysis"]["baseline_variant"])
-    assert _card(html, "trainer-stalled") == fmt_pct(base["stall_share"]["median"])
-    assert _attributed_sub(html).endswith(fmt_pct(base["analysis"]["stall_share"]))
-    assert _cells(html, "trainer-stalled") == [fmt_pct(v["stall_share"]["median"]) for v in raw["variants"]]
+    assert _card(html, "trainer-stalled") == format_pct(base["stall_share"]["median"])
+    assert _attributed_sub(html).endswith(format_pct(base["analysis"]["stall_share"]))
+    assert _cells(html, "trainer-stalled") == [format_pct(v["stall_share"]["median"]) for v in raw["variants"]]
     for v in raw["variants"]:   # v1's peak_rss_mb held PSS: shown as peak memory (PSS)
-        assert fmt_mb(v["peak_rss_mb"]["median"]) in html
+        assert format_mb(v["peak_rss_mb"]["median"]) in html
     assert "peak memory (PSS)" in html and "memory (PSS) peak" in html
     assert raw["analysis"]["verdict"].replace("'", "&#39;") in html
     assert len(_imgs(html)) == 3 + 2 * len(raw["variants"])

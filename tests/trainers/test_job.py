@@ -114,14 +114,14 @@ def test_the_gate_compares_the_slowest_ranks_stall() -> None:
     """One rank's stall growing by 30% of the epoch is a regression of the job's stall share,
     even though the other ranks (and the median rank) did not change."""
     from factories import result
-    from stallbench.gate import baseline as gate
+    from stallbench.gate import baseline as gate, rows
 
     base = result([_job_variant("4-ranks", 0.25)])
     cur = result([_job_variant("4-ranks", 0.85)])
     rep = gate.compare([base], [cur], threshold=0.10)
     (row,) = [r for r in rep.rows if r.metric == "stall_share"]
     assert row.verdict == "slower" and row.change == pytest.approx(0.30, abs=0.01)
-    assert gate.exit_code(rep) == 1
+    assert rows.exit_code(rep) == 1
 
 
 def test_row_hashes_of_jagged_batches_include_each_rows_sequences() -> None:

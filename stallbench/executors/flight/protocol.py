@@ -94,7 +94,7 @@ class Ticket:
 
     @classmethod
     def decode(cls, raw: bytes) -> "Ticket":
-        d = _json(raw, "ticket")
+        d = json_object(raw, "ticket")
         try:
             if d["v"] != VERSION:
                 raise ProtocolError(f"ticket version {d['v']!r}, this server speaks {VERSION}")
@@ -102,9 +102,9 @@ class Ticket:
             shards, items = d["shards"], d["items"]
             threads = d["threads"]
             ok = (isinstance(d["key"], str) and isinstance(ab, list) and len(ab) == 3
-                  and all(isinstance(x, bool) for x in ab) and _ints(shards) and _ints(items)
+                  and all(isinstance(x, bool) for x in ab) and non_negative_ints(shards) and non_negative_ints(items)
                   and len(shards) == len(items) and isinstance(d["process_clock"], bool)
-                  and (threads is None or (_ints([threads]) and 0 <= threads <= 1024)))
+                  and (threads is None or (non_negative_ints([threads]) and 0 <= threads <= 1024)))
         except KeyError as exc:
             raise ProtocolError(f"ticket lacks {exc.args[0]!r}") from None
         if not ok:
@@ -113,12 +113,12 @@ class Ticket:
                    d["process_clock"])
 
 
-def _ints(xs: Any) -> bool:
+def non_negative_ints(xs: Any) -> bool:
     return isinstance(xs, list) and all(isinstance(x, int) and not isinstance(x, bool)
                                         and x >= 0 for x in xs)
 
 
-def _json(raw: bytes | None, what: str) -> dict[str, Any]:
+def json_object(raw: bytes | None, what: str) -> dict[str, Any]:
     try:
         d = json.loads(bytes(raw or b"").decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
@@ -159,7 +159,7 @@ def batch_meta(item: int, part: int, rows: int, batch_id: str) -> bytes:
 
 def decode_meta(raw: Any) -> dict[str, Any] | Trailer:
     """A batch's metadata dict, or the item's ``Trailer``."""
-    d = _json(raw.to_pybytes() if hasattr(raw, "to_pybytes") else raw, "batch metadata")
+    d = json_object(raw.to_pybytes() if hasattr(raw, "to_pybytes") else raw, "batch metadata")
     try:
         if d.get("end"):
             t = d["times"]

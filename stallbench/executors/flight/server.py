@@ -129,11 +129,11 @@ class ProducerServer(flight.FlightServerBase):
         try:
             if kind == "ping":
                 return iter([json.dumps(self.describe()).encode()])
-            body = protocol._json(action.body.to_pybytes() if action.body else b"", kind)
+            body = protocol.json_object(action.body.to_pybytes() if action.body else b"", kind)
             entry = self.catalog.get(str(body.get("key")))
             if kind == "prepare":
                 shards = body.get("shards")
-                if not protocol._ints(shards) or any(s >= len(entry.dataset.shards)
+                if not protocol.non_negative_ints(shards) or any(s >= len(entry.dataset.shards)
                                                      for s in shards):
                     raise ProtocolError("prepare: shards must be indices of the dataset")
                 t0 = time.perf_counter()

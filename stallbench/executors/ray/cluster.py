@@ -38,11 +38,9 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -173,7 +171,7 @@ class RayRuntime:
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
         self._cpu_seen: dict[tuple[int, float], float] = {}   # (pid, start time) -> CPU s
         self._atexit = False
-        self._old_sigterm: Any = None
+        self._sigterm = interrupts.SigtermAsInterrupt()
 
     # ---------------------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -236,16 +234,7 @@ class RayRuntime:
         if interrupts.installed():
             interrupts.reinstall()
             return
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_term(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt("SIGTERM")
-
-        try:
-            self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
-        except (ValueError, OSError):  # pragma: no cover - not the main thread / no signals
-            self._old_sigterm = None
+        self._sigterm.take()
 
     def _quiet_data(self) -> None:
         _quiet_logs()
@@ -411,12 +400,7 @@ class RayRuntime:
             self.cluster = None
         self._restore_address_file()
         _reap(victims)
-        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
-            try:
-                signal.signal(signal.SIGTERM, self._old_sigterm)
-            except (ValueError, OSError, TypeError):  # pragma: no cover
-                pass
-            self._old_sigterm = None
+        self._sigterm.give_back()
         self.mode = "closed"
 
     # ---------------------------------------------------------------------------- figures

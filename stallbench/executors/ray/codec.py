@@ -25,23 +25,13 @@ import pyarrow as pa
 import torch
 
 from ...pipeline import ShardOutput, StageTimes
-from ...stages.transfer import Payload
+from ...stages.transfer import Payload, as_numpy
 
 KIND_BUFFER, KIND_COMPRESSED, KIND_PICKLED, KIND_NONE = 0, 1, 2, 3
 _COLUMNS = ("item", "shard", "part", "parts", "batches", "rows", "kind", "batch_id", "raw", "wire")
 
 
 # ============================================================================ producer side
-
-def _detach(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.numpy()
-    if isinstance(obj, dict):
-        return {k: _detach(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_detach(v) for v in obj]
-    return obj
-
 
 def _chunk(p: Payload, contiguous_buffer: bool) -> tuple[int, memoryview]:
     """(kind, bytes) of one payload. ``contiguous_buffer``: the batch format's payload is one
@@ -50,7 +40,7 @@ def _chunk(p: Payload, contiguous_buffer: bool) -> tuple[int, memoryview]:
         return KIND_COMPRESSED, memoryview(p.data).cast("B")
     if contiguous_buffer:
         return KIND_BUFFER, memoryview(p.data.numpy())
-    return KIND_PICKLED, memoryview(pickle.dumps(_detach(p.data), protocol=pickle.HIGHEST_PROTOCOL))
+    return KIND_PICKLED, memoryview(pickle.dumps(as_numpy(p.data), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def encode(out: ShardOutput, node: str, contiguous_buffer: bool) -> pa.Table:

@@ -51,7 +51,7 @@ from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.transfer import Payload
 from .. import runtimes
-from ..base import EXECUTORS, Executor
+from ..base import EXECUTORS, Executor, ProducerKnob
 from . import codec, stats, stock, worker
 from .cluster import RayRuntime, import_ray
 
@@ -126,6 +126,27 @@ class RayExecutor(Executor):
                                     f"{address!r} is a Ray Client address, and Ray Client is "
                                     f"not installed here (cannot import grpc); install it with: "
                                     f"pip install \"ray[client]=={ray.__version__}\"") from None
+
+    @classmethod
+    def producer_knob(cls, config: Config) -> ProducerKnob | None:
+        """Simulated nodes, each of ``cpus_per_node`` producer slots; a cluster's CPUs (at an
+        address, or this machine's) are not a knob."""
+        s = config.executor
+        if not s.simulated_nodes:
+            return None
+        return ProducerKnob("executor.simulated_nodes", "simulated node(s)",
+                            slots_per_step=s.cpus_per_node, lowest=1)
+
+    @classmethod
+    def reserved_memory(cls, config: Config) -> tuple[int, str, str] | None:
+        """The object store of every node this machine starts (the head, plus each simulated
+        node); none for a cluster at an address."""
+        ex = config.executor
+        if ex.ray_address:
+            return None
+        nodes = ex.simulated_nodes + 1 if ex.simulated_nodes else 1
+        return (ex.object_store_mb * 2**20 * nodes, "executor.object_store_mb",
+                f"{ex.object_store_mb:,} MB x {nodes} node(s) of object store")
 
     @classmethod
     def emulated_keys(cls, config: Config) -> list[str]:

@@ -106,7 +106,7 @@ def test_an_older_ref_writing_schema_1_runs_and_migrates(tmp_path: Path) -> None
     from stallbench.gate import pairs as ab
     from stallbench.gate import worktree
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     try:
         repo = worktree.toplevel(root)
         commit = worktree.resolve(repo, OLD_SCHEMA_COMMIT)

@@ -19,7 +19,7 @@ from stallbench.gate import ab as ab_gate
 from stallbench.gate import worktree
 from stallbench.errors import UserError
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 # ------------------------------------------------------------------------------ import path
@@ -87,7 +87,7 @@ def test_in_stallbenchs_own_repository_the_ref_side_imports_refs_stallbench() ->
     import subprocess
     import sys
 
-    here = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[2]
     repo = worktree.toplevel(here)
     with worktree.checkout(repo, worktree.resolve(repo, "HEAD")) as tree:
         env = ab.side_env(ab.Side("REF", tree), repo)

@@ -9,6 +9,7 @@ import factories
 from stallbench.gate import pairs as ab
 from stallbench.gate import ab as ab_gate
 from stallbench.gate import baseline as gate
+from stallbench.gate import formats
 from stallbench.gate import metrics as metric_values
 from stallbench.analysis import differential
 from stallbench.gate.rule import METRICS
@@ -79,5 +80,5 @@ def test_preprocess_stall_plus_8_points_is_a_slower_row() -> None:
     prep = rows["preprocess_stall_share"]
     assert prep.verdict == "slower"
     assert prep.change == pytest.approx(0.08)
-    assert gate._change(prep) == "+8.0 pt"
+    assert formats.format_change(prep) == "+8.0 pt"
     assert rows["fetch_stall_share"].verdict == "same"

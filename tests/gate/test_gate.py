@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from stallbench.gate import baseline as gate
+from stallbench.gate import formats, rows
+from stallbench.gate.rule import BUSY
 from stallbench.commands import gate as gate_cmd
 from stallbench.errors import ResultError, UserError
 from stallbench import results
@@ -22,7 +24,7 @@ from stallbench.results import MachineInfo, Result, VariantResult, load
 
 import factories
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MACHINE = MachineInfo(cpu_model="Test CPU 3000", cores_logical=2, memory_gb=8)
 
 
@@ -55,13 +57,13 @@ def scaled(values: list[float], factor: float) -> list[float]:
     return [v * factor for v in values]
 
 
-def cmp(base: Result, cur: Result, **kw) -> gate.GateReport:
+def cmp(base: Result, cur: Result, **kw) -> rows.GateReport:
     kw.setdefault("threshold", 0.10)
     kw.setdefault("n_boot", 200)
     return gate.compare([base], [cur], **kw)
 
 
-def row(report: gate.GateReport, metric: str = "throughput", variant: str = "opt") -> gate.Row:
+def row(report: rows.GateReport, metric: str = "throughput", variant: str = "opt") -> rows.Row:
     return next(r for r in report.rows if r.metric == metric and r.variant == variant)
 
 
@@ -70,7 +72,7 @@ def row(report: gate.GateReport, metric: str = "throughput", variant: str = "opt
 def test_identical_inputs_never_fail() -> None:
     r = make_result({"naive": BASE, "opt": scaled(BASE, 3)})
     report = cmp(r, r)
-    assert gate.exit_code(report) == 0
+    assert rows.exit_code(report) == 0
     assert {x.verdict for x in report.rows} == {"same"}
     assert row(report).change == 1.0
 
@@ -84,7 +86,7 @@ def test_30_percent_slowdown_with_5_repeats_fails() -> None:
     assert r.p_value < 0.01 and r.change == pytest.approx(0.7)
     assert r.ci_low <= 0.7 <= r.ci_high
     assert row(report, variant="naive").verdict == "same"
-    assert gate.exit_code(report) == 1
+    assert rows.exit_code(report) == 1
 
 
 def test_3_percent_noise_passes() -> None:
@@ -92,7 +94,7 @@ def test_3_percent_noise_passes() -> None:
     cur = make_result({"opt": scaled(BASE, 0.97)})
     report = cmp(base, cur)
     assert row(report).verdict == "same"
-    assert gate.exit_code(report) == 0
+    assert rows.exit_code(report) == 0
 
 
 def test_over_threshold_but_noisy_is_inconclusive_and_passes() -> None:
@@ -102,15 +104,15 @@ def test_over_threshold_but_noisy_is_inconclusive_and_passes() -> None:
     r = row(report)
     assert r.change < 0.9 and r.p_value >= 0.01
     assert r.verdict == "inconclusive"
-    assert gate.exit_code(report) == 0
+    assert rows.exit_code(report) == 0
 
 
 def test_improvement_fails_only_with_fail_on_improvement() -> None:
     base = make_result({"opt": BASE})
     cur = make_result({"opt": scaled(BASE, 1.5)})
     assert row(cmp(base, cur)).verdict == "faster"
-    assert gate.exit_code(cmp(base, cur)) == 0
-    assert gate.exit_code(cmp(base, cur, fail_on_improvement=True)) == 1
+    assert rows.exit_code(cmp(base, cur)) == 0
+    assert rows.exit_code(cmp(base, cur, fail_on_improvement=True)) == 1
 
 
 def _loaded(result: Result, cores: list[float]) -> Result:
@@ -132,10 +134,10 @@ def test_busy_machine_precheck_replaces_slower_and_does_not_fail() -> None:
     cur_busy = _loaded(make_result({"opt": scaled(BASE, 0.7)}), [0.05, 1.0, 1.0, 1.0, 1.0])
     report = cmp(_loaded(base, quiet), cur_busy)
     r = row(report)
-    assert r.verdict == gate.BUSY and gate.exit_code(report) == 0
+    assert r.verdict == BUSY and rows.exit_code(report) == 0
     assert "4 current repeat(s) ran with more than 0.25 cores" in r.note
-    assert "1 busy machine (not judged)" in gate.summary_line(report)
-    assert "::warning title=stallbench gate::" in gate.format_github(report)
+    assert "1 busy machine (not judged)" in formats.summary_line(report)
+    assert "::warning title=stallbench gate::" in formats.format_github(report)
     cur_quiet = _loaded(make_result({"opt": scaled(BASE, 0.7)}), quiet)
     assert row(cmp(_loaded(make_result({"opt": BASE}), quiet), cur_quiet)).verdict == "slower"
     # results without load readings (older files) are judged as before
@@ -165,7 +167,7 @@ def test_stall_share_regression_uses_share_points() -> None:
     report = cmp(base, worse)
     r = row(report, "stall_share")
     assert r.change_kind == "points" and r.change == pytest.approx(0.19)
-    assert r.verdict == "slower" and gate.exit_code(report) == 1
+    assert r.verdict == "slower" and rows.exit_code(report) == 1
     # +5 points is under a 10% (= 10 points) threshold even though the ratio would be huge.
     slightly = res([0.05, 0.06, 0.05, 0.07, 0.06])
     assert row(cmp(base, slightly), "stall_share").verdict == "same"
@@ -177,7 +179,7 @@ def test_memory_only_with_include_memory() -> None:
     assert not [r for r in cmp(base, cur).rows if r.metric == "peak_pss_mb"]
     report = cmp(base, cur, include_memory=True)
     assert row(report, "peak_pss_mb").verdict == "slower"
-    assert gate.exit_code(report) == 1
+    assert rows.exit_code(report) == 1
 
 
 def test_missing_variant_is_not_comparable_not_a_failure() -> None:
@@ -186,15 +188,15 @@ def test_missing_variant_is_not_comparable_not_a_failure() -> None:
     report = cmp(base, cur)
     verdicts = {(r.variant, r.verdict) for r in report.rows}
     assert ("opt", "not comparable") in verdicts and ("new", "not comparable") in verdicts
-    assert gate.exit_code(report) == 0
+    assert rows.exit_code(report) == 0
 
 
 def test_newest_result_per_scenario_is_used() -> None:
     base = make_result({"opt": BASE})
     old = make_result({"opt": scaled(BASE, 0.5)}, created="2024-05-01T10:00:00+00:00")
     new = make_result({"opt": BASE}, created="2024-05-02T10:00:00+00:00")
-    assert gate.exit_code(gate.compare([base], [new, old], threshold=0.1, n_boot=50)) == 0
-    assert gate.exit_code(gate.compare([base], [old], threshold=0.1, n_boot=50)) == 1
+    assert rows.exit_code(gate.compare([base], [new, old], threshold=0.1, n_boot=50)) == 0
+    assert rows.exit_code(gate.compare([base], [old], threshold=0.1, n_boot=50)) == 1
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -238,15 +240,15 @@ def test_cross_machine_compares_within_run_ratios() -> None:
     fast = make_result({"naive": scaled(BASE, 2), "opt": scaled(BASE, 6)}, machine=OTHER)
     report = cmp(base, fast)
     assert report.modes == {"tiny": "cross-machine"}
-    assert "machines differ" in gate.format_table(report)
+    assert "machines differ" in formats.format_table(report)
     assert [r.metric for r in report.rows] == ["throughput_vs_naive", "stall_share_vs_naive"]
     assert row(report, "throughput_vs_naive").change == pytest.approx(1.0)
-    assert gate.exit_code(report) == 0
+    assert rows.exit_code(report) == 0
     # Same faster machine, but the optimised variant lost 30% against the reference.
     regressed = make_result({"naive": scaled(BASE, 2), "opt": scaled(BASE, 6 * 0.7)}, machine=OTHER)
     report = cmp(base, regressed)
     assert row(report, "throughput_vs_naive").verdict == "slower"
-    assert gate.exit_code(report) == 1
+    assert rows.exit_code(report) == 1
     # Forcing absolute comparison on a 2x machine calls the unchanged code "faster".
     assert row(cmp(base, fast, machine="same")).verdict == "faster"
 
@@ -285,12 +287,12 @@ def test_table_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_json_markdown_github_formats() -> None:
     report = cmp(*_golden_pair())
-    data = json.loads(gate.format_json(report))
+    data = json.loads(formats.format_json(report))
     assert data["exit_code"] == 1 and data["counts"]["slower"] == 1
     assert data["rows"][2]["verdict"] == "slower" and data["rows"][2]["change"] == pytest.approx(0.7)
-    md = gate.format_markdown(report)
+    md = formats.format_markdown(report)
     assert md.startswith("| scenario | variant |") and "**gate FAIL" in md
-    gh = gate.format_github(report).splitlines()
+    gh = formats.format_github(report).splitlines()
     assert gh[0].startswith("::error title=stallbench gate::tiny/opt throughput: slower")
     assert "%25" in gh[0] and not any(l.startswith("::") for l in gh[1:])
 
@@ -298,7 +300,7 @@ def test_json_markdown_github_formats() -> None:
 def test_github_warns_on_inconclusive() -> None:
     base = make_result({"opt": [1000, 1500, 700, 1300, 800]})
     cur = make_result({"opt": [800, 1200, 650, 1100, 600]})
-    assert gate.format_github(cmp(base, cur)).startswith("::warning ")
+    assert formats.format_github(cmp(base, cur)).startswith("::warning ")
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -424,7 +426,7 @@ def _failure_rate(cv: float, slowdown: float, seed: int) -> float:
     for _ in range(PAIRS):
         report = gate.compare([_draw(rng, cv)], [_draw(rng, cv, slowdown)], threshold=0.10,
                               alpha=0.01, n_boot=50)
-        fails += gate.exit_code(report)
+        fails += rows.exit_code(report)
     return fails / PAIRS
 
 
