@@ -121,8 +121,7 @@ class Plan:
             raise ScenarioError(scenario_file, f"preprocess.transforms[{exc.index}]", str(exc)) from None
         schema = preprocess.output_schema
         return cls(config=config, dataset=dataset, ablation=ablation,
-                   fetch=Fetch(dataset, config.storage, config.loader.batch_size),
-                   preprocess=preprocess,
+                   fetch=Fetch(dataset, config.storage), preprocess=preprocess,
                    transfer=Transfer(config.loader, schema), schema=schema,
                    items=tuple(select_work(dataset.shards, config)),
                    max_batches=config.loader.max_batches or math.inf)

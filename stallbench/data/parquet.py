@@ -63,29 +63,14 @@ class Dataset:
         state["_footers"] = {}
         return state
 
-    def read_shard(self, shard: Shard, columns: Iterable[str] | None = None,
-                   batch_rows: int | None = None) -> pa.Table:
-        """Read one row group and return it normalized (no storage emulation here).
-
-        ``batch_rows``: decode it in pieces of that many rows (``iter_batches``, as the
-        decode ceiling reads), one chunk per piece, instead of the whole row group at once:
-        the decoder's buffers stay small and warm in cache (measured on 65,536-row groups
-        of the held-out data under load 8: 1.2-1.3x the rows/s of ``read_row_group``,
-        ``benchmarks/README.md``). Batches of the same size are then single chunks, read
-        without a copy."""
+    def read_shard(self, shard: Shard, columns: Iterable[str] | None = None) -> pa.Table:
+        """Read one row group and return it normalized (no storage emulation here)."""
         names = _ordered(self.schema, columns)
         try:
             footer = self._footers.get(shard.file)
             with pq.ParquetFile(shard.file, metadata=footer) as pf:
                 self._footers.setdefault(shard.file, pf.metadata)
-                if batch_rows:
-                    pieces = list(pf.iter_batches(batch_size=batch_rows,
-                                                  row_groups=[shard.row_group],
-                                                  columns=list(names), use_threads=True))
-                    table = (pa.Table.from_batches(pieces) if pieces else
-                             pf.read_row_group(shard.row_group, columns=list(names)))
-                else:
-                    table = pf.read_row_group(shard.row_group, columns=list(names))
+                table = pf.read_row_group(shard.row_group, columns=list(names))
         except _UNREADABLE as exc:
             raise DataError(f"{self._where()}{shard.file}: row group {shard.row_group} is not "
                             f"readable ({_reason(exc)})") from None

@@ -775,19 +775,6 @@ def check_jagged(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
     return batch
 
 
-def _batch_chunks(table: pa.Table, batch_size: int) -> list[pa.Table] | None:
-    """``table``'s batches when every column is chunked exactly at the batch boundaries (as
-    a row group decoded in batch-sized pieces is): each a table of single-chunk columns,
-    sliced without a copy. None when the chunks do not line up."""
-    if not table.num_columns:
-        return None
-    n = table.num_rows
-    want = [min(batch_size, n - lo) for lo in range(0, n, batch_size)]
-    if any([len(ch) for ch in col.chunks] != want for col in table.columns):
-        return None
-    return [table.slice(lo, batch_size) for lo in range(0, n, batch_size)]
-
-
 def padded_from_jagged(offsets: torch.Tensor, values: torch.Tensor, features: int, rows: int,
                        min_len: int) -> torch.Tensor:
     """The padded ``seq`` (B, Q, L) of a jagged batch, on the batch's device, with nothing cut:
@@ -918,13 +905,6 @@ class JaggedFormat(SingleBufferFormat):
         s = self.schema
         if self.collate != "producer":
             return None
-        chunks = {c.num_chunks for c in table.columns}
-        if chunks != {1}:
-            pieces = _batch_chunks(table, batch_size)
-            if pieces is not None:       # one chunk per batch (``read_shard(batch_rows=)``)
-                return [(p.num_rows, self.encode(p, f"{prefix}:{i}", shared))
-                        for i, p in enumerate(pieces)]
-            table = table.combine_chunks()
         dense = [column_numpy(table.column(c), np.float32) for c in s.dense]
         sparse = [column_numpy(table.column(c), np.int64) for c in s.sparse]
         label = column_numpy(table.column(s.label), np.float32)

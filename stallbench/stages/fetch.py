@@ -23,11 +23,9 @@ if TYPE_CHECKING:
 class Fetch:
     """Shard -> normalized Arrow table. Holds only picklable state so workers can run it."""
 
-    def __init__(self, dataset: "Dataset", storage: StorageSpec,
-                 batch_rows: int | None = None) -> None:
+    def __init__(self, dataset: "Dataset", storage: StorageSpec) -> None:
         self.dataset = dataset
         self.storage = storage
-        self.batch_rows = batch_rows     # decode in batch-sized pieces (``read_shard``)
 
     def emulated_io_s(self, shard: Shard) -> float:
         s = self.storage
@@ -38,4 +36,4 @@ class Fetch:
 
     def __call__(self, shard: Shard) -> pa.Table:
         precise_wait(self.emulated_io_s(shard))
-        return self.dataset.read_shard(shard, batch_rows=self.batch_rows)
+        return self.dataset.read_shard(shard)

@@ -84,21 +84,6 @@ def test_synthetic_read_shard_is_normalized(tmp_path: Path) -> None:
     assert sub.column_names == ["dense_0", "sparse_1", "label"]  # schema order
 
 
-@pytest.mark.parametrize("batch_rows", [1, 64, 150, 400, 1000])
-def test_a_row_group_read_in_batch_pieces_is_the_same_table(tmp_path: Path,
-                                                            batch_rows: int) -> None:
-    """``read_shard(batch_rows=k)`` (how the fetch stage reads) holds the same normalized
-    values as the whole-row-group read, chunked every k rows."""
-    ds = open_dataset(SYN, tmp_path)
-    for shard in ds.shards[:4]:
-        whole = ds.read_shard(shard)
-        pieces = ds.read_shard(shard, batch_rows=batch_rows)
-        assert pieces.equals(whole) and pieces.schema == whole.schema
-        n = shard.rows
-        assert [len(c) for c in pieces.column("seq_0").chunks] == \
-            [min(batch_rows, n - lo) for lo in range(0, n, batch_rows)]
-
-
 def test_dataset_pickles_for_workers(tmp_path: Path) -> None:
     ds = open_dataset(SYN, tmp_path)
     ds.read_shard(ds.shards[0])

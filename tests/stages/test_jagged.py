@@ -211,10 +211,6 @@ def test_a_table_encoded_at_once_is_byte_identical_to_batch_by_batch(batch: int)
     batch, empty sequences and a batch larger than the table."""
     t = pa.concat_tables([_table(n=9, max_len=14, seed=1), _table(n=14, max_len=3, seed=2)])
     assert t.column("q0").num_chunks == 2
-    if batch == 7:        # chunked at the batch boundaries, as read_shard(batch_rows=7) reads
-        t = pa.Table.from_batches(t.combine_chunks().to_batches(max_chunksize=7))
-        assert [len(c) for c in t.column("q0").chunks] == [7, 7, 7, 2]
-        assert bf._batch_chunks(t, 7) is not None and bf._batch_chunks(t, 4) is None
     fmt = bf.FORMATS.get("jagged")(SCHEMA, "producer")
     whole = fmt.encode_table(t, batch, "5", False)
     parts = [fmt.encode(t.slice(lo, batch), f"5:{i}", False)
