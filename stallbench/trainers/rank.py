@@ -375,6 +375,7 @@ class RankWorker:
             rank=self.ctx.rank, pid=os.getpid(), figures=fig, sync_s=sync_s,
             arrivals=list(step.arrivals[:fig.batches]),
             step_stall_s=[w + t for w, t in zip(tl.wait_s, tl.transfer_s)],
+            step_compute_s=list(tl.compute_s), step_sync_s=[round(s, 6) for s in sync],
             deliveries=src.deliveries, producer_pids=sorted(src.pids),
             straggler_delay_s=src.injected_s,
             timeline=tl if keep_timeline else None, resources=res if keep_timeline else None,
