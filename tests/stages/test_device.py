@@ -342,7 +342,9 @@ def test_a_measured_run_reports_steady_au_from_its_steady_steps(cache: Path) -> 
     work of those steps and at most the host's view of them; results carry it beside AU."""
     from stallbench.analysis.device import device_figures
 
-    cfg = scenario.parse(BASE + "num_workers = 2\n", "fake.toml").base
+    # 0 workers: start-up is work item 0, and the other 3 items are a steady window long
+    # enough for the phase split's rule (2 workers over 4 items would leave none)
+    cfg = scenario.parse(BASE + "num_workers = 0\n", "fake.toml").base
     plan = Plan.create(cfg, dataset_for(cfg, cache, "fake.toml"), scenario_file="fake.toml")
     fake = FakeApi()
     plan.transfer.attach(fake)
