@@ -67,7 +67,8 @@ class DatasetSpec:
     sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0, max=1_000)
     sequence_max_len: int = knob(20, "Longest synthetic sequence; also the padded length of `seq` "
                                      "tensors (padded formats cut longer sequences, and results warn "
-                                     "how many ids that lost; `jagged` keeps every id).",
+                                     "how many ids that lost; `jagged`, the default, keeps every id "
+                                     "and pads a model of your own to at least this length).",
                                  min=1, max=100_000)
     row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).",
                                min=1, max=10**8)
@@ -141,10 +142,13 @@ class LoaderSpec:
     execution: str = knob("streaming", "\"streaming\" overlaps stages with bounded buffers; \"bulk\" "
                                        "prepares the whole epoch before training.",
                           choices=("streaming", "bulk"))
-    batch_format: str = knob("columnar", "What producers hand over: \"rows\" (row dicts), "
-                                         "\"columnar\" (arrays), \"single_buffer\" (one buffer), "
-                                         "\"jagged\" (one buffer, sequences as values + offsets: no "
-                                         "padding, no id cut) or \"arrow\" (an Arrow record batch).",
+    batch_format: str = knob("jagged", "What producers hand over: \"jagged\" (one buffer, sequences "
+                                       "as values + offsets: no padding, no id cut; a model of your "
+                                       "own still gets `seq`, padded to the batch's longest), "
+                                       "\"rows\" (row dicts), \"columnar\" (arrays), "
+                                       "\"single_buffer\" (one buffer) or \"arrow\" (an Arrow "
+                                       "record batch); the padded ones cut sequences at "
+                                       "`dataset.sequence_max_len`.",
                              registry="batch format")
     compression: str = knob("none", "Compression of what crosses a process boundary.",
                             choices=("none", "zstd"))

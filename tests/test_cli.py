@@ -72,10 +72,20 @@ def mask(text: str) -> str:
     # What a verdict says depends on the measurement (a loaded machine makes the tiny run
     # inconclusive); its form is checked by VERDICT below, the golden keeps its place.
     text = re.sub(r"^\s*(\S+): (.*-bound\b.*)$", r"\1: <verdict>", text, flags=re.M)
+    # Issue 25: whether an interval spans 0 ("~0", its note), whether a noisy tiny window is
+    # refused as a steady state (then whole runs, said in a line and in the title) depend on
+    # the measurement; the golden keeps the table's place, not these.
+    text = re.sub(r"~N", "N", text)
+    text = re.sub(r"^N: not distinguishable from N.*\n", "", text, flags=re.M)
+    text = re.sub(r"^\s*\S+: (refused a steady window|too short for a steady state).*\n", "",
+                  text, flags=re.M)
+    text = re.sub(r"^stall attribution \(.*\):$", "stall attribution (<basis>):", text, flags=re.M)
     # The next step follows the verdict.
     text = re.sub(r"^recommendation \((\S+)\): .*$", r"recommendation (\1): <recommendation>",
                   text, flags=re.M)
-    return "\n".join(re.sub(r"\s+", " ", line).strip() for line in text.splitlines()) + "\n"
+    lines = (re.sub(r"\s+", " ", line).strip() for line in text.splitlines())
+    # a steady figure a refused window does not have prints "-" (issue 25): a number's place
+    return "\n".join(re.sub(r"(?<= )-(?= |$)", "N", line) for line in lines) + "\n"
 
 
 def check_golden(name: str, actual: str) -> None:
@@ -127,7 +137,7 @@ def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
     files = list((tmp_path / "out").glob("tiny-*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     v = data["variants"][0]
     assert len(v["throughput_samples_s"]["values"]) == 2
     assert v["attribution"]["bound_by"] in {"fetch", "preprocess", "transfer", "compute"}
@@ -137,7 +147,7 @@ def test_run_prints_tables_and_writes_result(tmp_path: Path, env: dict) -> None:
 
 def test_capped_run_prints_an_extrapolated_full_epoch(tmp_path: Path, env: dict) -> None:
     write(tmp_path, TINY.format(analyze="false"))
-    r = sb(["run", "s.toml", "--out", "out", "--no-progress", "--max-batches", "4"], env, tmp_path)
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress", "--max-batches", "6"], env, tmp_path)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^  default: EXTRAPOLATED full epoch \(4,096 samples, from the measured "
                      r"start-up \+ steady rate, not measured\): [\d.]+ s, trainer stall \d+%$",
@@ -145,8 +155,14 @@ def test_capped_run_prints_an_extrapolated_full_epoch(tmp_path: Path, env: dict)
     v = json.loads(next((tmp_path / "out").glob("tiny-*.json")).read_text())["variants"][0]
     ph = v["phases"]
     assert ph["full_epoch_samples"] == 4096 and ph["extrapolated_full_epoch_s"]["median"] > 0
-    # 4 batches of 2 work items: start-up is the first item (2 batches), then 2 steady ones
-    assert [f["phases"]["steady_batches"] for f in v["repeats"]] == [2, 2]
+    # 6 batches of 3 work items: start-up is the first item (2 batches), then 4 steady ones,
+    # the 2 whole cycles a steady window needs (issue 25: 4 batches would be too short); a
+    # window this small that a loaded machine made slower than its run is refused, and says so
+    for f in v["repeats"]:
+        ph = f["phases"]
+        assert ph["steady_batches"] == 4 or ph["no_steady_reason"].startswith(
+            "refused a steady window"), ph
+    assert any(f["phases"]["steady_batches"] == 4 for f in v["repeats"])
 
 
 VERDICT = re.compile(r"^\s*default: (inconclusive \(leaning )?(fetch|preprocess|transfer|compute)-bound"

@@ -79,7 +79,7 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize("content, fragment", [
     ("{", "not valid JSON"),
     ("[]", "expected a JSON object"),
-    ('{"schema_version": 99}', "schema_version: expected one of [1, 2], got 99"),
+    ('{"schema_version": 99}', "schema_version: expected one of [1, 2, 3], got 99"),
     ('{"schema_version": 2, "variants": []}', "tool: missing"),
     ('{"schema_version": 1, "variants": {}}', "variants: expected a list"),
 ])
@@ -215,3 +215,24 @@ if __name__ == "__main__":   # re-record the current version's example (keys are
     out = ROOT / "results" / "examples" / f"schema-v{results.SCHEMA_VERSION}.json"
     results.write_atomic(out, json.dumps(results.to_dict(r), indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def test_v2_to_v3_gives_the_recommendations_stall_share_a_name_of_its_own() -> None:
+    """Issue 25: a recommendation's ``stall_share`` was the steady-state attributed share while
+    a variant's ``stall_share`` is the whole run's measured stall; v3 renames the former, and
+    the migration carries the figure over unchanged (v1 -> v2 -> v3 chains)."""
+    from stallbench.results import migrate
+
+    v2 = json.loads((ROOT / "results" / "examples" / "schema-v2.json").read_text())
+    v3 = migrate.v2_to_v3(v2, "schema-v2.json")
+    assert v2["schema_version"] == 2 and v3["schema_version"] == 3
+    for old, new in zip(v2["variants"], v3["variants"]):
+        assert new["stall_share"] == old["stall_share"]            # the whole run: unchanged
+        if old.get("recommendation"):
+            assert "stall_share" not in new["recommendation"]
+            assert (new["recommendation"]["steady_attributed_stall_share"]
+                    == old["recommendation"]["stall_share"])
+    top = v3["analysis"]["recommendation"]
+    assert top["steady_attributed_stall_share"] == v2["analysis"]["recommendation"]["stall_share"]
+    r = results.load(ROOT / "results" / "examples" / "schema-v1.json")
+    assert r.schema_version == 3

@@ -22,8 +22,13 @@ on that same variant, one ``Recommendation``:
   transfer speedup, labelled an upper bound.
 - **inconclusive**: measure again (repeats; an emulated step on a CPU-only machine).
 
-Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what); the
-scenario's top recommendation (``top``) starts from its best measured variant.
+Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what), except
+(issue 25) where the suggested value was measured in the same run: then the measured steady
+ratio is quoted, labelled measured, and nothing is predicted. A what-if prediction carries the
+interval its leave-one-out back-test gives (predicted x exp(+-w), ``BackTest``), and is not
+printed ("not predicted", with the reason) where that back-test's worst steady error is
+above ``MAX_BACKTEST_ERROR``. The scenario's top recommendation (``top``) starts from its
+best measured variant.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from ..stages.sizes import ceil_div
 from . import whatif
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
+MAX_BACKTEST_ERROR = 0.25   # a what-if gain is not printed when its back-test missed by more
 NEAR_BEST = 0.95      # the fewest producers within 5% of the best predicted rate
 
 
@@ -111,7 +117,9 @@ def _transfer_fix(v: VariantResult) -> tuple[str, str, Any]:
     if comp != "zstd" and link is not None:
         return ("loader.compression", 'compression = "zstd" (fewer bytes over the slow link)',
                 "zstd")
-    if fmt != "single_buffer" and v.executor.has_producers:
+    # Both contiguous-buffer formats (``BatchFormat.contiguous_buffer``; named here because
+    # analysis reads results, not the stages): jagged, the default, is one too.
+    if fmt not in ("single_buffer", "jagged") and v.executor.has_producers:
         return ("loader.batch_format", 'batch_format = "single_buffer" (one shared buffer per '
                 "batch, unpacked zero-copy)", "single_buffer")
     if not _cfg(v, "loader", "prefetch_batches"):
@@ -120,13 +128,63 @@ def _transfer_fix(v: VariantResult) -> tuple[str, str, Any]:
     return ("", "fewer bytes per sample (narrower dtypes, fewer or shorter features)", None)
 
 
-def recommend(v: VariantResult, machine: MachineInfo) -> Recommendation | None:
-    """The next change to try for ``v`` (None without an attribution)."""
+def _sibling(v: VariantResult, variants: Sequence[VariantResult], knob: str, value: Any
+             ) -> VariantResult | None:
+    """The variant of this run that differs from ``v`` only in ``knob``, set to ``value``."""
+    section, key = knob.split(".", 1)
+    for s in variants:
+        if s is v or _cfg(s, section, key) != value:
+            continue
+        differ = {k for k in set(s.knobs) | set(v.knobs) if s.knobs.get(k) != v.knobs.get(k)}
+        if all(k.split(".")[-1] == key for k in differ):
+            return s
+    return None
+
+
+def _measured_or_bounded(v: VariantResult, rec: Recommendation,
+                         variants: Sequence[VariantResult], bt: Any) -> None:
+    """Quote a value this run measured as measured; give a what-if gain its back-test
+    interval, or withdraw it where the back-test missed by more than 25%."""
+    if rec.knob and rec.value is not None and variants:
+        s = _sibling(v, variants, rec.knob, rec.value)
+        if s is not None:
+            # steady state where both have one, else whole runs (a run too short for a
+            # steady state: ``measure.phases``), said in the text
+            for steady, basis in ((True, "steady state"), (False, "whole run")):
+                here, there = _rate(v, steady), _rate(s, steady)
+                if math.isfinite(here) and here > 0 and math.isfinite(there):
+                    rec.measured_speedup, rec.measured_variant = there / here, s.name
+                    rec.predicted_speedup = None
+                    rec.predicted_from = f"measured in this run ({basis})"
+                    return
+    if rec.predicted_from != "what-if model" or rec.predicted_speedup is None or bt is None:
+        return
+    worst = bt.max_abs_steady_error if bt.max_abs_steady_error is not None else bt.max_abs_error
+    if worst is not None and worst > MAX_BACKTEST_ERROR:
+        rec.not_predicted = (f"the what-if's leave-one-out back-test missed a measured count "
+                             f"by {worst:.0%}, above {MAX_BACKTEST_ERROR:.0%}")
+        rec.predicted_speedup = None
+        return
+    w = bt.interval_log_half_width
+    if w is None and worst is not None:
+        w = math.log1p(worst)
+    if w is not None and math.isfinite(w):
+        rec.predicted_low = rec.predicted_speedup * math.exp(-w)
+        rec.predicted_high = rec.predicted_speedup * math.exp(w)
+
+
+def recommend(v: VariantResult, machine: MachineInfo,
+              variants: Sequence[VariantResult] = (), backtest: Any = None
+              ) -> Recommendation | None:
+    """The next change to try for ``v`` (None without an attribution); ``variants`` (the
+    run's, to quote a suggested value it measured) and ``backtest`` (the what-if's
+    ``BackTest``, for the interval)."""
     a = v.attribution
     if a is None:
         return None
     share = _share(v)
-    rec = Recommendation(variant=v.name, bound_by=a.bound_by, stall_share=share, action="")
+    rec = Recommendation(variant=v.name, bound_by=a.bound_by, steady_attributed_stall_share=share,
+                         action="")
     if not a.conclusive:
         rec.conclusive = False
         rec.action = "measure again: add repeats (--repeats)"
@@ -147,6 +205,7 @@ def recommend(v: VariantResult, machine: MachineInfo) -> Recommendation | None:
         rec.predicted_from = "attribution: ideal transfer (an upper bound)"
     else:
         _data_stage(v, machine, rec)
+    _measured_or_bounded(v, rec, variants, backtest)
     rec.text = f"{v.name}: {action_text(rec)}"
     return rec
 
@@ -186,20 +245,39 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> 
         rec.predicted_speedup, rec.action, rec.knob, rec.value = best
         rec.predicted_from = "what-if model"
         return
-    why = ""
+    rec.action = f"make {stage} cheaper or give it more CPUs, e.g. Ray nodes"
     if m is not None:
+        # one story: the attribution names the stage, the what-if says why more producers
+        # would not help; the verdict says both in one clause instead of two claims
         p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
-        why = f" (more producers predicted no gain: {p.why})"
-    rec.action = (f"make {stage} cheaper or give it more CPUs, e.g. Ray nodes{why}")
+        share = f" stalls {rec.steady_attributed_stall_share:.0%} of steady state" \
+            if rec.steady_attributed_stall_share is not None else " binds"
+        rec.action = (f"{stage}{share}, but more producers would not help ({p.why}): "
+                      f"{rec.action}")
     rec.predicted_speedup = a.ideal_speedup
     rec.predicted_from = f"attribution: ideal {stage} (an upper bound)"
 
 
 def action_text(rec: Recommendation) -> str:
-    """The action and its PREDICTED gain, e.g. "add loader workers: 2 workers predicted 1.70x"."""
+    """The action and its gain: MEASURED where this run measured the suggested value ("2
+    workers measured 1.96x (num_workers=2, steady state)"), else PREDICTED with its
+    back-test interval ("4 workers predicted 2.10x [1.80x, 2.40x]"), or "not predicted"
+    with the reason."""
+    if rec.measured_speedup is not None and math.isfinite(rec.measured_speedup):
+        basis = rec.predicted_from.partition("(")[2].rstrip(")") or "steady state"
+        text = f"{rec.action} measured {rec.measured_speedup:.2f}x ({rec.measured_variant}, {basis})"
+        if rec.measured_speedup < WORTH:
+            text += (f": no gain, so not that; make {rec.bound_by} cheaper or give it more "
+                     f"CPUs")
+        return text
+    if rec.not_predicted:
+        return f"{rec.action}: gain not predicted ({rec.not_predicted})"
     x = rec.predicted_speedup
     if x is None or not math.isfinite(x):
         return rec.action
+    if rec.predicted_low is not None and rec.predicted_high is not None:
+        return (f"{rec.action} predicted {x:.2f}x [{rec.predicted_low:.2f}x, "
+                f"{rec.predicted_high:.2f}x]")
     if rec.predicted_from.startswith("attribution"):
         return f"{rec.action}: predicted at most {x:.2f}x ({rec.predicted_from})"
     return f"{rec.action} predicted {x:.2f}x"

@@ -171,8 +171,8 @@ def analyze_runs(runs: Mapping[str, Sequence[RepeatFigures]], method: str = "cha
                              "steady state: data-parallel jobs are attributed on whole runs)")
     if short:
         return analyze(epochs, method, confidence, computes=computes,
-                       basis=f"whole run (no steady window in {len(short)} run(s): too few "
-                             "work items after every producer's first; raise max_batches)")
+                       basis=f"whole run (no steady window in {len(short)} run(s): too short "
+                             "for a steady state; raise max_batches)")
     ph = {k: [(f, f.phases) for f in v] for k, v in runs.items()}
     steady = {k: [p.steady_epoch_s for _, p in v if p] for k, v in ph.items()}
     # the model steps of the steady window, scaled like its time (the noise floor's input)
@@ -219,6 +219,14 @@ def noise_floor(computes: Mapping[str, Sequence[float]] | None, needed: Sequence
             clear = a.part_s(a.bound_by) > noise
         if not clear:
             out.conclusive, out.inconclusive_because = False, "compute_noise"
+    # a stage stalling longer than the run it is part of is not a measurement but a sign the
+    # ablation runs disagree (a window too short, a disturbed run): refused, never clamped
+    over = [st for st in STAGES if a.part_s(st) > epoch]
+    if over:
+        out.conclusive, out.inconclusive_because = False, "impossible"
+        out.refused = (f"{over[0]} stall {a.part_s(over[0]):.2f} s is longer than the run it is "
+                       f"part of ({epoch:.2f} s)")
+        return out
     if out.conclusive and a.bound_by != "compute":
         # with repeats, the named stage's own interval must stay above zero
         iv = a.part_interval(a.bound_by)
@@ -254,7 +262,7 @@ def _secs(x: float) -> str:
     return f"{x * 1000:.0f} ms" if abs(x) < 0.1 else f"{x:.2f} s"
 
 
-def verdict(a: Attribution, action: str | None = None) -> str:
+def verdict(a: Attribution, action: str | None = None, gain: float | None = None) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
     ideal stage's speedup, and start-up apart when it weighs in this run."""
@@ -273,6 +281,10 @@ def verdict(a: Attribution, action: str | None = None) -> str:
                  f"is apart: a long epoch pays it once")
     elif not steady and a.basis != "whole run":
         tail += f"; {a.basis}"
+    if not a.conclusive and a.inconclusive_because == "impossible":
+        return (f"refused: the {a.refused}, which no measurement allows; the ablation runs "
+                f"disagree (a run too short for its figures, or a disturbed machine): measure "
+                f"longer runs or add repeats{tail}")
     if not a.conclusive and a.inconclusive_because == "interval":
         iv = a.part_interval(a.bound_by)
         return (f"inconclusive (leaning {a.bound_by}-bound): its stall's interval "
@@ -294,4 +306,9 @@ def verdict(a: Attribution, action: str | None = None) -> str:
                 f"{tail}")
     stage = a.bound_by
     ideal = f"ideal {stage} would give {a.ideal_speedup:.2f}x"
+    if gain is not None and math.isfinite(gain) and gain > a.ideal_speedup:
+        # "1 worker predicted 1.58x; ideal fetch would give 1.53x" read as one worker beating
+        # no fetch at all: say why a change can beat one stage's bound (issue 25)
+        ideal = (f"ideal {stage} alone would give {a.ideal_speedup:.2f}x (the change also takes "
+                 f"other data work off the trainer)")
     return f"{head}: {action}; {ideal}{tail}" if action else f"{head}: {ideal}{tail}"

@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
                 print()
                 print(tables.attribution_title(result))
                 print(attribution)
+                if "~0 [" in attribution:
+                    print(tables.ZERO_NOTE)
             for line in tables.verdicts(result) + tables.phase_lines(result):
                 print(f"  {line}")
             note = tables.emulated_note(result)

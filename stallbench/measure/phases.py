@@ -35,6 +35,21 @@ it is one steady cycle, which ``startup_cost_s`` subtracts.
 run ended before a producer made its second item), the run has no steady window:
 ``steady_batches`` is 0, the steady figures are NaN, and the attribution uses whole runs and
 says so (``Attribution.basis``).
+
+**Too short for its figures (issue 25).** A window of part of a cycle is not a steady state:
+a ``--max-batches 20`` look at a transform-bound loop with 0 workers and 8 batches per row
+group put 1.5 items' batches but 2 items' preprocessing in its window, so its "steady" rate
+was below the whole run's and its start-up cost negative; with 2 workers 4 batches fell in the
+window, half of one item, and the steady rate came out above what two cores can do. So a
+window must hold ``MIN_STEADY_CYCLES`` whole production cycles (S producers x the batches of
+one item: the median over the run's items but its last, which a cap may cut), and a window
+whose batches come slower than the whole run's by more than half a work item's steady time
+(``SLOWER_TOLERANCE_ITEMS``; less is where the boundary's placement and machine noise reach)
+makes the start-up cost negative, and start-up cannot make a run faster: refused, not clamped.
+A start-up cost negative within that tolerance is printed as "~0" (not distinguishable
+from 0). Either
+way the run has no steady window and ``Phases.no_steady_reason`` says why; the printed
+tables and verdicts then give whole-run figures and say the run was too short.
 """
 
 from __future__ import annotations
@@ -46,16 +61,45 @@ from ..results import Phases, RepeatFigures, Summary
 from ..results import PhaseSummary
 
 MIN_STEADY_BATCHES = 2
+MIN_STEADY_CYCLES = 2       # whole production cycles (S items) a steady window must hold
+SLOWER_TOLERANCE_ITEMS = 0.5   # a steady window slower than the run by more than half an item: refused
+
+
+def batches_per_item(items: Sequence[int]) -> int:
+    """Median batches of one work item, over the run's items but its last (a cap may cut it)."""
+    counts: dict[int, int] = {}
+    for it in items:
+        counts[it] = counts.get(it, 0) + 1
+    whole = [c for it, c in counts.items() if it != items[-1]] if len(counts) > 1 else []
+    if not whole:
+        return 1
+    whole.sort()
+    return whole[len(whole) // 2]
+
+
+def window(items: Sequence[int], producers: int, warmup_batches: int = 0
+           ) -> tuple[int | None, str]:
+    """(k, "") or (None, why there is no steady window): the rule and the length check of the
+    module docstring."""
+    s = max(producers, 1)
+    k = next((i for i, it in enumerate(items) if it >= s), None)
+    if k is None:
+        return None, (f"too short for a steady state: the run ended before a producer made "
+                      f"its second work item")
+    k = max(k, warmup_batches)
+    if len(items) - k < MIN_STEADY_BATCHES:
+        return None, "too short for a steady state: fewer than 2 batches after start-up"
+    need = MIN_STEADY_CYCLES * s * batches_per_item(items)
+    if len(items) - k < need:
+        return None, (f"too short for a steady state: {len(items) - k} batches after start-up, "
+                      f"fewer than {MIN_STEADY_CYCLES} whole cycles of {s} producer"
+                      f"{'s' if s > 1 else ''} ({need} batches)")
+    return k, ""
 
 
 def boundary(items: Sequence[int], producers: int, warmup_batches: int = 0) -> int | None:
     """k: the first steady batch (see the module docstring), or None without a steady window."""
-    s = max(producers, 1)
-    k = next((i for i, it in enumerate(items) if it >= s), None)
-    if k is None:
-        return None
-    k = max(k, warmup_batches)
-    return k if len(items) - k >= MIN_STEADY_BATCHES else None
+    return window(items, producers, warmup_batches)[0]
 
 
 def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[float],
@@ -64,19 +108,28 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
     """Start-up and steady state of one run from its per-batch timeline."""
     n = len(t_start)
     s = max(producers, 1)
-    k = boundary(items, producers, warmup_batches)
+    k, why = window(items, producers, warmup_batches) if n else (None, "no batches")
     nan = math.nan
-    if k is None:
+
+    def none(reason: str) -> Phases:
         comp = sum(compute)
         return Phases(startup_items=s, startup_batches=n, startup_samples=int(sum(rows)),
                       startup_s=epoch_s, startup_stall_s=epoch_s - comp, steady_batches=0,
                       steady_samples=0, steady_s=nan, steady_stall_s=nan, steady_wait_s=nan,
                       steady_compute_s=nan, steady_stall_share=nan, steady_epoch_s=nan,
-                      startup_cost_s=nan)
+                      startup_cost_s=nan, no_steady_reason=reason)
+
+    if k is None:
+        return none(why)
     startup = t_start[k]
     steady = epoch_s - startup
     comp_steady = sum(compute[k:])
     steady_epoch = steady * n / (n - k)
+    per_item = steady / max((n - k) / batches_per_item(items), 1.0)
+    if epoch_s - steady_epoch < -SLOWER_TOLERANCE_ITEMS * per_item:
+        return none(f"refused a steady window slower per batch than the whole run (start-up "
+                    f"would cost {epoch_s - steady_epoch:.2f} s, and start-up cannot make a "
+                    f"run faster): not a steady state")
     return Phases(
         startup_items=s, startup_batches=k, startup_samples=int(sum(rows[:k])),
         startup_s=startup, startup_stall_s=startup - sum(compute[:k]),
@@ -85,6 +138,43 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
         steady_compute_s=comp_steady,
         steady_stall_share=(steady - comp_steady) / steady if steady > 0 else nan,
         steady_epoch_s=steady_epoch, startup_cost_s=epoch_s - steady_epoch)
+
+
+CPU_LIMIT_TOLERANCE = 1.10   # a steady rate above the CPU limit by more: refused
+
+
+def cpu_limit_reason(f: RepeatFigures, cores: float) -> str:
+    """Why this run's steady rate is impossible, or "": the data work measured in CPU seconds
+    per sample (fetch + preprocess + the producer's transfer, thread CPU clocks) cannot run on
+    ``cores`` cores faster than ``cores / cpu_per_sample``; a steady window that claims more
+    (a window too short for its work: issue 25's 161k samples/s where 2 cores at 20 us/row
+    allow ~100k) is refused with the figures, never clamped. Local producers only: real Ray
+    nodes bring cores this machine does not have."""
+    p = f.phases
+    if p is None or not p.has_steady or p.steady_s <= 0 or f.samples <= 0 or cores <= 0:
+        return ""
+    st = f.stage_s
+    cpu = (st.fetch_cpu + st.preprocess_cpu + st.transfer_producer_cpu) / f.samples
+    if cpu <= 0:
+        return ""
+    rate, limit = p.steady_samples / p.steady_s, cores / cpu
+    if rate <= CPU_LIMIT_TOLERANCE * limit:
+        return ""
+    return (f"refused a steady rate of {rate:,.0f} samples/s: the data work measured "
+            f"{cpu * 1e6:.1f} us of CPU per sample, so {cores:g} cores allow at most "
+            f"{limit:,.0f}/s: not a steady state")
+
+
+def refuse(p: Phases, reason: str, epoch_s: float, compute_s: float, batches: int,
+           samples: int) -> Phases:
+    """The run's phases with no steady window, saying why (nothing clamped)."""
+    nan = math.nan
+    return Phases(startup_items=p.startup_items, startup_batches=batches,
+                  startup_samples=samples, startup_s=epoch_s,
+                  startup_stall_s=epoch_s - compute_s, steady_batches=0, steady_samples=0,
+                  steady_s=nan, steady_stall_s=nan, steady_wait_s=nan, steady_compute_s=nan,
+                  steady_stall_share=nan, steady_epoch_s=nan, startup_cost_s=nan,
+                  no_steady_reason=reason)
 
 
 def rule_text(producers: int) -> str:

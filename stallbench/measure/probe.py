@@ -333,7 +333,11 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     producer_cpu1 = executor.producer_cpu_s(plan) if producer_cpu0 is not None else None
     producer_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
     epoch = t_end - t0
-    device, h2d_ms, gpu_step_ms = clock.finish(epoch)
+    phases = split(probe.t_start_s, probe.compute_s, probe.wait_s, probe.rows, probe.items,
+                   epoch, producers, warmup_batches)
+    steady = phases.steady_batches > 0
+    device, h2d_ms, gpu_step_ms = clock.finish(
+        epoch, phases.startup_batches if steady else None, phases.steady_s if steady else None)
     timeline = probe.timeline()
     timeline.h2d_ms, timeline.gpu_step_ms = h2d_ms, gpu_step_ms
     seq = totals.sequences
@@ -366,8 +370,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         sequence_cut=SequenceCut(seq_len=seq.seq_len, sequences=seq.sequences,
                                  sequences_cut=seq.cut, ids=seq.ids, ids_cut=seq.ids_cut,
                                  longest=seq.longest) if seq is not None else None,
-        phases=split(probe.t_start_s, probe.compute_s, probe.wait_s, probe.rows, probe.items,
-                     epoch, producers, warmup_batches),
+        phases=phases,
         load=meter.load,
     )
     return fig, timeline, sampler.resources()

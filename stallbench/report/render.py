@@ -224,13 +224,27 @@ class Headline:
     best_tput: float | None
     recommendation: str = ""        # the scenario's next step (analysis.recommendation)
     busy: str | None = None         # heavy foreign load during the runs (measure.load)
+    steady_speedup: float | None = None   # best / baseline, steady state (both have one)
+
+    @property
+    def ratio(self) -> float | None:
+        """The one headline ratio: steady state where both variants have one (what a long
+        epoch sees; the recommendation quotes it too), else the whole run."""
+        return self.steady_speedup if self.steady_speedup is not None else self.speedup
+
+    @property
+    def ratio_basis(self) -> str:
+        return "steady state" if self.steady_speedup is not None else "whole run"
 
     @property
     def line(self) -> str:
         """The one-line headline (the full verdict goes below it): a reader sees the answer
-        before the reasons."""
-        if self.best and self.baseline and self.best != self.baseline and self.speedup:
-            return f"{self.best} is fastest: {self.speedup:.2f}× {self.baseline}"
+        before the reasons. One ratio, steady state, the whole run's beside it, labelled."""
+        if self.best and self.baseline and self.best != self.baseline and self.ratio:
+            if self.steady_speedup is not None and self.speedup:
+                return (f"{self.best} is fastest: {self.steady_speedup:.2f}× {self.baseline} "
+                        f"in steady state (whole run {self.speedup:.2f}×)")
+            return f"{self.best} is fastest: {self.ratio:.2f}× {self.baseline} (whole run)"
         if self.best:
             return f"{self.best} is already the fastest variant"
         return ""
@@ -405,6 +419,12 @@ def _headline(r: Result) -> Headline:
     bv = r.variant(base) if base else None
     ba = bv.attribution if bv else None
     best_a = r.variant(best).attribution if best else None
+    steady = None
+    if bv is not None and best:
+        b_ph, t_ph = bv.phases, r.variant(best).phases
+        if b_ph is not None and t_ph is not None:
+            x, y = _num(b_ph.steady_samples_s.median), _num(t_ph.steady_samples_s.median)
+            steady = y / x if x and y else None
     return Headline(
         verdict=a.verdict or (ba.verdict if ba else ""),
         baseline=base, best=best, speedup=speedup, derived=derived,
@@ -413,7 +433,7 @@ def _headline(r: Result) -> Headline:
         attributed_stall_share=_num(ba.attributed_stall_share) if ba else None,
         baseline_tput=tput(base), best_tput=tput(best),
         recommendation=a.recommendation.text if a.recommendation else "",
-        busy=busy_summary(r))
+        busy=busy_summary(r), steady_speedup=steady)
 
 
 def _stage_rate_rows(variants: list[VariantResult]) -> list[tuple[str, list[str]]]:

@@ -6,7 +6,7 @@ import math
 from typing import Sequence
 
 from ..analysis.device import AU_PASS, WARNING, au_label
-from ..results import Attribution, Result, Summary
+from ..results import Attribution, DeviceFigures, Result, Summary
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int] | None = None) -> str:
@@ -45,12 +45,18 @@ def run_table(result: Result) -> str:
                      format_number(ph.steady_samples_s.median) if ph else "-", format_number(v.epoch_s.median, ".2f"),
                      format_number(v.stall_s.median, ".2f"), format_percent(v.stall_share.median),
                      format_percent(ph.steady_stall_share.median) if ph else "-",
-                     format_number(ph.startup_cost_s.median, ".2f") if ph else "-",
+                     startup_text(ph.startup_cost_s.median) if ph else "-",
                      format_percent(v.device.au.median) if v.device else "-",
+                     _steady_au(v.device),
                      format_number(v.time_to_first_batch_s.median, ".2f"), format_number(v.peak_pss_mb.median, ",.0f")])
     head = ["variant", "samples/s median (min..max)", "steady samples/s", "epoch s", "stall s",
-            "stall %", "steady stall %", "start-up s", "AU", "1st batch s", "peak PSS MB"]
+            "stall %", "steady stall %", "start-up s", "AU", "steady AU", "1st batch s",
+            "peak PSS MB"]
     return table(head, rows)
+
+
+def _steady_au(d: DeviceFigures | None) -> str:
+    return format_percent(d.steady_au.median) if d is not None and d.steady_au is not None else "-"
 
 
 def au_note(result: Result) -> str | None:
@@ -59,7 +65,8 @@ def au_note(result: Result) -> str | None:
     if not kinds:
         return None
     return (f"AU: accelerator utilisation = model step time / epoch time (MLPerf Storage passes "
-            f"a run at >= {AU_PASS:.0%}); step time: " + "; ".join(au_label(k) for k in kinds))
+            f"a run at >= {AU_PASS:.0%}); steady AU: the same over the steady window (after "
+            f"start-up); step time: " + "; ".join(au_label(k) for k in kinds))
 
 
 def device_table(result: Result) -> str | None:
@@ -70,14 +77,15 @@ def device_table(result: Result) -> str | None:
         if d is None or d.h2d_gb_s is None:
             continue
         mb = d.h2d_bytes_per_batch / 1e6 if d.h2d_bytes_per_batch is not None else None
-        rows.append([v.name, d.device, format_percent(d.au.median), format_number(d.step_ms.median, ".2f"),
+        rows.append([v.name, d.device, format_percent(d.au.median), _steady_au(d),
+                     format_number(d.step_ms.median, ".2f"),
                      format_number(d.h2d_ms.median if d.h2d_ms else None, ".3f"), format_number(mb, ".2f"),
                      format_number(d.h2d_gb_s.median, ".1f"), str(d.device_prefetch), d.host_memory])
     if not rows:
         return None
-    head = ["variant", "device", "AU", "GPU step ms", "H2D ms/batch", "H2D MB/batch", "H2D GB/s",
-            "preload", "host memory of the copies"]
-    return table(head, rows, right={2, 3, 4, 5, 6, 7})
+    head = ["variant", "device", "AU", "steady AU", "GPU step ms", "H2D ms/batch", "H2D MB/batch",
+            "H2D GB/s", "preload", "host memory of the copies"]
+    return table(head, rows, right={2, 3, 4, 5, 6, 7, 8})
 
 
 def warnings(result: Result) -> list[str]:
@@ -97,19 +105,40 @@ def attribution_table(result: Result) -> str | None:
             x, iv = a.part_s(name), a.part_interval(name)
             if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.width < 1e-9:
                 return format_number(x, ".2f")
-            return f"{format_number(x, '.2f')} [{format_number(iv.low, '.2f')},{format_number(iv.high, '.2f')}]"
+            # an interval spanning 0: the part is not distinguishable from 0 (never printed
+            # as a negative stall): "~0", explained under the table
+            head = "~0" if spans_zero(iv) else format_number(x, ".2f")
+            return f"{head} [{format_number(iv.low, '.2f')},{format_number(iv.high, '.2f')}]"
 
         steady = a.basis == "steady state"
         share = a.steady_attributed_stall_share if steady else a.attributed_stall_share
         rows.append([v.name, part("compute"), part("fetch"), part("preprocess"),
                      part("transfer"), part("overhead"),
-                     format_number(a.startup_cost_s, ".2f") if steady else "-", format_percent(share),
+                     startup_text(a.startup_cost_s) if steady else "-", format_percent(share),
                      a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None
     head = ["variant", "compute-only s", "fetch stall s", "preprocess stall s", "transfer stall s",
             "loader overhead s", "start-up s", "attributed stall %", "bound by"]
     return table(head, rows, right={1, 2, 3, 4, 5, 6, 7})
+
+
+def startup_text(x: float | None) -> str:
+    """A start-up cost: never negative (start-up cannot make a run faster; a window slower
+    than that is refused in ``measure.phases``), "~0" within its tolerance."""
+    if x is not None and math.isfinite(x) and x < 0:
+        return "~0"
+    return format_number(x, ".2f")
+
+
+def spans_zero(iv: object) -> bool:
+    """An interval whose ends lie on both sides of 0 (its figure is not distinguishable
+    from 0)."""
+    low, high = getattr(iv, "low"), getattr(iv, "high")
+    return math.isfinite(low) and math.isfinite(high) and low < 0 < high
+
+
+ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
 
 
 def attribution_title(result: Result) -> str:
@@ -125,6 +154,12 @@ def phase_lines(result: Result) -> list[str]:
     """Per variant whose runs were capped (max_batches): the EXTRAPOLATED full epoch."""
     out = []
     for v in result.variants:
+        reasons = [f.phases.no_steady_reason for f in v.repeats
+                   if f.phases is not None and f.phases.no_steady_reason]
+        if reasons:
+            n = sum(f.phases is not None for f in v.repeats)
+            out.append(f"{v.name}: {reasons[0]} ({len(reasons)} of {n} runs): no steady-state "
+                       f"figure from {'them' if len(reasons) > 1 else 'it'}; raise max_batches")
         ph = v.phases
         if ph is None or ph.extrapolated_full_epoch_s is None:
             continue

@@ -1,4 +1,4 @@
-"""Explicit migrations between result schema versions (asv's ``update_to_2``).
+"""Explicit migrations between result schema versions (asv's ``update_to_2``): 1 -> 2 -> 3.
 
 A migration works on the parsed JSON of the older version and returns JSON of the next one,
 so the typed reader only ever knows the current schema. Each step is a pure function; the
@@ -101,8 +101,38 @@ def v1_to_v2(d: dict[str, Any], source: str) -> dict[str, Any]:
     return d
 
 
+def _recommendation_v3(rec: Any, where: str) -> Any:
+    if rec is None:
+        return None
+    rec = _obj(rec, where)
+    return _rename(rec, {"stall_share": "steady_attributed_stall_share"})
+
+
+def v2_to_v3(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """Issue 25: a recommendation's ``stall_share`` (the steady-state attributed stall share)
+    -> ``steady_attributed_stall_share``, so that no field name holds two figures (a
+    variant's ``stall_share`` is the whole run's measured stall)."""
+    d = copy.deepcopy(d)
+    d["schema_version"] = 3
+    variants = d.get("variants")
+    if not isinstance(variants, list):
+        raise ResultError(f"{source}: variants: expected a list")
+    for i, v in enumerate(variants):
+        where = f"{source}: variants[{i}]"
+        v = _obj(v, where)
+        if "recommendation" in v:
+            v["recommendation"] = _recommendation_v3(v["recommendation"],
+                                                     f"{where}.recommendation")
+    analysis = d.get("analysis")
+    if isinstance(analysis, dict) and "recommendation" in analysis:
+        analysis["recommendation"] = _recommendation_v3(analysis["recommendation"],
+                                                        f"{source}: analysis.recommendation")
+    return d
+
+
 # version -> migration to the next version
-MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: v1_to_v2,
+                                                                          2: v2_to_v3}
 
 
 def to_current(d: dict[str, Any], version: int, current: int, source: str) -> dict[str, Any]:

@@ -58,6 +58,20 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``high_samples_s``; ``WhatIfCheck.model`` and ``predicted_steady_samples_s``;
   ``WhatIfValidation.backtest`` (``BackTest``: leave-one-out errors and interval coverage).
   Merged with issues 16 and 18: ``BackTestPoint.ranks`` and ``BackTestPoint.oversubscribed``.
+- 3 (2026-11-24, issue 25): one name per figure. Renamed: a recommendation's ``stall_share``
+  (``variants[].recommendation`` and ``analysis.recommendation``; the steady-state attributed
+  stall share, while a variant's ``stall_share`` is the whole run's measured stall) ->
+  ``steady_attributed_stall_share``. v2 files load through ``migrate.v2_to_v3`` (v1 through
+  ``v1_to_v2`` then it). Additive in version 3 (defaults keep earlier v3 files loading):
+  ``RankSummary.others_wait_s`` (what the other ranks spent in the all-reduce beyond the
+  straggler candidate, measured), ``RankSummary.straggler_evidence`` (which test named it),
+  ``Recommendation.measured_speedup`` / ``measured_variant`` (a suggested value this run
+  measured), ``predicted_low`` / ``predicted_high`` (the back-test's interval) and
+  ``not_predicted`` (why no figure), ``Phases.no_steady_reason`` (a run too short for a
+  steady state, a window slower than its run or a rate above the measured CPU limit says so:
+  ``measure.phases``), ``Attribution.refused`` (a stage stall longer
+  than the run: refused, ``inconclusive_because = "impossible"``)
+  and the straggler rule on own time (``analysis.ranks``).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -85,8 +99,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 2
-SUPPORTED_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+SUPPORTED_VERSIONS = (1, 2, 3)
 
 
 # ------------------------------------------------------------------------------ primitives
@@ -190,6 +204,12 @@ class DeviceRepeat:
     h2d_from_ring: int = 0
     h2d_from_pageable: int = 0
     device_prefetch: int = 0        # batches whose copy ran ahead on a side stream (0: none)
+    # AU over the run's steady window (``Phases``: after start-up): the step times of the
+    # steady batches, by ``compute_clock`` (CUDA events on a GPU), over ``Phases.steady_s``.
+    # None: the run had no steady window. Whole-run ``au`` counts start-up (the loader's
+    # first batches, a GPU's first kernels) against the accelerator; this does not.
+    steady_compute_s: float | None = None
+    steady_au: float | None = None
 
 
 @dataclass
@@ -317,6 +337,7 @@ class Phases:
     steady_stall_share: float       # steady_stall_s / steady_s
     steady_epoch_s: float
     startup_cost_s: float
+    no_steady_reason: str = ""      # why the run has no steady window (issue 25), "" when it has
 
     @property
     def has_steady(self) -> bool:
@@ -451,7 +472,8 @@ class Attribution:
     compute_noise_s: float | None = None
     compute_noise_share: float | None = None
     conclusive: bool = True
-    inconclusive_because: str | None = None   # "compute_noise" or "interval"
+    inconclusive_because: str | None = None   # "compute_noise", "interval" or "impossible"
+    refused: str = ""               # the impossible figure and why it was refused (issue 25)
     negative_parts: list[str] = field(default_factory=list)
     verdict: str = ""
     # Issue 14: the parts above come from steady state (each run's steady window scaled to
@@ -508,7 +530,7 @@ class Recommendation:
 
     variant: str
     bound_by: str
-    stall_share: float | None       # steady-state attributed stall share it starts from
+    steady_attributed_stall_share: float | None   # steady-state attributed stall share it starts from
     action: str                     # the change, in words ("add loader workers")
     knob: str | None = None         # the scenario key to change ("loader.num_workers")
     value: Any = None               # the suggested value, where there is one
@@ -516,6 +538,13 @@ class Recommendation:
     predicted_from: str = ""        # "what-if model" or "attribution: ideal <stage> (upper bound)"
     conclusive: bool = True
     text: str = ""                  # the line printed and shown first in the report
+    # issue 25: a value measured in the same run is quoted as measured, never predicted
+    measured_speedup: float | None = None   # MEASURED steady ratio of that variant to this one
+    measured_variant: str | None = None
+    # the interval of a what-if prediction, from the leave-one-out back-test's errors
+    predicted_low: float | None = None
+    predicted_high: float | None = None
+    not_predicted: str = ""         # why no gain is predicted (back-test error above 25%)
 
 
 @dataclass
@@ -566,6 +595,7 @@ class DeviceFigures:
     h2d_bytes_per_batch: float | None = None
     host_memory: str = ""           # where copied batches came from (pool / ring / pageable)
     device_prefetch: int = 0
+    steady_au: Summary | None = None   # AU over each run's steady window; None: no run had one
 
 
 @dataclass
@@ -606,11 +636,13 @@ class RankSummary:
     """The ranks of a data-parallel variant (``trainers.ranks`` > 1): how they were run, each
     rank's figures, and the straggler.
 
-    The *straggler* is the rank with the largest exposed stall (median over the full runs),
-    named only when its ``straggler_excess_s`` (its stall minus the median stall of the
-    other ranks) is larger than ``noise_s``, the noise measured for that excess: the
-    half-width of a bootstrap interval over the run's steps (resampling the per-step excess)
-    and, with repeats, the spread of each rank's stall across repeats, whichever is larger.
+    The *straggler* is the rank that reaches the all-reduce last: the largest own time
+    (exposed stall + model step, summed over the steps every rank took; median over the full
+    runs), named only when its ``straggler_excess_s`` (its own time minus the median of the
+    other ranks') is larger than ``noise_s``, the 99th percentile of that excess with the
+    steps dealt to the ranks at random (``analysis.ranks``: ~1% false alarms among
+    exchangeable ranks, bursty stalls included). ``others_wait_s`` is what the other ranks
+    spent in the all-reduce beyond what the candidate spent there (measured).
     ``gain_if_median_pace_s`` (ESTIMATED from the measured per-step stalls) is how much less
     the job would have stalled had the straggler kept pace with the median of the other
     ranks at every step: per step the job waits for its slowest rank, so the gain is the sum
@@ -630,13 +662,15 @@ class RankSummary:
     noise_s: float                  # what an excess must beat to name a straggler
     straggler: int | None           # None: the spread is within the noise
     candidate: int                  # the rank with the largest stall, named or not
-    straggler_excess_s: float       # candidate's stall - median of the others (median over runs)
+    straggler_excess_s: float       # candidate's own time - median of the others' (median over runs)
     gain_if_median_pace_s: float    # ESTIMATED, see the class docstring
     gain_speedup: float             # epoch / (epoch - gain)
     last_rank_per_step: list[int] = field(default_factory=list)   # first full run
     timeline_rank: int = 0          # the variant's ``timeline`` is this rank's (largest stall)
     exactly_once: ExactlyOnce | None = None
     verdict: str = ""
+    others_wait_s: float = 0.0      # the others' all-reduce wait beyond the candidate's (measured)
+    straggler_evidence: str = ""    # which test named the straggler, in words ("" when none)
 
 
 @dataclass

@@ -288,6 +288,14 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
                     solo: TrainerSolo | None = None,
                     notes: dict[str, str] | None = None) -> VariantResult:
     full = runs["full"]
+    if facts.kind == "local":
+        cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1))
+        for f in full:
+            why = phases_mod.cpu_limit_reason(f, cores)
+            if why and f.phases is not None:
+                f.phases = phases_mod.refuse(f.phases, why, f.epoch_s, f.compute_s, f.batches,
+                                             f.samples)
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(),
         emulated=cfg.emulated() + EXECUTORS.get(cfg.executor.kind).emulated_keys(cfg),
@@ -324,10 +332,14 @@ def advise(result: Result) -> None:
     """Each variant's next change to try (its verdict then names it) and the scenario's top
     one; after the what-if, whose model the advice uses."""
     for v in result.variants:
-        v.recommendation = advice.recommend(v, result.machine)
+        bt = result.analysis.whatif.backtest if result.analysis.whatif is not None else None
+        v.recommendation = advice.recommend(v, result.machine, result.variants, bt)
         if v.attribution is not None and v.recommendation is not None:
+            rec = v.recommendation
+            gain = rec.measured_speedup if rec.measured_speedup is not None else (
+                rec.predicted_speedup if rec.predicted_from == "what-if model" else None)
             v.attribution.verdict = differential.verdict(
-                v.attribution, advice.action_text(v.recommendation))
+                v.attribution, advice.action_text(rec), gain)
     result.analysis = summary.scenario_analysis(result.variants, result.analysis.whatif)
     result.analysis.recommendation = advice.top(result.variants)
 

@@ -17,7 +17,7 @@ from ..data.schema import FeatureSchema
 from ..errors import ScenarioError, UserCodeError, describe_exception
 from ..registry import Registry, import_object, locate, user_dirs
 from ..scenario import ModelSpec
-from .batch_format import TensorBatch
+from .batch_format import TensorBatch, documented
 from .costs import precise_wait
 from .transfer import device
 from .transforms import at_user_frame, is_real_signal
@@ -171,6 +171,12 @@ class DLRMCompute(TorchCompute):
 class UserCompute(TorchCompute):
     """A user's ``factory(schema, spec) -> nn.Module`` whose forward returns logits.
 
+    Its forward gets the documented batch dict (``dense``, ``sparse``, ``seq``, ``label``)
+    whatever the format: from a jagged batch (the default), ``seq`` is padded on demand to the
+    batch's longest sequence, at least ``sequence_max_len`` (``batch_format.documented``); the
+    jagged keys ``seq_values`` / ``seq_offsets`` are there too, for a model that pools them
+    without padding.
+
     The user's code failing anywhere (import, factory, its forward and backward in a step) is
     a ``UserCodeError`` naming ``model.kind`` and the scenario file, never a traceback."""
 
@@ -208,7 +214,7 @@ class UserCompute(TorchCompute):
 
     def step(self, batch: TensorBatch) -> None:
         try:
-            super().step(batch)
+            super().step(documented(batch, self.schema))
         except BaseException as exc:  # noqa: BLE001 - the user's forward/backward
             if is_real_signal(exc):
                 raise

@@ -89,6 +89,8 @@ class RankRun:
     sync_s: float
     arrivals: list[float]               # per step: when its batch arrived (CLOCK_MONOTONIC)
     step_stall_s: list[float]           # per step: wait + trainer-side transfer
+    step_compute_s: list[float] = field(default_factory=list)   # per step: the model step alone
+    step_sync_s: list[float] = field(default_factory=list)      # per step: time in the all-reduce
     deliveries: list[Delivery] = field(default_factory=list)
     producer_pids: list[int] = field(default_factory=list)
     straggler_delay_s: float = 0.0      # EMULATED latency injected, as measured

@@ -7,6 +7,7 @@ import math
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from stallbench.analysis import ranks
@@ -47,8 +48,7 @@ def _runs(world: int, n_steps: int, seed: int, extra: dict[int, float] | None = 
 def test_an_injected_straggler_is_named_and_its_excess_recovered(world: int) -> None:
     delay = 0.020
     runs = [_runs(world, 48, seed, {world - 1: delay}) for seed in range(3)]
-    stalls = [[sum(s) for s in run] for run in runs]
-    c, ex, noise, named = ranks.straggler(stalls, runs)
+    c, ex, noise, named = ranks.straggler(runs)
     truth = 12 * delay                               # 48 steps, a fetch every 4th
     assert (c, named) == (world - 1, world - 1)
     assert ex == pytest.approx(truth, rel=0.10)
@@ -61,9 +61,7 @@ def test_an_injected_straggler_is_named_and_its_excess_recovered(world: int) -> 
 def test_exchangeable_ranks_name_no_straggler(world: int) -> None:
     named = []
     for seed in range(40):
-        runs = [_runs(world, 48, 1000 * seed)]
-        stalls = [[sum(s) for s in run] for run in runs]
-        c, ex, noise, who = ranks.straggler(stalls, runs)
+        c, ex, noise, who = ranks.straggler([_runs(world, 48, 1000 * seed)])
         assert math.isfinite(noise) and noise > 0
         named.append(who)
     # the largest of N noisy stalls beats the others by about the noise: the permutation
@@ -73,14 +71,76 @@ def test_exchangeable_ranks_name_no_straggler(world: int) -> None:
 
 def test_a_small_real_straggler_is_still_found() -> None:
     # 3 ms more per fetch against 2 ms of fetch noise: 36 ms over the run
-    runs = [_runs(4, 48, 5, {2: 0.003})]
-    c, ex, noise, who = ranks.straggler([[sum(s) for s in runs[0]]], runs)
+    c, ex, noise, who = ranks.straggler([_runs(4, 48, 5, {2: 0.003})])
     assert who == 2 and ex == pytest.approx(0.036, rel=0.35)
+
+
+def _bursty(world: int, rng: np.random.Generator, *, aligned: bool, slow: int | None = None,
+            n_steps: int = 24, groups: int = 6, step_s: float = 0.004) -> list[list[float]]:
+    """Per-step own times of one run with bursty stalls (issue 25's shape): a rank pays a
+    row group's cost on one step in ``n_steps / groups`` (lognormal sizes, heavy tailed) and
+    a few hundred microseconds otherwise, plus a 4 ms step with 5% jitter. ``aligned``: every
+    rank bursts on the same steps (same row-group layout), else at random steps. ``slow``:
+    that rank pays 0.11 s more per burst (+-5%: a CPU-heavy transform on it alone, 20 us x
+    5.6k rows; ~0.16 s against the others' ~0.05 s)."""
+    every = n_steps // groups
+    out = []
+    for r in range(world):
+        at = (set(range(0, n_steps, every)) if aligned
+              else set(rng.choice(n_steps, size=groups, replace=False).tolist()))
+        s = []
+        for k in range(n_steps):
+            e = 0.0002 + 0.0002 * rng.random()
+            if k in at:
+                e += 0.048 * rng.lognormal(0.0, 0.5)
+                if r == slow:
+                    e += 0.112 * (1 + 0.05 * rng.standard_normal())
+            s.append(e + step_s * (1 + 0.05 * rng.standard_normal()))
+        out.append(s)
+    return out
+
+
+TRIALS = 400
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("world", [2, 4])
+def test_false_alarms_among_exchangeable_bursty_ranks_stay_near_one_percent(
+        world: int, aligned: bool) -> None:
+    """The stated false-alarm rate (``STRAGGLER_ALPHA``, 1%) measured by simulation on the
+    shape that defeated the step-by-step shuffle: bursty stalls, two or four exchangeable
+    ranks. 400 runs: at 1% the count is 4 +- 2; 10 (2.5%) would mean the rule is not what
+    the docstring says."""
+    rng = np.random.default_rng(25 + world + 10 * aligned)
+    named = sum(ranks.straggler([_bursty(world, rng, aligned=aligned)], n_perm=200)[3]
+                is not None for _ in range(TRIALS))
+    assert named <= 0.025 * TRIALS, f"{named} false alarms in {TRIALS} runs"
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_bursty_straggler_of_two_ranks_is_named_in_one_run(aligned: bool) -> None:
+    """Issue 25's case in simulation: two ranks, six row groups each, the slow rank paying
+    0.11 s more per row group: named in (nearly) every run where its bursts fall on the same
+    steps as the other's (same layout, the real case), where the step-by-step sign flip
+    could not go below p = 1/64. With bursts at unrelated steps six bursts carry too little
+    evidence for 1% (by sign p >= 1/64, by position ~1%; stated in ``analysis.ranks``): the
+    test must then not name the wrong rank."""
+    rng = np.random.default_rng(7 + aligned)
+    named = [ranks.straggler([_bursty(2, rng, aligned=aligned, slow=1)], n_perm=200)[3]
+             for _ in range(100)]
+    assert named.count(1) >= (80 if aligned else 0), named
+    assert named.count(0) == 0, named
 
 
 def test_the_null_needs_steps_every_rank_took() -> None:
     assert ranks.null_excess([[0.1], [0.2]]) == 0.0
     assert ranks.null_excess([[0.1, 0.1, 0.1], [0.1, 0.1, 0.1]]) == pytest.approx(0.0)
+
+
+def test_own_time_is_stall_plus_step_where_recorded() -> None:
+    assert ranks.own_steps([0.1, 0.2], [0.01, 0.02]) == pytest.approx([0.11, 0.22])
+    assert ranks.own_steps([0.1, 0.2], []) == [0.1, 0.2]
+    assert ranks.others_wait([0.8, 0.05], 1) == pytest.approx(0.75)
 
 
 def _plan(items: list[int], batch_size: int = 100, cap: float = math.inf) -> SimpleNamespace:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stallbench.measure.phases import (MIN_STEADY_BATCHES, boundary, extrapolate,
+from stallbench.measure.phases import (MIN_STEADY_BATCHES, batches_per_item, window, boundary, extrapolate,
                                        full_epoch_samples, split, summarize)
 
 import factories
@@ -33,17 +33,44 @@ def timeline(items: list[int], produce: float, compute: float, startup: float = 
 
 
 def test_boundary_is_the_first_batch_of_item_s() -> None:
-    items = [0, 0, 1, 1, 2, 2, 3, 3]
+    items = [i // 2 for i in range(20)]             # 10 items of 2 batches
     assert boundary(items, producers=0) == 2       # the trainer is the one producer
     assert boundary(items, producers=1) == 2
     assert boundary(items, producers=2) == 4       # each of 2 producers delivered its first
     assert boundary(items, producers=1, warmup_batches=5) == 5
     assert boundary(items, producers=3) == 6 and MIN_STEADY_BATCHES == 2
     # no item S, or fewer than MIN_STEADY_BATCHES after it: no steady window
-    assert boundary(items, producers=4) is None
-    assert boundary(items, producers=2, warmup_batches=7) is None
+    assert boundary(items, producers=10) is None
+    assert boundary(items, producers=2, warmup_batches=19) is None
     assert boundary([0, 0, 1], producers=1) is None
     assert boundary([0, 0, 0, 0], producers=1) is None   # one item only: never steady
+
+
+def test_a_window_shorter_than_two_whole_cycles_is_no_steady_state_and_says_why() -> None:
+    """Issue 25: ``--max-batches 20`` with 8 batches per item. 0 workers: 12 batches after
+    start-up, 1.5 items, fewer than 2 cycles of 8; 2 workers: 4 batches, half an item."""
+    items = [i // 8 for i in range(20)]
+    k, why = window(items, producers=0)
+    assert k is None and why.startswith("too short for a steady state: 12 batches after")
+    assert "2 whole cycles of 1 producer (16 batches)" in why
+    k, why = window([0, 1] * 8 + [2, 3] * 2, producers=2)
+    assert k is None and "(32 batches)" in why
+    # the full run of 64 batches has 7 items' worth after start-up: steady
+    assert window([i // 8 for i in range(64)], producers=0) == (8, "")
+    assert batches_per_item([0, 0, 0, 1, 1, 1, 2]) == 3        # the cut last item left out
+
+
+def test_a_steady_window_slower_than_the_whole_run_is_refused_not_clamped() -> None:
+    """Start-up cannot make a run faster: a window whose batches come slower than the run's
+    (a negative start-up cost) is not a steady state, and the split says so."""
+    items = [i // 2 for i in range(20)]
+    ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01)
+    # 1 s more at the end: the window's 9 items take 0.17 s each, item 0 took 0.06 s; start-up
+    # would cost 0.06 - 0.17 = -0.11 s, more than half an item below 0
+    p = split(ts, comp, wait, [100] * 20, items, epoch + 1.0, producers=0)
+    assert not p.has_steady and p.steady_batches == 0
+    assert p.no_steady_reason.startswith("refused a steady window slower per batch")
+    assert "start-up would cost -" in p.no_steady_reason
 
 
 def test_zero_workers_steady_is_exact_cycles_and_startup_cost_is_the_one_off() -> None:
@@ -100,3 +127,26 @@ def test_full_epoch_samples_follow_rows_kept() -> None:
     f = factories.repeat(samples=1000)
     f.stage_rows.fetch, f.stage_rows.transfer = 1000, 500      # a filter kept half
     assert full_epoch_samples(10_000, 2, [f]) == 10_000
+
+
+def test_a_steady_rate_above_the_cpu_limit_is_refused_with_its_figures() -> None:
+    """Issue 25: a quick look claimed 161k samples/s steady where 2 cores at 20 us of CPU per
+    row allow ~100k. The measured CPU per sample bounds the rate; above it (10% tolerance)
+    the window is refused, with the figures, and nothing is clamped."""
+    from factories import repeat
+    from stallbench.measure.phases import cpu_limit_reason, refuse
+    from stallbench.results import StageSeconds
+
+    items = [i // 2 for i in range(20)]
+    ts, wait, comp, epoch = timeline(items, produce=0.04, compute=0.01)
+    f = repeat(2000 / epoch, 0.5, 300.0)
+    f.samples, f.batches, f.epoch_s = 2000, 20, epoch
+    f.phases = split(ts, comp, wait, [100] * 20, items, epoch, producers=0)
+    rate = f.phases.steady_samples / f.phases.steady_s            # 100 rows per 0.03 s
+    f.stage_s = StageSeconds(preprocess=1.0, preprocess_cpu=2000 * 2 / rate)   # limit: rate
+    assert cpu_limit_reason(f, cores=2) == ""                     # exactly at the limit
+    f.stage_s = StageSeconds(preprocess=1.0, preprocess_cpu=2000 * 2 / rate * 1.5)
+    why = cpu_limit_reason(f, cores=2)
+    assert why.startswith(f"refused a steady rate of {rate:,.0f} samples/s") and "2 cores" in why
+    p = refuse(f.phases, why, f.epoch_s, sum(comp), f.batches, f.samples)
+    assert not p.has_steady and p.no_steady_reason == why and math.isnan(p.startup_cost_s)

@@ -77,6 +77,8 @@ def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
     seen["layout"] = page.evaluate(LAYOUT_JS)
     stalled = page.locator('[data-figure="trainer-stalled"] .tile-v').first
     seen["trainer_stalled"] = stalled.inner_text() if stalled.count() else None
+    ratio = page.locator('[data-figure="headline-ratio"]').first
+    seen["headline_ratio"] = ratio.inner_text() if ratio.count() else None
     seen["imgs"] = imgs
     seen["title"] = page.title()
     screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +106,18 @@ LAYOUT_JS = """() => {
     out.tables.push({cls: t.className, right: t.getBoundingClientRect().right,
                      boxRight: box.getBoundingClientRect().right, scrolls});
   }
+  // issue 25: nothing cut at 1400 px: no table needs its scroll container (a column hidden
+  // past the edge until scrolled), and no element clips its own text (overflow hidden)
+  out.cut = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (el.offsetParent === null) continue;
+    const o = getComputedStyle(el).overflowX;
+    if (o === 'visible') continue;
+    if (el.scrollWidth > el.clientWidth + 1) {
+      out.cut.push({tag: el.tagName, cls: el.className, text: el.innerText.slice(0, 60),
+                    scrollWidth: el.scrollWidth, clientWidth: el.clientWidth});
+    }
+  }
   const v = document.querySelector('.verdict');
   out.verdictLines = v.getBoundingClientRect().height / parseFloat(getComputedStyle(v).lineHeight);
   return out;
@@ -115,6 +129,9 @@ def _check_layout(layout: dict[str, Any]) -> None:
     spill = [t for t in layout["tables"] if t["right"] > t["boxRight"] + 1 and not t["scrolls"]]
     assert spill == [], f"tables past their card's edge in a 1400 px window: {spill}"
     assert layout["verdictLines"] < 1.5, f"the headline takes {layout['verdictLines']:.1f} lines"
+    # issue 25: at 1400 px nothing is cut: no table hides a column behind its scroll
+    # container, no element clips its text (overflow measured, not looked at)
+    assert layout["cut"] == [], f"content cut at 1400 px (scrollWidth > clientWidth): {layout['cut']}"
 
 
 def _check(seen: dict[str, Any], expect_verdict: str | None = None) -> None:
@@ -148,6 +165,9 @@ def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: An
     out = render(paths, tmp_path / "report" / "index.html")
     seen = _open(browser, out, ARTIFACTS / "report.png")
     _check(seen, expect_verdict=current.analysis.verdict)
+    # one headline ratio, labelled with its basis, the whole run's beside it (issue 25)
+    tile = (seen["headline_ratio"] or "").lower()          # the tile's title is upper-cased by CSS
+    assert "speedup over baseline" in tile and ("steady state" in tile or "whole run" in tile)
     # what a reader sees on the card is the trainer's stall of the newest run's baseline variant
     base = current.variant(current.analysis.baseline_variant)
     assert seen["trainer_stalled"].split()[0] == format_pct(base.stall_share.median)

@@ -405,7 +405,7 @@ def test_v2_sample_renders_every_typed_part(tmp_path: Path, make_result: Any,
                                             write_result: Any) -> None:
     r = make_result(gpu=True, object_store=True)
     path = write_result(r)
-    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 2
+    assert json.loads(path.read_text())["schema_version"] == results.SCHEMA_VERSION == 3
     html = _html(render([path], tmp_path / "out.html"))
     # typed metadata listed generically: every machine field, the settings and the dataset
     for f in ("hostname", "cpu_model", "cores_logical", "cpu_affinity", "load_avg_at_start",
@@ -578,7 +578,8 @@ def test_headline_leads_with_the_recommendation_and_says_a_busy_machine(
 
     r = _load(make_result(**LIGHT), 1.0)
     r.analysis.recommendation = Recommendation(
-        variant="num_workers=2", bound_by="compute", stall_share=0.01, action="nothing",
+        variant="num_workers=2", bound_by="compute", steady_attributed_stall_share=0.01,
+        action="nothing",
         text="use num_workers=2 (measured 1.90x num_workers=0 in steady state); then nothing")
     html = _html(render([write_result(r)], tmp_path / "out.html"))
     rec = html.index("Next step:</strong> use num_workers=2 (measured 1.90x")
