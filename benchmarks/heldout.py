@@ -22,14 +22,14 @@ ROWS_PER_FILE = 65_536
 DENSE, SPARSE, SEQUENCES, MAX_LEN = 40, 20, 4, 29
 
 
-def _table(rows: int, rng: np.random.Generator) -> pa.Table:
+def _table(rows: int, rng: np.random.Generator, max_len: int = MAX_LEN) -> pa.Table:
     cols: dict[str, pa.Array] = {}
     for i in range(DENSE):
         cols[f"f{i}"] = pa.array(rng.random(rows, dtype=np.float32))
     for i in range(SPARSE):
         cols[f"c{i}"] = pa.array(rng.zipf(1.2, rows).astype(np.int64) % 1_000_000)
     for i in range(SEQUENCES):
-        lengths = rng.integers(0, MAX_LEN + 1, rows)
+        lengths = rng.integers(0, max_len + 1, rows)
         offsets = np.zeros(rows + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
         values = rng.integers(0, 1_000_000, int(offsets[-1]), dtype=np.int64)
@@ -38,10 +38,16 @@ def _table(rows: int, rng: np.random.Generator) -> pa.Table:
     return pa.table(cols)
 
 
-def heldout_files(cache_dir: Path, files: int = 16, seed: int = 7) -> Path:
-    """A directory of ``files`` held-out Parquet files (written on first use)."""
-    spec = {"files": files, "rows": ROWS_PER_FILE, "dense": DENSE, "sparse": SPARSE,
-            "sequences": SEQUENCES, "max_len": MAX_LEN, "seed": seed, "v": 1}
+def heldout_files(cache_dir: Path, files: int = 16, seed: int = 7, *,
+                  rows_per_file: int = ROWS_PER_FILE, row_group_rows: int | None = None,
+                  max_len: int = MAX_LEN) -> Path:
+    """A directory of ``files`` held-out Parquet files (written on first use). The keyword
+    arguments shape them unlike the default (other row-group sizes and sequence lengths), so
+    a benchmark can check its figures do not hold for one shape only."""
+    spec = {"files": files, "rows": rows_per_file, "dense": DENSE, "sparse": SPARSE,
+            "sequences": SEQUENCES, "max_len": max_len, "seed": seed, "v": 1}
+    if row_group_rows is not None and row_group_rows != rows_per_file:
+        spec["row_group_rows"] = row_group_rows      # only when set: default keys unchanged
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     out = Path(cache_dir) / f"heldout-{key}"
     done = out / "_COMPLETE"
@@ -50,8 +56,8 @@ def heldout_files(cache_dir: Path, files: int = 16, seed: int = 7) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for f in range(files):
         rng = np.random.default_rng([seed, f])
-        pq.write_table(_table(ROWS_PER_FILE, rng), out / f"part-{f:03d}.parquet",
-                       row_group_size=ROWS_PER_FILE, compression="snappy")
+        pq.write_table(_table(rows_per_file, rng, max_len), out / f"part-{f:03d}.parquet",
+                       row_group_size=row_group_rows or rows_per_file, compression="snappy")
     done.write_text(json.dumps(spec))
     return out
 

@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _say_error(exc: UserError, debug: bool) -> None:
     if isinstance(exc, UserCodeError) and not exc.where:
         exc.located("the trainer" if exc.pid == os.getpid() else f"process {exc.pid}")
-    print(f"stallbench: error: {exc}", file=sys.stderr)
+    from .outputs import one_line   # a file's name or a user's message: never two lines
+
+    print(f"stallbench: error: {one_line(exc)}", file=sys.stderr)
     if isinstance(exc, UserCodeError):
         if debug and exc.traceback_text:
             print(exc.traceback_text.rstrip(), file=sys.stderr)
@@ -43,12 +45,13 @@ def _say_error(exc: UserError, debug: bool) -> None:
 
 
 def user_code_path() -> None:
-    """Where a scenario's ``"pkg.mod:fn"`` code is imported from: ``sys.path`` plus the current
-    directory, *after* every installed package, for both entry points (``python -m`` would
-    put it first, the script not at all). Loader workers are forked and inherit it."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
+    """Nothing of the working directory on the import path: a scenario's ``"mytf:fn"`` is
+    loaded by its file path (``registry.locate``), so the directory need not be importable,
+    and must not be: libraries probe optional modules by importing them (``cython``,
+    ``uarray``), and a file of that name there would run under every command. ``python -m``
+    puts the directory first (``__main__`` drops it before any import); an empty entry
+    (``PYTHONPATH=:...``) means the same. Loader workers are forked or spawned with this path."""
+    sys.path[:] = [p for p in sys.path if p != ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stallbench: interrupted by {exc.name}; {exc.outcome or nothing}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:      # before our handler, or a library's own SIGINT handling
-        print(f"stallbench: interrupted by SIGINT; {nothing}", file=sys.stderr)
-        return 130
+        sig = interrupts.Interrupted(interrupts.pending() or 2)   # SIGTERM stays SIGTERM
+        print(f"stallbench: interrupted by {sig.name}; {nothing}", file=sys.stderr)
+        return sig.exit_code
     except UserError as exc:
         if interrupts.pending() is not None:   # an error while unwinding from a signal
             sig = interrupts.Interrupted(interrupts.pending())

@@ -74,10 +74,64 @@ class UserCodeError(UserError):
                              self.traceback_text, self.pid))
 
 
+MESSAGE_CHARS = 1000    # of a user's exception message quoted in our one line
+
+
 def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` on one line (the first line of a multi-line message)."""
+    """``Type: message`` on one line (the first line of a multi-line message, at most
+    ``MESSAGE_CHARS`` of it: a 5 MB message is not a line). ``sys.exit(n)`` says so."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (sys.exit({exc.code!r:.{MESSAGE_CHARS}}))"
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    if not text:
+        return type(exc).__name__
+    first = text[0] if len(text[0]) <= MESSAGE_CHARS else text[0][:MESSAGE_CHARS] + "..."
+    return f"{type(exc).__name__}: {first}"
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+def user_frame(tb: object) -> str:
+    """``file:line in function`` of the deepest frame of a traceback that is neither
+    stallbench's nor an installed library's: where the user's code was when it failed."""
+    import sys
+    import traceback
+    libs = {os.path.realpath(p) for p in sys.path if "site-packages" in p or "/lib/python" in p}
+    found = ""
+    for fs in traceback.extract_tb(tb):  # type: ignore[arg-type]
+        f = os.path.realpath(fs.filename)
+        if f.startswith(_OURS) or any(f.startswith(lib + os.sep) for lib in libs) \
+                or fs.filename.startswith("<"):
+            continue
+        found = f"{fs.filename}:{fs.lineno} in {fs.name}"
+    return found
+
+
+class ProcessDied(UserError):
+    """A process the run depends on died under it: a loader worker, a trainer rank (any cause:
+    the user's code calling ``os._exit``, a segfault in an extension, ``kill -9``, the OOM
+    killer). One line naming the process and its exit status, exit 2, no result: never the
+    DataLoader's or the rank launcher's traceback, never exit 1 as if stallbench had a bug."""
+
+
+def exit_status(code: int | None) -> str:
+    """A process's end in words: ``killed by SIGKILL``, ``exited with status 3``."""
+    import signal
+
+    if code is None:
+        return "ended (exit status unknown)"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class NoProgress(UserError):
+    """The trainer waited ``[run] progress_timeout_s`` with no batch and no producer progress
+    (``measure.watchdog``)."""
 
 
 class PayloadError(Exception):

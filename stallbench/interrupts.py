@@ -153,6 +153,15 @@ def pending() -> int | None:
     return _state.pending
 
 
+def received(signum: int) -> Interrupted:
+    """What a handler of some other part (a rank launcher's, the A/B gate's, Ray's) raises for
+    a signal: recorded like ours, so the command ends with 128 + that signal (143 for
+    SIGTERM), never as a generic KeyboardInterrupt read as SIGINT."""
+    if _state.pending is None:
+        _state.pending = int(signum)
+    return Interrupted(int(signum))
+
+
 def check() -> None:
     """Raise ``Interrupted`` if a signal was received, even if its first exception was lost."""
     if _state.pending is not None:
@@ -303,7 +312,9 @@ def _wait_zombies(procs: list[Any]) -> None:
 # These are the one place that says what SIGTERM does then.
 
 def _term_as_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt("SIGTERM")
+    # Recorded like ours: the command ends with 143 and says SIGTERM (a bare
+    # KeyboardInterrupt was read as SIGINT: 130, issue 26).
+    raise received(signal.SIGTERM)
 
 
 class SigtermAsInterrupt:

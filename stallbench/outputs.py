@@ -48,11 +48,15 @@ class Kind:
         return self.marker(head)
 
 
-_REPORT_MARK = b'<meta name="generator" content="stallbench'
+# The marker where the report writes it (its template's first lines), never anywhere in a
+# file's head: a user's NOTES.md quoting the meta tag is theirs, and is not overwritten.
+_REPORT_MARK = re.compile(rb'\A<!DOCTYPE html>\s*<html lang="en">\s*<head>\s*'
+                          rb'<meta charset="utf-8">\s*<meta name="viewport"[^>\n]*>\s*'
+                          rb'<meta name="generator" content="stallbench[ "]')
 _RESULT_MARK = re.compile(rb'\A\s*\{\s*"schema_version"\s*:\s*\d+\s*,\s*"tool"\s*:\s*\{\s*'
                           rb'"name"\s*:\s*"stallbench"')
 
-REPORT = Kind("stallbench HTML report", lambda head: _REPORT_MARK in head)
+REPORT = Kind("stallbench HTML report", lambda head: bool(_REPORT_MARK.match(head)))
 RESULT = Kind("stallbench result", lambda head: bool(_RESULT_MARK.match(head)))
 TRACE_MARK = b'{"otherData": {"generator": "stallbench'
 TRACE = Kind("stallbench trace", lambda head: head.startswith(TRACE_MARK))
@@ -193,3 +197,44 @@ def write_file(path: str | Path, payload: str, kind: Kind, flag: str) -> Path:
     except OSError as exc:
         raise _fail(flag, p, f"cannot write it ({exc.strerror or exc})") from None
     return p
+
+
+# ---------------------------------------------------------------- strings, escaped per sink
+# A string from a file (a variant name, an axis label, a path, a user's exception message)
+# reaches terminals, markdown, HTML, plots and CI annotations. Each sink has its escaping,
+# applied where the text is written (docs/reliability-rules.md "Escaped for each sink"): the
+# terminal and markdown get one line without control characters (a newline would start a
+# line GitHub Actions executes as "::error ...", an ESC sequence would repaint the
+# terminal); HTML is escaped by the template engine; plots render labels as text
+# (``report.plots``: ``text.parse_math`` off); annotation data escapes ``%``, CR and LF.
+
+def one_line(text: object) -> str:
+    """``text`` on one printable line: control and line-separator characters (newlines, ESC,
+    bidi overrides) shown as ``\\xNN``/``\\uNNNN`` escapes, so what was written is still seen."""
+    import unicodedata
+
+    s = str(text)
+    if s.isprintable():
+        return s
+    out = []
+    for c in s:
+        if c.isprintable() or (c == " "):
+            out.append(c)
+        elif unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
+            out.append(c.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def markdown_cell(text: object) -> str:
+    """One line for a markdown table cell: ``one_line``, ``|`` escaped."""
+    return one_line(text).replace("|", "\\|")
+
+
+def annotation(text: object) -> str:
+    """GitHub workflow-command data (``::error title=..::DATA``): ``%``, CR and LF escaped (the
+    command ends at the line's end), other control characters as ``one_line`` shows them."""
+    s = str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return one_line(s)
+

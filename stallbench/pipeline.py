@@ -157,8 +157,7 @@ class Plan:
         n_batches = ceil_div(table.num_rows, self.config.loader.batch_size)
         payloads = None
         if not a.transfer:
-            payloads = [self.transfer.send(b, f"{shard.index}:{i}", shared)
-                        for i, b in enumerate(self.transfer.split(table))]
+            payloads = self.transfer.send_table(table, str(shard.index), shared)
             t.raw_bytes = sum(p.raw_bytes for p in payloads)
             t.wire_bytes = sum(p.wire_bytes for p in payloads)
             for p in payloads:

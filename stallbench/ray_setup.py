@@ -30,3 +30,23 @@ def worker_setup() -> None:
 
 
 RUNTIME_ENV = {"worker_process_setup_hook": f"{__name__}.worker_setup"}
+
+
+class _NoDriverPaths(list):
+    """``JobConfig._py_driver_sys_path`` that stays empty: ``ray.init`` extends it with the
+    driver's working directory (and script directory), which every worker then puts first on
+    its ``sys.path``: a ``cython.py`` or ``uarray.py`` there would run in every Ray worker.
+    Stallbench ships a scenario's own modules by file path instead (``registry.locate``)."""
+
+    def extend(self, paths: object) -> None:   # type: ignore[override]
+        return None
+
+
+def job_config() -> object:
+    """The ``job_config`` for every ``ray.init`` of stallbench's: no directory of the driver's
+    on the workers' import path."""
+    from ray.job_config import JobConfig
+
+    cfg = JobConfig()
+    cfg._py_driver_sys_path = _NoDriverPaths()
+    return cfg

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import os
+import stat
 import itertools
 import json
 import math
@@ -65,7 +67,8 @@ class DatasetSpec:
     sequence_features: int = knob(2, "Synthetic variable-length id sequences.", min=0, max=1_000)
     sequence_max_len: int = knob(20, "Longest synthetic sequence; also the padded length of `seq` "
                                      "tensors (padded formats cut longer sequences, and results warn "
-                                     "how many ids that lost; `jagged` keeps every id).",
+                                     "how many ids that lost; `jagged`, the default, keeps every id "
+                                     "and pads a model of your own to at least this length).",
                                  min=1, max=100_000)
     row_group_rows: int = knob(16_384, "Rows per Parquet row group (the unit of one fetch).",
                                min=1, max=10**8)
@@ -139,10 +142,13 @@ class LoaderSpec:
     execution: str = knob("streaming", "\"streaming\" overlaps stages with bounded buffers; \"bulk\" "
                                        "prepares the whole epoch before training.",
                           choices=("streaming", "bulk"))
-    batch_format: str = knob("columnar", "What producers hand over: \"rows\" (row dicts), "
-                                         "\"columnar\" (arrays), \"single_buffer\" (one buffer), "
-                                         "\"jagged\" (one buffer, sequences as values + offsets: no "
-                                         "padding, no id cut) or \"arrow\" (an Arrow record batch).",
+    batch_format: str = knob("jagged", "What producers hand over: \"jagged\" (one buffer, sequences "
+                                       "as values + offsets: no padding, no id cut; a model of your "
+                                       "own still gets `seq`, padded to the batch's longest), "
+                                       "\"rows\" (row dicts), \"columnar\" (arrays), "
+                                       "\"single_buffer\" (one buffer) or \"arrow\" (an Arrow "
+                                       "record batch); the padded ones cut sequences at "
+                                       "`dataset.sequence_max_len`.",
                              registry="batch format")
     compression: str = knob("none", "Compression of what crosses a process boundary.",
                             choices=("none", "zstd"))
@@ -236,6 +242,10 @@ class RunSpec:
     repeats: int = knob(1, "Measured runs per variant (CLI --repeats overrides).", min=1, max=1000)
     warmup_batches: int = knob(0, "Batches excluded from steady-state throughput.", min=0, max=10**9)
     sample_interval_s: float = knob(0.1, "Resource sampler period.", min=0.01, max=60)
+    progress_timeout_s: float = knob(
+        300.0, "No wait without an end: while the trainer waits for a batch and no producer "
+        "completes any work for this long, the run ends (exit 2, no result) naming the "
+        "executor and what it waited for.", min=1, max=86400)
 
 
 SECTIONS: dict[str, type] = {
@@ -252,6 +262,29 @@ SECTIONS: dict[str, type] = {
 TOP_LEVEL = ("name", "description", "matrix", *SECTIONS)
 # Sections added after the first results were recorded (see ``Scenario.fingerprint``).
 LATER_SECTIONS = ("trainers",)
+# The keys every fingerprint stored so far was computed over (frozen: never edit). A key
+# added since is hashed only where a scenario sets it to something other than its default,
+# so adding a key never changes a stored fingerprint and no baseline needs re-recording.
+FINGERPRINT_KEYS: dict[str, tuple[str, ...]] = {
+    "dataset": ("path", "label_column", "dense_columns", "sparse_columns", "sequence_columns",
+                "rows", "dense_features", "sparse_features", "sparse_cardinality",
+                "sequence_features", "sequence_max_len", "row_group_rows", "files", "codec",
+                "seed"),
+    "storage": ("bandwidth_mb_s", "latency_ms"),
+    "preprocess": ("transforms", "cpu_cost_us_per_row"),
+    "model": ("kind", "step_ms", "embedding_dim", "embedding_rows", "bottom_mlp", "top_mlp",
+              "lr", "torch_threads"),
+    "loader": ("batch_size", "num_workers", "prefetch_factor", "epochs", "max_batches",
+               "execution", "batch_format", "compression", "compression_level", "collate",
+               "pin_memory", "prefetch_batches", "device_prefetch", "wire_bandwidth_mb_s",
+               "producer_threads", "trainer_threads"),
+    "executor": ("kind", "ray_address", "cpus", "simulated_nodes", "cpus_per_node",
+                 "object_store_mb", "ray_mode", "concurrency", "ray_pool", "connect_timeout_s",
+                 "flight_servers", "flight_local_servers", "flight_streams_per_server"),
+    "trainers": ("ranks", "straggler_rank", "straggler_delay_ms"),
+    "analysis": ("differential", "method", "confidence"),
+    "run": ("repeats", "warmup_batches", "sample_interval_s"),
+}
 
 
 @dataclass(frozen=True)
@@ -323,10 +356,18 @@ class Scenario:
         description do not break comparability, but any knob that changes the work does.
         """
         base = self.base.to_dict()
+        for name, section in base.items():
+            frozen = FINGERPRINT_KEYS.get(name, ())
+            defaults = dataclasses.asdict(SECTIONS[name]())
+            for key in [k for k in section if k not in frozen]:
+                if section[key] == defaults.get(key):
+                    del section[key]
         for name in LATER_SECTIONS:
             # A section added after results existed, left at its defaults, must not change the
             # fingerprint: committed baselines of scenarios that do not use it stay comparable.
-            if base.get(name) == dataclasses.asdict(SECTIONS[name]()):
+            defaults = {k: v for k, v in dataclasses.asdict(SECTIONS[name]()).items()
+                        if k in FINGERPRINT_KEYS.get(name, ())}
+            if base.get(name) == defaults:
                 del base[name]
         blob = json.dumps({"base": base, "matrix": self.matrix}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -607,6 +648,11 @@ def format_value(v: Any) -> str:
 
 def parse(text: str, file: str = "<scenario>") -> Scenario:
     """Parse scenario text; every problem is a ScenarioError naming file and key."""
+    deep = nesting_depth(text, MAX_TOML_DEPTH)
+    if deep is not None:
+        line = text.count("\n", 0, deep) + 1
+        raise ScenarioError(file, None, f"line {line}: arrays or tables nested deeper than "
+                                        f"{MAX_TOML_DEPTH} levels: not a scenario")
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -676,10 +722,83 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     )
 
 
+
+# ----------------------------------------------------------- input files, read bounded
+
+class NotReadable(ValueError):
+    """A path named as an input file that must not be read (not a regular file, too large)."""
+
+
+def read_text(path: str | os.PathLike, limit: int) -> str:
+    """A UTF-8 input file (a scenario, a calibration), refused *before* reading when it is not
+    a regular file (a FIFO would block forever, ``/dev/zero`` never ends) or is larger than
+    ``limit`` bytes, and read at most ``limit + 1`` bytes (a file growing while read).
+    FileNotFoundError/IsADirectoryError/OSError/UnicodeDecodeError pass through."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise NotReadable("not a regular file (a device, FIFO or socket)")
+    if st.st_size > limit:
+        raise NotReadable(f"{st.st_size / 2**20:,.1f} MB, more than the {limit / 2**20:g} MB "
+                          f"such a file can be")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))   # never blocks on open
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())             # what was opened (a swapped-in FIFO: refused)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotReadable("not a regular file (a device, FIFO or socket)")
+        raw = fh.read(limit + 1)
+    if len(raw) > limit:
+        raise NotReadable(f"grew past {limit / 2**20:g} MB while read")
+    return raw.decode("utf-8")
+
+
+def nesting_depth(text: str, limit: int) -> int | None:
+    """The first position where TOML ``[``/``{`` nesting exceeds ``limit`` (outside strings and
+    comments), else None: checked without recursion before a recursive parser sees the text
+    (tomllib raises RecursionError, a 3,000-line traceback, at about 500 levels)."""
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c in "\"'":
+            triple = text.startswith(c * 3, i)
+            quote = c * 3 if triple else c
+            j = i + len(quote)
+            while j < n:
+                if c == '"' and text[j] == "\\":
+                    j += 2
+                    continue
+                if text.startswith(quote, j):
+                    break
+                if not triple and text[j] == "\n":
+                    break
+                j += 1
+            i = j + len(quote)
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return i
+        elif c in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
+
+
+MAX_SCENARIO_BYTES = 4 * 2**20   # scenarios are a few KB; a bigger file is not one
+MAX_TOML_DEPTH = 32              # nesting of arrays/tables; real scenarios need 3
+
+
 def load(path: str | Path) -> Scenario:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_text(p, MAX_SCENARIO_BYTES)
+    except NotReadable as exc:
+        raise ScenarioError(str(path), None, f"{exc}: not a scenario file") from None
     except FileNotFoundError:
         raise ScenarioError(str(path), None, "no such scenario file") from None
     except IsADirectoryError:

@@ -102,6 +102,8 @@ class FakeApi(DeviceApi):
                     if self.copy_delay_s:
                         time.sleep(self.copy_delay_s)
                     dst.copy_(src)
+                elif kind == "kernel":
+                    time.sleep(payload)     # a GPU step of a known length, run in order
                 elif kind == "event":
                     payload.done_at = time.perf_counter()
                     if payload is until:
@@ -109,6 +111,11 @@ class FakeApi(DeviceApi):
 
     def event(self) -> FakeEvent:
         return FakeEvent(self)
+
+    def kernel(self, seconds: float) -> None:
+        """Queue device work of ``seconds`` on the current stream (a model step's kernels):
+        it runs, in order, when the stream is synchronised."""
+        self._push(self.current_stream(), ("kernel", seconds))
 
     def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
         self.log.append(("wait_event", stream.name, id(event)))

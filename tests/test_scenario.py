@@ -49,7 +49,7 @@ def test_section_axis_varies_keys_together_and_fills_missing_from_base() -> None
                'loader = [{num_workers = 0}, {num_workers = 2, batch_format = "rows"}]\n'
                '"model.step_ms" = [1, 2]\n')
     assert [v.name for v in sc.variants] == [
-        "num_workers=0,batch_format=columnar,step_ms=1", "num_workers=0,batch_format=columnar,step_ms=2",
+        "num_workers=0,batch_format=jagged,step_ms=1", "num_workers=0,batch_format=jagged,step_ms=2",
         "num_workers=2,batch_format=rows,step_ms=1", "num_workers=2,batch_format=rows,step_ms=2"]
     assert sc.variants[2].config.loader.batch_size == 64
 

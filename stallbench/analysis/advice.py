@@ -117,7 +117,9 @@ def _transfer_fix(v: VariantResult) -> tuple[str, str, Any]:
     if comp != "zstd" and link is not None:
         return ("loader.compression", 'compression = "zstd" (fewer bytes over the slow link)',
                 "zstd")
-    if fmt != "single_buffer" and v.executor.has_producers:
+    # Both contiguous-buffer formats (``BatchFormat.contiguous_buffer``; named here because
+    # analysis reads results, not the stages): jagged, the default, is one too.
+    if fmt not in ("single_buffer", "jagged") and v.executor.has_producers:
         return ("loader.batch_format", 'batch_format = "single_buffer" (one shared buffer per '
                 "batch, unpacked zero-copy)", "single_buffer")
     if not _cfg(v, "loader", "prefetch_batches"):

@@ -42,7 +42,9 @@ def device_figures(repeats: Sequence[RepeatFigures]) -> DeviceFigures | None:
         if copied else None,
         h2d_bytes_per_batch=statistics.median(d.h2d_bytes / d.h2d_batches for d in copied)
         if copied else None,
-        host_memory=host_memory, device_prefetch=first.device_prefetch)
+        host_memory=host_memory, device_prefetch=first.device_prefetch,
+        steady_au=Summary.of([d.steady_au for d in reps if d.steady_au is not None])
+        if any(d.steady_au is not None for d in reps) else None)
 
 
 def au_label(kind: str) -> str:

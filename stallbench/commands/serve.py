@@ -56,16 +56,28 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a port in use, an address not of this machine
         raise UserError(f"--port/--host: cannot listen on {args.host}:{args.port} "
                         f"({' '.join(str(exc).split())[:200]})") from None
+    # The server's threads serve from its construction on; this thread only waits for a
+    # stop, in Python, where SIGINT and SIGTERM handlers run (installed before the line
+    # saying it serves: a signal right after that line is this command's to report).
+    stop = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        got.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     print(f"serving {len(catalog.entries)} variant(s) of scenario {sc.name!r} on "
           f"grpc://{args.host}:{server.port} (pid {os.getpid()}); Ctrl-C or SIGTERM stops",
           flush=True)
-    # The server's threads serve from its construction on; this thread only waits for a
-    # stop, in Python, where SIGINT and SIGTERM handlers run.
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(0.5):
         pass
     server.shutdown()
     print("stallbench serve: stopped", flush=True)
-    return 0
+    # Like every verb: 130 for SIGINT, 143 for SIGTERM (a supervisor reads how it ended).
+    from .. import interrupts
+
+    exc = interrupts.received(got[0])
+    exc.outcome = "server stopped"
+    raise exc

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
+import signal
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .. import interrupts, threads
-from ..errors import UserCodeError, UserError
+from ..errors import ProcessDied, UserCodeError, UserError, exit_status
+from ..measure.watchdog import tick
 from ..pipeline import Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
 from ..stages.sizes import ceil_div
@@ -96,6 +98,14 @@ class _WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         threads.apply(self.budget)
+        # The DataLoader's own handlers print "ERROR: Unexpected segmentation fault
+        # encountered in worker." from each dying worker; the trainer says it in one line
+        # (``LocalExecutor._worker_died``), so a crash ends the worker the default way.
+        for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
 
 
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
@@ -132,13 +142,34 @@ class LocalExecutor(Executor):
         self._pool: BufferPool | None = None
         self._figures: dict[str, Any] = {}
         self._pin_error: str | None = None
+        self._user_code: list[str] = []     # the user's code the loader workers run, by name
+        # The largest batch of the last run that did not fit a slot (0: all fitted). A
+        # format sizes its slots from the schema (``jagged``: sequences averaging up to
+        # ``sequence_max_len`` ids); data with longer sequences overflows them, and every
+        # overflowing batch then faults in fresh pages (measured: 0..99-id sequences made
+        # packing 3x slower). The next run's pool is sized from the data instead, up to
+        # ``POOL_MEMORY_SHARE`` of the machine's memory.
+        self._slot_need = 0
+
+    POOL_MEMORY_SHARE = 0.125
+
+    def _slot_bytes(self, shape: tuple[int, int, int]) -> int:
+        need = max(shape[2], self._slot_need)
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return shape[2]
+        cap = int(memory * self.POOL_MEMORY_SHARE) // max(shape[0] * shape[1], 1)
+        return max(shape[2], min(need, cap))
 
     def _pool_for(self, plan: Plan) -> BufferPool | None:
         """One pool per executor (mapped once, reused by every run), rebuilt if the plan
-        needs a different shape; freed slots are reclaimed before workers start."""
+        needs a different shape (or the last run's batches outgrew its slots); freed slots
+        are reclaimed before workers start."""
         shape = pool_shape(plan)
         if shape is None:
             return None
+        shape = (shape[0], shape[1], self._slot_bytes(shape))
         p = self._pool
         if p is None or (p.partitions, p.slots) != shape[:2] or p.slot_bytes < shape[2]:
             if p is not None:
@@ -161,8 +192,12 @@ class LocalExecutor(Executor):
         outs = self._produce(plan, pool)
         try:
             for out in outs:
+                tick()        # a row group produced: progress, in bulk mode too
                 for p in out.payloads or ():
-                    counts["pooled" if isinstance(p.data, PooledBuffer) else "fresh"] += 1
+                    pooled = isinstance(p.data, PooledBuffer)
+                    counts["pooled" if pooled else "fresh"] += 1
+                    if not pooled and pool is not None and p.raw_bytes > pool.slot_bytes:
+                        self._slot_need = max(self._slot_need, p.raw_bytes)
                 yield out
         finally:
             outs.close()   # workers are shut down now, not whenever the generator is collected
@@ -184,6 +219,9 @@ class LocalExecutor(Executor):
             for i in range(len(plan.items)):
                 yield plan.produce(i, shared=alloc)
             return
+        self._user_code = [f"transform {st.path!r}"
+                           + (f" ({st.origin})" if getattr(st, "origin", None) else "")
+                           for st in plan.preprocess.steps if st.name == "user"]
         loader = DataLoader(
             _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
             prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=False,
@@ -192,15 +230,51 @@ class LocalExecutor(Executor):
         )
         it = iter(loader)
         try:
-            for out in it:
+            while True:
+                try:
+                    out = next(it)
+                except StopIteration:
+                    return
+                except RuntimeError as exc:
+                    died = self._worker_died(it, exc)
+                    if died is None:
+                        raise
+                    raise died from None
                 if isinstance(out, _Failed):
                     raise out.error
                 yield out
         finally:
-            # Stop workers promptly when the trainer stops early (max_batches) or fails.
+            # Stop workers promptly when the trainer stops early (max_batches) or fails. A
+            # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
+            # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
+            for w in getattr(it, "_workers", None) or ():
+                try:
+                    os.kill(w.pid, signal.SIGCONT)
+                except (OSError, TypeError):
+                    pass
             shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown:
                 shutdown()
+
+    def _worker_died(self, it: Any, exc: RuntimeError) -> ProcessDied | None:
+        """The DataLoader's "worker (pid(s) N) exited unexpectedly" / "is killed by signal",
+        as one line naming the worker, its exit status and the user code it ran (None: some
+        other RuntimeError, kept as it is)."""
+        text = str(exc)
+        if "DataLoader worker" not in text:
+            return None
+        dead = []
+        for i, w in enumerate(getattr(it, "_workers", []) or []):
+            try:
+                w.join(timeout=1.0)
+            except (AssertionError, OSError, ValueError):
+                pass
+            code = getattr(w, "exitcode", None)
+            if code is not None:
+                dead.append(f"loader worker {i} (pid {w.pid}) {exit_status(code)}")
+        what = "; ".join(dead) or " ".join(text.split())[:200]
+        user = f" while running {', '.join(self._user_code)}" if self._user_code else ""
+        return ProcessDied(f"{self.scenario_file}: {what}{user}; no result written")
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
         self._figures = {}
@@ -212,6 +286,19 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    def waiting_for(self) -> str:
+        """What the trainer waits on (the progress watchdog's line)."""
+        n = self.config.loader.num_workers
+        if not n:
+            return "its own batch production (no loader workers)"
+        import psutil
+
+        try:
+            pids = ", ".join(str(c.pid) for c in psutil.Process().children())
+        except psutil.Error:
+            pids = ""
+        return f"{n} loader worker(s)" + (f" (pids {pids})" if pids else "")
 
     @classmethod
     def producer_knob(cls, config: Config) -> ProducerKnob | None:

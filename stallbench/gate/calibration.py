@@ -138,14 +138,21 @@ def save(cal: Calibration, directory: Path) -> Path:
 def load(path: Path) -> Calibration:
     """A calibration file, strictly: wrong types, missing keys or another version are a
     one-line error naming the file and the key (exit 2)."""
+    from ..scenario import NotReadable, read_text
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_text(Path(path), 64 * 2**20))
     except FileNotFoundError:
         raise ResultError(f"{path}: no such calibration file") from None
+    except NotReadable as exc:
+        raise ResultError(f"{path}: {exc}: not a calibration file") from None
+    except RecursionError:
+        raise ResultError(f"{path}: nested too deeply: not a calibration file") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ResultError(f"{path}: not a readable calibration file ({exc})") from None
     if not isinstance(data, dict):
         raise ResultError(f"{path}: expected a JSON object")
+    codec.check_depth(data, str(path))
     version = data.get("calibration_version")
     if version != CALIBRATION_VERSION or isinstance(version, bool):
         raise ResultError(f"{path}: calibration_version: expected {CALIBRATION_VERSION}, "

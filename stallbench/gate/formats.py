@@ -8,6 +8,7 @@ import math
 from dataclasses import asdict
 from typing import Callable
 
+from .. import outputs
 from .rows import GateReport, Row, exit_code
 from .rule import BUSY, FASTER, INCONCLUSIVE, SLOWER, VERDICTS
 
@@ -52,10 +53,12 @@ def _cells(report: GateReport) -> tuple[list[str], list[list[str]]]:
     conf = f"{(1 - report.alpha) * 100:g}% CI"
     head = ["scenario", "variant", "metric", "baseline", "current", "change", conf, "p", "test",
             "verdict"]
-    body = [[r.scenario, r.variant, r.metric, format_value(r, r.baseline),
-             format_value(r, r.current),
-             format_change(r), format_interval(r), format_p(r), r.test or "-",
-             r.verdict + (f" ({r.note})" if r.note else "")] for r in report.rows]
+    # Every cell on one printable line (outputs.one_line): a label with a newline would start
+    # an output line of its own (under --format github, a workflow command such as ::error).
+    body = [[outputs.one_line(c) for c in (
+        r.scenario, r.variant, r.metric, format_value(r, r.baseline), format_value(r, r.current),
+        format_change(r), format_interval(r), format_p(r), r.test or "-",
+        r.verdict + (f" ({r.note})" if r.note else ""))] for r in report.rows]
     return head, body
 
 
@@ -74,7 +77,7 @@ def format_table(report: GateReport) -> str:
     head, body = _cells(report)
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
-    lines += [f"note: {n}" for n in report.notes]
+    lines += [f"note: {outputs.one_line(n)}" for n in report.notes]
     lines.append(summary_line(report))
     return "\n".join(lines) + "\n"
 
@@ -85,7 +88,7 @@ def format_markdown(report: GateReport) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
     lines.append("")
-    lines += [f"- {n}" for n in report.notes]
+    lines += [f"- {outputs.one_line(n)}" for n in report.notes]
     lines.append(f"**{summary_line(report)}**")
     return "\n".join(lines) + "\n"
 
@@ -116,8 +119,9 @@ def format_json(report: GateReport) -> str:
 
 
 def escape_github(s: str) -> str:
-    """GitHub workflow-command data escaping (``%``, CR, LF), or the annotation is mangled."""
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """GitHub workflow-command data escaping (``outputs.annotation``: ``%``, CR, LF, and any
+    other control character shown as an escape), or the annotation is mangled."""
+    return outputs.annotation(s)
 
 
 def format_github(report: GateReport) -> str:

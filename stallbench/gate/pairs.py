@@ -18,6 +18,10 @@ Why this interface
       tree's modules). The editable install's finder sits after ``PYTHONPATH`` on the path, so
       a tree holding ``stallbench/`` wins over the installed one; a tree without it (a user's
       repository) runs the installed stallbench on both sides.
+    - The user's modules are looked up next to the scenario file and in the working directory
+      (``registry.user_dirs``), loaded by file path: ``STALLBENCH_SIDE_TREE`` maps those
+      directories into REF's checkout for REF's runs, so a module REF lacks fails REF's side
+      (exit 2 naming REF) instead of importing the working tree's copy.
     - ``PYTHONPATH`` entries inside the working tree (e.g. ``src``) are mapped to the same place
       in REF's tree, so a ``src/`` layout also gets each side's own code.
     - ``run SCENARIO --out DIR --repeats 1`` is all a side's stallbench must understand: an
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import UserError
+from ..registry import SIDE_TREE
 from ..results import Result, find, load
 
 
@@ -84,6 +89,12 @@ def side_env(side: Side, work_root: Path, env: dict[str, str] | None = None) -> 
             continue
         entries.append(str(side.root / rel))
     env["PYTHONPATH"] = os.pathsep.join(entries)
+    # The user's "mytf:fn" modules are found next to the scenario and in the working
+    # directory (registry.user_dirs): on REF's side, those directories in REF's checkout.
+    if Path(side.root).resolve() != Path(work_root).resolve():
+        env[SIDE_TREE] = f"{Path(work_root).resolve()}{os.pathsep}{Path(side.root).resolve()}"
+    else:
+        env.pop(SIDE_TREE, None)
     return env
 
 

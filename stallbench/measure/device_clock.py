@@ -67,11 +67,18 @@ class DeviceClock:
         CPU steps."""
         self.host_steps.append(host_s)
 
-    def finish(self, epoch_s: float) -> tuple[DeviceRepeat, list[float] | None, list[float] | None]:
+    def finish(self, epoch_s: float, steady_from: int | None = None,
+               steady_s: float | None = None,
+               ) -> tuple[DeviceRepeat, list[float] | None, list[float] | None]:
         """The run's figures, plus per-batch H2D and GPU step times (ms) for the timeline
         (None without an accelerator). Call once the run is over: it waits for the device to
         finish what was queued. A batch that needed no copy (already on the device) has a
-        ``CopyRecord`` without events and counts 0 ms, 0 bytes in the series only."""
+        ``CopyRecord`` without events and counts 0 ms, 0 bytes in the series only.
+
+        ``steady_from`` (the first steady batch, ``Phases.startup_batches``) and ``steady_s``
+        (the steady window's wall time): then also the steady AU,
+        ``sum(step_ms[steady_from:]) / 1000 / steady_s``, from the same per-step times as
+        the whole run's AU (CUDA events on a GPU), so the two differ only by the window."""
         if self.api is not None and (self.copies or self.steps):
             self.api.synchronize()
         series = [c.start.elapsed_time(c.end) if c.start is not None else 0.0
@@ -85,6 +92,11 @@ class DeviceClock:
             step_ms = [x * 1e3 for x in self.host_steps]
             clock = "host"
         compute_s = sum(step_ms) / 1e3
+        steady_compute = steady_au = None
+        if (steady_from is not None and steady_s is not None and steady_s > 0
+                and 0 <= steady_from < len(step_ms)):
+            steady_compute = sum(step_ms[steady_from:]) / 1e3
+            steady_au = steady_compute / steady_s
         h2d_bytes = sum(c.nbytes for c in real)
         h2d_s = sum(h2d_ms) / 1e3 if real else None
         sources = [c.source for c in real]
@@ -98,7 +110,8 @@ class DeviceClock:
             h2d_ms_median=statistics.median(h2d_ms) if h2d_ms else None,
             h2d_from_pool=sources.count("pool"), h2d_from_ring=sources.count("ring"),
             h2d_from_pageable=sources.count("pageable"),
-            device_prefetch=self.device_prefetch if self.api is not None else 0)
+            device_prefetch=self.device_prefetch if self.api is not None else 0,
+            steady_compute_s=steady_compute, steady_au=steady_au)
         self.copies, self.steps = [], []
         if self.api is None:
             return rep, None, None

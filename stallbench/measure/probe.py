@@ -43,6 +43,7 @@ from .device_clock import DeviceClock
 from .load import LoadMeter
 from .phases import split
 from .sampler import Sampler
+from .watchdog import Watchdog, ticking
 
 # (batch, rows, trainer-side transfer seconds, work item it came from)
 Item = tuple[TensorBatch, int, float, int]
@@ -227,10 +228,22 @@ class _Preload:
             close()
 
 
+def stall_line(plan: Plan, executor: Any, timeout_s: float) -> str:
+    """The one line of a wait without progress: the executor and what it waited for."""
+    what = getattr(executor, "waiting_for", None)
+    on = what() if callable(what) else "its producers"
+    return (f"{getattr(executor, 'scenario_file', '<scenario>')}: run.progress_timeout_s: no batch arrived and no producer "
+            f"completed any work for {timeout_s:g} s: the {executor.name} executor was waiting "
+            f"on {on}; no result written")
+
+
 def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches: int = 0,
                  sample_interval_s: float = 0.1,
                  on_batch: Callable[[int, int, float], None] | None = None,
+                 progress_timeout_s: float | None = None,
                  ) -> tuple[RepeatFigures, Timeline, Resources]:
+    if progress_timeout_s is None:
+        progress_timeout_s = plan.config.run.progress_timeout_s
     probe = Probe()
     totals = StageTotals()
     max_batches = plan.max_batches
@@ -254,8 +267,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             source: Iterator[Item] = _cached(plan)
         else:
             threads = tr.receive_threads
-            source = (_batches_parallel(executor.run(plan), plan, totals, threads)
-                      if depth and threads > 1 else _batches(executor.run(plan), plan, totals))
+            stream = ticking(executor.run(plan))
+            source = (_batches_parallel(stream, plan, totals, threads)
+                      if depth and threads > 1 else _batches(stream, plan, totals))
             if depth:
                 stop = threading.Event()
                 stage = (Staging(api, ring_slots(depth, tr.device_prefetch), stop).stage
@@ -263,12 +277,19 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 source = _Preload(source, depth, totals, stage=stage, stop=stop)
             if api is not None:
                 source = DeviceFeeder(source, api, tr.device_prefetch, on_copy=clock.on_copy)
+        # Executors that report what they wait on also report their progress (local, Flight);
+        # the others (Ray, whose bulk materialisation ticks nothing yet) are not watched.
+        watched = callable(getattr(executor, "waiting_for", None))
+        dog = Watchdog(progress_timeout_s if watched else math.inf,
+                       lambda: stall_line(plan, executor, progress_timeout_s))
         try:
+            dog.__enter__()
             while n < max_batches:
                 interrupts.check()   # a signal whose exception a library swallowed
                 ta = perf()
                 try:
-                    batch, rows, tx, item = next(source)
+                    with dog.waiting():
+                        batch, rows, tx, item = next(source)
                 except StopIteration:
                     break
                 tb = perf()
@@ -293,7 +314,15 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                     on_batch(n, samples, tc - t0)
             t_end = perf()
             trainer_cpu = time.process_time() - cpu0
+        except BaseException:
+            # Ending early (no progress, a signal, an error): an executor whose streams a
+            # receive thread reads is told first, or closing that thread could wait on them.
+            abort = getattr(executor, "abort", None)
+            if abort is not None:
+                abort()
+            raise
         finally:
+            dog.__exit__(None, None, None)
             close = getattr(source, "close", None)
             if close:
                 close()       # shuts loader workers down (joined: their CPU is then counted)
@@ -304,7 +333,11 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     producer_cpu1 = executor.producer_cpu_s(plan) if producer_cpu0 is not None else None
     producer_cpu = None if producer_cpu1 is None else max(producer_cpu1 - producer_cpu0, 0.0)
     epoch = t_end - t0
-    device, h2d_ms, gpu_step_ms = clock.finish(epoch)
+    phases = split(probe.t_start_s, probe.compute_s, probe.wait_s, probe.rows, probe.items,
+                   epoch, producers, warmup_batches)
+    steady = phases.steady_batches > 0
+    device, h2d_ms, gpu_step_ms = clock.finish(
+        epoch, phases.startup_batches if steady else None, phases.steady_s if steady else None)
     timeline = probe.timeline()
     timeline.h2d_ms, timeline.gpu_step_ms = h2d_ms, gpu_step_ms
     seq = totals.sequences
@@ -337,8 +370,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
         sequence_cut=SequenceCut(seq_len=seq.seq_len, sequences=seq.sequences,
                                  sequences_cut=seq.cut, ids=seq.ids, ids_cut=seq.ids_cut,
                                  longest=seq.longest) if seq is not None else None,
-        phases=split(probe.t_start_s, probe.compute_s, probe.wait_s, probe.rows, probe.items,
-                     epoch, producers, warmup_batches),
+        phases=phases,
         load=meter.load,
     )
     return fig, timeline, sampler.resources()

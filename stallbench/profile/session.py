@@ -234,7 +234,9 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
     for streams in per_run:
         hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
         steps.append([list(s.wait) for s in hs])
-    c, ex, noise, named = ranks_mod.straggler(stalls, steps)
+    # own time per step = the wait alone: a user's step cannot be split into its compute and
+    # the all-reduce where a fast rank waits for the slow one (analysis.ranks.own_steps)
+    c, ex, noise, named = ranks_mod.straggler(steps)
     med = _finite_median
     gain = med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
 

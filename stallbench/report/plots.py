@@ -66,6 +66,9 @@ _RC = {
     "legend.fontsize": 8.5,
     "legend.frameon": False,
     "text.color": INK,
+    # Every label is text: a variant named "$\\sqrt{...}$" is shown as typed, never parsed as
+    # mathtext (which can crash on it; docs/reliability-rules.md "Escaped for each sink").
+    "text.parse_math": False,
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
 from typing import Any, TypeVar
@@ -84,10 +85,16 @@ def from_json(tp: Any, value: Any, where: str) -> Any:
             raise ResultError(f"{where}: expected a number, got {_show(value)}")
         if not math.isfinite(value):
             raise ResultError(f"{where}: expected a finite number, got {_show(value)}")
+        if abs(value) >= LIMIT:
+            raise ResultError(f"{where}: {_show(value)} is beyond any measured figure "
+                              f"(|x| < {LIMIT:.0e})")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ResultError(f"{where}: expected an integer, got {_show(value)}")
+        if value < 0 or value >= LIMIT:   # counts (a 4,000-digit "samples" overflows floats)
+            raise ResultError(f"{where}: expected a count from 0 to {LIMIT:.0e}, "
+                              f"got {_show(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -111,7 +118,70 @@ def _dataclass(cls: type[T], value: Any, where: str) -> T:
             kwargs[f.name] = from_json(hints[f.name], value[f.name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ResultError(f"{key}: missing")
+        if f.name in kwargs:
+            check_range(f.name, kwargs[f.name], key)
     return cls(**kwargs)
+
+
+# The physical range of each figure, by the name the schema gives it (one rule for results,
+# tune results and calibration files): magnitudes below LIMIT, counts (every int) >= 0, times,
+# rates, sizes and spreads >= 0, shares and probabilities in [0, 1]; changes, differences,
+# errors, interval ends and attributed (differential) figures keep their sign.
+LIMIT = 1e15
+SHARES = frozenset({"stall_share", "steady_stall_share", "au", "last_step_share", "alpha",
+                    "power", "power_confirmed", "false_alarm_rate", "false_alarm_rate_confirmed",
+                    "power_target", "coverage"})
+NON_NEGATIVE_SUFFIXES = ("epoch_s", "wait_s", "_cpu_s", "_mb", "_bytes", "samples_s", "rows_s",
+                         "gb_s", "mb_s")
+NON_NEGATIVE = frozenset({"time_to_first_batch_s", "executor_start_s", "trainer_transfer_s",
+                          "compute_s", "stall_s", "sync_s", "steady_s", "startup_s", "seconds",
+                          "noise_sd", "noise_robust_sd", "threshold", "detect", "wall_s",
+                          "peak_pss_mb", "step_ms_median", "h2d_s", "h2d_ms_median"})
+SUMMARY_FIELDS = frozenset({"median", "min", "max", "values"})
+MAX_FUTURE = 86400.0    # created_utc may be ahead of this machine's clock by at most a day
+
+
+def check_range(name: str, value: Any, where: str) -> None:
+    """``value`` of the field ``name`` within its physical range; ResultError if not (exit 2).
+    A figure out of range would not crash only later (a negative throughput in a plot): it
+    would be trusted (a future ``created_utc`` shadows the newest real result)."""
+    if name == "created_utc":
+        check_created(value, where)
+        return
+    if name in SUMMARY_FIELDS:     # a Summary's median/min/max/values: its figure's range
+        parent = re.sub(r"\[\d+\]$", "", where.rsplit(".", 2)[-2]) if where.count(".") >= 2 \
+            else ""
+        name = parent or name
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                (isinstance(v, float) and math.isnan(v)):
+            continue
+        if name in SHARES and not 0.0 <= v <= 1.0:
+            raise ResultError(f"{where}: expected a share from 0 to 1, got {_show(v)}")
+        if (name in NON_NEGATIVE or name.endswith(NON_NEGATIVE_SUFFIXES)) and v < 0:
+            raise ResultError(f"{where}: expected a figure >= 0, got {_show(v)}")
+        if name == "detect" and v == 0:
+            raise ResultError(f"{where}: expected a slowdown > 0, got {_show(v)}")
+
+
+def check_created(value: Any, where: str) -> None:
+    """A real UTC timestamp (ISO 8601 with a zero offset), at most ``MAX_FUTURE`` ahead of now:
+    the newest result of a scenario is chosen by it, so ``9999-12-31`` would win forever."""
+    from datetime import datetime, timedelta, timezone
+
+    if not isinstance(value, str):
+        raise ResultError(f"{where}: expected an ISO 8601 UTC timestamp, got {_show(value)}")
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise ResultError(f"{where}: expected an ISO 8601 UTC timestamp, got "
+                          f"{_show(value)}") from None
+    if when.tzinfo is None or when.utcoffset() != timedelta(0):
+        raise ResultError(f"{where}: expected a UTC timestamp (+00:00), got {_show(value)}")
+    if when > datetime.now(timezone.utc) + timedelta(seconds=MAX_FUTURE):
+        raise ResultError(f"{where}: {_show(value)} is in the future (more than a day ahead "
+                          f"of this machine's clock)")
 
 
 def check_depth(value: Any, where: str, limit: int = MAX_DEPTH) -> None:

@@ -211,6 +211,12 @@ class DeviceRepeat:
     h2d_from_ring: int = 0
     h2d_from_pageable: int = 0
     device_prefetch: int = 0        # batches whose copy ran ahead on a side stream (0: none)
+    # AU over the run's steady window (``Phases``: after start-up): the step times of the
+    # steady batches, by ``compute_clock`` (CUDA events on a GPU), over ``Phases.steady_s``.
+    # None: the run had no steady window. Whole-run ``au`` counts start-up (the loader's
+    # first batches, a GPU's first kernels) against the accelerator; this does not.
+    steady_compute_s: float | None = None
+    steady_au: float | None = None
 
 
 @dataclass
@@ -596,6 +602,7 @@ class DeviceFigures:
     h2d_bytes_per_batch: float | None = None
     host_memory: str = ""           # where copied batches came from (pool / ring / pageable)
     device_prefetch: int = 0
+    steady_au: Summary | None = None   # AU over each run's steady window; None: no run had one
 
 
 @dataclass

@@ -36,7 +36,14 @@ def from_dict(d: Any, source: str = "<result>") -> Result:
         raise ResultError(f"{source}: schema_version: expected one of {list(SUPPORTED_VERSIONS)}, "
                           f"got {version!r}")
     d = migrate.to_current(d, version, SCHEMA_VERSION, source)
-    return codec.from_json(Result, d, source + ":")
+    result = codec.from_json(Result, d, source + ":")
+    seen: set[str] = set()
+    for i, v in enumerate(result.variants):
+        if v.name in seen:        # the gate and report key variants by name: one would win
+            raise ResultError(f"{source}: variants[{i}].name: {v.name!r} appears twice; "
+                              f"variant names are unique")
+        seen.add(v.name)
+    return result
 
 
 def _reject_constant(name: str) -> Any:

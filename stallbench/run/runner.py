@@ -98,6 +98,28 @@ def _replace(obj: Any, **kw: Any) -> Any:
     return dataclasses.replace(obj, **kw)
 
 
+def prepare_watched(executor: Any, plan: Plan, caches: Any) -> None:
+    """``executor.prepare`` under the progress watchdog: a warm-up that streams items (Flight)
+    or fills caches waits on producers too, and must end when they stop progressing."""
+    from ..measure.probe import stall_line
+    from ..measure.watchdog import Watchdog
+
+    if not callable(getattr(executor, "waiting_for", None)):   # not watched (see probe)
+        executor.prepare(plan, caches)
+        return
+    timeout = plan.config.run.progress_timeout_s
+    dog = Watchdog(timeout, lambda: stall_line(plan, executor, timeout))
+    with dog:
+        try:
+            with dog.waiting():
+                executor.prepare(plan, caches)
+        except BaseException:
+            abort = getattr(executor, "abort", None)
+            if abort is not None:
+                abort()
+            raise
+
+
 def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenario_file: str,
                 progress: bool) -> VariantResult:
     cfg = plan.config
@@ -123,7 +145,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         facts = executor_facts(executor)
         budget = thread_budget(executor)
         solo = solo_probe(plan) if facts.has_producers else None
-        executor.prepare(plan, caches)   # e.g. caches into Ray's object store, untimed
+        prepare_watched(executor, plan, caches)   # e.g. caches into Ray's object store, untimed
         started = startup_figures(startup, executor.startup_figures())
         compute = plan.build_compute(scenario_file)
         for r in range(repeats):
@@ -203,7 +225,7 @@ def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenari
         driver_caches = LAUNCHERS.get(executor.rank_launcher).driver_caches
         caches = StageCaches.build(plan) if analyze and driver_caches else None
         solo = solo_probe(plan) if facts.has_producers else None
-        executor.prepare(plan, caches)
+        prepare_watched(executor, plan, caches)
         jr = job.run_job(plan, executor, ablations, repeats,
                          on_run=lambda name, n: bar.update(n), row_hashes=row_hashes)
     finally:

@@ -25,6 +25,7 @@ from ..measure.load import LoadMeter
 from ..pipeline import FULL, Plan, dataset_for
 from ..results import DatasetInfo, MachineInfo, TuneFigures, TuneStep, VariantResult
 from ..scenario import Config, Scenario, Variant, format_value
+from ..stages.batch_format import FORMATS
 from .preflight import check_config
 from .runner import default_cache_dir, run_variant
 from .tune_file import knob_diff, variant_name, with_knobs
@@ -304,7 +305,7 @@ class Search:
         cfg = best.cfg
         ld = cfg.loader
         out = []
-        if ld.batch_format != "single_buffer":
+        if not FORMATS.get(ld.batch_format).contiguous_buffer:   # jagged already is one
             out.append(Candidate("loader.batch_format", "single_buffer",
                                   "one buffer per batch: fewer bytes copied and pickled between "
                                   "producer and trainer, zero-copy to unpack"))

@@ -536,6 +536,15 @@ class BatchFormat:
         to pack into); formats that can place their payload in shared memory do."""
         raise NotImplementedError
 
+    def encode_table(self, table: pa.Table, batch_size: int, prefix: str,
+                     shared: bool | SlotAllocator) -> list[tuple[int, Any]] | None:
+        """Every batch of ``table`` (``batch_size`` rows, ids ``prefix:i``) as (rows,
+        payload), byte for byte what ``encode`` gives each slice; None: this format encodes
+        batch by batch. A format overrides it when it can look its columns up once per table
+        instead of once per batch (a per-column Python step per batch that a plain loader
+        does not pay)."""
+        return None
+
     def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
         raise NotImplementedError
 
@@ -766,6 +775,65 @@ def check_jagged(batch: TensorBatch, schema: FeatureSchema, batch_id: str,
     return batch
 
 
+def padded_from_jagged(offsets: torch.Tensor, values: torch.Tensor, features: int, rows: int,
+                       min_len: int) -> torch.Tensor:
+    """The padded ``seq`` (B, Q, L) of a jagged batch, on the batch's device, with nothing cut:
+    L = max(``min_len``, the batch's longest sequence), ``PAD_ID`` after each sequence's end.
+
+    Built in one masked scatter: the mask's True cells, enumerated in (Q, B, L) order, are
+    exactly the positions of ``values`` in their feature-major order, and the (Q, B, L) view
+    writes straight into a contiguous (B, Q, L) tensor. Reading the longest length back is
+    one host sync on a GPU."""
+    lengths = offsets[1:] - offsets[:-1]
+    width = max(min_len, int(lengths.max()) if lengths.numel() else 0)
+    out = torch.full((rows, features, width), PAD_ID, dtype=torch.int64, device=values.device)
+    if values.numel():
+        pos = torch.arange(width, device=values.device)
+        mask = pos < lengths.view(features, rows, 1)
+        out.permute(1, 0, 2)[mask] = values
+    return out
+
+
+class PaddedOnDemand(dict):
+    """A jagged batch that also answers the documented ``seq`` key (B, Q, L), built from
+    ``seq_values`` + ``seq_offsets`` the first time it is asked for (``padded_from_jagged``:
+    padded to at least ``sequence_max_len``, so a model sized for it keeps its shapes while no
+    sequence is longer, and to the batch's longest otherwise: no id is cut).
+
+    Why on demand: ``jagged`` is the default format because it keeps every id, and a model of
+    the user's own written for the documented dict (``dense``, ``sparse``, ``seq``, ``label``)
+    must keep working; a model that reads the jagged keys instead pays no padding at all. The
+    padding, when asked for, runs inside the model's step and is timed as compute."""
+
+    def __init__(self, batch: TensorBatch, schema: FeatureSchema) -> None:
+        super().__init__(batch)
+        self._features = len(schema.sequence)
+        self._min_len = schema.seq_len
+
+    def __missing__(self, key: str) -> torch.Tensor:
+        if key != "seq":
+            raise KeyError(key)
+        seq = padded_from_jagged(dict.__getitem__(self, "seq_offsets"),
+                                 dict.__getitem__(self, "seq_values"), self._features,
+                                 int(dict.__getitem__(self, "label").shape[0]), self._min_len)
+        self["seq"] = seq
+        return seq
+
+    def __contains__(self, key: object) -> bool:
+        return key == "seq" or dict.__contains__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+
+def documented(batch: TensorBatch, schema: FeatureSchema) -> TensorBatch:
+    """``batch`` as a model written for the documented keys expects it: a jagged batch gains
+    ``seq`` on demand (``PaddedOnDemand``); a padded one is returned as is."""
+    if "seq_values" in batch and "seq" not in batch:
+        return PaddedOnDemand(batch, schema)
+    return batch
+
+
 def collate_jagged(cols: dict[str, Any], schema: FeatureSchema) -> dict[str, np.ndarray]:
     """Uncollated columns (sequences as (offsets, values)) -> the jagged arrays (fresh;
     ``dense`` and ``sparse`` feature-major underneath, (B, D) / (B, S) as seen)."""
@@ -827,6 +895,43 @@ class JaggedFormat(SingleBufferFormat):
         views["label"][:] = column_numpy(table.column(s.label), np.float32)
         fill_jagged_sequences(parts, views["seq_offsets"], views["seq_values"])
         return buf
+
+    def encode_table(self, table: pa.Table, batch_size: int, prefix: str,
+                     shared: bool | SlotAllocator) -> list[tuple[int, Any]] | None:
+        """The batches of a table with its columns looked up once: zero-copy numpy views of
+        the whole table's columns, sliced per batch (a slice is a view, no Arrow call per
+        column per batch), and each sequence feature's offsets rebased straight into the
+        buffer. What each batch costs is then its one copy into its buffer."""
+        s = self.schema
+        if self.collate != "producer":
+            return None
+        dense = [column_numpy(table.column(c), np.float32) for c in s.dense]
+        sparse = [column_numpy(table.column(c), np.int64) for c in s.sparse]
+        label = column_numpy(table.column(s.label), np.float32)
+        parts = [seq_parts(table.column(c)) for c in s.sequence]
+        out = []
+        for i, lo in enumerate(range(0, table.num_rows, batch_size)):
+            hi = min(lo + batch_size, table.num_rows)
+            n = hi - lo
+            spans = [(int(off[lo]), int(off[hi])) for off, _ in parts]
+            total = sum(b - a for a, b in spans)
+            buf, views = allocate(jagged_fields(s, n, total), f"{prefix}:{i}", shared)
+            d, sp = views["dense"], views["sparse"]
+            for j, col in enumerate(dense):
+                d[j] = col[lo:hi]
+            for j, col in enumerate(sparse):
+                sp[j] = col[lo:hi]
+            views["label"][:] = label[lo:hi]
+            offsets, values = views["seq_offsets"], views["seq_values"]
+            offsets[0] = 0
+            base = at = 0
+            for (off, vals), (a, b) in zip(parts, spans):
+                np.add(off[lo + 1:hi + 1], base - a, out=offsets[at + 1:at + n + 1])
+                values[base:base + b - a] = vals[a:b]
+                base += b - a
+                at += n
+            out.append((n, buf))
+        return out
 
     def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
         s = self.schema

@@ -15,11 +15,12 @@ from torch import nn
 
 from ..data.schema import FeatureSchema
 from ..errors import ScenarioError, UserCodeError, describe_exception
-from ..registry import Registry, import_object
+from ..registry import Registry, import_object, locate, user_dirs
 from ..scenario import ModelSpec
-from .batch_format import TensorBatch
+from .batch_format import TensorBatch, documented
 from .costs import precise_wait
 from .transfer import device
+from .transforms import at_user_frame, is_real_signal
 
 MODELS: Registry[type["Compute"]] = Registry("model")
 
@@ -170,6 +171,12 @@ class DLRMCompute(TorchCompute):
 class UserCompute(TorchCompute):
     """A user's ``factory(schema, spec) -> nn.Module`` whose forward returns logits.
 
+    Its forward gets the documented batch dict (``dense``, ``sparse``, ``seq``, ``label``)
+    whatever the format: from a jagged batch (the default), ``seq`` is padded on demand to the
+    batch's longest sequence, at least ``sequence_max_len`` (``batch_format.documented``); the
+    jagged keys ``seq_values`` / ``seq_offsets`` are there too, for a model that pools them
+    without padding.
+
     The user's code failing anywhere (import, factory, its forward and backward in a step) is
     a ``UserCodeError`` naming ``model.kind`` and the scenario file, never a traceback."""
 
@@ -179,16 +186,23 @@ class UserCompute(TorchCompute):
                  scenario_file: str = "<scenario>") -> None:
         self.file = scenario_file
         self.spec = spec
+        searched = user_dirs(scenario_file)
         try:
-            factory: Callable[..., Any] = import_object(spec.kind)  # type: ignore[assignment]
-        except Exception as exc:  # noqa: BLE001 - a user module may raise anything at import
-            raise self._error(f"cannot be imported: {describe_exception(exc)}") from None
+            factory: Callable[..., Any] = import_object(  # type: ignore[assignment]
+                spec.kind, locate(spec.kind.partition(":")[0], searched), searched)
+        except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"cannot be imported: {describe_exception(exc)}{at_user_frame(exc)}") \
+                from None
         if not callable(factory):
             raise self._error(f"is not callable (it is a {type(factory).__name__})")
         try:
             module = factory(schema, spec)
-        except Exception as exc:  # noqa: BLE001
-            raise self._error(f"raised {describe_exception(exc)}") from None
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() in it too: never a silent end
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"raised {describe_exception(exc)}{at_user_frame(exc)}") from None
         if not isinstance(module, nn.Module):
             raise self._error(f"returned {type(module).__name__}, expected a torch.nn.Module")
         super().__init__(spec, schema, module)
@@ -200,9 +214,12 @@ class UserCompute(TorchCompute):
 
     def step(self, batch: TensorBatch) -> None:
         try:
-            super().step(batch)
-        except Exception as exc:  # noqa: BLE001 - the user's forward/backward
-            raise self._error(f"failed in a training step: {describe_exception(exc)}") from None
+            super().step(documented(batch, self.schema))
+        except BaseException as exc:  # noqa: BLE001 - the user's forward/backward
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"failed in a training step: {describe_exception(exc)}"
+                              f"{at_user_frame(exc)}") from None
 
 
 def build(spec: ModelSpec, schema: FeatureSchema, scenario_file: str = "<scenario>") -> Compute:

@@ -200,6 +200,20 @@ class Transfer:
         b = self.loader.batch_size
         return [table.slice(i, b) for i in range(0, table.num_rows, b)]
 
+    def send_table(self, table: pa.Table, prefix: str, shared: bool | SlotAllocator,
+                   emulate_wire: bool = True) -> list[Payload]:
+        """Every batch of one preprocessed table (ids ``prefix:i``), as ``send`` would make
+        them one by one; the format encodes the whole table at once where it can
+        (``BatchFormat.encode_table``)."""
+        encoded = (self.format.encode_table(table, self.loader.batch_size, prefix,
+                                            False if self.compress else shared)
+                   if not self.format.pads_sequences else None)
+        if encoded is None:
+            return [self.send(b, f"{prefix}:{i}", shared, emulate_wire)
+                    for i, b in enumerate(self.split(table))]
+        return [self._payload(f"{prefix}:{i}", rows, data, None, emulate_wire)
+                for i, (rows, data) in enumerate(encoded)]
+
     def send(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator,
              emulate_wire: bool = True) -> Payload:
         """Encode (+ compress, + emulated link wait) one batch. ``shared``: the payload will
@@ -208,6 +222,11 @@ class Transfer:
         data = self.format.encode(table, batch_id, False if self.compress else shared)
         cut = (SequenceCounts.of(table, self.schema)
                if self.format.pads_sequences and self.schema.sequence else None)
+        return self._payload(batch_id, table.num_rows, data, cut, emulate_wire)
+
+    def _payload(self, batch_id: str, rows: int, data: Any, cut: SequenceCounts | None,
+                 emulate_wire: bool) -> Payload:
+        """Compress (when asked) and wait out the emulated link: the rest of ``send``."""
         raw = nbytes(data)
         compressed = False
         if self.compress:
@@ -221,7 +240,7 @@ class Transfer:
         wire = nbytes(data)
         if emulate_wire and self.loader.wire_bandwidth_mb_s:
             precise_wait(wire / (self.loader.wire_bandwidth_mb_s * 1e6))
-        return Payload(batch_id, table.num_rows, data, compressed, wire, raw, sequences=cut)
+        return Payload(batch_id, rows, data, compressed, wire, raw, sequences=cut)
 
     # ---------------------------------------------------------------------- trainer side
     def receive(self, p: Payload) -> TensorBatch:

@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..data.schema import FeatureSchema
-from ..errors import UserCodeError, describe_exception
-from ..registry import Registry, import_object
+from .. import interrupts
+from ..errors import NoProgress, UserCodeError, describe_exception, user_frame
+from ..registry import Registry, import_object, locate, user_dirs
 
 TRANSFORMS: Registry[type["Transform"]] = Registry("transform")
 
@@ -274,6 +275,21 @@ class MapSideJoin(Transform):
         return table
 
 
+def is_real_signal(exc: BaseException) -> bool:
+    """A ``KeyboardInterrupt`` that a real SIGINT/SIGTERM caused (it ends the command with
+    130/143) rather than one the user's code raised itself (reported as its error, exit 2)."""
+    if isinstance(exc, NoProgress):     # the progress watchdog ending a stuck wait: ours too
+        return True
+    return isinstance(exc, interrupts.Interrupted) or (
+        isinstance(exc, KeyboardInterrupt) and interrupts.pending() is not None)
+
+
+def at_user_frame(exc: BaseException) -> str:
+    """`` at file:line in fn``: where in the user's own files it happened (if it did)."""
+    where = user_frame(exc.__traceback__)
+    return f" at {where}" if where else ""
+
+
 class UserTransform(Transform):
     """A user's own ``fn(table, **params) -> table`` by import path; schema assumed unchanged.
 
@@ -292,6 +308,10 @@ class UserTransform(Transform):
         check_finite(self.kwargs)
         self.schema_in = schema
         self.seed = seed
+        # Found here, in the trainer, and shipped as a file path: a loader or Ray worker
+        # loads the same file whatever its working directory and import path.
+        self.searched = user_dirs(file)
+        self.origin = locate(path.partition(":")[0], self.searched)
         self.fn = self._load()
 
     def _error(self, problem: str, tb: str = "") -> UserCodeError:
@@ -300,12 +320,12 @@ class UserTransform(Transform):
 
     def _load(self) -> Callable[..., Any]:
         try:
-            fn = import_object(self.path)
+            fn = import_object(self.path, self.origin, self.searched)
         except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
-            if isinstance(exc, KeyboardInterrupt):
+            if is_real_signal(exc):
                 raise
-            raise self._error(f"cannot be imported: {describe_exception(exc)}",
-                              traceback.format_exc()) from None
+            raise self._error(f"cannot be imported: {describe_exception(exc)}"
+                              f"{at_user_frame(exc)}", traceback.format_exc()) from None
         if not callable(fn):
             raise self._error(f"is not callable (it is a {type(fn).__name__})")
         return fn  # type: ignore[return-value]
@@ -322,8 +342,13 @@ class UserTransform(Transform):
             self.fn = self._load()
         try:
             out = self.fn(table, **self.kwargs)
-        except Exception as exc:  # noqa: BLE001 - the user's code: reported, never a traceback
-            raise self._error(f"raised {describe_exception(exc)}", traceback.format_exc()) from None
+        except BaseException as exc:  # noqa: BLE001 - the user's code: reported, never a traceback
+            # sys.exit() and a KeyboardInterrupt the code raised itself included: they would
+            # end the process silently (rc 0 or 3, no result); a real signal still wins.
+            if is_real_signal(exc):
+                raise
+            raise self._error(f"raised {describe_exception(exc)}{at_user_frame(exc)}",
+                              traceback.format_exc()) from None
         if not isinstance(out, pa.Table):
             raise self._error(f"returned {type(out).__name__}, expected a pyarrow.Table")
         missing = [c for c in self.schema_in.columns if c not in out.column_names]

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .. import interrupts
-from ..errors import UserError
+from ..errors import ProcessDied, UserError, exit_status
 from ..pipeline import Ablation, Plan
 from .base import LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan
 
@@ -173,8 +173,9 @@ class ProcessLauncher(RankLauncher):
             return RankError(f"trainer rank {r} failed: {text}\n{tb}")
         p = self.procs[r]
         p.join(timeout=1.0)
-        return RankError(f"trainer rank {r} (pid {p.pid}) exited unexpectedly "
-                         f"(exit code {p.exitcode})")
+        interrupts.check()      # a rank ended by the same Ctrl-C / SIGTERM: 130 / 143
+        return ProcessDied(f"trainer rank {r} (pid {p.pid}) {exit_status(p.exitcode)} "
+                           f"before it finished; no result written")
 
     # ------------------------------------------------------------------------------ stop
     def stop(self) -> None:

@@ -365,6 +365,11 @@ class RankWorker:
             d = fig.device
             d.compute_s = max(d.compute_s - sync_s, 0.0)
             d.au = d.compute_s / fig.epoch_s if fig.epoch_s > 0 else 0.0
+            ph = fig.phases
+            if d.steady_compute_s is not None and ph is not None and ph.steady_s > 0:
+                d.steady_compute_s = max(d.steady_compute_s - sum(sync[ph.startup_batches:]),
+                                         0.0)
+                d.steady_au = d.steady_compute_s / ph.steady_s
         tl.compute_s = [round(max(c - s, 0.0), 6) for c, s in zip(tl.compute_s, sync)]
         return RankRun(
             rank=self.ctx.rank, pid=os.getpid(), figures=fig, sync_s=sync_s,

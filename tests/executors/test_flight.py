@@ -314,7 +314,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    assert proc.returncode == 0 and "stopped" in proc.stdout.read()   # SIGTERM: a clean stop
+    # SIGTERM: a clean stop, exit 143 like every verb (issue 26; tests/reliability/test_exit_codes)
+    assert proc.returncode == 143 and "stopped" in proc.stdout.read()
 
 
 def test_served_scenario_gives_the_local_batches(served: Any) -> None:

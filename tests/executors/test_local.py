@@ -200,3 +200,33 @@ def test_handed_over_shared_memory_counts_even_untouched() -> None:
     assert tree_pss_mb(me) - pss0 > 60
     assert tree_rss_mb(me) - rss0 < 10
     del held
+
+
+def test_batches_that_outgrow_their_slots_size_the_next_runs_pool(tmp_path: Path) -> None:
+    """Slots of a jagged pool are sized for sequences averaging up to sequence_max_len ids;
+    existing data with longer ones overflows them into fresh memory once, and the next run's
+    pool is sized from what that run carried: every batch pooled."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    n = 1600
+    pq.write_table(pa.table({
+        "f": pa.array(rng.random(n, dtype=np.float32)),
+        "hist": pa.array([rng.integers(0, 99, rng.integers(60, 80)).tolist() for _ in range(n)],
+                         pa.list_(pa.int64())),
+        "label": pa.array(np.zeros(n, dtype=np.float32))}), tmp_path / "long.parquet",
+        row_group_size=400)
+    cfg = scenario.parse(f'name = "grow"\n[dataset]\npath = "{tmp_path / "long.parquet"}"\n'
+                         f'sequence_max_len = 8\n[model]\nkind = "emulated"\n'
+                         f'[loader]\nbatch_size = 400\n', "grow.toml").base
+    plan = Plan.create(cfg, dataset_for(cfg, tmp_path, "grow.toml"), scenario_file="grow.toml")
+    ex = EXECUTORS.get("local")(cfg, "grow.toml")
+    with ex:
+        first, _, _ = measured_run(plan, ex, plan.build_compute())
+        second, _, _ = measured_run(plan, ex, plan.build_compute())
+    before, after = (f.executor_figures["buffer_pool"] for f in (first, second))
+    assert before["fresh_batches"] == first.batches == 4 and before["pooled_batches"] == 0
+    assert after["fresh_batches"] == 0 and after["pooled_batches"] == second.batches == 4
+    assert after["slot_bytes"] > before["slot_bytes"]

@@ -291,3 +291,73 @@ def test_measured_run_through_the_device_path(loader: str, source: str, cache: P
         # and unregistered when the executor stopped
         assert len(fake.registrations) > fake.pinned_allocs
         assert len(fake.pinned_ranges) == fake.pinned_allocs
+
+
+# ------------------------------------------------------------------- steady-state AU
+
+def test_device_clock_takes_whole_run_and_steady_au_from_the_same_step_events() -> None:
+    """Ground truth by construction: step events completed at set times (5 steps of 10, 10,
+    40, 40, 40 ms), a 200 ms run whose steady window (from step 2) lasts 150 ms: AU =
+    140 / 200, steady AU = 120 / 150, both from the events, not the host clock."""
+    from stallbench.measure.device_clock import DeviceClock
+
+    api = FakeApi()
+    clock = DeviceClock(api, "gpu")
+    t = 0.0
+    for ms in (10, 10, 40, 40, 40):
+        start, end = api.event(), api.event()
+        start.done_at, end.done_at = t, t + ms / 1e3
+        clock.steps.append((start, end))
+        clock.host_step(1.0)                   # the host clock says otherwise: not used
+        t += ms / 1e3 + 0.005
+    rep, _, steps = clock.finish(0.200, steady_from=2, steady_s=0.150)
+    assert rep.compute_clock == "cuda_events" and steps == pytest.approx([10, 10, 40, 40, 40])
+    assert rep.au == pytest.approx(0.140 / 0.200)
+    assert rep.steady_compute_s == pytest.approx(0.120)
+    assert rep.steady_au == pytest.approx(0.120 / 0.150)
+    none, _, _ = DeviceClock(api, "gpu").finish(0.2)   # no steady window: no steady AU
+    assert none.steady_au is None and none.steady_compute_s is None
+
+
+class KernelCompute:
+    """A GPU model step on the fake device: KERNEL_S of queued device work, waited for by
+    ``sync`` as a real trainer waits for its step (``Compute.sync``)."""
+
+    kind = "gpu"
+    KERNEL_S = 0.004
+
+    def __init__(self, api: FakeApi) -> None:
+        self.api = api
+
+    def step(self, batch: dict[str, torch.Tensor]) -> None:
+        self.api.kernel(self.KERNEL_S)
+
+    def sync(self) -> None:
+        self.api.current_stream().ops and self.api._run(self.api.current_stream())
+
+
+def test_a_measured_run_reports_steady_au_from_its_steady_steps(cache: Path) -> None:
+    """The run's steady AU is the CUDA-event step times of its steady batches over its steady
+    window (checked against the run's own timeline and phases), at least the known device
+    work of those steps and at most the host's view of them; results carry it beside AU."""
+    from stallbench.analysis.device import device_figures
+
+    # 0 workers: start-up is work item 0, and the other 3 items are a steady window long
+    # enough for the phase split's rule (2 workers over 4 items would leave none)
+    cfg = scenario.parse(BASE + "num_workers = 0\n", "fake.toml").base
+    plan = Plan.create(cfg, dataset_for(cfg, cache, "fake.toml"), scenario_file="fake.toml")
+    fake = FakeApi()
+    plan.transfer.attach(fake)
+    with EXECUTORS.get("local")(cfg, "fake.toml") as ex:
+        fig, timeline, _ = measured_run(plan, ex, KernelCompute(fake))
+    d, ph = fig.device, fig.phases
+    assert d is not None and d.compute_clock == "cuda_events" and ph.steady_batches > 0
+    k = ph.startup_batches
+    steady_steps = timeline.gpu_step_ms[k:]
+    assert d.steady_compute_s == pytest.approx(sum(steady_steps) / 1e3, rel=1e-3)
+    assert d.steady_au == pytest.approx(d.steady_compute_s / ph.steady_s)
+    assert sum(steady_steps) / 1e3 >= KernelCompute.KERNEL_S * ph.steady_batches * 0.999
+    assert d.steady_compute_s <= ph.steady_compute_s + 1e-6    # events inside the host's step
+    assert d.au == pytest.approx(sum(timeline.gpu_step_ms) / 1e3 / fig.epoch_s, rel=1e-3)
+    summary = device_figures([fig])
+    assert summary is not None and summary.steady_au.median == pytest.approx(d.steady_au)

@@ -202,3 +202,31 @@ def test_jagged_transfer_round_trip_through_zstd() -> None:
     got = _host(t.receive(p))
     for k, v in _expected(table).items():
         np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 7, 40])
+def test_a_table_encoded_at_once_is_byte_identical_to_batch_by_batch(batch: int) -> None:
+    """``encode_table`` (columns looked up once per table) gives exactly the buffers that
+    ``encode`` gives each slice, header included: for a table of two chunks, a ragged last
+    batch, empty sequences and a batch larger than the table."""
+    t = pa.concat_tables([_table(n=9, max_len=14, seed=1), _table(n=14, max_len=3, seed=2)])
+    assert t.column("q0").num_chunks == 2
+    fmt = bf.FORMATS.get("jagged")(SCHEMA, "producer")
+    whole = fmt.encode_table(t, batch, "5", False)
+    parts = [fmt.encode(t.slice(lo, batch), f"5:{i}", False)
+             for i, lo in enumerate(range(0, t.num_rows, batch))]
+    assert [r for r, _ in whole] == [min(batch, t.num_rows - lo) for lo in range(0, t.num_rows, batch)]
+    assert len(whole) == len(parts)
+    for i, ((_, a), b) in enumerate(zip(whole, parts)):
+        fa, fb = bf.unpack_fields(a, f"5:{i}"), bf.unpack_fields(b, f"5:{i}")
+        head = 8 + int.from_bytes(b.numpy()[4:8].tobytes(), "little")
+        assert a.numpy()[:head].tobytes() == b.numpy()[:head].tobytes() and a.numel() == b.numel()
+        assert fa.keys() == fb.keys()
+        for k in fa:      # every field's bytes (alignment gaps between fields are never read)
+            assert fa[k].numpy().tobytes() == fb[k].numpy().tobytes(), k
+    t2 = Transfer(LoaderSpec(batch_size=batch, batch_format="jagged"), SCHEMA)
+    sent = t2.send_table(t, "5", shared=False)
+    assert [(p.batch_id, p.rows, p.raw_bytes) for p in sent] == [
+        (p.batch_id, p.rows, p.raw_bytes) for p in
+        (t2.send(b, f"5:{i}", shared=False) for i, b in enumerate(t2.split(t)))]
+    assert bf.FORMATS.get("jagged")(SCHEMA, "trainer").encode_table(t, batch, "5", False) is None

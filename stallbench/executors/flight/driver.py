@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ...errors import ScenarioError, UserError
+from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.transfer import Payload
@@ -206,12 +207,21 @@ class FlightExecutor(Executor):
                                 f"no Flight server answers at {loc} within "
                                 f"{self.spec.connect_timeout_s:g} s ({_short(exc)}); start one "
                                 f"with: stallbench serve SCENARIO.toml --port PORT") from None
+        if not _is_ping_answer(info):     # e.g. another Flight service answering "[]"
+            self.stop()
+            raise ScenarioError(self.scenario_file, self._where(i),
+                                f"the Flight server at {loc} answered the ping with "
+                                f"{_short(repr(info), 80)}: not a stallbench Flight server")
         if info.get("v") != protocol.VERSION:
             self.stop()
             raise ScenarioError(self.scenario_file, self._where(i),
                                 f"the Flight server at {loc} speaks protocol {info.get('v')!r}, "
                                 f"this trainer {protocol.VERSION}")
         return info
+
+    def waiting_for(self) -> str:
+        """What the trainer waits on (the progress watchdog's line)."""
+        return f"Flight stream(s) from {', '.join(self.locations)}"
 
     def _register(self, plan: Plan) -> str:
         """Make sure every server serves this plan's variant (local ones are handed it)."""
@@ -335,6 +345,8 @@ class FlightExecutor(Executor):
                     got = st.queue.get(timeout=1.0)
                     break
                 except queue.Empty:
+                    if r.stop.is_set():             # aborted (the progress watchdog fired)
+                        return
                     if self.local is not None:
                         self.local.check_alive()    # a dead server is an error, not a hang
             if isinstance(got, BaseException):
@@ -375,6 +387,7 @@ class FlightExecutor(Executor):
                     chunk = reader.read_chunk()
                 except StopIteration:
                     break
+                tick()        # a chunk arrived: the server progresses (a slow item too)
                 if st.first_chunk_s is None:
                     st.first_chunk_s = time.perf_counter() - r.t0
                 meta = protocol.decode_meta(chunk.app_metadata)
@@ -407,6 +420,11 @@ class FlightExecutor(Executor):
                 exc = UserError(f"{self.scenario_file}: executor: Flight server "
                                 f"{self.locations[st.server]} failed a stream: {_short(exc, 600)}")
             put(exc)
+
+    def abort(self) -> None:
+        """The trainer gave up on this run (``measure.watchdog``): cancel every stream now,
+        from the trainer's thread, so the thread reading this run's items can end."""
+        self._close_run()
 
     def _close_run(self) -> None:
         r = self._run
@@ -485,3 +503,19 @@ class FlightExecutor(Executor):
 def _short(exc: BaseException, n: int = 200) -> str:
     text = " ".join(str(exc).split())
     return (text[:n] + "...") if len(text) > n else text
+
+
+def _is_ping_answer(info: Any) -> bool:
+    """A stallbench server's ping answer, checked as data before any key is used: an object
+    whose ``variants`` (if any) map keys to ``{"shards": int, "rows": int}``."""
+    if not isinstance(info, dict):
+        return False
+    variants = info.get("variants", {})
+    if not isinstance(variants, dict):
+        return False
+    for v in variants.values():
+        if not isinstance(v, dict) or not all(
+                isinstance(v.get(k), int) and not isinstance(v.get(k), bool) and v.get(k) >= 0
+                for k in ("shards", "rows")):
+            return False
+    return True

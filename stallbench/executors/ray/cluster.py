@@ -47,7 +47,7 @@ from typing import Any, Iterator
 
 from ... import interrupts
 from ...errors import ScenarioError, UserError
-from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race
+from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race, job_config
 from ...scenario import ExecutorSpec
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
@@ -213,7 +213,7 @@ class RayRuntime:
                              object_store_memory=spec.object_store_mb * 2**20,
                              include_dashboard=False, log_to_driver=False,
                              logging_level=logging.WARNING, namespace="stallbench",
-                             runtime_env=RUNTIME_ENV, _system_config=LEAN_SYSTEM_CONFIG)
+                             runtime_env=RUNTIME_ENV, job_config=job_config(), _system_config=LEAN_SYSTEM_CONFIG)
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
@@ -273,7 +273,7 @@ class RayRuntime:
         self._restore_address_file()
         self.address = self.cluster.address
         ray.init(address=self.cluster.address, log_to_driver=False,
-                 logging_level=logging.WARNING, namespace="stallbench", runtime_env=RUNTIME_ENV)
+                 logging_level=logging.WARNING, namespace="stallbench", runtime_env=RUNTIME_ENV, job_config=job_config())
         self.producer_resources = {RESOURCE: 1.0}
 
     def _restore_address_file(self) -> None:
@@ -347,7 +347,7 @@ class RayRuntime:
                 os.environ["RAY_ADDRESS"] = target.gcs   # the scenario's address wins
             ray.init(address=target.init_address, log_to_driver=False,
                      logging_level=logging.WARNING, namespace="stallbench",
-                     runtime_env=RUNTIME_ENV)
+                     runtime_env=RUNTIME_ENV, job_config=job_config())
         except Exception as exc:  # noqa: BLE001 - one line for the user, whatever Ray raised
             text = " ".join(f"{exc} {exc.__cause__ or ''}".split())
             if "Version mismatch" in text:

@@ -33,6 +33,8 @@ import os
 import time
 from typing import Any, Iterator
 
+from ... import interrupts
+from ...errors import ProcessDied
 from ...pipeline import Ablation, Plan, ShardOutput
 from ...trainers.base import (LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port,
                               rank_plan)
@@ -249,6 +251,11 @@ class RayRankLauncher(RankLauncher):
                     ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - named and re-raised
                     r = refs.index(ref)
+                    if isinstance(exc, ray.exceptions.RayActorError):   # the actor died
+                        interrupts.check()
+                        raise ProcessDied(f"trainer rank {r} (Ray actor) died before it "
+                                          f"finished: {' '.join(str(exc).split())[:200]}; "
+                                          f"no result written") from None
                     raise RankError(f"trainer rank {r} (Ray actor) failed: "
                                     f"{type(exc).__name__}: {exc}") from None
             if deadline is not None and time.monotonic() > deadline:

@@ -1,0 +1,110 @@
+"""No wait without an end: ``[run] progress_timeout_s``.
+
+While the trainer waits for a batch, a frozen or dead producer (a loader worker stopped with
+``kill -STOP``, a Flight server that stops mid-stream, a Ray task that never returns) would
+keep it waiting forever. The rule: if no batch arrives *and* no producer completes any work
+for ``progress_timeout_s``, the run ends with one line naming the executor and what it waited
+for, exit 2, no result; the command's clean-up then stops every process it started.
+
+Progress is a clock (``tick``) that producers' completed work moves: every item an executor
+yields (a row group produced, fetched or received: bulk materialisation ticks per item too),
+every batch the trainer receives. Only the time the trainer spends *waiting* counts: a slow
+model step is not a stall. The watchdog thread raises ``NoProgress`` in the waiting thread:
+by a SIGALRM to the main thread (it interrupts blocking waits there), else asynchronously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from ..errors import NoProgress
+
+__all__ = ["NoProgress", "Watchdog", "tick", "ticking"]
+
+
+class _Clock:
+    last = time.monotonic()
+
+
+def tick() -> None:
+    """A producer completed work (or a batch arrived): the wait is not stuck."""
+    _Clock.last = time.monotonic()
+
+
+def ticking(items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` (an executor's stream), ticking the clock at every item it yields."""
+    for item in items:
+        tick()
+        yield item
+
+
+class Watchdog:
+    """Ends a wait that makes no progress for ``timeout_s`` (see the module docstring)."""
+
+    def __init__(self, timeout_s: float, message: Callable[[], str]) -> None:
+        self.timeout_s = float(timeout_s)
+        self.message = message
+        self.waiting_since: float | None = None
+        self.fired: str | None = None
+        self.target = threading.current_thread()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._old_handler: Any = None
+        self._main = self.target is threading.main_thread()
+
+    def __enter__(self) -> "Watchdog":
+        tick()
+        if self._main:
+            self._old_handler = signal.signal(signal.SIGALRM, self._on_alarm)
+        self._thread = threading.Thread(target=self._watch, name="stallbench-watchdog",
+                                         daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._main:
+            signal.signal(signal.SIGALRM, self._old_handler or signal.SIG_DFL)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around the trainer's wait for its next batch."""
+        self.waiting_since = time.monotonic()
+        try:
+            yield
+        except NoProgress:      # raised asynchronously (no message), or by the alarm
+            raise NoProgress(self.fired or "no progress") from None
+        finally:
+            self.waiting_since = None
+        tick()
+        if self.fired:           # fired just as the batch came: the run is ending anyway
+            raise NoProgress(self.fired)
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.fired and self.waiting_since is not None:
+            raise NoProgress(self.fired)
+
+    def _watch(self) -> None:
+        if self.timeout_s == float("inf"):     # not watched: nothing to do
+            return
+        step = min(1.0, self.timeout_s / 10)
+        while not self._done.wait(step):
+            since = self.waiting_since
+            if since is None or self.fired:
+                continue
+            idle = time.monotonic() - max(_Clock.last, since)
+            if idle < self.timeout_s:
+                continue
+            self.fired = self.message()
+            if self._main:
+                signal.pthread_kill(self.target.ident, signal.SIGALRM)   # type: ignore[arg-type]
+            else:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.target.ident), ctypes.py_object(NoProgress))

@@ -1,0 +1,80 @@
+"""Classes 5 and 7 of issue 26: exit codes as the README states them, in every verb, and the
+report marker matched only where the report writes it.
+
+The rules: a signal ends every verb with 128 + its number (130 SIGINT, 143 SIGTERM): a
+handler of another part (the rank launcher's, the A/B gate's, Ray's) raises
+``interrupts.received(signum)``, never a bare ``KeyboardInterrupt`` read as SIGINT; ``serve``
+exits the same way after stopping its server. ``report -o FILE`` replaces FILE only when it
+starts the way a stallbench report starts (``outputs.REPORT``): a user's notes that quote
+the generator tag are never overwritten.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from reliability_helpers import TINY, Watched, one_error_line, sb, write
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "results" / "examples" / "schema-v2.json"
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+TAG = '<meta name="generator" content="stallbench 0.1.0">'
+
+
+@pytest.mark.parametrize("text", [
+    f"# notes\n{TAG}\n",
+    f"{TAG}\n# my notes start with the tag\n",
+    f"<!DOCTYPE html>\n<!-- {TAG} -->\n<p>mine</p>\n",
+    "x" * 3000 + TAG,
+])
+def test_report_never_replaces_a_file_that_only_quotes_the_marker(tmp_path: Path, env: dict,
+                                                                  text: str) -> None:
+    notes = tmp_path / "NOTES.md"
+    notes.write_text(text)
+    r = sb(["report", str(EXAMPLE), "-o", "NOTES.md"], env, tmp_path, timeout=120)
+    one_error_line(r, "NOTES.md", "not a stallbench HTML report")
+    assert notes.read_text() == text
+
+
+def test_report_replaces_its_own_report(tmp_path: Path, env: dict) -> None:
+    r = sb(["report", str(EXAMPLE), "-o", "r.html"], env, tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = sb(["report", str(EXAMPLE), "-o", "r.html"], env, tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _started(w: Watched, marker: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    line = ""
+    while marker not in line and time.monotonic() < deadline and w.proc.poll() is None:
+        line = w.proc.stdout.readline()
+    assert marker in line, line
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_ranks_keeps_its_exit_code(tmp_path: Path, env: dict, sig: int) -> None:
+    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 200") + "[trainers]\nranks = 2\n")
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    _started(w, "variant")
+    w.wait_for(lambda kids: len(kids) >= 2, timeout=120)
+    time.sleep(1.0)
+    w.proc.send_signal(sig)
+    rc, _, err = w.finish()
+    assert rc == EXIT[sig], (rc, err[-3000:])
+    assert f"interrupted by {signal.Signals(sig).name}" in err.splitlines()[-1], err[-2000:]
+    assert w.leftovers() == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_exits_with_the_signals_code(tmp_path: Path, env: dict, sig: int) -> None:
+    pytest.importorskip("pyarrow.flight")
+    write(tmp_path, TINY)
+    w = Watched(["serve", "s.toml", "--port", "0"], env, tmp_path)
+    _started(w, "serving")
+    w.proc.send_signal(sig)
+    rc, out, err = w.finish(timeout=60)
+    assert rc == EXIT[sig], (rc, out[-1000:], err[-2000:])
+    assert f"interrupted by {signal.Signals(sig).name}; server stopped" in err, err[-2000:]

@@ -1,0 +1,169 @@
+"""Class 3 of issue 26: results (and calibration files) are validated as data, and every string
+from them is escaped for the sink it reaches.
+
+The rules (``results/codec.check_range``/``check_created``, ``results/store.from_dict``,
+``outputs.one_line``/``markdown_cell``/``annotation``, ``report/plots`` ``text.parse_math``
+off): ``created_utc`` is a real UTC timestamp at most a day ahead (``history`` and the gate
+order by it: ``9999-12-31`` would shadow every real result); variant names are unique (the
+gate keys by name: the last would win); every figure is within the range the schema states
+(counts and magnitudes < 1e15, times/rates/sizes >= 0, shares in [0, 1]; changes and
+differential attributions keep their sign). A violation is one line naming file and key, exit
+2. A string from a result never makes a new output line (a GitHub ``::error`` command) nor a
+mathtext crash.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from reliability_helpers import one_error_line, sb
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "results" / "examples" / "schema-v2.json"
+
+
+def _data() -> dict[str, Any]:
+    return json.loads(EXAMPLE.read_text())
+
+
+def _write(d: Path, change: Callable[[dict[str, Any]], None], name: str = "bad.json") -> str:
+    data = _data()
+    change(data)
+    (d / name).write_text(json.dumps(data, indent=1))
+    return name
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(d: dict[str, Any]) -> None:
+        keys = path.split(".")
+        cur: Any = d
+        for k in keys[:-1]:
+            cur = cur[int(k)] if isinstance(cur, list) else cur[k]
+        last = keys[-1]
+        if isinstance(cur, list):
+            cur[int(last)] = value
+        else:
+            cur[last] = value
+    return change
+
+
+@pytest.mark.parametrize("value, says", [
+    ("9999-12-31T23:59:59+00:00", "in the future"),
+    ("zzz", "expected an ISO 8601 UTC timestamp"),
+    ("2026-01-01T00:00:00", "expected a UTC timestamp"),
+    ("2026-01-01T00:00:00+05:00", "expected a UTC timestamp"),
+    (20260101, "expected a string"),
+])
+@pytest.mark.parametrize("command", ["report", "gate", "history"])
+def test_created_utc_is_a_real_utc_timestamp(tmp_path: Path, env: dict, value: Any, says: str,
+                                             command: str) -> None:
+    f = _write(tmp_path, _set("created_utc", value))
+    args = {"report": ["report", f, "-o", "r.html"],
+            "gate": ["gate", "--baseline", str(EXAMPLE), "--current", f],
+            "history": ["history", f]}[command]
+    r = sb(args, env, tmp_path, timeout=120)
+    one_error_line(r, "bad.json", "created_utc", says)
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_duplicate_variant_names_are_refused(tmp_path: Path, env: dict) -> None:
+    def dup(d: dict[str, Any]) -> None:
+        d["variants"][1]["name"] = d["variants"][0]["name"]
+    f = _write(tmp_path, dup)
+    r = sb(["gate", "--baseline", str(EXAMPLE), "--current", f], env, tmp_path, timeout=120)
+    one_error_line(r, "bad.json", "variants[1].name", "appears twice")
+
+
+@pytest.mark.parametrize("path, value, says", [
+    ("variants.0.repeats.0.throughput_samples_s", -5.0, ">= 0"),
+    ("variants.0.repeats.0.samples", 10 ** 4000, "expected a count"),
+    ("variants.0.repeats.0.samples", -1, "expected a count"),
+    ("variants.0.repeats.0.epoch_s", 1e300, "beyond any measured figure"),
+    ("variants.0.repeats.0.peak_pss_mb", -1.0, ">= 0"),
+    ("variants.0.repeats.0.wait_s", -0.5, ">= 0"),
+    ("variants.0.stall_share.values.0", 1.5, "share from 0 to 1"),
+    ("variants.0.stall_share.values.0", -0.1, "share from 0 to 1"),
+    ("variants.0.repeats.0.batches", 1.5, "expected an integer"),
+])
+@pytest.mark.parametrize("command", ["report", "whatif"])
+def test_figures_out_of_their_physical_range_are_refused(tmp_path: Path, env: dict, path: str,
+                                                         value: Any, says: str,
+                                                         command: str) -> None:
+    f = _write(tmp_path, _set(path, value))
+    args = ["report", f, "-o", "r.html"] if command == "report" else ["whatif", f]
+    r = sb(args, env, tmp_path, timeout=120)
+    one_error_line(r, "bad.json", path.split(".")[-1] if not path[-1].isdigit()
+                   else path.split(".")[-2], says)
+
+
+def test_signed_figures_keep_their_sign(tmp_path: Path, env: dict) -> None:
+    """Changes, differences and differential attributions may be negative: still accepted."""
+    def signed(d: dict[str, Any]) -> None:
+        d["created_utc"] = "2026-01-01T00:00:00+00:00"
+    f = _write(tmp_path, signed, "ok.json")
+    r = sb(["report", f, "-o", "r.html"], env, tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("detect", -1, ">= 0"),
+    ("detect", 0, "slowdown > 0"),
+    ("alpha", 2.0, "share from 0 to 1"),
+    ("pairs", -3, "expected a count"),
+    ("created_utc", "9999-01-01T00:00:00+00:00", "in the future"),
+])
+def test_calibration_files_are_validated_as_data(tmp_path: Path, key: str, value: Any,
+                                                  says: str) -> None:
+    from stallbench.errors import ResultError
+    from stallbench.gate import calibration
+
+    cal = {"calibration_version": calibration.CALIBRATION_VERSION,
+           "created_utc": "2026-01-01T00:00:00+00:00", "tool_version": "x", "scenario": "s",
+           "scenario_sha256": "0", "scenario_path": "s.toml",
+           "machine": {"cpu_model": "x", "cores_logical": 2}, "commit": None, "threshold": 0.1, "alpha": 0.05, "pairs": 5,
+           "rounds": 3, "detect": 0.1, "power_target": 0.95, "resamples": 100,
+           "seconds": 1.0, "metrics": []}
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(cal))
+    calibration.load(good)          # the valid file loads: only the edited key is wrong
+    cal[key] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(cal))
+    with pytest.raises(ResultError) as info:
+        calibration.load(bad)
+    assert key in str(info.value) and says in str(info.value), str(info.value)
+
+
+NASTY = ["x\n::error title=injected::boom", "a\r\n::warning::w", "esc\x1b[2J", "$\\sqrt{\\sqrt{$",
+         "$" + "\\sqrt{" * 40 + "x" + "}" * 40 + "$", "bidi\u202egnp.exe"]
+
+
+@pytest.mark.parametrize("fmt", ["github", "markdown", "table"])
+def test_a_variant_name_never_makes_its_own_output_line(tmp_path: Path, env: dict,
+                                                         fmt: str) -> None:
+    def rename(d: dict[str, Any]) -> None:
+        for v, name in zip(d["variants"], NASTY):
+            v["name"] = name
+    cur = _write(tmp_path, rename, "cur.json")
+    base = _write(tmp_path, rename, "base.json")
+    r = sb(["gate", "--baseline", base, "--current", cur, "--format", fmt], env, tmp_path,
+           timeout=120)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    for line in r.stdout.splitlines():
+        assert not line.startswith("::") or line.startswith("::error title=stallbench gate::") \
+            or line.startswith("::warning title=stallbench gate::"), line
+        assert "\x1b" not in line and "\u202e" not in line, repr(line)
+
+
+def test_report_renders_labels_as_text(tmp_path: Path, env: dict) -> None:
+    def rename(d: dict[str, Any]) -> None:
+        for v, name in zip(d["variants"], NASTY[3:]):
+            v["name"] = name
+    f = _write(tmp_path, rename, "r.json")
+    r = sb(["report", f, "-o", "r.html"], env, tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    html = (tmp_path / "r.html").read_text()
+    assert "\\sqrt{\\sqrt{" in html

@@ -1,0 +1,124 @@
+"""Class 2 of issue 26: user code that ends the process is reported, never a silent exit.
+
+The rule (``errors.is_real_signal``, ``UserTransform``/``UserCompute`` catching
+``BaseException``, ``LocalExecutor._worker_died``, the rank launchers, ``errors.ProcessDied``):
+``sys.exit(n)`` or a ``KeyboardInterrupt`` the user's code raised itself (no real SIGINT
+arrived), in the trainer or a loader worker, is one line naming the scenario key, the user's
+file and function, exit 2; a loader worker or a trainer rank that dies of anything
+(``os._exit``, a segfault, ``kill -9``) is one line naming it and its exit status, exit 2. No
+result either way, and no traceback. A real SIGINT still ends the run with 130
+(``test_signals``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from reliability_helpers import TINY, no_files, sb, write
+
+CODE = '''
+import os, sys, multiprocessing
+
+def _do(how):
+    if how == "exit0":
+        sys.exit(0)
+    if how == "exit3":
+        sys.exit(3)
+    if how == "exitmsg":
+        raise SystemExit("bye")
+    if how == "kbint":
+        raise KeyboardInterrupt
+    if how == "os_exit":
+        os._exit(7)
+    if how == "kill9":
+        os.kill(os.getpid(), 9)
+    if how == "segv":
+        import ctypes
+        ctypes.string_at(0)
+
+def here(table, **kw):
+    _do(os.environ["HOW"])
+    return table
+
+def in_worker(table, **kw):
+    from torch.utils.data import get_worker_info
+    if get_worker_info() is not None:
+        _do(os.environ["HOW"])
+    return table
+
+def in_rank(table, **kw):
+    if multiprocessing.parent_process() is not None:
+        _do(os.environ["HOW"])
+    return table
+
+def factory(schema, spec):
+    _do(os.environ["HOW"])
+
+class Net:
+    pass
+'''
+
+WORKERS = TINY.replace("batch_size = 512", "batch_size = 512\nnum_workers = 2")
+
+
+def _run(tmp_path: Path, env: dict, text: str, how: str):
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, text)
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "HOW": how}, tmp_path)
+    assert r.returncode == 2, (how, r.returncode, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert no_files(tmp_path / "out")
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("stallbench: error: ")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("how, says", [
+    ("exit0", "raised SystemExit (sys.exit(0))"),
+    ("exit3", "raised SystemExit (sys.exit(3))"),
+    ("exitmsg", "raised SystemExit (sys.exit('bye'))"),
+    ("kbint", "raised KeyboardInterrupt"),
+])
+def test_exit_in_a_transform_in_the_trainer(tmp_path: Path, env: dict, how: str,
+                                            says: str) -> None:
+    line = _run(tmp_path, env, TINY + '[preprocess]\ntransforms = ["usercode:here"]\n', how)
+    assert "preprocess.transforms[0]: transform 'usercode:here'" in line, line
+    assert says in line and "usercode.py:" in line and "in _do" in line, line
+
+
+@pytest.mark.parametrize("how", ["exit0", "kbint"])
+def test_exit_in_a_model_factory(tmp_path: Path, env: dict, how: str) -> None:
+    line = _run(tmp_path, env, TINY.replace('kind = "emulated"\nstep_ms = 1',
+                                            'kind = "usercode:factory"'), how)
+    assert "model.kind: model 'usercode:factory'" in line and "usercode.py:" in line, line
+
+
+@pytest.mark.parametrize("how", ["exit3", "kbint"])
+def test_exit_in_a_loader_worker_is_the_transforms_error(tmp_path: Path, env: dict,
+                                                          how: str) -> None:
+    line = _run(tmp_path, env, WORKERS + '[preprocess]\ntransforms = ["usercode:in_worker"]\n',
+                how)
+    assert "(in loader worker " in line and "usercode.py:" in line, line
+
+
+@pytest.mark.parametrize("how, status", [
+    ("os_exit", "exited with status 7"),
+    ("kill9", "killed by SIGKILL"),
+    ("segv", "killed by SIGSEGV"),
+])
+def test_a_loader_worker_that_dies(tmp_path: Path, env: dict, how: str, status: str) -> None:
+    line = _run(tmp_path, env, WORKERS + '[preprocess]\ntransforms = ["usercode:in_worker"]\n',
+                how)
+    assert "loader worker " in line and status in line, line
+    assert "transform 'usercode:in_worker'" in line and "no result written" in line, line
+
+
+@pytest.mark.parametrize("how, status", [
+    ("os_exit", "exited with status 7"),
+    ("kill9", "killed by SIGKILL"),
+])
+def test_a_trainer_rank_that_dies(tmp_path: Path, env: dict, how: str, status: str) -> None:
+    line = _run(tmp_path, env, TINY + '[preprocess]\ntransforms = ["usercode:in_rank"]\n'
+                                      '[trainers]\nranks = 2\n', how)
+    assert "trainer rank " in line and status in line and "no result written" in line, line

@@ -1,0 +1,218 @@
+"""Class 4 of issue 26: no wait without an end, and no read without a bound.
+
+The rules: ``[run] progress_timeout_s`` (default 300, [1, 86400]; ``measure/watchdog.py``):
+while the trainer waits for a batch and no producer completes any work for that long, the run
+ends with one line naming the executor and what it waited for, exit 2, no result, nothing left
+running; bulk materialisation and slow items are progress. Adding the key (or any key at its
+default) does not change a stored scenario fingerprint (``scenario.FINGERPRINT_KEYS``).
+Scenario paths that are not regular files are refused before reading, every read is bounded,
+and TOML nesting is checked without recursion (``scenario.read_text``/``nesting_depth``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from reliability_helpers import TINY, Watched, no_files, one_error_line, sb, write
+
+from stallbench import scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CODE = '''
+import os, signal, time
+
+def stop_in_worker(table, **kw):
+    from torch.utils.data import get_worker_info
+    if get_worker_info() is not None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return table
+
+def hang(table, **kw):
+    time.sleep(10 ** 6)
+    return table
+
+def slow(table, **kw):
+    if os.environ.get("SLOW_MARK"):
+        open(os.environ["SLOW_MARK"], "a").write("x")
+    time.sleep(0.4)
+    return table
+'''
+
+WORKERS = TINY.replace("batch_size = 512", "batch_size = 512\nnum_workers = 2")
+
+
+def _project(tmp_path: Path, text: str) -> None:
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, text)
+
+
+@pytest.mark.parametrize("base, fn, waited", [
+    (WORKERS, "stop_in_worker", "loader worker(s)"),
+    (TINY, "hang", "its own batch production"),
+])
+def test_a_frozen_producer_ends_the_run(tmp_path: Path, env: dict, base: str, fn: str,
+                                        waited: str) -> None:
+    _project(tmp_path, base + f'[preprocess]\ntransforms = ["usercode:{fn}"]\n'
+                              '[run]\nprogress_timeout_s = 2\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    w.wait_for(lambda kids: False, timeout=1)     # records the processes it starts
+    while w.proc.poll() is None:
+        w.children()
+        time.sleep(0.05)
+    code, out, err = w.finish()
+    assert code == 2, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("stallbench: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "run.progress_timeout_s" in lines[0] and "for 2 s" in lines[0], lines[0]
+    assert "local executor" in lines[0] and waited in lines[0], lines[0]
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+
+
+def test_slow_items_and_bulk_materialisation_are_progress(tmp_path: Path, env: dict) -> None:
+    """Each row group takes 0.4 s and a bulk epoch takes ~3 s before its first batch: with a
+    2 s timeout neither is a stall, because every completed row group moves the clock."""
+    _project(tmp_path, WORKERS.replace("num_workers = 2", "num_workers = 1\nexecution = \"bulk\"")
+             + '[preprocess]\ntransforms = ["usercode:slow"]\n[run]\nprogress_timeout_s = 2\n')
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value, says", [(0, "1"), (86401, "86,400"), ('"x"', "a number")])
+def test_progress_timeout_range(tmp_path: Path, env: dict, value: object, says: str) -> None:
+    write(tmp_path, TINY + f"[run]\nprogress_timeout_s = {value}\n")
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=60)
+    one_error_line(r, "s.toml", "run.progress_timeout_s", says)
+
+
+def _stored() -> list[Path]:
+    return sorted((ROOT / "results" / "baseline").glob("*.json")) + \
+        sorted((ROOT / "results" / "examples").glob("schema-v2*.json"))
+
+
+@pytest.mark.parametrize("path", _stored(), ids=lambda p: p.name)
+def test_stored_fingerprints_still_match(path: Path) -> None:
+    """schema-v1.json is left out: recorded under schema 1, before keys that issue 14 added
+    without this rule; it is kept to test the migration, not comparability."""
+    info = json.loads(path.read_text())["scenario"]
+    sc = scenario.parse(info["text"], info["path"])
+    assert sc.fingerprint == info["fingerprint"]
+    # The new key at its default, written out or not, changes nothing; another value does.
+    text = info["text"] + ("\n[run]\n" if "[run]" not in info["text"] else "")
+    same = scenario.parse(text.replace("[run]", "[run]\nprogress_timeout_s = 300", 1), "x")
+    other = scenario.parse(text.replace("[run]", "[run]\nprogress_timeout_s = 5", 1), "x")
+    assert same.fingerprint == info["fingerprint"]
+    assert other.fingerprint != info["fingerprint"]
+
+
+def test_every_key_added_at_its_default_keeps_the_fingerprint() -> None:
+    """Any key outside the frozen set, at its default, is not hashed (the rule, not a list)."""
+    base = scenario.parse(TINY, "s.toml")
+    for section, keys in scenario.FINGERPRINT_KEYS.items():
+        cls = scenario.SECTIONS[section]
+        added = [f.name for f in __import__("dataclasses").fields(cls) if f.name not in keys]
+        for key in added:
+            default = getattr(cls(), key)
+            if default is None or isinstance(default, (list, dict)):
+                continue
+            lit = json.dumps(default) if not isinstance(default, bool) else str(default).lower()
+            text = TINY + f"\n[{section}]\n{key} = {lit}\n" if f"[{section}]" not in TINY \
+                else TINY.replace(f"[{section}]", f"[{section}]\n{key} = {lit}", 1)
+            assert scenario.parse(text, "s.toml").fingerprint == base.fingerprint, key
+
+
+def test_non_regular_scenario_paths_are_refused_before_reading(tmp_path: Path,
+                                                               env: dict) -> None:
+    os.mkfifo(tmp_path / "fifo.toml")
+    (tmp_path / "zero.toml").symlink_to("/dev/zero")
+    (tmp_path / "big.toml").write_text("# " + "x" * (5 * 2**20) + "\n" + TINY)
+    for name, says in (("fifo.toml", "not a regular file"), ("zero.toml", "not a regular file"),
+                       ("big.toml", "MB")):
+        r = sb(["run", name, "--out", "out"], env, tmp_path, timeout=60)
+        one_error_line(r, name, says)
+
+
+@pytest.mark.parametrize("nest", ["[" * 500 + "]" * 500, "{a=" * 300 + "1" + "}" * 300,
+                                  "[" * 40 + "]" * 40])
+def test_deep_toml_is_one_line(tmp_path: Path, env: dict, nest: str) -> None:
+    write(tmp_path, f'name = "d"\nx = {nest}\n')
+    r = sb(["run", "s.toml", "--out", "out"], env, tmp_path, timeout=60)
+    one_error_line(r, "s.toml", "nested deeper than")
+    assert "RecursionError" not in r.stderr
+
+
+def test_nesting_inside_strings_and_comments_is_not_nesting() -> None:
+    from stallbench.scenario import nesting_depth
+
+    text = 'a = "' + "[" * 100 + '"\n# ' + "{" * 100 + "\nb = '''" + "[" * 100 + "'''\n"
+    assert nesting_depth(text, 32) is None
+    assert nesting_depth("x = " + "[" * 33, 32) is not None
+
+
+def _serve(tmp_path: Path, env: dict) -> tuple[Watched, int]:
+    w = Watched(["serve", "s.toml", "--port", "0", "--host", "127.0.0.1"], env, tmp_path)
+    deadline = time.monotonic() + 180
+    line = ""
+    while "serving" not in line and time.monotonic() < deadline and w.proc.poll() is None:
+        line = w.proc.stdout.readline()
+    assert "serving" in line, line + w.proc.stderr.read()
+    port = int(line.split("grpc://127.0.0.1:")[1].split()[0])
+    return w, port
+
+
+def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
+    """``kill -STOP`` of a ``stallbench serve`` mid-stream: was a wait forever."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    _project(tmp_path, TINY + '[preprocess]\ntransforms = ["usercode:slow"]\n')
+    mark = tmp_path / "served"
+    server, port = _serve(tmp_path, {**env, "SLOW_MARK": str(mark)})
+    try:
+        write(tmp_path, TINY + '[preprocess]\ntransforms = ["usercode:slow"]\n'
+              f'[executor]\nkind = "flight"\nflight_servers = ["grpc://127.0.0.1:{port}"]\n'
+              '[run]\nprogress_timeout_s = 3\n', "t.toml")
+        w = Watched(["run", "t.toml", "--out", "out", "--no-progress"], env, tmp_path)
+        deadline = time.monotonic() + 120
+        while not mark.exists() and w.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)             # the server is producing the first row groups
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        code, out, err = w.finish(timeout=120)
+        assert code == 2, err[-3000:]
+        lines = [ln for ln in err.splitlines() if ln.startswith("stallbench: error:")]
+        assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert "run.progress_timeout_s" in lines[0] and "flight executor" in lines[0], lines[0]
+        assert f"127.0.0.1:{port}" in lines[0], lines[0]
+        assert no_files(tmp_path / "out")
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.proc.terminate()
+        server.finish(timeout=60)
+
+
+@pytest.mark.parametrize("answer", [b"[]", b"42", b'{"v": 1, "variants": []}',
+                                    b'{"variants": {"k": {"shards": "x", "rows": 1}}}'])
+def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
+                                                  answer: bytes) -> None:
+    flight = pytest.importorskip("pyarrow.flight")
+    import threading
+
+    class Foreign(flight.FlightServerBase):
+        def do_action(self, context, action):  # noqa: ANN001
+            yield flight.Result(answer)
+
+    srv = Foreign("grpc://127.0.0.1:0")
+    t = threading.Thread(target=srv.serve, daemon=True)
+    t.start()
+    try:
+        write(tmp_path, TINY + f'[executor]\nkind = "flight"\n'
+              f'flight_servers = ["grpc://127.0.0.1:{srv.port}"]\n')
+        r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
+        one_error_line(r, "s.toml", "executor.flight_servers[0]", "not a stallbench Flight server")
+    finally:
+        srv.shutdown()
