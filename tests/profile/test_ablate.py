@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+import profile_helpers as helpers
 import loadcheck
 
 pytestmark = pytest.mark.groundtruth

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+import profile_helpers as helpers
 
 pytestmark = pytest.mark.e2e
 

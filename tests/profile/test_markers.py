@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+import profile_helpers as helpers
 
 DECODE_MS, GEN_MS = 3.0, 10.0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+import profile_helpers as helpers
 
 pytestmark = [pytest.mark.ray, pytest.mark.e2e]
 MAP_MS, STEP_MS, BATCHES = 50.0, 5.0, 32

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import helpers
+import profile_helpers as helpers
 import loadcheck
 
 pytestmark = pytest.mark.groundtruth

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import helpers
+import profile_helpers as helpers
 
 PY = sys.executable
 
