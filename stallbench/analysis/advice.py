@@ -250,7 +250,8 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> 
         # one story: the attribution names the stage, the what-if says why more producers
         # would not help; the verdict says both in one clause instead of two claims
         p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
-        share = f" stalls {rec.steady_attributed_stall_share:.0%} of steady state" \
+        where = "of steady state" if a.basis == "steady state" else "of the run"
+        share = f" stalls {rec.steady_attributed_stall_share:.0%} {where}" \
             if rec.steady_attributed_stall_share is not None else " binds"
         rec.action = (f"{stage}{share}, but more producers would not help ({p.why}): "
                       f"{rec.action}")

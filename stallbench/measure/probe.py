@@ -263,6 +263,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     with sampler:
         t0 = perf()
         cpu0 = time.process_time()
+        stream: Iterator[Any] | None = None
         if plan.ablation.compute_only:
             source: Iterator[Item] = _cached(plan)
         else:
@@ -323,9 +324,10 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             raise
         finally:
             dog.__exit__(None, None, None)
-            close = getattr(source, "close", None)
-            if close:
-                close()       # shuts loader workers down (joined: their CPU is then counted)
+            for it in (source, stream):   # the chain, then the executor's own stream: its
+                close = getattr(it, "close", None)   # end-of-run work (workers joined, so
+                if close:                            # their CPU counts; its run figures)
+                    close()                          # runs now, not at garbage collection
     meter.__exit__(None, None, None)
     late = None if plan.ablation.compute_only else executor.late_stage_times()
     if late is not None:

@@ -37,10 +37,17 @@ def tick() -> None:
 
 
 def ticking(items: Iterator[Any]) -> Iterator[Any]:
-    """``items`` (an executor's stream), ticking the clock at every item it yields."""
-    for item in items:
-        tick()
-        yield item
+    """``items`` (an executor's stream), ticking the clock at every item it yields. Closing
+    this closes ``items`` at once: an executor's stream does its end-of-run work (workers
+    shut down, its run figures) in its ``finally``, which must not wait for the collector."""
+    try:
+        for item in items:
+            tick()
+            yield item
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 class Watchdog:
