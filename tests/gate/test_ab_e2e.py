@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 import abrepo
-from stallbench.results import find, load
+from stallbench.results import SCHEMA_VERSION, find, load
 
 pytestmark = pytest.mark.abgate
 
@@ -118,5 +118,5 @@ def test_an_older_ref_writing_schema_1_runs_and_migrates(tmp_path: Path) -> None
     raw = next((tmp_path / "out").glob("*.json")).read_text()
     assert '"schema_version": 1' in raw
     r = res["ci_loader"]
-    assert r.schema_version == 2 and len(r.variants) == 2
+    assert r.schema_version == SCHEMA_VERSION and len(r.variants) == 2
     assert all(v.throughput_samples_s.values[0] > 0 for v in r.variants)
