@@ -33,7 +33,7 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileComman
                        Summary, ToolInfo, VariantResult, now_utc)
 from . import knobs as knobs_mod
 from . import merge, redact
-from .launcher import JobRun, run_once
+from .launcher import JobRun, exit_status, run_once
 
 ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
                 "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
@@ -339,7 +339,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                 shutil.rmtree(node_dir, ignore_errors=True)
                 started = time.time()
                 run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
-                code = 128 - run.exit_code if run.exit_code < 0 else run.exit_code
+                code = exit_status(run.exit_code)
                 if nodes > 1 and node_rank != 0:
                     _node_done(node_dir, started, code)
                 if code != 0:
