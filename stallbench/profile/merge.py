@@ -190,8 +190,9 @@ def phases_of(s: StreamRun):
 def figures(s: StreamRun, peak_pss_mb: float = 0.0) -> RepeatFigures:
     ph = phases_of(s)
     samples = int(sum(s.rows))
+    # no steady window: no steady rate (NaN), never the whole-run rate under a steady name
     steady = (ph.steady_samples / ph.steady_s if ph.has_steady and ph.steady_s > 0
-              else (samples / s.epoch_s if s.epoch_s > 0 else math.nan))
+              else math.nan)
     wait = float(sum(s.wait))
     return RepeatFigures(
         epoch_s=s.epoch_s, samples=samples, batches=s.batches,
