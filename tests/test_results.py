@@ -236,3 +236,32 @@ def test_v2_to_v3_gives_the_recommendations_stall_share_a_name_of_its_own() -> N
     assert top["steady_attributed_stall_share"] == v2["analysis"]["recommendation"]["stall_share"]
     r = results.load(ROOT / "results" / "examples" / "schema-v1.json")
     assert r.schema_version == 3
+
+
+def test_signed_differences_and_rounding_slack_read_back() -> None:
+    """What our own writer can produce reads back: a difference named like a non-negative
+    figure keeps its sign (``RankSummary.others_wait_s``: exchangeable ranks give < 0), and a
+    share a few ulps past 1 is rounding, not out of range; a share really past 1 is refused."""
+    from stallbench.errors import ResultError
+
+    d = json.loads((ROOT / "results" / "examples" / "schema-v3.json").read_text())
+    ranked = next(v for v in d["variants"] if v.get("ranks"))
+    ranked["ranks"]["others_wait_s"] = -0.25
+    d["variants"][0]["stall_share"]["max"] = 1.0 + 1e-12
+    r = results.from_dict(json.loads(json.dumps(d)), "signed.json")
+    assert next(v for v in r.variants if v.ranks).ranks.others_wait_s == -0.25
+    d["variants"][0]["stall_share"]["max"] = 1.01
+    with pytest.raises(ResultError, match="share from 0 to 1"):
+        results.from_dict(d, "bad.json")
+
+
+def test_save_refuses_a_result_the_reader_would_refuse(tmp_path: Path) -> None:
+    """A result ``report`` and ``gate`` would refuse is a stallbench bug said by the run that
+    made it: nothing is written."""
+    from stallbench.errors import ResultError
+
+    r = results.load(ROOT / "results" / "examples" / "schema-v3.json")
+    r.variants[0].stall_share.median = 1.5
+    with pytest.raises(ResultError, match="stallbench bug, nothing written"):
+        results.save(r, tmp_path)
+    assert not list(tmp_path.iterdir())

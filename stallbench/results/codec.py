@@ -118,7 +118,7 @@ def _dataclass(cls: type[T], value: Any, where: str) -> T:
             kwargs[f.name] = from_json(hints[f.name], value[f.name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ResultError(f"{key}: missing")
-        if f.name in kwargs:
+        if f.name in kwargs and f"{cls.__name__}.{f.name}" not in SIGNED:
             check_range(f.name, kwargs[f.name], key)
     return cls(**kwargs)
 
@@ -137,6 +137,13 @@ NON_NEGATIVE = frozenset({"time_to_first_batch_s", "executor_start_s", "trainer_
                           "compute_s", "stall_s", "sync_s", "steady_s", "startup_s", "seconds",
                           "noise_sd", "noise_robust_sd", "threshold", "detect", "wall_s",
                           "peak_pss_mb", "step_ms_median", "h2d_s", "h2d_ms_median"})
+# Differences that share a name with a non-negative figure: they keep their sign (named by
+# class, so the name rule still holds for every other field of that name).
+SIGNED = frozenset({"ProfileAblation.stall_s",      # full - the run with one stage served
+                    "RankSummary.others_wait_s"})   # the others' sync - the candidate's
+# Rounding slack: a share computed as a ratio of sums of clock readings can land a few ulps
+# past 1, a difference of equal medians a few ulps below 0; neither is out of range.
+SLACK = 1e-9
 SUMMARY_FIELDS = frozenset({"median", "min", "max", "values"})
 MAX_FUTURE = 86400.0    # created_utc may be ahead of this machine's clock by at most a day
 
@@ -157,9 +164,9 @@ def check_range(name: str, value: Any, where: str) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or \
                 (isinstance(v, float) and math.isnan(v)):
             continue
-        if name in SHARES and not 0.0 <= v <= 1.0:
+        if name in SHARES and not -SLACK <= v <= 1.0 + SLACK:
             raise ResultError(f"{where}: expected a share from 0 to 1, got {_show(v)}")
-        if (name in NON_NEGATIVE or name.endswith(NON_NEGATIVE_SUFFIXES)) and v < 0:
+        if (name in NON_NEGATIVE or name.endswith(NON_NEGATIVE_SUFFIXES)) and v < -SLACK:
             raise ResultError(f"{where}: expected a figure >= 0, got {_show(v)}")
         if name == "detect" and v == 0:
             raise ResultError(f"{where}: expected a slowdown > 0, got {_show(v)}")

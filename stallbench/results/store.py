@@ -173,9 +173,17 @@ def save(result: Result, out_dir: Path) -> Path:
     """Atomically publish ``<scenario>-<UTC time>.json`` in ``out_dir``, never replacing an
     existing file: the complete temp file is hard-linked under the first free name (link
     fails if the name exists, so two concurrent runs cannot clobber each other). A signal
-    received before the link means no result (``interrupts.check``)."""
-    return _publish(Path(out_dir), result_stem(result.scenario.name),
-                    json.dumps(to_dict(result), indent=1) + "\n")
+    received before the link means no result (``interrupts.check``).
+
+    The payload is read back with the strict reader first: a file ``report`` and ``gate``
+    would refuse (a figure outside its stated range) is a stallbench bug, said now, by the
+    run that made it, not by every later command that reads it."""
+    payload = json.dumps(to_dict(result), indent=1) + "\n"
+    try:
+        from_dict(json.loads(payload), f"the {result.scenario.name} result being written")
+    except ResultError as exc:
+        raise ResultError(f"stallbench bug, nothing written: {exc}") from None
+    return _publish(Path(out_dir), result_stem(result.scenario.name), payload)
 
 
 def _publish(out_dir: Path, base: str, payload: str) -> Path:
