@@ -41,7 +41,7 @@ from ..pipeline import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
 from . import merge
-from .launcher import JobRun, run_once
+from .launcher import JobRun, exit_status, run_once
 
 KEEP_BATCHES = 8
 BUDGET_MB = 512.0
@@ -76,6 +76,14 @@ def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
     if not hs:
         return None
     return merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
+
+
+def _rank_batches(f: RepeatFigures) -> int:
+    """The batches of the rank whose figures ``job_figures`` takes as the job's stall,
+    compute and phases (the worst-stalled rank); ``f.batches`` sums the ranks'."""
+    if not f.ranks:
+        return f.batches
+    return max(f.ranks, key=lambda r: r.stall_s).batches
 
 
 def _replay_parts(run: JobRun) -> list[dict[str, Any]]:
@@ -258,7 +266,9 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         stage_map={"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
                    "collate_fn": "preprocess", "pin_memory": "transfer"})
     full = [f for f in (_figures(r, headline) for r in full_runs) if f is not None]
-    batches = statistics.median(f.batches for f in full) if full else 0
+    # one rank's batches (the rank whose figures the job's stall and compute are), not the
+    # job's summed over ranks: the compute-only epoch is one rank's per-batch time x these
+    batches = statistics.median(_rank_batches(f) for f in full) if full else 0
     rec_dir = run_root / "replay-record"
     tag = [0]
 
@@ -269,7 +279,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             tag[0] += 1
             run = run_once(argv, run_root / f"a{tag[0]}", overrides, max_batches, replay)
             if run.exit_code != 0:
-                raise Failed(f"the job exited with code {run.exit_code} under this ablation")
+                raise Failed(f"the job exited with code {exit_status(run.exit_code)} under "
+                             "this ablation")
             out.append(run)
         return out
 
@@ -379,7 +390,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             return [f.phases.steady_epoch_s for f in fs]     # type: ignore[union-attr]
 
         def sc(fs: list[RepeatFigures]) -> list[float]:
-            return [f.phases.steady_compute_s * f.batches  # type: ignore[union-attr]
+            return [f.phases.steady_compute_s * _rank_batches(f)  # type: ignore[union-attr]
                     / f.phases.steady_batches  # type: ignore[union-attr]
                     for f in fs]
         steady = {FULL: st(full), ITEMS: st(served[ITEMS]), BATCH: st(served[BATCH]),

@@ -88,16 +88,20 @@ def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: 
         where = where or "workers"
     else:
         st = getattr(_ACTIVE, "stream", None)
-        key = st.key if st is not None else f"{os.getpid()}:trainer"
+        key = (st.key if st is not None else
+               getattr(_ACTIVE, "pin_key", None) or f"{os.getpid()}:trainer")
         where = where or "trainer"
-    rec = _STAGES.setdefault(key, {}).get(name)
-    if rec is None:
-        rec = _STAGES[key][name] = [0, 0.0, 0.0, where, 0]
-    rec[0] += calls
-    rec[1] += wall
-    if cpu is not None:
-        rec[2] += cpu
-        rec[4] += calls
+    # under the lock: the pin thread and the user's threads add here while a flush copies
+    # (an unlocked += loses updates; a dict changing size under json.dump raises)
+    with _LOCK:
+        rec = _STAGES.setdefault(key, {}).get(name)
+        if rec is None:
+            rec = _STAGES[key][name] = [0, 0.0, 0.0, where, 0]
+        rec[0] += calls
+        rec[1] += wall
+        if cpu is not None:
+            rec[2] += cpu
+            rec[4] += calls
     if _WORKER_LOADER is not None and _perf() >= _next_flush:
         flush_worker()
 
@@ -223,9 +227,21 @@ class Stream:
         self.default_rows = int(self.settings.get("batch_size") or 1)
 
     def new_epoch(self, t: float) -> Epoch:
+        """A new pass; a previous pass the loop left with ``break`` (never ended) is closed
+        at its last batch first: left open, its CPU would run to process exit and overlap
+        every later epoch's, and the run would read as one that exited mid-epoch."""
+        if self.epochs:
+            self.close_abandoned(self.epochs[-1])
         ep = Epoch(t)
         self.epochs.append(ep)
         return ep
+
+    def close_abandoned(self, ep: Epoch) -> None:
+        """End an epoch the loop stopped asking from, at its last batch (its last step is
+        not timed: nothing marks where it ended). Its CPU ends now: the trainer's CPU
+        between the ``break`` and now is in it (no per-batch CPU clock read: overhead)."""
+        if ep.t_end is None:
+            self.end_epoch(ep, ep.t_last)
 
     def next_batch(self, ep: Epoch, source, it):
         """One batch through the stream's clocks; ``source(it)`` makes it (the seam a replay
@@ -272,7 +288,7 @@ class Stream:
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
-                "settings": self.settings, "notes": self.notes}
+                "settings": dict(self.settings), "notes": list(self.notes)}
 
     def take_epochs(self, t0: float, all_: bool) -> list:
         """The epochs not written yet: the finished ones (every one at exit), in order."""
@@ -309,11 +325,14 @@ def watch(iterable, name: str | None = None):
     ep = st.new_epoch(_perf())
     it = iter(iterable)
     nxt = type(it).__next__
-    while True:
-        try:
-            yield st.next_batch(ep, nxt, it)
-        except StopIteration:
-            return
+    try:
+        while True:
+            try:
+                yield st.next_batch(ep, nxt, it)
+            except StopIteration:
+                return
+    finally:                        # a loop that broke out: the generator is closed
+        st.close_abandoned(ep)
 
 
 # ------------------------------------------------------------------------------- parts
@@ -330,10 +349,32 @@ def _write(name: str, payload: dict) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as fh:
-            json.dump(payload, fh)
+            json.dump(payload, fh, default=_plain)
         os.replace(tmp, path)
-    except OSError as exc:
-        _say(f"cannot write its figures to {run_dir} ({exc})")
+    except Exception as exc:  # noqa: BLE001 - a lost part must never fail the user's job
+        _say(f"cannot write its figures to {run_dir} ({type(exc).__name__}: {exc})")
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _plain(o: object) -> object:
+    """What JSON cannot write (a numpy int in a loader's settings): its Python scalar
+    (``.item()``), else its text; a part is never lost to a type."""
+    item = getattr(o, "item", None)
+    if callable(item):
+        try:
+            return item()
+        except Exception:  # noqa: BLE001
+            pass
+    return str(o)
+
+
+def _stages_copy() -> dict:
+    """``_STAGES`` copied under the lock (other threads add to it while a flush dumps)."""
+    with _LOCK:
+        return {k: {n: list(r) for n, r in v.items()} for k, v in _STAGES.items()}
 
 
 def _header() -> dict:
@@ -352,7 +393,16 @@ _seq = 0
 def flush(force: bool = True) -> None:
     """The trainer's part (its streams and the stages it timed itself, small: rewritten each
     time) and, in a file of their own, the epochs finished since the last flush (at exit,
-    every epoch left): a flush costs what is new, not the whole history."""
+    every epoch left): a flush costs what is new, not the whole history. It runs inside the
+    job's ``__next__`` and at exit: whatever fails in it is said once on stderr, never raised."""
+    try:
+        _flush(force)
+    except Exception as exc:  # noqa: BLE001 - the user's job must not fail for a lost flush
+        _say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
+             "this process's figures may be incomplete")
+
+
+def _flush(force: bool) -> None:
     global _last_flush, _seq
     now = _perf()
     if not force and now - _last_flush < FLUSH_S:
@@ -369,19 +419,25 @@ def flush(force: bool = True) -> None:
         _write(f"epochs-{host}-{pid}-{_seq:06d}.json", {"pid": pid, "host": host, "streams": new})
         _seq += 1
     part = {"role": "trainer", **_header(), "streams": [s.to_json() for s in streams],
-            "stages": _STAGES, "exiting": force}
+            "stages": _stages_copy(), "exiting": force}
     _write(f"part-{host}-{pid}.json", part)
     if _REPLAY is not None:
         _REPLAY.flush()
 
 
 def flush_worker() -> None:
+    """A loader worker's part; runs in a fetch's ``finally``: never raises (see ``flush``)."""
     global _next_flush
     _next_flush = _perf() + FLUSH_S
-    part = {"role": "worker", **_header(), "loader": _WORKER_LOADER, "stages": _STAGES}
-    _write(f"stage-{socket.gethostname()}-{os.getpid()}.json", part)
-    if _REPLAY is not None:
-        _REPLAY.flush()
+    try:
+        part = {"role": "worker", **_header(), "loader": _WORKER_LOADER,
+                "stages": _stages_copy()}
+        _write(f"stage-{socket.gethostname()}-{os.getpid()}.json", part)
+        if _REPLAY is not None:
+            _REPLAY.flush()
+    except Exception as exc:  # noqa: BLE001
+        _say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
+             "this process's figures may be incomplete")
 
 
 # ----------------------------------------------------------------------- torch patches
@@ -493,9 +549,15 @@ def patch_torch(dl_mod) -> None:
             os.environ[LOADER_ENV] = st.key
             _SERVING_EPOCH = len(st.epochs)     # the epoch these workers start for (replay)
             os.environ[EPOCH_ENV] = str(_SERVING_EPOCH)
+        # the pin thread starts in here too: its target, looked up on the module now, is
+        # tagged with this loader's key, so its pin_memory time goes to this loader only
+        pin_loop = pin_mod._pin_memory_loop
+        if st is not None:
+            pin_mod._pin_memory_loop = functools.partial(_keyed_pin_loop, pin_loop, st.key)
         try:
             orig_multi_init(self, loader, *a, **k)
         finally:
+            pin_mod._pin_memory_loop = pin_loop
             _SERVING = prev
             if prev_env is None:
                 os.environ.pop(LOADER_ENV, None)
@@ -503,6 +565,7 @@ def patch_torch(dl_mod) -> None:
                 os.environ[LOADER_ENV] = prev_env
 
     MultiIter.__init__ = multi_init
+    pin_mod = utils.pin_memory
 
     worker_mod = utils.worker
     orig_loop = worker_mod._worker_loop
@@ -544,6 +607,12 @@ def patch_torch(dl_mod) -> None:
 
 
 _SERVING: str | None = None
+
+
+def _keyed_pin_loop(loop, key: str, *a, **k):
+    """A loader's pin thread: its ``stage_add`` calls go to that loader's bucket."""
+    _ACTIVE.pin_key = key
+    return loop(*a, **k)
 
 
 class _TimedCollate:
@@ -673,11 +742,14 @@ def _ray_gen(st: Stream, inner, inside):
             return nxt(i)
         finally:
             inside.on = False
-    while True:
-        try:
-            yield st.next_batch(ep, source, it)
-        except StopIteration:
-            return
+    try:
+        while True:
+            try:
+                yield st.next_batch(ep, source, it)
+            except StopIteration:
+                return
+    finally:                        # a loop that broke out: the generator is closed
+        st.close_abandoned(ep)
 
 
 # ---------------------------------------------------------------------- post-import hook

@@ -33,6 +33,12 @@ HOOKS = HERE / "hooks.py"
 STOP_GRACE_S = 5.0
 
 
+def exit_status(code: int) -> int:
+    """The job's exit code as a shell says it: a job killed by signal N (``Popen`` gives -N)
+    is 128+N (137 for SIGKILL). One rule for the profile runs and the ablation runs."""
+    return 128 - code if code < 0 else code
+
+
 @dataclass
 class JobRun:
     """One run of the command: its exit code, wall time, and what its processes wrote."""

@@ -147,9 +147,9 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
             if ws:
                 sr.producer_cpu_s = sum(float(w.get("cpu_s", 0.0)) for w in ws)
                 sr.producer_processes = len(ws)
-            _add_stages(sr.stages, {k: v for k, v in
-                                    p.get("stages", {}).get(f"{p['pid']}:trainer", {}).items()
-                                    if k == "pin_memory" and sr.settings.get("pin_memory")})
+            # pin time lands in the loader's own bucket (its pin thread is tagged with the
+            # loader's key in hooks.py), so nothing from the process's "trainer" bucket is
+            # added here: it would count one loader's pinning on every loader of the process
             if sr.batches:
                 out.append(sr)
     return out
@@ -190,8 +190,9 @@ def phases_of(s: StreamRun):
 def figures(s: StreamRun, peak_pss_mb: float = 0.0) -> RepeatFigures:
     ph = phases_of(s)
     samples = int(sum(s.rows))
+    # no steady window: no steady rate (NaN), never the whole-run rate under a steady name
     steady = (ph.steady_samples / ph.steady_s if ph.has_steady and ph.steady_s > 0
-              else (samples / s.epoch_s if s.epoch_s > 0 else math.nan))
+              else math.nan)
     wait = float(sum(s.wait))
     return RepeatFigures(
         epoch_s=s.epoch_s, samples=samples, batches=s.batches,

@@ -294,7 +294,8 @@ def flush() -> None:
     with _LOCK:
         payload = {"role": "replay", "mode": MODE, "serve": CFG.get("serve"),
                    "pid": os.getpid(), "worker": H._WORKER_LOADER is not None,
-                   **_STAT, "served_from": _SERVED_FROM,
+                   **json.loads(json.dumps(_STAT, default=str)),   # deep, under the lock
+                   "served_from": json.loads(json.dumps(_SERVED_FROM, default=str)),
                    "kept": {k: len(v) for k, v in _KEPT.items()},
                    "kept_bytes": dict(_KEPT_BYTES)}
     if not (payload["served"] or payload["computed"] or payload["recorded"]
@@ -305,10 +306,10 @@ def flush() -> None:
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as fh:
-            json.dump(payload, fh)
+            json.dump(payload, fh, default=str)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except Exception as exc:  # noqa: BLE001 - a lost replay part must never fail the job
+        H._say(f"cannot write its replay figures ({type(exc).__name__}: {exc})")
 
 
 # ------------------------------------------------------ stallbench.stage (the decorator)

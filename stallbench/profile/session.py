@@ -29,11 +29,12 @@ from .. import __version__
 from ..errors import UserError
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
+                       RepeatFigures,
                        Recommendation, Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
                        Summary, ToolInfo, VariantResult, now_utc)
 from . import knobs as knobs_mod
 from . import merge, redact
-from .launcher import JobRun, run_once
+from .launcher import JobRun, exit_status, run_once
 
 ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
                 "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
@@ -186,6 +187,7 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         per_rank = [(s, merge.figures(s)) for s in hs]
         f = merge.job_figures(per_rank, run.peak_pss_mb)
         f.peak_pss_mb = run.peak_pss_mb
+        _refuse_impossible_steady(f)
         f.load = run.load
         reps.append(f)
         if timeline_stream is None and hs:
@@ -271,17 +273,45 @@ def _by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
     return [out[k] for k in sorted(out)]
 
 
+def _refuse_impossible_steady(f: RepeatFigures) -> None:
+    """The rule the scenario runner keeps (``phases.cpu_limit_reason``): a steady window
+    faster than this machine's cores can do the measured data work is refused, not kept.
+    Profiled producers are this machine's processes (a Ray cluster's other nodes aside)."""
+    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else (os.cpu_count() or 1))
+    why = phases_mod.cpu_limit_reason(f, cores)
+    if why and f.phases is not None:
+        f.phases = phases_mod.refuse(f.phases, why, f.epoch_s, f.compute_s, f.batches, f.samples)
+        f.steady_throughput_samples_s = math.nan
+
+
 def steady_rate(v: VariantResult) -> float:
+    """The variant's median steady rate; NaN when its runs had no steady window (never the
+    whole-run rate in its place: start-up would be compared as if it were steady)."""
     if v.phases is not None and math.isfinite(v.phases.steady_samples_s.median):
         return v.phases.steady_samples_s.median
-    return v.throughput_samples_s.median
+    return math.nan
+
+
+def _steady_or_zero(v: VariantResult) -> float:
+    r = steady_rate(v)
+    return r if math.isfinite(r) else 0.0
 
 
 def recommend(variants: list[VariantResult]) -> Recommendation | None:
-    """Measured: the best variant in steady state against the first one."""
+    """Measured: the best variant in steady state against the first one; none when a side
+    of the comparison had no steady window (too short a run to compare steady rates)."""
     if len(variants) < 2:
         return None
     base = variants[0]
+    short = [v.name for v in variants if not math.isfinite(steady_rate(v))]
+    if short:
+        whole = ", ".join(f"{v.name} {v.throughput_samples_s.median:,.0f}" for v in variants)
+        text = (f"recommendation: none: {', '.join(short)} too short for a steady state "
+                f"(profile more batches to compare steady rates); whole-run samples/s, "
+                f"start-up included: {whole} (measured)")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured", text=text)
     best = max(variants, key=steady_rate)
     b, x = steady_rate(base), steady_rate(best)
     if best is base or not (b > 0 and x > 0):
@@ -339,7 +369,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                 shutil.rmtree(node_dir, ignore_errors=True)
                 started = time.time()
                 run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
-                code = 128 - run.exit_code if run.exit_code < 0 else run.exit_code
+                code = exit_status(run.exit_code)
                 if nodes > 1 and node_rank != 0:
                     _node_done(node_dir, started, code)
                 if code != 0:
@@ -391,12 +421,13 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
     script = next((a for a in opts.argv if a.endswith(".py") and os.path.isfile(a)), None)
     sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(argv).encode())
     rec = recommend(results)
-    best = max(results, key=steady_rate) if len(results) > 1 else None
+    best = max(results, key=_steady_or_zero) if len(results) > 1 else None
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
         best_variant=best.name if best else None,
         best_speedup=(steady_rate(best) / steady_rate(results[0])
-                      if best and steady_rate(results[0]) > 0 else None),
+                      if best and _steady_or_zero(best) > 0 and _steady_or_zero(results[0]) > 0
+                      else None),
         verdict=rec.text if rec else "", recommendation=rec)
     result = Result(
         schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,

@@ -69,3 +69,31 @@ def test_unmatched_calls_void_the_ablation_with_the_reason() -> None:
     assert "holds 40 calls" in ablate._served_problem([_run([missing])], "the dataset")
     assert ablate._served_problem([_run([{"role": "replay", "served": 5}])], "x") == ""
     assert "no fetch call was served" in ablate._served_problem([_run([])], "x")
+
+
+def test_compute_only_is_extrapolated_to_one_ranks_batches() -> None:
+    """Under torchrun the job's figures sum batches over ranks; the compute-only epoch is one
+    rank's per-batch time, so it is multiplied by that rank's batches, not the sum."""
+    from stallbench.profile import merge
+
+    def stream(rank: int, n: int, stall: float) -> merge.StreamRun:
+        s = merge.StreamRun(name="D#0", kind="torch.DataLoader", rank=rank, key=f"{rank}:0",
+                            settings={}, notes=[])
+        s.wait = [stall / n] * n
+        s.step = [0.01] * n
+        s.rows = [8] * n
+        s.t_start = [i * 0.02 for i in range(n)]
+        s.epoch_s = sum(s.wait) + sum(s.step)
+        return s
+    per = [(s, merge.figures(s)) for s in (stream(0, 40, 0.1), stream(1, 40, 0.3),
+                                           stream(2, 40, 0.2))]
+    job = merge.job_figures(per, 0.0)
+    assert job.batches == 120
+    assert ablate._rank_batches(job) == 40
+    assert ablate._rank_batches(per[0][1]) == 40
+
+
+@pytest.mark.parametrize("code,said", [(3, 3), (-9, 137), (-15, 143), (0, 0)])
+def test_exit_status_says_a_signal_as_128_plus_n(code: int, said: int) -> None:
+    from stallbench.profile.launcher import exit_status
+    assert exit_status(code) == said

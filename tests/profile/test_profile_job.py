@@ -215,3 +215,26 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
     if os.environ.get("STALLBENCH_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_loop_that_breaks_out_of_epochs(tmp_path: Path, workers: str) -> None:
+    """Two epochs left with ``break`` and one run to its end, with ``num_workers`` a numpy
+    int: the job runs as without the profile, no "exited before it ended its epoch", every
+    batch counted, and the trainer's CPU over the epochs no more than the loop's own (an
+    abandoned epoch left open counted its CPU to exit: about 2x here)."""
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", PY, helpers.script("user_break.py"),
+                          workers, "20", "3", "3"], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert "flush" not in cp.stderr and "cannot write" not in cp.stderr, cp.stderr
+    t = helpers.truth(cp.stdout)
+    r = helpers.load(out)
+    v = r.variants[0]
+    assert not v.profile.ended_early
+    assert "ended its epoch" not in cp.stdout
+    f = v.repeats[0]
+    assert f.batches == t["batches"] == 3 + 3 + 8
+    # the loop burnt 14 x 20 ms of CPU; the epochs' CPU covers it and not twice over
+    assert 14 * 0.020 * 0.9 <= f.trainer_cpu_s <= t["loop_cpu_s"] * 1.2 + 0.05, (
+        f.trainer_cpu_s, t)

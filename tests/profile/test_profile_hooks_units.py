@@ -1,0 +1,52 @@
+"""The hooks' bookkeeping without a job: a loader's pin thread adds to that loader's bucket
+(not the process's "trainer" bucket every loader would be charged with), and a flush that
+cannot write says so on stderr instead of raising inside the job's loop."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+from stallbench.profile.launcher import HERE
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("_hooks_under_test", HERE / "hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pin_thread_time_goes_to_its_own_loader() -> None:
+    h = _hooks()
+
+    def loop():
+        h.stage_add("pin_memory", 0.25, 0.01, where="trainer")
+    for key in ("9:0", "9:1"):
+        t = threading.Thread(target=h._keyed_pin_loop, args=(loop, key))
+        t.start()
+        t.join()
+    assert h._STAGES["9:0"]["pin_memory"][:2] == [1, 0.25]
+    assert h._STAGES["9:1"]["pin_memory"][:2] == [1, 0.25]
+    assert not any(k.endswith(":trainer") for k in h._STAGES)
+
+
+def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
+    h = _hooks()
+    h.SETTINGS = {"run_dir": str(tmp_path)}
+
+    class Odd:                      # neither JSON nor a scalar: written as its text
+        def __str__(self) -> str:
+            return "odd"
+    st = h.Stream("watch", "x", {"batch_size": 4, "odd": Odd()})
+    h.flush()
+    part = json.loads(next(tmp_path.glob("part-*.json")).read_text())
+    assert part["streams"][0]["settings"]["odd"] == "odd"
+    h.SETTINGS = {"run_dir": str(tmp_path / "gone")}     # no such directory
+    h.flush()
+    h.flush()
+    err = capsys.readouterr().err
+    assert err.count("cannot write its figures") == 1, err
+    assert st.key in part["streams"][0]["key"]
