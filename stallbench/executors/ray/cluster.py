@@ -345,9 +345,13 @@ class RayRuntime:
                 os.environ.pop("RAY_ADDRESS", None)
             else:
                 os.environ["RAY_ADDRESS"] = target.gcs   # the scenario's address wins
+            # Ray Client: the driver runs on the head (its paths are the head's, not this
+            # directory's), and the job config is unpickled by the client server, which has
+            # no use for (and failed to start with) the path-keeping list of ``job_config``.
             ray.init(address=target.init_address, log_to_driver=False,
                      logging_level=logging.WARNING, namespace="stallbench",
-                     runtime_env=RUNTIME_ENV, job_config=job_config())
+                     runtime_env=RUNTIME_ENV,
+                     job_config=None if target.client else job_config())
         except Exception as exc:  # noqa: BLE001 - one line for the user, whatever Ray raised
             text = " ".join(f"{exc} {exc.__cause__ or ''}".split())
             if "Version mismatch" in text:
