@@ -56,11 +56,14 @@ def _started(w: Watched, marker: str, timeout: float = 180) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_ranks_keeps_its_exit_code(tmp_path: Path, env: dict, sig: int) -> None:
-    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 200") + "[trainers]\nranks = 2\n")
+    # 4 batches of 1 s per rank: the signal (0.3 s after both ranks exist) lands mid-run on
+    # any machine; a run that ended first would test nothing, so that fails here.
+    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 1000") + "[trainers]\nranks = 2\n")
     w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
     _started(w, "variant")
-    w.wait_for(lambda kids: len(kids) >= 2, timeout=120)
-    time.sleep(1.0)
+    assert w.wait_for(lambda kids: len(kids) >= 2, timeout=120)
+    time.sleep(0.3)
+    assert w.proc.poll() is None, "the run ended before the signal: nothing was tested"
     w.proc.send_signal(sig)
     rc, _, err = w.finish()
     assert rc == EXIT[sig], (rc, err[-3000:])
