@@ -26,8 +26,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     timing = [i for i in items if i.get_closest_marker("groundtruth")
               and not i.get_closest_marker("ray")]
     if timing:
-        rest = [i for i in items if not i.get_closest_marker("groundtruth")]
-        items[:] = timing + rest
+        # Every item exactly once: a filter on the marker alone once dropped the ground-truth
+        # tests that need Ray (in neither list), silently, from every run.
+        moved, n = {id(i) for i in timing}, len(items)
+        items[:] = timing + [i for i in items if id(i) not in moved]
+        assert len(items) == n, f"reordering lost or duplicated tests: {n} -> {len(items)}"
     gpu = [i for i in items if i.get_closest_marker("gpu")]
     if gpu:
         import torch
