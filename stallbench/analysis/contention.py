@@ -36,8 +36,6 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from scipy.stats import t as student_t
-
 from ..results import DatasetInfo, MachineInfo, RepeatFigures, VariantResult, WhatIfModel
 from . import whatif
 from .whatif_models import (MODELS, ScalingModel, fit_points, measured, producer_counts, ranks,
@@ -89,7 +87,8 @@ def tested_slope(xs: Sequence[float], ys: Sequence[float], level: float = CONFID
     if se == 0:
         return Slope(a, c, math.inf if c > 0 else 0.0, c > 0)
     t = c / se
-    return Slope(a, c, t, t > student_t.ppf(level, dof))
+    from scipy.special import stdtrit   # = scipy.stats.t.ppf; scipy.stats costs a CLI start >1 s
+    return Slope(a, c, t, t > stdtrit(dof, level))
 
 
 def sigma_of(busy: Sequence[float], cost: Sequence[float]) -> tuple[float, Slope | None]:

@@ -31,7 +31,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 def run(args: argparse.Namespace) -> int:
     """Render; a missing/malformed result raises ResultError (the CLI prints one line, exit 2)."""
-    from ..report import render  # matplotlib is imported only when a report is made
+    from ..report.render import render  # matplotlib is imported only when a report is made
 
     outputs.check_file(args.output, outputs.REPORT, "-o")   # before reading anything
     paths = list(getattr(args, "paths", None) or DEFAULT_PATHS)

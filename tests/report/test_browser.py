@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from stallbench.report import render
+from stallbench.report.render import render
 from stallbench.report.render import format_pct
 
 pytestmark = pytest.mark.browser

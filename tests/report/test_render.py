@@ -16,7 +16,8 @@ from stallbench import results
 from stallbench.gate import rule as compare
 from stallbench.commands import report as report_cmd
 from stallbench.errors import ResultError, UserError
-from stallbench.report import plots, render
+from stallbench.report import plots
+from stallbench.report.render import render
 from stallbench.report.render import format_mb, format_pct, format_s
 from stallbench.results import (Interval, Knee, Resources, StageRates, Summary, Timeline,
                                 WhatIfCheck, WhatIfPoint)
