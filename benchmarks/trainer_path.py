@@ -65,7 +65,7 @@ from variants import with_cpu  # noqa: E402
 TARGET_CEILING = 0.9
 TARGET_PLAIN = 1.0
 TARGET_WORKERS = 1.5
-BEST = {"num_workers": 0, "prefetch_batches": 2}          # the default batch_format: jagged
+BEST = {"num_workers": 0, "prefetch_batches": 2, "fetch_ahead": 1}   # default batch_format: jagged
 
 
 @dataclasses.dataclass(frozen=True)
