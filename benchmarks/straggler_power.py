@@ -32,46 +32,10 @@ sys.path.insert(0, str(ROOT))
 from stallbench import scenario  # noqa: E402
 from stallbench.run.runner import RunOptions, default_cache_dir, run_scenario  # noqa: E402
 
-USER = '''
-import os
-import time
+# The same user transform and scenario as the ground-truth tests (one source).
+sys.path.insert(0, str(ROOT / "tests" / "trainers"))
+from test_straggler_bursty import TEXT, USER  # noqa: E402
 
-def _burn(seconds):
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-def cpu_on_rank_1(table):
-    if os.environ.get("RANK") == "1":
-        _burn(20e-6 * table.num_rows)
-    return table
-
-def cpu_on_every_rank(table):
-    _burn(20e-6 * table.num_rows)
-    return table
-'''
-TEXT = """
-name = "straggler-power"
-[dataset]
-rows = 49152
-row_group_rows = 4096
-files = 1
-dense_features = 4
-sparse_features = 2
-sequence_features = 0
-[model]
-kind = "emulated"
-step_ms = 4
-[preprocess]
-transforms = ["sp_user:{fn}"]
-[loader]
-batch_size = 1024
-num_workers = 0
-[trainers]
-ranks = 2
-[analysis]
-differential = false
-"""
 CASES = {"exchangeable": ("cpu_on_every_rank", None), "straggler": ("cpu_on_rank_1", 1)}
 
 
@@ -82,7 +46,7 @@ def _load() -> str:
 def run_case(case: str, runs: int, where: Path) -> tuple[int, int]:
     fn, want = CASES[case]
     path = where / f"{case}.toml"
-    path.write_text(TEXT.format(fn=fn))
+    path.write_text(TEXT.format(fn=fn, workers=0))
     sc = scenario.load(path)
     right = 0
     print(f"\n{case} ({fn}): {runs} single runs; want {want if want is not None else 'none'} "
@@ -106,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores; load average {_load()} at start")
     with tempfile.TemporaryDirectory(prefix="straggler-power-") as d:
-        (Path(d) / "sp_user.py").write_text(USER)
+        (Path(d) / "sb_bursty_user.py").write_text(USER)
         got = {c: run_case(c, args.runs, Path(d))
                for c in (CASES if args.case == "both" else [args.case])}
     print("\ncase          result")
