@@ -75,6 +75,7 @@ class _RunState:
     fault_marker: float = 0.0
     nodes_at_start: dict = field(default_factory=dict)   # producer-capable nodes, by id
     pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
+    items: int = 0                       # work items of the run (for the watchdog's line)
     complete: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -337,6 +338,29 @@ class RayExecutor(Executor):
     def late_stage_times(self) -> StageTimes | None:
         return self._late
 
+    @property
+    def waiting_for(self) -> Any:
+        """What the trainer waits on (the progress watchdog's line, ``measure.watchdog``),
+        or None where it cannot be watched: through Ray Client the dataset runs in the pump
+        actor, whose task completions this process does not see (a bulk epoch there would
+        look like no progress). Progress is every task or output block that Ray Data's
+        executor in this process sees complete (``_progress_callback``), bulk
+        materialisation included, and every block the trainer receives."""
+        if self.runtime.client:
+            return None
+        return self._waiting_for
+
+    def _waiting_for(self) -> str:
+        r = self._run
+        pool = (f"an actor pool of {self._pool}" if self.spec.ray_pool == "actors"
+                else f"a task pool of {self._pool}")
+        got = (f"; {r.blocks} of {r.items} work item(s) delivered" if r is not None and r.items
+               else "")
+        pids = self.runtime.worker_pids() if self.runtime.mode in ("local", "simulated") else []
+        shown = ", ".join(str(p) for p in sorted(pids)[:8]) + (", ..." if len(pids) > 8 else "")
+        return (f"Ray Data's producer tasks ({self.spec.ray_mode} mode, {pool}"
+                f"{', Ray worker pids ' + shown if pids else ''}{got})")
+
     def startup_figures(self) -> dict[str, Any]:
         return dict(self._startup)
 
@@ -365,6 +389,9 @@ class RayExecutor(Executor):
         if self._default_reservation is None:
             self._default_reservation = ctx.op_resource_reservation_enabled
         ctx.op_resource_reservation_enabled = self._default_reservation if stock else False
+        progress = _progress_callback()
+        if progress is not None and progress not in ctx.custom_execution_callback_classes:
+            ctx.custom_execution_callback_classes.append(progress)
 
     def _map_args(self) -> dict[str, Any]:
         import ray.data
@@ -384,7 +411,8 @@ class RayExecutor(Executor):
         self._context(stock_mode)
         self._late = None
         r = self._run = _RunState(t0=time.perf_counter(), stock=stock_mode,
-                                  fault_marker=self.runtime.fault_marker())
+                                  fault_marker=self.runtime.fault_marker(),
+                                  items=len(plan.items))
         if self.runtime.mode == "address":
             r.nodes_at_start = self.runtime.producer_nodes_state()
         self.sample_object_store_mb()
@@ -638,6 +666,43 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
             yield b
     finally:
         stop.set()
+
+
+_PROGRESS: list[Any] = []
+
+
+def _progress_callback() -> Any:
+    """A Ray Data ``ExecutionCallback`` class (Ray Data makes one per execution, in this
+    process) that ticks the progress watchdog's clock whenever its executor has seen another
+    task finish or another output block generated: the producers' completed work, also while
+    the trainer waits for a bulk ``materialize()``. None on a Ray Data without the hook
+    (then only received blocks are progress)."""
+    if _PROGRESS:
+        return _PROGRESS[0]
+    try:
+        from ray.data._internal.execution.execution_callback import ExecutionCallback
+    except ImportError:
+        _PROGRESS.append(None)
+        return None
+    from ...measure.watchdog import tick
+
+    class Progress(ExecutionCallback):
+        def __init__(self) -> None:
+            self.seen = -1
+
+        def on_execution_step(self, executor: Any) -> None:
+            try:
+                done = sum(op.metrics.num_tasks_finished + op.metrics.num_task_outputs_generated
+                           for op in executor._topology)
+            except Exception:  # noqa: BLE001 - Ray Data's internals moved: blocks still tick
+                return
+            if done != self.seen:
+                self.seen = done
+                tick()
+
+    Progress.__qualname__ = "stallbench_progress"
+    _PROGRESS.append(Progress)
+    return Progress
 
 
 def user_error_in(exc: BaseException) -> UserError | None:
