@@ -66,13 +66,15 @@ def _start(tmp_path: Path, env: dict, **more: str) -> tuple[Watched, Path]:
     return w, mark
 
 
-def _when_producing(w: Watched, mark: Path, name: str, timeout: float = 240) -> psutil.Process:
-    """The first child of the command whose name contains ``name``, once a Ray worker runs
-    the transform."""
+def _when_producing(w: Watched, mark: Path, name: str, timeout: float = 240,
+                    items: int = 1) -> psutil.Process:
+    """The first child of the command whose name contains ``name``, once Ray workers have
+    started the transform on ``items`` work items (the untimed warm pass before the runs
+    does 2: the cpus; ``items = 4`` is inside the measured run)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and w.proc.poll() is None:
         kids = w.children()
-        if mark.exists():
+        if mark.exists() and len(mark.read_text()) >= items:
             for k in kids:
                 if name in w.seen.get(k.pid, ""):
                     return k
@@ -131,7 +133,7 @@ def test_a_killed_ray_worker_is_retried_and_the_run_completes(tmp_path: Path,
     comes once, the result records the death, and none of Ray's lines reach the terminal."""
     _project(tmp_path, "slow")
     w, mark = _start(tmp_path, env)
-    victim = _when_producing(w, mark, "MapBatches")
+    victim = _when_producing(w, mark, "MapBatches", items=4)
     victim.kill()
     code, out, err = _follow(w)
     assert code == 0, (code, err[-3000:])
@@ -154,7 +156,7 @@ def test_a_frozen_ray_task_ends_the_run(tmp_path: Path, env: dict, how: str) -> 
     _project(tmp_path, "hang" if how == "hang" else "slow", "[run]\nprogress_timeout_s = 3\n")
     w, mark = _start(tmp_path, env)
     if how == "sigstop":
-        victim = _when_producing(w, mark, "MapBatches")
+        victim = _when_producing(w, mark, "MapBatches", items=4)
         victim.send_signal(signal.SIGSTOP)
     code, out, err = _follow(w)
     assert code == 2, (code, err[-3000:])
