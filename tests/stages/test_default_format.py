@@ -4,8 +4,9 @@ Ground truth by construction: held-out Parquet written by ``benchmarks/heldout.p
 generator (not stallbench's), sequences of 0..29 ids, longer than the default
 ``sequence_max_len = 20`` that a padded format would cut at. A model of the user's own, written
 for the documented batch dict (it reads ``seq`` (B, Q, L) and nothing jagged), counts and sums
-the ids it is handed; both must equal what pyarrow reads from the files, per feature. The
-padded view it reads is checked against the same files row by row on one batch.
+the ids it is handed; both must equal what pyarrow reads from the files, per feature, under
+every executor (the local loader, Flight's Arrow wire, Ray's stock collate). The padded view it
+reads is checked against the same files row by row on one batch.
 """
 
 from __future__ import annotations
@@ -83,19 +84,36 @@ def _truth(data: Path) -> list[tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+# Every executor, with no batch_format set: the local loader (0 and 2 workers), Flight (its
+# Arrow wire) and Ray's stock mode (its own collate); Ray shares the session's runtime.
+EXECUTOR_KEYS = {
+    "local-0": "[loader]\nnum_workers = 0\n",
+    "local-2": "[loader]\nnum_workers = 2\n",
+    "flight": '[executor]\nkind = "flight"\nflight_local_servers = 1\n',
+    "ray-stock": '[executor]\nkind = "ray"\nray_mode = "stock"\n',
+}
+
+
+@pytest.mark.parametrize("executor", [
+    "local-0", "local-2", "flight", pytest.param("ray-stock", marks=pytest.mark.ray)])
 def test_a_scenario_without_batch_format_keeps_every_id(heldout_dir: Path, tmp_path: Path,
-                                                        workers: int) -> None:
+                                                        executor: str,
+                                                        request: pytest.FixtureRequest) -> None:
     import idcount
 
+    if executor.startswith("ray"):
+        request.getfixturevalue("ray_session")
     idcount.SEEN.clear()
     text = (f'name = "default-keeps-ids"\n[dataset]\npath = "{heldout_dir}"\n'
             f'[model]\nkind = "idcount:factory"\n'
-            f"[loader]\nbatch_size = 512\nnum_workers = {workers}\n")
+            f"{EXECUTOR_KEYS[executor]}")
+    if "[loader]" not in text:
+        text += "[loader]\n"
+    text += "batch_size = 512\n"
     cfg = scenario.parse(text, "ids.toml").base
     assert cfg.loader.batch_format == "jagged"          # the default, set by nobody here
     plan = Plan.create(cfg, dataset_for(cfg, tmp_path / "cache", "ids.toml"), scenario_file="ids.toml")
-    ex = EXECUTORS.get("local")(cfg, "ids.toml")
+    ex = EXECUTORS.get(cfg.executor.kind)(cfg, "ids.toml")
     ex.start()
     try:
         fig, _, _ = measured_run(plan, ex, plan.build_compute("ids.toml"))

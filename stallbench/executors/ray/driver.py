@@ -14,7 +14,8 @@ Worker deaths and task retries seen during the run are read from Ray's GCS and r
 ``run_figures()["faults"]``.
 
 ``"stock"`` mode (``stock.py``): the loader's format knobs do not apply (Ray's
-iter_torch_batches is the format). Ablations that make fetch or preprocess free replace
+iter_torch_batches is the format), except that its collate builds the batch dict of the
+loader's format: jagged (every id kept) unless the format pads. Ablations that make fetch or preprocess free replace
 ``read_parquet`` by the cached tables, one block per shard; an ablation that makes transfer
 free runs the stallbench path with no payload (nothing left to hand over). Storage emulation
 (``[storage]``) is not applied by ``read_parquet``: results note it. Its producer stage time
@@ -567,7 +568,7 @@ class RayExecutor(Executor):
         if plan.config.loader.execution == "bulk":
             ds = ds.materialize()
         r.ds = ds
-        collate = stock.collate_class()(plan.schema)
+        collate = stock.collate_class()(plan.schema, not plan.transfer.format.pads_sequences)
         prefetch = max(1, plan.config.loader.prefetch_factor)
         k = 0
         for _ in range(epochs):
