@@ -491,7 +491,7 @@ class FlightExecutor(Executor):
 
     def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
         lc = self.config.loader
-        out = {k: v for k, v in transfer_notes.items() if k != "compression"}
+        out = {k: v for k, v in super().notes(transfer_notes).items() if k != "compression"}
         wire = protocol.wire_format(self.config)
         if wire != "arrow":
             out["batch_format"] = (f"{lc.batch_format!r} as Arrow record batches: the feature "
