@@ -50,6 +50,7 @@ from ... import threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
+from ...stages.batch_format import SequenceCounts
 from ...stages.transfer import Payload
 from .. import runtimes
 from ..base import EXECUTORS, Executor, ProducerKnob
@@ -579,12 +580,16 @@ class RayExecutor(Executor):
                 prep = batch.pop(stock.STOCK_PREP_COL, None)
                 if prep is not None:
                     r.prep_s += float(prep)
+                cut = batch.pop(stock.STOCK_CUT_KEY, None)
                 rows = int(batch["label"].shape[0])
                 r.blocks += 1
                 r.batches += 1
                 r.rows += rows
                 nb = sum(v.numel() * v.element_size() for v in batch.values())
                 times = StageTimes(rows_in=rows, rows_out=rows)
+                if cut is not None:           # a padded format's collate: what it cut
+                    c = [int(x) for x in cut.tolist()]
+                    times.sequences = SequenceCounts(plan.schema.seq_len, *c)
                 yield ShardOutput(k, -1, [Payload(f"stock:{k}", rows, batch, False, nb, nb,
                                                   final=True)], 1, rows, times)
                 k += 1

@@ -3,7 +3,8 @@ preprocess, pyarrow) -> iter_torch_batches(batch_size, collate_fn=<numpy dict ->
 The collate builds the batch dict of the loader's format: for one that keeps every id
 (``jagged``, the default) the jagged dict (``seq_values`` + ``seq_offsets``: the rows' id arrays
 concatenated feature-major), for a padded one ``seq`` padded in a Python loop, cutting at
-``dataset.sequence_max_len`` as the padded formats do.
+``dataset.sequence_max_len`` as the padded formats do, and counting what it cut
+(``STOCK_CUT_KEY``, results' ``sequence_cut``).
 
 The UDFs here run in Ray workers; the collate runs in the trainer. The preprocess UDF times
 itself and carries its time to the trainer in an extra column (``STOCK_PREP_COL``, a per-row
@@ -23,6 +24,8 @@ import torch
 from .worker import Job, PlanCache, cached_tables
 
 STOCK_PREP_COL = "_stallbench_prep_s"   # per-row share of the preprocess time
+# What a padded collate cut (sequences, cut, ids, ids cut, longest), popped by the driver
+STOCK_CUT_KEY = "_stallbench_sequence_cut"
 
 
 def stock_preprocess(table: pa.Table, job: Job) -> pa.Table:
@@ -88,13 +91,22 @@ def collate_class() -> Any:
                 out.update(_jagged(batch, s, n))
             else:
                 seq = np.full((n, len(s.sequence), s.seq_len), PAD_ID, dtype=np.int64)
+                counts = np.zeros(5, dtype=np.int64)
                 for j, c in enumerate(s.sequence):
                     for i, v in enumerate(batch[c]):
+                        k = 0 if v is None else len(v)
+                        counts[0] += 1
+                        counts[2] += k
+                        counts[4] = max(counts[4], k)
+                        if k > s.seq_len:
+                            counts[1] += 1
+                            counts[3] += k - s.seq_len
                         if v is None:
                             continue
                         v = v[:s.seq_len]
                         seq[i, j, :len(v)] = v
                 out["seq"] = torch.from_numpy(seq)
+                out[STOCK_CUT_KEY] = torch.from_numpy(counts)
             if STOCK_PREP_COL in batch:
                 out[STOCK_PREP_COL] = torch.tensor(float(np.sum(batch[STOCK_PREP_COL])))
             return out
