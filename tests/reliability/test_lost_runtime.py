@@ -183,3 +183,41 @@ def test_slow_bulk_materialisation_is_progress(tmp_path: Path, env: dict) -> Non
     if ttfb is not None:
         assert ttfb > 2, ttfb       # the wait was longer than the timeout: a real instance
     assert w.leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_lost_simulated_producer_node_completes_and_says_so(tmp_path: Path,
+                                                              env: dict) -> None:
+    """A worker node of a simulated cluster loses its raylet mid-run: Ray re-runs its tasks
+    on the other node, the run completes with its result, the loss is one ``RAY FAULTS``
+    line and ``faults.nodes_lost`` names the node; nothing of the cluster is left."""
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, RAY.replace("cpus = 2\n", "simulated_nodes = 2\ncpus_per_node = 1\n")
+          .replace("object_store_mb = 100", "object_store_mb = 80")
+          + '[preprocess]\ntransforms = ["usercode:slow"]\n')
+    w, mark = _start(tmp_path, env)
+    deadline = time.monotonic() + 240
+    victim = None
+    while victim is None and time.monotonic() < deadline and w.proc.poll() is None:
+        kids = w.children()
+        if mark.exists() and len(mark.read_text()) >= 4:
+            for k in kids:
+                try:
+                    if k.name() == "raylet" and "--head" not in k.cmdline():
+                        victim = k
+                        break
+                except psutil.Error:
+                    continue
+        time.sleep(0.02)
+    assert victim is not None, w.finish(timeout=60)[2][-2000:]
+    victim.kill()
+    code, out, err = _follow(w)
+    assert code == 0, (code, err[-3000:])
+    for bad in RAY_LINES:
+        assert bad not in out + err, (bad, out[-2000:], err[-2000:])
+    [line] = [ln for ln in out.splitlines() if ln.startswith("RAY FAULTS:")]
+    assert "lost 1 producer node(s)" in line and f"raylet, pid {victim.pid}" in line, line
+    data = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    lost = data["variants"][0]["repeats"][0]["executor_figures"]["faults"]["nodes_lost"]
+    assert len(lost) == 1 and lost[0]["node_id"], lost
+    assert w.leftovers(grace_s=10) == []

@@ -633,9 +633,11 @@ class RayRuntime:
     def fault_marker(self) -> float:
         return time.time() * 1000.0
 
-    def faults_since(self, marker_ms: float, task_name: str | None = None) -> dict[str, Any]:
+    def faults_since(self, marker_ms: float, task_name: str | None = None,
+                     nodes_lost: bool = False) -> dict[str, Any]:
         """Worker deaths (GCS worker table) and task retries (GCS task events) since
-        ``marker_ms``. Reads Ray's internal state API; figures, never failures."""
+        ``marker_ms`` (retries are looked up after a death, or a node lost: ``nodes_lost``).
+        Reads Ray's internal state API; figures, never failures."""
         out: dict[str, Any] = {"worker_deaths": 0, "task_retries": 0, "dead_workers": []}
         try:
             from ray._private.state import state
@@ -655,7 +657,7 @@ class RayRuntime:
         except Exception as exc:  # noqa: BLE001
             out["worker_table_error"] = str(exc)[:200]
             return out
-        if not out["worker_deaths"]:
+        if not out["worker_deaths"] and not nodes_lost:
             return out
         # Retries are reported by the workers asynchronously (about every second).
         deadline = time.monotonic() + 3.0

@@ -78,6 +78,7 @@ class _RunState:
     nodes_at_start: dict = field(default_factory=dict)   # producer-capable nodes, by id
     pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
     items: int = 0                       # work items of the run (for the watchdog's line)
+    nodes_lost_before: set = field(default_factory=set)   # simulated nodes lost before it
     complete: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -417,6 +418,7 @@ class RayExecutor(Executor):
                                   items=len(plan.items))
         if self.runtime.mode == "address":
             r.nodes_at_start = self.runtime.producer_nodes_state()
+        r.nodes_lost_before = set(self.runtime.vital.nodes_lost)
         self.sample_object_store_mb()
         try:
             if stock_mode:
@@ -451,13 +453,22 @@ class RayExecutor(Executor):
 
     def _finish(self, plan: Plan, r: _RunState) -> None:
         self.sample_object_store_mb()
-        faults = self.runtime.faults_since(r.fault_marker, task_name=None)
-        faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
+        lost: list[dict[str, str]] = []
         if r.nodes_at_start:
             now = self.runtime.producer_nodes_state()
-            faults["nodes_lost"] = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
-                                    for k, v in r.nodes_at_start.items()
-                                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+            lost = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
+                    for k, v in r.nodes_at_start.items()
+                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+        # A simulated node whose raylet died during the run (seen by PID at once; Ray's GCS
+        # declares it dead only after its health checks fail).
+        vital = self.runtime.vital
+        for pid in sorted(set(vital.nodes_lost) - r.nodes_lost_before):
+            lost.append({"node_id": vital.node_ids.get(pid, ""), "reason": vital.nodes_lost[pid]})
+        faults = self.runtime.faults_since(r.fault_marker, task_name=None,
+                                           nodes_lost=bool(lost))
+        faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
+        if r.nodes_at_start or lost:
+            faults["nodes_lost"] = lost
         figures = (stats.operator_figures(r.ds) if r.ds is not None
                    else dict(r.pump_figures or {}))
         if r.stock and r.complete:

@@ -69,6 +69,7 @@ class Vital:
     nodes: dict[int, str] = field(default_factory=dict)
     lost: str | None = None
     nodes_lost: dict[int, str] = field(default_factory=dict)
+    node_ids: dict[int, str] = field(default_factory=dict)    # raylet pid -> node id (hex)
     closing: bool = False
 
     @classmethod
@@ -86,7 +87,8 @@ class Vital:
         for node in workers:
             for info in node.all_processes.get("raylet") or []:
                 pid = info.process.pid
-                out.nodes[pid] = f"node {_short(node)} at {node.node_ip_address} (raylet pid {pid})"
+                out.nodes[pid] = f"its raylet, pid {pid}"
+                out.node_ids[pid] = str(node.node_id)
         return out
 
     def watch(self, on_lost: Callable[[str], None]) -> None:
