@@ -193,13 +193,9 @@ class RayLog:
         self._patched = (ray_worker, original)
         ray_worker.print_to_stdstream = to_log
 
-    def close(self, keep_fd: bool = False) -> None:
-        """Ray's lines back to the terminal; with ``keep_fd`` (a lost runtime, whose core
-        worker may still log while the process ends) fd 2 stays on the file and only
-        Python's ``sys.stderr`` keeps the terminal."""
+    def close(self) -> None:
+        """Ray's lines back to the terminal (after ``ray.shutdown``: its last lines too)."""
         if self.path is None:
-            return
-        if keep_fd:
             return
         if self._patched is not None:
             mod, original = self._patched
