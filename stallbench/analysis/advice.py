@@ -40,18 +40,21 @@ from typing import Any, Sequence
 from ..measure.load import HEAVY_CORES
 from ..results import MachineInfo, Recommendation, VariantResult
 from ..stages.sizes import ceil_div
-from . import whatif
+from . import figures, whatif
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
 MAX_BACKTEST_ERROR = 0.25   # a what-if gain is not printed when its back-test missed by more
 NEAR_BEST = 0.95      # the fewest producers within 5% of the best predicted rate
 
 
-def _share(v: VariantResult) -> float | None:
+def _steady_share(v: VariantResult) -> float | None:
+    """The steady-state attributed stall share, None where the attribution has no steady
+    window: ``Recommendation.steady_attributed_stall_share`` holds one figure only (the whole
+    run's share is ``Attribution.attributed_stall_share``, said "of the run")."""
     a = v.attribution
-    if a is None:
+    if a is None or a.basis != "steady state":
         return None
-    s = a.steady_attributed_stall_share if a.basis == "steady state" else a.attributed_stall_share
+    s = a.steady_attributed_stall_share
     return s if s is not None and math.isfinite(s) else None
 
 
@@ -174,16 +177,19 @@ def _measured_or_bounded(v: VariantResult, rec: Recommendation,
 
 
 def recommend(v: VariantResult, machine: MachineInfo,
-              variants: Sequence[VariantResult] = (), backtest: Any = None
-              ) -> Recommendation | None:
+              variants: Sequence[VariantResult] = (), backtest: Any = None,
+              model: whatif.Model | None = None) -> Recommendation | None:
     """The next change to try for ``v`` (None without an attribution); ``variants`` (the
-    run's, to quote a suggested value it measured) and ``backtest`` (the what-if's
-    ``BackTest``, for the interval)."""
+    run's, to quote a suggested value it measured), ``backtest`` (the what-if's
+    ``BackTest``, for the interval) and ``model``: the what-if the result stores for the
+    scaling curve ``v`` is on (``model_for``), so that the verdict's figures are the ones
+    ``stallbench whatif`` and the report print and the interval is that model's back-test;
+    None: fitted on ``v`` alone."""
     a = v.attribution
     if a is None:
         return None
-    share = _share(v)
-    rec = Recommendation(variant=v.name, bound_by=a.bound_by, steady_attributed_stall_share=share,
+    rec = Recommendation(variant=v.name, bound_by=a.bound_by,
+                         steady_attributed_stall_share=_steady_share(v),
                          action="")
     if not a.conclusive:
         rec.conclusive = False
@@ -204,17 +210,45 @@ def recommend(v: VariantResult, machine: MachineInfo,
         rec.predicted_speedup = a.ideal_speedup
         rec.predicted_from = "attribution: ideal transfer (an upper bound)"
     else:
-        _data_stage(v, machine, rec)
+        _data_stage(v, machine, rec, model)
     _measured_or_bounded(v, rec, variants, backtest)
+    _within_ideal(a, rec)
     rec.text = f"{v.name}: {action_text(rec)}"
     return rec
 
 
-def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> None:
+def model_for(v: VariantResult, wi: Any) -> whatif.Model | None:
+    """The stored what-if (``WhatIfValidation``) when ``v`` is one of its measured points on a
+    curve over producers at ``v``'s rank count, else None (``recommend`` fits ``v`` alone)."""
+    if wi is None or wi.model is None or wi.axis.startswith("ranks"):
+        return None
+    if v.name not in {c.variant for c in wi.measured}:
+        return None
+    return wi.model if whatif.ranks_of(v) == wi.model.ranks else None
+
+
+def _within_ideal(a: Any, rec: Recommendation) -> None:
+    """A what-if gain above the ablations' bound (``figures.ideal_bound``) contradicts a
+    measurement: the ablations measured what removing that data work gives at most, the
+    what-if only models it. The prediction is withdrawn with both figures, never printed
+    beside a bound it exceeds."""
+    x = rec.predicted_speedup
+    if rec.predicted_from != "what-if model" or x is None or not math.isfinite(x):
+        return
+    bound = figures.ideal_bound(a, rec.knob)
+    if math.isfinite(bound.value) and x > bound.value:
+        rec.not_predicted = (f"the what-if predicted {x:.2f}x, above the {bound.value:.2f}x "
+                             f"{bound.source} gives in this variant's ablations")
+        rec.predicted_speedup = rec.predicted_low = rec.predicted_high = None
+
+
+def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
+                model: whatif.Model | None = None) -> None:
     a = v.attribution
     assert a is not None
     stage = a.bound_by
-    m = whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None
+    m = model if model is not None else (
+        whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None)
     options: list[tuple[float, str, str | None, Any]] = []   # (gain, action, knob, value)
     if m is not None:
         more = _more_producers(v, m, machine.cores)
@@ -250,9 +284,13 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> 
         # one story: the attribution names the stage, the what-if says why more producers
         # would not help; the verdict says both in one clause instead of two claims
         p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
-        where = "of steady state" if a.basis == "steady state" else "of the run"
-        share = f" stalls {rec.steady_attributed_stall_share:.0%} {where}" \
-            if rec.steady_attributed_stall_share is not None else " binds"
+        whole = a.attributed_stall_share
+        if rec.steady_attributed_stall_share is not None:
+            share = f" stalls {rec.steady_attributed_stall_share:.0%} of steady state"
+        elif whole is not None and math.isfinite(whole):
+            share = f" stalls {whole:.0%} of the run"
+        else:
+            share = " binds"
         rec.action = (f"{stage}{share}, but more producers would not help ({p.why}): "
                       f"{rec.action}")
     rec.predicted_speedup = a.ideal_speedup
