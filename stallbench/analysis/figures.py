@@ -104,3 +104,25 @@ PRODUCER_KNOBS = ("loader.num_workers", "executor.simulated_nodes", "executor.co
 def us(seconds: float) -> str:
     """Seconds per sample as every surface prints them."""
     return f"{seconds * 1e6:.1f} us/sample"
+
+
+def measured_line(v: VariantResult) -> str:
+    """The three figures of ``v`` in the words every surface uses (``stallbench whatif`` and
+    the report print this line; the verdict and the what-if's explanations quote the same
+    figures): compute per sample, the bound stage's cost (the heaviest producer stage where
+    the attribution names no data stage) and the ablations' bounds."""
+    compute = compute_s_per_sample(v)
+    parts = [f"compute {us(compute.value)} ({compute.source})"]
+    a = v.attribution
+    stage = a.bound_by if a is not None and a.bound_by in STAGE_KEYS else None
+    costs = {s: stage_s_per_sample(v, s) for s in STAGE_KEYS}
+    if v.executor.has_producers or stage is not None:
+        named = stage or max(costs, key=lambda s: costs[s] if math.isfinite(costs[s]) else -1.0)
+        if math.isfinite(costs[named]):
+            what = "bound stage" if stage else "heaviest stage"
+            where = "per producer" if v.executor.has_producers else "in the trainer's loop"
+            parts.append(f"{named} {us(costs[named])} {where} ({what})")
+    if a is not None and stage is not None and a.conclusive:
+        parts.append(f"ideal {stage} would give {a.ideal_speedup:.2f}x, no data stall "
+                     f"{data_ideal_speedup(a):.2f}x (ablations)")
+    return f"{v.name}: " + "; ".join(parts)
