@@ -351,7 +351,8 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
         bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= COMPUTE_BOUND_SHARE else "compute"
         why = (f"no workers: the trainer does {c.p_serial * 1e6:.1f} us/sample of data work "
-               f"({source}; {heaviest} heaviest) beside {trainer_words(m, c.t)}")
+               f"({source}; {heaviest} heaviest) beside "
+               f"{trainer_words(m, c.t, m.stage_wall['transfer_trainer'])}")
         if n_ranks > 1:
             why = f"{n_ranks} ranks; " + why
             if c.binding == "cores":
