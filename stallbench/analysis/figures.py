@@ -101,6 +101,16 @@ def ideal_bound(a: Attribution, knob: str | None) -> Figure:
 PRODUCER_KNOBS = ("loader.num_workers", "executor.simulated_nodes", "executor.concurrency")
 
 
+def spans_zero(iv: object) -> bool:
+    """An interval whose ends lie on both sides of 0: its figure is not distinguishable from
+    0 and is printed "~0" (``ZERO_NOTE``) on every surface, never as a negative stall."""
+    low, high = getattr(iv, "low"), getattr(iv, "high")
+    return math.isfinite(low) and math.isfinite(high) and low < 0 < high
+
+
+ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
+
+
 def us(seconds: float) -> str:
     """Seconds per sample as every surface prints them."""
     return f"{seconds * 1e6:.1f} us/sample"
