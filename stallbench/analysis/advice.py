@@ -29,6 +29,12 @@ interval its leave-one-out back-test gives (predicted x exp(+-w), ``BackTest``),
 printed ("not predicted", with the reason) where that back-test's worst steady error is
 above ``MAX_BACKTEST_ERROR``. The scenario's top recommendation (``top``) starts from its
 best measured variant.
+
+One figure per quantity (issue 25, ``figures``): the what-if used is the one the result
+stores for the variant's scaling curve (``model_for``; the one ``stallbench whatif`` and the
+report print, and whose back-test gives the interval), fitted on the variant alone only off
+that curve; a what-if gain above the ablations' bound for that change
+(``figures.ideal_bound``) contradicts a measurement and is withdrawn (``_within_ideal``).
 """
 
 from __future__ import annotations
