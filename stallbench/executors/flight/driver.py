@@ -488,7 +488,7 @@ class FlightExecutor(Executor):
 
     def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
         lc = self.config.loader
-        out = {k: v for k, v in transfer_notes.items() if k != "compression"}
+        out = {k: v for k, v in super().notes(transfer_notes).items() if k != "compression"}
         if lc.batch_format != "arrow":
             out["batch_format"] = (f"{lc.batch_format!r} not used: Flight streams Arrow record "
                                    f"batches (the \"arrow\" format; collate = {lc.collate!r})")
