@@ -9,8 +9,8 @@ on that same variant, one ``Recommendation``:
 - **preprocess- or fetch-bound**: more producers where the executor scales
   (``ExecutorFacts.scaling_knobs``): for N = current+1 .. max(current+1, cores), the what-if
   predicts each steady rate; the advice is the fewest N within 5% of the best of them, its
-  predicted gain = predict(N) / predict(current) (both from the model, so the fit point's
-  calibration cancels). For fetch it also weighs caching the data (``cache = 1``) and twice the
+  predicted gain = predict(N) / the current rate (``_base_rate``: the measured steady rate
+  on the curve's model, the model's own on a fit on this variant alone). For fetch it also weighs caching the data (``cache = 1``) and twice the
   storage bandwidth where an emulated storage wait was measured, and takes the largest gain.
   When no option is predicted to give 5% (the cores bind), the advice is to make the stage
   cheaper or give it more CPUs, with the ideal stage's speedup as an upper bound.
@@ -80,14 +80,27 @@ def _producer_knob(v: VariantResult) -> tuple[str, str] | None:
     return None
 
 
-def _more_producers(v: VariantResult, m: whatif.Model, cores: float
+def _base_rate(v: VariantResult, m: whatif.Model, shared: bool) -> float:
+    """The rate a predicted gain is relative to. On a model fitted on ``v`` alone, the
+    model's own rate at ``v`` (calibrated there, so it cancels). On the curve's model
+    (``shared``), ``v``'s MEASURED steady rate where it has one: ``v`` need not be the fit
+    point, and a ratio of two predictions would carry two model errors where the back-test's
+    interval covers one (the predicted rate's against a measured one)."""
+    if shared and v.phases is not None:
+        x = v.phases.steady_samples_s.median
+        if math.isfinite(x) and x > 0:
+            return x
+    return whatif.predict(m, v.executor.producer_slots).throughput_samples_s
+
+
+def _more_producers(v: VariantResult, m: whatif.Model, cores: float, base: float
                     ) -> tuple[str, str, int, float] | None:
-    """(knob, words, value, predicted gain) of the fewest producers near the best rate."""
+    """(knob, words, value, predicted gain vs ``base``) of the fewest producers near the
+    best rate."""
     pk = _producer_knob(v)
     if pk is None:
         return None
     cur = v.executor.producer_slots
-    base = whatif.predict(m, cur).throughput_samples_s
     if not (math.isfinite(base) and base > 0):
         return None
     top = max(cur + 1, int(math.ceil(cores)))
@@ -256,14 +269,14 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
     m = model if model is not None else (
         whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None)
     options: list[tuple[float, str, str | None, Any]] = []   # (gain, action, knob, value)
+    base = _base_rate(v, m, model is not None) if m is not None else math.nan
     if m is not None:
-        more = _more_producers(v, m, machine.cores)
+        more = _more_producers(v, m, machine.cores, base)
         if more is not None:
             knob, words, value, gain = more
             options.append((gain, f"{words}: {_producers_text(knob, value)}", knob, value))
         if stage == "fetch":
             cur = v.executor.producer_slots
-            base = whatif.predict(m, cur).throughput_samples_s
             if math.isfinite(base) and base > 0:
                 cached = whatif.predict(m, cur, cache=1.0).throughput_samples_s / base
                 where = ("cache the data locally (disk or memory)" if m.io_wait > 0 else
