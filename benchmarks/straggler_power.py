@@ -16,6 +16,7 @@ counts. The tests (``tests/trainers/test_straggler_bursty.py``) allow three atte
 case on a shared machine; this counts every run, none retried.
 
     python3 benchmarks/straggler_power.py [--runs 20] [--case exchangeable|straggler|both]
+        [--workers 2 --row-groups 48]   # loader workers per rank need more data (see README)
 """
 
 from __future__ import annotations
@@ -43,13 +44,17 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def run_case(case: str, runs: int, where: Path) -> tuple[int, int]:
+def run_case(case: str, runs: int, where: Path, workers: int = 0,
+             row_groups: int = 12) -> tuple[int, int]:
     fn, want = CASES[case]
     path = where / f"{case}.toml"
-    path.write_text(TEXT.format(fn=fn, workers=0))
+    text = TEXT.format(fn=fn, workers=workers)
+    assert text.count("rows = 49152") == 1
+    path.write_text(text.replace("rows = 49152", f"rows = {row_groups * 4096}"))
     sc = scenario.load(path)
     right = 0
-    print(f"\n{case} ({fn}): {runs} single runs; want {want if want is not None else 'none'} "
+    print(f"\n{case} ({fn}, {workers} loader workers per rank, {row_groups} row groups): "
+          f"{runs} single runs; want {want if want is not None else 'none'} "
           f"named; load average {_load()} before")
     for i in range(runs):
         s = run_scenario(sc, RunOptions(cache_dir=default_cache_dir(), progress=False)
@@ -67,11 +72,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--case", choices=(*CASES, "both"), default="both")
+    ap.add_argument("--workers", type=int, default=0, help="loader workers per rank")
+    ap.add_argument("--row-groups", type=int, default=12, help="4,096-row groups in the data")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores; load average {_load()} at start")
     with tempfile.TemporaryDirectory(prefix="straggler-power-") as d:
         (Path(d) / "sb_bursty_user.py").write_text(USER)
-        got = {c: run_case(c, args.runs, Path(d))
+        got = {c: run_case(c, args.runs, Path(d), args.workers, args.row_groups)
                for c in (CASES if args.case == "both" else [args.case])}
     print("\ncase          result")
     for c, (right, n) in got.items():
