@@ -124,3 +124,24 @@ def _cmdline(p: Any) -> list[str]:
         return p.cmdline()
     except psutil.Error:
         return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_tunes_confirmation_says_what_it_kept(tmp_path: Path, env: dict,
+                                                              sig: int) -> None:
+    """The recommended scenario file is written (whole) before its confirmation run: a signal
+    then says that file is kept and that no tune result was written, never "nothing written"."""
+    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 100"))
+    w = Watched(["tune", "s.toml", "--budget-minutes", "1", "--out", "out", "--no-progress"],
+                env, tmp_path)
+    _started(w, "confirm: stallbench run")
+    w.proc.send_signal(sig)
+    rc, _, err = w.finish(timeout=120)
+    assert rc == EXIT[sig], (rc, err[-3000:])
+    last = err.splitlines()[-1]
+    assert f"interrupted by {signal.Signals(sig).name}" in last, err[-2000:]
+    (toml,) = (tmp_path / "out" / "tune").glob("*-tuned-*.toml")
+    assert f"kept the file(s) written before it: {toml.relative_to(tmp_path)}" in last, last
+    assert "no tune result written" in last, last
+    assert not list((tmp_path / "out" / "tune").glob("*.json"))
+    assert w.leftovers() == []

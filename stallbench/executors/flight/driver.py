@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ...errors import ScenarioError, UserError
+from ...errors import ScenarioError, UserError, cut
 from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
@@ -520,7 +520,7 @@ def _short(exc: BaseException, n: int = 200) -> str:
     # gRPC appends the server's Python traceback ("Detail: Python exception: Traceback ...")
     # to the server's own message: the message says it, the traceback stays on the server
     text = " ".join(str(exc).split(". Detail: Python exception")[0].split())
-    return (text[:n] + "...") if len(text) > n else text
+    return cut(text, n)
 
 
 def _is_ping_answer(info: Any) -> bool:
