@@ -11,7 +11,9 @@ repeat, so a shared machine's drift hits every side alike), three sides:
   batch, each column's numpy values (a list column as values + offsets): what a user writes
   without stallbench, in the same process layout as the best variant (no workers);
 * **best on-trainer variant**: stallbench with the default ``batch_format`` (``jagged``),
-  0 loader workers, ``prefetch_batches = 2``, an EMULATED 0 ms model step, measured by the
+  0 loader workers, ``prefetch_batches = 2``, ``fetch_ahead = 1`` (the next row group decoded
+  in a background thread while this one is packed; printed beside the same without it), an
+  EMULATED 0 ms model step, measured by the
   same ``measured_run`` as ``stallbench run`` (its sampler and probe included).
 
 Fairness of the ceiling: all three read the same files from a warm page cache (one unrecorded
@@ -65,7 +67,12 @@ from variants import with_cpu  # noqa: E402
 TARGET_CEILING = 0.9
 TARGET_PLAIN = 1.0
 TARGET_WORKERS = 1.5
-BEST = {"num_workers": 0, "prefetch_batches": 2}          # the default batch_format: jagged
+BEST = {"num_workers": 0, "prefetch_batches": 2, "fetch_ahead": 1}   # default batch_format: jagged
+BEST_NAME = "best: jagged, 0 w, pf 2, ahead 1"
+# The same without fetch-ahead (the best variant before ``loader.fetch_ahead``), side by side
+# so what the overlap buys is a ratio of one run.
+NO_AHEAD = {"num_workers": 0, "prefetch_batches": 2}
+NO_AHEAD_NAME = "jagged, 0 w, pf 2, no ahead"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +256,7 @@ def _row(name: str, rs: list[dict[str, Any]]) -> str:
     vals = [r["samples_s"] for r in rs]
     b = _best(rs)
     stages = "  ".join(f"{k} {v:.3f}" for k, v in b["stages"].items())
-    return (f"  {name:30} {max(vals):>10,.0f} {statistics.median(vals):>10,.0f} "
+    return (f"  {name:34} {max(vals):>10,.0f} {statistics.median(vals):>10,.0f} "
             f"{b['cores']:>6.2f}  {stages}")
 
 
@@ -266,25 +273,27 @@ def path_part(shapes: list[Shape], n_files: int, repeats: int) -> list[tuple[str
         bench = Bench(data, files, shape.batch)
         runs = {"ceiling: decode only": bench.ceiling,
                 "plain DataLoader, 0 workers": lambda: bench.plain(0),
-                "best: jagged, 0 workers, pf 2": lambda: bench.stallbench(BEST)}
+                BEST_NAME: lambda: bench.stallbench(BEST),
+                NO_AHEAD_NAME: lambda: bench.stallbench(NO_AHEAD)}
         print(f"\n{shape.name}: {len(files)} files, {len(bench.groups)} row groups, "
               f"{len(files) * shape.rows_per_file:,} rows; {_load()} before")
         res = _interleaved(runs, repeats)
         bench.stop()
-        print(f"  {'side':30} {'best/s':>10} {'median/s':>10} {'cores':>6}  "
+        print(f"  {'side':34} {'best/s':>10} {'median/s':>10} {'cores':>6}  "
               f"seconds per stage (best repeat)")
         for name, rs in res.items():
             print(_row(name, rs))
-        ceil, plain, best = (_best(res[k])["samples_s"] for k in runs)
+        ceil, plain, best, no_ahead = (_best(res[k])["samples_s"] for k in runs)
         paired_c = statistics.median(b["samples_s"] / c["samples_s"] for b, c in
-                                     zip(res["best: jagged, 0 workers, pf 2"],
+                                     zip(res[BEST_NAME],
                                          res["ceiling: decode only"]))
         paired_p = statistics.median(b["samples_s"] / c["samples_s"] for b, c in
-                                     zip(res["best: jagged, 0 workers, pf 2"],
+                                     zip(res[BEST_NAME],
                                          res["plain DataLoader, 0 workers"]))
         print(f"  best / ceiling {best / ceil:.2f} (median of paired repeats {paired_c:.2f}); "
               f"best / plain {best / plain:.2f} (paired {paired_p:.2f}); "
-              f"plain / ceiling {plain / ceil:.2f}; {_load()} after")
+              f"plain / ceiling {plain / ceil:.2f}; fetch-ahead / none {best / no_ahead:.2f}; "
+              f"{_load()} after")
         if plain > ceil * 1.03:
             print("  NOTE: the plain loader beat the ceiling by more than 3%: the ceiling's "
                   "measurement is suspect on this shape")
@@ -307,7 +316,7 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
           f"{len(files)} files, {len(files) * 65536:,} rows; {_load()} before")
     res = _interleaved(runs, repeats)
     bench.stop()
-    print(f"  {'side':30} {'best/s':>10} {'median/s':>10} {'cores':>6}  "
+    print(f"  {'side':34} {'best/s':>10} {'median/s':>10} {'cores':>6}  "
           f"seconds per stage (best repeat, producers summed)")
     for name, rs in res.items():
         print(_row(name, rs))

@@ -81,6 +81,19 @@ class StageTimes:
     sequences: SequenceCounts | None = None   # ids cut by a padded format (None: none padded)
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """One work item's fetch, done: its table (None where fetch and preprocess are both
+    ideal) and what it cost, on the clocks of the thread that fetched it."""
+
+    item: int
+    table: pa.Table | None
+    wall_s: float
+    cpu_s: float
+    io_wait_s: float = 0.0
+    storage_bytes: int = 0
+
+
 @dataclass
 class ShardOutput:
     item: int                                 # position in the run's work list
@@ -130,25 +143,42 @@ class Plan:
         return dataclasses.replace(self, ablation=ablation, caches=caches)
 
     # ---------------------------------------------------------------------- producer side
-    def produce(self, item: int, shared: bool | SlotAllocator = False) -> ShardOutput:
-        """Fetch, preprocess and encode one work item. ``shared``: the payloads will cross to
-        another process (True: fresh shared memory where the format can use it; a
-        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``)."""
+    def fetch_item(self, item: int) -> "Fetched":
+        """The fetch stage of one work item alone, timed on the calling thread's clocks: what
+        a fetch-ahead thread (``loader.fetch_ahead``) runs while the item before it is being
+        preprocessed and packed. An ideal fetch (ablation) reads its cache."""
         shard = self.items[item]
-        t = StageTimes(worker=os.getpid())
         a, c = self.ablation, self.caches
         cpu = self._cpu_clock()
         w0, c0 = time.perf_counter(), cpu()
-        table = None
+        table, io_wait, stored = None, 0.0, 0
         if a.fetch:
             if not a.preprocess:
                 table = c.fetched[shard.index]
         else:
             table = self.fetch(shard)   # real even when preprocess is ideal: its cost stays in
-            t.fetch_io_wait_s = self.fetch.emulated_io_s(shard)
-            t.storage_bytes = shard.compressed_bytes
+            io_wait = self.fetch.emulated_io_s(shard)
+            stored = shard.compressed_bytes
+        return Fetched(item, table, time.perf_counter() - w0, cpu() - c0, io_wait, stored)
+
+    def produce(self, item: int, shared: bool | SlotAllocator = False,
+                fetched: "Fetched | None" = None) -> ShardOutput:
+        """Fetch, preprocess and encode one work item. ``shared``: the payloads will cross to
+        another process (True: fresh shared memory where the format can use it; a
+        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``). ``fetched``:
+        the item's fetch, already done (by a fetch-ahead thread)."""
+        shard = self.items[item]
+        t = StageTimes(worker=os.getpid())
+        a, c = self.ablation, self.caches
+        if fetched is None:
+            fetched = self.fetch_item(item)
+        elif fetched.item != item:
+            raise ValueError(f"fetched work item {fetched.item} handed to item {item}")
+        table = fetched.table
+        t.fetch_s, t.fetch_cpu_s = fetched.wall_s, fetched.cpu_s
+        t.fetch_io_wait_s, t.storage_bytes = fetched.io_wait_s, fetched.storage_bytes
+        cpu = self._cpu_clock()
         w1, c1 = time.perf_counter(), cpu()
-        t.fetch_s, t.fetch_cpu_s = w1 - w0, c1 - c0
         t.rows_in = shard.rows
         table = c.prepped[shard.index] if a.preprocess else self.preprocess(table, shard.index)
         w2, c2 = time.perf_counter(), cpu()

@@ -161,6 +161,12 @@ class LoaderSpec:
                                    "without a GPU).")
     prefetch_batches: int = knob(0, "Trainer-side receive thread keeping N batches ready (decompressed, "
                                     "decoded, pinned).", min=0, max=64)
+    fetch_ahead: int = knob(0, "num_workers = 0: work items (row groups) whose fetch (read and decode) "
+                               "runs ahead in a background thread of the trainer's process, "
+                               "overlapping the next decode with this item's preprocessing and "
+                               "packing (costs that many decoded row groups of memory; a labelled "
+                               "no-op with loader workers, which overlap items already).",
+                            min=0, max=8)
     device_prefetch: int = knob(0, "GPU trainer: batches whose host-to-device copy is launched ahead "
                                    "on a side CUDA stream while the current batch computes (0: each "
                                    "copy runs on the compute stream just before its step; a labelled "

@@ -55,6 +55,9 @@ class Executor:
     # how the ``processes`` launcher starts rank processes: None for its own choice (fork, or
     # spawn where a GPU exists); "spawn" where this executor's runtime does not survive a fork
     rank_start_method: ClassVar[str | None] = None
+    # whether this executor honours ``loader.fetch_ahead`` (its trainer-side producer
+    # decodes the next work item in a background thread); the others note it as a no-op
+    fetches_ahead: ClassVar[bool] = False
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
         self.config = config
@@ -199,4 +202,11 @@ class Executor:
     def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
         """Knobs that had no effect with this executor, and why (results' ``notes``), given
         the transfer stage's own notes (an executor may correct or add to them)."""
-        return transfer_notes
+        out = dict(transfer_notes)
+        lc = self.config.loader
+        if lc.fetch_ahead and not (self.fetches_ahead and lc.num_workers == 0):
+            out["fetch_ahead"] = (f"no-op: the {self.name} executor's producers "
+                                  + ("are loader workers, which overlap work items already"
+                                     if self.fetches_ahead else "run elsewhere")
+                                  + " (it applies to num_workers = 0 only)")
+        return out

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
+import queue
 import signal
+import threading
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Dataset, get_worker_info
@@ -33,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from .. import interrupts, threads
 from ..errors import ProcessDied, UserCodeError, UserError, exit_status
 from ..measure.watchdog import tick
-from ..pipeline import Plan, ShardOutput
+from ..pipeline import Fetched, Plan, ShardOutput
 from ..stages.buffers import BufferPool, PooledBuffer
 from ..stages.sizes import ceil_div
 from .base import EXECUTORS, Executor, ProducerKnob
@@ -108,6 +110,62 @@ class _WorkerInit:
                 pass
 
 
+class _FetchAhead:
+    """``loader.fetch_ahead`` at 0 workers: the fetch (read + decode) of the next ``depth``
+    work items runs in a background thread while the current one is preprocessed and packed.
+
+    Why: with no loader workers the trainer's process otherwise decodes a row group, then
+    packs it, then decodes the next: pyarrow's decode releases the GIL and packing is short
+    copies, so the two overlap on a second core (a plain DataLoader with 0 workers cannot).
+    Bounded: at most ``depth`` decoded tables wait beyond the one being packed (a semaphore
+    taken before each fetch, given back when the consumer takes a table). Each fetch is
+    timed on this thread's clocks (``Plan.fetch_item``), so stage seconds stay per item; they
+    now overlap the consumer's, which the stage table's wall sum shows."""
+
+    def __init__(self, plan: Plan, depth: int) -> None:
+        self._plan = plan
+        self._room = threading.Semaphore(depth)
+        self._ready: "queue.SimpleQueue[Fetched | BaseException]" = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="stallbench-fetch-ahead",
+                                        daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            for i in range(len(self._plan.items)):
+                while not self._room.acquire(timeout=0.1):
+                    if self._stop.is_set():
+                        return
+                if self._stop.is_set():
+                    return
+                self._ready.put(self._plan.fetch_item(i))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._ready.put(exc)
+
+    def take(self, item: int) -> Fetched:
+        """Item ``item``'s fetch (they come in order); its error, raised here."""
+        while True:
+            try:
+                got = self._ready.get(timeout=0.1)   # a timeout keeps Ctrl-C deliverable
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._ready.empty():
+                    raise RuntimeError("the fetch-ahead thread ended early") from None
+        self._room.release()
+        if isinstance(got, BaseException):
+            raise got
+        if got.item != item:
+            raise RuntimeError(f"fetch-ahead handed item {got.item} for item {item}")
+        return got
+
+    def close(self) -> None:
+        """Stop fetching and wait for a fetch under way (bounded: a daemon thread after)."""
+        self._stop.set()
+        self._room.release()
+        self._thread.join(timeout=10.0)
+
+
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
     """(partitions, slots per partition, slot bytes) of the pool a plan's workers can use, or
     None when their payloads cannot live in one (a format that is not poolable, compressed,
@@ -136,6 +194,7 @@ def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
 class LocalExecutor(Executor):
     name = "local"
     scaling_knobs = ("loader.num_workers",)
+    fetches_ahead = True
 
     def __init__(self, config: Any, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
@@ -216,8 +275,14 @@ class LocalExecutor(Executor):
         lc = self.config.loader
         if lc.num_workers == 0:
             alloc = pool.allocator(0, fallback_shared=False) if pool else False
-            for i in range(len(plan.items)):
-                yield plan.produce(i, shared=alloc)
+            ahead = _FetchAhead(plan, lc.fetch_ahead) if lc.fetch_ahead else None
+            try:
+                for i in range(len(plan.items)):
+                    yield (plan.produce(i, shared=alloc, fetched=ahead.take(i)) if ahead
+                           else plan.produce(i, shared=alloc))
+            finally:
+                if ahead is not None:
+                    ahead.close()
             return
         self._user_code = [f"transform {st.path!r}"
                            + (f" ({st.origin})" if getattr(st, "origin", None) else "")

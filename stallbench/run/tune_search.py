@@ -319,6 +319,12 @@ class Search:
             out.append(Candidate("loader.prefetch_batches", 2,
                                   "a trainer-side preload thread unpacks the next batches while "
                                   "the model computes"))
+        if (ld.fetch_ahead == 0 and best.figures.producer_slots == 0
+                and best.figures.bound_by in ("fetch", "preprocess")
+                and EXECUTORS.get(cfg.executor.kind).fetches_ahead):
+            out.append(Candidate("loader.fetch_ahead", 1,
+                                  "no producers: the trainer decodes the next row group in a "
+                                  "background thread while it prepares this one"))
         if ld.compression == "none":
             if ld.wire_bandwidth_mb_s is not None:
                 out.append(Candidate("loader.compression", "zstd",

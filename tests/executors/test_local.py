@@ -230,3 +230,94 @@ def test_batches_that_outgrow_their_slots_size_the_next_runs_pool(tmp_path: Path
     assert before["fresh_batches"] == first.batches == 4 and before["pooled_batches"] == 0
     assert after["fresh_batches"] == 0 and after["pooled_batches"] == second.batches == 4
     assert after["slot_bytes"] > before["slot_bytes"]
+
+
+class CountingPlan(Plan):
+    """Counts fetches started and work items produced (one process: no workers), so a test
+    can see how far the fetch-ahead thread ran ahead of the consumer."""
+
+    def fetch_item(self, item: int) -> Any:
+        self.log.append(("fetch", item))   # type: ignore[attr-defined]
+        return super().fetch_item(item)
+
+    def produce(self, item: int, shared: Any = False, fetched: Any = None) -> ShardOutput:
+        self.log.append(("produce", item))   # type: ignore[attr-defined]
+        return super().produce(item, shared, fetched)
+
+
+def _batches(plan: Plan, ex: Any) -> list[dict[str, Any]]:
+    out = []
+    with ex:
+        for o in ex.run(plan):
+            out += [{k: v.clone() for k, v in plan.transfer.receive_host(p).items()}
+                    for p in o.payloads]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["jagged", "columnar", "single_buffer", "arrow"])
+def test_fetch_ahead_hands_over_the_same_batches(cache: Path, fmt: str) -> None:
+    """Fetching ahead in a thread changes when a row group is decoded, never what a batch
+    holds: every tensor of every batch is equal with and without it."""
+    ref = _batches(*_setup(cache, f'batch_format = "{fmt}"\n'))
+    got = _batches(*_setup(cache, f'batch_format = "{fmt}"\nfetch_ahead = 2\n'))
+    assert len(got) == len(ref) > 1
+    for a, b in zip(ref, got):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bool((a[k] == b[k]).all()), k
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_fetch_ahead_runs_at_most_its_depth_ahead(cache: Path, depth: int) -> None:
+    """Bounded memory: while the consumer holds item i, at most ``depth`` later items have
+    been fetched (the thread waits for room before each fetch)."""
+    plan, ex = _setup(cache, f"fetch_ahead = {depth}\n", CountingPlan)
+    object.__setattr__(plan, "log", [])
+    ahead = []
+    with ex:
+        for out in ex.run(plan):
+            time.sleep(0.02)    # a slow consumer: the thread fills all the room it has
+            fetched = max((i for k, i in plan.log if k == "fetch"), default=-1)
+            ahead.append(fetched - out.item)
+    assert max(ahead) == min(depth, len(plan.items) - 1)
+    assert all(a <= depth for a in ahead)
+
+
+def test_fetch_ahead_thread_ends_when_the_trainer_stops_early(cache: Path) -> None:
+    plan, ex = _setup(cache, "fetch_ahead = 2\n")
+    with ex:
+        run = ex.run(plan)
+        next(run)
+        run.close()
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "stallbench-fetch-ahead"]
+
+
+def test_fetch_ahead_raises_the_fetch_error_in_the_consumer(cache: Path) -> None:
+    """A row group that cannot be read, fetched ahead, is the run's error as it is without
+    fetch-ahead (raised when the consumer reaches that item, not lost in the thread)."""
+    from stallbench.errors import DataError
+
+    class Broken(Plan):
+        def fetch_item(self, item: int) -> Any:
+            if item == 2:
+                raise DataError("row group 2 is not readable (injected)")
+            return super().fetch_item(item)
+
+    plan, ex = _setup(cache, "fetch_ahead = 1\n", Broken)
+    got = []
+    with ex, pytest.raises(DataError, match="injected"):
+        for out in ex.run(plan):
+            got.append(out.item)
+    assert got == [0, 1]
+
+
+@pytest.mark.parametrize("loader, noted", [("fetch_ahead = 1\n", False),
+                                            ("fetch_ahead = 1\nnum_workers = 2\n", True)])
+def test_fetch_ahead_is_noted_where_it_does_nothing(cache: Path, loader: str, noted: bool) -> None:
+    plan, ex = _setup(cache, loader)
+    notes = ex.notes(plan.transfer.notes())
+    assert ("fetch_ahead" in notes) == noted
+    if noted:
+        assert "no-op" in notes["fetch_ahead"]

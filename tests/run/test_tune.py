@@ -79,6 +79,26 @@ def test_ranking_stall_free_first_then_cheapest_then_fastest() -> None:
     assert t.better(fig(100, 0.01, slots=1, cost=1.01), fig(100, 0.01, slots=4, cost=1.0))
 
 
+@pytest.mark.parametrize("loader, bound, proposed", [
+    ({}, "preprocess", True),                      # 0 workers, preprocess-bound: try it
+    ({}, "fetch", True),
+    ({}, "compute", False),                        # the trainer binds: overlap buys nothing
+    ({"loader.fetch_ahead": 1}, "fetch", False),   # already on
+    ({"executor.kind": "flight"}, "fetch", False),  # an executor that does not fetch ahead
+])
+def test_fetch_ahead_is_a_candidate_only_where_it_can_help(loader: dict, bound: str,
+                                                           proposed: bool) -> None:
+    from stallbench.run.tune_search import Point
+
+    t = Tuner.__new__(Tuner)
+    t.skipped, t.say, t.knob = set(), lambda _text: None, lambda _cfg: None
+    cfg = with_knobs(scenario.parse(TINY, "t.toml").base, loader)
+    f = fig(100, 0.4)
+    f.bound_by = bound
+    got = t._format_candidates(Point(cfg, {}, "base", None, f, None, 0.0))
+    assert any(c.key == "loader.fetch_ahead" for c in got) == proposed
+
+
 def tune_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stallbench", "tune", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600)

@@ -16,10 +16,12 @@ items in the plan's order, each from its stream's queue, so it sees the batches 
 executor in the same order; each stream's items arrive in order and exactly once (checked: a
 gap or a stream that ends early is an error naming the server).
 
-*Batches.* A batch arrives as an Arrow record batch (the ``arrow`` batch format, whatever
-``loader.batch_format`` says: results note it); its IPC body is decompressed by Arrow in the
-reader thread, and the trainer's timed transfer turns it into tensors (``ArrowFormat.decode``:
-one copy of the collated tensors, or the vectorised collation with ``collate = "trainer"``).
+*Batches.* A batch arrives as an Arrow record batch, in the wire format of the loader's
+format (``protocol.wire_format``, results note it): ``arrow_jagged`` when it keeps every id
+(``jagged``, the default: the feature columns, sequences as Arrow list arrays, built into the
+``jagged`` batch by the trainer), ``arrow`` when it pads; its IPC body is decompressed by Arrow
+in the reader thread, and the trainer's timed transfer turns it into tensors (``decode``: one
+copy per tensor or column, or the vectorised collation with ``collate = "trainer"``).
 
 *Figures.* Stage times come from the servers (each item's trailer); producer CPU from the
 local servers' own process clocks (None for servers elsewhere); the bytes that crossed the
@@ -390,6 +392,7 @@ class FlightExecutor(Executor):
                     continue
             return False
 
+        wire = protocol.wire_format(plan.config)
         try:
             reader = st.reader = client.do_get(flight.Ticket(ticket.encode()))
             if r.stop.is_set():
@@ -424,7 +427,7 @@ class FlightExecutor(Executor):
                     continue
                 rb = chunk.data
                 payloads.append(Payload(meta["id"], meta["rows"], rb, False, rb.nbytes,
-                                        rb.nbytes, format="arrow"))
+                                        rb.nbytes, format=wire))
             if not r.stop.is_set() and expect is not None:
                 raise RuntimeError(f"stream {st.index} from {self.locations[st.server]} ended "
                                    f"before work item {expect}")
@@ -504,8 +507,13 @@ class FlightExecutor(Executor):
 
     def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
         lc = self.config.loader
-        out = {k: v for k, v in transfer_notes.items() if k != "compression"}
-        if lc.batch_format != "arrow":
+        out = {k: v for k, v in super().notes(transfer_notes).items() if k != "compression"}
+        wire = protocol.wire_format(self.config)
+        if wire != "arrow":
+            out["batch_format"] = (f"{lc.batch_format!r} as Arrow record batches: the feature "
+                                   f"columns, sequences as Arrow list arrays (values + offsets, "
+                                   f"every id kept), built into the jagged batch by the trainer")
+        elif lc.batch_format != "arrow":
             out["batch_format"] = (f"{lc.batch_format!r} not used: Flight streams Arrow record "
                                    f"batches (the \"arrow\" format; collate = {lc.collate!r})")
         if lc.num_workers:

@@ -14,7 +14,8 @@ Worker deaths and task retries seen during the run are read from Ray's GCS and r
 ``run_figures()["faults"]``.
 
 ``"stock"`` mode (``stock.py``): the loader's format knobs do not apply (Ray's
-iter_torch_batches is the format). Ablations that make fetch or preprocess free replace
+iter_torch_batches is the format), except that its collate builds the batch dict of the
+loader's format: jagged (every id kept) unless the format pads. Ablations that make fetch or preprocess free replace
 ``read_parquet`` by the cached tables, one block per shard; an ablation that makes transfer
 free runs the stallbench path with no payload (nothing left to hand over). Storage emulation
 (``[storage]``) is not applied by ``read_parquet``: results note it. Its producer stage time
@@ -49,6 +50,7 @@ from ... import threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
+from ...stages.batch_format import SequenceCounts
 from ...stages.transfer import Payload
 from .. import runtimes
 from ..base import EXECUTORS, Executor, ProducerKnob
@@ -567,7 +569,7 @@ class RayExecutor(Executor):
         if plan.config.loader.execution == "bulk":
             ds = ds.materialize()
         r.ds = ds
-        collate = stock.collate_class()(plan.schema)
+        collate = stock.collate_class()(plan.schema, not plan.transfer.format.pads_sequences)
         prefetch = max(1, plan.config.loader.prefetch_factor)
         k = 0
         for _ in range(epochs):
@@ -578,12 +580,16 @@ class RayExecutor(Executor):
                 prep = batch.pop(stock.STOCK_PREP_COL, None)
                 if prep is not None:
                     r.prep_s += float(prep)
+                cut = batch.pop(stock.STOCK_CUT_KEY, None)
                 rows = int(batch["label"].shape[0])
                 r.blocks += 1
                 r.batches += 1
                 r.rows += rows
                 nb = sum(v.numel() * v.element_size() for v in batch.values())
                 times = StageTimes(rows_in=rows, rows_out=rows)
+                if cut is not None:           # a padded format's collate: what it cut
+                    c = [int(x) for x in cut.tolist()]
+                    times.sequences = SequenceCounts(plan.schema.seq_len, *c)
                 yield ShardOutput(k, -1, [Payload(f"stock:{k}", rows, batch, False, nb, nb,
                                                   final=True)], 1, rows, times)
                 k += 1
