@@ -41,6 +41,13 @@ def hang_rank1_later(table, **kw):
         time.sleep(10 ** 6)
     return table
 
+def stop_worker_rank1(table, **kw):
+    from torch.utils.data import get_worker_info
+    import signal
+    if os.environ.get("RANK") == "1" and get_worker_info() is not None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return table
+
 def mark(table, **kw):
     d = os.environ.get("MARK_DIR")
     if d:
@@ -155,12 +162,15 @@ def _safe(procs: list) -> list:
     return out
 
 
-@pytest.mark.parametrize("fn, says", [
-    ("hang_rank1_setup", "trainer rank 1 (pid "),
-    ("hang_rank1_later", "for trainer rank 1 (pid "),
+@pytest.mark.parametrize("fn, says, base", [
+    ("hang_rank1_setup", "trainer rank 1 (pid ", TINY),
+    ("hang_rank1_later", "for trainer rank 1 (pid ", TINY),
+    ("stop_worker_rank1", "loader worker(s) (pids ",
+     TINY.replace("batch_size = 512", "batch_size = 512\nnum_workers = 1")),
 ])
-def test_a_stuck_rank_ends_the_run(tmp_path: Path, env: dict, fn: str, says: str) -> None:
-    code, out, err, left = _run(tmp_path, env, TINY + "[trainers]\nranks = 2\n"
+def test_a_stuck_rank_ends_the_run(tmp_path: Path, env: dict, fn: str, says: str,
+                                   base: str) -> None:
+    code, out, err, left = _run(tmp_path, env, base + "[trainers]\nranks = 2\n"
                                 f'[preprocess]\ntransforms = ["usercode:{fn}"]\n'
                                 "[run]\nprogress_timeout_s = 2\n")
     line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
