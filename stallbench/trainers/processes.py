@@ -14,6 +14,11 @@ Stopping: a ``stop`` message, then SIGTERM, then SIGKILL, each rank by its PID, 
 process still alive that a rank started (its loader workers), also by PID. While ranks live,
 SIGTERM to stallbench becomes a KeyboardInterrupt, so it unwinds and stops them as on Ctrl-C;
 a rank whose launcher disappears sees its pipe close and exits.
+An executor whose producers serve the whole job (``Executor.ranks_share_producers``: the
+Flight servers, started once by stallbench's process) gives each rank what it needs to attach
+to them (``Executor.rank_options``), and may ask for spawned ranks (``rank_start_method``).
+No wait without an end: each rank publishes its last progress and what it is doing in a
+shared array (``measure.watchdog.publish``), which ``_check_progress`` reads while it waits.
 """
 
 from __future__ import annotations
