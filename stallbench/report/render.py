@@ -33,6 +33,8 @@ from ..measure.load import busy_summary
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from ..analysis.device import AU_PASS, au_label
+from ..analysis import figures
+from .tables import ZERO_NOTE, spans_zero
 from ..analysis.stats import finite_median
 from . import plots
 from .history import view as history_view
@@ -265,6 +267,7 @@ class RunView:
     whatif: WhatIfValidation | None
     whatif_rows: list[dict[str, Any]]
     stage_rates: list[tuple[str, list[str]]]   # (figure, formatted value per variant)
+    measured_lines: list[str]       # ``analysis.figures.measured_line`` per measured variant
     emulated: list[dict[str, Any]]
     predicted: list[str]
     anchor: str
@@ -596,6 +599,8 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
                    whatif=wi, whatif_rows=_whatif_rows(wi) if wi is not None else [],
                    stage_rates=_stage_rate_rows(r.variants),
+                   measured_lines=[figures.measured_line(v) for v in r.variants
+                                   if v.repeats and v.repeats[0].samples],
                    emulated=emu_rows, predicted=predicted, anchor=anchor,
                    emulated_uniform=len({tuple(sorted(v.emulated)) for v in r.variants}) <= 1,
                    has_ranks=any(v.ranks is not None for v in r.variants),
@@ -793,6 +798,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
                        bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
+    env.globals["zero_note"] = ZERO_NOTE
+    env.tests["spanning_zero"] = spans_zero
     return env
 
 

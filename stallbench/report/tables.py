@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from ..analysis import figures
 from ..analysis.device import AU_PASS, WARNING, au_label
 from ..results import Attribution, DeviceFigures, Result, Summary
 
@@ -131,14 +132,9 @@ def startup_text(x: float | None) -> str:
     return format_number(x, ".2f")
 
 
-def spans_zero(iv: object) -> bool:
-    """An interval whose ends lie on both sides of 0 (its figure is not distinguishable
-    from 0)."""
-    low, high = getattr(iv, "low"), getattr(iv, "high")
-    return math.isfinite(low) and math.isfinite(high) and low < 0 < high
-
-
-ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
+# one rule for every surface (``analysis.figures``): the run table, the report, the profile
+spans_zero = figures.spans_zero
+ZERO_NOTE = figures.ZERO_NOTE
 
 
 def attribution_title(result: Result) -> str:
