@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ...errors import ScenarioError, UserError
+from ...errors import ScenarioError, UserError, cut
 from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
@@ -91,11 +91,21 @@ class FlightExecutor(Executor):
     name = "flight"
     scaling_knobs = ("executor.flight_local_servers", "executor.flight_streams_per_server",
                      "executor.flight_servers")
+    # Ranks (``trainers.ranks`` > 1): stallbench's process starts (or connects to) the servers
+    # once for the job; every rank attaches to them and streams its own work items. Ranks are
+    # spawned: a process forked from one that has used a Flight (gRPC) client hangs in its
+    # own first gRPC call.
+    ranks_share_producers = True
+    rank_start_method = "spawn"
 
-    def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
+    def __init__(self, config: Config, scenario_file: str = "<scenario>",
+                 attach: list[str] | None = None) -> None:
+        """``attach``: the servers some other process of this job runs (a rank's view of the
+        servers stallbench's process started); this executor starts and stops none."""
         super().__init__(config, scenario_file)
         self.spec = config.executor
         self.remote = list(self.spec.flight_servers or [])
+        self.attach = list(attach) if attach is not None else None
         self.local: Any = None                   # local.LocalServers once started
         self.locations: list[str] = []
         self.clients: list[Any] = []
@@ -171,7 +181,9 @@ class FlightExecutor(Executor):
     def start(self) -> None:
         flight = import_flight(self.scenario_file)
         t0 = time.perf_counter()
-        if self.remote:
+        if self.attach is not None:
+            self.locations = list(self.attach)
+        elif self.remote:
             self.locations = list(self.remote)
         else:
             from .local import LocalServers
@@ -193,6 +205,10 @@ class FlightExecutor(Executor):
             self.clients.append(client)
             self.served.append(self._ping(client, i, loc))
         self._startup = {"servers_start_s": t1 - t0, "connect_s": time.perf_counter() - t1}
+
+    def rank_options(self) -> dict[str, Any]:
+        """Each rank streams its own work items from this job's servers (started once)."""
+        return {"attach": list(self.locations)}
 
     def _where(self, i: int) -> str:
         return (f"executor.flight_servers[{i}]" if self.remote else "executor.flight_local_servers")
@@ -452,7 +468,7 @@ class FlightExecutor(Executor):
         firsts = [st.first_chunk_s for st in r.streams if st.first_chunk_s is not None]
         self._last = {"flight": {
             "servers": list(self.locations),
-            "local_servers": self.local is not None,
+            "local_servers": not self.remote,     # a rank attached to the job's own too
             "streams": len(r.streams),
             "streams_per_server": self.spec.flight_streams_per_server,
             "server_pids": [s.get("pid") for s in self.served],
@@ -509,8 +525,10 @@ class FlightExecutor(Executor):
 
 
 def _short(exc: BaseException, n: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:n] + "...") if len(text) > n else text
+    # gRPC appends the server's Python traceback ("Detail: Python exception: Traceback ...")
+    # to the server's own message: the message says it, the traceback stays on the server
+    text = " ".join(str(exc).split(". Detail: Python exception")[0].split())
+    return cut(text, n)
 
 
 def _is_ping_answer(info: Any) -> bool:
