@@ -24,6 +24,7 @@ measured count (the hidden one included); the point prediction does not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stallbench import results, scenario  # noqa: E402
-from stallbench.analysis import advice  # noqa: E402
+from stallbench.analysis import advice, whatif  # noqa: E402
 from stallbench.report.tables import table  # noqa: E402
 from stallbench.run.runner import RunOptions, run_scenario  # noqa: E402
 
@@ -62,14 +63,17 @@ def cases(r: Any) -> list[list[str]]:
     bt = r.analysis.whatif.backtest if r.analysis.whatif is not None else None
     rows = []
     for v in r.variants:
-        full = advice.recommend(v, r.machine, r.variants, bt)
+        full = advice.recommend(v, r.machine, r.variants, bt,
+                                advice.model_for(v, r.analysis.whatif))
         if full is None or not full.knob:
             continue
         for hidden in r.variants:
             if hidden is v:
                 continue
             rest = [x for x in r.variants if x is not hidden]
-            rec = advice.recommend(v, r.machine, rest, bt)
+            # the verdict's model as the runner gives it, fitted without the hidden count
+            wi = whatif.validate(dataclasses.replace(r, variants=rest))
+            rec = advice.recommend(v, r.machine, rest, bt, advice.model_for(v, wi))
             if rec is None or rec.knob is None or rec.value is None:
                 continue
             s = advice._sibling(v, r.variants, rec.knob, rec.value)

@@ -14,7 +14,7 @@ import os
 import sys
 
 from . import __version__, interrupts
-from .errors import UserCodeError, UserError
+from .errors import UserCodeError, UserError, cut
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,12 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+LINE_CHARS = 4000     # of an error line
+
+
 def _say_error(exc: UserError, debug: bool) -> None:
     if isinstance(exc, UserCodeError) and not exc.where:
         exc.located("the trainer" if exc.pid == os.getpid() else f"process {exc.pid}")
     from .outputs import one_line   # a file's name or a user's message: never two lines
 
-    print(f"stallbench: error: {one_line(exc)}", file=sys.stderr)
+    # Every error is one bounded line, whatever it quotes (a user's message is already cut
+    # at errors.MESSAGE_CHARS; this bounds the rest: paths, a rank's or a server's text).
+    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}", file=sys.stderr)
     if isinstance(exc, UserCodeError):
         if debug and exc.traceback_text:
             print(exc.traceback_text.rstrip(), file=sys.stderr)

@@ -85,8 +85,14 @@ def describe_exception(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     if not text:
         return type(exc).__name__
-    first = text[0] if len(text[0]) <= MESSAGE_CHARS else text[0][:MESSAGE_CHARS] + "..."
-    return f"{type(exc).__name__}: {first}"
+    return f"{type(exc).__name__}: {cut(text[0], MESSAGE_CHARS)}"
+
+
+def cut(text: str, chars: int) -> str:
+    """``text``, or its first ``chars`` characters saying that the rest was cut."""
+    if len(text) <= chars:
+        return text
+    return f"{text[:chars]}... (cut at {chars:,} of {len(text):,} characters)"
 
 
 _OURS = os.path.dirname(os.path.abspath(__file__))

@@ -246,7 +246,8 @@ class StageCaches:
     final: dict[int, list[TensorBatch]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, plan: Plan) -> "StageCaches":
+    def build(cls, plan: Plan, on_item: Callable[[], None] | None = None) -> "StageCaches":
+        """``on_item``: called after each row group (a rank's progress watchdog)."""
         c = cls()
         seen: set[int] = set()
         for shard in plan.items:
@@ -263,6 +264,8 @@ class StageCaches:
                 p = plan.transfer.send(b, f"{shard.index}:{i}", shared=False, emulate_wire=False)
                 batches.append({k: v.clone() for k, v in plan.transfer.receive(p).items()})
             c.final[shard.index] = batches
+            if on_item is not None:
+                on_item()
         return c
 
 

@@ -9,8 +9,8 @@ on that same variant, one ``Recommendation``:
 - **preprocess- or fetch-bound**: more producers where the executor scales
   (``ExecutorFacts.scaling_knobs``): for N = current+1 .. max(current+1, cores), the what-if
   predicts each steady rate; the advice is the fewest N within 5% of the best of them, its
-  predicted gain = predict(N) / predict(current) (both from the model, so the fit point's
-  calibration cancels). For fetch it also weighs caching the data (``cache = 1``) and twice the
+  predicted gain = predict(N) / the current rate (``_base_rate``: the measured steady rate
+  on the curve's model, the model's own on a fit on this variant alone). For fetch it also weighs caching the data (``cache = 1``) and twice the
   storage bandwidth where an emulated storage wait was measured, and takes the largest gain.
   When no option is predicted to give 5% (the cores bind), the advice is to make the stage
   cheaper or give it more CPUs, with the ideal stage's speedup as an upper bound.
@@ -29,6 +29,12 @@ interval its leave-one-out back-test gives (predicted x exp(+-w), ``BackTest``),
 printed ("not predicted", with the reason) where that back-test's worst steady error is
 above ``MAX_BACKTEST_ERROR``. The scenario's top recommendation (``top``) starts from its
 best measured variant.
+
+One figure per quantity (issue 25, ``figures``): the what-if used is the one the result
+stores for the variant's scaling curve (``model_for``; the one ``stallbench whatif`` and the
+report print, and whose back-test gives the interval), fitted on the variant alone only off
+that curve; a what-if gain above the ablations' bound for that change
+(``figures.ideal_bound``) contradicts a measurement and is withdrawn (``_within_ideal``).
 """
 
 from __future__ import annotations
@@ -40,18 +46,21 @@ from typing import Any, Sequence
 from ..measure.load import HEAVY_CORES
 from ..results import MachineInfo, Recommendation, VariantResult
 from ..stages.sizes import ceil_div
-from . import whatif
+from . import figures, whatif
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
 MAX_BACKTEST_ERROR = 0.25   # a what-if gain is not printed when its back-test missed by more
 NEAR_BEST = 0.95      # the fewest producers within 5% of the best predicted rate
 
 
-def _share(v: VariantResult) -> float | None:
+def _steady_share(v: VariantResult) -> float | None:
+    """The steady-state attributed stall share, None where the attribution has no steady
+    window: ``Recommendation.steady_attributed_stall_share`` holds one figure only (the whole
+    run's share is ``Attribution.attributed_stall_share``, said "of the run")."""
     a = v.attribution
-    if a is None:
+    if a is None or a.basis != "steady state":
         return None
-    s = a.steady_attributed_stall_share if a.basis == "steady state" else a.attributed_stall_share
+    s = a.steady_attributed_stall_share
     return s if s is not None and math.isfinite(s) else None
 
 
@@ -71,14 +80,27 @@ def _producer_knob(v: VariantResult) -> tuple[str, str] | None:
     return None
 
 
-def _more_producers(v: VariantResult, m: whatif.Model, cores: float
+def _base_rate(v: VariantResult, m: whatif.Model, shared: bool) -> float:
+    """The rate a predicted gain is relative to. On a model fitted on ``v`` alone, the
+    model's own rate at ``v`` (calibrated there, so it cancels). On the curve's model
+    (``shared``), ``v``'s MEASURED steady rate where it has one: ``v`` need not be the fit
+    point, and a ratio of two predictions would carry two model errors where the back-test's
+    interval covers one (the predicted rate's against a measured one)."""
+    if shared and v.phases is not None:
+        x = v.phases.steady_samples_s.median
+        if math.isfinite(x) and x > 0:
+            return x
+    return whatif.predict(m, v.executor.producer_slots).throughput_samples_s
+
+
+def _more_producers(v: VariantResult, m: whatif.Model, cores: float, base: float
                     ) -> tuple[str, str, int, float] | None:
-    """(knob, words, value, predicted gain) of the fewest producers near the best rate."""
+    """(knob, words, value, predicted gain vs ``base``) of the fewest producers near the
+    best rate."""
     pk = _producer_knob(v)
     if pk is None:
         return None
     cur = v.executor.producer_slots
-    base = whatif.predict(m, cur).throughput_samples_s
     if not (math.isfinite(base) and base > 0):
         return None
     top = max(cur + 1, int(math.ceil(cores)))
@@ -174,16 +196,19 @@ def _measured_or_bounded(v: VariantResult, rec: Recommendation,
 
 
 def recommend(v: VariantResult, machine: MachineInfo,
-              variants: Sequence[VariantResult] = (), backtest: Any = None
-              ) -> Recommendation | None:
+              variants: Sequence[VariantResult] = (), backtest: Any = None,
+              model: whatif.Model | None = None) -> Recommendation | None:
     """The next change to try for ``v`` (None without an attribution); ``variants`` (the
-    run's, to quote a suggested value it measured) and ``backtest`` (the what-if's
-    ``BackTest``, for the interval)."""
+    run's, to quote a suggested value it measured), ``backtest`` (the what-if's
+    ``BackTest``, for the interval) and ``model``: the what-if the result stores for the
+    scaling curve ``v`` is on (``model_for``), so that the verdict's figures are the ones
+    ``stallbench whatif`` and the report print and the interval is that model's back-test;
+    None: fitted on ``v`` alone."""
     a = v.attribution
     if a is None:
         return None
-    share = _share(v)
-    rec = Recommendation(variant=v.name, bound_by=a.bound_by, steady_attributed_stall_share=share,
+    rec = Recommendation(variant=v.name, bound_by=a.bound_by,
+                         steady_attributed_stall_share=_steady_share(v),
                          action="")
     if not a.conclusive:
         rec.conclusive = False
@@ -204,26 +229,54 @@ def recommend(v: VariantResult, machine: MachineInfo,
         rec.predicted_speedup = a.ideal_speedup
         rec.predicted_from = "attribution: ideal transfer (an upper bound)"
     else:
-        _data_stage(v, machine, rec)
+        _data_stage(v, machine, rec, model)
     _measured_or_bounded(v, rec, variants, backtest)
+    _within_ideal(a, rec)
     rec.text = f"{v.name}: {action_text(rec)}"
     return rec
 
 
-def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> None:
+def model_for(v: VariantResult, wi: Any) -> whatif.Model | None:
+    """The stored what-if (``WhatIfValidation``) when ``v`` is one of its measured points on a
+    curve over producers at ``v``'s rank count, else None (``recommend`` fits ``v`` alone)."""
+    if wi is None or wi.model is None or wi.axis.startswith("ranks"):
+        return None
+    if v.name not in {c.variant for c in wi.measured}:
+        return None
+    return wi.model if whatif.ranks_of(v) == wi.model.ranks else None
+
+
+def _within_ideal(a: Any, rec: Recommendation) -> None:
+    """A what-if gain above the ablations' bound (``figures.ideal_bound``) contradicts a
+    measurement: the ablations measured what removing that data work gives at most, the
+    what-if only models it. The prediction is withdrawn with both figures, never printed
+    beside a bound it exceeds."""
+    x = rec.predicted_speedup
+    if rec.predicted_from != "what-if model" or x is None or not math.isfinite(x):
+        return
+    bound = figures.ideal_bound(a, rec.knob)
+    if math.isfinite(bound.value) and x > bound.value:
+        rec.not_predicted = (f"the what-if predicted {x:.2f}x, above the {bound.value:.2f}x "
+                             f"{bound.source} gives in this variant's ablations")
+        rec.predicted_speedup = rec.predicted_low = rec.predicted_high = None
+
+
+def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
+                model: whatif.Model | None = None) -> None:
     a = v.attribution
     assert a is not None
     stage = a.bound_by
-    m = whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None
+    m = model if model is not None else (
+        whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None)
     options: list[tuple[float, str, str | None, Any]] = []   # (gain, action, knob, value)
+    base = _base_rate(v, m, model is not None) if m is not None else math.nan
     if m is not None:
-        more = _more_producers(v, m, machine.cores)
+        more = _more_producers(v, m, machine.cores, base)
         if more is not None:
             knob, words, value, gain = more
             options.append((gain, f"{words}: {_producers_text(knob, value)}", knob, value))
         if stage == "fetch":
             cur = v.executor.producer_slots
-            base = whatif.predict(m, cur).throughput_samples_s
             if math.isfinite(base) and base > 0:
                 cached = whatif.predict(m, cur, cache=1.0).throughput_samples_s / base
                 where = ("cache the data locally (disk or memory)" if m.io_wait > 0 else
@@ -250,9 +303,13 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation) -> 
         # one story: the attribution names the stage, the what-if says why more producers
         # would not help; the verdict says both in one clause instead of two claims
         p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
-        where = "of steady state" if a.basis == "steady state" else "of the run"
-        share = f" stalls {rec.steady_attributed_stall_share:.0%} {where}" \
-            if rec.steady_attributed_stall_share is not None else " binds"
+        whole = a.attributed_stall_share
+        if rec.steady_attributed_stall_share is not None:
+            share = f" stalls {rec.steady_attributed_stall_share:.0%} of steady state"
+        elif whole is not None and math.isfinite(whole):
+            share = f" stalls {whole:.0%} of the run"
+        else:
+            share = " binds"
         rec.action = (f"{stage}{share}, but more producers would not help ({p.why}): "
                       f"{rec.action}")
     rec.predicted_speedup = a.ideal_speedup

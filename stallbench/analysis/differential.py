@@ -48,6 +48,7 @@ import numpy as np
 
 from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures
+from . import figures
 from .stats import COMPUTE_BOUND_SHARE
 
 STAGES = ("fetch", "preprocess", "transfer")
@@ -262,10 +263,13 @@ def _secs(x: float) -> str:
     return f"{x * 1000:.0f} ms" if abs(x) < 0.1 else f"{x:.2f} s"
 
 
-def verdict(a: Attribution, action: str | None = None, gain: float | None = None) -> str:
+def verdict(a: Attribution, action: str | None = None, gain: float | None = None,
+            knob: str | None = None) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
-    ideal stage's speedup, and start-up apart when it weighs in this run."""
+    ablations' bound on its gain (``figures.ideal_bound``: the stage's ideal, or for more
+    producers, ``knob``, the ideal of all data work), and start-up apart when it weighs in
+    this run."""
     steady = a.basis == "steady state"
     share = (a.steady_attributed_stall_share if steady and a.steady_attributed_stall_share
              is not None else a.attributed_stall_share)
@@ -304,11 +308,13 @@ def verdict(a: Attribution, action: str | None = None, gain: float | None = None
         head = f"compute-bound (data stages {max(stages, 0):.0%} {where})"
         return (f"{head}: {action or 'nothing to do on the data side: the data stages keep up'}"
                 f"{tail}")
-    stage = a.bound_by
-    ideal = f"ideal {stage} would give {a.ideal_speedup:.2f}x"
-    if gain is not None and math.isfinite(gain) and gain > a.ideal_speedup:
-        # "1 worker predicted 1.58x; ideal fetch would give 1.53x" read as one worker beating
-        # no fetch at all: say why a change can beat one stage's bound (issue 25)
-        ideal = (f"ideal {stage} alone would give {a.ideal_speedup:.2f}x (the change also takes "
-                 f"other data work off the trainer)")
+    # "1 worker predicted 1.58x; ideal fetch would give 1.53x" read as one worker beating
+    # no fetch at all: beside more producers (which take every data stage off the trainer)
+    # the bound is the ideal of all data work, never one stage's (issue 25)
+    bound = figures.ideal_bound(a, knob)
+    ideal = f"{bound.source} would give {bound.value:.2f}x"
+    if gain is not None and math.isfinite(gain) and gain > bound.value:
+        # only a MEASURED gain gets here (``advice`` withdraws a prediction above the bound)
+        ideal += (" (measured beyond this variant's own ablations: the two variants' runs "
+                  "differ by more than their repeats show; add repeats)")
     return f"{head}: {action}; {ideal}{tail}" if action else f"{head}: {ideal}{tail}"

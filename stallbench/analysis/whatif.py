@@ -72,13 +72,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
-from . import backtest, schedule
+from . import backtest, figures, schedule
 from .stats import COMPUTE_BOUND_SHARE, finite_median
 from .whatif_models import MODELS, ScalingModel, fit_best, fit_points, oversubscribed, reference
 
 
 # The fitted model is result data (stored with the validation): its fields live in the schema.
 Model = WhatIfModel
+# ``stage_wall`` key of the model step alone per sample (``figures.compute_s_per_sample``)
+COMPUTE_ONLY = "compute_only"
+COMPUTE_ONLY_SOURCE = figures.COMPUTE_ONLY_SOURCE
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
     result's) gives the work items' size, so whole runs are replayed item by item and the fit
     is calibrated against the measured epoch; without it, the steady formula alone."""
     reps = v.repeats
-    s = lambda key: finite_median(getattr(f.stage_s, key) / max(f.samples, 1) for f in reps)  # noqa: E731
+    s = lambda key: figures.stage_s_per_sample(v, key)  # noqa: E731
     fetch, prep, xfer = s("fetch"), s("preprocess"), s("transfer_producer")
     cpu = s("fetch_cpu") + s("preprocess_cpu") + s("transfer_producer_cpu")
     # The producer processes' own CPU clocks also see what happens outside the stage timers
@@ -157,13 +160,18 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
         # counted there, it would be counted twice against the cores.
         t_cpu = max(t_cpu - cpu, 0.0)
     io_bytes = finite_median(f.bytes.storage_bytes / max(f.samples, 1) for f in reps)
+    alone = figures.compute_s_per_sample(v)
     cpus_per_node = (v.executor.producer_slots // v.executor.producer_nodes
                      if v.executor.producer_nodes else 1)
     raw = Model(
         p_wall=fetch + prep + xfer, p_cpu=cpu, t_trainer=trainer_xfer + overhead + compute,
         t_cpu=t_cpu, cores=machine.cores,
         stage_wall={"fetch": fetch, "preprocess": prep, "transfer": xfer,
-                    "transfer_trainer": trainer_xfer, "overhead": overhead},
+                    "transfer_trainer": trainer_xfer, "overhead": overhead,
+                    # the one compute figure (printed; the terms use ``compute``, the step
+                    # as the fit's runs timed it), where a compute-only run measured it
+                    **({COMPUTE_ONLY: alone.value} if alone.source == COMPUTE_ONLY_SOURCE
+                       and math.isfinite(alone.value) else {})},
         io_wait=s("fetch_io_wait"), io_bytes=io_bytes, compute=compute,
         fit_workers=workers_of(v), fit_variant=v.name,
         cpus_per_node=max(cpus_per_node, 1),
@@ -343,7 +351,8 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         # the table never says "0% stall" beside "bound by fetch" (per rank: x / n_ranks)
         bound = heaviest if 1.0 - (x / n_ranks) * m.compute >= COMPUTE_BOUND_SHARE else "compute"
         why = (f"no workers: the trainer does {c.p_serial * 1e6:.1f} us/sample of data work "
-               f"({source}; {heaviest} heaviest) before each {c.t * 1e6:.1f} us/sample step")
+               f"({source}; {heaviest} heaviest) beside "
+               f"{trainer_words(m, c.t, m.stage_wall['transfer_trainer'])}")
         if n_ranks > 1:
             why = f"{n_ranks} ranks; " + why
             if c.binding == "cores":
@@ -351,14 +360,13 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
     elif c.binding == "trainer":
         data_t = m.stage_wall["transfer_trainer"] + m.stage_wall["overhead"]
         bound = "compute" if m.compute >= data_t else "transfer"
-        why = (f"the trainer binds: {m.compute * 1e6:.1f} us/sample compute + "
-               f"{data_t * 1e6:.1f} us/sample trainer-side data work")
+        why = f"the trainer binds: {trainer_words(m, c.t, data_t)}"
         if n_ranks > 1:
             why = f"{n_ranks} ranks in parallel; " + why
     elif c.binding == "workers":
         bound = heaviest
         why = (f"{c.total} worker(s) at {c.p_wall * 1e6:.1f} us/sample each{contended} "
-               f"({heaviest} {stages[heaviest] * 1e6:.1f} us) cannot keep up")
+               f"({heaviest} {figures.us(stages[heaviest])}) cannot keep up")
     elif c.binding == "cores":
         bound = heaviest
         why = (f"CPU-bound: {c.p_cpu * 1e6:.1f} + {m.t_cpu * 1e6:.1f} us CPU/sample on "
@@ -368,6 +376,27 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         why = f"storage bandwidth {storage_cap_mb_s:g} MB/s binds"
     stall = max(0.0, 1.0 - x / n_ranks * m.compute) if math.isfinite(x) else 0.0
     return Prediction(workers, x, stall, bound, why, c.binding, m.kind)
+
+
+def trainer_words(m: Model, t: float, data_t: float | None = None) -> str:
+    """The trainer's ``t`` seconds per sample, split into the model step alone (the one
+    compute figure: ``figures.compute_s_per_sample``, as the verdict and the report print
+    it), its trainer-side data work (``data_t``, where it is said) and the rest: what the
+    trainer took more in the fit's full runs than the step alone (the step slowed beside its
+    producers, a sleep waking late on a busy machine, the calibration)."""
+    alone = m.stage_wall.get(COMPUTE_ONLY)
+    source = COMPUTE_ONLY_SOURCE if alone is not None else "step timer"
+    alone = m.compute if alone is None else alone
+    words = f"{figures.us(alone)} compute ({source})"
+    rest = t - alone
+    if data_t is not None:
+        words += f" + {figures.us(data_t)} trainer-side data work"
+        rest -= data_t
+    if abs(rest) >= 0.05e-6:
+        more = "more" if rest > 0 else "less"
+        words += (f" {'+' if rest > 0 else '-'} {figures.us(abs(rest))} {more} in the fit's "
+                  f"full runs than alone")
+    return words
 
 
 @dataclass(frozen=True)

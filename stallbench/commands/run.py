@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
             startup = tables.startup_note(result)
             if startup:
                 print(startup)
+            for line in tables.faults_lines(result):
+                print(line)
             busy = busy_summary(result)
             if busy:
                 print(f"WARNING: BUSY MACHINE: {busy}")

@@ -10,10 +10,15 @@ Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
+import sys
+import tempfile
 import threading
 from pathlib import Path
+from typing import Callable, Iterator
 
 from ..errors import UserError
 
@@ -51,11 +56,15 @@ def run(args: argparse.Namespace) -> int:
     catalog = Catalog(sc.name)
     for v in sc.variants:
         catalog.add(v.config, dataset_for(v.config, cache, sc.path), sc.path)
-    try:
-        server = ProducerServer(f"grpc://{args.host}:{args.port}", catalog)
-    except Exception as exc:  # noqa: BLE001 - a port in use, an address not of this machine
-        raise UserError(f"--port/--host: cannot listen on {args.host}:{args.port} "
-                        f"({' '.join(str(exc).split())[:200]})") from None
+    with fd2_captured() as said:       # gRPC logs a failed bind to fd 2 itself (C++)
+        try:
+            server = ProducerServer(f"grpc://{args.host}:{args.port}", catalog)
+            failed = None
+        except Exception as exc:  # noqa: BLE001 - a port in use, an address not of this machine
+            failed = exc
+    if failed is not None:
+        raise UserError(listen_error(args.host, args.port, said(), failed)) from None
+    sys.stderr.write(said())           # a successful start's own log lines, if any, as they were
     # The server's threads serve from its construction on; this thread only waits for a
     # stop, in Python, where SIGINT and SIGTERM handlers run (installed before the line
     # saying it serves: a signal right after that line is this command's to report).
@@ -81,3 +90,38 @@ def run(args: argparse.Namespace) -> int:
     exc = interrupts.received(got[0])
     exc.outcome = "server stopped"
     raise exc
+
+
+@contextlib.contextmanager
+def fd2_captured() -> Iterator[Callable[[], str]]:
+    """File descriptor 2 (where gRPC's C++ logs go, around Python's ``sys.stderr``) into a
+    temp file for the block; yields a function that returns what was written there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    text = [""]
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lambda: text[0]
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text[0] = tmp.read(64 * 1024).decode(errors="replace")
+
+
+_BIND = re.compile(r"Error in bind for address '([^']*)': ([^)]*?)(?=Error in bind|\)|$)")
+
+
+def listen_error(host: str, port: int, log: str, exc: BaseException) -> str:
+    """One line for a server that could not listen: the reason gRPC logged (the exception
+    itself only says "Server did not start properly")."""
+    reasons = sorted({m.group(2).strip() for m in _BIND.finditer(log)})
+    why = "; ".join(reasons) or " ".join(str(exc).split())[:200]
+    hint = ""
+    if any("in use" in r for r in reasons):
+        hint = (f": another process listens on port {port}; choose another --port "
+                f"(--port 0: any free one)")
+    elif any("assign" in r for r in reasons):
+        hint = f": {host} is not an address of this machine (--host)"
+    return f"--port {port}: cannot listen on {host}:{port} ({why}){hint}"

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     from ..report import tables
-    from ..analysis import backtest, whatif, whatif_models
+    from ..analysis import backtest, figures, whatif, whatif_models
     from ..analysis.stats import COMPUTE_BOUND_SHARE
 
     stored = r.analysis.whatif
@@ -205,6 +205,8 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
           f"batch at the fit)" + (f"; calibrated at the fit: {m.calibration}" if m.calibration else ""))
     if m.contention_fit:
         print(f"contention: {m.contention_fit}")
+    for x in group or [v]:     # MEASURED, the figures the verdict and the report print
+        print(f"measured {figures.measured_line(x)}")
     right = set(range(1, 3 if width is None else 4)) | ({len(head) - 1} if priced else set())
     print(tables.table(head + ["why"], collapse_rows(rows), right=right))
     candidates = [(n, c) for n, c in zip(nodes, counts) if c > 0]

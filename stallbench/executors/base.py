@@ -49,6 +49,12 @@ class Executor:
     # how this executor's data reaches data-parallel ranks (``trainers.ranks`` > 1): the name
     # of a ``stallbench.trainers`` launcher
     rank_launcher: ClassVar[str] = "processes"
+    # the ranks read from the producers stallbench's own process started for the variant (one
+    # pool for the whole job, e.g. Flight servers), not from producers each rank starts itself
+    ranks_share_producers: ClassVar[bool] = False
+    # how the ``processes`` launcher starts rank processes: None for its own choice (fork, or
+    # spawn where a GPU exists); "spawn" where this executor's runtime does not survive a fork
+    rank_start_method: ClassVar[str | None] = None
     # whether this executor honours ``loader.fetch_ahead`` (its trainer-side producer
     # decodes the next work item in a background thread); the others note it as a no-op
     fetches_ahead: ClassVar[bool] = False
@@ -107,6 +113,12 @@ class Executor:
 
     def stop(self) -> None:
         """Release every process and runtime started; safe to call twice and after errors."""
+
+    def rank_options(self) -> dict[str, Any]:
+        """Keyword arguments of the executor each rank process of the ``processes`` launcher
+        builds for its own shard (pickled to the rank; called after ``start`` and
+        ``prepare``). {}: a fresh executor of the same config, with producers of its own."""
+        return {}
 
     def __enter__(self) -> "Executor":
         self.start()

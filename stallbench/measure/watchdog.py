@@ -24,16 +24,44 @@ from typing import Any, Callable, Iterator
 
 from ..errors import NoProgress
 
-__all__ = ["NoProgress", "Watchdog", "tick", "ticking"]
+__all__ = ["NoProgress", "Watchdog", "tick", "ticking", "publish", "state"]
+
+# What a trainer rank is doing, as its launcher reads it (``publish``): the launcher ends a
+# job that makes no progress only when a rank waits on data or on its own set-up, or is
+# stopped; a rank in the all-reduce waits for the others, and a model step is not a wait.
+IDLE, SETUP, WAITING, COLLECTIVE, BUSY = 0.0, 1.0, 2.0, 3.0, 4.0
 
 
 class _Clock:
     last = time.monotonic()
+    slots: Any = None          # a rank's shared array (see ``publish``), or None
+    index = 0
+
+
+def publish(slots: Any, rank: int) -> None:
+    """In a trainer rank process: also write every ``tick`` and ``state`` into ``slots``
+    (a shared array of doubles, two per rank: the CLOCK_MONOTONIC time of its last progress,
+    one clock for every process of the machine, and its state), so the launcher can tell a
+    rank that is stuck, or stopped, from one that works (``trainers.processes``)."""
+    _Clock.slots, _Clock.index = slots, 2 * rank
+    tick()
+
+
+def state(code: float) -> float:
+    """What this rank is doing now (``IDLE`` ... ``BUSY``; nothing outside a rank); returns
+    what it was doing before."""
+    if _Clock.slots is None:
+        return IDLE
+    before = _Clock.slots[_Clock.index + 1]
+    _Clock.slots[_Clock.index + 1] = code
+    return before
 
 
 def tick() -> None:
     """A producer completed work (or a batch arrived): the wait is not stuck."""
-    _Clock.last = time.monotonic()
+    _Clock.last = now = time.monotonic()
+    if _Clock.slots is not None:
+        _Clock.slots[_Clock.index] = now
 
 
 def ticking(items: Iterator[Any]) -> Iterator[Any]:
@@ -84,12 +112,14 @@ class Watchdog:
     def waiting(self) -> Iterator[None]:
         """Around the trainer's wait for its next batch."""
         self.waiting_since = time.monotonic()
+        before = state(WAITING)
         try:
             yield
         except NoProgress:      # raised asynchronously (no message), or by the alarm
             raise NoProgress(self.fired or "no progress") from None
         finally:
             self.waiting_since = None
+            state(before)
         tick()
         if self.fired:           # fired just as the batch came: the run is ending anyway
             raise NoProgress(self.fired)

@@ -36,7 +36,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import differential
+from ..analysis import differential, figures
 from ..pipeline import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
@@ -421,13 +421,19 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
         if "(1 per run)" in a.interval:
             out.append("  (one repeat per run: each interval is its point; --repeats 2 or more "
                        "gives intervals)")
+        zero = False
         for label, part, i in (("compute", a.compute_s, ivs.compute_s),
                                ("fetch (dataset item/iter)", a.fetch_stall_s, ivs.fetch_stall_s),
                                ("preprocess (collate_fn)", a.preprocess_stall_s,
                                 ivs.preprocess_stall_s),
                                ("transfer (pin_memory)", a.transfer_stall_s, ivs.transfer_stall_s),
                                ("loader hand-off (overhead)", a.overhead_s, ivs.overhead_s)):
-            out.append(f"  {label:<28} {part:8.2f} s  [{i.low:.2f}, {i.high:.2f}]")
+            # an interval spanning 0: not distinguishable from 0, never a negative stall
+            head = f"{'~0':>8}" if figures.spans_zero(i) else f"{part:8.2f}"
+            zero = zero or figures.spans_zero(i)
+            out.append(f"  {label:<28} {head} s  [{i.low:.2f}, {i.high:.2f}]")
+        if zero:
+            out.append(f"  {figures.ZERO_NOTE}")
         if a.startup_cost_s:
             out.append(f"  {'start-up (apart)':<28} {a.startup_cost_s:8.2f} s")
         out.append(f"  verdict: {a.verdict}")
@@ -439,7 +445,8 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
     for ab in marked:
         part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
         lo, hi = ab.stall_interval.low, ab.stall_interval.high  # type: ignore[union-attr]
-        out.append(f"  {ab.removes + part:<28} {ab.stall_s:8.2f} s  [{lo:.2f}, {hi:.2f}]")
+        head = f"{'~0':>8}" if figures.spans_zero(ab.stall_interval) else f"{ab.stall_s:8.2f}"
+        out.append(f"  {ab.removes + part:<28} {head} s  [{lo:.2f}, {hi:.2f}]")
     for ab in an.ablations:
         if not ab.done:
             out.append(f"cannot ablate {ab.removes} ({ab.name}): {ab.why}")

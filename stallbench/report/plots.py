@@ -134,6 +134,12 @@ def _mean_or_nan(xs: Iterable[Any]) -> float:
 
 # ------------------------------------------------------------------------- epoch breakdown
 
+def _spans_zero(interval: Any) -> bool:
+    """(lo, hi) on both sides of 0 (``report.tables.spans_zero``'s rule, on a pair)."""
+    return bool(interval and len(interval) == 2 and all(_finite(v) for v in interval)
+                and float(interval[0]) < 0 < float(interval[1]))
+
+
 def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """Stacked horizontal bars of the epoch time per variant.
 
@@ -158,8 +164,10 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
             left = 0.0
             reach = 0.0  # right end of the bar including its whiskers
             signed = sum(float(s[1]) for s in row["segments"] if _finite(s[1]))
-            negative = [f"{s[0]} {float(s[1]):+.2g} s" for s in row["segments"]
-                        if _finite(s[1]) and s[1] < 0]
+            # a part whose interval spans 0 is "~0" (not distinguishable from 0), never a
+            # negative stall
+            negative = [f"{s[0]} ~0" if _spans_zero(s[2]) else f"{s[0]} {float(s[1]):+.2g} s"
+                        for s in row["segments"] if _finite(s[1]) and s[1] < 0]
             for stage, sec, interval in row["segments"]:
                 if not _finite(sec) or sec <= 0:
                     continue

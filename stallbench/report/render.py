@@ -33,6 +33,8 @@ from ..measure.load import busy_summary
 from ..results import (Attribution, DatasetInfo, Interval, MachineInfo, Resources, Result,
                        Timeline, VariantResult, WhatIfCheck, WhatIfValidation)
 from ..analysis.device import AU_PASS, au_label
+from ..analysis import figures
+from .tables import ZERO_NOTE, spans_zero
 from ..analysis.stats import finite_median
 from . import plots
 from .history import view as history_view
@@ -203,6 +205,7 @@ class VariantView:
     timeline_stats: list[tuple[str, str]] = field(default_factory=list)
     resource_stats: list[tuple[str, str]] = field(default_factory=list)
     ranks_fig: Figure | None = None          # trainers.ranks > 1: the per-rank panel
+    steady_au: "SteadyAu | None" = None      # AU over the steady window, or why it is missing
 
 
 @dataclass
@@ -264,6 +267,7 @@ class RunView:
     whatif: WhatIfValidation | None
     whatif_rows: list[dict[str, Any]]
     stage_rates: list[tuple[str, list[str]]]   # (figure, formatted value per variant)
+    measured_lines: list[str]       # ``analysis.figures.measured_line`` per measured variant
     emulated: list[dict[str, Any]]
     predicted: list[str]
     anchor: str
@@ -395,14 +399,52 @@ def _device_rows(variants: list[VariantResult]) -> list[dict[str, Any]]:
         d = v.device
         if d is None or d.h2d_gb_s is None:
             continue
+        steady = steady_au_view(v)
         rows.append({"name": v.name, "device": d.device, "au": d.au.median,
                      "au_pass": _num(d.au.median) is not None and d.au.median >= AU_PASS,
+                     "steady_au": steady,
+                     "steady_pass": steady.value is not None and steady.value >= AU_PASS,
                      "step_ms": d.step_ms.median, "h2d_ms": d.h2d_ms.median if d.h2d_ms else None,
                      "h2d_mb": (d.h2d_bytes_per_batch / 1e6
                                 if d.h2d_bytes_per_batch is not None else None),
                      "gb_s": d.h2d_gb_s.median, "preload": d.device_prefetch,
                      "host_memory": d.host_memory})
     return rows
+
+
+@dataclass
+class SteadyAu:
+    """A variant's steady AU as the report shows it: the measured figure with the window it
+    covers, or "not measured" with the reason (no device clock in the result, or no run with
+    a steady window). Never derived here: the figure is the result's ``device.steady_au``."""
+
+    value: float | None
+    text: str                       # "88%" or "not measured"
+    window: str                     # "over 1.20 s after 310 ms start-up", or why not, short
+    why: str = ""                   # the result's own reason, in full (the cell's tooltip)
+
+
+def steady_au_view(v: VariantResult) -> SteadyAu:
+    d = v.device
+    if d is None:
+        return SteadyAu(None, "not measured", "no device clock in this result")
+    value = _num(d.steady_au.median) if d.steady_au is not None else None
+    if value is None:
+        reasons = [r.phases.no_steady_reason for r in v.repeats
+                   if r.phases is not None and r.phases.no_steady_reason]
+        return SteadyAu(None, "not measured", "no steady window",
+                        reasons[0] if reasons else "no run had a steady window")
+    ph = v.phases
+    if ph is not None and _num(ph.steady_s.median) is not None:
+        steady_s, startup_s = (format_s(x).replace(" ", NBSP)       # a value never breaks
+                               for x in (ph.steady_s.median, ph.startup_s.median))
+        window = f"over {steady_s} after {startup_s} start-up"
+    else:
+        window = "over the steady window"
+    n = len(d.steady_au.values) if d.steady_au is not None else 0
+    if n and n < len(v.repeats):
+        window += f" ({n} of {len(v.repeats)} runs had one)"
+    return SteadyAu(value, format_pct(value), window)
 
 
 def _au_note(variants: list[VariantResult]) -> str:
@@ -497,6 +539,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                                 missing="No per-batch timeline in this result for this variant.")
         vv.resources_fig = _draw(plots.resources, v.resources, alt=f"resources of {v.name}",
                                  missing="No resource samples in this result for this variant.")
+        vv.steady_au = steady_au_view(v)
         vv.timeline_stats = _timeline_stats(v.timeline)
         vv.resource_stats = _resource_stats(v.resources)
         if v.ranks is not None:
@@ -556,6 +599,8 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
                    whatif=wi, whatif_rows=_whatif_rows(wi) if wi is not None else [],
                    stage_rates=_stage_rate_rows(r.variants),
+                   measured_lines=[figures.measured_line(v) for v in r.variants
+                                   if v.repeats and v.repeats[0].samples],
                    emulated=emu_rows, predicted=predicted, anchor=anchor,
                    emulated_uniform=len({tuple(sorted(v.emulated)) for v in r.variants}) <= 1,
                    has_ranks=any(v.ranks is not None for v in r.variants),
@@ -753,6 +798,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
                        bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
+    env.globals["zero_note"] = ZERO_NOTE
+    env.tests["spanning_zero"] = spans_zero
     return env
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from ..analysis import figures
 from ..analysis.device import AU_PASS, WARNING, au_label
+from ..outputs import one_line
 from ..results import Attribution, DeviceFigures, Result, Summary
 
 
@@ -131,14 +133,9 @@ def startup_text(x: float | None) -> str:
     return format_number(x, ".2f")
 
 
-def spans_zero(iv: object) -> bool:
-    """An interval whose ends lie on both sides of 0 (its figure is not distinguishable
-    from 0)."""
-    low, high = getattr(iv, "low"), getattr(iv, "high")
-    return math.isfinite(low) and math.isfinite(high) and low < 0 < high
-
-
-ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
+# one rule for every surface (``analysis.figures``): the run table, the report, the profile
+spans_zero = figures.spans_zero
+ZERO_NOTE = figures.ZERO_NOTE
 
 
 def attribution_title(result: Result) -> str:
@@ -224,3 +221,40 @@ def startup_note(result: Result) -> str | None:
              for v in result.variants if v.startup and v.startup.runtime != "none"]
     return ("executor start-up (before the runs, not in epoch s): " + ", ".join(parts)
             if parts else None)
+
+
+def faults_lines(result: Result) -> list[str]:
+    """One line per variant whose measured runs completed although Ray lost something under
+    them (a producer node, a worker process): what was lost, what it cost (the tasks Ray
+    re-ran), and that the run completed, every row once (the figures include the time the
+    loss cost). From each repeat's ``executor_figures["faults"]``; none for other executors."""
+    out = []
+    for v in result.variants:
+        deaths = retries = hit = 0
+        pids: list[str] = []
+        nodes: list[str] = []
+        for r in v.repeats:
+            f = (r.executor_figures or {}).get("faults") or {}
+            lost = f.get("nodes_lost") or []
+            if not f.get("worker_deaths") and not lost:
+                continue
+            hit += 1
+            deaths += int(f.get("worker_deaths") or 0)
+            retries += int(f.get("task_retries") or 0)
+            pids += [str(d.get("pid")) for d in f.get("dead_workers") or []]
+            for n in lost:
+                why = str(n.get("reason") or "").split(".")[0][:100]
+                nodes.append(f"node {str(n.get('node_id', '?'))[:8]}" + (f" ({why})" if why else ""))
+        if not hit:
+            continue
+        what = []
+        if nodes:
+            what.append(f"{len(nodes)} producer node(s): {', '.join(nodes)}")
+        if deaths:
+            shown = ", ".join(pids[:6]) + (", ..." if len(pids) > 6 else "")
+            what.append(f"{deaths} Ray worker process(es) (pid {shown})")
+        out.append(one_line(
+            f"RAY FAULTS: variant {v.name}: lost {' and '.join(what)} in {hit} of "
+            f"{len(v.repeats)} run(s); Ray re-ran {retries} task(s) and the run completed, "
+            f"every row once (its figures include the time the loss cost)"))
+    return out

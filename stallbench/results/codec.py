@@ -129,6 +129,7 @@ def _dataclass(cls: type[T], value: Any, where: str) -> T:
 # errors, interval ends and attributed (differential) figures keep their sign.
 LIMIT = 1e15
 SHARES = frozenset({"stall_share", "steady_stall_share", "au", "last_step_share", "alpha",
+                    "wait_share", "steady_wait_share",
                     "power", "power_confirmed", "false_alarm_rate", "false_alarm_rate_confirmed",
                     "power_target", "coverage"})
 NON_NEGATIVE_SUFFIXES = ("epoch_s", "wait_s", "_cpu_s", "_mb", "_bytes", "samples_s", "rows_s",

@@ -101,17 +101,23 @@ def v1_to_v2(d: dict[str, Any], source: str) -> dict[str, Any]:
     return d
 
 
-def _recommendation_v3(rec: Any, where: str) -> Any:
+def _recommendation_v3(rec: Any, where: str, steady: bool | None = None) -> Any:
+    """``steady``: whether the variant's attribution was on steady state (None: unknown, as
+    for the scenario's top recommendation); where it was not, v2's ``stall_share`` held the
+    whole run's share, which v3 does not call steady: null."""
     if rec is None:
         return None
-    rec = _obj(rec, where)
-    return _rename(rec, {"stall_share": "steady_attributed_stall_share"})
+    rec = _rename(_obj(rec, where), {"stall_share": "steady_attributed_stall_share"})
+    if steady is False:
+        rec["steady_attributed_stall_share"] = None
+    return rec
 
 
 def v2_to_v3(d: dict[str, Any], source: str) -> dict[str, Any]:
     """Issue 25: a recommendation's ``stall_share`` (the steady-state attributed stall share)
     -> ``steady_attributed_stall_share``, so that no field name holds two figures (a
-    variant's ``stall_share`` is the whole run's measured stall)."""
+    variant's ``stall_share`` is the whole run's measured stall); null where the variant's
+    attribution had no steady window (v2 held the whole run's share there)."""
     d = copy.deepcopy(d)
     d["schema_version"] = 3
     variants = d.get("variants")
@@ -121,8 +127,11 @@ def v2_to_v3(d: dict[str, Any], source: str) -> dict[str, Any]:
         where = f"{source}: variants[{i}]"
         v = _obj(v, where)
         if "recommendation" in v:
+            a = v.get("attribution")
+            steady = (a.get("basis", "whole run") == "steady state"
+                      if isinstance(a, dict) else None)
             v["recommendation"] = _recommendation_v3(v["recommendation"],
-                                                     f"{where}.recommendation")
+                                                     f"{where}.recommendation", steady)
     analysis = d.get("analysis")
     if isinstance(analysis, dict) and "recommendation" in analysis:
         analysis["recommendation"] = _recommendation_v3(analysis["recommendation"],

@@ -848,7 +848,8 @@ class WhatIfModel:
     t_trainer: float
     t_cpu: float
     cores: float                 # cores of the machine the fit ran on
-    stage_wall: dict[str, float]  # per-sample producer wall time per stage (explanations)
+    stage_wall: dict[str, float]  # per-sample wall time per stage, trainer-side parts and
+    #                               "compute_only" (the step alone: analysis.figures); explanations
     io_wait: float               # per-sample storage wait inside p_wall
     io_bytes: float              # storage bytes per sample
     compute: float               # compute seconds per sample (inside t_trainer)

@@ -331,15 +331,17 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
 def advise(result: Result) -> None:
     """Each variant's next change to try (its verdict then names it) and the scenario's top
     one; after the what-if, whose model the advice uses."""
+    wi = result.analysis.whatif
     for v in result.variants:
-        bt = result.analysis.whatif.backtest if result.analysis.whatif is not None else None
-        v.recommendation = advice.recommend(v, result.machine, result.variants, bt)
+        bt = wi.backtest if wi is not None else None
+        v.recommendation = advice.recommend(v, result.machine, result.variants, bt,
+                                            advice.model_for(v, wi))
         if v.attribution is not None and v.recommendation is not None:
             rec = v.recommendation
             gain = rec.measured_speedup if rec.measured_speedup is not None else (
                 rec.predicted_speedup if rec.predicted_from == "what-if model" else None)
             v.attribution.verdict = differential.verdict(
-                v.attribution, advice.action_text(rec), gain)
+                v.attribution, advice.action_text(rec), gain, rec.knob)
     result.analysis = summary.scenario_analysis(result.variants, result.analysis.whatif)
     result.analysis.recommendation = advice.top(result.variants)
 

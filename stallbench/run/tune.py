@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, results
+from .. import __version__, interrupts, results
 from ..analysis import whatif
 from ..analysis.whatif_models import fit_best
 from ..measure.load import LoadMeter
@@ -98,6 +98,7 @@ class Tuner(Search):
             n += 1
             path = out / f"{results.result_stem(self.sc.name + '-tuned')}-{n}.toml"
         results.write_atomic(path, text)
+        self.written.append(str(path))
         return best, TuneRecommendation(variant=best.name, knobs=best.knobs,
                                         scenario_path=str(path), stall_free=free, why=why,
                                         measured=best.figures, predicted_samples_s=pred,
@@ -114,6 +115,7 @@ class Tuner(Search):
                                             progress=self.opts.progress))
         foreign = meter.load.foreign_cores if meter.load else None
         saved = results.save(r, self.opts.out_dir)
+        self.written.append(str(saved))
         fig = self.figures(r.variants[0])
         pred = rec.predicted_samples_s
         err = pred / fig.throughput_samples_s - 1.0 if pred and fig.throughput_samples_s > 0 else None
@@ -127,11 +129,27 @@ class Tuner(Search):
         return dataclasses.replace(out, foreign_cores=meter.load.foreign_cores
                                    if meter.load else None)
 
+    @property
+    def written(self) -> list[str]:
+        """Files this tune has written so far (the recommended scenario, the confirmation's
+        result): what an interrupted tune says it leaves."""
+        if not hasattr(self, "_written"):
+            self._written: list[str] = []
+        return self._written
+
     def _run_all(self) -> TuneResult:
         stopped = self.search()
         self.say(f"  search stopped: {stopped}")
-        best, rec, path = self.recommend()
-        conf = self.confirm(rec, path)
+        try:
+            best, rec, path = self.recommend()
+            conf = self.confirm(rec, path)
+        except interrupts.Interrupted as exc:
+            # The recommendation is kept (it is whole: written atomically) and said to be:
+            # an interrupted confirmation must not claim that nothing was written.
+            if self.written:
+                exc.outcome = (f"kept the file(s) written before it: {', '.join(self.written)}; "
+                               f"no tune result written (the recommendation is unconfirmed)")
+            raise
         return TuneResult(
             schema_version=SCHEMA_VERSION, kind="tune",
             tool=ToolInfo(name="stallbench", version=__version__), created_utc=now_utc(),

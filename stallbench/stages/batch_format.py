@@ -982,6 +982,19 @@ def _one_batch(table: pa.Table | pa.RecordBatch, target: pa.Schema) -> pa.Record
     return rb if rb.schema.equals(target) else rb.cast(target)
 
 
+def _record_batch(data: Any, target: pa.Schema, batch_id: str) -> pa.RecordBatch:
+    """``data`` as one record batch of exactly ``target``'s schema, or a ``PayloadError``."""
+    if isinstance(data, pa.Table):
+        data = _one_batch(data, target)
+    if not isinstance(data, pa.RecordBatch):
+        raise PayloadError(f"batch {batch_id}: expected an Arrow record batch, got "
+                           f"{type(data).__name__}")
+    if not data.schema.equals(target):
+        raise PayloadError(f"batch {batch_id}: record batch schema {data.schema} is not "
+                           f"the expected {target}")
+    return data
+
+
 @FORMATS.register("arrow")
 class ArrowFormat(BatchFormat):
     """One Arrow record batch per batch: what a Flight server streams, and what Arrow's IPC
@@ -1012,14 +1025,7 @@ class ArrowFormat(BatchFormat):
         return pa.RecordBatch.from_arrays(cols, schema=self.arrow)
 
     def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
-        if isinstance(data, pa.Table):
-            data = _one_batch(data, self.arrow)
-        if not isinstance(data, pa.RecordBatch):
-            raise PayloadError(f"batch {batch_id}: expected an Arrow record batch, got "
-                               f"{type(data).__name__}")
-        if not data.schema.equals(self.arrow):
-            raise PayloadError(f"batch {batch_id}: record batch schema {data.schema} is not "
-                               f"the expected {self.arrow}")
+        data = _record_batch(data, self.arrow, batch_id)
         if self.collate != "producer":
             return check_batch(tensors(to_arrays(data, self.schema)), self.schema, batch_id,
                                rows)
@@ -1034,3 +1040,52 @@ class ArrowFormat(BatchFormat):
                 arr = column_numpy(data.column(name).flatten(), dt).reshape(shape)
             out[name] = torch.from_numpy(np.array(arr, dtype=dt, copy=True))
         return check_batch(out, self.schema, batch_id, rows)
+
+
+class ArrowJaggedFormat(ArrowFormat):
+    """The lossless Arrow wire: what an executor whose wire is Arrow (Flight) streams when the
+    loader's format keeps every id (``jagged``, the default). The record batch holds the
+    preprocessed feature columns, sequences as Arrow list arrays, which already are values +
+    offsets: nothing is padded or cut on the way, and the trainer builds the ``jagged`` batch
+    (``collate_jagged``: one copy per column, the ids concatenated feature-major with their
+    offsets rebased), the dict a ``jagged`` loader hands the model. With either ``collate``
+    the wire is the same (there is nothing to collate before the columns are jagged).
+
+    Not a ``loader.batch_format`` a scenario chooses (``WIRE_FORMATS``, not ``FORMATS``):
+    the user's choice is ``jagged``; this is how it crosses an Arrow wire."""
+
+    name = "arrow_jagged"
+    pads_sequences = False
+
+    def __init__(self, schema: FeatureSchema, collate: str) -> None:
+        BatchFormat.__init__(self, schema, collate)
+        self.arrow = arrow_schema(schema, "trainer")
+
+    def encode(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator) -> Any:
+        return _one_batch(table, self.arrow)
+
+    def decode(self, data: Any, batch_id: str, rows: int | None = None) -> TensorBatch:
+        s = self.schema
+        data = _record_batch(data, self.arrow, batch_id)
+        cols: dict[str, Any] = {c: column_numpy(data.column(c), np.float32) for c in s.dense}
+        cols.update({c: column_numpy(data.column(c), np.int64) for c in s.sparse})
+        cols.update({c: seq_parts(data.column(c)) for c in s.sequence})
+        cols[s.label] = column_numpy(data.column(s.label), np.float32)
+        return check_jagged(tensors(collate_jagged(cols, s)), s, batch_id, rows)
+
+
+# Formats only an executor's wire uses, never a scenario's ``loader.batch_format`` (so not in
+# ``FORMATS``, which lists the user's choices): looked up by ``format_class``.
+WIRE_FORMATS: dict[str, type[BatchFormat]] = {ArrowJaggedFormat.name: ArrowJaggedFormat}
+
+
+def format_class(name: str) -> type[BatchFormat]:
+    """The format called ``name``: a scenario's (``FORMATS``) or a wire's (``WIRE_FORMATS``)."""
+    return WIRE_FORMATS[name] if name in WIRE_FORMATS else FORMATS.get(name)
+
+
+def arrow_wire(batch_format: str) -> str:
+    """The format an Arrow wire (Flight) carries for a loader's ``batch_format``: ``arrow``
+    (padded, as the padded formats are) or, for a format that keeps every id, the lossless
+    ``arrow_jagged``; one rule for server and trainer."""
+    return "arrow" if FORMATS.get(batch_format).pads_sequences else ArrowJaggedFormat.name

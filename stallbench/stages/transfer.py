@@ -39,7 +39,7 @@ import zstandard
 from ..data.schema import FeatureSchema
 from ..errors import PayloadError
 from ..scenario import LoaderSpec
-from .batch_format import FORMATS, BatchFormat, SequenceCounts, TensorBatch, nbytes
+from .batch_format import BatchFormat, SequenceCounts, TensorBatch, format_class, nbytes
 from .buffers import SlotAllocator
 from .costs import precise_wait
 from .device import DeviceApi, cuda_api
@@ -147,7 +147,7 @@ class Transfer:
     def __init__(self, loader: LoaderSpec, schema: FeatureSchema) -> None:
         self.loader = loader
         self.schema = schema
-        self.format: BatchFormat = FORMATS.get(loader.batch_format)(schema, loader.collate)
+        self.format: BatchFormat = format_class(loader.batch_format)(schema, loader.collate)
         self._formats: dict[str, BatchFormat] = {loader.batch_format: self.format}
         self.level = loader.compression_level
         self.compress = loader.compression == "zstd"
@@ -274,7 +274,8 @@ class Transfer:
             return self.format
         fmt = self._formats.get(p.format)
         if fmt is None:
-            fmt = self._formats[p.format] = FORMATS.get(p.format)(self.schema, self.loader.collate)
+            fmt = self._formats[p.format] = format_class(p.format)(self.schema,
+                                                                   self.loader.collate)
         return fmt
 
     def to_device(self, batch: TensorBatch) -> TensorBatch:

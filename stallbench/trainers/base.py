@@ -113,8 +113,8 @@ class RankLauncher:
     """Starts the ranks of one variant, runs measured runs on all of them, stops them."""
 
     name: ClassVar[str]
-    sharding: ClassVar[str] = ""          # how ranks get their data, in words (results say it)
-    producers_per_rank: ClassVar[bool] = True
+    sharding: str = ""          # how ranks get their data, in words (results say it)
+    producers_per_rank: bool = True     # (an instance may say otherwise: shared producers)
     # stallbench's process must build the stage caches for ablation runs and hand them to
     # the executor (``Executor.prepare``): the producers are not in the ranks (Ray)
     driver_caches: ClassVar[bool] = False

@@ -50,8 +50,8 @@ def run_job(plan: Plan, executor: Any, ablations: Sequence[Ablation], repeats: i
     launcher = cls(executor, plan, world, ablations=any(a != FULL for a in ablations),
                    sample_interval_s=cfg.run.sample_interval_s)
     out = JobRuns(runs={a.name: [] for a in ablations}, rank_runs={a.name: [] for a in ablations},
-                  launcher=cls.name, sharding=cls.sharding,
-                  producers_per_rank=cls.producers_per_rank)
+                  launcher=cls.name, sharding=launcher.sharding,
+                  producers_per_rank=launcher.producers_per_rank)
     try:
         t0 = time.perf_counter()
         launcher.start()

@@ -14,34 +14,54 @@ Stopping: a ``stop`` message, then SIGTERM, then SIGKILL, each rank by its PID, 
 process still alive that a rank started (its loader workers), also by PID. While ranks live,
 SIGTERM to stallbench becomes a KeyboardInterrupt, so it unwinds and stops them as on Ctrl-C;
 a rank whose launcher disappears sees its pipe close and exits.
+An executor whose producers serve the whole job (``Executor.ranks_share_producers``: the
+Flight servers, started once by stallbench's process) gives each rank what it needs to attach
+to them (``Executor.rank_options``), and may ask for spawned ranks (``rank_start_method``).
+No wait without an end: each rank publishes its last progress and what it is doing in a
+shared array (``measure.watchdog.publish``), which ``_check_progress`` reads while it waits.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .. import interrupts
-from ..errors import ProcessDied, UserError, exit_status
+from ..errors import NoProgress, ProcessDied, UserError, exit_status
+from ..measure import watchdog
 from ..pipeline import Ablation, Plan
 from .base import LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan
 
 READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
+_DOING = {watchdog.SETUP: "setting up (its process group, caches, warm-up pass)",
+          watchdog.WAITING: "waiting for its next batch",
+          watchdog.COLLECTIVE: "waiting for the other ranks (all-reduce)",
+          watchdog.BUSY: "in its model step", watchdog.IDLE: ""}
 
 
 def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool,
-               executor_cls: type) -> None:
+               executor_cls: type, executor_kw: dict[str, Any] | None = None,
+               scenario_file: str = "<scenario>", slots: Any = None) -> None:
     """A rank process: set up, then serve ``run`` requests until ``stop`` or the pipe closes.
 
     The launcher hands over the executor's class (pickled by reference), so this package
-    imports nothing of ``executors`` (which imports it: the Ray launcher lives there)."""
+    imports nothing of ``executors`` (which imports it: the Ray launcher lives there), and
+    the keyword arguments of the rank's executor (``Executor.rank_options``: e.g. the Flight
+    servers the job's process started, which every rank attaches to)."""
     interrupts.sigterm_exits()
     os.environ.update(ctx.environ())      # before the loader forks its workers
+    if slots is not None:                 # its progress and state, for the launcher
+        watchdog.publish(slots, ctx.rank)
+    watchdog.state(watchdog.SETUP)
     from .rank import RankWorker
 
     executor = None
@@ -49,11 +69,17 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
     code = 0
     try:
         mine = rank_plan(plan, ctx.rank, ctx.world)
-        executor = executor_cls(plan.config)
+        executor = executor_cls(plan.config, scenario_file, **(executor_kw or {}))
         executor.start()
+        shared = bool(getattr(executor_cls, "ranks_share_producers", False))
         worker = RankWorker(ctx, mine, lambda _arg: executor, mine if with_caches else None,
-                            job_item=lambda i: ctx.rank + i * ctx.world)
-        conn.send(("ready", worker.setup()))
+                            job_item=lambda i: ctx.rank + i * ctx.world, warm=not shared)
+        info = worker.setup()
+        # The executor's own preparation for this rank's shard (Flight: the servers build the
+        # ablation caches of its row groups, one untimed pass per stream); a no-op for loaders.
+        executor.prepare(mine, worker.caches)
+        watchdog.state(watchdog.IDLE)
+        conn.send(("ready", info))
         while True:
             try:
                 msg = conn.recv()
@@ -62,16 +88,21 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
             if msg[0] == "stop":
                 break
             _, ablation, keep, hashes = msg
-            conn.send(("ok", worker.run(ablation, None, keep_timeline=keep, hash_rows=hashes)))
+            watchdog.state(watchdog.BUSY)
+            done = worker.run(ablation, None, keep_timeline=keep, hash_rows=hashes)
+            watchdog.state(watchdog.IDLE)
+            conn.send(("ok", done))
     except KeyboardInterrupt:
         code = 130
-    except SystemExit as exc:
+    except SystemExit as exc:     # SIGTERM (``sigterm_exits``): 143
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher, which stops all
         code = 1
-        kind = "user" if isinstance(exc, UserError) else "bug"
+        kind = ("stall" if isinstance(exc, NoProgress) else
+                "user" if isinstance(exc, UserError) else "bug")
+        text = str(exc) if kind != "bug" else f"{type(exc).__name__}: {exc}"
         try:
-            conn.send(("error", kind, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            conn.send(("error", kind, text, traceback.format_exc()))
         except (OSError, ValueError):
             pass
     finally:
@@ -79,8 +110,15 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
             worker.close()
         if executor is not None:
             executor.stop()
-    if code:
-        raise SystemExit(code)
+    # Ended here, without the interpreter's finalisation: in a spawned rank that would run
+    # C++ destructors of runtimes still holding threads (gloo, gRPC), which abort with
+    # "terminate called without an active exception" on the user's terminal.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def start_method() -> str:
@@ -106,9 +144,22 @@ class ProcessLauncher(RankLauncher):
         self.conns: list[Connection] = []
         self.info: list[dict[str, Any]] = []
         self._sigterm = interrupts.SigtermAsInterrupt()
+        # Ranks of an executor whose producers serve the whole job (Flight servers) read
+        # their own work items from that one pool, whose CPU only this side can measure.
+        self.shared = bool(getattr(self.executor, "ranks_share_producers", False))
+        if self.shared:
+            self.producers_per_rank = False
+            self.sharding = (f"each rank streams its own work items (rank, rank + N, ...) from "
+                             f"the {self.executor.name} producers started once for the job")
+        self._cpu_s: float | None = None
+        self.slots: Any = None         # each rank's last progress and state (``watchdog``)
+        self._busy = False             # a run was asked for and has not answered
 
     def start(self) -> None:
-        ctx_mp = mp.get_context(self.start_method or start_method())
+        how = (self.start_method or getattr(self.executor, "rank_start_method", None)
+               or start_method())
+        ctx_mp = mp.get_context(how)
+        self.slots = ctx_mp.RawArray("d", 2 * self.world)
         port = free_port()
         tr = self.plan.config.trainers
         self._sigterm.take()
@@ -117,8 +168,10 @@ class ProcessLauncher(RankLauncher):
                 ctx = RankContext(r, self.world, r, "127.0.0.1", port, tr.straggler_rank,
                                   tr.straggler_delay_ms / 1000.0)
                 parent, child = ctx_mp.Pipe()
-                p = ctx_mp.Process(target=_rank_main, args=(ctx, self.plan, child, self.ablations,
-                                                            type(self.executor)),
+                p = ctx_mp.Process(target=_rank_main,
+                                   args=(ctx, self.plan, child, self.ablations,
+                                         type(self.executor), self.executor.rank_options(),
+                                         self.executor.scenario_file, self.slots),
                                    name=f"stallbench-rank-{r}")
                 p.start()
                 child.close()
@@ -133,20 +186,34 @@ class ProcessLauncher(RankLauncher):
 
     def run(self, ablation: Ablation, *, keep_timeline: bool = False,
             row_hashes: bool = False) -> list[RankRun]:
+        shared = dataclasses.replace(self.plan, ablation=ablation)
+        c0 = self.executor.producer_cpu_s(shared) if self.shared else None
+        self._cpu_s = None
+        self._busy = True
         for c in self.conns:
             c.send(("run", ablation, keep_timeline, row_hashes))
-        return self._gather(None, expect="ok")
+        out = self._gather(None, expect="ok")
+        self._busy = False
+        c1 = self.executor.producer_cpu_s(shared) if c0 is not None else None
+        self._cpu_s = c1 - c0 if c0 is not None and c1 is not None else None
+        return out
+
+    def producer_cpu_s(self) -> float | None:
+        """The job's pool of producers (shared ones only), over the last run."""
+        return self._cpu_s
 
     def _gather(self, timeout_s: float | None, expect: str) -> list[Any]:
         """One reply from every rank; a rank that reports an error or dies is an error (the
         caller stops the rest)."""
         out: list[Any] = [None] * len(self.conns)
         pending = set(range(len(self.conns)))
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        since = time.monotonic()
+        deadline = None if timeout_s is None else since + timeout_s
         while pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if left == 0.0:
                 raise RankError(f"ranks {sorted(pending)} did not answer within {timeout_s:g} s")
+            self._check_progress(pending, since)
             handles: list[Any] = [self.conns[r] for r in pending]
             handles += [self.procs[r].sentinel for r in pending]
             ready = wait(handles, timeout=1.0 if left is None else min(1.0, left))
@@ -165,9 +232,55 @@ class ProcessLauncher(RankLauncher):
                     raise self._failure(r, None)
         return out
 
+    def _check_progress(self, pending: set[int], since: float) -> None:
+        """The job's progress watchdog (``run.progress_timeout_s``), for what a rank cannot
+        watch itself: no rank has made progress (a batch, a producer's work item, a row group
+        of its caches, a completed all-reduce) for that long, and a rank still due is stopped
+        (``kill -STOP``), waits for its own batch or is stuck in its set-up. Ranks in the
+        all-reduce wait for the others, and a model step is not a wait: neither is blamed."""
+        import psutil
+
+        timeout = self.plan.config.run.progress_timeout_s
+        slots = self.slots
+        if slots is None or not math.isfinite(timeout):
+            return
+        now = time.monotonic()
+        last = max([since] + [slots[2 * r] for r in range(self.world)])
+        if now - last < timeout:
+            return
+        blamed = []
+        for r in sorted(pending):
+            pid = self.procs[r].pid
+            what = _DOING.get(slots[2 * r + 1])
+            try:
+                stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
+            except psutil.Error:
+                stopped = False
+            if what == _DOING[watchdog.WAITING]:
+                what += f" from {self._source()}"
+            if stopped:
+                blamed.append(f"trainer rank {r} (pid {pid}) is stopped (SIGSTOP)"
+                              + (f" while {what}" if what else ""))
+            elif slots[2 * r + 1] in (watchdog.SETUP, watchdog.WAITING):
+                blamed.append(f"trainer rank {r} (pid {pid}) was {what}")
+        if blamed:
+            raise NoProgress(f"{self.executor.scenario_file}: run.progress_timeout_s: no trainer "
+                             f"rank made progress for {timeout:g} s: {'; '.join(blamed)}; no "
+                             f"result written")
+
+    def _source(self) -> str:
+        if self.shared:
+            what = getattr(self.executor, "waiting_for", None)
+            if callable(what):
+                return str(what())
+        n = self.plan.config.loader.num_workers
+        return f"its own loader ({n} worker(s))" if n else "its own batch production"
+
     def _failure(self, r: int, msg: Any) -> Exception:
         if msg is not None and msg[0] == "error":
             _, kind, text, tb = msg
+            if kind == "stall":
+                return NoProgress(text)
             if kind == "user":
                 return UserError(f"trainer rank {r}: {text}")
             return RankError(f"trainer rank {r} failed: {text}\n{tb}")
@@ -190,12 +303,21 @@ class ProcessLauncher(RankLauncher):
                     started[c.pid] = c
             except psutil.Error:
                 pass
+        # A rank or worker stopped by a signal (kill -STOP: the watchdog's case) is continued
+        # first: SIGTERM waits while a process is stopped.
+        for pid in [p.pid for p in procs] + list(started):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
         for c in conns:
             try:
                 c.send(("stop",))
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + STOP_GRACE_S
+        # Ranks mid-run (an error, a signal) do not read their pipe: no grace for "stop".
+        deadline = time.monotonic() + (0.0 if self._busy else STOP_GRACE_S)
+        self._busy = False
         for p in procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for sig in ("terminate", "kill"):

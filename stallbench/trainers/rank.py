@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..measure import watchdog
 from ..measure.probe import measured_run
 from ..pipeline import Ablation, Plan, ShardOutput, StageCaches
 from ..stages.batch_format import TensorBatch
@@ -62,9 +63,23 @@ def init_process_group(ctx: RankContext) -> tuple[str, torch.device]:
     backend, device = choose_backend(ctx)
     from datetime import timedelta
 
-    dist.init_process_group(backend, init_method="env://", rank=ctx.rank, world_size=ctx.world,
-                            timeout=timedelta(seconds=DIST_TIMEOUT_S))
+    with collective():
+        dist.init_process_group(backend, init_method="env://", rank=ctx.rank,
+                                world_size=ctx.world, timeout=timedelta(seconds=DIST_TIMEOUT_S))
     return backend, device
+
+
+class collective:
+    """Around a wait for the other ranks (the rendezvous, a barrier, an all-reduce): the
+    launcher's watchdog never blames a rank for waiting there; its completion is progress."""
+
+    def __enter__(self) -> None:
+        self.before = watchdog.state(watchdog.COLLECTIVE)
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            watchdog.tick()
+        watchdog.state(self.before)
 
 
 def row_hashes(batch: TensorBatch) -> list[int]:
@@ -199,10 +214,11 @@ class SyncedStep:
         """Flag, then gradients; returns how many ranks stepped. Timed when active."""
         t0 = time.perf_counter()
         flag = torch.tensor([1.0 if active else 0.0], device=self.comm)
-        dist.all_reduce(flag)
-        n = int(round(float(flag.item())))
-        if n and self._params:
-            self._reduce_grads(n, active)
+        with collective():
+            dist.all_reduce(flag)
+            n = int(round(float(flag.item())))
+            if n and self._params:
+                self._reduce_grads(n, active)
         if active:
             self.sync_per_step.append(time.perf_counter() - t0)
         return n
@@ -267,7 +283,10 @@ class RankSource:
         self.injected_s = 0.0
 
     def __getattr__(self, name: str) -> Any:     # worker_pids, producer_cpu_s, run_figures...
-        return getattr(self.inner, name)
+        found = getattr(self.inner, name)
+        if name == "waiting_for" and callable(found):   # the watchdog's line names the rank
+            return lambda: f"{found()} for trainer rank {self.ctx.rank} (pid {os.getpid()})"
+        return found
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
         delay = self.ctx.delay_s
@@ -321,17 +340,21 @@ class RankWorker:
         self.backend = "gloo"
 
     def setup(self) -> dict[str, Any]:
+        watchdog.state(watchdog.SETUP)
         self.backend, device = init_process_group(self.ctx)
-        if self.cache_plan is not None:
-            self.caches = StageCaches.build(self.cache_plan)   # untimed, like the runner's
+        if self.cache_plan is not None:   # untimed, like the runner's; each row group progress
+            self.caches = StageCaches.build(self.cache_plan, on_item=watchdog.tick)
         elif self.warm and self.plan.items:
             # One untimed pass of the producer code in this process (Parquet footers, Arrow
             # kernels, first-use allocations), so that the first measured run is not the only
             # one paying first-use costs, and not more on one rank than on another. Loader
             # workers are forked from here and inherit it. (Building caches does the same.)
             self.plan.produce(0)
+            watchdog.tick()
         self.step = SyncedStep(self.plan.build_compute(), self.backend, device)
-        dist.barrier()
+        watchdog.tick()
+        with collective():
+            dist.barrier()
         return {"pid": os.getpid(), "backend": self.backend, "device": str(device)}
 
     def run(self, ablation: Ablation, source_arg: Any = None, *, keep_timeline: bool = False,
@@ -346,7 +369,8 @@ class RankWorker:
         inner = self.make_source(source_arg)
         src = RankSource(inner, self.ctx, step, self.job_item)
         cfg = p.config
-        dist.barrier()                 # every rank starts its clock together
+        with collective():
+            dist.barrier()             # every rank starts its clock together
         if ablation.compute_only:      # (after the barrier: going idle is a collective)
             n = sum(len(p.caches.final[s.index]) for s in p.items)   # what _cached will yield
             step.set_limit(min(n, cap) if cap is not None else n)

@@ -120,23 +120,29 @@ def _local(plan: Plan) -> list[dict[str, torch.Tensor]]:
 
 
 def _same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    """Tensor by tensor, the keys of the local executor's batches (``b``): padded or jagged."""
     assert len(a) == len(b) > 0
     for x, y in zip(a, b):
-        for k in ("dense", "sparse", "seq", "label"):
+        assert set(x) == set(y), (sorted(x), sorted(y))
+        for k in y:
             assert torch.equal(x[k], y[k]), k
 
 
 # ------------------------------------------------------------------------- same batches
 
-@pytest.mark.parametrize("collate,comp,execution", [
-    ("producer", "none", "streaming"),
-    ("trainer", "zstd", "bulk"),
+@pytest.mark.parametrize("fmt,collate,comp,execution", [
+    ("single_buffer", "producer", "none", "streaming"),
+    ("single_buffer", "trainer", "zstd", "bulk"),
+    ("jagged", "producer", "zstd", "streaming"),      # the default: the lossless Arrow wire
+    ("jagged", "trainer", "none", "streaming"),
 ])
-def test_same_batches_as_local_in_order_exactly_once(flight_ex: Any, cache: Path, collate: str,
-                                                     comp: str, execution: str) -> None:
+def test_same_batches_as_local_in_order_exactly_once(flight_ex: Any, cache: Path, fmt: str,
+                                                     collate: str, comp: str,
+                                                     execution: str) -> None:
     """Checksum of the whole epoch: the local executor's batches, in its order, from four
-    streams of two servers; every row group exactly once."""
-    plan = _plan(cache, collate=collate, comp=comp, execution=execution)
+    streams of two servers; every row group exactly once. With ``jagged`` the batches are the
+    local jagged ones (``seq_values`` + ``seq_offsets``), not padded."""
+    plan = _plan(cache, fmt=fmt, collate=collate, comp=comp, execution=execution)
     got = _batches(plan, flight_ex)
     _same(got, _local(plan))
     fig = flight_ex.run_figures()["flight"]
@@ -430,7 +436,7 @@ def test_config_key_names_what_a_server_produces() -> None:
     same = scenario.parse(_text(step=5).replace("prefetch_factor = 1", "prefetch_factor = 4")
                           + 'flight_servers = ["grpc://h:1"]\n', "f.toml").base
     assert protocol.config_key(same) == key            # trainer-only keys do not matter
-    for other in (_text(comp="zstd"), _text(collate="trainer"), _text(cost=1)):
+    for other in (_text(comp="zstd"), _text(collate="trainer"), _text(cost=1), _text(fmt="jagged")):
         assert protocol.config_key(scenario.parse(other, "f.toml").base) != key
 
 

@@ -33,6 +33,7 @@ from stallbench.executors import EXECUTORS
 from stallbench.executors.ray.cluster import RayRuntime
 from stallbench.measure.probe import measured_run
 from stallbench.pipeline import Ablation, Plan, StageCaches, dataset_for
+from stallbench.stages.batch_format import padded_from_jagged
 
 pytestmark = pytest.mark.ray
 
@@ -196,14 +197,27 @@ def background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             p.kill()
 
 
-def _epoch(plan: Plan, ex: Any) -> dict[str, torch.Tensor]:
-    """Every batch the trainer would see, concatenated per tensor (order matters)."""
+def _epoch(plan: Plan, ex: Any, keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Every batch the trainer would see, concatenated per tensor (order matters). A jagged
+    batch's sequences count as ``seq`` padded to a fixed width (none of these is longer), so
+    batches cut at other rows still compare."""
     parts: dict[str, list[torch.Tensor]] = {}
     for out in ex.run(plan):
         for batch, _, _ in plan.receive(out):
+            if keys is not None:
+                keys.update(batch)
+            if "seq_values" in batch:
+                n = int(batch["label"].shape[0])
+                seq = padded_from_jagged(batch["seq_offsets"], batch["seq_values"],
+                                         len(plan.schema.sequence), n, JAGGED_WIDTH)
+                assert seq.shape[2] == JAGGED_WIDTH
+                batch = {**batch, "seq": seq}
             for k in ("dense", "sparse", "seq", "label"):
                 parts.setdefault(k, []).append(batch[k].clone())
     return {k: torch.cat(v) for k, v in parts.items()}
+
+
+JAGGED_WIDTH = 16
 
 
 def _batches(plan: Plan, ex: Any) -> list[dict[str, torch.Tensor]]:
@@ -277,12 +291,21 @@ def test_ablation_caches_reach_workers_through_the_object_store(ray_ex: Any, cac
         assert len(job) < 64_000 < cached
 
 
-def test_stock_mode_delivers_the_same_rows(ray_ex: Any, cache: Path) -> None:
-    plan = _plan(cache, mode="stock", fmt="columnar")
+@pytest.mark.parametrize("fmt", ["columnar", "jagged"])
+def test_stock_mode_delivers_the_same_rows(ray_ex: Any, cache: Path, fmt: str) -> None:
+    """Stock mode's batches hold the local executor's rows in its order, in the dict of the
+    loader's format: padded ``seq`` for a padded format, jagged (every id) for the default."""
+    plan = _plan(cache, mode="stock", fmt=fmt)
     want = _epoch(plan, _local(plan))
     ray_ex.spec = plan.config.executor
     try:
-        got = _epoch(plan, ray_ex)
+        keys: set[str] = set()
+        got = _epoch(plan, ray_ex, keys)
+        if fmt == "jagged":
+            assert keys == {"dense", "sparse", "label", "seq_values", "seq_offsets"}, keys
+            for k in want:
+                assert torch.equal(got[k], want[k]), k
+            return
         late = ray_ex.late_stage_times()
         fig, _, _ = measured_run(plan, ray_ex, plan.build_compute())
     finally:

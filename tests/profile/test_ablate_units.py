@@ -97,3 +97,22 @@ def test_compute_only_is_extrapolated_to_one_ranks_batches() -> None:
 def test_exit_status_says_a_signal_as_128_plus_n(code: int, said: int) -> None:
     from stallbench.profile.launcher import exit_status
     assert exit_status(code) == said
+
+
+def test_a_part_whose_interval_spans_zero_prints_as_not_distinguishable_from_zero() -> None:
+    """Issue 25: the profile's attribution lines print a part whose interval spans 0 as "~0"
+    with the note, never as a negative stall; a part clear of 0 keeps its figure."""
+    from stallbench.analysis import differential
+    from stallbench.results import ProfileAnalysis
+
+    epochs = {"full": [2.0, 2.3, 1.9], "no_fetch": [2.1, 1.8, 2.2],
+              "no_fetch_preprocess": [1.0, 1.1, 1.05], "no_fetch_preprocess_transfer": [1.0, 1.02, 1.01],
+              "compute_only": [0.9, 0.92, 0.91]}
+    a = differential.analyze(epochs, "chain")
+    assert a.fetch_stall_s < 0 and a.intervals.fetch_stall_s.low < 0 < a.intervals.fetch_stall_s.high
+    out = ablate.lines(a, ProfileAnalysis(method="m", keep_batches=8, budget_mb=1.0))
+    fetch = next(x for x in out if x.lstrip().startswith("fetch"))
+    assert fetch.split()[3] == "~0" and f"{a.fetch_stall_s:.2f}" not in fetch.split("[")[0], fetch
+    assert "  ~0: not distinguishable from 0 (its interval spans 0)" in out
+    prep = next(x for x in out if x.lstrip().startswith("preprocess"))
+    assert f"{a.preprocess_stall_s:8.2f} s" in prep

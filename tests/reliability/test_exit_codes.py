@@ -14,7 +14,9 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 from reliability_helpers import TINY, Watched, one_error_line, sb, write
 
@@ -81,3 +83,65 @@ def test_serve_exits_with_the_signals_code(tmp_path: Path, env: dict, sig: int) 
     rc, out, err = w.finish(timeout=60)
     assert rc == EXIT[sig], (rc, out[-1000:], err[-2000:])
     assert f"interrupted by {signal.Signals(sig).name}; server stopped" in err, err[-2000:]
+
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+           "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_gate_calibrate_keeps_its_exit_code(tmp_path: Path, env: dict,
+                                                            sig: int) -> None:
+    """``gate --calibrate`` runs A/A pairs as ``stallbench run`` children: a signal while one
+    runs ends it with 128 + N, writes no calibration and leaves no run or temp dir."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**env, **GIT_ENV, "TMPDIR": str(tmp)}
+    write(repo, TINY)
+    for args in (["init", "-q"], ["add", "s.toml"], ["commit", "-qm", "first"]):
+        subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+    w = Watched(["gate", "--calibrate", "s.toml", "--repeats", "3"], env, repo)
+    assert w.wait_for(lambda kids: any("run" in _cmdline(k) for k in kids), timeout=120), \
+        (w.proc.poll(), "no side run started")
+    time.sleep(0.3)
+    assert w.proc.poll() is None, "the calibration ended before the signal"
+    w.proc.send_signal(sig)
+    rc, _, err = w.finish(timeout=120)
+    assert rc == EXIT[sig], (rc, err[-3000:])
+    assert f"interrupted by {signal.Signals(sig).name}" in err.splitlines()[-1], err[-2000:]
+    assert w.leftovers() == []
+    assert not list(repo.rglob("calibration/*.json"))
+    assert list(tmp.iterdir()) == []
+
+
+def _cmdline(p: Any) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_tunes_confirmation_says_what_it_kept(tmp_path: Path, env: dict,
+                                                              sig: int) -> None:
+    """The recommended scenario file is written (whole) before its confirmation run: a signal
+    then says that file is kept and that no tune result was written, never "nothing written"."""
+    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 100"))
+    w = Watched(["tune", "s.toml", "--budget-minutes", "1", "--out", "out", "--no-progress"],
+                env, tmp_path)
+    _started(w, "confirm: stallbench run")
+    w.proc.send_signal(sig)
+    rc, _, err = w.finish(timeout=120)
+    assert rc == EXIT[sig], (rc, err[-3000:])
+    last = err.splitlines()[-1]
+    assert f"interrupted by {signal.Signals(sig).name}" in last, err[-2000:]
+    (toml,) = (tmp_path / "out" / "tune").glob("*-tuned-*.toml")
+    assert f"kept the file(s) written before it: {toml.relative_to(tmp_path)}" in last, last
+    assert "no tune result written" in last, last
+    assert not list((tmp_path / "out" / "tune").glob("*.json"))
+    assert w.leftovers() == []

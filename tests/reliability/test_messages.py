@@ -6,7 +6,9 @@ file and key; Ray's own chatter never reaches the terminal (its default token-au
 filtered where stallbench starts Ray itself, Ray Data's ERROR logs of a failed run are
 silenced because stallbench reports the failure); ``ray://`` without Ray Client says exactly
 what to install; Ray dying under a run (its Parquet footer reader killed in stock mode: a
-231-line traceback before) is one line, or survived.
+231-line traceback before) is one line, or survived. Issue 26: ``serve`` that cannot listen
+(a port taken, an address not of this machine) is one line with gRPC's reason, and none of
+gRPC's own log lines.
 """
 
 from __future__ import annotations
@@ -131,3 +133,29 @@ def test_killing_rays_parquet_footer_reader_in_stock_mode(tmp_path: Path, env: d
         assert no_files(tmp_path / "out")
     left = w.leftovers()
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.parametrize("bind, host, says", [
+    ("0.0.0.0", None, "another process listens on port"),
+    ("127.0.0.1", "127.0.0.1", "another process listens on port"),
+    (None, "192.0.2.1", "192.0.2.1 is not an address of this machine"),   # TEST-NET-1
+])
+def test_serve_that_cannot_listen_is_one_line(tmp_path: Path, env: dict, bind: str | None,
+                                              host: str | None, says: str) -> None:
+    """gRPC logs a failed bind itself, to fd 2, around an exception that only says "Server
+    did not start properly": the command prints one line with the reason and the port."""
+    import socket
+
+    pytest.importorskip("pyarrow.flight")
+    write(tmp_path, TINY)
+    with socket.socket() as taken:
+        port = 0
+        if bind is not None:
+            taken.bind((bind, 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+        args = ["serve", "s.toml", "--port", str(port or 8815)] + (["--host", host] if host else [])
+        r = sb(args, env, tmp_path, timeout=120)
+    line = one_error_line(r, f"--port {port or 8815}: cannot listen on", says)
+    assert "add_port.cc" not in r.stderr and "absl" not in r.stderr, r.stderr
+    assert "did not start properly" not in line, line

@@ -167,3 +167,21 @@ def test_report_renders_labels_as_text(tmp_path: Path, env: dict) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     html = (tmp_path / "r.html").read_text()
     assert "\\sqrt{\\sqrt{" in html
+
+
+@pytest.mark.parametrize("path, value, side", [
+    ("variants.0.stall_share.values.0", -0.2, "--current"),
+    ("variants.0.stall_share.median", -0.01, "--baseline"),
+    ("variants.0.repeats.0.phases.steady_stall_share", -0.5, "--current"),
+    ("variants.0.phases.steady_stall_share.min", 1.2, "--baseline"),
+    ("variants.0.phases.steady_stall_share.values.0", -0.1, "--current"),
+])
+def test_the_gate_refuses_shares_out_of_range(tmp_path: Path, env: dict, path: str,
+                                              value: Any, side: str) -> None:
+    """A negative (or above 1) share in either side never reaches the gate's comparison."""
+    good = _write(tmp_path, lambda d: None, "good.json")
+    bad = _write(tmp_path, _set(path, value))
+    pair = [good, bad] if side == "--current" else [bad, good]
+    r = sb(["gate", "--baseline", pair[0], "--current", pair[1]], env, tmp_path, timeout=120)
+    one_error_line(r, "bad.json", path.split(".")[-1] if not path[-1].isdigit()
+                   else path.split(".")[-2], "share from 0 to 1")

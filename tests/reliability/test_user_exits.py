@@ -36,6 +36,8 @@ def _do(how):
     if how == "segv":
         import ctypes
         ctypes.string_at(0)
+    if how == "big":
+        raise ValueError("x" * 5_000_000)
 
 def here(table, **kw):
     _do(os.environ["HOW"])
@@ -49,6 +51,11 @@ def in_worker(table, **kw):
 
 def in_rank(table, **kw):
     if multiprocessing.parent_process() is not None:
+        _do(os.environ["HOW"])
+    return table
+
+def in_server(table, **kw):
+    if sys.argv[0].endswith("server.py"):      # a local Flight server
         _do(os.environ["HOW"])
     return table
 
@@ -122,3 +129,34 @@ def test_a_trainer_rank_that_dies(tmp_path: Path, env: dict, how: str, status: s
     line = _run(tmp_path, env, TINY + '[preprocess]\ntransforms = ["usercode:in_rank"]\n'
                                       '[trainers]\nranks = 2\n', how)
     assert "trainer rank " in line and status in line and "no result written" in line, line
+
+
+@pytest.mark.parametrize("where, text", [
+    ("rank", '[preprocess]\ntransforms = ["usercode:in_rank"]\n[trainers]\nranks = 2\n'),
+    ("server", '[preprocess]\ntransforms = ["usercode:in_server"]\n'
+               '[executor]\nkind = "flight"\nflight_local_servers = 1\n'),
+])
+def test_keyboard_interrupt_raised_in_a_rank_or_a_server_is_the_transforms_error(
+        tmp_path: Path, env: dict, where: str, text: str) -> None:
+    if where == "server":
+        pytest.importorskip("pyarrow.flight")
+    line = _run(tmp_path, env, TINY + text, "kbint")
+    assert "raised KeyboardInterrupt" in line and "usercode.py:" in line, line
+    assert ("trainer rank " in line) if where == "rank" else ("Flight server " in line), line
+
+
+@pytest.mark.parametrize("base, text, cut", [
+    (TINY, '[preprocess]\ntransforms = ["usercode:here"]\n', "cut at 1,000 of 5,000,000"),
+    (WORKERS, '[preprocess]\ntransforms = ["usercode:in_worker"]\n', "cut at 1,000 of 5,000,000"),
+    (TINY, '[preprocess]\ntransforms = ["usercode:in_rank"]\n[trainers]\nranks = 2\n',
+     "cut at 1,000 of 5,000,000"),
+    (TINY, '[preprocess]\ntransforms = ["usercode:in_server"]\n'
+           '[executor]\nkind = "flight"\nflight_local_servers = 1\n', "cut at 600 of "),
+])
+def test_a_5_mb_exception_message_is_cut_and_says_so(tmp_path: Path, env: dict, base: str,
+                                                     text: str, cut: str) -> None:
+    if "flight" in text:
+        pytest.importorskip("pyarrow.flight")
+    line = _run(tmp_path, env, base + text, "big")
+    assert "ValueError: xxx" in line and cut in line, line[-300:]
+    assert len(line) < 2500, len(line)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from stallbench import results
 from stallbench.results import (SCHEMA_VERSION, Attribution, ByteCounts, ByteFigures, DatasetInfo,
-                                ExecutorFacts, GitInfo, GpuInfo, Interval, Knee, MachineInfo,
-                                PartIntervals, RepeatFigures, Resources, Result, RunSettings,
+                                DeviceRepeat, ExecutorFacts, GitInfo, GpuInfo, Interval, Knee,
+                                MachineInfo,
+                                PartIntervals, PhaseSummary, Phases, RepeatFigures, Resources, Result, RunSettings,
                                 ScenarioAnalysis, ScenarioInfo, StageRates, StageRows, StageSeconds,
                                 Summary, Timeline, ToolInfo, TrainerSolo, VariantResult,
                                 WhatIfCheck, WhatIfModel, WhatIfPoint, WhatIfValidation)
@@ -204,11 +205,15 @@ def make_result(
     object_store: bool = False,
     gpu: bool = False,
     method: str = "chain",
+    device: bool = False,
 ) -> Result:
     """A complete, plausible v2 Result.
 
     ``speed`` scales every stall (1.2 = 20% less stall, i.e. a faster "current" run against a
     baseline). The flags drop the sections other engineers fill, to test placeholders.
+    ``device``: accelerator figures (AU, H2D copies) and start-up/steady phases, the three
+    cases of steady AU: measured (num_workers=0), runs without a steady window
+    (num_workers=1), a result without device figures (num_workers=2).
     """
     rng = random.Random(seed)
     variants = []
@@ -269,6 +274,8 @@ def make_result(
                               compression_ratio=1.04, wire_bytes_per_sample=292.5),
             notes={"device_copy": "no-op: trainer device is the CPU"},
         )
+        if device and workers < 2:
+            _add_device(v, steady=workers == 0)
         if analysis:
             v.attribution = _attribution(split_s, stalls, workers, method, repeats)
         if timeline:
@@ -315,6 +322,43 @@ def make_result(
         analysis=res_analysis,
         status="complete",
     )
+
+
+def _add_device(v: VariantResult, steady: bool) -> None:
+    """GPU figures per repeat, consistent with its epoch: AU = compute / epoch; with
+    ``steady`` a steady window after a start-up of 4 of the batches (steady AU = the steady
+    batches' step time / steady_s), else runs too short for one."""
+    for r in v.repeats:
+        startup = round(0.12 * r.epoch_s, 4)
+        steady_s = r.epoch_s - startup
+        k = max(1, r.batches // 12) if steady else r.batches
+        steady_compute = r.compute_s * (r.batches - k) / r.batches
+        r.phases = Phases(
+            startup_items=1, startup_batches=k, startup_samples=k * _BATCH, startup_s=startup,
+            startup_stall_s=startup, steady_batches=r.batches - k,
+            steady_samples=max(r.samples - k * _BATCH, 0), steady_s=steady_s if steady else math.nan,
+            steady_stall_s=0.0, steady_wait_s=0.0, steady_compute_s=steady_compute,
+            steady_stall_share=0.0, steady_epoch_s=r.epoch_s, startup_cost_s=0.0,
+            no_steady_reason="" if steady else "the run ended before every producer delivered its first work item")
+        r.device = DeviceRepeat(
+            device="cuda:0", compute_kind="gpu", compute_clock="cuda_events", compute_s=r.compute_s,
+            au=r.compute_s / r.epoch_s, step_ms_median=1e3 * r.compute_s / r.batches,
+            h2d_batches=r.batches, h2d_bytes=r.batches * 1_200_000, h2d_s=r.batches * 1.1e-4,
+            h2d_gb_s=1_200_000 / 1.1e-4 / 1e9, h2d_ms_median=0.11, h2d_from_ring=r.batches,
+            steady_compute_s=steady_compute if steady else None,
+            steady_au=steady_compute / steady_s if steady else None)
+    from stallbench.analysis.device import device_figures
+    v.device = device_figures(v.repeats)
+    if steady:
+        v.phases = PhaseSummary(
+            rule="work item 1 (every producer delivered once)",
+            startup_s=_summary([r.phases.startup_s for r in v.repeats]),
+            startup_cost_s=_summary([0.0 for _ in v.repeats]),
+            startup_stall_s=_summary([r.phases.startup_stall_s for r in v.repeats]),
+            steady_s=_summary([r.phases.steady_s for r in v.repeats]),
+            steady_stall_share=_summary([0.0 for _ in v.repeats]),
+            steady_samples_s=_summary([r.phases.steady_samples / r.phases.steady_s
+                                       for r in v.repeats]))
 
 
 def main(argv: list[str]) -> int:

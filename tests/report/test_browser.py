@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from stallbench.report.render import render
-from stallbench.report.render import format_pct
+from stallbench.report.render import NBSP, format_pct, format_s, render
 
 pytestmark = pytest.mark.browser
 
@@ -80,6 +79,11 @@ def _open(browser: Any, html: Path, screenshot: Path) -> dict[str, Any]:
     ratio = page.locator('[data-figure="headline-ratio"]').first
     seen["headline_ratio"] = ratio.inner_text() if ratio.count() else None
     seen["imgs"] = imgs
+    # steady AU beside AU (issue 27): each cell's text, title and right edge in the window
+    seen["steady_au"] = page.eval_on_selector_all(
+        '[data-figure="steady-au"]',
+        "els => els.map(e => ({text: e.innerText, title: e.title, visible: e.offsetParent !== null,"
+        " right: e.getBoundingClientRect().right}))")
     seen["title"] = page.title()
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(screenshot), full_page=True)
@@ -154,7 +158,7 @@ def _check(seen: dict[str, Any], expect_verdict: str | None = None) -> None:
 def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: Any,
                                    write_result: Any) -> None:
     current = make_result(seed=2, speed=1.25, created_utc="2025-11-21T09:30:00+00:00",
-                          git_commit="7c0ffee", object_store=True, gpu=True)
+                          git_commit="7c0ffee", object_store=True, gpu=True, device=True)
     paths = [
         write_result(make_result(seed=1, created_utc="2025-11-19T08:00:00+00:00", git_commit="1a2b3c4"),
                      "baseline/recsys.json"),
@@ -175,6 +179,27 @@ def test_sample_report_in_chromium(browser: Any, tmp_path: Path, make_result: An
     # + the bare scenario's breakdown and throughput.
     assert len(seen["imgs"]) == 2 * (3 + 3 * 2) + 1 + 2
     assert "recsys-workers" in seen["title"] or seen["title"].startswith("stallbench report")
+    _check_steady_au(seen, current)
+
+
+def _check_steady_au(seen: dict[str, Any], current: Any) -> None:
+    """Steady AU beside whole-run AU, one cell per variant: the result's figure with the window
+    it covers, or "not measured" with why (no device clock; no steady window, the result's
+    reason as the tooltip); every cell visible inside the 1400 px window (the layout check
+    above says nothing overflows)."""
+    cells = seen["steady_au"]
+    assert cells and all(c["visible"] and c["right"] <= 1400 for c in cells), cells
+    measured, short, bare = current.variants
+    ph = measured.phases
+    want = [f"{format_pct(measured.device.steady_au.median)}\nover {format_s(ph.steady_s.median)}"
+            f" after {format_s(ph.startup_s.median)} start-up".replace(NBSP, " "),
+            "not measured\nno steady window", "not measured\nno device clock in this result"]
+    texts = [c["text"].replace(NBSP, " ") for c in cells]
+    runs = [texts[i:i + 3] for i in range(0, len(texts) - 2)]
+    assert want in runs, texts
+    at = runs.index(want)
+    assert cells[at + 1]["title"] == short.repeats[0].phases.no_steady_reason
+    assert measured.device.steady_au.median != measured.device.au.median   # not AU again
 
 
 def test_example_results_in_chromium(request: pytest.FixtureRequest, tmp_path: Path,

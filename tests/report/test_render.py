@@ -326,6 +326,23 @@ def test_negative_stall_and_knee_without_n(tmp_path: Path, make_result: Any, wri
     assert "-97 ms" in html
     assert "No knee; saturates at 4 workers" in html
     assert "could not draw" not in html
+    assert 'data-figure="zero"' not in html
+
+
+def test_a_part_whose_interval_spans_zero_is_not_a_negative_stall(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """Issue 25: "a fetch stall of -1.29 s [-1.55, 4.96]" was printed as a figure. A part
+    whose interval spans 0 reads "~0" with its interval and the note, in the table and in
+    the chart's note, never as a negative stall."""
+    r = make_result(timeline=False, resources=False)
+    a = r.variants[1].attribution
+    a.fetch_stall_s = -1.29
+    a.intervals.fetch_stall_s = Interval(-1.55, 4.96)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    cells = re.findall(r'<td class="num" data-figure="zero">([^<]*)<span class="ci">([^<]*)<', html)
+    assert [(x, iv.replace("\xa0", " ")) for x, iv in cells] == [("~0", "-1.55 s – 4.96 s")]
+    assert "~0: not distinguishable from 0 (its interval spans 0)" in html
+    assert "-1.29" not in html
 
 
 # ------------------------------------------------------------- one meaning per name (issue 12)

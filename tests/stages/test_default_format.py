@@ -4,8 +4,9 @@ Ground truth by construction: held-out Parquet written by ``benchmarks/heldout.p
 generator (not stallbench's), sequences of 0..29 ids, longer than the default
 ``sequence_max_len = 20`` that a padded format would cut at. A model of the user's own, written
 for the documented batch dict (it reads ``seq`` (B, Q, L) and nothing jagged), counts and sums
-the ids it is handed; both must equal what pyarrow reads from the files, per feature. The
-padded view it reads is checked against the same files row by row on one batch.
+the ids it is handed; both must equal what pyarrow reads from the files, per feature, under
+every executor (the local loader, Flight's Arrow wire, Ray's stock collate). The padded view it
+reads is checked against the same files row by row on one batch.
 """
 
 from __future__ import annotations
@@ -83,33 +84,80 @@ def _truth(data: Path) -> list[tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_scenario_without_batch_format_keeps_every_id(heldout_dir: Path, tmp_path: Path,
-                                                        workers: int) -> None:
+# Every executor, with no batch_format set: the local loader (0 and 2 workers), Flight (its
+# Arrow wire) and Ray's stock mode (its own collate); Ray shares the session's runtime.
+EXECUTOR_KEYS = {
+    "local-0": "[loader]\nnum_workers = 0\n",
+    "local-2": "[loader]\nnum_workers = 2\n",
+    "flight": '[executor]\nkind = "flight"\nflight_local_servers = 1\n',
+    "ray-stock": '[executor]\nkind = "ray"\nray_mode = "stock"\n',
+}
+
+
+def _run(data: Path, tmp_path: Path, executor: str, request: pytest.FixtureRequest,
+         loader: str = "") -> tuple[Any, Any, list[tuple[int, int]]]:
+    """One measured run of the user's counting model: (figures, config, per sequence feature
+    (ids, sum of ids) the model was handed)."""
     import idcount
 
+    if executor.startswith("ray"):
+        request.getfixturevalue("ray_session")
     idcount.SEEN.clear()
-    text = (f'name = "default-keeps-ids"\n[dataset]\npath = "{heldout_dir}"\n'
+    text = (f'name = "default-keeps-ids"\n[dataset]\npath = "{data}"\n'
             f'[model]\nkind = "idcount:factory"\n'
-            f"[loader]\nbatch_size = 512\nnum_workers = {workers}\n")
+            f"{EXECUTOR_KEYS[executor]}")
+    if "[loader]" not in text:
+        text += "[loader]\n"
+    text += f"batch_size = 512\n{loader}"
     cfg = scenario.parse(text, "ids.toml").base
-    assert cfg.loader.batch_format == "jagged"          # the default, set by nobody here
     plan = Plan.create(cfg, dataset_for(cfg, tmp_path / "cache", "ids.toml"), scenario_file="ids.toml")
-    ex = EXECUTORS.get("local")(cfg, "ids.toml")
+    ex = EXECUTORS.get(cfg.executor.kind)(cfg, "ids.toml")
     ex.start()
     try:
         fig, _, _ = measured_run(plan, ex, plan.build_compute("ids.toml"))
     finally:
         ex.stop()
-    truth = _truth(heldout_dir)
-    assert truth[0][2] > cfg.dataset.sequence_max_len     # a padded default would cut these
     got = [(sum(s[0][j][0] for s in idcount.SEEN), sum(s[0][j][1] for s in idcount.SEEN))
            for j in range(heldout.SEQUENCES)]
+    return fig, cfg, got
+
+
+@pytest.mark.parametrize("executor", [
+    "local-0", "local-2", "flight", pytest.param("ray-stock", marks=pytest.mark.ray)])
+def test_a_scenario_without_batch_format_keeps_every_id(heldout_dir: Path, tmp_path: Path,
+                                                        executor: str,
+                                                        request: pytest.FixtureRequest) -> None:
+    import idcount
+
+    fig, cfg, got = _run(heldout_dir, tmp_path, executor, request)
+    assert cfg.loader.batch_format == "jagged"          # the default, set by nobody here
+    truth = _truth(heldout_dir)
+    assert truth[0][2] > cfg.dataset.sequence_max_len     # a padded default would cut these
     assert got == [(ids, total) for ids, total, _ in truth]
     assert fig.samples == ROWS + ROWS // 3 + 7
     assert fig.sequence_cut is None                      # nothing to report: nothing was cut
     widths = {w for _, w in idcount.SEEN}
     assert min(widths) >= cfg.dataset.sequence_max_len   # never narrower than documented
+
+
+@pytest.mark.parametrize("executor", ["flight", pytest.param("ray-stock", marks=pytest.mark.ray)])
+def test_a_padded_format_counts_what_it_cut_under_every_executor(
+        heldout_dir: Path, tmp_path: Path, executor: str, request: pytest.FixtureRequest) -> None:
+    """A padded format chosen explicitly cuts at ``sequence_max_len``, and the run counts
+    exactly what it cut (the local loader's count: ``test_jagged.py``): Flight's servers
+    and Ray stock mode's collate alike. The model is handed the ids that were not cut."""
+    fig, cfg, got = _run(heldout_dir, tmp_path, executor, request,
+                         'batch_format = "columnar"\n')
+    table = pq.read_table(heldout_dir)
+    lengths = np.concatenate([np.diff(table[f"h{j}"].combine_chunks().offsets.to_numpy())
+                              for j in range(heldout.SEQUENCES)])
+    over = np.maximum(lengths - cfg.dataset.sequence_max_len, 0)
+    cut = fig.sequence_cut
+    assert cut is not None, "nothing counted"
+    assert (cut.sequences, cut.sequences_cut, cut.ids, cut.ids_cut, cut.longest) == (
+        lengths.size, int((over > 0).sum()), int(lengths.sum()), int(over.sum()),
+        int(lengths.max()))
+    assert sum(ids for ids, _ in got) == lengths.sum() - over.sum()
 
 
 SCHEMA = FeatureSchema(dense=("d0",), sparse=("s0",), sequence=("q0", "q1"), label="y",

@@ -266,6 +266,10 @@ def _run(loader: str, cache: Path, fake: FakeApi | None) -> tuple[list[str], Any
     ('batch_format = "jagged"\nnum_workers = 2\ndevice_prefetch = 3\nmax_batches = 5\n', "pool"),
     ('batch_format = "columnar"\nnum_workers = 2\ndevice_prefetch = 2\n', "ring"),
     ('batch_format = "arrow"\nnum_workers = 2\ndevice_prefetch = 1\n', "ring"),
+    # jagged built by the trainer (fresh tensors, dense/sparse transposed views), as Flight's
+    # lossless Arrow wire and Ray stock mode hand it over
+    ('batch_format = "jagged"\ncollate = "trainer"\nnum_workers = 2\ndevice_prefetch = 1\n',
+     "ring"),
     ('batch_format = "single_buffer"\ncompression = "zstd"\nnum_workers = 2\n'
      'device_prefetch = 1\nprefetch_batches = 3\n', "ring"),
 ])

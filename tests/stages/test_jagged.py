@@ -80,6 +80,30 @@ def test_jagged_batches_match_row_by_row_truth(collate: str, where: str) -> None
     assert got["seq_values"].size > 9 * 3 * SCHEMA.seq_len * 0.5   # not cut to 6 per row
 
 
+@pytest.mark.parametrize("collate", ["producer", "trainer"])
+def test_the_arrow_jagged_wire_matches_row_by_row_truth(collate: str) -> None:
+    """What Flight streams for the default format: an Arrow record batch that survives IPC
+    (written and read back, as the socket does) and decodes to the jagged batch, every id,
+    into fresh writable tensors (received Arrow buffers are read-only)."""
+    fmt = bf.format_class("arrow_jagged")(SCHEMA, collate)
+    assert "arrow_jagged" not in bf.FORMATS and not fmt.pads_sequences
+    assert bf.arrow_wire("jagged") == "arrow_jagged" and bf.arrow_wire("columnar") == "arrow"
+    table = _table(n=9, max_len=14)
+    sink = pa.BufferOutputStream()
+    rb = fmt.encode(table.slice(2, 7), "3:1", True)
+    with pa.ipc.new_stream(sink, rb.schema) as w:
+        w.write_batch(rb)
+    received = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+    batch = fmt.decode(received, "3:1", 7)
+    got, want = _host(batch), _expected(table.slice(2, 7))
+    assert set(got) == set(want)
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+    batch["seq_values"][0] = -5                         # writable, not the wire's memory
+    with pytest.raises(PayloadError, match="3:2.*schema"):
+        fmt.decode(bf.FORMATS.get("arrow")(SCHEMA, "producer").encode(table, "3:2", False), "3:2")
+
+
 def test_padded_and_jagged_carry_the_same_ids_where_nothing_is_cut() -> None:
     table = _table(n=40, max_len=SCHEMA.seq_len, seed=3)     # no sequence longer than seq_len
     padded = _host(bf.FORMATS.get("single_buffer")(SCHEMA, "producer").decode(

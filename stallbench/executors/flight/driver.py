@@ -16,10 +16,12 @@ items in the plan's order, each from its stream's queue, so it sees the batches 
 executor in the same order; each stream's items arrive in order and exactly once (checked: a
 gap or a stream that ends early is an error naming the server).
 
-*Batches.* A batch arrives as an Arrow record batch (the ``arrow`` batch format, whatever
-``loader.batch_format`` says: results note it); its IPC body is decompressed by Arrow in the
-reader thread, and the trainer's timed transfer turns it into tensors (``ArrowFormat.decode``:
-one copy of the collated tensors, or the vectorised collation with ``collate = "trainer"``).
+*Batches.* A batch arrives as an Arrow record batch, in the wire format of the loader's
+format (``protocol.wire_format``, results note it): ``arrow_jagged`` when it keeps every id
+(``jagged``, the default: the feature columns, sequences as Arrow list arrays, built into the
+``jagged`` batch by the trainer), ``arrow`` when it pads; its IPC body is decompressed by Arrow
+in the reader thread, and the trainer's timed transfer turns it into tensors (``decode``: one
+copy per tensor or column, or the vectorised collation with ``collate = "trainer"``).
 
 *Figures.* Stage times come from the servers (each item's trailer); producer CPU from the
 local servers' own process clocks (None for servers elsewhere); the bytes that crossed the
@@ -40,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ...errors import ScenarioError, UserError
+from ...errors import ScenarioError, UserError, cut
 from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
@@ -89,11 +91,21 @@ class FlightExecutor(Executor):
     name = "flight"
     scaling_knobs = ("executor.flight_local_servers", "executor.flight_streams_per_server",
                      "executor.flight_servers")
+    # Ranks (``trainers.ranks`` > 1): stallbench's process starts (or connects to) the servers
+    # once for the job; every rank attaches to them and streams its own work items. Ranks are
+    # spawned: a process forked from one that has used a Flight (gRPC) client hangs in its
+    # own first gRPC call.
+    ranks_share_producers = True
+    rank_start_method = "spawn"
 
-    def __init__(self, config: Config, scenario_file: str = "<scenario>") -> None:
+    def __init__(self, config: Config, scenario_file: str = "<scenario>",
+                 attach: list[str] | None = None) -> None:
+        """``attach``: the servers some other process of this job runs (a rank's view of the
+        servers stallbench's process started); this executor starts and stops none."""
         super().__init__(config, scenario_file)
         self.spec = config.executor
         self.remote = list(self.spec.flight_servers or [])
+        self.attach = list(attach) if attach is not None else None
         self.local: Any = None                   # local.LocalServers once started
         self.locations: list[str] = []
         self.clients: list[Any] = []
@@ -169,7 +181,9 @@ class FlightExecutor(Executor):
     def start(self) -> None:
         flight = import_flight(self.scenario_file)
         t0 = time.perf_counter()
-        if self.remote:
+        if self.attach is not None:
+            self.locations = list(self.attach)
+        elif self.remote:
             self.locations = list(self.remote)
         else:
             from .local import LocalServers
@@ -191,6 +205,10 @@ class FlightExecutor(Executor):
             self.clients.append(client)
             self.served.append(self._ping(client, i, loc))
         self._startup = {"servers_start_s": t1 - t0, "connect_s": time.perf_counter() - t1}
+
+    def rank_options(self) -> dict[str, Any]:
+        """Each rank streams its own work items from this job's servers (started once)."""
+        return {"attach": list(self.locations)}
 
     def _where(self, i: int) -> str:
         return (f"executor.flight_servers[{i}]" if self.remote else "executor.flight_local_servers")
@@ -374,6 +392,7 @@ class FlightExecutor(Executor):
                     continue
             return False
 
+        wire = protocol.wire_format(plan.config)
         try:
             reader = st.reader = client.do_get(flight.Ticket(ticket.encode()))
             if r.stop.is_set():
@@ -408,7 +427,7 @@ class FlightExecutor(Executor):
                     continue
                 rb = chunk.data
                 payloads.append(Payload(meta["id"], meta["rows"], rb, False, rb.nbytes,
-                                        rb.nbytes, format="arrow"))
+                                        rb.nbytes, format=wire))
             if not r.stop.is_set() and expect is not None:
                 raise RuntimeError(f"stream {st.index} from {self.locations[st.server]} ended "
                                    f"before work item {expect}")
@@ -449,7 +468,7 @@ class FlightExecutor(Executor):
         firsts = [st.first_chunk_s for st in r.streams if st.first_chunk_s is not None]
         self._last = {"flight": {
             "servers": list(self.locations),
-            "local_servers": self.local is not None,
+            "local_servers": not self.remote,     # a rank attached to the job's own too
             "streams": len(r.streams),
             "streams_per_server": self.spec.flight_streams_per_server,
             "server_pids": [s.get("pid") for s in self.served],
@@ -489,7 +508,12 @@ class FlightExecutor(Executor):
     def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
         lc = self.config.loader
         out = {k: v for k, v in super().notes(transfer_notes).items() if k != "compression"}
-        if lc.batch_format != "arrow":
+        wire = protocol.wire_format(self.config)
+        if wire != "arrow":
+            out["batch_format"] = (f"{lc.batch_format!r} as Arrow record batches: the feature "
+                                   f"columns, sequences as Arrow list arrays (values + offsets, "
+                                   f"every id kept), built into the jagged batch by the trainer")
+        elif lc.batch_format != "arrow":
             out["batch_format"] = (f"{lc.batch_format!r} not used: Flight streams Arrow record "
                                    f"batches (the \"arrow\" format; collate = {lc.collate!r})")
         if lc.num_workers:
@@ -501,8 +525,10 @@ class FlightExecutor(Executor):
 
 
 def _short(exc: BaseException, n: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:n] + "...") if len(text) > n else text
+    # gRPC appends the server's Python traceback ("Detail: Python exception: Traceback ...")
+    # to the server's own message: the message says it, the traceback stays on the server
+    text = " ".join(str(exc).split(". Detail: Python exception")[0].split())
+    return cut(text, n)
 
 
 def _is_ping_answer(info: Any) -> bool:

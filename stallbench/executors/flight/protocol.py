@@ -30,10 +30,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ...pipeline import Ablation, StageTimes
-from ...stages.batch_format import SequenceCounts
+from ...stages.batch_format import SequenceCounts, arrow_wire
 from ...scenario import Config
 
-VERSION = 1
+# 2: a stream's record batches are the lossless ``arrow_jagged`` wire when the loader's format
+# keeps every id (the default), and the variant key names the wire format
+VERSION = 2
 SCHEMES = ("grpc", "grpc+tcp")
 # Loader keys that change what a server sends (the rest are the trainer's business).
 _WIRE_KEYS = ("batch_size", "collate", "compression", "compression_level", "wire_bandwidth_mb_s")
@@ -47,14 +49,23 @@ def config_key(cfg: Config) -> str:
     """The variant a server must serve for this config (see the module docstring)."""
     d = cfg.to_dict()
     blob = {"dataset": d["dataset"], "storage": d["storage"], "preprocess": d["preprocess"],
-            "loader": {k: d["loader"][k] for k in _WIRE_KEYS}}
+            "loader": {k: d["loader"][k] for k in _WIRE_KEYS},
+            "wire_format": wire_format(cfg)}
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def wire_format(cfg: Config) -> str:
+    """What a stream's record batches are (``batch_format.arrow_wire``): ``arrow``, padded
+    at ``dataset.sequence_max_len``, when the loader's format pads (the user chose a padded
+    format, and its cut ids are counted as the local executor counts them); otherwise
+    ``arrow_jagged``: the feature columns, sequences as Arrow list arrays, every id kept."""
+    return arrow_wire(cfg.loader.batch_format)
+
+
 def server_config(cfg: Config) -> Config:
-    """What a server's own plan runs with: batches in the ``arrow`` format, uncompressed by
-    stallbench (Arrow IPC compresses on the wire instead)."""
-    return cfg.replace(loader=dataclasses.replace(cfg.loader, batch_format="arrow",
+    """What a server's own plan runs with: batches in the wire format (``wire_format``),
+    uncompressed by stallbench (Arrow IPC compresses on the wire instead)."""
+    return cfg.replace(loader=dataclasses.replace(cfg.loader, batch_format=wire_format(cfg),
                                                   compression="none"))
 
 

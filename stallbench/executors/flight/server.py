@@ -12,7 +12,8 @@ One class serves both ways of running it:
   forked worker), and closing that pipe ends the server: it never outlives its trainer.
 
 A stream (``do_get``) runs the real producer code (``Plan.produce``: fetch, preprocess, the
-``arrow`` batch format's encode) for each work item of its ticket and yields the batches;
+wire format's encode, ``protocol.wire_format``: ``arrow_jagged`` for a loader format that keeps
+every id, ``arrow`` for a padded one) for each work item of its ticket and yields the batches;
 Flight's own IPC writer serialises each one (compressed with zstd when the variant asks for
 ``loader.compression = "zstd"``: real Arrow IPC body compression, not an emulation) and
 writes it to the socket. The time from handing a batch to Flight until Flight asks for the
@@ -43,7 +44,6 @@ from ... import __version__, threads
 from ...data.parquet import Dataset
 from ...pipeline import FULL, Plan, StageCaches
 from ...scenario import Config
-from ...stages.batch_format import arrow_schema
 from . import protocol
 from .protocol import ProtocolError, Ticket, Trailer
 
@@ -184,8 +184,7 @@ class ProducerServer(flight.FlightServerBase):
             raise
         except Exception as exc:  # noqa: BLE001
             raise _error(exc) from None
-        fmt = plan.transfer.format
-        schema = arrow_schema(plan.schema, fmt.collate)
+        schema = plan.transfer.format.arrow     # the wire's: arrow or arrow_jagged
         opts = pa.ipc.IpcWriteOptions(compression=_codec(entry.config))
         return flight.GeneratorStream(schema, self._stream(plan, t, schema, context), options=opts)
 

@@ -49,6 +49,7 @@ from ... import interrupts
 from ...errors import ScenarioError, UserError
 from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race, job_config
 from ...scenario import ExecutorSpec
+from .lost import RayLog, Vital
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
 # Ray's own telemetry in a runtime stallbench starts (local or simulated): nobody reads it
@@ -172,6 +173,8 @@ class RayRuntime:
         self._cpu_seen: dict[tuple[int, float], float] = {}   # (pid, start time) -> CPU s
         self._atexit = False
         self._sigterm = interrupts.SigtermAsInterrupt()
+        self.vital = Vital()               # what the run cannot go on without (lost.py)
+        self.log = RayLog()                # Ray's own terminal output, into a file
 
     # ---------------------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -217,6 +220,57 @@ class RayRuntime:
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
+        if not self.client:
+            self.log.open(_logs_dir())
+        self._watch_vital()
+
+    def _watch_vital(self) -> None:
+        """The GCS and raylets of a runtime started here, from Ray's own node records,
+        watched while the runtime is open (``lost.Vital``). Only under the CLI (its signal
+        handlers are installed): ending the process is the command's to do, never a
+        library caller's."""
+        if not interrupts.installed():
+            return
+        try:
+            if self.mode == "local":
+                from ray._private import worker as ray_worker
+
+                self.vital = Vital.of(ray_worker._global_node)
+            elif self.mode == "simulated" and self.cluster is not None:
+                self.vital = Vital.of(self.cluster.head_node, list(self.cluster.worker_nodes))
+        except Exception:  # noqa: BLE001 - Ray's internals moved: nothing watched, as before
+            self.vital = Vital()
+            return
+        self.vital.watch(self._lost)
+
+    def _lost(self, what: str) -> None:
+        """A vital process died (``Vital.watch``'s thread): the run cannot complete. Said in
+        one line, every process of the runtime killed by PID, and the process ended with
+        exit 2 from here, at once: Ray's core worker would otherwise end it with exit 1 (a
+        raylet lost) or wait a minute for the GCS, and the trainer's thread may be blocked
+        inside Ray. No result can be half-written: results are written after the runtime
+        closes, and closing stops this watch first."""
+        if interrupts.pending() is not None:
+            return                      # a Ctrl-C or SIGTERM reached Ray's processes too
+        log = self.log.last_path
+        line = (f"stallbench: error: {self.file}: executor: the Ray runtime stallbench started "
+                f"for this run lost {what}; the run cannot complete and no result is written"
+                + (f" (Ray's log: {log})" if log else "") + "\n")
+        try:
+            os.write(self.log.terminal_fd(), line.encode("utf-8", "backslashreplace"))
+        except OSError:
+            pass
+        try:
+            import psutil
+
+            victims = (set(_descendants()) - set(self._before)) | self._spawned
+            for pid in victims:
+                try:
+                    psutil.Process(pid).kill()
+                except psutil.Error:
+                    pass
+        finally:
+            os._exit(2)
 
     def _own_auth_mode(self) -> None:
         """A cluster stallbench starts itself keeps Ray's default, token authentication,
@@ -390,6 +444,7 @@ class RayRuntime:
             return
         self.owned = False
         victims = (set(_descendants()) - set(self._before)) | self._spawned
+        self.vital.closing = True         # its processes end now: not a loss
         try:
             import ray
 
@@ -404,6 +459,7 @@ class RayRuntime:
             self.cluster = None
         self._restore_address_file()
         _reap(victims)
+        self.log.close()
         self._sigterm.give_back()
         self.mode = "closed"
 
@@ -577,9 +633,11 @@ class RayRuntime:
     def fault_marker(self) -> float:
         return time.time() * 1000.0
 
-    def faults_since(self, marker_ms: float, task_name: str | None = None) -> dict[str, Any]:
+    def faults_since(self, marker_ms: float, task_name: str | None = None,
+                     nodes_lost: bool = False) -> dict[str, Any]:
         """Worker deaths (GCS worker table) and task retries (GCS task events) since
-        ``marker_ms``. Reads Ray's internal state API; figures, never failures."""
+        ``marker_ms`` (retries are looked up after a death, or a node lost: ``nodes_lost``).
+        Reads Ray's internal state API; figures, never failures."""
         out: dict[str, Any] = {"worker_deaths": 0, "task_retries": 0, "dead_workers": []}
         try:
             from ray._private.state import state
@@ -599,7 +657,7 @@ class RayRuntime:
         except Exception as exc:  # noqa: BLE001
             out["worker_table_error"] = str(exc)[:200]
             return out
-        if not out["worker_deaths"]:
+        if not out["worker_deaths"] and not nodes_lost:
             return out
         # Retries are reported by the workers asynchronously (about every second).
         deadline = time.monotonic() + 3.0
@@ -636,6 +694,19 @@ class RayRuntime:
             return len(seen)
         except Exception:  # noqa: BLE001
             return None
+
+
+def _logs_dir() -> str:
+    """The Ray session's log directory on this machine (where Ray's own logs are), else
+    the temp directory."""
+    try:
+        from ray._private import worker as ray_worker
+
+        return ray_worker._global_node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001
+        import tempfile
+
+        return tempfile.gettempdir()
 
 
 def _cpu_kind(name: str, cmd: str) -> str:

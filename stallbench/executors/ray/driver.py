@@ -14,7 +14,8 @@ Worker deaths and task retries seen during the run are read from Ray's GCS and r
 ``run_figures()["faults"]``.
 
 ``"stock"`` mode (``stock.py``): the loader's format knobs do not apply (Ray's
-iter_torch_batches is the format). Ablations that make fetch or preprocess free replace
+iter_torch_batches is the format), except that its collate builds the batch dict of the
+loader's format: jagged (every id kept) unless the format pads. Ablations that make fetch or preprocess free replace
 ``read_parquet`` by the cached tables, one block per shard; an ablation that makes transfer
 free runs the stallbench path with no payload (nothing left to hand over). Storage emulation
 (``[storage]``) is not applied by ``read_parquet``: results note it. Its producer stage time
@@ -49,6 +50,7 @@ from ... import threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
+from ...stages.batch_format import SequenceCounts
 from ...stages.transfer import Payload
 from .. import runtimes
 from ..base import EXECUTORS, Executor, ProducerKnob
@@ -75,6 +77,8 @@ class _RunState:
     fault_marker: float = 0.0
     nodes_at_start: dict = field(default_factory=dict)   # producer-capable nodes, by id
     pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
+    items: int = 0                       # work items of the run (for the watchdog's line)
+    nodes_lost_before: set = field(default_factory=set)   # simulated nodes lost before it
     complete: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -337,6 +341,29 @@ class RayExecutor(Executor):
     def late_stage_times(self) -> StageTimes | None:
         return self._late
 
+    @property
+    def waiting_for(self) -> Any:
+        """What the trainer waits on (the progress watchdog's line, ``measure.watchdog``),
+        or None where it cannot be watched: through Ray Client the dataset runs in the pump
+        actor, whose task completions this process does not see (a bulk epoch there would
+        look like no progress). Progress is every task or output block that Ray Data's
+        executor in this process sees complete (``_progress_callback``), bulk
+        materialisation included, and every block the trainer receives."""
+        if self.runtime.client:
+            return None
+        return self._waiting_for
+
+    def _waiting_for(self) -> str:
+        r = self._run
+        pool = (f"an actor pool of {self._pool}" if self.spec.ray_pool == "actors"
+                else f"a task pool of {self._pool}")
+        got = (f"; {r.blocks} of {r.items} work item(s) delivered" if r is not None and r.items
+               else "")
+        pids = self.runtime.worker_pids() if self.runtime.mode in ("local", "simulated") else []
+        shown = ", ".join(str(p) for p in sorted(pids)[:8]) + (", ..." if len(pids) > 8 else "")
+        return (f"Ray Data's producer tasks ({self.spec.ray_mode} mode, {pool}"
+                f"{', Ray worker pids ' + shown if pids else ''}{got})")
+
     def startup_figures(self) -> dict[str, Any]:
         return dict(self._startup)
 
@@ -365,6 +392,9 @@ class RayExecutor(Executor):
         if self._default_reservation is None:
             self._default_reservation = ctx.op_resource_reservation_enabled
         ctx.op_resource_reservation_enabled = self._default_reservation if stock else False
+        progress = _progress_callback()
+        if progress is not None and progress not in ctx.custom_execution_callback_classes:
+            ctx.custom_execution_callback_classes.append(progress)
 
     def _map_args(self) -> dict[str, Any]:
         import ray.data
@@ -384,9 +414,11 @@ class RayExecutor(Executor):
         self._context(stock_mode)
         self._late = None
         r = self._run = _RunState(t0=time.perf_counter(), stock=stock_mode,
-                                  fault_marker=self.runtime.fault_marker())
+                                  fault_marker=self.runtime.fault_marker(),
+                                  items=len(plan.items))
         if self.runtime.mode == "address":
             r.nodes_at_start = self.runtime.producer_nodes_state()
+        r.nodes_lost_before = set(self.runtime.vital.nodes_lost)
         self.sample_object_store_mb()
         try:
             if stock_mode:
@@ -421,13 +453,22 @@ class RayExecutor(Executor):
 
     def _finish(self, plan: Plan, r: _RunState) -> None:
         self.sample_object_store_mb()
-        faults = self.runtime.faults_since(r.fault_marker, task_name=None)
-        faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
+        lost: list[dict[str, str]] = []
         if r.nodes_at_start:
             now = self.runtime.producer_nodes_state()
-            faults["nodes_lost"] = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
-                                    for k, v in r.nodes_at_start.items()
-                                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+            lost = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
+                    for k, v in r.nodes_at_start.items()
+                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+        # A simulated node whose raylet died during the run (seen by PID at once; Ray's GCS
+        # declares it dead only after its health checks fail).
+        vital = self.runtime.vital
+        for pid in sorted(set(vital.nodes_lost) - r.nodes_lost_before):
+            lost.append({"node_id": vital.node_ids.get(pid, ""), "reason": vital.nodes_lost[pid]})
+        faults = self.runtime.faults_since(r.fault_marker, task_name=None,
+                                           nodes_lost=bool(lost))
+        faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
+        if r.nodes_at_start or lost:
+            faults["nodes_lost"] = lost
         figures = (stats.operator_figures(r.ds) if r.ds is not None
                    else dict(r.pump_figures or {}))
         if r.stock and r.complete:
@@ -567,7 +608,7 @@ class RayExecutor(Executor):
         if plan.config.loader.execution == "bulk":
             ds = ds.materialize()
         r.ds = ds
-        collate = stock.collate_class()(plan.schema)
+        collate = stock.collate_class()(plan.schema, not plan.transfer.format.pads_sequences)
         prefetch = max(1, plan.config.loader.prefetch_factor)
         k = 0
         for _ in range(epochs):
@@ -578,12 +619,16 @@ class RayExecutor(Executor):
                 prep = batch.pop(stock.STOCK_PREP_COL, None)
                 if prep is not None:
                     r.prep_s += float(prep)
+                cut = batch.pop(stock.STOCK_CUT_KEY, None)
                 rows = int(batch["label"].shape[0])
                 r.blocks += 1
                 r.batches += 1
                 r.rows += rows
                 nb = sum(v.numel() * v.element_size() for v in batch.values())
                 times = StageTimes(rows_in=rows, rows_out=rows)
+                if cut is not None:           # a padded format's collate: what it cut
+                    c = [int(x) for x in cut.tolist()]
+                    times.sequences = SequenceCounts(plan.schema.seq_len, *c)
                 yield ShardOutput(k, -1, [Payload(f"stock:{k}", rows, batch, False, nb, nb,
                                                   final=True)], 1, rows, times)
                 k += 1
@@ -638,6 +683,43 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
             yield b
     finally:
         stop.set()
+
+
+_PROGRESS: list[Any] = []
+
+
+def _progress_callback() -> Any:
+    """A Ray Data ``ExecutionCallback`` class (Ray Data makes one per execution, in this
+    process) that ticks the progress watchdog's clock whenever its executor has seen another
+    task finish or another output block generated: the producers' completed work, also while
+    the trainer waits for a bulk ``materialize()``. None on a Ray Data without the hook
+    (then only received blocks are progress)."""
+    if _PROGRESS:
+        return _PROGRESS[0]
+    try:
+        from ray.data._internal.execution.execution_callback import ExecutionCallback
+    except ImportError:
+        _PROGRESS.append(None)
+        return None
+    from ...measure.watchdog import tick
+
+    class Progress(ExecutionCallback):
+        def __init__(self) -> None:
+            self.seen = -1
+
+        def on_execution_step(self, executor: Any) -> None:
+            try:
+                done = sum(op.metrics.num_tasks_finished + op.metrics.num_task_outputs_generated
+                           for op in executor._topology)
+            except Exception:  # noqa: BLE001 - Ray Data's internals moved: blocks still tick
+                return
+            if done != self.seen:
+                self.seen = done
+                tick()
+
+    Progress.__qualname__ = "stallbench_progress"
+    _PROGRESS.append(Progress)
+    return Progress
 
 
 def user_error_in(exc: BaseException) -> UserError | None:

@@ -1,0 +1,138 @@
+"""One figure per quantity (issue 25): the figures that the verdict, ``stallbench whatif`` and
+the report all print, each computed here once, so that the three surfaces cannot disagree.
+
+Before, each surface computed its own: one run's verdict said "the trainer binds: 12.6
+us/sample compute" (the step timer of that variant's full runs, slowed beside its loader
+workers), its compute-only ablation worked out to 5.2 us/sample, and ``whatif`` said 7.1 (a
+what-if fitted on another variant); "1 worker predicted 1.58x" was printed beside "ideal fetch
+would give 1.53x". The quantities and the measurement each one comes from:
+
+- **compute per sample** (``compute_s_per_sample``): the model step alone, from the
+  compute-only run (the ablation without a loader: the trainer steps on batches made before
+  it starts) where the variant has an attribution: ``Attribution.compute_s`` (its steady
+  window scaled to all batches on a steady basis, else its whole run) over one rank's
+  samples. It is the one measurement of the step with nothing of the data pipeline running
+  beside it, and the attribution's stalls are measured above that same run. What the step
+  costs more in a configuration (contention with producers for the cores, a sleep waking late
+  on a busy machine) belongs to the configuration, not to the step: the what-if names it apart
+  ("beside the producers"). Without an attribution: the step timer of the full runs.
+- **the bound stage's cost** (``stage_s_per_sample``): one producer's wall seconds in the
+  stage per sample the trainer consumes, the median over the full runs' repeats of
+  stage seconds / samples: the what-if's ``stage_wall`` (its input) and the report's
+  per-sample stage figures. (``StageRates`` keeps rows per producer-second, the inverse per
+  row *entering* the stage; with ``max_batches`` a producer makes rows the trainer never
+  takes, so the two are not the same figure and are labelled apart.)
+- **the ideal bound** (``ideal_bound``): what removing data stalls at most gives, from the
+  ablations (measured): for a change that removes one stage (a cache, storage bandwidth, a
+  transfer setting) that stage's ideal, ``Attribution.ideal_speedup``; for more producers,
+  which take *all* data work off the trainer, the ideal of every data stage and the loader's
+  hand-off together: the (steady) epoch over the compute-only run's. A single stage's ideal is
+  no bound on more producers (with no workers one worker takes fetch *and* preprocess off the
+  trainer), which is how "1 worker predicted 1.58x; ideal fetch would give 1.53x" was printed;
+  the data ideal is, and a prediction above it contradicts the ablations (see ``advice``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..results import Attribution, VariantResult
+from .stats import finite_median
+
+COMPUTE_ONLY_SOURCE = "compute-only run"
+STAGE_KEYS = {"fetch": "fetch", "preprocess": "preprocess", "transfer": "transfer_producer"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure and the measurement it comes from, in words (printed beside it)."""
+
+    value: float
+    source: str
+
+
+def samples_per_rank(v: VariantResult) -> float:
+    """The samples one rank consumed in a full run (median over repeats)."""
+    ranks = v.ranks.world if v.ranks is not None else 1
+    return finite_median(f.samples for f in v.repeats) / max(ranks, 1)
+
+
+def compute_s_per_sample(v: VariantResult) -> Figure:
+    """The model step alone, seconds per sample of one rank (see the module docstring for
+    why the compute-only run)."""
+    a = v.attribution
+    n = samples_per_rank(v)
+    if a is not None and math.isfinite(a.compute_s) and a.compute_s > 0 and n > 0:
+        return Figure(a.compute_s / n, COMPUTE_ONLY_SOURCE)
+    if v.ranks is not None and v.ranks.world > 1:
+        per = [r for f in v.repeats for r in f.ranks]
+        return Figure(finite_median(r.compute_s / max(r.samples, 1) for r in per),
+                      "step timer")
+    return Figure(finite_median(f.compute_s / max(f.samples, 1) for f in v.repeats),
+                  "step timer")
+
+
+def stage_s_per_sample(v: VariantResult, stage: str) -> float:
+    """One producer's wall seconds in ``stage`` (fetch, preprocess, transfer, or a
+    ``StageSeconds`` field) per sample the trainer consumes: median over the full runs."""
+    key = STAGE_KEYS.get(stage, stage)
+    return finite_median(getattr(f.stage_s, key) / max(f.samples, 1) for f in v.repeats)
+
+
+def data_ideal_speedup(a: Attribution) -> float:
+    """The (steady) epoch over the compute-only run's: what taking every data stage and the
+    loader's hand-off off the trainer gives at most (the parts sum to the epoch)."""
+    total = a.steady_epoch_s if a.steady_epoch_s is not None else a.epoch_s
+    if not (math.isfinite(total) and a.compute_s > 0):
+        return math.nan
+    return max(total / a.compute_s, a.ideal_speedup)
+
+
+def ideal_bound(a: Attribution, knob: str | None) -> Figure:
+    """The ablations' bound on the gain of a change to ``knob`` (None: a change that removes
+    the bound stage's own cost, e.g. a cache): the stage's ideal, or for more producers
+    (a ``num_workers``/nodes/concurrency knob) the ideal of all data work."""
+    if knob in PRODUCER_KNOBS:
+        return Figure(data_ideal_speedup(a), "no data stall")
+    return Figure(a.ideal_speedup, f"ideal {a.bound_by}")
+
+
+PRODUCER_KNOBS = ("loader.num_workers", "executor.simulated_nodes", "executor.concurrency")
+
+
+def spans_zero(iv: object) -> bool:
+    """An interval whose ends lie on both sides of 0: its figure is not distinguishable from
+    0 and is printed "~0" (``ZERO_NOTE``) on every surface, never as a negative stall."""
+    low, high = getattr(iv, "low"), getattr(iv, "high")
+    return math.isfinite(low) and math.isfinite(high) and low < 0 < high
+
+
+ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
+
+
+def us(seconds: float) -> str:
+    """Seconds per sample as every surface prints them."""
+    return f"{seconds * 1e6:.1f} us/sample"
+
+
+def measured_line(v: VariantResult) -> str:
+    """The three figures of ``v`` in the words every surface uses (``stallbench whatif`` and
+    the report print this line; the verdict and the what-if's explanations quote the same
+    figures): compute per sample, the bound stage's cost (the heaviest producer stage where
+    the attribution names no data stage) and the ablations' bounds."""
+    compute = compute_s_per_sample(v)
+    parts = [f"compute {us(compute.value)} ({compute.source})"]
+    a = v.attribution
+    stage = a.bound_by if a is not None and a.bound_by in STAGE_KEYS else None
+    costs = {s: stage_s_per_sample(v, s) for s in STAGE_KEYS}
+    if v.executor.has_producers or stage is not None:
+        named = stage or max(costs, key=lambda s: costs[s] if math.isfinite(costs[s]) else -1.0)
+        if math.isfinite(costs[named]):
+            what = "bound stage" if stage else "heaviest stage"
+            where = "per producer" if v.executor.has_producers else "in the trainer's loop"
+            parts.append(f"{named} {us(costs[named])} {where} ({what})")
+    if a is not None and stage is not None and a.conclusive:
+        parts.append(f"ideal {stage} would give {a.ideal_speedup:.2f}x, no data stall "
+                     f"{data_ideal_speedup(a):.2f}x (ablations)")
+    return f"{v.name}: " + "; ".join(parts)

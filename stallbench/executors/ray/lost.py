@@ -1,0 +1,222 @@
+"""A Ray runtime lost under a run, and Ray's own output kept out of the user's terminal.
+
+*What a run cannot go on without.* A runtime stallbench starts (local, or simulated nodes)
+lives in processes of this machine that stallbench started: the GCS (``gcs_server``) and the
+raylet of the trainer's node. Killed (``kill -9``, the OOM killer), Ray itself ended the
+trainer's process with exit 1 (a lost raylet: at the next touch of the object store, whose
+server the raylet is) or waited for the GCS to come back for
+``gcs_rpc_server_reconnect_timeout_s`` (60 s) and then did the same, leaving its agents
+running, with pages of its C++ log on the terminal. ``Vital`` knows those processes by PID
+(from Ray's own node records) and waits on each in a thread (``waitid``, so it learns of the
+death at once and before Ray does): the runtime then says in one line which one is gone and
+how it ended, kills every process of the runtime by PID and ends the command with exit 2
+(``RayRuntime._lost``); no result exists yet to be half-written. A worker node's raylet of a
+simulated cluster is not vital: Ray re-runs its tasks on the other nodes and the run
+completes; the loss is recorded (``nodes_lost``).
+
+*Ray's own lines.* The trainer's core worker writes its C++ log lines (``E ...
+core_worker.cc``, ``task_manager.cc``) to file descriptor 2, and Ray's error subscriber prints
+what the GCS publishes (a raylet's last 20 log lines when it dies, ``[state-dump]`` blocks of a
+lost node) to stdout. ``RayLog`` sends both to a file of the Ray session's log directory while
+a runtime is open: fd 2 is pointed at that file and Python's ``sys.stderr`` at a duplicate of
+the terminal, so stallbench's own lines (and tracebacks) still reach the user, and the one
+line of a lost runtime names the file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+
+def _end_of(info: Any) -> str:
+    """How a child ended, from ``os.waitid``'s answer: ``killed by SIGKILL``."""
+    if info is None:
+        return "ended"
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        try:
+            return f"killed by {signal.Signals(info.si_status).name}"
+        except ValueError:
+            return f"killed by signal {info.si_status}"
+    return f"exited with status {info.si_status}"
+
+
+def _wait_end(pid: int) -> Any:
+    """Block until child ``pid`` ends, without reaping it (Ray's own ``Popen`` still will)."""
+    while True:
+        try:
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except InterruptedError:
+            continue
+        except (ChildProcessError, OSError):
+            return None
+
+
+@dataclass
+class Vital:
+    """The processes of a runtime stallbench started, by PID: ``vital`` ones end the run when
+    they die (the GCS, the trainer node's raylet), ``nodes`` are worker nodes' raylets (a
+    node lost: Ray re-runs its tasks elsewhere and the run goes on)."""
+
+    vital: dict[int, str] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+    lost: str | None = None
+    nodes_lost: dict[int, str] = field(default_factory=dict)
+    node_ids: dict[int, str] = field(default_factory=dict)    # raylet pid -> node id (hex)
+    closing: bool = False
+
+    @classmethod
+    def of(cls, head: Any, workers: list[Any] = ()) -> "Vital":
+        """From Ray's node records (``ray._private.node.Node``): the head's GCS and raylet,
+        the worker nodes' raylets."""
+        out = cls()
+        if head is not None:
+            for info in head.all_processes.get("gcs_server") or []:
+                pid = info.process.pid
+                out.vital[pid] = f"its GCS (gcs_server, pid {pid})"
+            for info in head.all_processes.get("raylet") or []:
+                pid = info.process.pid
+                out.vital[pid] = f"the raylet of the trainer's node {_short(head)} (pid {pid})"
+        for node in workers:
+            for info in node.all_processes.get("raylet") or []:
+                pid = info.process.pid
+                out.nodes[pid] = f"its raylet, pid {pid}"
+                out.node_ids[pid] = str(node.node_id)
+        return out
+
+    def watch(self, on_lost: Callable[[str], None]) -> None:
+        """One thread per process, blocked in ``waitid`` until it ends: a vital loss calls
+        ``on_lost`` at once (Ray's core worker ends this process with exit 1 about a second
+        after its raylet dies, at the next touch of the object store, so polling is too
+        late), a node's loss is recorded."""
+        def wait(pid: int, what: str, vital: bool) -> None:
+            info = _wait_end(pid)
+            if self.closing:
+                return
+            text = f"{what}, {_end_of(info)}"
+            if info is not None and info.si_code == os.CLD_KILLED and \
+                    info.si_status in (signal.SIGINT, signal.SIGTERM):
+                time.sleep(0.3)    # a signal to the whole process group: ours comes too
+                if self.closing:
+                    return
+            if not vital:
+                self.nodes_lost[pid] = text
+                return
+            if self.lost is None:
+                self.lost = text
+                on_lost(text)
+
+        for pid, what, vital in [*((p, w, True) for p, w in self.vital.items()),
+                                 *((p, w, False) for p, w in self.nodes.items())]:
+            threading.Thread(target=wait, args=(pid, what, vital), daemon=True,
+                             name=f"stallbench-ray-vital-{pid}").start()
+
+
+def _short(node: Any) -> str:
+    try:
+        return str(node.node_id)[:8]
+    except Exception:  # noqa: BLE001 - a name for a message
+        return "?"
+
+
+class RayLog:
+    """Ray's terminal output into a file while a runtime is open (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.last_path: str | None = None     # kept after close, for a late message
+        self._saved_fd: int | None = None
+        self._saved_stderr: Any = None
+        self._patched: Any = None
+        self._file: Any = None
+
+    def open(self, directory: str) -> None:
+        if self.path is not None:
+            return
+        try:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, f"stallbench-driver-{os.getpid()}.log")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError:
+            return                       # Ray's lines then reach the terminal, as before
+        self.path = self.last_path = path
+        self._file = open(path, "a", encoding="utf-8", buffering=1)   # noqa: SIM115
+        try:
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+        self._saved_fd = os.dup(2)
+        os.dup2(fd, 2)
+        os.close(fd)
+        try:
+            real = sys.stderr.fileno() == 2
+        except Exception:  # noqa: BLE001 - a capture object (pytest): leave sys.stderr
+            real = False
+        if real:
+            self._saved_stderr = sys.stderr
+            sys.stderr = io.TextIOWrapper(os.fdopen(os.dup(self._saved_fd), "wb", buffering=0),
+                                          encoding=getattr(sys.stderr, "encoding", None)
+                                          or "utf-8", errors="backslashreplace",
+                                          line_buffering=True, write_through=True)
+        self._divert_messages()
+
+    def terminal_fd(self) -> int:
+        """Where stallbench's own lines go: the terminal's fd 2 as it was before ``open``."""
+        return self._saved_fd if self._saved_fd is not None else 2
+
+    def _divert_messages(self) -> None:
+        """Ray's error subscriber (``worker.listen_error_messages``) prints what the GCS
+        publishes to the driver through the module function ``print_to_stdstream``."""
+        try:
+            from ray._private import worker as ray_worker
+        except ImportError:
+            return
+        original = getattr(ray_worker, "print_to_stdstream", None)
+        if original is None:
+            return
+        log = self._file
+
+        def to_log(data: dict, ignore_prefix: bool = False) -> None:
+            try:
+                for line in data.get("lines", ()):
+                    log.write(f"({data.get('pid', 'ray')}) {line}\n")
+            except Exception:  # noqa: BLE001 - never a failure of the run
+                pass
+
+        self._patched = (ray_worker, original)
+        ray_worker.print_to_stdstream = to_log
+
+    def close(self) -> None:
+        """Ray's lines back to the terminal (after ``ray.shutdown``: its last lines too)."""
+        if self.path is None:
+            return
+        if self._patched is not None:
+            mod, original = self._patched
+            mod.print_to_stdstream = original
+            self._patched = None
+        if self._saved_stderr is not None:
+            try:
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001
+                pass
+            ours, sys.stderr = sys.stderr, self._saved_stderr
+            self._saved_stderr = None
+            try:
+                ours.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self._saved_fd is not None:
+            os.dup2(self._saved_fd, 2)
+            os.close(self._saved_fd)
+            self._saved_fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.path = None

@@ -1,0 +1,223 @@
+"""Class 6 of issue 26: a Ray runtime or a part of it lost mid-run, and a frozen Ray task.
+
+The rules (docs/reliability-rules.md, "A lost runtime"): a runtime stallbench started that
+loses its GCS or the trainer node's raylet ends the run at once with one line naming what was
+lost and how it ended, exit 2, no result, every process of the runtime stopped by PID, and
+Ray's own lines in a log file the line names (``executors/ray/lost.py``); a Ray worker killed
+mid-run is retried by Ray and the run completes, with none of Ray's lines on the terminal; a
+Ray task that makes no progress for ``[run] progress_timeout_s`` (a transform that never
+returns, a worker stopped with ``kill -STOP``) ends the run with the watchdog's one line,
+while a slow bulk materialisation that completes tasks is progress.
+
+Each test starts its own Ray runtime through a ``stallbench run`` subprocess and finds the
+process to kill among that subprocess's children (never the session's shared runtime).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from reliability_helpers import TINY, Watched, no_files, write
+
+CODE = '''
+import os, sys, time
+
+def _in_ray_worker():
+    return "default_worker" in (sys.argv[0] if sys.argv else "")
+
+def slow(table, **kw):
+    if _in_ray_worker():
+        open(os.environ["MARK"], "a").write("x")
+    time.sleep(float(os.environ.get("SLOW_S", "0.3")))
+    return table
+
+def hang(table, **kw):
+    if _in_ray_worker():
+        open(os.environ["MARK"], "a").write("x")
+        time.sleep(10 ** 6)
+    return table
+'''
+
+RAY = TINY.replace("rows = 4096", "rows = 8192") + """
+[executor]
+kind = "ray"
+cpus = 2
+object_store_mb = 100
+"""
+
+RAY_LINES = ("core_worker.cc", "task_manager.cc", "(raylet)", "[state-dump]", "raylet.cc")
+
+
+def _project(tmp_path: Path, fn: str, extra: str = "") -> None:
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, RAY + f'[preprocess]\ntransforms = ["usercode:{fn}"]\n' + extra)
+
+
+def _start(tmp_path: Path, env: dict, **more: str) -> tuple[Watched, Path]:
+    mark = tmp_path / "mark"
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                {**env, "MARK": str(mark), **more}, tmp_path)
+    return w, mark
+
+
+def _when_producing(w: Watched, mark: Path, name: str, timeout: float = 240,
+                    items: int = 1) -> psutil.Process:
+    """The first child of the command whose name contains ``name``, once Ray workers have
+    started the transform on ``items`` work items (the untimed warm pass before the runs
+    does 2: the cpus; ``items = 4`` is inside the measured run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and w.proc.poll() is None:
+        kids = w.children()
+        if mark.exists() and len(mark.read_text()) >= items:
+            for k in kids:
+                if name in w.seen.get(k.pid, ""):
+                    return k
+        time.sleep(0.02)
+    code, out, err = w.finish(timeout=60)
+    raise AssertionError(f"no {name} while producing (rc {code}): {err[-2000:]}")
+
+
+def _follow(w: Watched) -> tuple[int, str, str]:
+    """Wait for the command, recording every process that appears under it."""
+    while w.proc.poll() is None:
+        w.children()
+        time.sleep(0.05)
+    return w.finish(timeout=60)
+
+
+def _one_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("stallbench: error: s.toml: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("name, sig, says", [
+    ("raylet", signal.SIGKILL, "the raylet of the trainer's node"),
+    ("gcs_server", signal.SIGKILL, "its GCS (gcs_server"),
+    pytest.param("raylet", signal.SIGSEGV, "the raylet of the trainer's node",
+                 marks=pytest.mark.slow),
+])
+def test_a_lost_raylet_or_gcs_is_one_line(tmp_path: Path, env: dict, name: str,
+                                          sig: signal.Signals, says: str) -> None:
+    """Was: rc 1 and Ray's C++ lines (raylet), a 60 s hang and Ray agents left (GCS)."""
+    _project(tmp_path, "slow")
+    w, mark = _start(tmp_path, env)
+    victim = _when_producing(w, mark, name)
+    victim.send_signal(sig)
+    t0 = time.monotonic()
+    code, out, err = _follow(w)
+    took = time.monotonic() - t0
+    assert code == 2, (code, err[-3000:], out[-2000:])
+    line = _one_line(err)
+    assert says in line and f"pid {victim.pid}" in line, line
+    assert f"killed by {sig.name}" in line and "no result is written" in line, line
+    assert took < 30, took            # Ray alone: ~60 s for a lost GCS
+    log = line.split("(Ray's log: ")[1].rstrip(")")
+    assert Path(log).is_file(), log
+    for bad in RAY_LINES:
+        assert bad not in out + err, (bad, out[-2000:])
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+
+
+def test_a_killed_ray_worker_is_retried_and_the_run_completes(tmp_path: Path,
+                                                              env: dict) -> None:
+    """A producer's worker process killed mid-run: Ray re-runs its task, every row still
+    comes once, the result records the death, and none of Ray's lines reach the terminal."""
+    _project(tmp_path, "slow")
+    w, mark = _start(tmp_path, env)
+    victim = _when_producing(w, mark, "MapBatches", items=4)
+    victim.kill()
+    code, out, err = _follow(w)
+    assert code == 0, (code, err[-3000:])
+    for bad in RAY_LINES:
+        assert bad not in out + err, (bad, out[-2000:], err[-2000:])
+    [result] = list((tmp_path / "out").glob("*.json"))
+    faults = json.loads(result.read_text())["variants"][0]["repeats"][0][
+        "executor_figures"]["faults"]
+    assert faults["worker_deaths"] >= 1 and victim.pid in [
+        d["pid"] for d in faults["dead_workers"]], faults
+    [line] = [ln for ln in out.splitlines() if ln.startswith("RAY FAULTS:")]
+    assert f"pid {victim.pid}" in line and "the run completed" in line, line
+    assert w.leftovers() == []
+
+
+@pytest.mark.parametrize("how", ["hang", pytest.param("sigstop", marks=pytest.mark.slow)])
+def test_a_frozen_ray_task_ends_the_run(tmp_path: Path, env: dict, how: str) -> None:
+    """A transform that never returns in a Ray worker, or a Ray worker stopped with
+    ``kill -STOP``: the watchdog's line naming the Ray executor, exit 2, no result."""
+    _project(tmp_path, "hang" if how == "hang" else "slow", "[run]\nprogress_timeout_s = 3\n")
+    w, mark = _start(tmp_path, env)
+    if how == "sigstop":
+        victim = _when_producing(w, mark, "MapBatches", items=4)
+        victim.send_signal(signal.SIGSTOP)
+    code, out, err = _follow(w)
+    assert code == 2, (code, err[-3000:])
+    line = _one_line(err)
+    assert "run.progress_timeout_s" in line and "for 3 s" in line, line
+    assert "the ray executor was waiting on Ray Data's producer tasks" in line, line
+    assert no_files(tmp_path / "out")
+    assert w.leftovers(grace_s=10) == []
+
+
+def test_slow_bulk_materialisation_is_progress(tmp_path: Path, env: dict) -> None:
+    """A bulk epoch whose tasks take 0.3 s each takes longer than the 2 s timeout before its
+    first batch: every finished task moves the clock, so it completes."""
+    _project(tmp_path, "slow", "[run]\nprogress_timeout_s = 2\n")
+    text = (tmp_path / "s.toml").read_text().replace("batch_size = 512",
+                                                     'batch_size = 512\nexecution = "bulk"')
+    write(tmp_path, text)
+    w, mark = _start(tmp_path, env)
+    code, out, err = _follow(w)
+    assert code == 0, (code, err[-3000:])
+    data = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    ttfb = data["variants"][0]["summary"]["time_to_first_batch_s"]["median"] \
+        if "summary" in data["variants"][0] else None
+    if ttfb is not None:
+        assert ttfb > 2, ttfb       # the wait was longer than the timeout: a real instance
+    assert w.leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_lost_simulated_producer_node_completes_and_says_so(tmp_path: Path,
+                                                              env: dict) -> None:
+    """A worker node of a simulated cluster loses its raylet mid-run: Ray re-runs its tasks
+    on the other node, the run completes with its result, the loss is one ``RAY FAULTS``
+    line and ``faults.nodes_lost`` names the node; nothing of the cluster is left."""
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, RAY.replace("cpus = 2\n", "simulated_nodes = 2\ncpus_per_node = 1\n")
+          .replace("object_store_mb = 100", "object_store_mb = 80")
+          + '[preprocess]\ntransforms = ["usercode:slow"]\n')
+    w, mark = _start(tmp_path, env)
+    deadline = time.monotonic() + 240
+    victim = None
+    while victim is None and time.monotonic() < deadline and w.proc.poll() is None:
+        kids = w.children()
+        if mark.exists() and len(mark.read_text()) >= 4:
+            for k in kids:
+                try:
+                    if k.name() == "raylet" and "--head" not in k.cmdline():
+                        victim = k
+                        break
+                except psutil.Error:
+                    continue
+        time.sleep(0.02)
+    assert victim is not None, w.finish(timeout=60)[2][-2000:]
+    victim.kill()
+    code, out, err = _follow(w)
+    assert code == 0, (code, err[-3000:])
+    for bad in RAY_LINES:
+        assert bad not in out + err, (bad, out[-2000:], err[-2000:])
+    [line] = [ln for ln in out.splitlines() if ln.startswith("RAY FAULTS:")]
+    assert "lost 1 producer node(s)" in line and f"raylet, pid {victim.pid}" in line, line
+    data = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    lost = data["variants"][0]["repeats"][0]["executor_figures"]["faults"]["nodes_lost"]
+    assert len(lost) == 1 and lost[0]["node_id"], lost
+    assert w.leftovers(grace_s=10) == []

@@ -1,0 +1,212 @@
+"""Class 4 of issue 26 with trainer ranks: Flight with ranks works and leaves nothing behind,
+and a rank that stops progressing ends the run.
+
+The rules: ``kind = "flight"`` with ``[trainers] ranks = N`` starts the servers once for the
+job and every rank streams its own work items from them (``FlightExecutor.rank_options``);
+whether the run succeeds, fails, or is ended by SIGINT/SIGTERM, no ``stallbench-flight-*``
+temp dir and no server or rank process is left. ``[run] progress_timeout_s`` watches ranks
+too (``trainers.processes``: each rank publishes its last progress and what it is doing): a
+rank stuck in its set-up or waiting for its batch, or stopped with ``kill -STOP``, ends the
+run with one line naming the rank, its pid and what it waited for, exit 2, no result, no rank
+process left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from reliability_helpers import TINY, Watched, no_files, one_error_line, write
+
+EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+CODE = '''
+import os, time
+
+_calls = [0]
+
+def hang_rank1_setup(table, **kw):
+    if os.environ.get("RANK") == "1":
+        time.sleep(10 ** 6)
+    return table
+
+def hang_rank1_later(table, **kw):
+    _calls[0] += 1
+    if os.environ.get("RANK") == "1" and _calls[0] > 1:
+        time.sleep(10 ** 6)
+    return table
+
+def stop_worker_rank1(table, **kw):
+    from torch.utils.data import get_worker_info
+    import signal
+    if os.environ.get("RANK") == "1" and get_worker_info() is not None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return table
+
+def mark(table, **kw):
+    d = os.environ.get("MARK_DIR")
+    if d:
+        with open(os.path.join(d, f"rank{os.environ.get('RANK')}-{os.getpid()}"), "a") as f:
+            f.write("x")
+    return table
+
+def fail_in_server(table, **kw):
+    import sys
+    if sys.argv[0].endswith("server.py"):     # a Flight server, after its warm-up passes
+        _calls[0] += 1
+        if _calls[0] > 4:
+            raise ValueError("the server refuses")
+    return table
+'''
+
+FLIGHT = '[executor]\nkind = "flight"\nflight_local_servers = {servers}\n[trainers]\nranks = 2\n'
+
+
+@pytest.fixture
+def tmp_env(tmp_path: Path, env: dict) -> dict:
+    """Temp files of the command (Flight servers' logs) go where the test can look."""
+    (tmp_path / "tmp").mkdir()
+    return {**env, "TMPDIR": str(tmp_path / "tmp")}
+
+
+def _run(tmp_path: Path, env: dict, text: str) -> tuple[int, str, str, list[str]]:
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, text)
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    while w.proc.poll() is None:
+        w.children()
+        time.sleep(0.05)
+    code, out, err = w.finish()
+    return code, out, err, w.leftovers()
+
+
+def _clean(tmp_path: Path) -> None:
+    assert list((tmp_path / "tmp").glob("stallbench-flight-*")) == []
+
+
+@pytest.mark.parametrize("servers, extra", [
+    (1, ""),
+    (2, "flight_streams_per_server = 2\n"),
+])
+def test_flight_with_ranks_completes_exactly_once(tmp_path: Path, tmp_env: dict, servers: int,
+                                                  extra: str) -> None:
+    pytest.importorskip("pyarrow.flight")
+    code, out, err, left = _run(tmp_path, tmp_env, TINY + FLIGHT.format(servers=servers)
+                                .replace("[trainers]", extra + "[trainers]"))
+    assert code == 0, err[-3000:]
+    assert left == [] and _clean(tmp_path) is None
+    (res,) = (tmp_path / "out").glob("*.json")
+    v = json.loads(res.read_text())["variants"][0]
+    once = v["ranks"]["exactly_once"]
+    assert once["delivered_rows"] == once["expected_rows"] == 4096, once
+    assert once["duplicate_batches"] == 0 and once["dropped_batches"] == 0, once
+    assert v["ranks"]["producers_per_rank"] is False
+    # the servers were started once, by stallbench's process, and both ranks read from them
+    figs = v["repeats"][0]["executor_figures"]["ranks"]
+    assert len({tuple(f["flight"]["server_pids"]) for f in figs}) == 1
+    assert [f["flight"]["work_items"] for f in figs] == [4, 4]
+
+
+def test_flight_with_ranks_and_ablations(tmp_path: Path, tmp_env: dict) -> None:
+    """The ablation runs read the servers' caches of each rank's own row groups."""
+    pytest.importorskip("pyarrow.flight")
+    code, out, err, left = _run(tmp_path, tmp_env, TINY.replace(
+        "differential = false", "differential = true") + FLIGHT.format(servers=2))
+    assert code == 0, err[-3000:]
+    assert left == [] and _clean(tmp_path) is None
+    assert "stall attribution" in out
+
+
+def test_a_failing_flight_rank_leaves_nothing(tmp_path: Path, tmp_env: dict) -> None:
+    pytest.importorskip("pyarrow.flight")
+    code, out, err, left = _run(tmp_path, tmp_env, TINY + FLIGHT.format(servers=1)
+                                + '[preprocess]\ntransforms = ["usercode:fail_in_server"]\n')
+    one_error_line(type("R", (), {"returncode": code, "stderr": err})(), "the server refuses")
+    assert left == [] and _clean(tmp_path) is None
+    assert no_files(tmp_path / "out")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_flight_ranks_leaves_nothing(tmp_path: Path, tmp_env: dict,
+                                                     sig: int) -> None:
+    pytest.importorskip("pyarrow.flight")
+    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 1000") + FLIGHT.format(servers=1))
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], tmp_env, tmp_path)
+    # the server and both ranks exist (set-up or the run: 4 steps of 1 s; either way the
+    # signal must leave nothing)
+    assert w.wait_for(lambda kids: len(kids) >= 3, timeout=180)
+    time.sleep(3)
+    assert w.proc.poll() is None, "the run ended before the signal: nothing was tested"
+    w.proc.send_signal(sig)
+    rc, _, err = w.finish()
+    assert rc == EXIT[sig], (rc, err[-3000:])
+    assert f"interrupted by {signal.Signals(sig).name}" in err.splitlines()[-1], err[-2000:]
+    assert w.leftovers() == []
+    _clean(tmp_path)
+    assert no_files(tmp_path / "out")
+
+
+def _safe(procs: list) -> list:
+    out = []
+    for p in procs:
+        try:
+            p.cmdline()
+            out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("fn, says, base", [
+    ("hang_rank1_setup", "trainer rank 1 (pid ", TINY),
+    ("hang_rank1_later", "for trainer rank 1 (pid ", TINY),
+    ("stop_worker_rank1", "loader worker(s) (pids ",
+     TINY.replace("batch_size = 512", "batch_size = 512\nnum_workers = 1")),
+])
+def test_a_stuck_rank_ends_the_run(tmp_path: Path, env: dict, fn: str, says: str,
+                                   base: str) -> None:
+    code, out, err, left = _run(tmp_path, env, base + "[trainers]\nranks = 2\n"
+                                f'[preprocess]\ntransforms = ["usercode:{fn}"]\n'
+                                "[run]\nprogress_timeout_s = 2\n")
+    line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                          "s.toml: run.progress_timeout_s:", says, "no result written")
+    assert "rank 0 " not in line, line
+    assert no_files(tmp_path / "out")
+    assert left == []
+
+
+def test_a_stopped_rank_ends_the_run(tmp_path: Path, env: dict) -> None:
+    """``kill -STOP`` of rank 1 mid-run: rank 0 waits in the all-reduce (not blamed), and the
+    launcher names rank 1 as stopped."""
+    (tmp_path / "usercode.py").write_text(CODE)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    write(tmp_path, TINY.replace("step_ms = 1", "step_ms = 1000")
+          + '[trainers]\nranks = 2\n[preprocess]\ntransforms = ["usercode:mark"]\n'
+          + "[run]\nprogress_timeout_s = 2\n")
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                {**env, "MARK_DIR": str(marks)}, tmp_path)
+    # rank 1 has done its warm-up row group and produced its first measured one: 3 steps
+    # of 1 s are still to come when it is stopped
+    assert w.wait_for(lambda kids: any(m.read_text() == "xx" for m in marks.glob("rank1-*")),
+                      timeout=180), "rank 1 never started its run"
+    (m,) = marks.glob("rank1-*")
+    rank1 = int(m.name.split("-")[1])
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        code, out, err = w.finish(timeout=120)
+    finally:
+        try:
+            os.kill(rank1, signal.SIGCONT)
+        except OSError:
+            pass
+    line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                          "s.toml: run.progress_timeout_s:", f"(pid {rank1}) is stopped")
+    assert "trainer rank 1" in line, line
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
