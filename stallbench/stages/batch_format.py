@@ -320,6 +320,7 @@ _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.fl
                                    "int32": torch.int32, "int64": torch.int64,
                                    "uint8": torch.uint8}
 _ITEMSIZE = {name: torch.empty(0, dtype=dt).element_size() for name, dt in _DTYPES.items()}
+_DTYPE_NAME = {np.dtype(name): name for name in _DTYPES}   # np.dtype -> its name, looked up
 _FIELDS = COLLATED
 
 
@@ -346,14 +347,18 @@ def allocate(fields: Iterable[tuple[str, Any, tuple[int, ...]]], batch_id: str,
       ``PooledBuffer`` reference. Falls back to fresh memory (shared or not, as the allocator
       says) when no slot is free.
     """
-    entries, offset = [], 0
+    entries, places, offset = [], [], 0
     for name, dtype, shape in fields:
-        dt = np.dtype(dtype)
-        if dt.name not in _DTYPES:
-            raise ValueError(f"single buffer cannot hold dtype {dt.name} (field {name!r})")
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        dt_name = _DTYPE_NAME.get(dt)      # a dict, not ``dt.name``: that property is slow
+        if dt_name is None:
+            raise ValueError(f"single buffer cannot hold dtype {np.dtype(dt).name} "
+                             f"(field {name!r})")
+        shape = [int(s) for s in shape]
         nb = int(math.prod(shape)) * dt.itemsize
-        entries.append({"name": name, "dtype": dt.name, "shape": [int(s) for s in shape],
-                        "offset": offset, "nbytes": nb})
+        entries.append({"name": name, "dtype": dt_name, "shape": shape, "offset": offset,
+                        "nbytes": nb})
+        places.append((name, dt, shape, offset, nb))
         offset += _aligned(nb)
     header = json.dumps({"batch": batch_id, "fields": entries, "data_bytes": offset},
                         separators=(",", ":")).encode()
@@ -377,9 +382,9 @@ def allocate(fields: Iterable[tuple[str, Any, tuple[int, ...]]], batch_id: str,
     raw[8:8 + len(header)] = np.frombuffer(header, dtype=np.uint8)
     raw[8 + len(header):start] = 0
     views = {}
-    for e in entries:
-        lo = start + e["offset"]
-        views[e["name"]] = raw[lo:lo + e["nbytes"]].view(e["dtype"]).reshape(e["shape"])
+    for name, dt, shape, off, nb in places:
+        lo = start + off
+        views[name] = raw[lo:lo + nb].view(dt).reshape(shape)
     return handle, views
 
 
