@@ -71,7 +71,8 @@ def _reference(plan: Plan) -> Counter[int]:
     return out
 
 
-@pytest.mark.parametrize("ranks,concurrency", [(2, 1), (3, 2)])
+@pytest.mark.parametrize("ranks,concurrency", [pytest.param(2, 1, marks=pytest.mark.slow),
+                                               (3, 2)])   # CI time: 3 ranks covers 2
 def test_every_row_once_across_ranks_except_what_equal_drops(ray_session: Any, cache: Path,
                                                              ranks: int,
                                                              concurrency: int) -> None:

@@ -149,7 +149,8 @@ def _job_pids(root: int) -> list[int]:
         return []
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig, code", [pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
+                                       (signal.SIGTERM, 143)])   # CI time: one signal in CI
 def test_signal_stops_the_job_and_writes_nothing(tmp_path: Path, sig: int, code: int) -> None:
     out = tmp_path / "out"
     p = subprocess.Popen([PY, "-m", "stallbench", "profile", "--out", str(out), "--", PY,

@@ -108,8 +108,10 @@ def test_signal_mid_epoch(tmp_path: Path, env: dict, sig: int) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("sig, when", [(signal.SIGTERM, "gcs_server"), (signal.SIGTERM, "raylet"),
-                                       (signal.SIGINT, "raylet")])
+@pytest.mark.parametrize("sig, when", [  # CI time: one instance in CI, the others with test-all
+    pytest.param(signal.SIGTERM, "gcs_server", marks=pytest.mark.slow),
+    (signal.SIGTERM, "raylet"),
+    pytest.param(signal.SIGINT, "raylet", marks=pytest.mark.slow)])
 def test_signal_during_ray_start_up(tmp_path: Path, env: dict, sig: int, when: str) -> None:
     """Used to end in rc 15, 1 or -6 (Ray's C++ handler: a stack dump) and leave Ray agents."""
     pytest.importorskip("ray")

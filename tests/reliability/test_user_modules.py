@@ -53,7 +53,7 @@ def _script() -> str:
     return str(exe)
 
 
-@pytest.mark.parametrize("entry", ["-m", "script"])
+@pytest.mark.parametrize("entry", [pytest.param("-m", marks=pytest.mark.slow), "script"])
 def test_no_command_executes_a_probed_name_in_the_working_directory(
         tmp_path: Path, marked: tuple[Path, dict], entry: str) -> None:
     mark, env = marked

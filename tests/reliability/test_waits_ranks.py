@@ -90,7 +90,7 @@ def _clean(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("servers, extra", [
-    (1, ""),
+    pytest.param(1, "", marks=pytest.mark.slow),   # CI time: the 2-server case covers 1 too
     (2, "flight_streams_per_server = 2\n"),
 ])
 def test_flight_with_ranks_completes_exactly_once(tmp_path: Path, tmp_env: dict, servers: int,
@@ -131,7 +131,8 @@ def test_a_failing_flight_rank_leaves_nothing(tmp_path: Path, tmp_env: dict) -> 
     assert no_files(tmp_path / "out")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])   # CI time: SIGINT's path is SIGTERM's
 def test_a_signal_during_flight_ranks_leaves_nothing(tmp_path: Path, tmp_env: dict,
                                                      sig: int) -> None:
     pytest.importorskip("pyarrow.flight")
