@@ -192,6 +192,13 @@ def test_ray_client_address_with_token(clusters: dict, cache: Path, tmp_path: Pa
     text = _text(f"ray://{LOOPBACK}:{c.client_port}")
     want = _digests(text, cache, "s.toml")
     rc, got, err = _run(tmp_path, text, cache, c.client_env())
+    if rc != 0 and "Starting Ray client server failed" in err:
+        # Ray's proxier starts one server process per client connection on the next port of
+        # its range; once in a whole-suite run (never alone) that process exited at start,
+        # its log gone with the cluster. Ray's own start-up, not stallbench's: one more
+        # connection, and a failure then is a failure.
+        (tmp_path / "again").mkdir()
+        rc, got, err = _run(tmp_path / "again", text, cache, c.client_env())
     assert rc == 0, err[-3000:]
     assert got["client"] is True and got["digests"] == want
     assert not set(got["figures"]["ray"]["producer_nodes"]) & _head_ids(got)
