@@ -273,12 +273,20 @@ def test_fetch_ahead_runs_at_most_its_depth_ahead(cache: Path, depth: int) -> No
     been fetched (the thread waits for room before each fetch)."""
     plan, ex = _setup(cache, f"fetch_ahead = {depth}\n", CountingPlan)
     object.__setattr__(plan, "log", [])
+    def fetched() -> int:
+        return max((i for k, i in plan.log if k == "fetch"), default=-1)
+
     ahead = []
     with ex:
         for out in ex.run(plan):
-            time.sleep(0.02)    # a slow consumer: the thread fills all the room it has
-            fetched = max((i for k, i in plan.log if k == "fetch"), default=-1)
-            ahead.append(fetched - out.item)
+            # a slow consumer: wait (on any machine's speed) until the thread has filled the
+            # room it has, then a little longer, in which it must not run further
+            room = min(depth, len(plan.items) - 1 - out.item)
+            deadline = time.monotonic() + 60
+            while fetched() - out.item < room and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.01)
+            ahead.append(fetched() - out.item)
     assert max(ahead) == min(depth, len(plan.items) - 1)
     assert all(a <= depth for a in ahead)
 
