@@ -61,26 +61,29 @@ def _measured(v: Any, s: Any) -> tuple[float, float, float] | None:
     return mid, ratios[0], ratios[-1]
 
 
+def verdict(v: Any, r: Any) -> Any:
+    """``v``'s recommendation as the runner makes it from ``r``'s variants, with the what-if,
+    its back-test and the other models fitted afresh on them (a result saved before a change
+    of the back-test carries the old one)."""
+    seen = dataclasses.replace(r)
+    wi = whatif.validate(seen)
+    seen.analysis = dataclasses.replace(r.analysis, whatif=wi)
+    return advice.recommend(v, r.machine, r.variants, wi.backtest if wi else None,
+                            advice.model_for(v, wi), advice.alternatives_for(v, seen))
+
+
 def cases(r: Any) -> list[list[str]]:
-    bt = r.analysis.whatif.backtest if r.analysis.whatif is not None else None
     rows = []
     for v in r.variants:
-        full = advice.recommend(v, r.machine, r.variants, bt,
-                                advice.model_for(v, r.analysis.whatif),
-                                advice.alternatives_for(v, r))
+        full = verdict(v, r)
         if full is None or not full.knob:
             continue
         for hidden in r.variants:
             if hidden is v:
                 continue
-            rest = [x for x in r.variants if x is not hidden]
-            # the verdict as the runner gives it on a run that never measured the hidden
-            # count: the what-if, its back-test and the other models all fitted without it
-            seen = dataclasses.replace(r, variants=rest)
-            wi = whatif.validate(seen)
-            seen.analysis = dataclasses.replace(r.analysis, whatif=wi)
-            rec = advice.recommend(v, r.machine, rest, wi.backtest if wi else None,
-                                   advice.model_for(v, wi), advice.alternatives_for(v, seen))
+            # the verdict on a run that never measured the hidden count
+            rec = verdict(v, dataclasses.replace(r, variants=[x for x in r.variants
+                                                              if x is not hidden]))
             if rec is None or rec.knob is None or rec.value is None:
                 continue
             s = advice._sibling(v, r.variants, rec.knob, rec.value)
@@ -107,12 +110,9 @@ def cases(r: Any) -> list[list[str]]:
 def printed(r: Any) -> list[list[str]]:
     """The verdicts the run itself prints (every variant, nothing hidden): how each gain is
     given (measured, predicted, an upper bound, not predicted)."""
-    bt = r.analysis.whatif.backtest if r.analysis.whatif is not None else None
     rows = []
     for v in r.variants:
-        rec = advice.recommend(v, r.machine, r.variants, bt,
-                               advice.model_for(v, r.analysis.whatif),
-                               advice.alternatives_for(v, r))
+        rec = verdict(v, r)
         if rec is None:
             continue
         how = ("not predicted" if rec.not_predicted else
