@@ -208,7 +208,8 @@ def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
 
 
 @pytest.mark.parametrize("answer", [b"[]", b"42", b'{"v": 1, "variants": []}',
-                                    b'{"variants": {"k": {"shards": "x", "rows": 1}}}'])
+                                    b'{"variants": {"k": {"shards": "x", "rows": 1}}}',
+                                    b"not json", b"\xff\xfe"])
 def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
                                                   answer: bytes) -> None:
     flight = pytest.importorskip("pyarrow.flight")
@@ -225,6 +226,8 @@ def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
         write(tmp_path, TINY + f'[executor]\nkind = "flight"\n'
               f'flight_servers = ["grpc://127.0.0.1:{srv.port}"]\n')
         r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
-        one_error_line(r, "s.toml", "executor.flight_servers[0]", "not a stallbench Flight server")
+        line = one_error_line(r, "s.toml", "executor.flight_servers[0]",
+                              "not a stallbench Flight server")
+        assert "no Flight server answers" not in line, line   # it did answer (non-JSON: was)
     finally:
         srv.shutdown()

@@ -218,18 +218,26 @@ class FlightExecutor(Executor):
         opts = flight.FlightCallOptions(timeout=self.spec.connect_timeout_s)
         try:
             res = list(client.do_action(flight.Action("ping", b""), options=opts))
-            info = json.loads(res[0].body.to_pybytes())
-        except (flight.FlightError, IndexError, ValueError, OSError) as exc:
+        except (flight.FlightError, OSError) as exc:
             self.stop()
             raise ScenarioError(self.scenario_file, self._where(i),
                                 f"no Flight server answers at {loc} within "
                                 f"{self.spec.connect_timeout_s:g} s ({_short(exc)}); start one "
                                 f"with: stallbench serve SCENARIO.toml --port PORT") from None
+        # A server answered: what it said is data to check, never "no server answers" (a
+        # foreign Flight service answering nothing or non-JSON is not a stallbench server).
+        body = res[0].body.to_pybytes() if res else b""
+        try:
+            info = json.loads(body)
+        except ValueError:
+            info = _NOT_JSON
         if not _is_ping_answer(info):     # e.g. another Flight service answering "[]"
             self.stop()
+            said = (f"{_short(repr(info), 80)}" if info is not _NOT_JSON
+                    else f"{_short(repr(body[:80]), 80)} (not JSON)" if res else "nothing")
             raise ScenarioError(self.scenario_file, self._where(i),
                                 f"the Flight server at {loc} answered the ping with "
-                                f"{_short(repr(info), 80)}: not a stallbench Flight server")
+                                f"{said}: not a stallbench Flight server")
         if info.get("v") != protocol.VERSION:
             self.stop()
             raise ScenarioError(self.scenario_file, self._where(i),
@@ -529,6 +537,9 @@ def _short(exc: BaseException, n: int = 200) -> str:
     # to the server's own message: the message says it, the traceback stays on the server
     text = " ".join(str(exc).split(". Detail: Python exception")[0].split())
     return cut(text, n)
+
+
+_NOT_JSON = object()   # a ping answer that did not parse
 
 
 def _is_ping_answer(info: Any) -> bool:
