@@ -221,3 +221,39 @@ def test_a_lost_simulated_producer_node_completes_and_says_so(tmp_path: Path,
     lost = data["variants"][0]["repeats"][0]["executor_figures"]["faults"]["nodes_lost"]
     assert len(lost) == 1 and lost[0]["node_id"], lost
     assert w.leftovers(grace_s=10) == []
+
+
+def test_ray_messages_before_the_log_opens_stay_off_the_terminal(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture
+                                                                 ) -> None:
+    """Ray's error subscriber starts inside ``ray.init``; the session's log file is known only
+    after it. A raylet lost in between had its last 20 log lines printed on stdout (seen in a
+    re-run: ``kill -9`` of the raylet while Ray Data was being imported). What Ray hands its
+    printer (``print_to_stdstream``, the function its subscriber calls) from ``divert`` on is
+    kept and lands in the log file when it opens; ``close`` gives Ray its printer back."""
+    from ray._private import worker as ray_worker
+
+    from stallbench.executors.ray.lost import RayLog
+
+    original = ray_worker.print_to_stdstream
+    log = RayLog()
+    log.divert()
+    try:
+        ray_worker.print_to_stdstream({"lines": ["Raylet is terminated. early"], "pid": "raylet",
+                                       "is_err": False}, ignore_prefix=False)
+        log.open(str(tmp_path))
+        ray_worker.print_to_stdstream({"lines": ["later"], "pid": "raylet", "is_err": False},
+                                      ignore_prefix=False)
+        path = log.path
+    finally:
+        log.close()
+    assert ray_worker.print_to_stdstream is original
+    out = capsys.readouterr()
+    assert "Raylet" not in out.out + out.err and "later" not in out.out + out.err, out
+    text = Path(path).read_text()
+    assert "(raylet) Raylet is terminated. early\n" in text and "(raylet) later\n" in text, text
+    # Diverted but never opened (the runtime did not come up): Ray's printer is given back.
+    log2 = RayLog()
+    log2.divert()
+    log2.close()
+    assert ray_worker.print_to_stdstream is original

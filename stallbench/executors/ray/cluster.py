@@ -200,6 +200,7 @@ class RayRuntime:
         if not self._atexit:
             atexit.register(self.close)
             self._atexit = True
+        self.log.divert()                 # Ray's messages from its first moment on (RayLog)
         with interrupts.foreign_handlers(), _start_failure(self.file):
             if spec.ray_address:
                 self.mode = "address"

@@ -136,6 +136,7 @@ class RayLog:
         self._saved_stderr: Any = None
         self._patched: Any = None
         self._file: Any = None
+        self._early: list[str] = []       # Ray's messages before the log file exists
 
     def open(self, directory: str) -> None:
         if self.path is not None:
@@ -166,6 +167,16 @@ class RayLog:
                                           or "utf-8", errors="backslashreplace",
                                           line_buffering=True, write_through=True)
         self._divert_messages()
+        if self._early:
+            self._file.write("".join(self._early))
+            self._early = []
+
+    def divert(self) -> None:
+        """Before ``ray.init``: what the GCS publishes to the driver from the moment Ray's
+        error subscriber starts is kept (in memory until ``open`` names the session's log
+        file). The file exists only once the runtime is up, and a raylet lost in between
+        (while Ray Data is imported, say) had its last 20 log lines printed on stdout."""
+        self._divert_messages()
 
     def terminal_fd(self) -> int:
         """Where stallbench's own lines go: the terminal's fd 2 as it was before ``open``."""
@@ -178,29 +189,39 @@ class RayLog:
             from ray._private import worker as ray_worker
         except ImportError:
             return
+        if self._patched is not None:
+            return                       # diverted already (``divert``), to self._file now
         original = getattr(ray_worker, "print_to_stdstream", None)
         if original is None:
             return
-        log = self._file
 
         def to_log(data: dict, ignore_prefix: bool = False) -> None:
             try:
-                for line in data.get("lines", ()):
-                    log.write(f"({data.get('pid', 'ray')}) {line}\n")
+                text = "".join(f"({data.get('pid', 'ray')}) {line}\n"
+                               for line in data.get("lines", ()))
+                if self._file is not None:
+                    self._file.write(text)
+                else:
+                    self._early.append(text)
             except Exception:  # noqa: BLE001 - never a failure of the run
                 pass
 
         self._patched = (ray_worker, original)
         ray_worker.print_to_stdstream = to_log
 
-    def close(self) -> None:
-        """Ray's lines back to the terminal (after ``ray.shutdown``: its last lines too)."""
-        if self.path is None:
-            return
+    def _restore_messages(self) -> None:
         if self._patched is not None:
             mod, original = self._patched
             mod.print_to_stdstream = original
             self._patched = None
+
+    def close(self) -> None:
+        """Ray's lines back to the terminal (after ``ray.shutdown``: its last lines too)."""
+        if self.path is None:
+            self._restore_messages()     # diverted, but the runtime never came up
+            self._early = []
+            return
+        self._restore_messages()
         if self._saved_stderr is not None:
             try:
                 sys.stderr.flush()
