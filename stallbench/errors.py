@@ -88,6 +88,33 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {cut(text[0], MESSAGE_CHARS)}"
 
 
+# Characters that never reach a sink as themselves: ``outputs.one_line`` shows them as escapes,
+# and names that every verb prints (scenario and variant names, in scenarios and in results)
+# refuse them. Unicode categories: controls (newline, ESC), format characters (bidi
+# overrides), line/paragraph separators, surrogates, private use, unassigned.
+CONTROL_CATEGORIES = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")
+
+
+def is_control(c: str) -> bool:
+    import unicodedata
+
+    return not (c.isprintable() or c == " ") and unicodedata.category(c) in CONTROL_CATEGORIES
+
+
+def has_control(text: str) -> bool:
+    """True when ``text`` holds a character ``is_control`` names (one_line would change it)."""
+    return not text.isprintable() and any(is_control(c) for c in text)
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each ``is_control`` character shown as its ``\\xNN``/``\\uNNNN`` escape
+    (``outputs.one_line``; names read from results, which every verb prints)."""
+    if text.isprintable():
+        return text
+    return "".join(c.encode("unicode_escape").decode("ascii") if is_control(c) else c
+                   for c in text)
+
+
 def cut(text: str, chars: int) -> str:
     """``text``, or its first ``chars`` characters saying that the rest was cut."""
     if len(text) <= chars:

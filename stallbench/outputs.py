@@ -211,20 +211,9 @@ def write_file(path: str | Path, payload: str, kind: Kind, flag: str) -> Path:
 def one_line(text: object) -> str:
     """``text`` on one printable line: control and line-separator characters (newlines, ESC,
     bidi overrides) shown as ``\\xNN``/``\\uNNNN`` escapes, so what was written is still seen."""
-    import unicodedata
+    from .errors import escape_controls
 
-    s = str(text)
-    if s.isprintable():
-        return s
-    out = []
-    for c in s:
-        if c.isprintable() or (c == " "):
-            out.append(c)
-        elif unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"):
-            out.append(c.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(c)
-    return "".join(out)
+    return escape_controls(str(text))
 
 
 def markdown_cell(text: object) -> str:

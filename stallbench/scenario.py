@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ScenarioError
+from .errors import ScenarioError, has_control
 from .registry import did_you_mean
 
 
@@ -676,6 +676,10 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     if len(name) > MAX_NAME:
         raise ScenarioError(file, "name", f"expected at most {MAX_NAME} characters (it names the "
                                           f"result file), got {len(name)}")
+    if has_control(name):
+        raise ScenarioError(file, "name", f"expected printable text (no newline or other control "
+                                          f"character: it is printed and names a file), got "
+                                          f"{_show(name)}")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(file, "description", f"expected a string, got {_show(description)}")
@@ -720,6 +724,10 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     for v in variants:
         if v.name in seen:
             raise ScenarioError(file, "matrix", f"duplicate variant {v.name!r}: repeated values")
+        if has_control(v.name):    # a label or value with a newline: a line of its own
+            raise ScenarioError(file, "matrix", f"variant {_show(v.name)}: expected printable "
+                                                f"labels and values (no newline or other control "
+                                                f"character: variant names are printed)")
         seen.add(v.name)
     return Scenario(
         name=name, description=description, path=file, text=text,

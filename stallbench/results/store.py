@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import interrupts
-from ..errors import ResultError, UserError
+from ..errors import ResultError, UserError, escape_controls
 from . import codec, migrate
 from .schema import SCHEMA_VERSION, SUPPORTED_VERSIONS, Result, TuneResult
 
@@ -37,8 +37,13 @@ def from_dict(d: Any, source: str = "<result>") -> Result:
                           f"got {version!r}")
     d = migrate.to_current(d, version, SCHEMA_VERSION, source)
     result = codec.from_json(Result, d, source + ":")
+    # Names are printed by every verb (terminal, markdown, CI annotations, plots): a newline
+    # in one would start a line of its own (a GitHub "::error" command). Read from a file,
+    # they are shown with such characters escaped, everywhere alike (scenarios refuse them).
+    result.scenario.name = escape_controls(result.scenario.name)
     seen: set[str] = set()
     for i, v in enumerate(result.variants):
+        v.name = escape_controls(v.name)
         if v.name in seen:        # the gate and report key variants by name: one would win
             raise ResultError(f"{source}: variants[{i}].name: {v.name!r} appears twice; "
                               f"variant names are unique")

@@ -158,6 +158,41 @@ def test_a_variant_name_never_makes_its_own_output_line(tmp_path: Path, env: dic
         assert "\x1b" not in line and "\u202e" not in line, repr(line)
 
 
+@pytest.mark.parametrize("command", ["whatif", "history"])
+def test_names_from_results_are_escaped_in_every_verb(tmp_path: Path, env: dict,
+                                                      command: str) -> None:
+    """The gate escaped names; ``whatif`` and ``history`` printed them raw (a re-run found
+    ``::error title=x::pwned`` at the start of their stdout lines). Names are escaped once,
+    where results are read (``results/store.from_dict``)."""
+    def rename(d: dict[str, Any]) -> None:
+        d["scenario"]["name"] = "s\n::error::scenario"
+        for v, name in zip(d["variants"], NASTY):
+            v["name"] = name
+    f = _write(tmp_path, rename, "r.json")
+    r = sb([command, f], env, tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "x\\n::error title=injected::boom" in r.stdout, r.stdout[-2000:]
+    for line in (r.stdout + r.stderr).splitlines():
+        assert not line.startswith("::"), line
+        assert "\x1b" not in line and "\u202e" not in line, repr(line)
+
+
+@pytest.mark.parametrize("text, key", [
+    ('name = "t\\n::error::x"', "name"),
+    ('name = "t\\u001b[2J"', "name"),
+    ('name = "t"\n[matrix]\nloader = [{label = "a\\n::error::x", batch_size = 8}, '
+     '{label = "b", batch_size = 16}]', "matrix"),
+    ('name = "t"\n[matrix]\n"dataset.path" = ["d\\r\\n::warning::w.parquet"]', "matrix"),
+])
+def test_scenario_names_and_labels_are_printable(tmp_path: Path, env: dict, text: str,
+                                                 key: str) -> None:
+    """``run`` printed a label's newline as is (its variant line started ``::error``)."""
+    (tmp_path / "s.toml").write_text(text + "\n")
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
+    one_error_line(r, "s.toml", key, "printable")
+    assert not (tmp_path / "out").exists()
+
+
 def test_report_renders_labels_as_text(tmp_path: Path, env: dict) -> None:
     def rename(d: dict[str, Any]) -> None:
         for v, name in zip(d["variants"], NASTY[3:]):
