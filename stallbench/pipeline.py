@@ -162,11 +162,13 @@ class Plan:
         return Fetched(item, table, time.perf_counter() - w0, cpu() - c0, io_wait, stored)
 
     def produce(self, item: int, shared: bool | SlotAllocator = False,
-                fetched: "Fetched | None" = None) -> ShardOutput:
+                fetched: "Fetched | None" = None, local: bool = False) -> ShardOutput:
         """Fetch, preprocess and encode one work item. ``shared``: the payloads will cross to
         another process (True: fresh shared memory where the format can use it; a
-        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``). ``fetched``:
-        the item's fetch, already done (by a fetch-ahead thread)."""
+        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``, or the
+        trainer's own with 0 workers). ``fetched``: the item's fetch, already done (by a
+        fetch-ahead thread). ``local``: the payloads stay in this process (0 loader
+        workers), so a format may hand over finished tensors (``Transfer.send_table``)."""
         shard = self.items[item]
         t = StageTimes(worker=os.getpid())
         a, c = self.ablation, self.caches
@@ -187,7 +189,8 @@ class Plan:
         n_batches = ceil_div(table.num_rows, self.config.loader.batch_size)
         payloads = None
         if not a.transfer:
-            payloads = self.transfer.send_table(table, str(shard.index), shared)
+            payloads = self.transfer.send_table(table, str(shard.index), shared,
+                                                  local=local)
             t.raw_bytes = sum(p.raw_bytes for p in payloads)
             t.wire_bytes = sum(p.wire_bytes for p in payloads)
             for p in payloads:

@@ -270,7 +270,7 @@ def solo_probe(plan: Plan) -> TrainerSolo | None:
     memory throughout). Median over items: the first one pays one-off warm-up."""
     per_row, per_item = [], []
     for i in range(min(SOLO_ITEMS, len(plan.items))):
-        out = plan.produce(i, shared=False)
+        out = plan.produce(i, shared=False, local=True)   # as 0 workers run it
         t = out.times
         work = t.fetch_s + t.preprocess_s + t.transfer_s
         if out.rows:
