@@ -14,6 +14,11 @@ Id conventions (documented because they change which ids collide):
   * strings -> a stable 63-bit hash of their UTF-8 bytes (defined in this file, identical in
     every process and version; never Python's ``hash()``), computed once per distinct value;
   * null sequences -> empty lists; null items -> 0.
+
+Finding a negative id takes a pass over every id of every row group; where the file's Parquet
+statistics already say an INT64 id column's minimum is >= 0 (pyarrow and most writers store
+them), that row group's column is trusted and not read, as query engines trust them to skip
+row groups. Normalizing an already canonical table touches only what changes (no rebuild).
 """
 
 from __future__ import annotations

@@ -919,8 +919,12 @@ class JaggedFormat(SingleBufferFormat):
     it is most of a producer's collation. Dense and id features are stored feature-major as
     Arrow holds them (one copy per column, no transposition; the trainer's ``dense`` and
     ``sparse`` are (B, D) / (B, S) views with strides (1, B)), so packing a batch costs about
-    one ``memcpy`` of its bytes. ``collate = "trainer"`` hands over the uncollated columns as
-    ``single_buffer`` does and the trainer builds the jagged arrays."""
+    one ``memcpy`` of its bytes: the one copy the batch dict's layout needs (``dense`` is one
+    tensor, Arrow holds one buffer per column; ``seq_values`` joins the sequence columns).
+    With 0 loader workers the batch stays in the trainer's process and is handed over as
+    those tensors (``encode_table(local=True)``, a ``LocalBatch``): no header is written and
+    the trainer decodes and re-checks nothing. ``collate = "trainer"`` hands over the
+    uncollated columns as ``single_buffer`` does and the trainer builds the jagged arrays."""
 
     name = "jagged"
     pads_sequences = False
