@@ -429,11 +429,14 @@ def allocate_local(fields: Iterable[tuple[str, np.dtype, tuple[int, ...]]],
     pooled = base is not None
     if base is None:
         base = torch.empty(total, dtype=torch.uint8)
-    raw = base.numpy()
+    raw = base.numpy()      # its ``base`` is the tensor, which holds the slot's memory
     views, out = {}, {}
     for name, dt, shape, off, nb in places:
-        views[name] = raw[off:off + nb].view(dt).reshape(shape)
-        out[name] = base[off:off + nb].view(_DTYPES[_DTYPE_NAME[dt]]).view(shape)
+        # One ``from_numpy`` per field (3x cheaper than slicing and viewing the tensor); the
+        # tensor keeps the numpy view, the view ``raw``, ``raw`` the buffer tensor, and so
+        # the slot stays taken while any of the batch's tensors lives.
+        v = views[name] = raw[off:off + nb].view(dt).reshape(shape)
+        out[name] = torch.from_numpy(v)
     return views, out, total, pooled
 
 
