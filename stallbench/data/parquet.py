@@ -453,9 +453,15 @@ def _normalize_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str,
         else:
             convert = _to_id_lists
         try:
-            chunks = col.chunks
-            out = [convert(c, name in nonneg) for c in chunks]
-            if all(a is b for a, b in zip(out, chunks)):
+            if col.num_chunks == 1:         # what a row group read gives: no list to build
+                c = col.chunk(0)
+                o = convert(c, name in nonneg)
+                same, out = o is c, [o]
+            else:
+                chunks = col.chunks
+                out = [convert(c, name in nonneg) for c in chunks]
+                same = all(a is b for a, b in zip(out, chunks))
+            if same:
                 arrays.append(col)
             else:
                 col = pa.chunked_array(out, type=_OUT_TYPE[convert])
