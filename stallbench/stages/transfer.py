@@ -59,7 +59,9 @@ class Payload:
     compressed: bool
     wire_bytes: int      # bytes handed over (compressed size when compressed)
     raw_bytes: int       # bytes of the encoded batch before compression
-    final: bool = False  # data is already the trainer's TensorBatch (e.g. Ray's iter_torch_batches)
+    # ``data`` is already the trainer's TensorBatch (Ray's iter_torch_batches; with 0 loader
+    # workers, a ``LocalBatch``'s tensors): nothing to decode.
+    final: bool = False
     sequences: SequenceCounts | None = None   # what padding cut (formats that pad sequences)
     # The batch format that encoded ``data`` when it is not the loader's (an executor whose
     # wire has a format of its own: Flight streams ``arrow`` record batches).
