@@ -353,13 +353,15 @@ class RayExecutor(Executor):
             return None
         return self._waiting_for
 
-    def _waiting_for(self) -> str:
+    def _waiting_for(self, exclude: Any = ()) -> str:
+        """``exclude``: pids of Ray workers that are not producers (Ray ranks' actors)."""
         r = self._run
         pool = (f"an actor pool of {self._pool}" if self.spec.ray_pool == "actors"
                 else f"a task pool of {self._pool}")
         got = (f"; {r.blocks} of {r.items} work item(s) delivered" if r is not None and r.items
                else "")
-        pids = self.runtime.worker_pids() if self.runtime.mode in ("local", "simulated") else []
+        pids = ([p for p in self.runtime.worker_pids() if p not in set(exclude)]
+                if self.runtime.mode in ("local", "simulated") else [])
         shown = ", ".join(str(p) for p in sorted(pids)[:8]) + (", ..." if len(pids) > 8 else "")
         return (f"Ray Data's producer tasks ({self.spec.ray_mode} mode, {pool}"
                 f"{', Ray worker pids ' + shown if pids else ''}{got})")
@@ -686,6 +688,10 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
 
 
 _PROGRESS: list[Any] = []
+# A dataset's DataContext key: (file, slot, count, owner pid) of the ranks' progress slots
+# (``ranks``), so an execution in another process of this node (the split coordinator of
+# data-parallel ranks) publishes its producers' progress where the rank launcher reads it.
+PROGRESS_KEY = "stallbench.progress_slots"
 
 
 def _progress_callback() -> Any:
@@ -701,13 +707,18 @@ def _progress_callback() -> Any:
     except ImportError:
         _PROGRESS.append(None)
         return None
+    from ...measure import watchdog
     from ...measure.watchdog import tick
 
     class Progress(ExecutionCallback):
         def __init__(self) -> None:
             self.seen = -1
+            self.attached = False
 
         def on_execution_step(self, executor: Any) -> None:
+            if not self.attached:
+                self.attached = True
+                _publish_elsewhere(executor, watchdog)
             try:
                 done = sum(op.metrics.num_tasks_finished + op.metrics.num_task_outputs_generated
                            for op in executor._topology)
@@ -720,6 +731,25 @@ def _progress_callback() -> Any:
     Progress.__qualname__ = "stallbench_progress"
     _PROGRESS.append(Progress)
     return Progress
+
+
+def _publish_elsewhere(executor: Any, watchdog: Any) -> None:
+    """An execution whose dataset carries ``PROGRESS_KEY``, running in a process other than
+    the one that set it (the split coordinator of Ray ranks): its ticks go into the rank
+    launcher's slots too (the slot after the ranks'). Never in the owner's process, whose
+    own clock is the trainer's."""
+    try:
+        found = executor._data_context.get_config(PROGRESS_KEY)
+    except Exception:  # noqa: BLE001 - Ray Data's internals moved: ranks' batches still tick
+        return
+    if not found:
+        return
+    path, slot, count, owner = found
+    if owner == os.getpid():
+        return
+    slots = watchdog.map_slots(path, count)
+    if slots is not None:
+        watchdog.publish(slots, slot)
 
 
 def user_error_in(exc: BaseException) -> UserError | None:
