@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator
 
 from ..errors import NoProgress
 
-__all__ = ["NoProgress", "Watchdog", "tick", "ticking", "publish", "state", "SharedSlots",
-           "map_slots"]
+__all__ = ["NoProgress", "Watchdog", "tick", "ticks", "ticking", "publish", "state",
+           "SharedSlots", "map_slots"]
 
 # What a trainer rank is doing, as its launcher reads it (``publish``): the launcher ends a
 # job that makes no progress only when a rank waits on data or on its own set-up, or is
@@ -38,6 +38,7 @@ IDLE, SETUP, WAITING, COLLECTIVE, BUSY = 0.0, 1.0, 2.0, 3.0, 4.0
 
 class _Clock:
     last = time.monotonic()
+    ticks = 0                  # how many: what another machine's process can report
     slots: Any = None          # a rank's shared array (see ``publish``), or None
     index = 0
 
@@ -108,8 +109,15 @@ def state(code: float) -> float:
 def tick() -> None:
     """A producer completed work (or a batch arrived): the wait is not stuck."""
     _Clock.last = now = time.monotonic()
+    _Clock.ticks += 1
     if _Clock.slots is not None:
         _Clock.slots[_Clock.index] = now
+
+
+def ticks() -> int:
+    """This process's progress so far, as a count (clocks of two machines do not compare):
+    the Ray Client pump actor reports it to the trainer (``executors.ray.driver``)."""
+    return _Clock.ticks
 
 
 def ticking(items: Iterator[Any]) -> Iterator[Any]:

@@ -52,7 +52,7 @@ from ...pipeline import Ablation, Plan, ShardOutput
 from ...trainers.base import (LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port,
                               rank_plan, stalled)
 from . import codec
-from .driver import PROGRESS_KEY
+from .worker import PROGRESS_KEY
 
 READY_TIMEOUT_S = 600.0
 
@@ -189,7 +189,7 @@ def _attach(path: str | None, ctx: RankContext) -> bool:
 
 def slot_count(world: int) -> int:
     """Two per rank (its last progress, its state), and two for the split coordinator's
-    producers (``driver.PROGRESS_KEY``: their last completed task)."""
+    producers (``worker.PROGRESS_KEY``: their last completed task)."""
     return 2 * (world + 1)
 
 
