@@ -559,8 +559,17 @@ class RayExecutor(Executor):
         pump = ray.remote(worker.BlockPump).options(max_concurrency=2, **opts).remote(
             self._context_settings())
         try:
-            r.pump_pid = ray.get(pump.start.remote(job, n, self._map_args(), actors, bulk,
-                                                   prefetch))
+            started = pump.start.remote(job, n, self._map_args(), actors, bulk, prefetch)
+            # The pump's own start (a process on the head node importing Ray Data: seconds
+            # on a loaded machine) is not a wait on producers; it is bounded on its own.
+            deadline = time.monotonic() + PUMP_START_S
+            while not ray.wait([started], timeout=PUMP_POLL_S)[0]:
+                tick()
+                if time.monotonic() > deadline:
+                    raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray "
+                                    f"Client pump actor did not start within "
+                                    f"{PUMP_START_S:g} s; no result written")
+            r.pump_pid = ray.get(started)
             ahead = pump.next.remote(prefetch)
             seen = None
             while True:
@@ -704,6 +713,7 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
 
 
 PUMP_POLL_S = 0.5      # Ray Client: how often the trainer asks the pump for its progress
+PUMP_START_S = 600.0   # Ray Client: the pump actor's start-up, bounded on its own
 
 
 def user_error_in(exc: BaseException) -> UserError | None:

@@ -30,10 +30,13 @@ process's node, so each maps a small file of this node's memory (``/dev/shm``) t
 launcher made, and publishes there the CLOCK_MONOTONIC time of its last progress (a batch, a
 block of its warm-up pass, a row group of its caches, a completed all-reduce) and what it is
 doing (``measure.watchdog.publish``). The launcher reads it while it waits for the ranks
-(``_get``). The producers are Ray Data's tasks in the split coordinator, whose completions
-this process does not see; every block a rank receives is one, so a frozen producer shows as
-ranks waiting for their batches. An actor that cannot map the file (another machine: a Ray
-Client driver) leaves the job unwatched, as the Ray executor's runs through Ray Client are.
+(``_get``). The producers are Ray Data's tasks run by the split coordinator (an actor on
+this node too): its execution callback publishes every task it sees finish into the slot
+after the ranks' (``worker.PROGRESS_KEY`` in the dataset's context names the file), so a
+slow producer is progress and a frozen one leaves the ranks waiting for their batches. The
+coordinator's own start (its first execution, 5-11 s measured under load) is not a wait; the
+ranks' start-up limit bounds it. An actor that cannot map the file (another machine: a Ray
+Client driver) leaves the job unwatched by the launcher.
 """
 
 from __future__ import annotations
@@ -252,7 +255,7 @@ class RayRankLauncher(RankLauncher):
         tr = self.plan.config.trainers
         remote = ray.remote(RankActor)
         plan = dataclasses.replace(self.plan, caches=None)
-        # Watched only where the executor reports what its producers do (not Ray Client).
+        # Watched where the executor reports what its producers do, and a timeout is set.
         watch = (callable(getattr(self.executor, "waiting_for", None))
                  and math.isfinite(self.plan.config.run.progress_timeout_s))
         try:
