@@ -86,7 +86,9 @@ def test_a_frozen_producer_ends_the_run(tmp_path: Path, env: dict, base: str, fn
 @pytest.mark.parametrize("base, doing", [
     (WORKERS, "solo measurement"),
     (TINY.replace("differential = false", "differential = true"), "ablation caches"),
-    (TINY + '[executor]\nkind = "ray"\ncpus = 2\nobject_store_mb = 100\n', "solo measurement"),
+    # CI time: the same watch (``runner.in_trainer``) whatever the executor; ~15-40 s of Ray
+    pytest.param(TINY + '[executor]\nkind = "ray"\ncpus = 2\nobject_store_mb = 100\n',
+                 "solo measurement", marks=pytest.mark.slow),
 ], ids=["local-solo", "local-caches", "ray-solo"])
 def test_a_transform_frozen_in_the_trainer_before_the_runs_ends_the_run(
         tmp_path: Path, env: dict, base: str, doing: str) -> None:
