@@ -114,8 +114,7 @@ def stalled(scenario_file: str, slots: Any, pending: list[int] | set[int],
     launcher: the line that ends the job, or None. The job is stuck when no rank has made
     progress (a batch, a producer's work item, a row group of its caches, a completed
     all-reduce: the CLOCK_MONOTONIC times ranks, and shared producers after them, publish in
-    ``slots``) for ``timeout_s``
-    since ``since`` and a rank still due is stopped (``kill -STOP``), waits for its own
+    ``slots``) for ``timeout_s`` since ``since`` and a rank still due is stopped (``kill -STOP``), waits for its own
     batch or is stuck in its set-up. Ranks in the all-reduce wait for the others, and a
     model step is not a wait: neither is blamed (the line names only the ranks that are)."""
     import time
@@ -128,7 +127,8 @@ def stalled(scenario_file: str, slots: Any, pending: list[int] | set[int],
     last = max([since] + [slots[2 * r] for r in range(len(slots) // 2)])
     if now - last < timeout_s:
         return None
-    blamed: dict[str, list[str]] = {}      # what, in words -> the ranks it holds
+    # (verb for one rank, for several, what) -> the ranks it holds
+    blamed: dict[tuple[str, str, str], list[str]] = {}
     for r in sorted(pending):
         pid = pid_of(r)
         what = DOING.get(slots[2 * r + 1])
@@ -140,16 +140,16 @@ def stalled(scenario_file: str, slots: Any, pending: list[int] | set[int],
             what += f" from {source()}"
         who = f"{r}" + (f" (pid {pid})" if pid is not None else "")
         if stopped:
-            blamed.setdefault("is stopped (SIGSTOP)" + (f" while {what}" if what else ""),
-                              []).append(who)
+            key = ("is", "are", "stopped (SIGSTOP)" + (f" while {what}" if what else ""))
+            blamed.setdefault(key, []).append(who)
         elif slots[2 * r + 1] in (watchdog.SETUP, watchdog.WAITING):
-            blamed.setdefault(f"was {what}", []).append(who)
+            blamed.setdefault(("was", "were", str(what)), []).append(who)
     if not blamed:
         return None
-    said = [f"trainer rank {who[0]} {what}" if len(who) == 1 else
-            f"trainer ranks {', '.join(who[:-1])} and {who[-1]} "
-            f"{what.replace('is ', 'are ', 1).replace('was ', 'were ', 1).replace(' its ', ' their ')}"
-            for what, who in blamed.items()]
+    said = [f"trainer rank {who[0]} {one} {what}" if len(who) == 1 else
+            f"trainer ranks {', '.join(who[:-1])} and {who[-1]} {many} "
+            f"{what.replace(' its ', ' their ', 1)}"
+            for (one, many, what), who in blamed.items()]
     return (f"{scenario_file}: run.progress_timeout_s: no trainer rank made progress for "
             f"{timeout_s:g} s: {'; '.join(said)}; no result written")
 
