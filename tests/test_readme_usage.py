@@ -115,6 +115,9 @@ def test_every_using_it_command_exits_0_on_a_fresh_checkout(tmp_path: Path) -> N
             running.append(_Line(cmd, tmp_path, env))
             if _is_run(cmd):
                 running[-1].wait_for_variant()
+                if running[-1].proc.poll() is not None:   # ended already: said now, in order
+                    while running:
+                        running.pop(0).finish()
         while running:
             running.pop(0).finish()
     finally:
