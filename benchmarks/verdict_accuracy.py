@@ -9,13 +9,15 @@ measured that count the prediction is set beside the measured steady ratio.
 Printed per case: scenario, variant, the count suggested, predicted [interval] (or "not
 predicted" and why), measured steady ratio (median over repeats) and its min..max over the
 repeats' pairings, the error, and whether it is within 10% or inside the measured range.
-A summary line gives the share within target and the share "not predicted".
+A summary line gives the share within target and the share "not predicted". First, the
+verdicts each run prints as it is (nothing hidden), and how each gives its gain.
 
 Targets (issue 25): every predicted speedup within 10% of the measured steady ratio (or inside
 that ratio's own range over repeats where wider); "not predicted" in at most one in five.
 
-Caveat, stated: the interval comes from the back-test stored in the result, which saw every
-measured count (the hidden one included); the point prediction does not.
+Nothing of the hidden count reaches the verdict: the what-if, its leave-one-out back-test
+(which picks the rows and the model that vouch for a prediction, issue 25) and the other
+models are all fitted on the run without it.
 
     python3 benchmarks/verdict_accuracy.py                       # measure both, minutes
     python3 benchmarks/verdict_accuracy.py --from a.json b.json  # evaluate saved results
@@ -59,21 +61,29 @@ def _measured(v: Any, s: Any) -> tuple[float, float, float] | None:
     return mid, ratios[0], ratios[-1]
 
 
+def verdict(v: Any, r: Any) -> Any:
+    """``v``'s recommendation as the runner makes it from ``r``'s variants, with the what-if,
+    its back-test and the other models fitted afresh on them (a result saved before a change
+    of the back-test carries the old one)."""
+    seen = dataclasses.replace(r)
+    wi = whatif.validate(seen)
+    seen.analysis = dataclasses.replace(r.analysis, whatif=wi)
+    return advice.recommend(v, r.machine, r.variants, wi.backtest if wi else None,
+                            advice.model_for(v, wi), advice.alternatives_for(v, seen))
+
+
 def cases(r: Any) -> list[list[str]]:
-    bt = r.analysis.whatif.backtest if r.analysis.whatif is not None else None
     rows = []
     for v in r.variants:
-        full = advice.recommend(v, r.machine, r.variants, bt,
-                                advice.model_for(v, r.analysis.whatif))
+        full = verdict(v, r)
         if full is None or not full.knob:
             continue
         for hidden in r.variants:
             if hidden is v:
                 continue
-            rest = [x for x in r.variants if x is not hidden]
-            # the verdict's model as the runner gives it, fitted without the hidden count
-            wi = whatif.validate(dataclasses.replace(r, variants=rest))
-            rec = advice.recommend(v, r.machine, rest, bt, advice.model_for(v, wi))
+            # the verdict on a run that never measured the hidden count
+            rec = verdict(v, dataclasses.replace(r, variants=[x for x in r.variants
+                                                              if x is not hidden]))
             if rec is None or rec.knob is None or rec.value is None:
                 continue
             s = advice._sibling(v, r.variants, rec.knob, rec.value)
@@ -97,6 +107,22 @@ def cases(r: Any) -> list[list[str]]:
     return rows
 
 
+def printed(r: Any) -> list[list[str]]:
+    """The verdicts the run itself prints (every variant, nothing hidden): how each gain is
+    given (measured, predicted, an upper bound, not predicted)."""
+    rows = []
+    for v in r.variants:
+        rec = verdict(v, r)
+        if rec is None:
+            continue
+        how = ("not predicted" if rec.not_predicted else
+               "measured" if rec.measured_speedup is not None else
+               "predicted" if rec.predicted_from == "what-if model" else
+               "upper bound" if rec.predicted_from.startswith("attribution") else "no gain")
+        rows.append([r.scenario.name, v.name, how, advice.action_text(rec)])
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("scenarios", nargs="*", default=["scenarios/recsys.toml",
@@ -116,6 +142,11 @@ def main() -> int:
             print(f"saved: {results.save(r, Path(tempfile.gettempdir()) / 'verdict-accuracy')}",
                   flush=True)
             loaded.append(r)
+    said = [row for r in loaded for row in printed(r)]
+    print(table(["scenario", "variant", "gain", "verdict's action"], said))
+    unpredicted = sum(x[2] == "not predicted" for x in said)
+    print(f"verdicts the runs print: {len(said)}; not predicted: {unpredicted} "
+          f"(target: at most 1 in 5)\n")
     rows = [row for r in loaded for row in cases(r)]
     head = ["scenario", "variant", "suggested (leave one out)", "predicted [interval]",
             "measured steady (range)", "error", "within"]
@@ -126,7 +157,8 @@ def main() -> int:
     print(f"within target: {hit} of {len(judged)}; not predicted: {none} of {len(rows)}"
           f"{' (target: at most 1 in 5)' if rows else ''}")
     print(f"load average at end: {os.getloadavg()}")
-    return 0 if judged and hit == len(judged) and none * 5 <= len(rows) else 1
+    return 0 if (judged and hit == len(judged) and none * 5 <= len(rows)
+                 and unpredicted * 5 <= len(said)) else 1
 
 
 if __name__ == "__main__":

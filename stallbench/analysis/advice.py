@@ -25,9 +25,11 @@ on that same variant, one ``Recommendation``:
 Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what), except
 (issue 25) where the suggested value was measured in the same run: then the measured steady
 ratio is quoted, labelled measured, and nothing is predicted. A what-if prediction carries the
-interval its leave-one-out back-test gives (predicted x exp(+-w), ``BackTest``), and is not
-printed ("not predicted", with the reason) where that back-test's worst steady error is
-above ``MAX_BACKTEST_ERROR``. The scenario's top recommendation (``top``) starts from its
+interval of the leave-one-out back-tests that vouch for it (``backtest.evidence``: the same
+model's rows that extrapolated as far the same way; predicted x exp(+-w)), is made by the
+model whose such rows missed least (``_best_model``), and is not printed ("not predicted",
+with the reason) where they missed by more than ``MAX_BACKTEST_ERROR`` or none reaches that
+far. The scenario's top recommendation (``top``) starts from its
 best measured variant.
 
 One figure per quantity (issue 25, ``figures``): the what-if used is the one the result
@@ -44,9 +46,9 @@ import math
 from typing import Any, Sequence
 
 from ..measure.load import HEAVY_CORES
-from ..results import MachineInfo, Recommendation, VariantResult
+from ..results import BackTest, MachineInfo, Recommendation, Result, VariantResult
 from ..stages.sizes import ceil_div
-from . import figures, whatif
+from . import backtest, figures, whatif, whatif_models
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
 MAX_BACKTEST_ERROR = 0.25   # a what-if gain is not printed when its back-test missed by more
@@ -94,9 +96,9 @@ def _base_rate(v: VariantResult, m: whatif.Model, shared: bool) -> float:
 
 
 def _more_producers(v: VariantResult, m: whatif.Model, cores: float, base: float
-                    ) -> tuple[str, str, int, float] | None:
-    """(knob, words, value, predicted gain vs ``base``) of the fewest producers near the
-    best rate."""
+                    ) -> tuple[str, str, int, float, int] | None:
+    """(knob, words, value, predicted gain vs ``base``, producers) of the fewest producers
+    near the best rate."""
     pk = _producer_knob(v)
     if pk is None:
         return None
@@ -111,7 +113,7 @@ def _more_producers(v: VariantResult, m: whatif.Model, cores: float, base: float
     if pk[0] == "executor.simulated_nodes":
         per = max(m.cpus_per_node, 1)
         value = ceil_div(n, per)
-    return pk[0], pk[1], value, preds[n] / base
+    return pk[0], pk[1], value, preds[n] / base, n
 
 
 def _producers_text(knob: str, value: int) -> str:
@@ -164,9 +166,13 @@ def _sibling(v: VariantResult, variants: Sequence[VariantResult], knob: str, val
 
 
 def _measured_or_bounded(v: VariantResult, rec: Recommendation,
-                         variants: Sequence[VariantResult], bt: Any) -> None:
-    """Quote a value this run measured as measured; give a what-if gain its back-test
-    interval, or withdraw it where the back-test missed by more than 25%."""
+                         variants: Sequence[VariantResult], bt: Any,
+                         m: whatif.Model | None = None, n: int | None = None
+                         ) -> backtest.Evidence | None:
+    """Quote a value this run measured as measured; give a what-if gain the interval of the
+    back-test that vouches for it (``_evidence``), or withdraw it where that back-test
+    missed by more than 25% or reaches no count that far. Returns that evidence (None:
+    nothing predicted by the what-if)."""
     if rec.knob and rec.value is not None and variants:
         s = _sibling(v, variants, rec.knob, rec.value)
         if s is not None:
@@ -177,33 +183,70 @@ def _measured_or_bounded(v: VariantResult, rec: Recommendation,
                 if math.isfinite(here) and here > 0 and math.isfinite(there):
                     rec.measured_speedup, rec.measured_variant = there / here, s.name
                     rec.predicted_speedup = None
+                    rec.prediction_model = None
                     rec.predicted_from = f"measured in this run ({basis})"
-                    return
+                    return None
     if rec.predicted_from != "what-if model" or rec.predicted_speedup is None or bt is None:
-        return
-    worst = bt.max_abs_steady_error if bt.max_abs_steady_error is not None else bt.max_abs_error
-    if worst is not None and worst > MAX_BACKTEST_ERROR:
-        rec.not_predicted = (f"the what-if's leave-one-out back-test missed a measured count "
-                             f"by {worst:.0%}, above {MAX_BACKTEST_ERROR:.0%}")
+        return None
+    ev = _evidence(v, variants, bt, m, n)
+    if ev is None:
+        return None
+    if not math.isfinite(ev.worst):     # nothing back-tested that far: no figure to vouch
+        rec.not_predicted = (f"the {ev.model} what-if is not back-tested that far: "
+                             f"{ev.scope}; measure that count")
         rec.predicted_speedup = None
-        return
-    w = bt.interval_log_half_width
-    if w is None and worst is not None:
-        w = math.log1p(worst)
-    if w is not None and math.isfinite(w):
+        return ev
+    if ev.worst > MAX_BACKTEST_ERROR:
+        rec.not_predicted = (f"the {ev.model} what-if's leave-one-out back-test missed a "
+                             f"measured count by {ev.worst:.0%}, above "
+                             f"{MAX_BACKTEST_ERROR:.0%}, {ev.scope}")
+        rec.predicted_speedup = None
+        return ev
+    w = ev.log_half_width
+    if math.isfinite(w):
         rec.predicted_low = rec.predicted_speedup * math.exp(-w)
         rec.predicted_high = rec.predicted_speedup * math.exp(w)
+    return ev
+
+
+def _evidence(v: VariantResult, variants: Sequence[VariantResult], bt: Any,
+              m: whatif.Model | None, n: int | None) -> backtest.Evidence | None:
+    """The back-test rows that vouch for a prediction at ``n`` producers by ``m``: those of
+    the same model at the same or a larger extrapolation beyond its fit (issue 25), where the
+    result stores them; else the curve's worst and interval, as before (a back-test written
+    before issue 25 has no extrapolations; a model fitted on ``v`` alone is not on it)."""
+    if m is not None and n is not None and isinstance(bt, BackTest):
+        named = {x.name: x for x in [*variants, v]}
+        fitted = [whatif_models.producers(named[f]) for f in m.fit_variants if f in named]
+        far, direction = backtest.extrapolation(n, fitted)
+        ev = backtest.evidence(bt, m.kind, far, direction)
+        if ev is not None:
+            return ev
+    worst = getattr(bt, "max_abs_steady_error", None)
+    if worst is None:
+        worst = getattr(bt, "max_abs_error", None)
+    if worst is None:
+        return None
+    w = getattr(bt, "interval_log_half_width", None)
+    if w is None:
+        w = math.log1p(worst)
+    return backtest.Evidence(model=m.kind if m is not None else "what-if", rows=[],
+                             worst=worst, log_half_width=w,
+                             scope="at the worst point of the curve")
 
 
 def recommend(v: VariantResult, machine: MachineInfo,
               variants: Sequence[VariantResult] = (), backtest: Any = None,
-              model: whatif.Model | None = None) -> Recommendation | None:
+              model: whatif.Model | None = None,
+              alternatives: Sequence[whatif.Model] = ()) -> Recommendation | None:
     """The next change to try for ``v`` (None without an attribution); ``variants`` (the
     run's, to quote a suggested value it measured), ``backtest`` (the what-if's
     ``BackTest``, for the interval) and ``model``: the what-if the result stores for the
     scaling curve ``v`` is on (``model_for``), so that the verdict's figures are the ones
     ``stallbench whatif`` and the report print and the interval is that model's back-test;
-    None: fitted on ``v`` alone."""
+    None: fitted on ``v`` alone. ``alternatives`` (``alternatives_for``): the other models
+    the same curve fits; a gain is predicted by whichever of them has the best back-test
+    where its prediction extrapolates (the stored model on a tie, or where none has one)."""
     a = v.attribution
     if a is None:
         return None
@@ -220,6 +263,7 @@ def recommend(v: VariantResult, machine: MachineInfo,
         if busy and max(busy) > HEAVY_CORES:
             rec.action += (f", on a quieter machine (other processes took up to "
                            f"{max(busy):.2f} cores during these runs)")
+        _measured_or_bounded(v, rec, variants, backtest)
     elif a.bound_by == "compute":
         rec.action = ("nothing to do on the data side: the data stages keep up (a faster step "
                       "or a larger batch is what speeds this up)")
@@ -228,12 +272,54 @@ def recommend(v: VariantResult, machine: MachineInfo,
         rec.knob = rec.knob or None
         rec.predicted_speedup = a.ideal_speedup
         rec.predicted_from = "attribution: ideal transfer (an upper bound)"
+        _measured_or_bounded(v, rec, variants, backtest)
     else:
-        _data_stage(v, machine, rec, model)
-    _measured_or_bounded(v, rec, variants, backtest)
+        rec = _best_model(v, machine, rec, variants, backtest, [model, *alternatives])
     _within_ideal(a, rec)
     rec.text = f"{v.name}: {action_text(rec)}"
     return rec
+
+
+def _best_model(v: VariantResult, machine: MachineInfo, start: Recommendation,
+                variants: Sequence[VariantResult], bt: Any,
+                models: Sequence[whatif.Model | None]) -> Recommendation:
+    """The data-stage advice by each candidate model; the first (the stored one) unless
+    another's prediction is vouched for by a back-test with a smaller worst error."""
+    best: tuple[Recommendation, float] | None = None
+    for m in models:
+        rec = dataclasses.replace(start)
+        used, n = _data_stage(v, machine, rec, m)
+        ev = _measured_or_bounded(v, rec, variants, bt, used, n)
+        worst = ev.worst if ev is not None and rec.predicted_from == "what-if model" else None
+        if worst is not None and not math.isfinite(worst):
+            worst = math.inf            # not back-tested that far: any vouched model wins
+        if best is None:
+            best = (rec, worst if worst is not None else math.inf)
+            if worst is None:       # measured, an upper bound, or nothing to vouch for it
+                return rec
+        elif worst is not None and worst < best[1]:
+            best = (rec, worst)
+    assert best is not None
+    return best[0]
+
+
+def alternatives_for(v: VariantResult, result: Result) -> list[whatif.Model]:
+    """The other what-if models fitted on the scaling curve ``model_for`` gives ``v``'s model
+    from (empty off that curve): candidates for the verdict's prediction."""
+    wi = result.analysis.whatif
+    stored = model_for(v, wi)
+    if stored is None or wi is None:
+        return []
+    names = {c.variant for c in wi.measured}
+    curve = [x for x in result.variants if x.name in names]
+    out = []
+    for kind in whatif_models.PREFERENCE:
+        if kind == stored.kind or kind not in whatif_models.MODELS:
+            continue
+        m = whatif_models.fit_best(curve, result.machine, result.dataset, model=kind)
+        if m is not None:
+            out.append(m)
+    return out
 
 
 def model_for(v: VariantResult, wi: Any) -> whatif.Model | None:
@@ -262,32 +348,35 @@ def _within_ideal(a: Any, rec: Recommendation) -> None:
 
 
 def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
-                model: whatif.Model | None = None) -> None:
+                model: whatif.Model | None = None) -> tuple[whatif.Model | None, int]:
+    """Fill ``rec`` for a fetch- or preprocess-bound variant; (the what-if model used, the
+    producer count its prediction is at: the back-test that vouches for it is chosen by how
+    far that lies outside the model's fit)."""
     a = v.attribution
     assert a is not None
     stage = a.bound_by
     m = model if model is not None else (
         whatif.fit(v, machine) if v.repeats and v.repeats[0].samples else None)
-    options: list[tuple[float, str, str | None, Any]] = []   # (gain, action, knob, value)
+    options: list[tuple[float, str, str | None, Any, int]] = []   # (gain, action, knob, value, n)
+    cur = v.executor.producer_slots
     base = _base_rate(v, m, model is not None) if m is not None else math.nan
     if m is not None:
         more = _more_producers(v, m, machine.cores, base)
         if more is not None:
-            knob, words, value, gain = more
-            options.append((gain, f"{words}: {_producers_text(knob, value)}", knob, value))
+            knob, words, value, gain, n = more
+            options.append((gain, f"{words}: {_producers_text(knob, value)}", knob, value, n))
         if stage == "fetch":
-            cur = v.executor.producer_slots
             if math.isfinite(base) and base > 0:
                 cached = whatif.predict(m, cur, cache=1.0).throughput_samples_s / base
                 where = ("cache the data locally (disk or memory)" if m.io_wait > 0 else
                          "keep the decoded tables in memory (fetch here is Parquet decode)")
-                options.append((cached, where, None, None))
+                options.append((cached, where, None, None, cur))
                 if m.io_wait > 0 and m.io_bytes > 0:
                     bw = m.io_bytes / m.io_wait / 1e6          # the measured MB/s per request
                     faster = whatif.predict(m, cur, bandwidth_mb_s=2 * bw).throughput_samples_s
                     options.append((faster / base, f"twice the storage bandwidth "
                                     f"({2 * bw:,.0f} MB/s per request)", "storage.bandwidth_mb_s",
-                                    round(2 * bw, 1)))
+                                    round(2 * bw, 1), cur))
     # prefer the cheaper change (listed first) unless another is clearly better
     options = [o for o in options if math.isfinite(o[0])]
     best = None
@@ -295,9 +384,10 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
         if best is None or o[0] > best[0] * 1.05:
             best = o
     if best is not None and best[0] >= WORTH:
-        rec.predicted_speedup, rec.action, rec.knob, rec.value = best
+        rec.predicted_speedup, rec.action, rec.knob, rec.value, n = best
         rec.predicted_from = "what-if model"
-        return
+        rec.prediction_model = m.kind if m is not None else None
+        return m, n
     rec.action = f"make {stage} cheaper or give it more CPUs, e.g. Ray nodes"
     if m is not None:
         # one story: the attribution names the stage, the what-if says why more producers
@@ -314,6 +404,7 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
                       f"{rec.action}")
     rec.predicted_speedup = a.ideal_speedup
     rec.predicted_from = f"attribution: ideal {stage} (an upper bound)"
+    return m, cur
 
 
 def action_text(rec: Recommendation) -> str:

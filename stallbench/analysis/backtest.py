@@ -21,6 +21,14 @@ Coverage is then checked on the same points: point i's interval is rebuilt from 
 n - 1 residuals and the point counts as covered when its own error falls inside.
 Oversubscribed points (more producer slots than the cores they share, issue 16) are
 back-tested and kept, marked, but count in neither the errors nor the interval.
+
+One prediction, one back-test (issue 25, ``evidence``): a verdict's predicted gain is vouched
+for only by the rows of the model that makes it whose held-out count lay as far outside that
+fit's counts, the same way (``extrapolation`` producers ``direction`` "above"/"below"; every
+row where the prediction lies between its fit counts). A one-point model predicting 1 worker
+from 2 says little about predicting 2 from 1 (recsys: 36% off one way, 16% the other), so the
+rows of every other model the remaining points fit are kept too (``alternatives``), and the
+verdict's prediction is made by the model whose such rows missed least.
 """
 
 from __future__ import annotations
@@ -29,7 +37,10 @@ import math
 import statistics
 from typing import Sequence
 
-from ..results import BackTest, BackTestPoint, DatasetInfo, MachineInfo, VariantResult
+from dataclasses import dataclass
+
+from ..results import (BackTest, BackTestPoint, DatasetInfo, MachineInfo, VariantResult,
+                       WhatIfModel)
 from . import whatif_models
 from .stats import finite_median
 
@@ -79,27 +90,16 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
     rank_axis = (len({whatif_models.ranks(v) for v in pts}) >= 2
                  and len({whatif_models.producers(v) for v in pts}) < 2)
     rows: list[BackTestPoint] = []
+    alternatives: list[BackTestPoint] = []
     for v in pts:
         others = [o for o in pts if o is not v]
         if not whatif_models.producer_counts(others):
             continue     # the what-if fits on a run with producers: none left to fit on
-        m = whatif_models.fit_best(others, machine, dataset)
-        if m is None:
-            continue
-        n, r = whatif_models.producers(v), whatif_models.ranks(v)
-        samples = finite_median([f.samples for f in v.repeats])
-        run = whatif_models.predict_run(m, n, samples, ranks=r)
-        got = v.throughput_samples_s.median
-        steady = finite_median([f.steady_throughput_samples_s for f in v.repeats])
-        rows.append(BackTestPoint(
-            n=r if rank_axis else n, variant=v.name, model=m.kind, fitted_on=list(m.fit_variants),
-            ranks=r, oversubscribed=whatif_models.oversubscribed(v, machine.cores),
-            measured_samples_s=got, predicted_run_samples_s=run.whole_samples_s,
-            error=run.whole_samples_s / got - 1.0 if got > 0 else None,
-            measured_steady_samples_s=steady if math.isfinite(steady) else None,
-            predicted_steady_samples_s=run.steady_samples_s,
-            steady_error=run.steady_samples_s / steady - 1.0
-            if math.isfinite(steady) and steady > 0 else None))
+        fits = [m for m in (whatif_models.fit_best(others, machine, dataset, model=name)
+                            for name in whatif_models.PREFERENCE
+                            if name in whatif_models.MODELS) if m is not None]
+        for i, m in enumerate(fits):    # the richest first: the method's row
+            (alternatives if i else rows).append(_row(v, m, others, machine, rank_axis))
     # oversubscribed points (issue 16) are predicted and shown, but measure contention beyond
     # the core budget: their errors enter neither the summary nor the interval
     counted = [p for p in rows if not p.oversubscribed]
@@ -129,4 +129,93 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
         interval_log_half_width=hw_steady[0] if hw_steady else None,
         interval_run_log_half_width=hw_run[0] if hw_run else None,
         coverage=sum(checked) / len(checked) if checked else None,
-        covered=sum(checked), checked=len(checked))
+        covered=sum(checked), checked=len(checked), alternatives=alternatives)
+
+
+def extrapolation(n: int, counts: Sequence[int]) -> tuple[int, str]:
+    """(producers, "above" | "below" | "") by which ``n`` lies outside ``counts``, the
+    producer counts a model was fitted on: 0 and "" between or on them."""
+    if not counts:
+        return 0, ""
+    hi, lo = max(counts), min(counts)
+    if n > hi:
+        return n - hi, "above"
+    if n < lo:
+        return lo - n, "below"
+    return 0, ""
+
+
+def _row(v: VariantResult, m: WhatIfModel, others: Sequence[VariantResult],
+         machine: MachineInfo, rank_axis: bool) -> BackTestPoint:
+    n, r = whatif_models.producers(v), whatif_models.ranks(v)
+    fitted = [whatif_models.producers(o) for o in others if o.name in m.fit_variants]
+    far, direction = extrapolation(n, fitted)
+    samples = finite_median([f.samples for f in v.repeats])
+    run = whatif_models.predict_run(m, n, samples, ranks=r)
+    got = v.throughput_samples_s.median
+    steady = finite_median([f.steady_throughput_samples_s for f in v.repeats])
+    return BackTestPoint(
+        n=r if rank_axis else n, variant=v.name, model=m.kind, fitted_on=list(m.fit_variants),
+        ranks=r, oversubscribed=whatif_models.oversubscribed(v, machine.cores),
+        measured_samples_s=got, predicted_run_samples_s=run.whole_samples_s,
+        error=run.whole_samples_s / got - 1.0 if got > 0 else None,
+        measured_steady_samples_s=steady if math.isfinite(steady) else None,
+        predicted_steady_samples_s=run.steady_samples_s,
+        steady_error=run.steady_samples_s / steady - 1.0
+        if math.isfinite(steady) and steady > 0 else None,
+        extrapolation=far, direction=direction)
+
+
+@dataclass
+class Evidence:
+    """What the back-test says about ONE prediction: the rows of the model that makes it at
+    the same or a larger extrapolation in the same direction (every row of that model where
+    the prediction lies between its fit counts), their worst absolute error (steady where
+    measured, else whole run) and the interval's log half-width from their errors
+    (``half_width``). No row may reach that far (``rows`` empty, ``worst`` NaN): then the
+    back-test cannot vouch for the prediction, and ``scope`` says why."""
+
+    model: str
+    rows: list[BackTestPoint]
+    worst: float
+    log_half_width: float
+    scope: str
+
+
+def _error(p: BackTestPoint) -> float | None:
+    e = p.steady_error if p.steady_error is not None else p.error
+    return e if e is not None and math.isfinite(e) and e > -1.0 else None
+
+
+def _reaches(p: BackTestPoint, far: int, direction: str) -> bool:
+    """A row back-tests a prediction ``far`` producers ``direction`` of its fit when it
+    extrapolated as far or further the same way (between the fit counts: every row does)."""
+    return not direction or (p.direction == direction and p.extrapolation >= far)
+
+
+def evidence(bt: BackTest | None, model: str, far: int, direction: str,
+             level: float = LEVEL) -> Evidence | None:
+    """The back-test of ``model`` for a prediction ``far`` producers ``direction`` of the
+    counts it was fitted on; None where that model was never back-tested on this curve.
+    Extrapolation is counted in producers beyond the nearest fit count, the way the models
+    extrapolate (a per-producer rate times a count)."""
+    if bt is None:
+        return None
+    rows = [p for p in [*bt.points, *bt.alternatives]
+            if p.model == model and not p.oversubscribed and _error(p) is not None]
+    if not rows:
+        return None
+    near = [p for p in rows if _reaches(p, far, direction)]
+    if not near:
+        return Evidence(model=model, rows=[], worst=math.nan, log_half_width=math.nan,
+                        scope=f"no count of this run was back-tested {far} producer"
+                              f"{'s' if far != 1 else ''} {direction} the fit or further; "
+                              f"its {len(rows)} back-tested point(s) extrapolate less far "
+                              f"or the other way")
+    scope = (f"where it extrapolates {far} producer{'s' if far != 1 else ''} {direction} its "
+             f"fit or further: {len(near)} point(s)" if direction
+             else f"wherever it was back-tested: {len(near)} point(s)")
+    errs = [e for e in (_error(p) for p in near) if e is not None]
+    hw = half_width([abs(math.log1p(e)) for e in errs], level)
+    return Evidence(model=model, rows=near, worst=max(abs(e) for e in errs),
+                    log_half_width=hw[0] if hw else math.nan, scope=scope)

@@ -67,7 +67,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   straggler candidate, measured), ``RankSummary.straggler_evidence`` (which test named it),
   ``Recommendation.measured_speedup`` / ``measured_variant`` (a suggested value this run
   measured), ``predicted_low`` / ``predicted_high`` (the back-test's interval) and
-  ``not_predicted`` (why no figure), ``Phases.no_steady_reason`` (a run too short for a
+  ``not_predicted`` (why no figure), ``prediction_model`` (the what-if model whose
+  back-test at the prediction's extrapolation was best), ``BackTestPoint.extrapolation`` /
+  ``direction`` (how far outside its fit each back-tested count lay) and
+  ``BackTest.alternatives`` (the leave-one-out of every other model), ``Phases.no_steady_reason`` (a run too short for a
   steady state, a window slower than its run or a rate above the measured CPU limit says so:
   ``measure.phases``), ``Attribution.refused`` (a stage stall longer
   than the run: refused, ``inconclusive_because = "impossible"``)
@@ -552,6 +555,9 @@ class Recommendation:
     predicted_low: float | None = None
     predicted_high: float | None = None
     not_predicted: str = ""         # why no gain is predicted (back-test error above 25%)
+    # the what-if model that made ``predicted_speedup`` ("one-point", "contention"): the
+    # one whose back-test at the prediction's extrapolation is best (issue 25)
+    prediction_model: str | None = None
 
 
 @dataclass
@@ -941,6 +947,11 @@ class BackTestPoint:
     covered: bool | None = None
     ranks: int = 1               # the point's data-parallel ranks (issue 18)
     oversubscribed: bool = False   # shown, not counted in the errors or the interval (issue 16)
+    # how far ``n`` lies outside the producer counts the fit saw (issue 25: a prediction's
+    # interval comes from back-tests at the same or a larger extrapolation): ``extrapolation``
+    # producers ``direction`` "above" the largest or "below" the smallest; 0 and "" between
+    extrapolation: int = 0
+    direction: str = ""
 
 
 @dataclass
@@ -959,6 +970,10 @@ class BackTest:
     coverage: float | None = None             # share of checked points inside their interval
     covered: int = 0
     checked: int = 0
+    # issue 25: the same leave-one-out with every OTHER model the remaining points can fit
+    # (``points`` hold the richest one's, which the figures above summarise), so a
+    # prediction can be made by the model whose back-test is best where it extrapolates
+    alternatives: list[BackTestPoint] = field(default_factory=list)
 
 
 @dataclass

@@ -335,7 +335,8 @@ def advise(result: Result) -> None:
     for v in result.variants:
         bt = wi.backtest if wi is not None else None
         v.recommendation = advice.recommend(v, result.machine, result.variants, bt,
-                                            advice.model_for(v, wi))
+                                            advice.model_for(v, wi),
+                                            advice.alternatives_for(v, result))
         if v.attribution is not None and v.recommendation is not None:
             rec = v.recommendation
             gain = rec.measured_speedup if rec.measured_speedup is not None else (

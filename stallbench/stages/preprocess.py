@@ -26,6 +26,9 @@ class Preprocess:
     def __init__(self, spec: PreprocessSpec, schema: FeatureSchema, seed: int = 0,
                  scenario_file: str = "<scenario>") -> None:
         self.cpu_cost_s_per_row = spec.cpu_cost_us_per_row / 1e6
+        # where the user's modules are found (``user_dirs``): a process that rebuilds this
+        # stage from the config (a local Flight server) needs it too
+        self.scenario_file = scenario_file
         self.steps: list[Transform] = []
         current = schema
         for i, t in enumerate(spec.transform_specs):

@@ -68,3 +68,49 @@ def test_one_point_misses_what_contention_catches() -> None:
         got = whatif.predict(m, 12).throughput_samples_s / far.repeats[0].steady_throughput_samples_s - 1
         assert got == pytest.approx(want, abs=1e-6), model
     assert math.isfinite(far.repeats[0].steady_throughput_samples_s)
+
+
+def test_each_row_says_how_far_it_extrapolated_and_every_model_is_back_tested() -> None:
+    """Issue 25: a prediction is vouched for by back-tests at the same or a larger
+    extrapolation, by the model that makes it; so each row says how far outside its fit the
+    held-out count lay, and the other models' leave-one-out rows are kept beside."""
+    r = result([0, 1, 2, 4])
+    bt = backtest.backtest(r.variants, r.machine, None)
+    rows = {p.variant: p for p in bt.points}
+    four, two, zero = rows["num_workers=4"], rows["num_workers=2"], rows["num_workers=0"]
+    assert (four.model, four.extrapolation, four.direction) == ("contention", 2, "above")
+    assert (two.model, two.extrapolation, two.direction) == ("contention", 0, "")
+    assert (zero.extrapolation, zero.direction) == (1, "below")
+    alt = {p.variant: p for p in bt.alternatives}
+    assert all(p.model == "one-point" for p in bt.alternatives)
+    # the one-point model is fitted on the fewest producers (1): 4 is 3 above it
+    assert (alt["num_workers=4"].extrapolation, alt["num_workers=4"].direction) == (3, "above")
+    # the summary is the richest model's, as before: alternatives do not enter it
+    assert bt.checked == 4
+
+
+def _row(model: str, error: float, far: int, direction: str):
+    from stallbench.results import BackTestPoint
+    return BackTestPoint(n=0, variant=f"{model}{far}{direction}", model=model, fitted_on=[],
+                         measured_samples_s=1.0, predicted_run_samples_s=1.0, error=error,
+                         steady_error=error, extrapolation=far, direction=direction)
+
+
+def test_evidence_takes_the_rows_that_extrapolated_as_far_the_same_way() -> None:
+    from stallbench.results import BackTest
+    bt = BackTest(method="m", points=[_row("one-point", -0.36, 1, "below"),
+                                      _row("one-point", 0.04, 1, "above"),
+                                      _row("one-point", 0.08, 3, "above")])
+    up1 = backtest.evidence(bt, "one-point", 1, "above")
+    assert [p.extrapolation for p in up1.rows] == [1, 3] and up1.worst == pytest.approx(0.08)
+    assert up1.log_half_width == pytest.approx(math.log(1.08))
+    assert "1 producer above its fit or further: 2 point(s)" in up1.scope
+    up2 = backtest.evidence(bt, "one-point", 2, "above")
+    assert [p.extrapolation for p in up2.rows] == [3]
+    # nothing reaches 5 above: the back-test cannot vouch (no row stands in for it)
+    far = backtest.evidence(bt, "one-point", 5, "above")
+    assert far.rows == [] and math.isnan(far.worst)
+    assert "no count of this run was back-tested 5 producers above the fit" in far.scope
+    # between the fit counts every row counts; a model never back-tested has no evidence
+    assert len(backtest.evidence(bt, "one-point", 0, "").rows) == 3
+    assert backtest.evidence(bt, "contention", 1, "above") is None

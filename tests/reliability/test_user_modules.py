@@ -114,6 +114,33 @@ def test_scenario_directory_first_then_working_directory(tmp_path: Path, env: di
     assert len(list((tmp_path / "out").glob("tiny-*.json"))) == 1
 
 
+def test_a_local_flight_server_finds_the_module_beside_the_scenario(tmp_path: Path,
+                                                                    env: dict) -> None:
+    """The servers a Flight trainer starts rebuild the variant's stages in their own process:
+    they are handed the scenario file with it, so a transform beside the scenario is found
+    when the run starts elsewhere (a server used to look in its working directory only), and
+    its errors name that file, not a placeholder."""
+    pytest.importorskip("pyarrow.flight")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "mytf.py").write_text(DOUBLE.format(factor=2) + (
+        "def bad(table, **kw):\n"
+        "    import sys\n"
+        "    if sys.argv[0].endswith('server.py'):\n"
+        "        raise ValueError('in the server')\n"
+        "    return table\n"))
+    flight = '[executor]\nkind = "flight"\nflight_local_servers = 1\n'
+    write(proj, TINY + '[preprocess]\ntransforms = ["mytf:fn"]\n' + flight)
+    r = sb(["run", "proj/s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    write(proj, TINY + '[preprocess]\ntransforms = ["mytf:bad"]\n' + flight)
+    r = sb(["run", "proj/s.toml", "--out", "out2", "--no-progress"], env, tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert "failed a stream: proj/s.toml: preprocess.transforms[0]: transform 'mytf:bad'" \
+        in line and "ValueError: in the server" in line and "<trainer>" not in line, line
+
+
 def test_packages_and_relative_imports_load_by_path(tmp_path: Path, env: dict) -> None:
     pkg = tmp_path / "mypkg"
     (pkg / "sub").mkdir(parents=True)

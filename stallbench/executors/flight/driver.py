@@ -245,7 +245,7 @@ class FlightExecutor(Executor):
         """Make sure every server serves this plan's variant (local ones are handed it)."""
         key = protocol.config_key(plan.config)
         if self.local is not None:
-            self.local.register(plan.config, plan.dataset, key)
+            self.local.register(plan.config, plan.dataset, key, plan.preprocess.scenario_file)
             for s in self.served:
                 s.setdefault("variants", {})[key] = {"shards": len(plan.dataset.shards),
                                                      "rows": plan.dataset.rows}

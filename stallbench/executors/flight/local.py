@@ -64,14 +64,16 @@ class LocalServers:
                 self._fail(i, f"said {word!r} instead of its port")
             self.ports.append(int(value))
 
-    def register(self, cfg: Any, dataset: Any, key: str, timeout_s: float = 120.0) -> None:
-        """Hand every server a plan's config and dataset (once per config key)."""
+    def register(self, cfg: Any, dataset: Any, key: str, file: str,
+                 timeout_s: float = 120.0) -> None:
+        """Hand every server a plan's config, dataset and scenario file (once per config
+        key)."""
         if key in self.registered:
             return
         deadline = time.monotonic() + timeout_s
         for i, p in enumerate(self.procs):
             try:
-                send_registration(p.stdin, cfg, dataset)
+                send_registration(p.stdin, cfg, dataset, file)
             except OSError:
                 self._fail(i, "closed its input")
         for i in range(len(self.procs)):

@@ -224,15 +224,17 @@ def _codec(cfg: Config) -> pa.Codec | None:
 
 # ------------------------------------------------------------- a server of the trainer's
 
-def send_registration(pipe: Any, cfg: Config, dataset: Dataset) -> None:
-    """What the parent writes to a local server's stdin: one length-prefixed pickle."""
-    blob = pickle.dumps((cfg, dataset), protocol=pickle.HIGHEST_PROTOCOL)
+def send_registration(pipe: Any, cfg: Config, dataset: Dataset, file: str) -> None:
+    """What the parent writes to a local server's stdin: one length-prefixed pickle of the
+    variant and its scenario file (whose directory the user's modules are found in, and
+    which the server's errors name)."""
+    blob = pickle.dumps((cfg, dataset, file), protocol=pickle.HIGHEST_PROTOCOL)
     pipe.write(struct.pack("<Q", len(blob)) + blob)
     pipe.flush()
 
 
 def _registrations(server: ProducerServer) -> None:
-    """Read (config, dataset) pairs from stdin; at its end, shut the server down."""
+    """Read (config, dataset, scenario file) from stdin; at its end, shut the server down."""
     src = sys.stdin.buffer
     try:
         while True:
@@ -240,8 +242,8 @@ def _registrations(server: ProducerServer) -> None:
             if len(head) < 8:
                 break
             (n,) = struct.unpack("<Q", head)
-            cfg, dataset = pickle.loads(src.read(n))
-            key = server.catalog.add(cfg, dataset, "<trainer>")
+            cfg, dataset, file = pickle.loads(src.read(n))
+            key = server.catalog.add(cfg, dataset, file)
             print(f"{REGISTERED} {key}", flush=True)
     finally:
         server.shutdown()
