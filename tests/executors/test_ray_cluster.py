@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from raystart import LOOPBACK, RayStartCluster
+from raystart import LOOPBACK, RayStartCluster, stop_all
 from stallbench import scenario
 from stallbench.errors import ScenarioError
 from stallbench.executors import EXECUTORS
@@ -94,8 +94,7 @@ def clusters() -> Any:
         plain.start_head(cpus=1, producer=False, client_server=False)
         yield {"token": token, "plain": plain}
     finally:
-        for c in (token, plain):
-            c.stop()
+        stop_all([token, plain])      # one TERM grace for both (their GCS and raylets need KILL)
         # nothing of either cluster is left, and no current-cluster file points at them
         left = token.processes() + plain.processes()
         assert not left, [p.pid for p in left]
