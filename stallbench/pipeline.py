@@ -24,41 +24,14 @@ from .data.schema import FeatureSchema, Shard
 from .errors import ScenarioError
 from .scenario import Config
 from .stages import compute as compute_mod
+# the plan's vocabulary, defined apart so that reading results never imports torch
+from .stages.ablation import ALL_ABLATIONS, COMPUTE_ONLY, FULL, Ablation  # noqa: F401
 from .stages.batch_format import SequenceCounts, TensorBatch
 from .stages.buffers import SlotAllocator
 from .stages.sizes import ceil_div
 from .stages.fetch import Fetch
 from .stages.preprocess import Preprocess, TransformSpecError
 from .stages.transfer import Payload, Transfer
-
-
-@dataclass(frozen=True)
-class Ablation:
-    """Which stages run in their ideal (instant) form.
-
-    ``compute_only`` goes further than making all three stages free: the executor is not used
-    at all and the trainer iterates pre-materialised batches (DS-Analyzer's ingestion-free
-    rate). The gap between all-stages-free *through the executor* and compute-only is the
-    loader's own overhead (worker start-up, hand-off), which belongs to no stage and is
-    reported apart.
-    """
-
-    fetch: bool = False
-    preprocess: bool = False
-    transfer: bool = False
-    compute_only: bool = False
-
-    @property
-    def name(self) -> str:
-        if self.compute_only:
-            return "compute_only"
-        gone = [s for s in ("fetch", "preprocess", "transfer") if getattr(self, s)]
-        return "no_" + "_".join(gone) if gone else "full"
-
-
-ALL_ABLATIONS = [Ablation(f, p, t) for f in (False, True) for p in (False, True) for t in (False, True)]
-FULL = Ablation()
-COMPUTE_ONLY = Ablation(True, True, True, compute_only=True)
 
 
 @dataclass
@@ -162,11 +135,13 @@ class Plan:
         return Fetched(item, table, time.perf_counter() - w0, cpu() - c0, io_wait, stored)
 
     def produce(self, item: int, shared: bool | SlotAllocator = False,
-                fetched: "Fetched | None" = None) -> ShardOutput:
+                fetched: "Fetched | None" = None, local: bool = False) -> ShardOutput:
         """Fetch, preprocess and encode one work item. ``shared``: the payloads will cross to
         another process (True: fresh shared memory where the format can use it; a
-        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``). ``fetched``:
-        the item's fetch, already done (by a fetch-ahead thread)."""
+        ``SlotAllocator``: the calling worker's partition of a ``BufferPool``, or the
+        trainer's own with 0 workers). ``fetched``: the item's fetch, already done (by a
+        fetch-ahead thread). ``local``: the payloads stay in this process (0 loader
+        workers), so a format may hand over finished tensors (``Transfer.send_table``)."""
         shard = self.items[item]
         t = StageTimes(worker=os.getpid())
         a, c = self.ablation, self.caches
@@ -187,7 +162,8 @@ class Plan:
         n_batches = ceil_div(table.num_rows, self.config.loader.batch_size)
         payloads = None
         if not a.transfer:
-            payloads = self.transfer.send_table(table, str(shard.index), shared)
+            payloads = self.transfer.send_table(table, str(shard.index), shared,
+                                                  local=local)
             t.raw_bytes = sum(p.raw_bytes for p in payloads)
             t.wire_bytes = sum(p.wire_bytes for p in payloads)
             for p in payloads:

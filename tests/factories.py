@@ -48,3 +48,33 @@ def result(variants: dict[str, list[float]] | list[VariantResult], *, scenario: 
                               fingerprint=fingerprint, text="", matrix={}),
         machine=machine or MachineInfo(cpu_model="Test CPU 3000", cores_logical=2, memory_gb=8),
         settings=RunSettings(repeats=len(vs[0].repeats)), dataset=DatasetInfo(), variants=vs)
+
+
+def transform_bound_scenario(name: str, *, row_group_rows: int,
+                             max_batches: int | None = None) -> str:
+    """A real run that a transform bounds (issue 25): 32,768 rows whose transform burns 20 us
+    of CPU per row, 1024-row jagged batches behind an EMULATED 2 ms step, 2 repeats of 0 and 2
+    loader workers. ``row_group_rows`` sets the batches per work item; ``max_batches`` makes it
+    a quick look."""
+    look = f"max_batches = {max_batches}\n" if max_batches is not None else ""
+    return f"""
+name = "{name}"
+[dataset]
+rows = 32768
+row_group_rows = {row_group_rows}
+dense_features = 8
+sparse_features = 4
+sequence_features = 1
+[preprocess]
+cpu_cost_us_per_row = 20
+[model]
+kind = "emulated"
+step_ms = 2
+[loader]
+batch_size = 1024
+batch_format = "jagged"
+{look}[run]
+repeats = 2
+[matrix]
+"loader.num_workers" = [0, 2]
+"""

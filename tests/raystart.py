@@ -231,34 +231,42 @@ class RayStartCluster:
     def stop(self, remove_dir: bool = True) -> list[str]:
         """Stop every process of this cluster by PID (TERM, then KILL), remove the
         current-cluster file and the temp dir. Returns what had to be killed hard."""
-        hard = []
-        for _ in range(3):
-            procs = self.processes()
-            if not procs:
-                break
-            for p in procs:
-                try:
-                    p.terminate()
-                except psutil.Error:
-                    pass
-            _, alive = psutil.wait_procs(procs, timeout=5)
-            for p in alive:
-                try:
-                    hard.append(f"{p.pid}:{p.name()}")
-                    p.kill()
-                except psutil.Error:
-                    pass
-            psutil.wait_procs(alive, timeout=5)
-        try:
-            self.current_cluster_file.unlink()
-        except OSError:
-            pass
-        if remove_dir:
-            shutil.rmtree(self.base, ignore_errors=True)
-        return hard
+        return stop_all([self], remove_dir)
 
     def __enter__(self) -> "RayStartCluster":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def stop_all(clusters: list[RayStartCluster], remove_dir: bool = True) -> list[str]:
+    """``stop`` for several clusters at once: one TERM grace for all of them. Their GCS and
+    raylets outlive a TERM (measured: still running 10 s after it, killed hard after the 5 s
+    grace), so clusters stopped one after the other paid that grace once each."""
+    hard = []
+    for _ in range(3):
+        procs = [p for c in clusters for p in c.processes()]
+        if not procs:
+            break
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for p in alive:
+            try:
+                hard.append(f"{p.pid}:{p.name()}")
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+    for c in clusters:
+        try:
+            c.current_cluster_file.unlink()
+        except OSError:
+            pass
+        if remove_dir:
+            shutil.rmtree(c.base, ignore_errors=True)
+    return hard

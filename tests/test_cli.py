@@ -227,3 +227,19 @@ def test_cli_start_leaves_the_heavy_libraries_out(env: dict, tmp_path: Path) -> 
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout[-2000:]
+
+
+def test_gate_reads_results_without_importing_torch(env: dict, tmp_path: Path) -> None:
+    """``gate`` re-derives each repeat's attribution parts (``analysis.differential``), whose
+    ``Ablation`` came from ``pipeline`` and pulled torch: about a second per ``gate`` process
+    (several on a busy machine) for four booleans. Checked in sys.modules, not in seconds."""
+    example = Path(__file__).resolve().parents[1] / "results" / "examples" / "schema-v2.json"
+    code = ("import sys\nfrom stallbench import cli\ntry:\n"
+            "    rc = cli.main(['gate', '--baseline', sys.argv[1], '--current', sys.argv[1]])\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            "print(rc, 'stallbench.analysis.differential' in sys.modules, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, str(example)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # the parts were compared (differential ran) and torch stayed out
+    assert r.stdout.strip().splitlines()[-1] == "0 True False", r.stdout[-2000:]

@@ -11,7 +11,10 @@ each variant and the fix the first one's verdict names): the README prints no fi
 story is what a test holds it to.
 
 It runs the demo scenario twice (the gate needs a baseline and a current run), so it is marked
-``e2e`` and costs about two demo runs.
+``e2e`` and costs about two demo runs. They run one after the other, as a user runs them: tried
+overlapped (the second starting once the first had opened its dataset: 74-93 s instead of
+123-186 s), the story failed in 2 of 4 runs on a loaded shared machine (an inconclusive 0-worker
+verdict, a 2-worker variant called transfer-bound) where the sequential runs held 3 of 3.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ def test_every_using_it_command_exits_0_on_a_fresh_checkout(tmp_path: Path) -> N
     assert (tmp_path / "report" / "index.html").stat().st_size > 10_000
     # The story "What the demo shows" tells, read off the two runs the block made: no worker is
     # fetch-bound and its verdict's fix is loader workers; two workers are compute-bound.
-    for result in [*(tmp_path / "baseline").glob("demo-*.json"), *(tmp_path / "results").glob("demo-*.json")]:
+    made = [*(tmp_path / "baseline").glob("demo-*.json"), *(tmp_path / "results").glob("demo-*.json")]
+    assert len(made) == 2, made                  # the story below is read off both runs
+    for result in made:
         variants = {v["name"]: v for v in json.loads(result.read_text())["variants"]}
         none, two = variants["num_workers=0"], variants["num_workers=2"]
         assert none["recommendation"]["bound_by"] == "fetch", (result.name, none["recommendation"])

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..pipeline import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
+from ..stages.ablation import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures
 from . import figures
 from .stats import COMPUTE_BOUND_SHARE

@@ -14,6 +14,11 @@ Id conventions (documented because they change which ids collide):
   * strings -> a stable 63-bit hash of their UTF-8 bytes (defined in this file, identical in
     every process and version; never Python's ``hash()``), computed once per distinct value;
   * null sequences -> empty lists; null items -> 0.
+
+Finding a negative id takes a pass over every id of every row group; where the file's Parquet
+statistics already say an INT64 id column's minimum is >= 0 (pyarrow and most writers store
+them), that row group's column is trusted and not read, as query engines trust them to skip
+row groups. Normalizing an already canonical table touches only what changes (no rebuild).
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ class Dataset:
     # Per process: dropped when pickled (workers rebuild their own lazily).
     _footers: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
                                      compare=False)
+    # Per (file, row group): the id columns whose Parquet statistics already say no id is
+    # negative (``_nonneg_from_stats``), read from the footers once at open and shipped to
+    # workers with the dataset, so normalizing those columns skips its pass over every id.
+    _stats_nonneg: dict[tuple[str, int], frozenset[str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -74,7 +84,9 @@ class Dataset:
         except _UNREADABLE as exc:
             raise DataError(f"{self._where()}{shard.file}: row group {shard.row_group} is not "
                             f"readable ({_reason(exc)})") from None
-        return _normalize_columns(table, self.schema, names, self._where() + shard.file)
+        return _normalize_columns(table, self.schema, names, self._where() + shard.file,
+                                  self._stats_nonneg.get((shard.file, shard.row_group),
+                                                         frozenset()))
 
     def _where(self) -> str:
         return f"{self.origin}: " if self.origin else ""
@@ -210,6 +222,7 @@ def _check_same_schema(footers: dict[str, pq.FileMetaData], first: pa.Schema,
 def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: FeatureSchema, *,
            synthetic: bool, source: str, key: str | None, origin: str = "") -> Dataset:
     shards: list[Shard] = []
+    stats_nonneg: dict[tuple[str, int], frozenset[str]] = {}
     used = set(schema.columns)
     for file in files:
         footer = footers[file]
@@ -219,6 +232,10 @@ def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: Featur
             if meta.num_rows == 0:
                 continue
             chunks = [meta.column(i) for i in range(meta.num_columns) if leaf_owner[i] in used]
+            nonneg = _nonneg_from_stats(chunks, [o for o in leaf_owner if o in used],
+                                        schema.sparse + schema.sequence)
+            if nonneg:
+                stats_nonneg[(file, rg)] = nonneg
             shards.append(Shard(
                 index=len(shards), file=file, row_group=rg, rows=meta.num_rows,
                 compressed_bytes=sum(c.total_compressed_size for c in chunks),
@@ -234,7 +251,33 @@ def _build(files: list[str], footers: dict[str, pq.FileMetaData], schema: Featur
                  rows=rows, compressed_bytes=sum(s.compressed_bytes for s in shards),
                  dataset_key=key, origin=origin)
     ds._footers.update(footers)
+    ds._stats_nonneg.update(stats_nonneg)
     return ds
+
+
+def _nonneg_from_stats(chunks: list[Any], owners: list[str], ids: tuple[str, ...]) -> frozenset[str]:
+    """The id columns of one row group whose every leaf is INT64 with Parquet statistics
+    saying min >= 0: normalizing them needs no pass over their ids to find a negative one.
+
+    Why trust the statistics: they are what every query engine's predicate push-down trusts,
+    written by the file's writer from the very values; reading them here costs a few
+    microseconds per column at open, against a read of every id of every row group on the
+    hot path (one pass over ~160 MB per 262k rows of the held-out data). A column without
+    statistics (or with a negative min) is checked as before."""
+    want = set(ids)
+    ok: dict[str, bool] = {}
+    for c, owner in zip(chunks, owners):
+        if owner not in want or ok.get(owner) is False:
+            continue
+        good = False
+        try:
+            st = c.statistics if c.is_stats_set else None
+            good = (st is not None and c.physical_type == "INT64" and st.has_min_max
+                    and isinstance(st.min, int) and st.min >= 0)
+        except (ValueError, TypeError, pa.ArrowException):
+            good = False
+        ok[owner] = good
+    return frozenset(k for k, v in ok.items() if v)
 
 
 def _leaf_owners(footer: pq.FileMetaData) -> list[str]:
@@ -384,15 +427,25 @@ def _ordered(schema: FeatureSchema, columns: Iterable[str] | None) -> tuple[str,
 
 
 def _normalize_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str, ...],
-                       file: str) -> pa.Table:
+                       file: str, nonneg: frozenset[str] = frozenset()) -> pa.Table:
+    """``nonneg``: id columns known to hold no negative id (``_nonneg_from_stats``).
+
+    Runs once per row group on the fetch stage's path, so it touches only what changes: a
+    column already canonical is kept as it is, and when the columns come in order the table
+    is patched column by column (``set_column``) instead of rebuilt (measured: rebuilding a
+    65-column table, or even listing its column names, costs 50-170 us, more than checking
+    every column)."""
     dense = set(schema.dense) | {schema.label}
     sparse = set(schema.sparse)
+    have = table.schema.names
+    index = {n: i for i, n in enumerate(have)}
     arrays = []
-    present = set(table.column_names)   # the property rebuilds its list on every access
+    replaced = []
     for name in names:
-        if name not in present:
+        i = index.get(name)
+        if i is None:
             raise DataError(f"{file}: column {name!r} is missing")
-        col = table.column(name)
+        col = table.column(i)
         if name in dense:
             convert = _to_float32
         elif name in sparse:
@@ -400,37 +453,56 @@ def _normalize_columns(table: pa.Table, schema: FeatureSchema, names: tuple[str,
         else:
             convert = _to_id_lists
         try:
-            arrays.append(pa.chunked_array([convert(c) for c in col.chunks],
-                                           type=_OUT_TYPE[convert]))
+            if col.num_chunks == 1:         # what a row group read gives: no list to build
+                c = col.chunk(0)
+                o = convert(c, name in nonneg)
+                same, out = o is c, [o]
+            else:
+                chunks = col.chunks
+                out = [convert(c, name in nonneg) for c in chunks]
+                same = all(a is b for a, b in zip(out, chunks))
+            if same:
+                arrays.append(col)
+            else:
+                col = pa.chunked_array(out, type=_OUT_TYPE[convert])
+                arrays.append(col)
+                replaced.append((len(arrays) - 1, name, col))
         except (pa.ArrowException, TypeError) as exc:
             raise DataError(f"{file}: column {name!r} of type {col.type} cannot be converted "
                             f"({_reason(exc)})") from None
         except DataError as exc:
             raise DataError(f"{file}: column {name!r}: {exc}") from None
-    return pa.Table.from_arrays(arrays, names=list(names))
+    if have != list(names):
+        return pa.Table.from_arrays(arrays, names=list(names))
+    for i, name, col in replaced:
+        table = table.set_column(i, pa.field(name, col.type), col)
+    if table.schema.metadata:
+        table = table.replace_schema_metadata(None)
+    return table
 
 
-def _to_float32(arr: pa.Array) -> pa.Array:
+def _to_float32(arr: pa.Array, nonneg: bool = False) -> pa.Array:
     if arr.type == pa.float32() and arr.null_count == 0:
         return arr
     out = pc.cast(arr, pa.float32(), safe=False)
     return out.fill_null(0.0) if out.null_count else out
 
 
-def _nonneg_int64(arr: pa.Array) -> bool:
+def _nonneg_int64(arr: pa.Array, nonneg: bool = False) -> bool:
     """Already canonical ids: int64, no nulls, no negatives (checked on a zero-copy view, one
-    read pass, instead of writing a masked copy of every id column of every row group)."""
+    read pass, instead of writing a masked copy of every id column of every row group;
+    ``nonneg``: the file's statistics already say so, no pass)."""
     if arr.type != pa.int64() or arr.null_count:
         return False
-    if len(arr) == 0:
+    if len(arr) == 0 or nonneg:
         return True
     # A view of the data buffer (Array.to_numpy would import pandas in every forked worker).
     view = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr), offset=arr.offset * 8)
     return bool(view.min() >= 0)
 
 
-def _to_ids(arr: pa.Array) -> pa.Array:
-    if _nonneg_int64(arr):
+def _to_ids(arr: pa.Array, nonneg: bool = False) -> pa.Array:
+    if _nonneg_int64(arr, nonneg):
         return arr
     if pa.types.is_dictionary(arr.type):
         return _via_dictionary(arr)
@@ -448,9 +520,9 @@ def _via_dictionary(arr: pa.DictionaryArray) -> pa.Array:
     return out.fill_null(0) if out.null_count else out
 
 
-def _to_id_lists(arr: pa.Array) -> pa.Array:
+def _to_id_lists(arr: pa.Array, nonneg: bool = False) -> pa.Array:
     if (pa.types.is_list(arr.type) and arr.null_count == 0 and arr.offset == 0
-            and _nonneg_int64(arr.values)):
+            and _nonneg_int64(arr.values, nonneg)):
         # Canonical already but for the child field's name (Parquet says "element", Arrow
         # "item"): same buffers, so a zero-copy rebuild instead of flatten + mask + rebuild.
         return pa.ListArray.from_arrays(arr.offsets, arr.values)

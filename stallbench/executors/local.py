@@ -7,7 +7,9 @@ across worker counts.
 - ``num_workers = 0``: the trainer process produces its own batches, one work item at a time
   (in the trainer thread, or in the receive thread when ``prefetch_batches > 0``). Nothing
   crosses a process boundary; batches of a poolable format (``single_buffer``) still recycle
-  their memory through a small trainer-local ``BufferPool``.
+  their memory through a small trainer-local ``BufferPool``, and a format that can (``jagged``,
+  uncompressed) hands the trainer its finished tensors (``LocalBatch``): no header is written
+  and nothing is decoded or re-checked, as nothing crossed a wire.
 - ``num_workers > 0``: forked DataLoader workers produce whole work items; at most
   ``prefetch_factor`` items per worker are in flight (the DataLoader's bounded queue is the
   backpressure). Poolable payloads (``single_buffer``) are packed straight into shared
@@ -36,7 +38,7 @@ from .. import interrupts, threads
 from ..errors import ProcessDied, UserCodeError, UserError, exit_status
 from ..measure.watchdog import tick
 from ..pipeline import Fetched, Plan, ShardOutput
-from ..stages.buffers import BufferPool, PooledBuffer
+from ..stages.buffers import BufferPool
 from ..stages.sizes import ceil_div
 from .base import EXECUTORS, Executor, ProducerKnob
 
@@ -253,7 +255,7 @@ class LocalExecutor(Executor):
             for out in outs:
                 tick()        # a row group produced: progress, in bulk mode too
                 for p in out.payloads or ():
-                    pooled = isinstance(p.data, PooledBuffer)
+                    pooled = p.pooled
                     counts["pooled" if pooled else "fresh"] += 1
                     if not pooled and pool is not None and p.raw_bytes > pool.slot_bytes:
                         self._slot_need = max(self._slot_need, p.raw_bytes)
@@ -278,8 +280,8 @@ class LocalExecutor(Executor):
             ahead = _FetchAhead(plan, lc.fetch_ahead) if lc.fetch_ahead else None
             try:
                 for i in range(len(plan.items)):
-                    yield (plan.produce(i, shared=alloc, fetched=ahead.take(i)) if ahead
-                           else plan.produce(i, shared=alloc))
+                    yield plan.produce(i, shared=alloc, fetched=ahead.take(i) if ahead else None,
+                                       local=True)
             finally:
                 if ahead is not None:
                     ahead.close()

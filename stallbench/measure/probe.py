@@ -279,7 +279,7 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
             if api is not None:
                 source = DeviceFeeder(source, api, tr.device_prefetch, on_copy=clock.on_copy)
         # Executors that report what they wait on also report their progress (local, Flight,
-        # Ray: its tasks' completions tick); the others (Ray Client) are not watched.
+        # Ray, Ray Client too: its tasks' completions tick); the others are not watched.
         watched = callable(getattr(executor, "waiting_for", None))
         dog = Watchdog(progress_timeout_s if watched else math.inf,
                        lambda: stall_line(plan, executor, progress_timeout_s))

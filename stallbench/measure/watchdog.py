@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
+import os
 import signal
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator
 
 from ..errors import NoProgress
 
-__all__ = ["NoProgress", "Watchdog", "tick", "ticking", "publish", "state"]
+__all__ = ["NoProgress", "Watchdog", "tick", "ticks", "ticking", "publish", "state",
+           "SharedSlots", "map_slots"]
 
 # What a trainer rank is doing, as its launcher reads it (``publish``): the launcher ends a
 # job that makes no progress only when a rank waits on data or on its own set-up, or is
@@ -34,6 +38,7 @@ IDLE, SETUP, WAITING, COLLECTIVE, BUSY = 0.0, 1.0, 2.0, 3.0, 4.0
 
 class _Clock:
     last = time.monotonic()
+    ticks = 0                  # how many: what another machine's process can report
     slots: Any = None          # a rank's shared array (see ``publish``), or None
     index = 0
 
@@ -45,6 +50,50 @@ def publish(slots: Any, rank: int) -> None:
     rank that is stuck, or stopped, from one that works (``trainers.processes``)."""
     _Clock.slots, _Clock.index = slots, 2 * rank
     tick()
+
+
+class SharedSlots:
+    """Progress slots (``publish``) for processes that are not this one's children (Ray
+    actors on this node): a small file of this node's memory (``/dev/shm``) that each maps
+    (``map_slots``). ``slots`` reads like the launcher's shared array."""
+
+    def __init__(self, count: int) -> None:
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix=f"stallbench-progress-{os.getpid()}-",
+                                           dir=where)
+        try:
+            os.ftruncate(fd, 8 * count)
+            self._mm: mmap.mmap | None = mmap.mmap(fd, 8 * count)
+        finally:
+            os.close(fd)
+        self.slots: Any = memoryview(self._mm).cast("d")
+
+    def close(self) -> None:
+        if self.slots is not None:
+            self.slots.release()
+            self.slots = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def map_slots(path: str, count: int) -> Any:
+    """In another process on this node: ``SharedSlots(count)``'s slots, or None where the
+    file is not there (another machine) or not of that size."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size != 8 * count:
+            return None
+        return memoryview(mmap.mmap(fd, 8 * count)).cast("d")   # kept for the process's life
+    finally:
+        os.close(fd)
 
 
 def state(code: float) -> float:
@@ -60,8 +109,15 @@ def state(code: float) -> float:
 def tick() -> None:
     """A producer completed work (or a batch arrived): the wait is not stuck."""
     _Clock.last = now = time.monotonic()
+    _Clock.ticks += 1
     if _Clock.slots is not None:
         _Clock.slots[_Clock.index] = now
+
+
+def ticks() -> int:
+    """This process's progress so far, as a count (clocks of two machines do not compare):
+    the Ray Client pump actor reports it to the trainer (``executors.ray.driver``)."""
+    return _Clock.ticks
 
 
 def ticking(items: Iterator[Any]) -> Iterator[Any]:

@@ -223,21 +223,43 @@ def startup_note(result: Result) -> str | None:
             if parts else None)
 
 
+def _loss_cost(with_loss: list[float], without: list[float]) -> str:
+    """What a loss cost in seconds, measured: the median epoch of the runs with one against
+    that of the runs without one; with none to compare, the run's time alone, said so."""
+    import statistics
+
+    hit = statistics.median(with_loss)
+    runs = "the run with the loss took" if len(with_loss) == 1 else \
+        f"the {len(with_loss)} runs with a loss took (median)"
+    if not without:
+        return (f"{runs} {hit:.1f} s, no run without a loss to compare with "
+                f"(run.repeats > 1 gives one)")
+    base = statistics.median(without)
+    return (f"{runs} {hit:.1f} s, {hit - base:+.1f} s against {base:.1f} s (median) of the "
+            f"{len(without)} run(s) without one")
+
+
 def faults_lines(result: Result) -> list[str]:
     """One line per variant whose measured runs completed although Ray lost something under
     them (a producer node, a worker process): what was lost, what it cost (the tasks Ray
-    re-ran), and that the run completed, every row once (the figures include the time the
-    loss cost). From each repeat's ``executor_figures["faults"]``; none for other executors."""
+    re-ran, and in seconds: the runs with a loss against the variant's runs without one,
+    where there are some; else only the run's time, said so), and that the run completed,
+    every row once (the figures include the time the loss cost). From each repeat's
+    ``executor_figures["faults"]``; none for other executors."""
     out = []
     for v in result.variants:
         deaths = retries = hit = 0
+        with_loss: list[float] = []
+        without: list[float] = []
         pids: list[str] = []
         nodes: list[str] = []
         for r in v.repeats:
             f = (r.executor_figures or {}).get("faults") or {}
             lost = f.get("nodes_lost") or []
             if not f.get("worker_deaths") and not lost:
+                without.append(r.epoch_s)
                 continue
+            with_loss.append(r.epoch_s)
             hit += 1
             deaths += int(f.get("worker_deaths") or 0)
             retries += int(f.get("task_retries") or 0)
@@ -256,5 +278,6 @@ def faults_lines(result: Result) -> list[str]:
         out.append(one_line(
             f"RAY FAULTS: variant {v.name}: lost {' and '.join(what)} in {hit} of "
             f"{len(v.repeats)} run(s); Ray re-ran {retries} task(s) and the run completed, "
-            f"every row once (its figures include the time the loss cost)"))
+            f"every row once; {_loss_cost(with_loss, without)} (its figures include the time "
+            f"the loss cost)"))
     return out

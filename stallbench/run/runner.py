@@ -141,10 +141,12 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         t0 = time.perf_counter()
         executor.start()
         startup = time.perf_counter() - t0
-        caches = StageCaches.build(plan) if extra_runs else None
+        caches = in_trainer(plan, executor, "ablation caches", StageCaches.build) \
+            if extra_runs else None
         facts = executor_facts(executor)
         budget = thread_budget(executor)
-        solo = solo_probe(plan) if facts.has_producers else None
+        solo = in_trainer(plan, executor, "solo measurement", solo_probe) \
+            if facts.has_producers else None
         prepare_watched(executor, plan, caches)   # e.g. caches into Ray's object store, untimed
         started = startup_figures(startup, executor.startup_figures())
         compute = plan.build_compute(scenario_file)
@@ -223,8 +225,10 @@ def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenari
         startup = time.perf_counter() - t0
         facts = executor_facts(executor)
         driver_caches = LAUNCHERS.get(executor.rank_launcher).driver_caches
-        caches = StageCaches.build(plan) if analyze and driver_caches else None
-        solo = solo_probe(plan) if facts.has_producers else None
+        caches = in_trainer(plan, executor, "ablation caches", StageCaches.build) \
+            if analyze and driver_caches else None
+        solo = in_trainer(plan, executor, "solo measurement", solo_probe) \
+            if facts.has_producers else None
         prepare_watched(executor, plan, caches)
         jr = job.run_job(plan, executor, ablations, repeats,
                          on_run=lambda name, n: bar.update(n), row_hashes=row_hashes)
@@ -262,7 +266,30 @@ def executor_facts(executor: Any) -> ExecutorFacts:
                          scaling_knobs=list(executor.scaling_knobs))
 
 
-def solo_probe(plan: Plan) -> TrainerSolo | None:
+def in_trainer(plan: Plan, executor: Any, doing: str, work: Callable[..., Any]) -> Any:
+    """``work(plan, on_item=...)``: data work stallbench's own process does before the runs
+    (the ablation caches, the solo measurement), under the progress watchdog: a transform or
+    reader that never returns there would otherwise be a wait without an end, as it is in a
+    producer. Each work item done is progress."""
+    from ..measure.watchdog import Watchdog, tick
+
+    timeout = plan.config.run.progress_timeout_s
+    done = [0]
+
+    def item() -> None:
+        done[0] += 1
+        tick()
+
+    dog = Watchdog(timeout, lambda: (
+        f"{executor.scenario_file}: run.progress_timeout_s: the trainer's own {doing} (the data "
+        f"work of the {executor.name} executor's variant done in stallbench's process before "
+        f"the runs) completed no work item for {timeout:g} s; it was on work item "
+        f"{done[0] + 1} (the transforms or the reader did not return); no result written"))
+    with dog, dog.waiting():
+        return work(plan, on_item=item)
+
+
+def solo_probe(plan: Plan, on_item: Callable[[], None] | None = None) -> TrainerSolo | None:
     """The data work of a few work items done in the trainer's own process, untimed by the
     run and with nothing else going on: what the variant would cost with no workers. A worker's
     rate is the wrong input for that (it competes with the trainer's hand-off for the cores),
@@ -270,12 +297,14 @@ def solo_probe(plan: Plan) -> TrainerSolo | None:
     memory throughout). Median over items: the first one pays one-off warm-up."""
     per_row, per_item = [], []
     for i in range(min(SOLO_ITEMS, len(plan.items))):
-        out = plan.produce(i, shared=False)
+        out = plan.produce(i, shared=False, local=True)   # as 0 workers run it
         t = out.times
         work = t.fetch_s + t.preprocess_s + t.transfer_s
         if out.rows:
             per_row.append(work / out.rows)
             per_item.append(work)
+        if on_item is not None:
+            on_item()
     if not per_row:
         return None
     return TrainerSolo(data_s_per_sample=statistics.median(per_row),

@@ -39,8 +39,9 @@ import zstandard
 from ..data.schema import FeatureSchema
 from ..errors import PayloadError
 from ..scenario import LoaderSpec
-from .batch_format import BatchFormat, SequenceCounts, TensorBatch, format_class, nbytes
-from .buffers import SlotAllocator
+from .batch_format import (BatchFormat, LocalBatch, SequenceCounts, TensorBatch, format_class,
+                           nbytes)
+from .buffers import PooledBuffer, SlotAllocator
 from .costs import precise_wait
 from .device import DeviceApi, cuda_api
 
@@ -58,11 +59,16 @@ class Payload:
     compressed: bool
     wire_bytes: int      # bytes handed over (compressed size when compressed)
     raw_bytes: int       # bytes of the encoded batch before compression
-    final: bool = False  # data is already the trainer's TensorBatch (e.g. Ray's iter_torch_batches)
+    # ``data`` is already the trainer's TensorBatch (Ray's iter_torch_batches; with 0 loader
+    # workers, a ``LocalBatch``'s tensors): nothing to decode.
+    final: bool = False
     sequences: SequenceCounts | None = None   # what padding cut (formats that pad sequences)
     # The batch format that encoded ``data`` when it is not the loader's (an executor whose
     # wire has a format of its own: Flight streams ``arrow`` record batches).
     format: str | None = None
+    # ``data`` lives in a slot of a ``BufferPool`` (a ``PooledBuffer``, or a ``LocalBatch``'s
+    # tensors over a trainer-local slot): counted in results as pooled batches.
+    pooled: bool = False
 
 
 def device() -> torch.device:
@@ -201,18 +207,32 @@ class Transfer:
         return [table.slice(i, b) for i in range(0, table.num_rows, b)]
 
     def send_table(self, table: pa.Table, prefix: str, shared: bool | SlotAllocator,
-                   emulate_wire: bool = True) -> list[Payload]:
+                   emulate_wire: bool = True, local: bool = False) -> list[Payload]:
         """Every batch of one preprocessed table (ids ``prefix:i``), as ``send`` would make
         them one by one; the format encodes the whole table at once where it can
-        (``BatchFormat.encode_table``)."""
+        (``BatchFormat.encode_table``). ``local``: the payloads stay in this process (0
+        loader workers): unless they are compressed (whose CPU cost is what a compressed
+        variant measures), a format that can hands over the model's tensors directly
+        (``LocalBatch``: a final payload, nothing to decode)."""
+        local = local and not self.compress
         encoded = (self.format.encode_table(table, self.loader.batch_size, prefix,
-                                            False if self.compress else shared)
+                                            False if self.compress else shared, local)
                    if not self.format.pads_sequences else None)
         if encoded is None:
             return [self.send(b, f"{prefix}:{i}", shared, emulate_wire)
                     for i, b in enumerate(self.split(table))]
-        return [self._payload(f"{prefix}:{i}", rows, data, None, emulate_wire)
+        return [self._local(f"{prefix}:{i}", rows, data, emulate_wire)
+                if isinstance(data, LocalBatch) else
+                self._payload(f"{prefix}:{i}", rows, data, None, emulate_wire)
                 for i, (rows, data) in enumerate(encoded)]
+
+    def _local(self, batch_id: str, rows: int, lb: LocalBatch, emulate_wire: bool) -> Payload:
+        """A ``LocalBatch`` as a final payload: its buffer's bytes are what was packed (and
+        what an emulated link carries)."""
+        if emulate_wire and self.loader.wire_bandwidth_mb_s:
+            precise_wait(lb.nbytes / (self.loader.wire_bandwidth_mb_s * 1e6))
+        return Payload(batch_id, rows, lb.batch, False, lb.nbytes, lb.nbytes, final=True,
+                       pooled=lb.pooled)
 
     def send(self, table: pa.Table, batch_id: str, shared: bool | SlotAllocator,
              emulate_wire: bool = True) -> Payload:
@@ -240,7 +260,8 @@ class Transfer:
         wire = nbytes(data)
         if emulate_wire and self.loader.wire_bandwidth_mb_s:
             precise_wait(wire / (self.loader.wire_bandwidth_mb_s * 1e6))
-        return Payload(batch_id, rows, data, compressed, wire, raw, sequences=cut)
+        return Payload(batch_id, rows, data, compressed, wire, raw, sequences=cut,
+                       pooled=isinstance(data, PooledBuffer))
 
     # ---------------------------------------------------------------------- trainer side
     def receive(self, p: Payload) -> TensorBatch:

@@ -20,13 +20,20 @@ import dataclasses
 import math
 import socket
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
+from ..measure import watchdog
 from ..pipeline import Ablation, Plan
 from ..registry import Registry
 from ..results import RepeatFigures, Resources, Timeline
 
 LAUNCHERS: Registry[type["RankLauncher"]] = Registry("rank launcher")
+
+# What a rank is doing, in words, from the state it publishes (``measure.watchdog.state``).
+DOING = {watchdog.SETUP: "setting up (its process group, caches, warm-up pass)",
+         watchdog.WAITING: "waiting for its next batch",
+         watchdog.COLLECTIVE: "waiting for the other ranks (all-reduce)",
+         watchdog.BUSY: "in its model step", watchdog.IDLE: ""}
 
 
 class RankError(RuntimeError):
@@ -98,6 +105,53 @@ class RankRun:
     resources: Resources | None = None
     row_hashes: list[int] | None = None  # only when asked (exactly-once tests)
     model_digest: float | None = None    # sum of the model's parameters, when hashes are asked
+
+
+def stalled(scenario_file: str, slots: Any, pending: list[int] | set[int],
+            pid_of: Callable[[int], int | None], since: float, timeout_s: float,
+            source: Callable[[], str]) -> str | None:
+    """The launcher's progress watchdog (``run.progress_timeout_s``), one rule for every
+    launcher: the line that ends the job, or None. The job is stuck when no rank has made
+    progress (a batch, a producer's work item, a row group of its caches, a completed
+    all-reduce: the CLOCK_MONOTONIC times ranks, and shared producers after them, publish in
+    ``slots``) for ``timeout_s`` since ``since`` and a rank still due is stopped (``kill -STOP``), waits for its own
+    batch or is stuck in its set-up. Ranks in the all-reduce wait for the others, and a
+    model step is not a wait: neither is blamed (the line names only the ranks that are)."""
+    import time
+
+    import psutil
+
+    if slots is None or not math.isfinite(timeout_s):
+        return None
+    now = time.monotonic()
+    last = max([since] + [slots[2 * r] for r in range(len(slots) // 2)])
+    if now - last < timeout_s:
+        return None
+    # (verb for one rank, for several, what) -> the ranks it holds
+    blamed: dict[tuple[str, str, str], list[str]] = {}
+    for r in sorted(pending):
+        pid = pid_of(r)
+        what = DOING.get(slots[2 * r + 1])
+        try:
+            stopped = pid is not None and psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        except psutil.Error:
+            stopped = False
+        if what == DOING[watchdog.WAITING]:
+            what += f" from {source()}"
+        who = f"{r}" + (f" (pid {pid})" if pid is not None else "")
+        if stopped:
+            key = ("is", "are", "stopped (SIGSTOP)" + (f" while {what}" if what else ""))
+            blamed.setdefault(key, []).append(who)
+        elif slots[2 * r + 1] in (watchdog.SETUP, watchdog.WAITING):
+            blamed.setdefault(("was", "were", str(what)), []).append(who)
+    if not blamed:
+        return None
+    said = [f"trainer rank {who[0]} {one} {what}" if len(who) == 1 else
+            f"trainer ranks {', '.join(who[:-1])} and {who[-1]} {many} "
+            f"{what.replace(' its ', ' their ', 1)}"
+            for (one, many, what), who in blamed.items()]
+    return (f"{scenario_file}: run.progress_timeout_s: no trainer rank made progress for "
+            f"{timeout_s:g} s: {'; '.join(said)}; no result written")
 
 
 def rank_plan(plan: Plan, rank: int, world: int) -> Plan:

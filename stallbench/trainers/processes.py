@@ -24,7 +24,6 @@ shared array (``measure.watchdog.publish``), which ``_check_progress`` reads whi
 from __future__ import annotations
 
 import dataclasses
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -38,14 +37,11 @@ from .. import interrupts
 from ..errors import NoProgress, ProcessDied, UserError, exit_status
 from ..measure import watchdog
 from ..pipeline import Ablation, Plan
-from .base import LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan
+from .base import (LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port, rank_plan,
+                   stalled)
 
 READY_TIMEOUT_S = 600.0
 STOP_GRACE_S = 5.0
-_DOING = {watchdog.SETUP: "setting up (its process group, caches, warm-up pass)",
-          watchdog.WAITING: "waiting for its next batch",
-          watchdog.COLLECTIVE: "waiting for the other ranks (all-reduce)",
-          watchdog.BUSY: "in its model step", watchdog.IDLE: ""}
 
 
 def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool,
@@ -233,40 +229,13 @@ class ProcessLauncher(RankLauncher):
         return out
 
     def _check_progress(self, pending: set[int], since: float) -> None:
-        """The job's progress watchdog (``run.progress_timeout_s``), for what a rank cannot
-        watch itself: no rank has made progress (a batch, a producer's work item, a row group
-        of its caches, a completed all-reduce) for that long, and a rank still due is stopped
-        (``kill -STOP``), waits for its own batch or is stuck in its set-up. Ranks in the
-        all-reduce wait for the others, and a model step is not a wait: neither is blamed."""
-        import psutil
-
-        timeout = self.plan.config.run.progress_timeout_s
-        slots = self.slots
-        if slots is None or not math.isfinite(timeout):
-            return
-        now = time.monotonic()
-        last = max([since] + [slots[2 * r] for r in range(self.world)])
-        if now - last < timeout:
-            return
-        blamed = []
-        for r in sorted(pending):
-            pid = self.procs[r].pid
-            what = _DOING.get(slots[2 * r + 1])
-            try:
-                stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
-            except psutil.Error:
-                stopped = False
-            if what == _DOING[watchdog.WAITING]:
-                what += f" from {self._source()}"
-            if stopped:
-                blamed.append(f"trainer rank {r} (pid {pid}) is stopped (SIGSTOP)"
-                              + (f" while {what}" if what else ""))
-            elif slots[2 * r + 1] in (watchdog.SETUP, watchdog.WAITING):
-                blamed.append(f"trainer rank {r} (pid {pid}) was {what}")
-        if blamed:
-            raise NoProgress(f"{self.executor.scenario_file}: run.progress_timeout_s: no trainer "
-                             f"rank made progress for {timeout:g} s: {'; '.join(blamed)}; no "
-                             f"result written")
+        """The job's progress watchdog (``base.stalled``), for what a rank cannot watch
+        itself: a rank stopped, stuck in its set-up, or waiting while none progresses."""
+        line = stalled(self.executor.scenario_file, self.slots, pending,
+                       lambda r: self.procs[r].pid, since,
+                       self.plan.config.run.progress_timeout_s, self._source)
+        if line is not None:
+            raise NoProgress(line)
 
     def _source(self) -> str:
         if self.shared:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import transform_bound_scenario
 
 from stallbench import results, scenario
 from stallbench.analysis import figures
@@ -29,27 +30,7 @@ from stallbench.report import tables
 from stallbench.report.render import render
 from stallbench.run.runner import RunOptions, run_scenario
 
-TEXT = """
-name = "one-figure"
-[dataset]
-rows = 32768
-row_group_rows = 2048
-dense_features = 8
-sparse_features = 4
-sequence_features = 1
-[preprocess]
-cpu_cost_us_per_row = 20
-[model]
-kind = "emulated"
-step_ms = 2
-[loader]
-batch_size = 1024
-batch_format = "jagged"
-[run]
-repeats = 2
-[matrix]
-"loader.num_workers" = [0, 2]
-"""
+TEXT = transform_bound_scenario("one-figure", row_group_rows=2048)
 
 COMPUTE = re.compile(r"(\d+\.\d) us/sample compute \(compute-only run\)")
 STAGE = re.compile(r"\((fetch|preprocess|transfer) (\d+\.\d) us/sample\) cannot keep up")

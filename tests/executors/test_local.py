@@ -37,8 +37,9 @@ batch_size = 100
 class StampedPlan(Plan):
     """Records when each work item finished, on a clock shared by all processes."""
 
-    def produce(self, item: int, shared: Any = False) -> ShardOutput:
-        out = super().produce(item, shared)
+    def produce(self, item: int, shared: Any = False, fetched: Any = None,
+                local: bool = False) -> ShardOutput:
+        out = super().produce(item, shared, fetched, local)
         out.done_at = time.monotonic()   # type: ignore[attr-defined]
         return out
 
@@ -240,9 +241,10 @@ class CountingPlan(Plan):
         self.log.append(("fetch", item))   # type: ignore[attr-defined]
         return super().fetch_item(item)
 
-    def produce(self, item: int, shared: Any = False, fetched: Any = None) -> ShardOutput:
+    def produce(self, item: int, shared: Any = False, fetched: Any = None,
+                local: bool = False) -> ShardOutput:
         self.log.append(("produce", item))   # type: ignore[attr-defined]
-        return super().produce(item, shared, fetched)
+        return super().produce(item, shared, fetched, local)
 
 
 def _batches(plan: Plan, ex: Any) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from raystart import LOOPBACK, RayStartCluster
+from raystart import LOOPBACK, RayStartCluster, stop_all
 from stallbench import scenario
 from stallbench.errors import ScenarioError
 from stallbench.executors import EXECUTORS
@@ -94,8 +94,7 @@ def clusters() -> Any:
         plain.start_head(cpus=1, producer=False, client_server=False)
         yield {"token": token, "plain": plain}
     finally:
-        for c in (token, plain):
-            c.stop()
+        stop_all([token, plain])      # one TERM grace for both (their GCS and raylets need KILL)
         # nothing of either cluster is left, and no current-cluster file points at them
         left = token.processes() + plain.processes()
         assert not left, [p.pid for p in left]
@@ -202,6 +201,38 @@ def test_ray_client_address_with_token(clusters: dict, cache: Path, tmp_path: Pa
     assert rc == 0, err[-3000:]
     assert got["client"] is True and got["digests"] == want
     assert not set(got["figures"]["ray"]["producer_nodes"]) & _head_ids(got)
+
+
+FROZEN = """
+import sys, time
+
+def freeze(table, **kw):
+    if "default_worker" in (sys.argv[0] if sys.argv else ""):
+        time.sleep(8)       # never returns within the run's 2 s; bounded for the next tests
+    return table
+"""
+
+
+def test_ray_client_run_is_watched(clusters: dict, tmp_path: Path) -> None:
+    """Through Ray Client the dataset runs in the pump actor on the head node: the trainer
+    asks it for its producers' progress while it waits, so a producer that does not return
+    ends the run after ``[run] progress_timeout_s`` with the watchdog's line (it was a wait
+    without an end: the pump's task completions were not seen)."""
+    c = clusters["token"]
+    (tmp_path / "frozen.py").write_text(FROZEN)
+    (tmp_path / "s.toml").write_text(
+        _text(f"ray://{LOOPBACK}:{c.client_port}").replace(
+            'transforms = ["log_dense", {name = "hash_ids", buckets = 1000}]',
+            'transforms = ["frozen:freeze"]') + "[run]\nprogress_timeout_s = 2\n")
+    env = {**c.client_env(), "STALLBENCH_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "stallbench", "run", "s.toml", "--out", "out",
+                        "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("stallbench: error:")]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert "run.progress_timeout_s" in lines[0] and "for 2 s" in lines[0], lines[0]
+    assert "run through Ray Client by the pump actor (pid " in lines[0], lines[0]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_cli_auto_with_token_end_to_end(clusters: dict, tmp_path: Path) -> None:

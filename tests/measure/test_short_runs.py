@@ -12,33 +12,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from factories import transform_bound_scenario
 
 from stallbench import scenario
 from stallbench.report import tables
 from stallbench.run.runner import RunOptions, run_scenario
 
-TEXT = """
-name = "transform-bound"
-[dataset]
-rows = 32768
-row_group_rows = 8192
-dense_features = 8
-sparse_features = 4
-sequence_features = 1
-[preprocess]
-cpu_cost_us_per_row = 20
-[model]
-kind = "emulated"
-step_ms = 2
-[loader]
-batch_size = 1024
-batch_format = "jagged"
-max_batches = 20
-[run]
-repeats = 2
-[matrix]
-"loader.num_workers" = [0, 2]
-"""
+TEXT = transform_bound_scenario("transform-bound", row_group_rows=8192, max_batches=20)
 
 
 def test_a_quick_look_too_short_for_a_steady_state_says_so(tmp_path: Path) -> None:

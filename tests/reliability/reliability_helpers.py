@@ -3,6 +3,7 @@ command in a subprocess, as users do, and look at what it leaves behind (files, 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -93,6 +94,19 @@ class Watched:
     def finish(self, timeout: float = 240) -> tuple[int, str, str]:
         out, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, out, err
+
+    def interrupt(self, sig: int, timeout: float = 240, what: str = "the run") -> str:
+        """Send ``sig`` to the command, which must still be running (one that ended first
+        would test nothing), and check how it ends: exit 128 + N, a last line on stderr that
+        says ``interrupted by SIG...``, no process of it left. Returns its stderr."""
+        assert self.proc.poll() is None, f"{what} ended before the signal: nothing was tested"
+        self.proc.send_signal(sig)
+        rc, _, err = self.finish(timeout=timeout)
+        assert rc == 128 + sig, (rc, err[-3000:])
+        last = err.splitlines()[-1] if err.strip() else ""
+        assert f"interrupted by {signal.Signals(sig).name}" in last, err[-2000:]
+        assert self.leftovers() == []
+        return err
 
     def leftovers(self, grace_s: float = 3.0) -> list[str]:
         """Processes seen under the command that are still alive (killed here, then named)."""

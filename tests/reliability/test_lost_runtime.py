@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -118,6 +119,9 @@ def test_a_lost_raylet_or_gcs_is_one_line(tmp_path: Path, env: dict, name: str,
     line = _one_line(err)
     assert says in line and f"pid {victim.pid}" in line, line
     assert f"killed by {sig.name}" in line and "no result is written" in line, line
+    # what it cost: the command's time so far, all lost with the run
+    assert re.search(r"killed by SIG\w+ after \d+\.\d s of the command; the run cannot "
+                     r"complete", line), line
     assert took < 30, took            # Ray alone: ~60 s for a lost GCS
     log = line.split("(Ray's log: ")[1].rstrip(")")
     assert Path(log).is_file(), log

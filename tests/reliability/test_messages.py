@@ -70,15 +70,10 @@ def test_oversized_sequence_len_on_existing_data_names_its_key(tmp_path: Path,
     one_error_line(r, "s.toml: dataset.sequence_max_len: ", "padded sequences")
 
 
-@pytest.mark.ray
-def test_a_ray_run_prints_nothing_on_stderr(tmp_path: Path, env: dict) -> None:
-    """Ray 2.5x prints a token-authentication notice at every start: every one-line error
-    of stallbench became two lines."""
-    pytest.importorskip("ray")
-    write(tmp_path, TINY + '[executor]\nkind = "ray"\ncpus = 1\n')
-    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr == "", r.stderr[-3000:]
+# A successful local Ray run prints nothing on stderr (Ray 2.5x printed a token-authentication
+# notice at every start: every one-line error of stallbench became two lines): checked on the
+# Ray run of test_user_modules.py::test_ray_workers_get_no_driver_directory (TINY, one CPU, a
+# user transform), which starts a runtime anyway; a second start only for this cost ~12 s of CI.
 
 
 def test_ray_client_address_says_what_to_install(tmp_path: Path, env: dict) -> None:

@@ -36,6 +36,15 @@ def hang(table, **kw):
     time.sleep(10 ** 6)
     return table
 
+def hang_in_trainer(table, **kw):
+    """Never returns in stallbench's own process (its solo measurement, its ablation
+    caches); returns at once in a loader worker or a Ray worker."""
+    import sys
+    from torch.utils.data import get_worker_info
+    if get_worker_info() is None and "default_worker" not in (sys.argv[0] if sys.argv else ""):
+        time.sleep(10 ** 6)
+    return table
+
 def slow(table, **kw):
     if os.environ.get("SLOW_MARK"):
         open(os.environ["SLOW_MARK"], "a").write("x")
@@ -72,6 +81,34 @@ def test_a_frozen_producer_ends_the_run(tmp_path: Path, env: dict, base: str, fn
     assert "local executor" in lines[0] and waited in lines[0], lines[0]
     assert no_files(tmp_path / "out")
     assert w.leftovers() == []
+
+
+@pytest.mark.parametrize("base, doing", [
+    (WORKERS, "solo measurement"),
+    (TINY.replace("differential = false", "differential = true"), "ablation caches"),
+    # CI time: the same watch (``runner.in_trainer``) whatever the executor; ~15-40 s of Ray
+    pytest.param(TINY + '[executor]\nkind = "ray"\ncpus = 2\nobject_store_mb = 100\n',
+                 "solo measurement", marks=pytest.mark.slow),
+], ids=["local-solo", "local-caches", "ray-solo"])
+def test_a_transform_frozen_in_the_trainer_before_the_runs_ends_the_run(
+        tmp_path: Path, env: dict, base: str, doing: str) -> None:
+    """The data work stallbench's own process does before the runs (the solo measurement of
+    an executor with producers, the ablation caches) was not watched: a transform that never
+    returns there was a wait forever."""
+    _project(tmp_path, base + '[preprocess]\ntransforms = ["usercode:hang_in_trainer"]\n'
+                              '[run]\nprogress_timeout_s = 2\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+    while w.proc.poll() is None:
+        w.children()
+        time.sleep(0.05)
+    code, out, err = w.finish()
+    line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                          "s.toml: run.progress_timeout_s: the trainer's own " + doing,
+                          "completed no work item for 2 s", "it was on work item 1",
+                          "no result written")
+    assert ("ray executor" in line) == ("ray" in base), line
+    assert no_files(tmp_path / "out")
+    assert w.leftovers(grace_s=10) == []
 
 
 def test_slow_items_and_bulk_materialisation_are_progress(tmp_path: Path, env: dict) -> None:

@@ -8,7 +8,9 @@ temp dir and no server or rank process is left. ``[run] progress_timeout_s`` wat
 too (``trainers.processes``: each rank publishes its last progress and what it is doing): a
 rank stuck in its set-up or waiting for its batch, or stopped with ``kill -STOP``, ends the
 run with one line naming the rank, its pid and what it waited for, exit 2, no result, no rank
-process left.
+process left. The same for Ray's rank actors (``executors.ray.ranks``, the same rule in
+``trainers.base.stalled``), whose shared producers freeze: no process of the run and no
+progress file left.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from pathlib import Path
 import psutil
 import pytest
 from reliability_helpers import TINY, Watched, no_files, one_error_line, write
-
-EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 CODE = '''
 import os, time
@@ -53,6 +53,21 @@ def mark(table, **kw):
     if d:
         with open(os.path.join(d, f"rank{os.environ.get('RANK')}-{os.getpid()}"), "a") as f:
             f.write("x")
+    return table
+
+def _in_ray_worker():
+    import sys
+    return "default_worker" in (sys.argv[0] if sys.argv else "")
+
+def hang_in_ray_after(table, **kw):
+    """A Ray producer freezes on its call number AFTER + 1 (every Ray worker counts in
+    one file): the untimed passes before the run make the first calls."""
+    if _in_ray_worker():
+        with open(os.environ["MARK"], "a") as f:
+            f.write("x")
+        with open(os.environ["MARK"]) as f:
+            if len(f.read()) > int(os.environ["AFTER"]):
+                time.sleep(10 ** 6)
     return table
 
 def fail_in_server(table, **kw):
@@ -142,12 +157,7 @@ def test_a_signal_during_flight_ranks_leaves_nothing(tmp_path: Path, tmp_env: di
     # signal must leave nothing)
     assert w.wait_for(lambda kids: len(kids) >= 3, timeout=180)
     time.sleep(3)
-    assert w.proc.poll() is None, "the run ended before the signal: nothing was tested"
-    w.proc.send_signal(sig)
-    rc, _, err = w.finish()
-    assert rc == EXIT[sig], (rc, err[-3000:])
-    assert f"interrupted by {signal.Signals(sig).name}" in err.splitlines()[-1], err[-2000:]
-    assert w.leftovers() == []
+    w.interrupt(sig)
     _clean(tmp_path)
     assert no_files(tmp_path / "out")
 
@@ -211,3 +221,40 @@ def test_a_stopped_rank_ends_the_run(tmp_path: Path, env: dict) -> None:
     assert "trainer rank 1" in line, line
     assert no_files(tmp_path / "out")
     assert w.leftovers() == []
+
+
+RAY_RANKS = ('[executor]\nkind = "ray"\ncpus = 2\nobject_store_mb = 100\n[trainers]\nranks = 2\n'
+             '[preprocess]\ntransforms = ["usercode:hang_in_ray_after"]\n'
+             '[run]\nprogress_timeout_s = 3\n')
+
+
+@pytest.mark.parametrize("after, where", [
+    # CI time: the same watch; the pass over the splits comes first, so it ends sooner
+    (4, "the ranks' untimed pass over their splits"),
+    # 2 calls of the executor's warm-up, 8 of the split's pass, then 1 of the measured run
+    pytest.param(11, "the measured run", marks=pytest.mark.slow),
+])
+def test_a_frozen_ray_producer_ends_a_ray_ranks_run(tmp_path: Path, env: dict, after: int,
+                                                    where: str) -> None:
+    """Ray's rank actors wait on one pipeline split between them; a producer task that never
+    returns there was a wait forever (the ranks' watchdog watched only the ``processes``
+    launcher). Both ranks wait for their batch: the line names them, their pids and the Ray
+    executor's producers."""
+    (tmp_path / "usercode.py").write_text(CODE)
+    write(tmp_path, TINY + RAY_RANKS)
+    mark = tmp_path / "mark"
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                {**env, "MARK": str(mark), "AFTER": str(after)}, tmp_path)
+    while w.proc.poll() is None:
+        w.children()
+        time.sleep(0.05)
+    code, out, err = w.finish()
+    line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                          "s.toml: run.progress_timeout_s: no trainer rank made progress for 3 s",
+                          "trainer ranks 0 (pid ", " and 1 (pid ",
+                          "waiting for their next batch from the ray executor",
+                          "Ray Data's producer tasks", "no result written")
+    assert len(mark.read_text()) > after, (where, mark.read_text(), line)   # it did freeze
+    assert no_files(tmp_path / "out")
+    assert w.leftovers(grace_s=10) == []
+    assert list(Path("/dev/shm").glob(f"stallbench-progress-{w.proc.pid}-*")) == []

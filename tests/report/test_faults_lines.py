@@ -29,3 +29,29 @@ def test_lost_workers_and_nodes_are_one_line_per_variant(
     assert "2 Ray worker process(es) (pid 11, 12)" in line, line
     assert f"in 1 of {len(v.repeats)} run(s)" in line and "Ray re-ran 3 task(s)" in line, line
     assert "the run completed" in line, line
+    # what it cost in seconds: this run against the variant's runs without a loss
+    hit = v.repeats[0].epoch_s
+    if len(v.repeats) > 1:
+        import statistics
+
+        base = statistics.median(r.epoch_s for r in v.repeats[1:])
+        assert f"the run with the loss took {hit:.1f} s, {hit - base:+.1f} s against " \
+               f"{base:.1f} s (median) of the {len(v.repeats) - 1} run(s) without one" in line, line
+    else:
+        assert f"the run with the loss took {hit:.1f} s, no run without a loss" in line, line
+
+
+def test_the_cost_of_a_loss_in_seconds(make_result: Callable[..., Any]) -> None:
+    """Two runs without a loss (10 s, 12 s) and one with (15 s): +4.0 s against 11.0 s."""
+    result = make_result()
+    v = result.variants[0]
+    base = v.repeats[0]
+    import dataclasses
+
+    v.repeats = [dataclasses.replace(base, epoch_s=e) for e in (10.0, 15.0, 12.0)]
+    v.repeats[1].executor_figures = {"faults": {"worker_deaths": 1, "task_retries": 1,
+                                                "dead_workers": [{"pid": 7}]}}
+    (line,) = tables.faults_lines(result)
+    assert "in 1 of 3 run(s)" in line, line
+    assert "the run with the loss took 15.0 s, +4.0 s against 11.0 s (median) of the 2 run(s) " \
+           "without one" in line, line

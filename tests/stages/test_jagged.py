@@ -254,3 +254,51 @@ def test_a_table_encoded_at_once_is_byte_identical_to_batch_by_batch(batch: int)
         (p.batch_id, p.rows, p.raw_bytes) for p in
         (t2.send(b, f"5:{i}", shared=False) for i, b in enumerate(t2.split(t)))]
     assert bf.FORMATS.get("jagged")(SCHEMA, "trainer").encode_table(t, batch, "5", False) is None
+
+
+@pytest.mark.parametrize("batch", [1, 7, 40])
+def test_a_local_batch_is_the_decoded_batch_with_nothing_to_decode(batch: int) -> None:
+    """With 0 workers (``local``), ``encode_table`` hands over the very dict ``decode`` gives
+    for the packed buffer (same keys in the same order, dtypes, shapes, strides and values;
+    ``dense``/``sparse`` the same transposed views), as a final payload the trainer returns
+    untouched; compressed, the payload stays a buffer. A pool slot is held while any of the
+    batch's tensors lives and freed when the last one goes."""
+    t = pa.concat_tables([_table(n=9, max_len=14, seed=1), _table(n=14, max_len=3, seed=2)])
+    fmt = bf.FORMATS.get("jagged")(SCHEMA, "producer")
+    packed = fmt.encode_table(t, batch, "5", False)
+    local = fmt.encode_table(t, batch, "5", False, local=True)
+    assert [r for r, _ in local] == [r for r, _ in packed]
+    for i, ((_, buf), (_, lb)) in enumerate(zip(packed, local)):
+        assert isinstance(lb, bf.LocalBatch) and not lb.pooled
+        want = fmt.decode(buf, f"5:{i}")
+        assert list(lb.batch) == list(want)
+        for k, v in want.items():
+            got = lb.batch[k]
+            assert (got.dtype, got.shape, got.stride()) == (v.dtype, v.shape, v.stride()), k
+            assert torch.equal(got, v), k
+    tr = Transfer(LoaderSpec(batch_size=batch, batch_format="jagged"), SCHEMA)
+    for p, (_, lb) in zip(tr.send_table(t, "5", shared=False, local=True), local):
+        assert p.final and not p.compressed and p.raw_bytes == p.wire_bytes == lb.nbytes
+        got = tr.receive_host(p)
+        assert all(torch.equal(got[k], v) for k, v in lb.batch.items())
+    zt = Transfer(LoaderSpec(batch_size=batch, batch_format="jagged", compression="zstd"), SCHEMA)
+    assert not any(p.final for p in zt.send_table(t, "5", shared=False, local=True))
+
+    pool = BufferPool(1, 2, 1 << 16)
+    try:
+        (_, lb), (_, lb2) = fmt.encode_table(t.slice(0, 8), 4, "6",
+                                             pool.allocator(0, fallback_shared=False), local=True)
+        assert lb.pooled and lb2.pooled and pool.state.tolist() == [1, 1]
+        keep = lb.batch["seq_values"]
+        del lb
+        assert pool.state.tolist() == [1, 1]     # a tensor of the first batch still lives
+        del keep
+        assert pool.state.tolist() == [0, 1]
+        (_, lb3), = fmt.encode_table(t.slice(0, 4), 4, "7",
+                                     pool.allocator(0, fallback_shared=False), local=True)
+        assert lb3.pooled and pool.state.tolist() == [1, 1]
+        (_, lb4), = fmt.encode_table(t.slice(0, 4), 4, "8",
+                                     pool.allocator(0, fallback_shared=False), local=True)
+        assert not lb4.pooled     # no free slot: ordinary memory, never a wait
+    finally:
+        pool.close()

@@ -131,6 +131,18 @@ class _lean_env:
                 os.environ[k] = v
 
 
+def _command_time() -> str:
+    """What a lost runtime cost: the command's time so far, all of it lost with the run
+    (`` after 12.3 s of the command``; empty where the process's start is unknown)."""
+    try:
+        import psutil
+
+        took = max(time.time() - psutil.Process().create_time(), 0.0)
+        return f" after {took:.1f} s of the command"
+    except Exception:  # noqa: BLE001 - a figure of the message, never a failure
+        return ""
+
+
 def _descendants() -> dict[int, str]:
     import psutil
 
@@ -255,8 +267,8 @@ class RayRuntime:
             return                      # a Ctrl-C or SIGTERM reached Ray's processes too
         log = self.log.last_path
         line = (f"stallbench: error: {self.file}: executor: the Ray runtime stallbench started "
-                f"for this run lost {what}; the run cannot complete and no result is written"
-                + (f" (Ray's log: {log})" if log else "") + "\n")
+                f"for this run lost {what}{_command_time()}; the run cannot complete and no "
+                f"result is written" + (f" (Ray's log: {log})" if log else "") + "\n")
         try:
             os.write(self.log.terminal_fd(), line.encode("utf-8", "backslashreplace"))
         except OSError:

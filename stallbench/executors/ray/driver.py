@@ -48,6 +48,7 @@ from typing import Any, Iterator
 
 from ... import threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
+from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.batch_format import SequenceCounts
@@ -78,6 +79,7 @@ class _RunState:
     nodes_at_start: dict = field(default_factory=dict)   # producer-capable nodes, by id
     pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
     items: int = 0                       # work items of the run (for the watchdog's line)
+    pump_pid: int | None = None          # Ray Client: the pump actor's process
     nodes_lost_before: set = field(default_factory=set)   # simulated nodes lost before it
     complete: bool = False
     notes: list[str] = field(default_factory=list)
@@ -343,26 +345,27 @@ class RayExecutor(Executor):
 
     @property
     def waiting_for(self) -> Any:
-        """What the trainer waits on (the progress watchdog's line, ``measure.watchdog``),
-        or None where it cannot be watched: through Ray Client the dataset runs in the pump
-        actor, whose task completions this process does not see (a bulk epoch there would
-        look like no progress). Progress is every task or output block that Ray Data's
-        executor in this process sees complete (``_progress_callback``), bulk
-        materialisation included, and every block the trainer receives."""
-        if self.runtime.client:
-            return None
+        """What the trainer waits on (the progress watchdog's line, ``measure.watchdog``).
+        Progress is every task or output block that Ray Data's executor sees complete
+        (``worker.progress_callback``), bulk materialisation included, and every block the
+        trainer receives. The executor runs in this process, or through Ray Client in the
+        pump actor, whose count of them the trainer asks for while it waits (``_pumped``)."""
         return self._waiting_for
 
-    def _waiting_for(self) -> str:
+    def _waiting_for(self, exclude: Any = ()) -> str:
+        """``exclude``: pids of Ray workers that are not producers (Ray ranks' actors)."""
         r = self._run
         pool = (f"an actor pool of {self._pool}" if self.spec.ray_pool == "actors"
                 else f"a task pool of {self._pool}")
         got = (f"; {r.blocks} of {r.items} work item(s) delivered" if r is not None and r.items
                else "")
-        pids = self.runtime.worker_pids() if self.runtime.mode in ("local", "simulated") else []
+        pids = ([p for p in self.runtime.worker_pids() if p not in set(exclude)]
+                if self.runtime.mode in ("local", "simulated") else [])
         shown = ", ".join(str(p) for p in sorted(pids)[:8]) + (", ..." if len(pids) > 8 else "")
+        pump = (f", run through Ray Client by the pump actor (pid {r.pump_pid} on the "
+                f"cluster's head node)" if r is not None and r.pump_pid else "")
         return (f"Ray Data's producer tasks ({self.spec.ray_mode} mode, {pool}"
-                f"{', Ray worker pids ' + shown if pids else ''}{got})")
+                f"{', Ray worker pids ' + shown if pids else ''}{pump}{got})")
 
     def startup_figures(self) -> dict[str, Any]:
         return dict(self._startup)
@@ -392,7 +395,7 @@ class RayExecutor(Executor):
         if self._default_reservation is None:
             self._default_reservation = ctx.op_resource_reservation_enabled
         ctx.op_resource_reservation_enabled = self._default_reservation if stock else False
-        progress = _progress_callback()
+        progress = worker.progress_callback()
         if progress is not None and progress not in ctx.custom_execution_callback_classes:
             ctx.custom_execution_callback_classes.append(progress)
 
@@ -553,11 +556,35 @@ class RayExecutor(Executor):
         head = self._cluster_info.get("head_node_id")
         if head:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(head, soft=True)
-        pump = ray.remote(worker.BlockPump).options(**opts).remote(self._context_settings())
+        pump = ray.remote(worker.BlockPump).options(max_concurrency=2, **opts).remote(
+            self._context_settings())
         try:
-            ray.get(pump.start.remote(job, n, self._map_args(), actors, bulk, prefetch))
+            started = pump.start.remote(job, n, self._map_args(), actors, bulk, prefetch)
+            # The pump's own start (a process on the head node importing Ray Data: seconds
+            # on a loaded machine) is not a wait on producers; it is bounded on its own.
+            deadline = time.monotonic() + PUMP_START_S
+            while not ray.wait([started], timeout=PUMP_POLL_S)[0]:
+                tick()
+                if time.monotonic() > deadline:
+                    raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray "
+                                    f"Client pump actor did not start within "
+                                    f"{PUMP_START_S:g} s; no result written")
+            r.pump_pid = ray.get(started)
             ahead = pump.next.remote(prefetch)
+            seen = None
             while True:
+                # While the next blocks are not there, the pump's progress is the trainer's
+                # (the watchdog's clock); a pump that does not answer has made none.
+                ready, _ = ray.wait([ahead], timeout=PUMP_POLL_S)
+                if not ready:
+                    try:
+                        count = ray.get(pump.progress.remote(), timeout=PUMP_POLL_S)
+                    except ray.exceptions.GetTimeoutError:
+                        continue
+                    if count != seen:
+                        seen = count
+                        tick()
+                    continue
                 got = ray.get(ahead)
                 if not got:
                     break
@@ -685,41 +712,8 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
         stop.set()
 
 
-_PROGRESS: list[Any] = []
-
-
-def _progress_callback() -> Any:
-    """A Ray Data ``ExecutionCallback`` class (Ray Data makes one per execution, in this
-    process) that ticks the progress watchdog's clock whenever its executor has seen another
-    task finish or another output block generated: the producers' completed work, also while
-    the trainer waits for a bulk ``materialize()``. None on a Ray Data without the hook
-    (then only received blocks are progress)."""
-    if _PROGRESS:
-        return _PROGRESS[0]
-    try:
-        from ray.data._internal.execution.execution_callback import ExecutionCallback
-    except ImportError:
-        _PROGRESS.append(None)
-        return None
-    from ...measure.watchdog import tick
-
-    class Progress(ExecutionCallback):
-        def __init__(self) -> None:
-            self.seen = -1
-
-        def on_execution_step(self, executor: Any) -> None:
-            try:
-                done = sum(op.metrics.num_tasks_finished + op.metrics.num_task_outputs_generated
-                           for op in executor._topology)
-            except Exception:  # noqa: BLE001 - Ray Data's internals moved: blocks still tick
-                return
-            if done != self.seen:
-                self.seen = done
-                tick()
-
-    Progress.__qualname__ = "stallbench_progress"
-    _PROGRESS.append(Progress)
-    return Progress
+PUMP_POLL_S = 0.5      # Ray Client: how often the trainer asks the pump for its progress
+PUMP_START_S = 600.0   # Ray Client: the pump actor's start-up, bounded on its own
 
 
 def user_error_in(exc: BaseException) -> UserError | None:

@@ -23,6 +23,20 @@ The compute-only run uses no pipeline: rank ``r`` trains on the cached batches o
 (``RayRankLauncher._splits_for`` says why). Stopping: every rank actor is killed
 (``ray.kill``) at the end, on errors and on interrupts; a runtime stallbench started is shut
 down after that as usual.
+
+*No wait without an end.* ``[run] progress_timeout_s`` watches the ranks as it watches the
+``processes`` launcher's (``trainers.base.stalled``, one rule): the actors run on this
+process's node, so each maps a small file of this node's memory (``/dev/shm``) that the
+launcher made, and publishes there the CLOCK_MONOTONIC time of its last progress (a batch, a
+block of its warm-up pass, a row group of its caches, a completed all-reduce) and what it is
+doing (``measure.watchdog.publish``). The launcher reads it while it waits for the ranks
+(``_get``). The producers are Ray Data's tasks run by the split coordinator (an actor on
+this node too): its execution callback publishes every task it sees finish into the slot
+after the ranks' (``worker.PROGRESS_KEY`` in the dataset's context names the file), so a
+slow producer is progress and a frozen one leaves the ranks waiting for their batches. The
+coordinator's own start (its first execution, 5-11 s measured under load) is not a wait; the
+ranks' start-up limit bounds it. An actor that cannot map the file (another machine: a Ray
+Client driver) leaves the job unwatched by the launcher.
 """
 
 from __future__ import annotations
@@ -34,11 +48,14 @@ import time
 from typing import Any, Iterator
 
 from ... import interrupts
-from ...errors import ProcessDied
+from ...errors import NoProgress, ProcessDied
+from ...measure import watchdog
+from ...measure.watchdog import SharedSlots, map_slots
 from ...pipeline import Ablation, Plan, ShardOutput
 from ...trainers.base import (LAUNCHERS, RankContext, RankError, RankLauncher, RankRun, free_port,
-                              rank_plan)
+                              rank_plan, stalled)
 from . import codec
+from .worker import PROGRESS_KEY
 
 READY_TIMEOUT_S = 600.0
 
@@ -111,8 +128,10 @@ class SplitSource:
 class RankActor:
     """A rank: a Ray actor running ``trainers.rank.RankWorker`` (made remote at start)."""
 
-    def __init__(self, ctx: RankContext, plan: Plan, with_caches: bool) -> None:
+    def __init__(self, ctx: RankContext, plan: Plan, with_caches: bool,
+                 slots_path: str | None = None) -> None:
         os.environ.update(ctx.environ())
+        self.watched = _attach(slots_path, ctx)
         from ...trainers.rank import RankWorker
 
         cap = plan.max_batches if math.isinf(plan.max_batches) else math.ceil(
@@ -123,24 +142,76 @@ class RankActor:
                                  plan if with_caches else None, job_item=lambda i: i,
                                  compute_plan=rank_plan(plan, ctx.rank, ctx.world), warm=False)
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def setup(self) -> dict[str, Any]:
-        return self.worker.setup()
+        info = self.worker.setup()
+        watchdog.state(watchdog.IDLE)
+        return {**info, "watched": self.watched}
 
     def warm(self, split: Any) -> int:
         """One untimed pass over the split (every rank at once: the split's start is a
         barrier). A pass stopped after its first block was not enough: the next, measured
-        execution still waited 5-10 s here (its first blocks, then again a few steps in)."""
+        execution still waited 5-10 s here (its first blocks, then again a few steps in).
+        The rank waits on the producers here too: each block is progress."""
         n = 0
-        for _ in split.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=1):
-            n += 1
+        before = watchdog.state(watchdog.WAITING)
+        try:
+            for _ in split.iter_batches(batch_size=None, batch_format="pyarrow",
+                                        prefetch_batches=1):
+                watchdog.tick()
+                n += 1
+        finally:
+            watchdog.state(before)
         return n
 
     def run(self, ablation: Ablation, split: Any, keep_timeline: bool,
             row_hashes: bool) -> RankRun:
-        return self.worker.run(ablation, split, keep_timeline=keep_timeline, hash_rows=row_hashes)
+        watchdog.state(watchdog.BUSY)      # its waits for batches say so themselves
+        try:
+            return self.worker.run(ablation, split, keep_timeline=keep_timeline,
+                                   hash_rows=row_hashes)
+        finally:
+            watchdog.state(watchdog.IDLE)
 
     def close(self) -> None:
         self.worker.close()
+
+
+def _attach(path: str | None, ctx: RankContext) -> bool:
+    """In a rank actor: publish progress into the launcher's file (see the module docstring);
+    False where it cannot be mapped here (the actor runs on another machine)."""
+    slots = map_slots(path, slot_count(ctx.world)) if path else None
+    if slots is None:
+        return False
+    watchdog.publish(slots, ctx.rank)
+    watchdog.state(watchdog.SETUP)
+    return True
+
+
+def slot_count(world: int) -> int:
+    """Two per rank (its last progress, its state), and two for the split coordinator's
+    producers (``worker.PROGRESS_KEY``: their last completed task)."""
+    return 2 * (world + 1)
+
+
+def actor_died(rank: int, exc: BaseException) -> str:
+    """A rank actor's death in one line: its pid and how it ended as far as Ray knows. The
+    actor is Ray's worker, a child of the raylet, so its exit status reaches stallbench only
+    through Ray, which has it for a Python-level exit (``sys.exit(3)``: "exit code 3") and
+    not for ``os._exit``, a signal or the OOM killer (its connection just closed)."""
+    import re
+
+    text = " ".join(str(exc).split())
+    pid = re.search(r"\bpid: (\d+)", text)
+    code = re.search(r"exits? with an exit code (-?\d+)", text)
+    how = (f"exited with status {code.group(1)}" if code else
+           "ended abruptly (os._exit, a signal or the OOM killer; Ray does not report its "
+           "exit status)" if "connection error" in text or "End of file" in text else
+           f"died ({text[:200]})")
+    return (f"trainer rank {rank} (Ray actor{', pid ' + pid.group(1) if pid else ''}) {how} "
+            f"before it finished; no result written")
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -172,6 +243,8 @@ class RayRankLauncher(RankLauncher):
         self._warm_s: dict[str, float] = {}
         self._cpu: float | None = None
         self._figures: dict[str, Any] = {}
+        self._shared: SharedSlots | None = None   # each rank's progress and state (``watchdog``)
+        self._watched = False
 
     def start(self) -> None:
         import ray
@@ -182,7 +255,13 @@ class RayRankLauncher(RankLauncher):
         tr = self.plan.config.trainers
         remote = ray.remote(RankActor)
         plan = dataclasses.replace(self.plan, caches=None)
+        # Watched where the executor reports what its producers do, and a timeout is set.
+        watch = (callable(getattr(self.executor, "waiting_for", None))
+                 and math.isfinite(self.plan.config.run.progress_timeout_s))
         try:
+            if watch:
+                self._shared = SharedSlots(slot_count(self.world))
+                self._watched = True      # until an actor says it cannot publish
             for r in range(self.world):
                 ctx = RankContext(r, self.world, r, "127.0.0.1", port, tr.straggler_rank,
                                   tr.straggler_delay_ms / 1000.0)
@@ -190,9 +269,10 @@ class RayRankLauncher(RankLauncher):
                     num_cpus=0, max_restarts=0, max_concurrency=1,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                     runtime_env={"env_vars": ctx.environ()},
-                ).remote(ctx, plan, self.ablations))
+                ).remote(ctx, plan, self.ablations, self._shared and self._shared.path))
+            self.pids = self._get([a.pid.remote() for a in self.actors], READY_TIMEOUT_S)
             infos = self._get([a.setup.remote() for a in self.actors], READY_TIMEOUT_S)
-            self.pids = [i["pid"] for i in infos]
+            self._watched = self._watched and all(i.get("watched") for i in infos)
             self.backend = infos[0].get("backend", "gloo") if infos else "gloo"
         except BaseException:
             self.stop()
@@ -232,20 +312,38 @@ class RayRankLauncher(RankLauncher):
         if splits is None:
             t0 = time.perf_counter()
             p = self.plan.with_ablation(ablation, None)
-            splits = self.executor.stallbench_dataset(p).streaming_split(self.world, equal=True)
-            self._get([a.warm.remote(s) for a, s in zip(self.actors, splits)], READY_TIMEOUT_S)
+            ds = self.executor.stallbench_dataset(p)
+            if self._watched and self._shared is not None:   # its producers publish too
+                ds.context.set_config(PROGRESS_KEY, (self._shared.path, self.world,
+                                                     slot_count(self.world), os.getpid()))
+                self._shared.slots[2 * self.world] = 0.0       # this split's: not started
+            splits = ds.streaming_split(self.world, equal=True)
+            self._get([a.warm.remote(s) for a, s in zip(self.actors, splits)], READY_TIMEOUT_S,
+                      coordinator=True)
             self._splits[ablation.name] = splits
             self._warm_s[ablation.name] = time.perf_counter() - t0
         return splits
 
-    def _get(self, refs: list[Any], timeout_s: float | None) -> list[Any]:
-        """All results; the first rank that fails fails the run (the caller stops the rest)."""
+    def _get(self, refs: list[Any], timeout_s: float | None,
+             coordinator: bool = False) -> list[Any]:
+        """All results; the first rank that fails fails the run (the caller stops the rest).
+        ``coordinator``: the ranks' first pass over new splits, which waits for the split
+        coordinator (an actor of its own) to start and import Ray Data's executor (5-11 s
+        measured here under load): it is watched from its first execution step on (its
+        slot set), and bounded by ``timeout_s`` before that."""
         import ray
 
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        since = time.monotonic()
+        deadline = None if timeout_s is None else since + timeout_s
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            done, pending = ray.wait(pending, num_returns=1, timeout=min(
+                1.0, self.plan.config.run.progress_timeout_s / 4))
+            if self._watched and not done and self._shared is not None:
+                if coordinator and not self._shared.slots[2 * self.world]:
+                    since = time.monotonic()    # not started: its start-up is not a wait
+                    continue
+                self._check_progress([refs.index(p) for p in pending], since)
             for ref in done:
                 try:
                     ray.get(ref)
@@ -253,14 +351,26 @@ class RayRankLauncher(RankLauncher):
                     r = refs.index(ref)
                     if isinstance(exc, ray.exceptions.RayActorError):   # the actor died
                         interrupts.check()
-                        raise ProcessDied(f"trainer rank {r} (Ray actor) died before it "
-                                          f"finished: {' '.join(str(exc).split())[:200]}; "
-                                          f"no result written") from None
+                        raise ProcessDied(actor_died(r, exc)) from None
                     raise RankError(f"trainer rank {r} (Ray actor) failed: "
                                     f"{type(exc).__name__}: {exc}") from None
             if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"trainer ranks did not answer within {timeout_s:g} s")
         return ray.get(refs)
+
+    def _check_progress(self, pending: list[int], since: float) -> None:
+        """The job's progress watchdog (``trainers.base.stalled``): ranks waiting for their
+        batches, or stuck in their set-up, while none has progressed for that long."""
+        line = stalled(self.executor.scenario_file, self._shared and self._shared.slots, pending,
+                       lambda r: self.pids[r] if r < len(self.pids) else None, since,
+                       self.plan.config.run.progress_timeout_s, self._source)
+        if line is not None:
+            raise NoProgress(line)
+
+    def _source(self) -> str:
+        what = getattr(self.executor, "_waiting_for", None)
+        return (f"the {self.executor.name} executor's pipeline shared by every rank: "
+                f"{what(exclude=self.pids) if callable(what) else 'its producers'}")
 
     def producer_cpu_s(self) -> float | None:
         return self._cpu
@@ -278,3 +388,7 @@ class RayRankLauncher(RankLauncher):
                 ray.kill(a, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        self._watched = False
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None

@@ -160,8 +160,20 @@ class BlockPump:
                 ctx.execution_options.preserve_order = v
             else:
                 setattr(ctx, k, v)
+        # Its executor's completed tasks tick this process's clock, as in a trainer that runs
+        # the dataset itself; the trainer asks for the count (``progress``).
+        progress = progress_callback()
+        if progress is not None and progress not in ctx.custom_execution_callback_classes:
+            ctx.custom_execution_callback_classes.append(progress)
         self.ds: Any = None
         self.it: Any = None
+
+    def progress(self) -> int:
+        """The work its producers completed so far, as a count (``measure.watchdog.ticks``):
+        answered while ``next`` waits (the actor runs two calls at once)."""
+        from ...measure import watchdog
+
+        return watchdog.ticks()
 
     def start(self, job: Job, n: int, map_kwargs: dict[str, Any], actors: bool, bulk: bool,
               prefetch: int) -> int:
@@ -172,8 +184,11 @@ class BlockPump:
 
     def next(self, k: int) -> list[pa.Table]:
         """Up to ``k`` blocks; an empty list at the end."""
+        from ...measure import watchdog
+
         out = []
         for b in self.it:
+            watchdog.tick()
             out.append(b)
             if len(out) >= k:
                 break
@@ -183,3 +198,68 @@ class BlockPump:
         from . import stats
 
         return stats.operator_figures(self.ds) if self.ds is not None else {}
+
+
+_PROGRESS: list[Any] = []
+# A dataset's DataContext key: (file, slot, count, owner pid) of the ranks' progress slots
+# (``ranks``), so an execution in another process of this node (the split coordinator of
+# data-parallel ranks) publishes its producers' progress where the rank launcher reads it.
+PROGRESS_KEY = "stallbench.progress_slots"
+
+
+def progress_callback() -> Any:
+    """A Ray Data ``ExecutionCallback`` class (Ray Data makes one per execution, in this
+    process) that ticks the progress watchdog's clock whenever its executor has seen another
+    task finish or another output block generated: the producers' completed work, also while
+    the trainer waits for a bulk ``materialize()``. None on a Ray Data without the hook
+    (then only received blocks are progress)."""
+    if _PROGRESS:
+        return _PROGRESS[0]
+    try:
+        from ray.data._internal.execution.execution_callback import ExecutionCallback
+    except ImportError:
+        _PROGRESS.append(None)
+        return None
+    from ...measure import watchdog
+    from ...measure.watchdog import tick
+
+    class Progress(ExecutionCallback):
+        def __init__(self) -> None:
+            self.seen = -1
+            self.attached = False
+
+        def on_execution_step(self, executor: Any) -> None:
+            if not self.attached:
+                self.attached = True
+                _publish_elsewhere(executor, watchdog)
+            try:
+                done = sum(op.metrics.num_tasks_finished + op.metrics.num_task_outputs_generated
+                           for op in executor._topology)
+            except Exception:  # noqa: BLE001 - Ray Data's internals moved: blocks still tick
+                return
+            if done != self.seen:
+                self.seen = done
+                tick()
+
+    Progress.__qualname__ = "stallbench_progress"
+    _PROGRESS.append(Progress)
+    return Progress
+
+
+def _publish_elsewhere(executor: Any, watchdog: Any) -> None:
+    """An execution whose dataset carries ``PROGRESS_KEY``, running in a process other than
+    the one that set it (the split coordinator of Ray ranks): its ticks go into the rank
+    launcher's slots too (the slot after the ranks'). Never in the owner's process, whose
+    own clock is the trainer's."""
+    try:
+        found = executor._data_context.get_config(PROGRESS_KEY)
+    except Exception:  # noqa: BLE001 - Ray Data's internals moved: ranks' batches still tick
+        return
+    if not found:
+        return
+    path, slot, count, owner = found
+    if owner == os.getpid():
+        return
+    slots = watchdog.map_slots(path, count)
+    if slots is not None:
+        watchdog.publish(slots, slot)
