@@ -245,9 +245,24 @@ def faults_lines(result: Result) -> list[str]:
     re-ran, and in seconds: the runs with a loss against the variant's runs without one,
     where there are some; else only the run's time, said so), and that the run completed,
     every row once (the figures include the time the loss cost). From each repeat's
-    ``executor_figures["faults"]``; none for other executors."""
+    ``executor_figures["faults"]``; none for other executors. Runs that began with fewer
+    simulated producer nodes than configured (one lost before them, ``nodes_lost_before_run``)
+    are one more line: their figures are those of the nodes left."""
     out = []
     for v in result.variants:
+        before = {str(n.get("node_id", "?"))[:8]: str(n.get("reason") or "").split(".")[0][:100]
+                  for r in v.repeats
+                  for n in ((r.executor_figures or {}).get("faults") or {}).get(
+                      "nodes_lost_before_run") or []}
+        short = sum(bool(((r.executor_figures or {}).get("faults") or {}).get(
+            "nodes_lost_before_run")) for r in v.repeats)
+        if before:
+            named = ", ".join(f"node {k}" + (f" ({w})" if w else "") for k, w in before.items())
+            out.append(one_line(
+                f"RAY FAULTS: variant {v.name}: {len(before)} producer node(s) lost before its "
+                f"measured runs began ({named}): {short} of {len(v.repeats)} run(s) ran on the "
+                f"nodes left, and their figures are those of fewer nodes than the scenario "
+                f"asks for"))
         deaths = retries = hit = 0
         with_loss: list[float] = []
         without: list[float] = []

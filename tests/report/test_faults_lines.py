@@ -55,3 +55,18 @@ def test_the_cost_of_a_loss_in_seconds(make_result: Callable[..., Any]) -> None:
     assert "in 1 of 3 run(s)" in line, line
     assert "the run with the loss took 15.0 s, +4.0 s against 11.0 s (median) of the 2 run(s) " \
            "without one" in line, line
+
+
+def test_a_node_lost_before_the_runs_is_said(make_result: Callable[..., Any]) -> None:
+    """Issue 26, class 6 (campaign case 39): a simulated node killed during start-up left a
+    run that exited 0 on fewer nodes, said nowhere. The runs that began without it say so."""
+    result = make_result()
+    v = result.variants[0]
+    for r in v.repeats:
+        r.executor_figures = {"faults": {"nodes_lost_before_run": [
+            {"node_id": "9f8e7d6c5b4a", "reason": "killed by SIGKILL"}]}}
+    (line,) = tables.faults_lines(result)
+    assert line == (f"RAY FAULTS: variant {v.name}: 1 producer node(s) lost before its measured "
+                    f"runs began (node 9f8e7d6c (killed by SIGKILL)): {len(v.repeats)} of "
+                    f"{len(v.repeats)} run(s) ran on the nodes left, and their figures are "
+                    f"those of fewer nodes than the scenario asks for"), line

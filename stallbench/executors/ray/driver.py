@@ -472,6 +472,13 @@ class RayExecutor(Executor):
         faults["duplicates_dropped"] = r.seq.duplicates if r.seq is not None else 0
         if r.nodes_at_start or lost:
             faults["nodes_lost"] = lost
+        if r.nodes_lost_before:
+            # a simulated node lost before this run began (start-up, an earlier run): the
+            # run had fewer producer nodes than the scenario asks for, which its figures
+            # show and the user is told (``report.tables.faults_lines``)
+            faults["nodes_lost_before_run"] = [
+                {"node_id": vital.node_ids.get(pid, ""), "reason": vital.nodes_lost[pid]}
+                for pid in sorted(r.nodes_lost_before)]
         figures = (stats.operator_figures(r.ds) if r.ds is not None
                    else dict(r.pump_figures or {}))
         if r.stock and r.complete:
