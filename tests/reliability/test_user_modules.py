@@ -120,20 +120,20 @@ def test_a_local_flight_server_finds_the_module_beside_the_scenario(tmp_path: Pa
     """The servers a Flight trainer starts rebuild the variant's stages in their own process:
     they are handed the scenario file with it, so a transform beside the scenario is found
     when the run starts elsewhere (a server used to look in its working directory only), and
-    its errors name that file, not a placeholder."""
+    its errors name that file, not a placeholder. One run shows both: the server's error is
+    the function's own ValueError, which it could raise only from the module it found beside
+    the scenario (not found, it would say ModuleNotFoundError); CI time: a second, successful
+    run of the same set-up showed only the first half."""
     pytest.importorskip("pyarrow.flight")
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "mytf.py").write_text(DOUBLE.format(factor=2) + (
+    (proj / "mytf.py").write_text(
         "def bad(table, **kw):\n"
         "    import sys\n"
         "    if sys.argv[0].endswith('server.py'):\n"
         "        raise ValueError('in the server')\n"
-        "    return table\n"))
+        "    return table\n")
     flight = '[executor]\nkind = "flight"\nflight_local_servers = 1\n'
-    write(proj, TINY + '[preprocess]\ntransforms = ["mytf:fn"]\n' + flight)
-    r = sb(["run", "proj/s.toml", "--out", "out", "--no-progress"], env, tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
     write(proj, TINY + '[preprocess]\ntransforms = ["mytf:bad"]\n' + flight)
     r = sb(["run", "proj/s.toml", "--out", "out2", "--no-progress"], env, tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
