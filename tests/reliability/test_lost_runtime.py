@@ -261,3 +261,88 @@ def test_ray_messages_before_the_log_opens_stay_off_the_terminal(tmp_path: Path,
     log2.divert()
     log2.close()
     assert ray_worker.print_to_stdstream is original
+
+
+# ---------------------------------------------------------------------- trainer ranks
+RANKS = TINY + "[trainers]\nranks = 2\n"
+PRINTS = '''
+import os, sys
+
+def say(table, **kw):
+    if os.environ.get("RANK") is not None:
+        print(f"user stdout from rank {os.environ['RANK']}", flush=True)
+        print(f"user stderr from rank {os.environ['RANK']}", file=sys.stderr, flush=True)
+    return table
+'''
+
+
+def _ranks_of(w: Watched) -> list[psutil.Process]:
+    """The command's rank processes (its direct children, forked: no loader workers here),
+    in the order they were started, so rank 0 first."""
+    try:
+        kids = w.ps.children()
+    except psutil.Error:
+        return []
+    for k in kids:
+        w.seen.setdefault(k.pid, "python")
+    try:
+        return sorted(kids, key=lambda k: (k.create_time(), k.pid))
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_killed_during_start_up_is_one_line(tmp_path: Path, env: dict,
+                                                   victim: int) -> None:
+    """``kill -9`` of a trainer rank while the ranks meet (the process group's TCPStore,
+    before the other rank connected): was the right last line after ~50 lines of torch's
+    C++ log from the surviving rank (``TCPStore.cpp ... TCP client failed to
+    connect/validate ... Interrupted system call`` and its C++ frames). Now one line; the
+    ranks' own log lines are in a directory the line names (or none is left)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    write(tmp_path, RANKS)
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "TMPDIR": str(tmp)},
+                tmp_path)
+    deadline = time.monotonic() + 120
+    ranks: list[psutil.Process] = []
+    while len(ranks) < 2 and time.monotonic() < deadline and w.proc.poll() is None:
+        ranks = _ranks_of(w)
+        time.sleep(0.002)
+    assert len(ranks) >= 2, w.finish(timeout=60)[2][-2000:]
+    pid = ranks[victim].pid
+    ranks[victim].kill()
+    code, out, err = _follow(w)
+    assert code == 2, (code, err[-3000:])
+    line = _one_line(err.replace("stallbench: error: ", "stallbench: error: s.toml: ", 1))
+    assert f"trainer rank {victim} (pid {pid}) killed by SIGKILL before it finished; " \
+           f"no result written" in line, line
+    assert "TCPStore" not in out + err and "frame #" not in out + err, err[-2000:]
+    left = [p.name for p in tmp.iterdir() if p.name.startswith("stallbench-ranks-")]
+    if "the ranks' own log lines: " in line:
+        named = line.split("the ranks' own log lines: ")[1].rstrip(")")
+        assert left == [Path(named).name], (left, named)
+        assert any(f.stat().st_size for f in Path(named).iterdir()), named
+    else:
+        assert left == [], left
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+
+
+def test_ranks_keep_the_users_prints_and_leave_no_log(tmp_path: Path, env: dict) -> None:
+    """What the user's code in a rank prints (stdout and Python's stderr) still reaches the
+    terminal, as before the ranks' fd 2 went to a log file; a run that ends well leaves no
+    log directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp_path / "usercode.py").write_text(PRINTS)
+    write(tmp_path, RANKS + '[preprocess]\ntransforms = ["usercode:say"]\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "TMPDIR": str(tmp)},
+                tmp_path)
+    code, out, err = _follow(w)
+    assert code == 0, (code, err[-3000:])
+    for r in (0, 1):
+        assert f"user stdout from rank {r}" in out, out[-2000:]
+        assert f"user stderr from rank {r}" in err, err[-2000:]
+    assert [p for p in tmp.iterdir() if p.name.startswith("stallbench-ranks-")] == []
+    assert w.leftovers() == []
