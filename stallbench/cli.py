@@ -60,6 +60,13 @@ def user_code_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if interrupts.half_made_runtime():
+        interrupts.end_process(code)      # never returns (see its docstring)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     before: set[int] | None = None
     debug, nothing = False, "nothing written"
     try:

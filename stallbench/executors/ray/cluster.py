@@ -92,6 +92,21 @@ def import_ray(scenario_file: str = "<scenario>") -> Any:
     return ray
 
 
+def _failure_signal_handler(disabled: Any) -> Any:
+    """Set whether this process's core worker installs Ray's C++ failure-signal handler
+    (``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``; see ``RayRuntime.open``); returns
+    the value it had (None: Ray's internals moved, nothing done). Set only while stallbench
+    owns a runtime: a Ray a library caller initialises later keeps Ray's behaviour."""
+    try:
+        from ray._private import ray_constants
+
+        was = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
+        return was
+    except (ImportError, AttributeError):  # pragma: no cover
+        return None
+
+
 def _quiet_logs() -> None:
     for name in ("ray", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -184,6 +199,7 @@ class RayRuntime:
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
         self._cpu_seen: dict[tuple[int, float], float] = {}   # (pid, start time) -> CPU s
         self._atexit = False
+        self._handler_was: Any = None      # ray_constants' value before ``open``
         self._sigterm = interrupts.SigtermAsInterrupt()
         self.vital = Vital()               # what the run cannot go on without (lost.py)
         self.log = RayLog()                # Ray's own terminal output, into a file
@@ -207,12 +223,36 @@ class RayRuntime:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray's C++ core would install a SIGTERM handler that aborts with a stack dump,
         # skipping every clean-up; stallbench handles SIGTERM itself (stallbench.interrupts).
+        # The variable is for the processes Ray starts (they inherit it); this process read
+        # it into ``ray_constants`` when it imported Ray, before this line, and its core
+        # worker (created inside ``ray.init``) reads the constant: left as it was, a SIGTERM
+        # between the driver's connection and the end of ``ray.init`` (before our handlers
+        # are back) ended the command with a C++ stack dump and rc -6 instead of 143.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+        if self._handler_was is None:
+            self._handler_was = _failure_signal_handler(True)
         self.owned = True              # from here on close() must clean up, even half-started
         if not self._atexit:
             atexit.register(self.close)
             self._atexit = True
         self.log.divert()                 # Ray's messages from its first moment on (RayLog)
+        try:
+            self._start()
+        except KeyboardInterrupt:         # Interrupted too: SIGINT, SIGTERM
+            interrupts.runtime_half_made()
+            raise
+        self._spawned = set(_descendants()) - set(self._before)
+        self._take_sigterm()
+        self._quiet_data()
+        if not self.client:
+            self.log.open(_logs_dir())
+        self._watch_vital()
+
+    def _start(self) -> None:
+        """Start or reach the runtime (``ray.init`` and what precedes it)."""
+        import ray
+
+        spec = self.spec
         with interrupts.foreign_handlers(), _start_failure(self.file):
             if spec.ray_address:
                 self.mode = "address"
@@ -230,12 +270,6 @@ class RayRuntime:
                              include_dashboard=False, log_to_driver=False,
                              logging_level=logging.WARNING, namespace="stallbench",
                              runtime_env=RUNTIME_ENV, job_config=job_config(), _system_config=LEAN_SYSTEM_CONFIG)
-        self._spawned = set(_descendants()) - set(self._before)
-        self._take_sigterm()
-        self._quiet_data()
-        if not self.client:
-            self.log.open(_logs_dir())
-        self._watch_vital()
 
     def _watch_vital(self) -> None:
         """The GCS and raylets of a runtime started here, from Ray's own node records,
@@ -472,6 +506,9 @@ class RayRuntime:
             self.cluster = None
         self._restore_address_file()
         _reap(victims)
+        if self._handler_was is not None:
+            _failure_signal_handler(self._handler_was)
+            self._handler_was = None
         self.log.close()
         self._sigterm.give_back()
         self.mode = "closed"
