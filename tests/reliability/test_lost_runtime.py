@@ -346,3 +346,52 @@ def test_ranks_keep_the_users_prints_and_leave_no_log(tmp_path: Path, env: dict)
         assert f"user stderr from rank {r}" in err, err[-2000:]
     assert [p for p in tmp.iterdir() if p.name.startswith("stallbench-ranks-")] == []
     assert w.leftovers() == []
+
+
+# ------------------------------------------------------------- a cluster reached by address
+def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dict) -> None:
+    """A real ``ray start --head`` (tests/raystart.py, stopped by PID) whose ``gcs_server`` is
+    killed mid-run: was a 60 s hang (Ray's ``gcs_rpc_server_reconnect_timeout_s``) and rc 1.
+    Now one line naming the cluster and its GCS, exit 2, within ``[run]
+    progress_timeout_s`` (3 s here), none of Ray's lines on the terminal, nothing of
+    stallbench's left running."""
+    from raystart import RayStartCluster
+
+    cluster = RayStartCluster(token="auto")
+    try:
+        cluster.start_head(cpus=1, producer=False, client_server=False)
+        mark = tmp_path / "mark"
+        # the cluster's workers do not inherit this test's environment: the mark's path is
+        # written into the module
+        (tmp_path / "usercode.py").write_text(CODE.replace('os.environ["MARK"]',
+                                                           repr(str(mark))))
+        write(tmp_path, RAY.replace("cpus = 2\n", f'ray_address = "{cluster.address}"\n'
+                                                  f'connect_timeout_s = 60\n')
+              + '[preprocess]\ntransforms = ["usercode:slow"]\n'
+              + "[run]\nprogress_timeout_s = 3\n")
+        w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                    cluster.client_env(env), tmp_path)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and w.proc.poll() is None and not (
+                mark.exists() and len(mark.read_text()) >= 3):
+            w.children()
+            time.sleep(0.05)
+        [gcs] = [p for p in cluster.processes(0) if p.name() == "gcs_server"]
+        assert w.proc.poll() is None, w.finish(timeout=60)[2][-2000:]
+        gcs.kill()
+        t0 = time.monotonic()
+        code, out, err = _follow(w)
+        took = time.monotonic() - t0
+    finally:
+        cluster.stop()
+    assert code == 2, (code, err[-3000:], out[-2000:])
+    line = _one_line(err)
+    assert f"the Ray cluster at {cluster.address} (executor.ray_address) lost its GCS at " \
+           f"{cluster.address} (no connection accepted for " in line, line
+    assert "the run cannot complete and no result is written" in line, line
+    assert took < 30, took                   # Ray alone: 60 s, then rc 1
+    for bad in RAY_LINES:
+        assert bad not in out + err, (bad, out[-2000:])
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+    assert not cluster.current_cluster_file.exists() and cluster.processes() == []

@@ -183,8 +183,10 @@ def _ray_address_file() -> str:
 
 
 class RayRuntime:
-    def __init__(self, spec: ExecutorSpec, scenario_file: str = "<scenario>") -> None:
+    def __init__(self, spec: ExecutorSpec, scenario_file: str = "<scenario>",
+                 gcs_grace_s: float = 10.0) -> None:
         self.spec = spec
+        self.gcs_grace_s = gcs_grace_s     # a cluster by address: its GCS silent that long
         self.file = scenario_file
         self.mode = "none"
         self.owned = False
@@ -279,7 +281,11 @@ class RayRuntime:
         if not interrupts.installed():
             return
         try:
-            if self.mode == "local":
+            if self.mode == "address" and not self.client and self.address:
+                host, _, port = self.address.rpartition(":")
+                self.vital = Vital(gcs=(host.strip("[]"), int(port)),
+                                   gcs_grace_s=self.gcs_grace_s)
+            elif self.mode == "local":
                 from ray._private import worker as ray_worker
 
                 self.vital = Vital.of(ray_worker._global_node)
@@ -300,9 +306,11 @@ class RayRuntime:
         if interrupts.pending() is not None:
             return                      # a Ctrl-C or SIGTERM reached Ray's processes too
         log = self.log.last_path
-        line = (f"stallbench: error: {self.file}: executor: the Ray runtime stallbench started "
-                f"for this run lost {what}{_command_time()}; the run cannot complete and no "
-                f"result is written" + (f" (Ray's log: {log})" if log else "") + "\n")
+        whose = (f"the Ray cluster at {self.address} (executor.ray_address)"
+                 if self.mode == "address" else "the Ray runtime stallbench started for this run")
+        line = (f"stallbench: error: {self.file}: executor: {whose} lost {what}"
+                f"{_command_time()}; the run cannot complete and no result is written"
+                + (f" (Ray's log: {log})" if log else "") + "\n")
         try:
             os.write(self.log.terminal_fd(), line.encode("utf-8", "backslashreplace"))
         except OSError:

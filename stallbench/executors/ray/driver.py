@@ -57,6 +57,7 @@ from .. import runtimes
 from ..base import EXECUTORS, Executor, ProducerKnob
 from . import codec, stats, stock, worker
 from .cluster import RayRuntime, import_ray
+from .lost import GCS_GRACE_S
 
 
 @dataclass
@@ -170,7 +171,9 @@ class RayExecutor(Executor):
     def start(self) -> None:
         t0 = time.perf_counter()
         self.runtime, reused = runtimes.acquire(
-            self.runtime_key(self.config), lambda: RayRuntime(self.spec, self.scenario_file),
+            self.runtime_key(self.config), lambda: RayRuntime(
+                self.spec, self.scenario_file,
+                gcs_grace_s=min(GCS_GRACE_S, self.config.run.progress_timeout_s)),
             group="ray")
         if not reused:
             self.runtime.open()
