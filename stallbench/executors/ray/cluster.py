@@ -685,8 +685,30 @@ class RayRuntime:
         for n in nodes:
             if n.get("Resources", {}).get(key, 0) > 0 or not n.get("Alive"):
                 out[n["NodeID"]] = {"alive": bool(n.get("Alive")),
-                                    "reason": str(n.get("DeathReasonMessage") or "")[:200]}
+                                    "reason": str(n.get("DeathReasonMessage") or "")[:200],
+                                    "raylet": (str(n.get("NodeManagerAddress") or ""),
+                                               int(n.get("NodeManagerPort") or 0))}
         return out
+
+    @staticmethod
+    def raylet_gone(raylet: tuple[str, int], timeout_s: float = 1.0) -> str | None:
+        """Why a node's raylet is known gone before Ray's GCS says so (its health checks take
+        ~15-30 s to declare a node dead: a node lost near a run's end was alive in the GCS's
+        records at the run's end, and the loss went unsaid): its node-manager port refuses
+        a TCP connection. None: it accepts one, or cannot be asked (no address, a timeout:
+        a slow network is not a loss)."""
+        host, port = raylet
+        if not host or not port:
+            return None
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return None
+        except ConnectionRefusedError:
+            # (no dots: the report's line keeps a reason's first sentence, and an IP has them)
+            return (f"its raylet refuses connections on port {port}; Ray's GCS had not yet "
+                    f"declared the node dead")
+        except OSError:
+            return None
 
     def fault_marker(self) -> float:
         return time.time() * 1000.0
