@@ -9,6 +9,11 @@ Ray task that makes no progress for ``[run] progress_timeout_s`` (a transform th
 returns, a worker stopped with ``kill -STOP``) ends the run with the watchdog's one line,
 while a slow bulk materialisation that completes tasks is progress.
 
+A trainer rank killed while the ranks meet is one line, torch's C++ log of the surviving
+rank in a directory the line names (``trainers/processes._divert_stderr``). A cluster reached
+by address (a real ``ray start --head``, tests/raystart.py) that loses its GCS is one line
+within ``[run] progress_timeout_s`` (``lost.Vital._poll_gcs``).
+
 Each test starts its own Ray runtime through a ``stallbench run`` subprocess and finds the
 process to kill among that subprocess's children (never the session's shared runtime).
 """
