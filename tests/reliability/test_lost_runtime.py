@@ -400,3 +400,21 @@ def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dic
     assert no_files(tmp_path / "out")
     assert w.leftovers() == []
     assert not cluster.current_cluster_file.exists() and cluster.processes() == []
+
+
+def test_a_raylet_refusing_connections_is_gone_and_a_listening_one_is_not() -> None:
+    """A node lost near a run's end is still alive in the GCS's records (its health checks
+    take ~15-30 s): its node-manager port refusing a connection says it is gone. A port that
+    accepts, or no address, is not a loss."""
+    import socket
+
+    from stallbench.executors.ray.cluster import RayRuntime
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert RayRuntime.raylet_gone(("127.0.0.1", port)) is None
+    why = RayRuntime.raylet_gone(("127.0.0.1", port))      # closed now: refused
+    assert why is not None and f"port {port}" in why and "." not in why, why
+    assert RayRuntime.raylet_gone(("", 0)) is None
