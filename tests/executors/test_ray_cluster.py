@@ -427,6 +427,7 @@ def test_worker_node_lost_mid_epoch_completes_every_row_once(clusters: dict, cac
     c.nodes[2].resources.clear()                  # for the next test: one producer node left
 
 
+@pytest.mark.slow      # a node added and lost: ~30 s; the loss itself: the driver test above
 def test_cli_says_a_lost_producer_node_and_what_it_cost(clusters: dict, tmp_path: Path) -> None:
     """Campaign case 38, as users run it (the CLI): a producer node added to the cluster
     loses its raylet (SIGKILL by PID) mid-run. The run completes, prints one ``RAY FAULTS``

@@ -354,6 +354,38 @@ def test_ranks_keep_the_users_prints_and_leave_no_log(tmp_path: Path, env: dict)
 
 
 # ------------------------------------------------------------- a cluster reached by address
+def test_a_gcs_that_accepts_no_connection_is_lost_after_the_grace() -> None:
+    """The watch of a cluster by address (``Vital._poll_gcs``), without Ray: a port that
+    listens is not a loss; once it refuses connections for the grace, ``on_lost`` is called
+    once, with what was lost and for how long. (The real cluster: the slow test below.)"""
+    import socket
+    import threading
+
+    from stallbench.executors.ray.lost import Vital
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    port = srv.getsockname()[1]
+    said: list[str] = []
+    done = threading.Event()
+    vital = Vital(gcs=("127.0.0.1", port), gcs_grace_s=1.0)
+    vital.watch(lambda what: (said.append(what), done.set()))
+    try:
+        time.sleep(1.5)                        # listening: more than the grace, no loss
+        assert said == []
+        srv.close()
+        assert done.wait(timeout=30), "the lost GCS was never reported"
+        time.sleep(0.6)
+    finally:
+        vital.closing = True
+        srv.close()
+    assert len(said) == 1, said
+    assert said[0].startswith(f"its GCS at 127.0.0.1:{port} (no connection accepted for "), said
+    assert "connection refused" in said[0], said
+
+
+@pytest.mark.slow      # a real cluster: ~40 s; the watch itself is the fast test above
 def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dict) -> None:
     """A real ``ray start --head`` (tests/raystart.py, stopped by PID) whose ``gcs_server`` is
     killed mid-run: was a 60 s hang (Ray's ``gcs_rpc_server_reconnect_timeout_s``) and rc 1.
