@@ -111,6 +111,7 @@ def install() -> bool:
     main thread). Clears any signal recorded before."""
     _state.pending = None
     _state.deferred = 0
+    _state.half_made = False
     if threading.current_thread() is not threading.main_thread():
         return False
     if not _state.installed:
