@@ -310,6 +310,7 @@ class ProcessLauncher(RankLauncher):
         a peer's TCPStore retries cut short, is in their files by then), with the ranks'
         log directory named where a rank wrote anything there; kept for the user then."""
         self._keep_log = True
+        self._busy = True        # a failed job: the others get SIGTERM now, no grace for "stop"
         self.stop()
         d = self._written_log()
         if d is not None:                      # only the files that say something
