@@ -268,3 +268,70 @@ def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
         assert "no Flight server answers" not in line, line   # it did answer (non-JSON: was)
     finally:
         srv.shutdown()
+
+
+def _flight_server_kids(kids: list) -> list:
+    out = []
+    for k in kids:
+        try:
+            if "stallbench.executors.flight.server" in " ".join(k.cmdline()):
+                out.append(k)
+        except Exception:  # noqa: BLE001 - a process that just ended
+            pass
+    return out
+
+
+def test_a_local_flight_server_frozen_in_its_start_up_ends_the_run(tmp_path: Path,
+                                                                   env: dict) -> None:
+    """``kill -STOP`` of a local Flight server before it says its port: the wait for it had a
+    fixed 180 s end, not ``progress_timeout_s``."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    write(tmp_path, TINY + '[executor]\nkind = "flight"\n[run]\nprogress_timeout_s = 2\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "TMPDIR": str(tmp)},
+                tmp_path)
+    assert w.wait_for(lambda kids: bool(_flight_server_kids(kids)), timeout=120), \
+        w.finish()[2][-2000:]
+    server = _flight_server_kids(w.children())[0]
+    os.kill(server.pid, signal.SIGSTOP)        # ~1 s of imports before it can answer
+    t0 = time.monotonic()
+    code, out, err = w.finish(timeout=120)
+    took = time.monotonic() - t0
+    line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                          "s.toml: run.progress_timeout_s: local Flight server 0",
+                          f"(pid {server.pid}, starting on 127.0.0.1",
+                          "made no progress for 2 s", "its start-up",
+                          "it is stopped", "no result written")
+    assert took < 60, (took, line)             # not the old fixed 180 s
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+    assert list(tmp.glob("stallbench-flight-*")) == []
+
+
+def test_a_local_flight_server_stopped_before_registering_is_named() -> None:
+    """The registration wait has the same end (it had a fixed 120 s one)."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    from stallbench.errors import NoProgress
+    from stallbench.executors.flight.local import LocalServers
+
+    servers = LocalServers(1, None, "s.toml", progress_timeout_s=1)
+    servers.start()     # ~1 s of CPU with a 1 s timeout: a server busy starting progresses
+    pid, where = servers.pids()[0], servers.locations[0]
+    tmp = servers._dir
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(NoProgress) as e:
+            servers.register({"a": 1}, [1, 2], "k1", "s.toml")
+    finally:
+        servers.stop()
+    line = str(e.value)
+    assert f"local Flight server 0 (pid {pid}, listening on {where})" in line, line
+    assert "its registration of variant k1" in line and "it is stopped" in line, line
+    import psutil
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert tmp is not None and not os.path.exists(tmp)

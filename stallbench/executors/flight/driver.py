@@ -189,7 +189,7 @@ class FlightExecutor(Executor):
             from .local import LocalServers
 
             self.local = LocalServers(self.spec.flight_local_servers, self.producer_threads(),
-                                      self.scenario_file)
+                                      self.scenario_file, self.config.run.progress_timeout_s)
             try:
                 self.local.start()
             except BaseException:
