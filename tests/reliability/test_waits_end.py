@@ -244,11 +244,19 @@ def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
         server.finish(timeout=60)
 
 
-@pytest.mark.parametrize("answer", [b"[]", b"42", b'{"v": 1, "variants": []}',
-                                    b'{"variants": {"k": {"shards": "x", "rows": 1}}}',
-                                    b"not json", b"\xff\xfe"])
+@pytest.mark.parametrize("answer, says", [
+    (b"[]", "not a stallbench Flight server"), (b"42", "not a stallbench Flight server"),
+    (b'{"v": 1, "variants": []}', "not a stallbench Flight server"),
+    (b'{"variants": {"k": {"shards": "x", "rows": 1}}}', "not a stallbench Flight server"),
+    (b"not json", "not a stallbench Flight server"),
+    (b"\xff\xfe", "not a stallbench Flight server"),
+    # JSON without the protocol field said "speaks protocol None"
+    (b'{"x": 1}', "not a stallbench Flight server"),
+    (b'{"v": "x"}', "not a stallbench Flight server"),
+    (b'{"v": 99, "stallbench": "9.9"}', "speaks stallbench's Flight protocol 99"),
+])
 def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
-                                                  answer: bytes) -> None:
+                                                  answer: bytes, says: str) -> None:
     flight = pytest.importorskip("pyarrow.flight")
     import threading
 
@@ -263,11 +271,23 @@ def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
         write(tmp_path, TINY + f'[executor]\nkind = "flight"\n'
               f'flight_servers = ["grpc://127.0.0.1:{srv.port}"]\n')
         r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
-        line = one_error_line(r, "s.toml", "executor.flight_servers[0]",
-                              "not a stallbench Flight server")
+        line = one_error_line(r, "s.toml", "executor.flight_servers[0]", says)
         assert "no Flight server answers" not in line, line   # it did answer (non-JSON: was)
     finally:
         srv.shutdown()
+
+
+@pytest.mark.parametrize("info", [[], 1, None, "x", {"x": 1}, {"v": "x"}, {"v": None},
+                                  {"v": True}, {"v": 2.0}, {"v": 2, "pid": "x"},
+                                  {"v": 2, "cores": -1}, {"v": 2, "pid": 1e300},
+                                  {"v": 2, "variants": {"k": {"shards": 1}}}])
+def test_ping_answers_that_are_not_a_stallbench_servers(info: object) -> None:
+    """Checked as data before any key is used (``pid`` and ``cores`` go into the result)."""
+    pytest.importorskip("pyarrow.flight")
+    from stallbench.executors.flight.driver import _is_ping_answer
+
+    assert not _is_ping_answer(info)
+    assert _is_ping_answer({"v": 99, "pid": 7, "cores": 2, "variants": {}})
 
 
 def _flight_server_kids(kids: list) -> list:

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from ... import __version__
 from ...errors import ScenarioError, UserError, cut
 from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
@@ -238,11 +239,16 @@ class FlightExecutor(Executor):
             raise ScenarioError(self.scenario_file, self._where(i),
                                 f"the Flight server at {loc} answered the ping with "
                                 f"{said}: not a stallbench Flight server")
-        if info.get("v") != protocol.VERSION:
+        if info["v"] != protocol.VERSION:
             self.stop()
+            release = info.get("stallbench")
             raise ScenarioError(self.scenario_file, self._where(i),
-                                f"the Flight server at {loc} speaks protocol {info.get('v')!r}, "
-                                f"this trainer {protocol.VERSION}")
+                                f"the Flight server at {loc} speaks stallbench's Flight "
+                                f"protocol {info['v']}, this trainer protocol "
+                                f"{protocol.VERSION} (stallbench {__version__}); run the same "
+                                f"stallbench release on both sides"
+                                + (f" (the server runs {_short(repr(release), 40)})"
+                                   if release is not None else ""))
         return info
 
     def waiting_for(self) -> str:
@@ -542,11 +548,22 @@ def _short(exc: BaseException, n: int = 200) -> str:
 _NOT_JSON = object()   # a ping answer that did not parse
 
 
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 53
+
+
 def _is_ping_answer(info: Any) -> bool:
     """A stallbench server's ping answer, checked as data before any key is used: an object
-    whose ``variants`` (if any) map keys to ``{"shards": int, "rows": int}``."""
+    whose protocol version ``v`` is a whole number (any: another version is a stallbench
+    server of another release, said as such) and whose ``variants`` (if any) map keys to
+    ``{"shards": int, "rows": int}``."""
     if not isinstance(info, dict):
         return False
+    v = info.get("v")
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    if not all(_count(info[k]) for k in ("pid", "cores", "pyarrow_threads") if k in info):
+        return False     # recorded in the result (server_pids, server_cores): whole counts
     variants = info.get("variants", {})
     if not isinstance(variants, dict):
         return False
