@@ -75,12 +75,13 @@ def _say_error(exc: UserError, debug: bool) -> None:
 
     # Every error is one bounded line, whatever it quotes (a user's message is already cut
     # at errors.MESSAGE_CHARS; this bounds the rest: paths, a rank's or a server's text).
-    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}", file=sys.stderr)
-    if isinstance(exc, UserCodeError):
-        if debug and exc.traceback_text:
-            print(exc.traceback_text.rstrip(), file=sys.stderr)
-        elif not debug and exc.traceback_text:
-            print("  (run `stallbench --debug ...` to see its traceback)", file=sys.stderr)
+    # The hint to see the user's traceback ends the same line: an error is one line, which a
+    # CI log or a caller's ``tail -1`` shows whole (it was a second line of its own).
+    hint = (" (run `stallbench --debug ...` to see its traceback)"
+            if isinstance(exc, UserCodeError) and exc.traceback_text and not debug else "")
+    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}{hint}", file=sys.stderr)
+    if isinstance(exc, UserCodeError) and debug and exc.traceback_text:
+        print(exc.traceback_text.rstrip(), file=sys.stderr)
 
 
 def user_code_path() -> None:
