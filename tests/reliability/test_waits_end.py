@@ -24,7 +24,7 @@ from stallbench import scenario
 ROOT = Path(__file__).resolve().parents[2]
 
 CODE = '''
-import os, signal, time
+import os, signal, sys, time
 
 def stop_in_worker(table, **kw):
     from torch.utils.data import get_worker_info
@@ -43,6 +43,14 @@ def hang_in_trainer(table, **kw):
     from torch.utils.data import get_worker_info
     if get_worker_info() is None and "default_worker" not in (sys.argv[0] if sys.argv else ""):
         time.sleep(10 ** 6)
+    return table
+
+def prep_mark(table, **kw):
+    """In a Flight server only: say its pid (the test stops it), then take a while."""
+    if "flight" in (sys.argv[0] if sys.argv else "") and os.environ.get("SLOW_MARK"):
+        with open(os.environ["SLOW_MARK"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(0.3)
     return table
 
 def slow(table, **kw):
@@ -355,3 +363,33 @@ def test_a_local_flight_server_stopped_before_registering_is_named() -> None:
     import psutil
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert tmp is not None and not os.path.exists(tmp)
+
+
+def test_a_flight_server_stopped_while_it_builds_the_ablation_caches_ends_the_run(
+        tmp_path: Path, env: dict) -> None:
+    """The caches' ``prepare`` call had no deadline: blocked in gRPC's C++, beyond the
+    watchdog's signal and SIGTERM's, it waited forever (SIGTERM ignored too)."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    mark = tmp_path / "mark"
+    _project(tmp_path, TINY.replace("differential = false", "differential = true")
+             + '[preprocess]\ntransforms = ["usercode:prep_mark"]\n'
+               '[executor]\nkind = "flight"\nflight_local_servers = 1\n'
+               '[run]\nprogress_timeout_s = 2\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                {**env, "TMPDIR": str(tmp), "SLOW_MARK": str(mark)}, tmp_path)
+    assert w.wait_for(lambda kids: mark.exists() and mark.read_text().endswith("\n"),
+                      timeout=120), w.finish()[2][-2000:]
+    pid = int(mark.read_text().split()[0])
+    os.kill(pid, signal.SIGSTOP)             # the first row group's caches: 0.3 s each
+    code, out, err = w.finish(timeout=120)
+    one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                   "s.toml: run.progress_timeout_s:", "for 2 s",
+                   f"the flight executor was waiting on the Flight server grpc://127.0.0.1:",
+                   f"(pid {pid}): the ablation caches of row group 0", "no result written")
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+    assert list(tmp.glob("stallbench-flight-*")) == []

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ... import __version__
-from ...errors import ScenarioError, UserError, cut
+from ...errors import NoProgress, ScenarioError, UserError, cut
 from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
@@ -117,6 +117,7 @@ class FlightExecutor(Executor):
         self._run: _RunState | None = None
         self._late: StageTimes | None = None
         self._last: dict[str, Any] = {}
+        self._doing: str | None = None             # a server call before the runs (waiting_for)
 
     # ------------------------------------------------------------------ before anything runs
     @classmethod
@@ -251,15 +252,24 @@ class FlightExecutor(Executor):
                                    if release is not None else ""))
         return info
 
+    def _server_pid(self, k: int) -> str:
+        pid = self.served[k].get("pid") if k < len(self.served) else None
+        return f" (pid {pid})" if pid is not None else ""
+
     def waiting_for(self) -> str:
-        """What the trainer waits on (the progress watchdog's line)."""
-        return f"Flight stream(s) from {', '.join(self.locations)}"
+        """What the trainer waits on (the progress watchdog's line): the server call under
+        way before the runs (a registration, a row group's ablation caches), else the
+        streams."""
+        return self._doing or f"Flight stream(s) from {', '.join(self.locations)}"
 
     def _register(self, plan: Plan) -> str:
         """Make sure every server serves this plan's variant (local ones are handed it)."""
         key = protocol.config_key(plan.config)
         if self.local is not None:
+            self._doing = (f"the local Flight server(s) {', '.join(self.locations)} (pids "
+                           f"{', '.join(map(str, self.local.pids()))}) registering the variant")
             self.local.register(plan.config, plan.dataset, key, plan.preprocess.scenario_file)
+            self._doing = None
             for s in self.served:
                 s.setdefault("variants", {})[key] = {"shards": len(plan.dataset.shards),
                                                      "rows": plan.dataset.rows}
@@ -289,16 +299,34 @@ class FlightExecutor(Executor):
         t0 = time.perf_counter()
         key = self._register(plan)
         if caches is not None and self._prepared != (key, id(caches)):
+            # One call per row group, each with a deadline of ``progress_timeout_s``: a call
+            # blocked in gRPC's C++ is beyond the watchdog's signal (and SIGTERM's), so a
+            # server stopped mid-way kept the trainer waiting forever; each row group done is
+            # progress (a long build of many is not a stall).
             n = len(self.clients)
             shards = sorted({s.index for s in plan.items})
+            timeout = self.config.run.progress_timeout_s
+            opts = flight.FlightCallOptions(timeout=timeout)
             for k, client in enumerate(self.clients):
-                body = json.dumps({"key": key, "shards": [s for s in shards if s % n == k]})
-                try:
-                    list(client.do_action(flight.Action("prepare", body.encode())))
-                except flight.FlightError as exc:
-                    raise UserError(f"{self.scenario_file}: executor: Flight server "
-                                    f"{self.locations[k]} could not prepare the ablation caches "
-                                    f"({_short(exc)})") from None
+                for shard in (s for s in shards if s % n == k):
+                    body = json.dumps({"key": key, "shards": [shard]})
+                    self._doing = (f"the Flight server {self.locations[k]}"
+                                   f"{self._server_pid(k)}: the ablation caches of row group "
+                                   f"{shard} (untimed preparation before the runs)")
+                    try:
+                        list(client.do_action(flight.Action("prepare", body.encode()),
+                                              options=opts))
+                    except flight.FlightTimedOutError:
+                        raise NoProgress(
+                            f"{self.scenario_file}: run.progress_timeout_s: no producer "
+                            f"completed any work for {timeout:g} s: the flight executor was "
+                            f"waiting on {self._doing}; no result written") from None
+                    except flight.FlightError as exc:
+                        raise UserError(f"{self.scenario_file}: executor: Flight server "
+                                        f"{self.locations[k]} could not prepare the ablation "
+                                        f"caches ({_short(exc)})") from None
+                    tick()
+            self._doing = None
             self._prepared = (key, id(caches))
         t1 = time.perf_counter()
         warm_items = self._first_per_stream(plan)
@@ -321,6 +349,7 @@ class FlightExecutor(Executor):
         return tuple(seen.values())
 
     def stop(self) -> None:
+        self._doing = None
         self._close_run()
         for c in self.clients:
             try:
