@@ -95,9 +95,9 @@ class BufferPool:
         self.state = np.frombuffer(self._map, dtype=np.uint8, count=n)
         self.data = np.frombuffer(self._map, dtype=np.uint8, offset=state_bytes)
         self._live: set[int] = set()        # slots the trainer holds tensors over
-        # Slots this process has mapped (``_map_in``), and which process that was: a forked
+        # What of each slot this process has mapped (``_map_in``), and which process: a forked
         # worker inherits the set but not the page-table entries.
-        self._mapped: set[int] = set()
+        self._mapped: dict[int, int] = {}     # slot -> bytes of it mapped
         self._mapped_pid = os.getpid()
         self._lock = threading.Lock()
         self._unpin: Callable[[], None] | None = None
@@ -153,12 +153,15 @@ class BufferPool:
         allocated either way."""
         pid = os.getpid()
         if pid != self._mapped_pid:
-            self._mapped, self._mapped_pid = set(), pid
-        if slot in self._mapped:
+            self._mapped, self._mapped_pid = {}, pid
+        done = self._mapped.get(slot, 0)
+        if nbytes <= done:
             return
-        self._mapped.add(slot)
-        off = len(self._map) - self.data.nbytes + start   # the slot's offset in the mapping
         length = align_up(nbytes, _PAGE)
+        self._mapped[slot] = length
+        start += done                                     # only what is not mapped yet
+        length -= done
+        off = len(self._map) - self.data.nbytes + start   # its offset in the mapping
         try:
             self._map.madvise(_MADV_POPULATE_READ, off, length)
         except (OSError, ValueError):
