@@ -89,9 +89,10 @@ class Dataset:
         unchanged on disk (inode, size, modification time), in the same process.
 
         Why: a plan reads a file's row groups one after another, and opening the file again
-        for each (``ParquetFile`` with its parsed footer) cost 0.4-0.9 ms of CPU per row group
-        here (open, reader set-up): 5-8% of decoding an 8,192- or 16,384-row group, which a
-        reader kept open for the next row group does not pay. One file per thread stays
+        for each (``ParquetFile`` with its parsed footer) cost 0.25-0.85 ms of CPU per row
+        group here (open, reader set-up; medians of 40 interleaved reads at load 4-6): 2-5% of
+        reading an 8,192- or 16,384-row group of the held-out data, which a reader kept open
+        for the next row group does not pay. One file per thread stays
         open (a thread's fetches are sequential; a forked process opens its own, as its
         pid differs), closed when the thread moves to another file."""
         st = os.stat(file)
