@@ -34,6 +34,40 @@ def build_parser() -> argparse.ArgumentParser:
 LINE_CHARS = 4000     # of an error line
 
 
+def dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with ``--opt -5%`` written ``--opt=-5%`` for every option of one value.
+
+    argparse takes a value that starts with ``-`` for an option unless it reads as a negative
+    number, so ``gate --threshold -5%`` failed with "expected one argument" while
+    ``--threshold=-5%`` reached the range check; users write both. A token that is one of
+    the verb's own options (``--threshold --format``) stays an option. Nothing after ``--``,
+    nor after the first positional of a verb that passes the rest on (``profile``'s
+    command), is touched: those are the user's own arguments."""
+    subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    out, i, current = list(argv), 0, parser
+    while i < len(out):
+        tok = out[i]
+        if tok == "--":
+            break
+        if current is parser and subs is not None and tok in subs.choices:
+            current = subs.choices[tok]
+            i += 1
+            continue
+        if not tok.startswith("-"):
+            if any(a.nargs == argparse.REMAINDER for a in current._actions):
+                break
+            i += 1
+            continue
+        action = current._option_string_actions.get(tok)
+        nxt = out[i + 1] if i + 1 < len(out) else None
+        if (action is not None and action.nargs is None and nxt is not None
+                and nxt.startswith("-") and nxt != "--"
+                and nxt.split("=", 1)[0] not in current._option_string_actions):
+            out[i:i + 2] = [f"{tok}={nxt}"]
+        i += 1
+    return out
+
+
 def _say_error(exc: UserError, debug: bool) -> None:
     if isinstance(exc, UserCodeError) and not exc.where:
         exc.located("the trainer" if exc.pid == os.getpid() else f"process {exc.pid}")
@@ -41,12 +75,13 @@ def _say_error(exc: UserError, debug: bool) -> None:
 
     # Every error is one bounded line, whatever it quotes (a user's message is already cut
     # at errors.MESSAGE_CHARS; this bounds the rest: paths, a rank's or a server's text).
-    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}", file=sys.stderr)
-    if isinstance(exc, UserCodeError):
-        if debug and exc.traceback_text:
-            print(exc.traceback_text.rstrip(), file=sys.stderr)
-        elif not debug and exc.traceback_text:
-            print("  (run `stallbench --debug ...` to see its traceback)", file=sys.stderr)
+    # The hint to see the user's traceback ends the same line: an error is one line, which a
+    # CI log or a caller's ``tail -1`` shows whole (it was a second line of its own).
+    hint = (" (run `stallbench --debug ...` to see its traceback)"
+            if isinstance(exc, UserCodeError) and exc.traceback_text and not debug else "")
+    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}{hint}", file=sys.stderr)
+    if isinstance(exc, UserCodeError) and debug and exc.traceback_text:
+        print(exc.traceback_text.rstrip(), file=sys.stderr)
 
 
 def user_code_path() -> None:
@@ -60,6 +95,13 @@ def user_code_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    if interrupts.half_made_runtime():
+        interrupts.end_process(code)      # never returns (see its docstring)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     before: set[int] | None = None
     debug, nothing = False, "nothing written"
     try:
@@ -68,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         interrupts.adopt_orphans()
         before = interrupts.children()
         parser = build_parser()
-        args = parser.parse_args(argv)   # argparse exits 2 on bad usage, as we do
+        args = parser.parse_args(dash_values(parser, sys.argv[1:] if argv is None else argv))
+        # (argparse exits 2 on bad usage, as we do)
         debug = args.debug
         nothing = ("no result written" if args.command in ("run", "tune", "profile")
                    else nothing)

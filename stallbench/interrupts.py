@@ -67,6 +67,7 @@ class _State:
     previous: dict[int, Any] = {}
     previous_hook: Any = None
     subreaper_was: int | None = None
+    half_made = False
 
 
 _state = _State()
@@ -110,6 +111,7 @@ def install() -> bool:
     main thread). Clears any signal recorded before."""
     _state.pending = None
     _state.deferred = 0
+    _state.half_made = False
     if threading.current_thread() is not threading.main_thread():
         return False
     if not _state.installed:
@@ -200,6 +202,37 @@ def foreign_handlers() -> Iterator[None]:
     finally:
         reinstall()
     check()
+
+
+def runtime_half_made() -> None:
+    """A signal interrupted the start of a native runtime in this process (``ray.init``):
+    the command must end through ``end_process`` (``cli.main`` does)."""
+    _state.half_made = True
+
+
+def half_made_runtime() -> bool:
+    return _state.half_made
+
+
+def end_process(code: int) -> None:
+    """End the process with ``code`` after its Python clean-up (``atexit`` functions, the
+    streams flushed) but without C's exit handlers. A SIGTERM or SIGINT inside ``ray.init``
+    can land while Ray's C++ core worker is being made, before Python holds it: ``ray.shutdown``
+    then cannot stop it, and C's exit handlers destroy it while its threads still run, a
+    SIGSEGV (rc -11) after the command's right line (seen: ``kill -TERM`` when the driver's
+    core-worker log appeared). Everything the command started is stopped by then."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - ending anyway
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)
 
 
 # ----------------------------------------------------------------------- child processes

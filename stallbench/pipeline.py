@@ -206,8 +206,11 @@ class Plan:
             batch = self.transfer.receive_host(p)
             yield batch, p.rows, time.perf_counter() - t0
 
-    def build_compute(self, scenario_file: str = "<scenario>") -> compute_mod.Compute:
-        return compute_mod.build(self.config.model, self.schema, scenario_file)
+    def build_compute(self, scenario_file: str | None = None) -> compute_mod.Compute:
+        """The model of this plan; its errors name ``scenario_file``, by default the file the
+        plan was made from (a trainer rank has no other: it said ``<scenario>``)."""
+        return compute_mod.build(self.config.model, self.schema,
+                                 scenario_file or self.preprocess.scenario_file)
 
 
 @dataclass

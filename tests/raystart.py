@@ -240,6 +240,21 @@ class RayStartCluster:
         self.stop()
 
 
+def kill_left(procs: list[psutil.Process], wait_s: float = 5.0) -> list[str]:
+    """Kill (SIGKILL, by PID) each of ``procs`` still there and wait up to ``wait_s`` for
+    them; returns them as ``pid:name``, for the assertion that nothing was left. The one
+    place tests end leftover processes: never by name (no ``pkill``, no ``ray stop``)."""
+    names = []
+    for p in procs:
+        try:
+            names.append(f"{p.pid}:{p.name()}")
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=wait_s)
+    return names
+
+
 def stop_all(clusters: list[RayStartCluster], remove_dir: bool = True) -> list[str]:
     """``stop`` for several clusters at once: one TERM grace for all of them. Their GCS and
     raylets outlive a TERM (measured: still running 10 s after it, killed hard after the 5 s
@@ -255,13 +270,7 @@ def stop_all(clusters: list[RayStartCluster], remove_dir: bool = True) -> list[s
             except psutil.Error:
                 pass
         _, alive = psutil.wait_procs(procs, timeout=5)
-        for p in alive:
-            try:
-                hard.append(f"{p.pid}:{p.name()}")
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        hard += kill_left(alive)
     for c in clusters:
         try:
             c.current_cluster_file.unlink()

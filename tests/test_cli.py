@@ -243,3 +243,38 @@ def test_gate_reads_results_without_importing_torch(env: dict, tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     # the parts were compared (differential ran) and torch stayed out
     assert r.stdout.strip().splitlines()[-1] == "0 True False", r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--threshold", "-5%", "--threshold: must be between 0 and 100% (exclusive), got '-5%'"),
+    ("--threshold", "-0.05", "--threshold: must be between 0 and 100% (exclusive)"),
+    ("--alpha", "-1e-3", "--alpha: must be between 0 and 0.5 (exclusive)"),
+])
+def test_a_flag_value_starting_with_a_dash_reaches_its_check(tmp_path: Path, env: dict,
+                                                             flag: str, value: str,
+                                                             says: str) -> None:
+    """``--threshold -5%`` was argparse's "expected one argument" (a usage block and a line
+    that says nothing of the range); written either way it is the range check's one line."""
+    res = str(ROOT / "results" / "examples" / "schema-v3.json")
+    for args in ([flag, value], [f"{flag}={value}"]):
+        r = sb(["gate", "--baseline", res, "--current", res, *args], env, tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines() == [f"stallbench: error: {says}"] or (
+            len(r.stderr.splitlines()) == 1 and says in r.stderr), r.stderr
+
+
+def test_dash_values_leaves_the_users_own_arguments_alone() -> None:
+    from stallbench.cli import build_parser, dash_values
+
+    p = build_parser()
+    assert dash_values(p, ["gate", "--threshold", "-5%", "--format", "json"]) == \
+        ["gate", "--threshold=-5%", "--format", "json"]
+    # an option after the option: still an option (argparse says the value is missing)
+    assert dash_values(p, ["gate", "--threshold", "--format", "json"]) == \
+        ["gate", "--threshold", "--format", "json"]
+    # profile's command, with or without "--", is the user's: nothing in it is joined
+    for argv in (["profile", "--name", "-x", "--", "python", "t.py", "--name", "-y"],
+                 ["profile", "python", "t.py", "--name", "-y"]):
+        out = dash_values(p, argv)
+        assert out[-2:] == ["--name", "-y"], out
+    assert dash_values(p, ["profile", "--name", "-x", "--", "python"])[1] == "--name=-x"

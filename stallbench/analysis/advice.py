@@ -165,6 +165,28 @@ def _sibling(v: VariantResult, variants: Sequence[VariantResult], knob: str, val
     return None
 
 
+def _quote_measured(v: VariantResult, rec: Recommendation,
+                    variants: Sequence[VariantResult]) -> bool:
+    """Where this run measured the suggested ``rec.knob = rec.value`` (a sibling variant),
+    quote that gain as measured and drop any prediction; True if it did."""
+    if not (rec.knob and rec.value is not None and variants):
+        return False
+    s = _sibling(v, variants, rec.knob, rec.value)
+    if s is None:
+        return False
+    # steady state where both have one, else whole runs (a run too short for a steady
+    # state: ``measure.phases``), said in the text
+    for steady, basis in ((True, "steady state"), (False, "whole run")):
+        here, there = _rate(v, steady), _rate(s, steady)
+        if math.isfinite(here) and here > 0 and math.isfinite(there):
+            rec.measured_speedup, rec.measured_variant = there / here, s.name
+            rec.predicted_speedup = None
+            rec.prediction_model = None
+            rec.predicted_from = f"measured in this run ({basis})"
+            return True
+    return False
+
+
 def _measured_or_bounded(v: VariantResult, rec: Recommendation,
                          variants: Sequence[VariantResult], bt: Any,
                          m: whatif.Model | None = None, n: int | None = None
@@ -173,19 +195,8 @@ def _measured_or_bounded(v: VariantResult, rec: Recommendation,
     back-test that vouches for it (``_evidence``), or withdraw it where that back-test
     missed by more than 25% or reaches no count that far. Returns that evidence (None:
     nothing predicted by the what-if)."""
-    if rec.knob and rec.value is not None and variants:
-        s = _sibling(v, variants, rec.knob, rec.value)
-        if s is not None:
-            # steady state where both have one, else whole runs (a run too short for a
-            # steady state: ``measure.phases``), said in the text
-            for steady, basis in ((True, "steady state"), (False, "whole run")):
-                here, there = _rate(v, steady), _rate(s, steady)
-                if math.isfinite(here) and here > 0 and math.isfinite(there):
-                    rec.measured_speedup, rec.measured_variant = there / here, s.name
-                    rec.predicted_speedup = None
-                    rec.prediction_model = None
-                    rec.predicted_from = f"measured in this run ({basis})"
-                    return None
+    if _quote_measured(v, rec, variants):
+        return None
     if rec.predicted_from != "what-if model" or rec.predicted_speedup is None or bt is None:
         return None
     ev = _evidence(v, variants, bt, m, n)
@@ -263,7 +274,7 @@ def recommend(v: VariantResult, machine: MachineInfo,
         if busy and max(busy) > HEAVY_CORES:
             rec.action += (f", on a quieter machine (other processes took up to "
                            f"{max(busy):.2f} cores during these runs)")
-        _measured_or_bounded(v, rec, variants, backtest)
+        # no knob and no gain: nothing measured to quote, nothing predicted to bound
     elif a.bound_by == "compute":
         rec.action = ("nothing to do on the data side: the data stages keep up (a faster step "
                       "or a larger batch is what speeds this up)")
@@ -272,7 +283,7 @@ def recommend(v: VariantResult, machine: MachineInfo,
         rec.knob = rec.knob or None
         rec.predicted_speedup = a.ideal_speedup
         rec.predicted_from = "attribution: ideal transfer (an upper bound)"
-        _measured_or_bounded(v, rec, variants, backtest)
+        _quote_measured(v, rec, variants)   # an upper bound is not a what-if: nothing to vouch
     else:
         rec = _best_model(v, machine, rec, variants, backtest, [model, *alternatives])
     _within_ideal(a, rec)

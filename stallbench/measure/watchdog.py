@@ -171,8 +171,9 @@ class Watchdog:
         before = state(WAITING)
         try:
             yield
-        except NoProgress:      # raised asynchronously (no message), or by the alarm
-            raise NoProgress(self.fired or "no progress") from None
+        except NoProgress as exc:   # raised asynchronously (no message), by the alarm, or
+            # by the wait itself with its own line (a Flight call past its deadline): kept
+            raise NoProgress(str(exc) or self.fired or "no progress") from None
         finally:
             self.waiting_since = None
             state(before)

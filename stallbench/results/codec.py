@@ -48,8 +48,21 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def join(where: str, key: str) -> str:
+    """The path of ``key`` inside ``where``. A file's root is ``"file.json:"`` (what callers
+    pass), so every message reads like the others: ``file.json: created_utc: expected ...``,
+    ``file.json: variants[0].epoch_s.median: ...`` (``file.json:.created_utc`` was printed)."""
+    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
+
+
+def index(where: str, i: int) -> str:
+    """The path of item ``i`` of the list at ``where`` (``join``'s rule)."""
+    return f"{where} [{i}]" if where.endswith(":") else f"{where}[{i}]"
+
+
 def from_json(tp: Any, value: Any, where: str) -> Any:
-    """``value`` (parsed JSON) as an instance of ``tp``; ResultError naming ``where`` if not."""
+    """``value`` (parsed JSON) as an instance of ``tp``; ResultError naming ``where`` if not.
+    ``where`` is ``"file.json:"`` at the root (keys are added with ``join``/``index``)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -70,12 +83,12 @@ def from_json(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ResultError(f"{where}: expected a list, got {_show(value)}")
         (arg,) = typing.get_args(tp)
-        return [from_json(arg, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [from_json(arg, v, index(where, i)) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ResultError(f"{where}: expected an object, got {_show(value)}")
         _, arg = typing.get_args(tp)
-        return {k: from_json(arg, v, f"{where}.{k}") for k, v in value.items()}
+        return {k: from_json(arg, v, join(where, k)) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _dataclass(tp, value, where)
     if tp is float:
@@ -113,7 +126,7 @@ def _dataclass(cls: type[T], value: Any, where: str) -> T:
     hints = _hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):   # type: ignore[arg-type]
-        key = f"{where}.{f.name}"
+        key = join(where, f.name)
         if f.name in value:
             kwargs[f.name] = from_json(hints[f.name], value[f.name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -157,8 +170,8 @@ def check_range(name: str, value: Any, where: str) -> None:
         check_created(value, where)
         return
     if name in SUMMARY_FIELDS:     # a Summary's median/min/max/values: its figure's range
-        parent = re.sub(r"\[\d+\]$", "", where.rsplit(".", 2)[-2]) if where.count(".") >= 2 \
-            else ""
+        parts = re.split(r"\.|: ", where)      # the key path (``join``): parent, then name
+        parent = re.sub(r"\[\d+\]$", "", parts[-2]) if len(parts) >= 2 else ""
         name = parent or name
     values = value if isinstance(value, list) else [value]
     for v in values:

@@ -19,15 +19,25 @@ Flight servers, started once by stallbench's process) gives each rank what it ne
 to them (``Executor.rank_options``), and may ask for spawned ranks (``rank_start_method``).
 No wait without an end: each rank publishes its last progress and what it is doing in a
 shared array (``measure.watchdog.publish``), which ``_check_progress`` reads while it waits.
+A rank's own log lines stay off the user's terminal: its file descriptor 2, where torch's C++
+core writes (``TCPStore.cpp ... TCP client failed to connect``, with ~50 C++ frames, when a
+peer dies during the rendezvous; gloo's warnings), is a file of the job's log directory
+(``stallbench-ranks-*/rank-N.log``) and Python's ``sys.stderr`` a duplicate of the terminal,
+so the user's own prints and stallbench's lines still reach it (``_divert_stderr``). The
+directory is removed when the job ends well or is interrupted; a failure's line names it
+when a rank wrote anything there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
@@ -46,7 +56,8 @@ STOP_GRACE_S = 5.0
 
 def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool,
                executor_cls: type, executor_kw: dict[str, Any] | None = None,
-               scenario_file: str = "<scenario>", slots: Any = None) -> None:
+               scenario_file: str = "<scenario>", slots: Any = None,
+               log_path: str | None = None) -> None:
     """A rank process: set up, then serve ``run`` requests until ``stop`` or the pipe closes.
 
     The launcher hands over the executor's class (pickled by reference), so this package
@@ -54,6 +65,8 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
     the keyword arguments of the rank's executor (``Executor.rank_options``: e.g. the Flight
     servers the job's process started, which every rank attaches to)."""
     interrupts.sigterm_exits()
+    if log_path is not None:
+        _divert_stderr(log_path)
     os.environ.update(ctx.environ())      # before the loader forks its workers
     if slots is not None:                 # its progress and state, for the launcher
         watchdog.publish(slots, ctx.rank)
@@ -117,6 +130,28 @@ def _rank_main(ctx: RankContext, plan: Plan, conn: Connection, with_caches: bool
     os._exit(code)
 
 
+def _divert_stderr(path: str) -> None:
+    """This rank's fd 2 (torch's and gloo's C++ log lines, written there directly) into
+    ``path``; Python's ``sys.stderr`` (the user's prints, warnings, tracebacks) stays on the
+    terminal through a duplicate of the old fd 2. Loader workers forked from the rank inherit
+    both. Nothing changes where the file cannot be opened."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    terminal = os.dup(2)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = io.TextIOWrapper(os.fdopen(terminal, "wb", buffering=0),
+                                  encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                                  errors="backslashreplace", line_buffering=True,
+                                  write_through=True)
+
+
 def start_method() -> str:
     """fork where no GPU exists (no re-import, the plan inherited); spawn where one does: a
     rank uses CUDA, and CUDA does not survive a fork once this process has touched the driver
@@ -150,6 +185,8 @@ class ProcessLauncher(RankLauncher):
         self._cpu_s: float | None = None
         self.slots: Any = None         # each rank's last progress and state (``watchdog``)
         self._busy = False             # a run was asked for and has not answered
+        self.log_dir: str | None = None   # the ranks' fd 2 (``_divert_stderr``)
+        self._keep_log = False            # a failure's line names it: not removed by stop
 
     def start(self) -> None:
         how = (self.start_method or getattr(self.executor, "rank_start_method", None)
@@ -160,6 +197,10 @@ class ProcessLauncher(RankLauncher):
         tr = self.plan.config.trainers
         self._sigterm.take()
         try:
+            self.log_dir = tempfile.mkdtemp(prefix="stallbench-ranks-")
+        except OSError:
+            self.log_dir = None        # the ranks' C++ lines then reach the terminal
+        try:
             for r in range(self.world):
                 ctx = RankContext(r, self.world, r, "127.0.0.1", port, tr.straggler_rank,
                                   tr.straggler_delay_ms / 1000.0)
@@ -167,7 +208,8 @@ class ProcessLauncher(RankLauncher):
                 p = ctx_mp.Process(target=_rank_main,
                                    args=(ctx, self.plan, child, self.ablations,
                                          type(self.executor), self.executor.rank_options(),
-                                         self.executor.scenario_file, self.slots),
+                                         self.executor.scenario_file, self.slots,
+                                         self._log_path(r)),
                                    name=f"stallbench-rank-{r}")
                 p.start()
                 child.close()
@@ -228,6 +270,9 @@ class ProcessLauncher(RankLauncher):
                     raise self._failure(r, None)
         return out
 
+    def _log_path(self, r: int) -> str | None:
+        return None if self.log_dir is None else os.path.join(self.log_dir, f"rank-{r}.log")
+
     def _check_progress(self, pending: set[int], since: float) -> None:
         """The job's progress watchdog (``base.stalled``), for what a rank cannot watch
         itself: a rank stopped, stuck in its set-up, or waiting while none progresses."""
@@ -235,7 +280,7 @@ class ProcessLauncher(RankLauncher):
                        lambda r: self.procs[r].pid, since,
                        self.plan.config.run.progress_timeout_s, self._source)
         if line is not None:
-            raise NoProgress(line)
+            raise self._with_log(NoProgress(line))
 
     def _source(self) -> str:
         if self.shared:
@@ -249,15 +294,53 @@ class ProcessLauncher(RankLauncher):
         if msg is not None and msg[0] == "error":
             _, kind, text, tb = msg
             if kind == "stall":
-                return NoProgress(text)
+                return self._with_log(NoProgress(text))
             if kind == "user":
-                return UserError(f"trainer rank {r}: {text}")
-            return RankError(f"trainer rank {r} failed: {text}\n{tb}")
+                return self._with_log(UserError(f"trainer rank {r}: {text}"))
+            return self._with_log(RankError(f"trainer rank {r} failed: {text}\n{tb}"))
         p = self.procs[r]
         p.join(timeout=1.0)
         interrupts.check()      # a rank ended by the same Ctrl-C / SIGTERM: 130 / 143
-        return ProcessDied(f"trainer rank {r} (pid {p.pid}) {exit_status(p.exitcode)} "
-                           f"before it finished; no result written")
+        return self._with_log(ProcessDied(f"trainer rank {r} (pid {p.pid}) "
+                                          f"{exit_status(p.exitcode)} before it finished; "
+                                          f"no result written"))
+
+    def _with_log(self, exc: Exception) -> Exception:
+        """The job's failure, after every rank is stopped (what the others log as they end,
+        a peer's TCPStore retries cut short, is in their files by then), with the ranks'
+        log directory named where a rank wrote anything there; kept for the user then."""
+        self._keep_log = True
+        self._busy = True        # a failed job: the others get SIGTERM now, no grace for "stop"
+        self.stop()
+        d = self._written_log()
+        if d is not None:                      # only the files that say something
+            for e in os.scandir(d):
+                try:
+                    if e.stat().st_size == 0:
+                        os.remove(e.path)
+                except OSError:
+                    pass
+        if d is None:
+            self._keep_log = False
+            self._remove_log()
+            return exc
+        note = f" (the ranks' own log lines: {d})"
+        text = str(exc)
+        if isinstance(exc, RankError) and "\n" in text:     # before its traceback
+            head, _, tail = text.partition("\n")
+            exc.args = (f"{head}{note}\n{tail}",)
+        else:
+            exc.args = (text + note,)
+        return exc
+
+    def _written_log(self) -> str | None:
+        d = self.log_dir
+        if d is None:
+            return None
+        try:
+            return d if any(e.stat().st_size > 0 for e in os.scandir(d)) else None
+        except OSError:
+            return None
 
     # ------------------------------------------------------------------------------ stop
     def stop(self) -> None:
@@ -299,6 +382,13 @@ class ProcessLauncher(RankLauncher):
             c.close()
         interrupts.terminate_then_kill([c for c in started.values() if interrupts.running(c)],
                                        STOP_GRACE_S)
+        if not self._keep_log:
+            self._remove_log()
         self._sigterm.give_back()
+
+    def _remove_log(self) -> None:
+        if self.log_dir is not None:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            self.log_dir = None
 
 

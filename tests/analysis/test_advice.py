@@ -280,3 +280,33 @@ def test_the_model_whose_back_test_is_best_where_it_extrapolates_predicts() -> N
     tie = _bt(("contention", 0.04, 9, "above"), ("one-point", 0.04, 9, "above"))
     rec = advice.recommend(v, r.machine, r.variants, tie, stored, [one])
     assert rec.prediction_model == "contention"
+
+
+def _sibling_of(v: object, name: str, rate: float, **loader: object) -> object:
+    s = dataclasses.replace(v, name=name, knobs={f"loader.{k}": x for k, x in loader.items()},
+                            config={"loader": {**v.config["loader"], **loader}})
+    s.throughput_samples_s = factories.Summary.of([rate])
+    s.steady_throughput_samples_s = factories.Summary.of([rate])
+    return s
+
+
+def test_transfer_bound_quotes_the_gain_this_run_measured() -> None:
+    """The upper bound of an ideal transfer gives way to the gain of the suggested setting
+    where the run measured it (the transfer branch's ``_quote_measured``)."""
+    v = variant("transfer", workers=2, loader={"batch_format": "columnar"})
+    v.knobs = {"loader.batch_format": "columnar"}
+    v.throughput_samples_s = factories.Summary.of([1000.0])
+    v.steady_throughput_samples_s = factories.Summary.of([1000.0])
+    sib = _sibling_of(v, "single", 1300.0, batch_format="single_buffer")
+    rec = advice.recommend(v, MACHINE, variants=[v, sib])
+    assert (rec.knob, rec.value) == ("loader.batch_format", "single_buffer")
+    assert rec.measured_variant == "single" and rec.measured_speedup == pytest.approx(1.3)
+    assert rec.predicted_speedup is None and rec.predicted_from.startswith("measured")
+
+
+def test_inconclusive_suggests_no_setting_even_beside_measured_siblings() -> None:
+    v = variant("preprocess", conclusive=False)
+    sib = _sibling_of(v, "w2", 5000.0, num_workers=2)
+    rec = advice.recommend(v, MACHINE, variants=[v, sib])
+    assert rec.conclusive is False and rec.action.startswith("measure again")
+    assert rec.knob is None and rec.measured_speedup is None and rec.predicted_speedup is None

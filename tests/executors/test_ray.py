@@ -27,6 +27,7 @@ import psutil
 import pytest
 import torch
 
+from raystart import kill_left
 from stallbench import scenario
 from stallbench.errors import ScenarioError, UserError
 from stallbench.executors import EXECUTORS
@@ -494,14 +495,7 @@ def _assert_no_leftovers(tag: str) -> None:
     while left and time.time() < deadline:
         time.sleep(0.3)
         left = _tagged(tag)
-    names = []
-    for p in left:
-        try:
-            names.append(f"{p.pid}:{p.name()}")
-            p.kill()
-        except psutil.Error:
-            pass
-    assert not left, f"processes left behind: {names}"
+    assert not left, f"processes left behind: {kill_left(left)}"
 
 
 def _sb(args: list[str], env: dict[str, str], cwd: Path, tag: str,

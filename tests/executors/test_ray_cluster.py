@@ -427,6 +427,55 @@ def test_worker_node_lost_mid_epoch_completes_every_row_once(clusters: dict, cac
     c.nodes[2].resources.clear()                  # for the next test: one producer node left
 
 
+@pytest.mark.slow      # a node added and lost: ~30 s; the loss itself: the driver test above
+def test_cli_says_a_lost_producer_node_and_what_it_cost(clusters: dict, tmp_path: Path) -> None:
+    """Campaign case 38, as users run it (the CLI): a producer node added to the cluster
+    loses its raylet (SIGKILL by PID) mid-run. The run completes, prints one ``RAY FAULTS``
+    line naming the lost node and the run's time with the loss, records it in
+    ``faults.nodes_lost``, and none of Ray's lines about the node (``[state-dump]``, the
+    raylet's last log lines) reach the terminal. A node lost near the run's end, before the
+    GCS's health checks declare it dead, is found by its refused node-manager port."""
+    c = clusters["token"]
+    node = c.add_node(cpus=1)
+    try:
+        c.wait_for_nodes(3)                   # the head, node 1 and this one (2 was lost)
+        mark = tmp_path / "mark"
+        (tmp_path / "usercode.py").write_text(
+            "def mark(table, **kw):\n"
+            f"    open({str(mark)!r}, 'a').write('x')\n"
+            "    return table\n")
+        text = _text(c.address, rows=6000, cost=800).replace(
+            'transforms = ["log_dense"', 'transforms = ["usercode:mark", "log_dense"')
+        (tmp_path / "s.toml").write_text(text)
+        env = {**c.client_env(), "STALLBENCH_CACHE": str(tmp_path / "cache")}
+        proc = subprocess.Popen([sys.executable, "-m", "stallbench", "run", "s.toml", "--out",
+                                 "out", "--no-progress"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 240
+            while proc.poll() is None and time.time() < deadline and not (
+                    mark.exists() and len(mark.read_text()) >= 6):
+                time.sleep(0.05)
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            c.kill_node(node.index)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        node.resources.clear()                # for the next test: one producer node left
+    assert proc.returncode == 0, err[-3000:]
+    assert "[state-dump]" not in out + err and "(raylet)" not in out + err, (out + err)[-3000:]
+    [line] = [ln for ln in out.splitlines() if ln.startswith("RAY FAULTS:")]
+    assert "lost 1 producer node(s): node " in line and "the run completed" in line, line
+    assert "the run with the loss took " in line, line
+    [result] = list((tmp_path / "out").glob("*.json"))
+    faults = json.loads(result.read_text())["variants"][0]["repeats"][0][
+        "executor_figures"]["faults"]
+    assert len(faults["nodes_lost"]) == 1, faults
+
+
 def test_last_producer_node_lost_fails_with_one_line(clusters: dict, cache: Path,
                                                     tmp_path: Path) -> None:
     """With no producer node left, Ray would wait forever for the producer resource; the

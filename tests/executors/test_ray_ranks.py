@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from raystart import kill_left
 from stallbench import scenario
 from stallbench.analysis.ranks import exactly_once
 from stallbench.errors import ScenarioError
@@ -171,11 +172,4 @@ def test_cli_ctrl_c_stops_every_rank_actor_and_ray(tmp_path: Path) -> None:
     while tagged() and time.time() < deadline:
         time.sleep(0.3)
     left = tagged()
-    names = []
-    for p in left:
-        try:
-            names.append(f"{p.pid}:{p.name()}")
-            p.kill()
-        except psutil.Error:
-            pass
-    assert not left, f"processes left behind: {names}"
+    assert not left, f"processes left behind: {kill_left(left)}"

@@ -9,6 +9,11 @@ Ray task that makes no progress for ``[run] progress_timeout_s`` (a transform th
 returns, a worker stopped with ``kill -STOP``) ends the run with the watchdog's one line,
 while a slow bulk materialisation that completes tasks is progress.
 
+A trainer rank killed while the ranks meet is one line, torch's C++ log of the surviving
+rank in a directory the line names (``trainers/processes._divert_stderr``). A cluster reached
+by address (a real ``ray start --head``, tests/raystart.py) that loses its GCS is one line
+within ``[run] progress_timeout_s`` (``lost.Vital._poll_gcs``).
+
 Each test starts its own Ray runtime through a ``stallbench run`` subprocess and finds the
 process to kill among that subprocess's children (never the session's shared runtime).
 """
@@ -261,3 +266,187 @@ def test_ray_messages_before_the_log_opens_stay_off_the_terminal(tmp_path: Path,
     log2.divert()
     log2.close()
     assert ray_worker.print_to_stdstream is original
+
+
+# ---------------------------------------------------------------------- trainer ranks
+RANKS = TINY + "[trainers]\nranks = 2\n"
+PRINTS = '''
+import os, sys
+
+def say(table, **kw):
+    if os.environ.get("RANK") is not None:
+        print(f"user stdout from rank {os.environ['RANK']}", flush=True)
+        print(f"user stderr from rank {os.environ['RANK']}", file=sys.stderr, flush=True)
+    return table
+'''
+
+
+def _ranks_of(w: Watched) -> list[psutil.Process]:
+    """The command's rank processes (its direct children, forked: no loader workers here),
+    in the order they were started, so rank 0 first."""
+    try:
+        kids = w.ps.children()
+    except psutil.Error:
+        return []
+    for k in kids:
+        w.seen.setdefault(k.pid, "python")
+    try:
+        return sorted(kids, key=lambda k: (k.create_time(), k.pid))
+    except psutil.Error:
+        return []
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_rank_killed_during_start_up_is_one_line(tmp_path: Path, env: dict,
+                                                   victim: int) -> None:
+    """``kill -9`` of a trainer rank while the ranks meet (the process group's TCPStore,
+    before the other rank connected): was the right last line after ~50 lines of torch's
+    C++ log from the surviving rank (``TCPStore.cpp ... TCP client failed to
+    connect/validate ... Interrupted system call`` and its C++ frames). Now one line; the
+    ranks' own log lines are in a directory the line names (or none is left)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    write(tmp_path, RANKS)
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "TMPDIR": str(tmp)},
+                tmp_path)
+    deadline = time.monotonic() + 120
+    ranks: list[psutil.Process] = []
+    while len(ranks) < 2 and time.monotonic() < deadline and w.proc.poll() is None:
+        ranks = _ranks_of(w)
+        time.sleep(0.002)
+    assert len(ranks) >= 2, w.finish(timeout=60)[2][-2000:]
+    pid = ranks[victim].pid
+    ranks[victim].kill()
+    code, out, err = _follow(w)
+    assert code == 2, (code, err[-3000:])
+    line = _one_line(err.replace("stallbench: error: ", "stallbench: error: s.toml: ", 1))
+    assert f"trainer rank {victim} (pid {pid}) killed by SIGKILL before it finished; " \
+           f"no result written" in line, line
+    assert "TCPStore" not in out + err and "frame #" not in out + err, err[-2000:]
+    left = [p.name for p in tmp.iterdir() if p.name.startswith("stallbench-ranks-")]
+    if "the ranks' own log lines: " in line:
+        named = line.split("the ranks' own log lines: ")[1].rstrip(")")
+        assert left == [Path(named).name], (left, named)
+        assert any(f.stat().st_size for f in Path(named).iterdir()), named
+    else:
+        assert left == [], left
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+
+
+def test_ranks_keep_the_users_prints_and_leave_no_log(tmp_path: Path, env: dict) -> None:
+    """What the user's code in a rank prints (stdout and Python's stderr) still reaches the
+    terminal, as before the ranks' fd 2 went to a log file; a run that ends well leaves no
+    log directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp_path / "usercode.py").write_text(PRINTS)
+    write(tmp_path, RANKS + '[preprocess]\ntransforms = ["usercode:say"]\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "TMPDIR": str(tmp)},
+                tmp_path)
+    code, out, err = _follow(w)
+    assert code == 0, (code, err[-3000:])
+    for r in (0, 1):
+        assert f"user stdout from rank {r}" in out, out[-2000:]
+        assert f"user stderr from rank {r}" in err, err[-2000:]
+    assert [p for p in tmp.iterdir() if p.name.startswith("stallbench-ranks-")] == []
+    assert w.leftovers() == []
+
+
+# ------------------------------------------------------------- a cluster reached by address
+def test_a_gcs_that_accepts_no_connection_is_lost_after_the_grace() -> None:
+    """The watch of a cluster by address (``Vital._poll_gcs``), without Ray: a port that
+    listens is not a loss; once it refuses connections for the grace, ``on_lost`` is called
+    once, with what was lost and for how long. (The real cluster: the slow test below.)"""
+    import socket
+    import threading
+
+    from stallbench.executors.ray.lost import Vital
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    port = srv.getsockname()[1]
+    said: list[str] = []
+    done = threading.Event()
+    vital = Vital(gcs=("127.0.0.1", port), gcs_grace_s=1.0)
+    vital.watch(lambda what: (said.append(what), done.set()))
+    try:
+        time.sleep(1.5)                        # listening: more than the grace, no loss
+        assert said == []
+        srv.close()
+        assert done.wait(timeout=30), "the lost GCS was never reported"
+        time.sleep(0.6)
+    finally:
+        vital.closing = True
+        srv.close()
+    assert len(said) == 1, said
+    assert said[0].startswith(f"its GCS at 127.0.0.1:{port} (no connection accepted for "), said
+    assert "connection refused" in said[0], said
+
+
+@pytest.mark.slow      # a real cluster: ~40 s; the watch itself is the fast test above
+def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dict) -> None:
+    """A real ``ray start --head`` (tests/raystart.py, stopped by PID) whose ``gcs_server`` is
+    killed mid-run: was a 60 s hang (Ray's ``gcs_rpc_server_reconnect_timeout_s``) and rc 1.
+    Now one line naming the cluster and its GCS, exit 2, within ``[run]
+    progress_timeout_s`` (3 s here), none of Ray's lines on the terminal, nothing of
+    stallbench's left running."""
+    from raystart import RayStartCluster
+
+    cluster = RayStartCluster(token="auto")
+    try:
+        cluster.start_head(cpus=1, producer=False, client_server=False)
+        mark = tmp_path / "mark"
+        # the cluster's workers do not inherit this test's environment: the mark's path is
+        # written into the module
+        (tmp_path / "usercode.py").write_text(CODE.replace('os.environ["MARK"]',
+                                                           repr(str(mark))))
+        write(tmp_path, RAY.replace("cpus = 2\n", f'ray_address = "{cluster.address}"\n'
+                                                  f'connect_timeout_s = 60\n')
+              + '[preprocess]\ntransforms = ["usercode:slow"]\n'
+              + "[run]\nprogress_timeout_s = 3\n")
+        w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                    cluster.client_env(env), tmp_path)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and w.proc.poll() is None and not (
+                mark.exists() and len(mark.read_text()) >= 3):
+            w.children()
+            time.sleep(0.05)
+        [gcs] = [p for p in cluster.processes(0) if p.name() == "gcs_server"]
+        assert w.proc.poll() is None, w.finish(timeout=60)[2][-2000:]
+        gcs.kill()
+        t0 = time.monotonic()
+        code, out, err = _follow(w)
+        took = time.monotonic() - t0
+    finally:
+        cluster.stop()
+    assert code == 2, (code, err[-3000:], out[-2000:])
+    line = _one_line(err)
+    assert f"the Ray cluster at {cluster.address} (executor.ray_address) lost its GCS at " \
+           f"{cluster.address} (no connection accepted for " in line, line
+    assert "the run cannot complete and no result is written" in line, line
+    assert took < 30, took                   # Ray alone: 60 s, then rc 1
+    for bad in RAY_LINES:
+        assert bad not in out + err, (bad, out[-2000:])
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+    assert not cluster.current_cluster_file.exists() and cluster.processes() == []
+
+
+def test_a_raylet_refusing_connections_is_gone_and_a_listening_one_is_not() -> None:
+    """A node lost near a run's end is still alive in the GCS's records (its health checks
+    take ~15-30 s): its node-manager port refusing a connection says it is gone. A port that
+    accepts, or no address, is not a loss."""
+    import socket
+
+    from stallbench.executors.ray.cluster import RayRuntime
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert RayRuntime.raylet_gone(("127.0.0.1", port)) is None
+    why = RayRuntime.raylet_gone(("127.0.0.1", port))      # closed now: refused
+    assert why is not None and f"port {port}" in why and "." not in why, why
+    assert RayRuntime.raylet_gone(("", 0)) is None

@@ -137,6 +137,66 @@ def test_calibration_files_are_validated_as_data(tmp_path: Path, key: str, value
     assert key in str(info.value) and says in str(info.value), str(info.value)
 
 
+GOLDEN = ROOT / "tests" / "golden" / "result_errors.txt"
+
+
+def _calibration() -> dict[str, Any]:
+    from stallbench.gate import calibration
+
+    return {"calibration_version": calibration.CALIBRATION_VERSION,
+            "created_utc": "2026-01-01T00:00:00+00:00", "tool_version": "x", "scenario": "s",
+            "scenario_sha256": "0", "scenario_path": "s.toml",
+            "machine": {"cpu_model": "x", "cores_logical": 2}, "commit": None,
+            "threshold": 0.1, "alpha": 0.05, "pairs": 5, "rounds": 3, "detect": 0.1,
+            "power_target": 0.95, "resamples": 100, "seconds": 1.0, "metrics": []}
+
+
+def _drop(path: str) -> Callable[[dict[str, Any]], None]:
+    def change(d: dict[str, Any]) -> None:
+        *head, last = path.split(".")
+        cur: Any = d
+        for k in head:
+            cur = cur[int(k)] if isinstance(cur, list) else cur[k]
+        del cur[last]
+    return change
+
+
+def test_validation_lines_golden(tmp_path: Path, env: dict) -> None:
+    """Result and calibration refusals read ``file.json: key.path: expected ..., got ...``,
+    like every other one-line error (they printed ``file.json:.created_utc``: the file's root
+    joined to its first key with a dot). STALLBENCH_UPDATE_GOLDEN=1 refreshes the file."""
+    from stallbench.errors import ResultError
+    from stallbench.gate import calibration
+
+    cases = [("created_utc", _set("created_utc", "zzz")),
+             ("a string", _set("scenario.path", 3)),
+             ("a nested figure", _set("variants.0.repeats.0.epoch_s", -1.0)),
+             ("a summary's share", _set("variants.0.stall_share.median", 2.0)),
+             ("a missing key", _drop("variants.0.name")),
+             ("a list item", _set("variants.0.repeats", [1]))]
+    got = []
+    for what, change in cases:
+        f = _write(tmp_path, change)
+        r = sb(["history", f], env, tmp_path, timeout=120)
+        got.append(f"$ stallbench history bad.json  # {what}\nrc={r.returncode}\n{r.stderr}")
+    for key, value in (("created_utc", "zzz"), ("detect", -1), ("metrics", [{}])):
+        cal = _calibration()
+        cal[key] = value
+        bad = tmp_path / "calibration.json"
+        bad.write_text(json.dumps(cal))
+        try:
+            calibration.load(bad)
+            said = "loaded"
+        except ResultError as exc:
+            said = str(exc).replace(str(tmp_path) + "/", "")
+        got.append(f"# calibration.load: {key} = {json.dumps(value)}\n{said}\n")
+    text = "\n".join(got)
+    if __import__("os").environ.get("STALLBENCH_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+    assert ":." not in text and ": :" not in text
+
+
 NASTY = ["x\n::error title=injected::boom", "a\r\n::warning::w", "esc\x1b[2J", "$\\sqrt{\\sqrt{$",
          "$" + "\\sqrt{" * 40 + "x" + "}" * 40 + "$", "bidi\u202egnp.exe"]
 

@@ -13,10 +13,12 @@ Real signals to a real ``stallbench`` process; psutil records every process unde
 
 from __future__ import annotations
 
+import glob
 import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from reliability_helpers import TINY, Watched, no_files, write
 
@@ -107,18 +109,42 @@ def test_signal_mid_epoch(tmp_path: Path, env: dict, sig: int) -> None:
     _expect_interrupted(w, sig, tmp_path / "out")
 
 
+def _driver_connected(w: Watched) -> bool:
+    """The command's own Ray core worker exists: its log file (``python-core-driver-*_PID.log``
+    in the session's log directory, which the GCS's command line names) has appeared. From
+    here until ``ray.init`` returns, Ray's C++ core held the signal (a stack dump, rc -6) or,
+    once that was off, the half-made core worker crashed the exit (rc -11)."""
+    for pid, name in list(w.seen.items()):
+        if name != "gcs_server":
+            continue
+        try:
+            logs = [a.split("=", 1)[1] for a in psutil.Process(pid).cmdline()
+                    if a.startswith("--log_dir=")]
+        except psutil.Error:
+            continue
+        if logs and glob.glob(f"{glob.escape(logs[0])}/python-core-driver-*_{w.proc.pid}.log"):
+            return True
+    return False
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("sig, when", [  # CI time: one instance in CI, the others with test-all
     pytest.param(signal.SIGTERM, "gcs_server", marks=pytest.mark.slow),
-    (signal.SIGTERM, "raylet"),
-    pytest.param(signal.SIGINT, "raylet", marks=pytest.mark.slow)])
+    pytest.param(signal.SIGTERM, "raylet", marks=pytest.mark.slow),
+    (signal.SIGTERM, "core worker"),
+    pytest.param(signal.SIGINT, "raylet", marks=pytest.mark.slow),
+    pytest.param(signal.SIGINT, "core worker", marks=pytest.mark.slow)])
 def test_signal_during_ray_start_up(tmp_path: Path, env: dict, sig: int, when: str) -> None:
-    """Used to end in rc 15, 1 or -6 (Ray's C++ handler: a stack dump) and leave Ray agents."""
+    """Used to end in rc 15, 1 or -6 (Ray's C++ handler: a stack dump) and leave Ray agents;
+    inside ``ray.init`` once the driver's core worker existed, rc -6 with a stack dump, then
+    (the handler off) rc -11 after the right line."""
     pytest.importorskip("ray")
     write(tmp_path, TINY + '[executor]\nkind = "ray"\ncpus = 1\n')
     w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
 
     def started(kids: list) -> bool:
+        if when == "core worker":
+            return _driver_connected(w)
         return any(when in name for name in w.seen.values())
 
     assert w.wait_for(started), w.finish()[2][-2000:]

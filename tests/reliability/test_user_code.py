@@ -5,7 +5,7 @@ The rule (``errors.UserCodeError``, raised by ``stages/transforms.UserTransform`
 call, the type it returns, a training step), in whichever process (the trainer, a loader
 worker, a Ray worker), the command prints one block naming the scenario file and key, the
 transform or model, where it ran and its exception, and exits 2; the traceback only with
-``stallbench --debug``. Loader workers hand the error back as a value, Ray workers raise it
+``stallbench --debug`` (the line ends by saying so). Loader workers hand the error back as a value, Ray workers raise it
 as itself (``raise_original_map_exception``), so it is never a DataLoader or Ray traceback.
 """
 
@@ -66,13 +66,12 @@ def _block(stderr: str, key: str, what: str, problem: str, where: str = "",
            hint: bool = True) -> None:
     lines = stderr.splitlines()
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert len(lines) == (2 if hint else 1), stderr[-3000:]
+    assert len(lines) == 1, stderr[-3000:]     # the hint was a second line: now its end
     head = lines[0]
     assert head.startswith(f"stallbench: error: s.toml: {key}: {what}"), head
     assert problem in head, head
     assert where in head, head
-    if hint:
-        assert lines[1] == "  (run `stallbench --debug ...` to see its traceback)"
+    assert head.endswith(" (run `stallbench --debug ...` to see its traceback)") == hint, head
 
 
 def _run(project: Path, env: dict, extra: str, *flags: str, base: str = TINY):

@@ -81,9 +81,10 @@ def _run(tmp_path: Path, env: dict, text: str, how: str):
     assert r.returncode == 2, (how, r.returncode, r.stderr[-3000:])
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert no_files(tmp_path / "out")
-    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("stallbench: error: ")]
-    assert len(errors) == 1, r.stderr[-3000:]
-    return errors[0]
+    # ONE line: the whole of stderr (a hint to use --debug was a second line of its own)
+    assert len(r.stderr.splitlines()) == 1, r.stderr[-3000:]
+    assert r.stderr.startswith("stallbench: error: "), r.stderr[-3000:]
+    return r.stderr.strip()
 
 
 @pytest.mark.parametrize("how, says", [
@@ -104,6 +105,16 @@ def test_exit_in_a_model_factory(tmp_path: Path, env: dict, how: str) -> None:
     line = _run(tmp_path, env, TINY.replace('kind = "emulated"\nstep_ms = 1',
                                             'kind = "usercode:factory"'), how)
     assert "model.kind: model 'usercode:factory'" in line and "usercode.py:" in line, line
+
+
+def test_exit_in_a_model_factory_of_a_rank_names_the_scenario_file(tmp_path: Path,
+                                                                    env: dict) -> None:
+    """A rank builds its model from the plan: its errors named ``<scenario>``."""
+    line = _run(tmp_path, env, TINY.replace('kind = "emulated"\nstep_ms = 1',
+                                            'kind = "usercode:factory"')
+                + "[trainers]\nranks = 2\n", "exit3")
+    assert "s.toml: model.kind: model 'usercode:factory'" in line and "<scenario>" not in line
+    assert "trainer rank " in line and "raised SystemExit (sys.exit(3))" in line, line
 
 
 @pytest.mark.parametrize("how", ["exit3", "kbint"])

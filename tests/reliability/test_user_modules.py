@@ -12,6 +12,7 @@ is never executed, by any command, in loader or Ray workers, or on REF's side of
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,20 +120,20 @@ def test_a_local_flight_server_finds_the_module_beside_the_scenario(tmp_path: Pa
     """The servers a Flight trainer starts rebuild the variant's stages in their own process:
     they are handed the scenario file with it, so a transform beside the scenario is found
     when the run starts elsewhere (a server used to look in its working directory only), and
-    its errors name that file, not a placeholder."""
+    its errors name that file, not a placeholder. One run shows both: the server's error is
+    the function's own ValueError, which it could raise only from the module it found beside
+    the scenario (not found, it would say ModuleNotFoundError); CI time: a second, successful
+    run of the same set-up showed only the first half."""
     pytest.importorskip("pyarrow.flight")
     proj = tmp_path / "proj"
     proj.mkdir()
-    (proj / "mytf.py").write_text(DOUBLE.format(factor=2) + (
+    (proj / "mytf.py").write_text(
         "def bad(table, **kw):\n"
         "    import sys\n"
         "    if sys.argv[0].endswith('server.py'):\n"
         "        raise ValueError('in the server')\n"
-        "    return table\n"))
+        "    return table\n")
     flight = '[executor]\nkind = "flight"\nflight_local_servers = 1\n'
-    write(proj, TINY + '[preprocess]\ntransforms = ["mytf:fn"]\n' + flight)
-    r = sb(["run", "proj/s.toml", "--out", "out", "--no-progress"], env, tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
     write(proj, TINY + '[preprocess]\ntransforms = ["mytf:bad"]\n' + flight)
     r = sb(["run", "proj/s.toml", "--out", "out2", "--no-progress"], env, tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
@@ -189,8 +190,21 @@ def test_a_missing_module_names_where_it_was_looked_for(tmp_path: Path, env: dic
     assert str(tmp_path / "proj") in first and "the import path" in first, first
 
 
+# Ray's C++ core logs, at ERROR on the driver's stderr, that an actor pool's constructor
+# arguments live in the object store (Ray Data puts them there); no Python-side switch silences
+# that one line (reported in issue 13's notes). Nothing else may appear.
+ACTOR_ARGS_LINE = ("core_worker.cc", "constructor arguments in the object store")
+
+
 @pytest.mark.ray
 def test_ray_workers_get_no_driver_directory(tmp_path: Path, marked: tuple[Path, dict]) -> None:
+    """Ray's task and actor workers do not get the driver's directory on their import path.
+    The same run (one Ray start for both, CI time) is issue 13's class 3: ``ray_pool =
+    "actors"`` runs end to end from the CLI, a scenario file, nothing patched (it never ran:
+    the warm-up passed a plain function to ``map_batches`` with an actor pool, Ray refused, and
+    a broad ``except`` reported "the Ray cluster could not run a producer task";
+    ``tests/executors/test_ray.py::test_actor_pool_runs_end_to_end`` covers the executor
+    in-process)."""
     pytest.importorskip("ray")
     mark, env = marked
     _plant(tmp_path)
@@ -201,14 +215,27 @@ def test_ray_workers_get_no_driver_directory(tmp_path: Path, marked: tuple[Path,
         "        assert %r not in sys.path, sys.path\n"
         "    return table\n" % str(tmp_path))
     write(tmp_path, TINY + '[preprocess]\ntransforms = ["mytf:fn"]\n'
-                           '[executor]\nkind = "ray"\ncpus = 1\n')
-    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path)
+                           '[executor]\nkind = "ray"\ncpus = 1\nconcurrency = 1\n'
+                           '[matrix]\n"executor.ray_pool" = ["tasks", "actors"]\n')
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert not list(mark.iterdir())
     # This is also the suite's successful run of a local Ray runtime from the CLI, so it checks
     # what test_messages.py says of one: nothing on stderr (Ray 2.5x prints a token-
-    # authentication notice at every start: every one-line error of stallbench became two).
-    assert r.stderr == "", r.stderr[-3000:]
+    # authentication notice at every start: every one-line error of stallbench became two),
+    # but for the actor pool's one line of Ray's core (ACTOR_ARGS_LINE).
+    other = [ln for ln in r.stderr.splitlines() if not all(x in ln for x in ACTOR_ARGS_LINE)]
+    assert not other, r.stderr[-3000:]
+    (result,) = (tmp_path / "out").glob("tiny-*.json")
+    variants = {v["name"]: v for v in json.loads(result.read_text())["variants"]}
+    assert set(variants) == {"ray_pool=tasks", "ray_pool=actors"}, list(variants)
+    for pool in ("tasks", "actors"):
+        v = variants[f"ray_pool={pool}"]
+        ray = v["repeats"][0]["executor_figures"]["ray"]
+        assert ray["pool"] == pool and ray["complete"], ray
+        assert v["repeats"][0]["samples"] == 4096
+    ops = variants["ray_pool=actors"]["repeats"][0]["executor_figures"]["ray"]["operators"]
+    assert any("Producer" in op["name"] for op in ops), ops
 
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",

@@ -24,7 +24,7 @@ from stallbench import scenario
 ROOT = Path(__file__).resolve().parents[2]
 
 CODE = '''
-import os, signal, time
+import os, signal, sys, time
 
 def stop_in_worker(table, **kw):
     from torch.utils.data import get_worker_info
@@ -43,6 +43,14 @@ def hang_in_trainer(table, **kw):
     from torch.utils.data import get_worker_info
     if get_worker_info() is None and "default_worker" not in (sys.argv[0] if sys.argv else ""):
         time.sleep(10 ** 6)
+    return table
+
+def prep_mark(table, **kw):
+    """In a Flight server only: say its pid (the test stops it), then take a while."""
+    if "flight" in (sys.argv[0] if sys.argv else "") and os.environ.get("SLOW_MARK"):
+        with open(os.environ["SLOW_MARK"], "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        time.sleep(0.3)
     return table
 
 def slow(table, **kw):
@@ -244,11 +252,19 @@ def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
         server.finish(timeout=60)
 
 
-@pytest.mark.parametrize("answer", [b"[]", b"42", b'{"v": 1, "variants": []}',
-                                    b'{"variants": {"k": {"shards": "x", "rows": 1}}}',
-                                    b"not json", b"\xff\xfe"])
+@pytest.mark.parametrize("answer, says", [
+    (b"[]", "not a stallbench Flight server"), (b"42", "not a stallbench Flight server"),
+    (b'{"v": 1, "variants": []}', "not a stallbench Flight server"),
+    (b'{"variants": {"k": {"shards": "x", "rows": 1}}}', "not a stallbench Flight server"),
+    (b"not json", "not a stallbench Flight server"),
+    (b"\xff\xfe", "not a stallbench Flight server"),
+    # JSON without the protocol field said "speaks protocol None"
+    (b'{"x": 1}', "not a stallbench Flight server"),
+    (b'{"v": "x"}', "not a stallbench Flight server"),
+    (b'{"v": 99, "stallbench": "9.9"}', "speaks stallbench's Flight protocol 99"),
+])
 def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
-                                                  answer: bytes) -> None:
+                                                  answer: bytes, says: str) -> None:
     flight = pytest.importorskip("pyarrow.flight")
     import threading
 
@@ -263,8 +279,117 @@ def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
         write(tmp_path, TINY + f'[executor]\nkind = "flight"\n'
               f'flight_servers = ["grpc://127.0.0.1:{srv.port}"]\n')
         r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
-        line = one_error_line(r, "s.toml", "executor.flight_servers[0]",
-                              "not a stallbench Flight server")
+        line = one_error_line(r, "s.toml", "executor.flight_servers[0]", says)
         assert "no Flight server answers" not in line, line   # it did answer (non-JSON: was)
     finally:
         srv.shutdown()
+
+
+@pytest.mark.parametrize("info", [[], 1, None, "x", {"x": 1}, {"v": "x"}, {"v": None},
+                                  {"v": True}, {"v": 2.0}, {"v": 2, "pid": "x"},
+                                  {"v": 2, "cores": -1}, {"v": 2, "pid": 1e300},
+                                  {"v": 2, "variants": {"k": {"shards": 1}}}])
+def test_ping_answers_that_are_not_a_stallbench_servers(info: object) -> None:
+    """Checked as data before any key is used (``pid`` and ``cores`` go into the result)."""
+    pytest.importorskip("pyarrow.flight")
+    from stallbench.executors.flight.driver import _is_ping_answer
+
+    assert not _is_ping_answer(info)
+    assert _is_ping_answer({"v": 99, "pid": 7, "cores": 2, "variants": {}})
+
+
+def _flight_server_kids(kids: list) -> list:
+    out = []
+    for k in kids:
+        try:
+            if "stallbench.executors.flight.server" in " ".join(k.cmdline()):
+                out.append(k)
+        except Exception:  # noqa: BLE001 - a process that just ended
+            pass
+    return out
+
+
+def test_a_local_flight_server_frozen_in_its_start_up_ends_the_run(tmp_path: Path,
+                                                                   env: dict) -> None:
+    """``kill -STOP`` of a local Flight server before it says its port: the wait for it had a
+    fixed 180 s end, not ``progress_timeout_s``."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    write(tmp_path, TINY + '[executor]\nkind = "flight"\n[run]\nprogress_timeout_s = 2\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"], {**env, "TMPDIR": str(tmp)},
+                tmp_path)
+    assert w.wait_for(lambda kids: bool(_flight_server_kids(kids)), timeout=120), \
+        w.finish()[2][-2000:]
+    server = _flight_server_kids(w.children())[0]
+    os.kill(server.pid, signal.SIGSTOP)        # ~1 s of imports before it can answer
+    t0 = time.monotonic()
+    code, out, err = w.finish(timeout=120)
+    took = time.monotonic() - t0
+    line = one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                          "s.toml: run.progress_timeout_s: local Flight server 0",
+                          f"(pid {server.pid}, starting on 127.0.0.1",
+                          "made no progress for 2 s", "its start-up",
+                          "it is stopped", "no result written")
+    assert took < 60, (took, line)             # not the old fixed 180 s
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+    assert list(tmp.glob("stallbench-flight-*")) == []
+
+
+def test_a_local_flight_server_stopped_before_registering_is_named() -> None:
+    """The registration wait has the same end (it had a fixed 120 s one)."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    from stallbench.errors import NoProgress
+    from stallbench.executors.flight.local import LocalServers
+
+    servers = LocalServers(1, None, "s.toml", progress_timeout_s=1)
+    servers.start()     # ~1 s of CPU with a 1 s timeout: a server busy starting progresses
+    pid, where = servers.pids()[0], servers.locations[0]
+    tmp = servers._dir
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(NoProgress) as e:
+            servers.register({"a": 1}, [1, 2], "k1", "s.toml")
+    finally:
+        servers.stop()
+    line = str(e.value)
+    assert f"local Flight server 0 (pid {pid}, listening on {where})" in line, line
+    assert "its registration of variant k1" in line and "it is stopped" in line, line
+    import psutil
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert tmp is not None and not os.path.exists(tmp)
+
+
+def test_a_flight_server_stopped_while_it_builds_the_ablation_caches_ends_the_run(
+        tmp_path: Path, env: dict) -> None:
+    """The caches' ``prepare`` call had no deadline: blocked in gRPC's C++, beyond the
+    watchdog's signal and SIGTERM's, it waited forever (SIGTERM ignored too)."""
+    import signal
+
+    pytest.importorskip("pyarrow.flight")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    mark = tmp_path / "mark"
+    _project(tmp_path, TINY.replace("differential = false", "differential = true")
+             + '[preprocess]\ntransforms = ["usercode:prep_mark"]\n'
+               '[executor]\nkind = "flight"\nflight_local_servers = 1\n'
+               '[run]\nprogress_timeout_s = 2\n')
+    w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
+                {**env, "TMPDIR": str(tmp), "SLOW_MARK": str(mark)}, tmp_path)
+    assert w.wait_for(lambda kids: mark.exists() and mark.read_text().endswith("\n"),
+                      timeout=120), w.finish()[2][-2000:]
+    pid = int(mark.read_text().split()[0])
+    os.kill(pid, signal.SIGSTOP)             # the first row group's caches: 0.3 s each
+    code, out, err = w.finish(timeout=120)
+    one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
+                   "s.toml: run.progress_timeout_s:", "for 2 s",
+                   f"the flight executor was waiting on the Flight server grpc://127.0.0.1:",
+                   f"(pid {pid}): the ablation caches of row group 0", "no result written")
+    assert no_files(tmp_path / "out")
+    assert w.leftovers() == []
+    assert list(tmp.glob("stallbench-flight-*")) == []

@@ -42,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ...errors import ScenarioError, UserError, cut
+from ... import __version__
+from ...errors import NoProgress, ScenarioError, UserError, cut
 from ...measure.watchdog import tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
@@ -116,6 +117,7 @@ class FlightExecutor(Executor):
         self._run: _RunState | None = None
         self._late: StageTimes | None = None
         self._last: dict[str, Any] = {}
+        self._doing: str | None = None             # a server call before the runs (waiting_for)
 
     # ------------------------------------------------------------------ before anything runs
     @classmethod
@@ -189,7 +191,7 @@ class FlightExecutor(Executor):
             from .local import LocalServers
 
             self.local = LocalServers(self.spec.flight_local_servers, self.producer_threads(),
-                                      self.scenario_file)
+                                      self.scenario_file, self.config.run.progress_timeout_s)
             try:
                 self.local.start()
             except BaseException:
@@ -238,22 +240,36 @@ class FlightExecutor(Executor):
             raise ScenarioError(self.scenario_file, self._where(i),
                                 f"the Flight server at {loc} answered the ping with "
                                 f"{said}: not a stallbench Flight server")
-        if info.get("v") != protocol.VERSION:
+        if info["v"] != protocol.VERSION:
             self.stop()
+            release = info.get("stallbench")
             raise ScenarioError(self.scenario_file, self._where(i),
-                                f"the Flight server at {loc} speaks protocol {info.get('v')!r}, "
-                                f"this trainer {protocol.VERSION}")
+                                f"the Flight server at {loc} speaks stallbench's Flight "
+                                f"protocol {info['v']}, this trainer protocol "
+                                f"{protocol.VERSION} (stallbench {__version__}); run the same "
+                                f"stallbench release on both sides"
+                                + (f" (the server runs {_short(repr(release), 40)})"
+                                   if release is not None else ""))
         return info
 
+    def _server_pid(self, k: int) -> str:
+        pid = self.served[k].get("pid") if k < len(self.served) else None
+        return f" (pid {pid})" if pid is not None else ""
+
     def waiting_for(self) -> str:
-        """What the trainer waits on (the progress watchdog's line)."""
-        return f"Flight stream(s) from {', '.join(self.locations)}"
+        """What the trainer waits on (the progress watchdog's line): the server call under
+        way before the runs (a registration, a row group's ablation caches), else the
+        streams."""
+        return self._doing or f"Flight stream(s) from {', '.join(self.locations)}"
 
     def _register(self, plan: Plan) -> str:
         """Make sure every server serves this plan's variant (local ones are handed it)."""
         key = protocol.config_key(plan.config)
         if self.local is not None:
+            self._doing = (f"the local Flight server(s) {', '.join(self.locations)} (pids "
+                           f"{', '.join(map(str, self.local.pids()))}) registering the variant")
             self.local.register(plan.config, plan.dataset, key, plan.preprocess.scenario_file)
+            self._doing = None
             for s in self.served:
                 s.setdefault("variants", {})[key] = {"shards": len(plan.dataset.shards),
                                                      "rows": plan.dataset.rows}
@@ -283,16 +299,34 @@ class FlightExecutor(Executor):
         t0 = time.perf_counter()
         key = self._register(plan)
         if caches is not None and self._prepared != (key, id(caches)):
+            # One call per row group, each with a deadline of ``progress_timeout_s``: a call
+            # blocked in gRPC's C++ is beyond the watchdog's signal (and SIGTERM's), so a
+            # server stopped mid-way kept the trainer waiting forever; each row group done is
+            # progress (a long build of many is not a stall).
             n = len(self.clients)
             shards = sorted({s.index for s in plan.items})
+            timeout = self.config.run.progress_timeout_s
+            opts = flight.FlightCallOptions(timeout=timeout)
             for k, client in enumerate(self.clients):
-                body = json.dumps({"key": key, "shards": [s for s in shards if s % n == k]})
-                try:
-                    list(client.do_action(flight.Action("prepare", body.encode())))
-                except flight.FlightError as exc:
-                    raise UserError(f"{self.scenario_file}: executor: Flight server "
-                                    f"{self.locations[k]} could not prepare the ablation caches "
-                                    f"({_short(exc)})") from None
+                for shard in (s for s in shards if s % n == k):
+                    body = json.dumps({"key": key, "shards": [shard]})
+                    self._doing = (f"the Flight server {self.locations[k]}"
+                                   f"{self._server_pid(k)}: the ablation caches of row group "
+                                   f"{shard} (untimed preparation before the runs)")
+                    try:
+                        list(client.do_action(flight.Action("prepare", body.encode()),
+                                              options=opts))
+                    except flight.FlightTimedOutError:
+                        raise NoProgress(
+                            f"{self.scenario_file}: run.progress_timeout_s: no producer "
+                            f"completed any work for {timeout:g} s: the flight executor was "
+                            f"waiting on {self._doing}; no result written") from None
+                    except flight.FlightError as exc:
+                        raise UserError(f"{self.scenario_file}: executor: Flight server "
+                                        f"{self.locations[k]} could not prepare the ablation "
+                                        f"caches ({_short(exc)})") from None
+                    tick()
+            self._doing = None
             self._prepared = (key, id(caches))
         t1 = time.perf_counter()
         warm_items = self._first_per_stream(plan)
@@ -315,6 +349,7 @@ class FlightExecutor(Executor):
         return tuple(seen.values())
 
     def stop(self) -> None:
+        self._doing = None
         self._close_run()
         for c in self.clients:
             try:
@@ -542,11 +577,22 @@ def _short(exc: BaseException, n: int = 200) -> str:
 _NOT_JSON = object()   # a ping answer that did not parse
 
 
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 53
+
+
 def _is_ping_answer(info: Any) -> bool:
     """A stallbench server's ping answer, checked as data before any key is used: an object
-    whose ``variants`` (if any) map keys to ``{"shards": int, "rows": int}``."""
+    whose protocol version ``v`` is a whole number (any: another version is a stallbench
+    server of another release, said as such) and whose ``variants`` (if any) map keys to
+    ``{"shards": int, "rows": int}``."""
     if not isinstance(info, dict):
         return False
+    v = info.get("v")
+    if not isinstance(v, int) or isinstance(v, bool):
+        return False
+    if not all(_count(info[k]) for k in ("pid", "cores", "pyarrow_threads") if k in info):
+        return False     # recorded in the result (server_pids, server_cores): whole counts
     variants = info.get("variants", {})
     if not isinstance(variants, dict):
         return False

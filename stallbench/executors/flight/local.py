@@ -27,11 +27,18 @@ from ... import threads
 from .server import READY, REGISTERED, send_registration
 
 
+# A server still busy starting after this long is broken, however much CPU it uses (the
+# rule for every start-up stallbench waits on: Ray's pump actor, the ranks).
+START_LIMIT_S = 600.0
+
+
 class LocalServers:
-    def __init__(self, n: int, budget: int | None, scenario_file: str = "<scenario>") -> None:
+    def __init__(self, n: int, budget: int | None, scenario_file: str = "<scenario>",
+                 progress_timeout_s: float = 300.0) -> None:
         self.n = n
         self.budget = budget
         self.file = scenario_file
+        self.progress_timeout_s = float(progress_timeout_s)
         self.procs: list[subprocess.Popen] = []
         self.ports: list[int] = []
         self.registered: set[str] = set()
@@ -45,7 +52,11 @@ class LocalServers:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def start(self, timeout_s: float = 180.0) -> None:
+    def start(self) -> None:
+        """Start the servers and wait for each one's port. A wait with an end
+        (``[run] progress_timeout_s``): a server that is starting uses CPU (importing Arrow,
+        binding its port), so its CPU clock moving is progress; one that is stopped
+        (``kill -STOP``) or blocked without using CPU for that long ends the run."""
         self._dir = tempfile.mkdtemp(prefix="stallbench-flight-")
         env = {**os.environ, **threads.env_for(self.budget), "PYTHONUNBUFFERED": "1"}
         atexit.register(self.stop)
@@ -57,38 +68,46 @@ class LocalServers:
                  "--host", "127.0.0.1", "--port", "0"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
                 start_new_session=True))
-        deadline = time.monotonic() + timeout_s
         for i, p in enumerate(self.procs):
-            word, value = self._line(i, deadline)
+            word, value = self._line(i, f"its start-up (its {READY} line)", START_LIMIT_S)
             if word != READY:
                 self._fail(i, f"said {word!r} instead of its port")
             self.ports.append(int(value))
 
-    def register(self, cfg: Any, dataset: Any, key: str, file: str,
-                 timeout_s: float = 120.0) -> None:
+    def register(self, cfg: Any, dataset: Any, key: str, file: str) -> None:
         """Hand every server a plan's config, dataset and scenario file (once per config
-        key)."""
+        key). Opening the dataset is real work of any length: the wait ends only when a
+        server makes no progress (its CPU clock) for ``progress_timeout_s``."""
         if key in self.registered:
             return
-        deadline = time.monotonic() + timeout_s
         for i, p in enumerate(self.procs):
             try:
                 send_registration(p.stdin, cfg, dataset, file)
             except OSError:
                 self._fail(i, "closed its input")
         for i in range(len(self.procs)):
-            word, value = self._line(i, deadline)
+            word, value = self._line(i, f"its registration of variant {key}")
             if word != REGISTERED or value != key:
                 self._fail(i, f"registered {value!r} instead of {key!r}")
         self.registered.add(key)
 
-    def _line(self, i: int, deadline: float) -> tuple[str, str]:
+    def _line(self, i: int, what: str, limit_s: float | None = None) -> tuple[str, str]:
+        """Server ``i``'s next stdout line. Each time its CPU clock moves is progress (and
+        ticks the progress watchdog's clock, so a registration under ``prepare_watched``
+        that works is not a stall); ``progress_timeout_s`` without any ends the wait."""
+        from ...measure.watchdog import tick
+
         p = self.procs[i]
+        start = last = time.monotonic()
+        cpu = _cpu_s(p.pid)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._fail(i, "did not answer in time")
-            ready, _, _ = select.select([p.stdout], [], [], min(left, 0.5))
+            now = time.monotonic()
+            if now - last >= self.progress_timeout_s:
+                self._stalled(i, what)
+            if limit_s is not None and now - start >= limit_s:
+                self._fail(i, f"was still busy with {what} after {limit_s:g} s")
+            wait = min(0.5, max(0.01, last + self.progress_timeout_s - now))
+            ready, _, _ = select.select([p.stdout], [], [], wait)
             if ready:
                 line = p.stdout.readline().decode(errors="replace").strip()
                 if not line:
@@ -97,6 +116,25 @@ class LocalServers:
                 return word, value
             if p.poll() is not None:
                 self._fail(i, f"exited with code {p.returncode}")
+            now_cpu = _cpu_s(p.pid)
+            if now_cpu is not None and (cpu is None or now_cpu > cpu) and not _stopped(p.pid):
+                cpu, last = now_cpu, time.monotonic()
+                tick()
+
+    def _stalled(self, i: int, what: str) -> None:
+        """The one line of a server that made no progress: which, where, what stallbench
+        waited for and the state it is in (the caller stops the servers by PID)."""
+        from ...errors import NoProgress
+
+        p = self.procs[i]
+        where = (f"listening on {self.locations[i]}" if i < len(self.ports)
+                 else "starting on 127.0.0.1, its port not chosen yet")
+        state = ("stopped (SIGSTOP or a debugger)" if _stopped(p.pid)
+                 else "alive but using no CPU")
+        raise NoProgress(f"{self.file}: run.progress_timeout_s: local Flight server {i} "
+                         f"(pid {p.pid}, {where}) made no progress for "
+                         f"{self.progress_timeout_s:g} s while stallbench waited for {what}: "
+                         f"it is {state}; stallbench ended it by PID; no result written")
 
     def check_alive(self) -> None:
         for i, p in enumerate(self.procs):
@@ -143,6 +181,8 @@ class LocalServers:
                 pass
         deadline = time.monotonic() + 5.0
         for p in self.procs:
+            if _stopped(p.pid):          # a stopped server never reads its closed pipe
+                p.kill()
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -157,3 +197,24 @@ class LocalServers:
         self.procs, self.ports, self._logs, self._dir = [], [], [], None
         self.registered.clear()
         atexit.unregister(self.stop)
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (None when it cannot be read)."""
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return t.user + t.system
+
+
+def _stopped(pid: int) -> bool:
+    """Process ``pid`` is stopped (``kill -STOP``, a debugger): it makes no progress."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False

@@ -92,6 +92,21 @@ def import_ray(scenario_file: str = "<scenario>") -> Any:
     return ray
 
 
+def _failure_signal_handler(disabled: Any) -> Any:
+    """Set whether this process's core worker installs Ray's C++ failure-signal handler
+    (``ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``; see ``RayRuntime.open``); returns
+    the value it had (None: Ray's internals moved, nothing done). Set only while stallbench
+    owns a runtime: a Ray a library caller initialises later keeps Ray's behaviour."""
+    try:
+        from ray._private import ray_constants
+
+        was = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
+        return was
+    except (ImportError, AttributeError):  # pragma: no cover
+        return None
+
+
 def _quiet_logs() -> None:
     for name in ("ray", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -168,8 +183,10 @@ def _ray_address_file() -> str:
 
 
 class RayRuntime:
-    def __init__(self, spec: ExecutorSpec, scenario_file: str = "<scenario>") -> None:
+    def __init__(self, spec: ExecutorSpec, scenario_file: str = "<scenario>",
+                 gcs_grace_s: float = 10.0) -> None:
         self.spec = spec
+        self.gcs_grace_s = gcs_grace_s     # a cluster by address: its GCS silent that long
         self.file = scenario_file
         self.mode = "none"
         self.owned = False
@@ -184,6 +201,7 @@ class RayRuntime:
         self._pids_cache: tuple[float, list[int]] = (0.0, [])
         self._cpu_seen: dict[tuple[int, float], float] = {}   # (pid, start time) -> CPU s
         self._atexit = False
+        self._handler_was: Any = None      # ray_constants' value before ``open``
         self._sigterm = interrupts.SigtermAsInterrupt()
         self.vital = Vital()               # what the run cannot go on without (lost.py)
         self.log = RayLog()                # Ray's own terminal output, into a file
@@ -207,12 +225,36 @@ class RayRuntime:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Ray's C++ core would install a SIGTERM handler that aborts with a stack dump,
         # skipping every clean-up; stallbench handles SIGTERM itself (stallbench.interrupts).
+        # The variable is for the processes Ray starts (they inherit it); this process read
+        # it into ``ray_constants`` when it imported Ray, before this line, and its core
+        # worker (created inside ``ray.init``) reads the constant: left as it was, a SIGTERM
+        # between the driver's connection and the end of ``ray.init`` (before our handlers
+        # are back) ended the command with a C++ stack dump and rc -6 instead of 143.
         os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+        if self._handler_was is None:
+            self._handler_was = _failure_signal_handler(True)
         self.owned = True              # from here on close() must clean up, even half-started
         if not self._atexit:
             atexit.register(self.close)
             self._atexit = True
         self.log.divert()                 # Ray's messages from its first moment on (RayLog)
+        try:
+            self._start()
+        except KeyboardInterrupt:         # Interrupted too: SIGINT, SIGTERM
+            interrupts.runtime_half_made()
+            raise
+        self._spawned = set(_descendants()) - set(self._before)
+        self._take_sigterm()
+        self._quiet_data()
+        if not self.client:
+            self.log.open(_logs_dir())
+        self._watch_vital()
+
+    def _start(self) -> None:
+        """Start or reach the runtime (``ray.init`` and what precedes it)."""
+        import ray
+
+        spec = self.spec
         with interrupts.foreign_handlers(), _start_failure(self.file):
             if spec.ray_address:
                 self.mode = "address"
@@ -230,12 +272,6 @@ class RayRuntime:
                              include_dashboard=False, log_to_driver=False,
                              logging_level=logging.WARNING, namespace="stallbench",
                              runtime_env=RUNTIME_ENV, job_config=job_config(), _system_config=LEAN_SYSTEM_CONFIG)
-        self._spawned = set(_descendants()) - set(self._before)
-        self._take_sigterm()
-        self._quiet_data()
-        if not self.client:
-            self.log.open(_logs_dir())
-        self._watch_vital()
 
     def _watch_vital(self) -> None:
         """The GCS and raylets of a runtime started here, from Ray's own node records,
@@ -245,7 +281,11 @@ class RayRuntime:
         if not interrupts.installed():
             return
         try:
-            if self.mode == "local":
+            if self.mode == "address" and not self.client and self.address:
+                host, _, port = self.address.rpartition(":")
+                self.vital = Vital(gcs=(host.strip("[]"), int(port)),
+                                   gcs_grace_s=self.gcs_grace_s)
+            elif self.mode == "local":
                 from ray._private import worker as ray_worker
 
                 self.vital = Vital.of(ray_worker._global_node)
@@ -266,9 +306,11 @@ class RayRuntime:
         if interrupts.pending() is not None:
             return                      # a Ctrl-C or SIGTERM reached Ray's processes too
         log = self.log.last_path
-        line = (f"stallbench: error: {self.file}: executor: the Ray runtime stallbench started "
-                f"for this run lost {what}{_command_time()}; the run cannot complete and no "
-                f"result is written" + (f" (Ray's log: {log})" if log else "") + "\n")
+        whose = (f"the Ray cluster at {self.address} (executor.ray_address)"
+                 if self.mode == "address" else "the Ray runtime stallbench started for this run")
+        line = (f"stallbench: error: {self.file}: executor: {whose} lost {what}"
+                f"{_command_time()}; the run cannot complete and no result is written"
+                + (f" (Ray's log: {log})" if log else "") + "\n")
         try:
             os.write(self.log.terminal_fd(), line.encode("utf-8", "backslashreplace"))
         except OSError:
@@ -472,6 +514,9 @@ class RayRuntime:
             self.cluster = None
         self._restore_address_file()
         _reap(victims)
+        if self._handler_was is not None:
+            _failure_signal_handler(self._handler_was)
+            self._handler_was = None
         self.log.close()
         self._sigterm.give_back()
         self.mode = "closed"
@@ -640,8 +685,30 @@ class RayRuntime:
         for n in nodes:
             if n.get("Resources", {}).get(key, 0) > 0 or not n.get("Alive"):
                 out[n["NodeID"]] = {"alive": bool(n.get("Alive")),
-                                    "reason": str(n.get("DeathReasonMessage") or "")[:200]}
+                                    "reason": str(n.get("DeathReasonMessage") or "")[:200],
+                                    "raylet": (str(n.get("NodeManagerAddress") or ""),
+                                               int(n.get("NodeManagerPort") or 0))}
         return out
+
+    @staticmethod
+    def raylet_gone(raylet: tuple[str, int], timeout_s: float = 1.0) -> str | None:
+        """Why a node's raylet is known gone before Ray's GCS says so (its health checks take
+        ~15-30 s to declare a node dead: a node lost near a run's end was alive in the GCS's
+        records at the run's end, and the loss went unsaid): its node-manager port refuses
+        a TCP connection. None: it accepts one, or cannot be asked (no address, a timeout:
+        a slow network is not a loss)."""
+        host, port = raylet
+        if not host or not port:
+            return None
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return None
+        except ConnectionRefusedError:
+            # (no dots: the report's line keeps a reason's first sentence, and an IP has them)
+            return (f"its raylet refuses connections on port {port}; Ray's GCS had not yet "
+                    f"declared the node dead")
+        except OSError:
+            return None
 
     def fault_marker(self) -> float:
         return time.time() * 1000.0

@@ -57,6 +57,7 @@ from .. import runtimes
 from ..base import EXECUTORS, Executor, ProducerKnob
 from . import codec, stats, stock, worker
 from .cluster import RayRuntime, import_ray
+from .lost import GCS_GRACE_S
 
 
 @dataclass
@@ -170,7 +171,9 @@ class RayExecutor(Executor):
     def start(self) -> None:
         t0 = time.perf_counter()
         self.runtime, reused = runtimes.acquire(
-            self.runtime_key(self.config), lambda: RayRuntime(self.spec, self.scenario_file),
+            self.runtime_key(self.config), lambda: RayRuntime(
+                self.spec, self.scenario_file,
+                gcs_grace_s=min(GCS_GRACE_S, self.config.run.progress_timeout_s)),
             group="ray")
         if not reused:
             self.runtime.open()
@@ -459,9 +462,15 @@ class RayExecutor(Executor):
         lost: list[dict[str, str]] = []
         if r.nodes_at_start:
             now = self.runtime.producer_nodes_state()
-            lost = [{"node_id": k, "reason": now.get(k, {}).get("reason", "")}
-                    for k, v in r.nodes_at_start.items()
-                    if v["alive"] and not now.get(k, {}).get("alive", False)]
+            for k, v in r.nodes_at_start.items():
+                if not v["alive"]:
+                    continue
+                if not now.get(k, {}).get("alive", False):
+                    lost.append({"node_id": k, "reason": now.get(k, {}).get("reason", "")})
+                    continue
+                gone = self.runtime.raylet_gone(now[k].get("raylet") or ("", 0))
+                if gone:               # dead, though the GCS's health checks have not said so
+                    lost.append({"node_id": k, "reason": gone})
         # A simulated node whose raylet died during the run (seen by PID at once; Ray's GCS
         # declares it dead only after its health checks fail).
         vital = self.runtime.vital

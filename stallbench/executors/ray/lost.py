@@ -14,6 +14,14 @@ how it ended, kills every process of the runtime by PID and ends the command wit
 simulated cluster is not vital: Ray re-runs its tasks on the other nodes and the run
 completes; the loss is recorded (``nodes_lost``).
 
+*A cluster reached by address* (``ray_address = "host:port"`` or ``"auto"``) runs in
+processes that are not stallbench's, so its GCS cannot be waited on: ``Vital.gcs`` is its
+address, and a thread connects to it every 0.5 s (a TCP connect, answered by the kernel of
+the GCS's machine: nothing of Ray's is touched). A GCS that accepts no connection for
+``gcs_grace_s`` (10 s, or ``[run] progress_timeout_s`` when smaller; a GCS restarted by its
+owner within that keeps the run) is lost: one line, exit 2. Ray's driver would wait
+``gcs_rpc_server_reconnect_timeout_s`` (60 s) and end with exit 1.
+
 *Ray's own lines.* The trainer's core worker writes its C++ log lines (``E ...
 core_worker.cc``, ``task_manager.cc``) to file descriptor 2, and Ray's error subscriber prints
 what the GCS publishes (a raylet's last 20 log lines when it dies, ``[state-dump]`` blocks of a
@@ -28,12 +36,15 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+
+GCS_GRACE_S = 10.0      # a cluster by address: how long its GCS may accept no connection
 
 
 def _end_of(info: Any) -> str:
@@ -71,6 +82,8 @@ class Vital:
     nodes_lost: dict[int, str] = field(default_factory=dict)
     node_ids: dict[int, str] = field(default_factory=dict)    # raylet pid -> node id (hex)
     closing: bool = False
+    gcs: tuple[str, int] | None = None      # a cluster by address: its GCS, polled
+    gcs_grace_s: float = GCS_GRACE_S
 
     @classmethod
     def of(cls, head: Any, workers: list[Any] = ()) -> "Vital":
@@ -117,6 +130,32 @@ class Vital:
                                  *((p, w, False) for p, w in self.nodes.items())]:
             threading.Thread(target=wait, args=(pid, what, vital), daemon=True,
                              name=f"stallbench-ray-vital-{pid}").start()
+        if self.gcs is not None:
+            threading.Thread(target=self._poll_gcs, args=(on_lost,), daemon=True,
+                             name="stallbench-ray-vital-gcs").start()
+
+    def _poll_gcs(self, on_lost: Callable[[str], None], period_s: float = 0.5) -> None:
+        """A cluster by address: its GCS accepts a TCP connection, or has not for how long."""
+        assert self.gcs is not None
+        host, port = self.gcs
+        since: float | None = None
+        why = ""
+        while not self.closing:
+            try:
+                with socket.create_connection((host, port), timeout=min(2.0, self.gcs_grace_s)):
+                    since = None
+            except OSError as exc:
+                now = time.monotonic()
+                since = now if since is None else since
+                why = exc.strerror or type(exc).__name__
+                if now - since >= self.gcs_grace_s:
+                    if self.closing or self.lost is not None:
+                        return
+                    self.lost = (f"its GCS at {host}:{port} (no connection accepted for "
+                                 f"{now - since:.1f} s: {why.lower()})")
+                    on_lost(self.lost)
+                    return
+            time.sleep(period_s)
 
 
 def _short(node: Any) -> str:

@@ -5,8 +5,8 @@ depend on how many cores are free; the script measures each itself.
 
     user_ablate.py DATA_DIR NUM_WORKERS ITEM_MS COLLATE_MS STEP_MS SHUFFLE
 
-SHUFFLE: "none" (in order), "seeded" (torch.manual_seed(0) then shuffle=True), "unseeded"
-(shuffle=True, seeded from the clock). Every item's and every collate's cost is appended to
+SHUFFLE: "none" (in order) or "seeded" (torch.manual_seed(0) then shuffle=True; an unseeded
+shuffle is user_marked.py's). Every item's and every collate's cost is appended to
 DATA_DIR/truth/{items,collate}-<pid>.txt; the last line printed is ``truth: {...}`` with the
 batches, the loop's own step seconds, its own seconds in next() and the item and collate
 costs paid in its own process (all of them with 0 workers).
@@ -77,8 +77,6 @@ def main():
         os.replace(tmp, path)
     if shuffle == "seeded":
         torch.manual_seed(0)
-    elif shuffle == "unseeded":
-        torch.manual_seed(time.time_ns() % 2**31)
     loader = DataLoader(ParquetItems(path, item_ms, truth_dir), batch_size=BATCH,
                         num_workers=workers, shuffle=shuffle != "none",
                         collate_fn=SlowCollate(collate_ms, truth_dir))

@@ -3,6 +3,10 @@
 has no output to serve). 0 loader workers; the last line printed is ``truth: {...}`` with
 the decode seconds this process paid.
 
+The loader shuffles without a seed (seeded from the clock): every run asks for the items in
+another order, so the dataset's and collate's outputs cannot be served by call (those
+ablations must say so), while ``decode``, served by its argument, still can.
+
     user_marked.py DECODE_MS AUGMENT_MS STEP_MS
 """
 
@@ -38,7 +42,7 @@ class Items(Dataset):
         return x
 
 
-torch.manual_seed(0)
+torch.manual_seed(time.time_ns() % 2**31)
 for x in DataLoader(Items(), batch_size=16, shuffle=True):
     time.sleep(STEP_S)
 print("truth: " + json.dumps(OWN), flush=True)
