@@ -182,11 +182,6 @@ class Executor:
         know); False where each producer brings cores of its own (nodes on other machines)."""
         return True
 
-    def finish_run(self) -> None:
-        """Wait for what a run left going after its last work item was delivered (the local
-        executor's loader workers exiting). Called once the run's clock has stopped, before
-        its producers' CPU and the machine's load are read."""
-
     def late_stage_times(self) -> StageTimes | None:
         """Producer stage time an executor learns only when a run has ended, added to the
         run's totals after the last batch (Ray stock mode reads it from Ray Data's operator

@@ -112,20 +112,6 @@ class _WorkerInit:
                 pass
 
 
-def _shut_down(it: Any) -> None:
-    """Shut a DataLoader iterator's workers down. A stopped worker (kill -STOP: the progress
-    watchdog's case) is continued first, or the shutdown's SIGTERM would wait, pending, for
-    its join timeouts."""
-    for w in getattr(it, "_workers", None) or ():
-        try:
-            os.kill(w.pid, signal.SIGCONT)
-        except (OSError, TypeError):
-            pass
-    shutdown = getattr(it, "_shutdown_workers", None)
-    if shutdown:
-        shutdown()
-
-
 class _FetchAhead:
     """``loader.fetch_ahead`` at 0 workers: the fetch (read + decode) of the next ``depth``
     work items runs in a background thread while the current one is preprocessed and packed.
@@ -225,17 +211,8 @@ class LocalExecutor(Executor):
         # packing 3x slower). The next run's pool is sized from the data instead, up to
         # ``POOL_MEMORY_SHARE`` of the machine's memory.
         self._slot_need = 0
-        # The loader workers of the last run exiting (``_produce``), joined by ``finish_run``.
-        self._reaper: threading.Thread | None = None
 
     POOL_MEMORY_SHARE = 0.125
-
-    def finish_run(self) -> None:
-        """Wait for the last run's loader workers to have exited (and been reaped, so their
-        CPU is in this process's clock of waited-for children)."""
-        reaper, self._reaper = self._reaper, None
-        if reaper is not None:
-            reaper.join()
 
     def _slot_bytes(self, shape: tuple[int, int, int]) -> int:
         need = max(shape[2], self._slot_need)
@@ -271,7 +248,6 @@ class LocalExecutor(Executor):
         return p
 
     def _stream(self, plan: Plan) -> Iterator[ShardOutput]:
-        self.finish_run()              # no worker of an earlier run alive: slots reclaimable
         pool = self._pool_for(plan)
         counts = {"pooled": 0, "fresh": 0}
         outs = self._produce(plan, pool)
@@ -319,21 +295,9 @@ class LocalExecutor(Executor):
             multiprocessing_context=_CheckedForkContext(),
             worker_init_fn=_WorkerInit(self.producer_threads()),
         )
-        it: Any = iter(loader)
-        left = len(plan.items)
+        it = iter(loader)
         try:
             while True:
-                if left == 0:
-                    # Every work item is delivered: the workers exit (the DataLoader's
-                    # shutdown: end markers, joins, up to tens of ms) in a thread while the
-                    # trainer takes its last batches, as nothing the run measures waits on
-                    # them; ``finish_run`` joins it once the run's clock has stopped, before
-                    # the workers' CPU and the machine's load are read.
-                    self._reaper = threading.Thread(target=_shut_down, args=(it,),
-                                                    name="stallbench-loader-exit", daemon=True)
-                    self._reaper.start()
-                    it = None
-                    return
                 try:
                     out = next(it)
                 except StopIteration:
@@ -345,12 +309,19 @@ class LocalExecutor(Executor):
                     raise died from None
                 if isinstance(out, _Failed):
                     raise out.error
-                left -= 1
                 yield out
         finally:
-            if it is not None:
-                # Stop workers promptly when the trainer stops early (max_batches) or fails.
-                _shut_down(it)
+            # Stop workers promptly when the trainer stops early (max_batches) or fails. A
+            # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
+            # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
+            for w in getattr(it, "_workers", None) or ():
+                try:
+                    os.kill(w.pid, signal.SIGCONT)
+                except (OSError, TypeError):
+                    pass
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown:
+                shutdown()
 
     def _worker_died(self, it: Any, exc: RuntimeError) -> ProcessDied | None:
         """The DataLoader's "worker (pid(s) N) exited unexpectedly" / "is killed by signal",
@@ -412,12 +383,10 @@ class LocalExecutor(Executor):
         # the trainer's clock of waited-for children holds all their CPU once the run is over.
         if self.config.loader.num_workers == 0 or plan.ablation.compute_only:
             return None
-        self.finish_run()
         t = os.times()
         return t.children_user + t.children_system
 
     def stop(self) -> None:
-        self.finish_run()
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -328,9 +328,6 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
                 close = getattr(it, "close", None)   # end-of-run work (workers joined, so
                 if close:                            # their CPU counts; its run figures)
                     close()                          # runs now, not at garbage collection
-            finish = getattr(executor, "finish_run", None)   # what it left exiting
-            if finish is not None:
-                finish()
     meter.__exit__(None, None, None)
     late = None if plan.ablation.compute_only else executor.late_stage_times()
     if late is not None:

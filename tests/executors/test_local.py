@@ -169,33 +169,6 @@ def test_stopping_early_shuts_workers_down(cache: Path) -> None:
     assert not alive() - before
 
 
-def test_workers_exit_after_the_run_without_holding_it(cache: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ground truth: the workers' shutdown made to take 2 s once every item is delivered.
-    The run ends with its last batch (its epoch does not hold the 2 s), and ``measured_run``
-    returns only once they have exited (joined, their CPU counted, no child left)."""
-    from stallbench.executors import local
-
-    real = local._shut_down
-    slow = 2.0
-
-    def slow_shut_down(it: Any) -> None:
-        time.sleep(slow)
-        real(it)
-
-    monkeypatch.setattr(local, "_shut_down", slow_shut_down)
-    me = psutil.Process()
-    plan, ex = _setup(cache, "num_workers = 2\n")
-    with ex:
-        t0 = time.monotonic()
-        fig, _, _ = measured_run(plan, ex, plan.build_compute())
-        took = time.monotonic() - t0
-        assert fig.batches == 12
-        assert fig.epoch_s < slow <= took, (fig.epoch_s, took)
-        assert not [c for c in me.children() if c.status() != psutil.STATUS_ZOMBIE]
-        assert fig.producer_cpu_s is not None and fig.producer_cpu_s > 0
-
-
 def test_pool_slots_are_reclaimed_between_runs(cache: Path) -> None:
     """A run stopped early leaves references nobody resolved (their slots stay taken); the
     next run reclaims them before its workers start, so slots never leak across runs."""
