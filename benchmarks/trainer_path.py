@@ -332,7 +332,8 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
     steady = f2.steady_throughput_samples_s / f0.steady_throughput_samples_s
     print(f"  2 workers / 0 workers {ratio:.2f} (median of paired repeats "
           f"{statistics.median(b['samples_s'] / a['samples_s'] for a, b in zip(*res.values())):.2f}"
-          f"; steady state only, after each run's first batch: {steady:.2f})")
+          f"; after each run's first batch only: {steady:.2f}, an upper bound that is not the "
+          f"target: the rows 2 workers produced before their first batch count in it)")
     print(f"  where 2 workers' time goes (best repeat, {f2.epoch_s:.2f} s wall, {r2['cores']:.2f} "
           f"cores used of {os.cpu_count()}):")
     print(f"    workers' CPU {prod:.2f} s: in their stages {stages_cpu:.2f} s (fetch "

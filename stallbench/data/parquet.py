@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -68,20 +69,54 @@ class Dataset:
     _stats_nonneg: dict[tuple[str, int], frozenset[str]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
 
+    # The file this thread read last, kept open (``_reader``): per thread and process, not
+    # pickled.
+    _open: threading.local = field(default_factory=threading.local, init=False, repr=False,
+                                   compare=False)
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_footers"] = {}
+        state.pop("_open", None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open = threading.local()
+
+    def _reader(self, file: str) -> pq.ParquetFile:
+        """An open reader of ``file``: the one this thread used last when it is the same file,
+        unchanged on disk (inode, size, modification time), in the same process.
+
+        Why: a plan reads a file's row groups one after another, and opening the file again
+        for each (``ParquetFile`` with its parsed footer) cost 0.25-0.85 ms of CPU per row
+        group here (open, reader set-up; medians of 40 interleaved reads at load 4-6): 2-5% of
+        reading an 8,192- or 16,384-row group of the held-out data, which a reader kept open
+        for the next row group does not pay. One file per thread stays
+        open (a thread's fetches are sequential; a forked process opens its own, as its
+        pid differs), closed when the thread moves to another file."""
+        st = os.stat(file)
+        key = (os.getpid(), file, st.st_ino, st.st_size, st.st_mtime_ns)
+        held = getattr(self._open, "held", None)
+        if held is not None and held[0] == key:
+            return held[1]
+        if held is not None:
+            self._open.held = None
+            if held[0][0] == os.getpid():
+                held[1].close()
+        footer = self._footers.get(file)
+        pf = pq.ParquetFile(file, metadata=footer)
+        self._footers.setdefault(file, pf.metadata)
+        self._open.held = (key, pf)
+        return pf
 
     def read_shard(self, shard: Shard, columns: Iterable[str] | None = None) -> pa.Table:
         """Read one row group and return it normalized (no storage emulation here)."""
         names = _ordered(self.schema, columns)
         try:
-            footer = self._footers.get(shard.file)
-            with pq.ParquetFile(shard.file, metadata=footer) as pf:
-                self._footers.setdefault(shard.file, pf.metadata)
-                table = pf.read_row_group(shard.row_group, columns=list(names))
+            table = self._reader(shard.file).read_row_group(shard.row_group, columns=list(names))
         except _UNREADABLE as exc:
+            self._open.held = None
             raise DataError(f"{self._where()}{shard.file}: row group {shard.row_group} is not "
                             f"readable ({_reason(exc)})") from None
         return _normalize_columns(table, self.schema, names, self._where() + shard.file,

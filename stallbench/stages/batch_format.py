@@ -992,11 +992,13 @@ class JaggedFormat(SingleBufferFormat):
                 views, ts, size, pooled = allocate_local(jagged_fields(s, n, total), shared)
             else:
                 buf, views = allocate(jagged_fields(s, n, total), f"{prefix}:{i}", shared)
-            d, sp = views["dense"], views["sparse"]
-            for j, col in enumerate(dense):
-                d[j] = col[lo:hi]
-            for j, col in enumerate(sparse):
-                sp[j] = col[lo:hi]
+            # Feature-major (D, n) is the concatenation of each column's rows: one C-level
+            # call per block instead of a numpy assignment per column.
+            rows = slice(lo, hi)
+            if dense:
+                np.concatenate([c[rows] for c in dense], out=views["dense"].reshape(-1))
+            if sparse:
+                np.concatenate([c[rows] for c in sparse], out=views["sparse"].reshape(-1))
             views["label"][:] = label[lo:hi]
             offsets, values = views["seq_offsets"], views["seq_values"]
             offsets[0] = 0

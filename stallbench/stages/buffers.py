@@ -39,6 +39,10 @@ from .sizes import align_up
 
 _PAGE = mmap.PAGESIZE
 _FREE, _USED = 0, 1
+# madvise(MADV_POPULATE_READ) (Linux >= 5.14; not in Python 3.11's mmap constants): maps the
+# pages of a range in one call, with the kernel's fault-around. Where it is refused, a read of
+# one byte per page does the same with one fault per fault-around window.
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,10 @@ class BufferPool:
         self.state = np.frombuffer(self._map, dtype=np.uint8, count=n)
         self.data = np.frombuffer(self._map, dtype=np.uint8, offset=state_bytes)
         self._live: set[int] = set()        # slots the trainer holds tensors over
+        # What of each slot this process has mapped (``_map_in``), and which process: a forked
+        # worker inherits the set but not the page-table entries.
+        self._mapped: dict[int, int] = {}     # slot -> bytes of it mapped
+        self._mapped_pid = os.getpid()
         self._lock = threading.Lock()
         self._unpin: Callable[[], None] | None = None
         BufferPool.registry[self.key] = self
@@ -130,7 +138,34 @@ class BufferPool:
         slot = lo + int(free[0])
         self.state[slot] = _USED
         start = slot * self.slot_bytes
+        self._map_in(slot, start, nbytes)
         return self.data[start:start + nbytes], PooledBuffer(self.key, slot, nbytes)
+
+    def _map_in(self, slot: int, start: int, nbytes: int) -> None:
+        """Map a slot's pages into this process before it is written, in one call.
+
+        Why: a fork does not copy the page-table entries of a shared mapping, so a loader
+        worker (forked afresh every run) takes one page fault per 4 KiB page of every slot it
+        writes first: ~13,000 faults for the first row group of 4,096-row batches of the
+        held-out data, 20-25 ms of a worker's CPU. ``MADV_POPULATE_READ`` maps them with the
+        kernel's fault-around (16 pages a fault): measured here 3.4 + 4.6 ms (map, then copy)
+        for 52 MB against 21 ms of faulting copies. Pages no process has written yet are
+        allocated either way."""
+        pid = os.getpid()
+        if pid != self._mapped_pid:
+            self._mapped, self._mapped_pid = {}, pid
+        done = self._mapped.get(slot, 0)
+        if nbytes <= done:
+            return
+        length = align_up(nbytes, _PAGE)
+        self._mapped[slot] = length
+        start += done                                     # only what is not mapped yet
+        length -= done
+        off = len(self._map) - self.data.nbytes + start   # its offset in the mapping
+        try:
+            self._map.madvise(_MADV_POPULATE_READ, off, length)
+        except (OSError, ValueError):
+            int(self.data[start:start + length:_PAGE].sum())   # a read per page
 
     def resolve(self, ref: PooledBuffer) -> torch.Tensor:
         start = ref.slot * self.slot_bytes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import time
 from dataclasses import replace
@@ -89,6 +90,28 @@ def test_dataset_pickles_for_workers(tmp_path: Path) -> None:
     ds.read_shard(ds.shards[0])
     clone = pickle.loads(pickle.dumps(ds))
     assert clone.read_shard(clone.shards[5]).equals(ds.read_shard(ds.shards[5]))
+
+
+def test_reader_kept_open_sees_a_rewritten_file(tmp_path: Path) -> None:
+    """A thread's reader of the file it read last is kept open for its next row group, and
+    dropped when the file on disk changed: a rewritten file is read anew, never from the
+    reader of the old one."""
+    def table(offset: int) -> pa.Table:
+        return pa.table({"clicked": pa.array([1, 0, 1, 0], pa.int8()),
+                         "user": pa.array([offset + i for i in range(4)], pa.int64())})
+
+    path = _write(tmp_path / "d.parquet", table(0), row_group_size=2)
+    ds = open_dataset(_spec(path), tmp_path / "cache", SCENARIO)
+    assert ds.read_shard(ds.shards[0]).column("user").to_pylist() == [0, 1]
+    held = ds._reader(str(path))
+    assert ds._reader(str(path)) is held               # the next row group: same reader
+    assert ds.read_shard(ds.shards[1]).column("user").to_pylist() == [2, 3]
+    # Replaced by a rename (a new inode): the held reader would still read the old one.
+    os.replace(_write(tmp_path / "new.parquet", table(100), row_group_size=2), path)
+    assert ds.read_shard(ds.shards[0]).column("user").to_pylist() == [100, 101]
+    assert ds._reader(str(path)) is not held
+    clone = pickle.loads(pickle.dumps(ds))             # a worker's copy opens its own
+    assert clone.read_shard(clone.shards[1]).column("user").to_pylist() == [102, 103]
 
 
 def test_describe_is_json(tmp_path: Path) -> None:

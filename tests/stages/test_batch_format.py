@@ -8,6 +8,7 @@ payload, so the test knows exactly what is wrong with it.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import struct
 
@@ -19,6 +20,7 @@ import torch
 from stallbench.data.schema import FeatureSchema
 from stallbench.errors import PayloadError
 from stallbench.stages import batch_format as bf
+from stallbench.stages import buffers
 from stallbench.stages.buffers import BufferPool, PooledBuffer
 
 SCHEMA = FeatureSchema(dense=("d0", "d1"), sparse=("s0",), sequence=("q0", "q1"), label="y",
@@ -144,6 +146,61 @@ def test_pooled_buffers_recycle_their_slot() -> None:
     pool.close()
     with pytest.raises(PayloadError, match="batch b1"):
         f.decode(refs[1], "b1", 4)
+
+
+def _mapped_kb(pool: BufferPool) -> int:
+    """Resident KiB of the pool's mapping in this process's page tables (/proc/self/smaps)."""
+    start = pool.data.ctypes.data - (len(pool._map) - pool.data.nbytes)
+    with open("/proc/self/smaps") as fh:
+        lines = fh.read().splitlines()
+    for i, line in enumerate(lines):
+        lo = line.split("-", 1)[0]
+        if " " not in lo and int(lo, 16) == start:
+            for rss in lines[i + 1:]:
+                if rss.startswith("Rss:"):
+                    return int(rss.split()[1])
+    raise AssertionError("the pool's mapping is not in /proc/self/smaps")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc")
+@pytest.mark.parametrize("how", ["madvise", "a read per page"])
+def test_a_slot_is_mapped_in_a_forked_worker_before_it_is_written(
+        how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork does not copy a shared mapping's page-table entries, so a freshly forked loader
+    worker used to fault in every 4 KiB page of a slot as it wrote it; ``take`` maps the
+    slot's pages in one call first (``MADV_POPULATE_READ``; where the kernel refuses it, a
+    read per page). Ground truth from the kernel: the child's resident pages of the pool
+    before and after ``take``, nothing written."""
+    if how != "madvise":
+        monkeypatch.setattr(buffers, "_MADV_POPULATE_READ", -1)   # refused: EINVAL
+    pool = BufferPool(partitions=1, slots=2, slot_bytes=1 << 22)
+    pool.data[:] = 1                                   # the trainer's pages exist (a past run)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # a loader worker, forked afresh
+        code = 1
+        try:
+            before = _mapped_kb(pool)
+            _, ref = pool.take(0, 1 << 20)
+            small = _mapped_kb(pool)
+            pool._release(ref.slot)                    # the same slot again, for a bigger batch
+            view, ref2 = pool.take(0, 3 << 20)
+            assert ref2.slot == ref.slot
+            after = _mapped_kb(pool)
+            os.write(w, f"{before} {small} {after} {view.nbytes // 1024}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    got = os.read(r, 100).decode().split()
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, got
+    before, small, after, taken = map(int, got)
+    assert before < taken // 8                         # the fork mapped (almost) nothing
+    assert 1024 <= small - before < taken              # what the batch needs, not the slot
+    assert after - before >= taken                     # then the rest, before any write
+    pool.close()
 
 
 # ------------------------------------------------------------------------------ corruption

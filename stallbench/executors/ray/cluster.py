@@ -246,8 +246,7 @@ class RayRuntime:
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
         self._quiet_data()
-        if not self.client:
-            self.log.open(_logs_dir())
+        self.log.open(_logs_dir(), scratch=self.client)
         self._watch_vital()
 
     def _start(self) -> None:
@@ -285,6 +284,8 @@ class RayRuntime:
                 host, _, port = self.address.rpartition(":")
                 self.vital = Vital(gcs=(host.strip("[]"), int(port)),
                                    gcs_grace_s=self.gcs_grace_s)
+            elif self.mode == "address" and self.client:
+                self.vital = Vital(gcs=_client_gcs(), gcs_grace_s=self.gcs_grace_s)
             elif self.mode == "local":
                 from ray._private import worker as ray_worker
 
@@ -774,6 +775,27 @@ class RayRuntime:
             return len(seen)
         except Exception:  # noqa: BLE001
             return None
+
+
+def _client_gcs(timeout_s: float = 30.0) -> tuple[str, int] | None:
+    """Through Ray Client the GCS is the cluster's, not named in ``ray://host:port`` (that
+    is the client server, which keeps accepting connections after the GCS is gone, so it
+    cannot stand in): a task asks the cluster for its GCS address, and it is watched when
+    this machine can connect to it. Unreachable from here (only the client port open),
+    nothing is watched and ``[run] progress_timeout_s`` ends a run the loss stalls."""
+    try:
+        import ray
+
+        @ray.remote(num_cpus=0, max_retries=0)
+        def gcs_address() -> str:
+            return ray.get_runtime_context().gcs_address
+
+        host, _, port = str(ray.get(gcs_address.remote(), timeout=timeout_s)).rpartition(":")
+        where = (host.strip("[]"), int(port))
+        with socket.create_connection(where, timeout=2.0):
+            return where
+    except Exception:  # noqa: BLE001 - not answerable or not reachable: not watched
+        return None
 
 
 def _logs_dir() -> str:

@@ -40,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -176,10 +177,16 @@ class RayLog:
         self._patched: Any = None
         self._file: Any = None
         self._early: list[str] = []       # Ray's messages before the log file exists
+        self._scratch = False             # the file is removed at close (Ray Client)
 
-    def open(self, directory: str) -> None:
+    def open(self, directory: str, scratch: bool = False) -> None:
+        """Divert to ``stallbench-driver-PID.log`` in ``directory``. ``scratch``: a file of
+        the temp directory (Ray Client: no Ray session directory on this machine), removed
+        at ``close``; it is kept only when a lost runtime's line names it (that ends the
+        process before ``close``)."""
         if self.path is not None:
             return
+        self._scratch = scratch
         try:
             os.makedirs(directory, exist_ok=True)
             path = os.path.join(directory, f"stallbench-driver-{os.getpid()}.log")
@@ -223,21 +230,17 @@ class RayLog:
 
     def _divert_messages(self) -> None:
         """Ray's error subscriber (``worker.listen_error_messages``) prints what the GCS
-        publishes to the driver through the module function ``print_to_stdstream``."""
-        try:
-            from ray._private import worker as ray_worker
-        except ImportError:
-            return
+        publishes to the driver through the module function ``print_to_stdstream``; through
+        Ray Client, what the cluster's side prints (its own warnings at connect, workers'
+        output, its log records) arrives on the client's log stream (``LogstreamClient``); and
+        Ray's Python modules warn through ``warnings`` ("Ray Client connection timed out"
+        when the head is gone). All three go to the log while it is diverted."""
         if self._patched is not None:
             return                       # diverted already (``divert``), to self._file now
-        original = getattr(ray_worker, "print_to_stdstream", None)
-        if original is None:
-            return
+        patched: list[tuple[Any, str, Any]] = []
 
-        def to_log(data: dict, ignore_prefix: bool = False) -> None:
+        def write(text: str) -> None:
             try:
-                text = "".join(f"({data.get('pid', 'ray')}) {line}\n"
-                               for line in data.get("lines", ()))
                 if self._file is not None:
                     self._file.write(text)
                 else:
@@ -245,13 +248,46 @@ class RayLog:
             except Exception:  # noqa: BLE001 - never a failure of the run
                 pass
 
-        self._patched = (ray_worker, original)
-        ray_worker.print_to_stdstream = to_log
+        def to_log(data: dict, ignore_prefix: bool = False) -> None:
+            write("".join(f"({data.get('pid', 'ray')}) {line}\n"
+                          for line in data.get("lines", ())))
+
+        def client_stream(_self: Any, level: int, msg: str) -> None:
+            write(f"(ray client) {msg}" if msg.endswith("\n") else f"(ray client) {msg}\n")
+
+        original_warning = warnings.showwarning
+        ray_dir = os.sep + "ray" + os.sep
+
+        def show_warning(message: Any, category: Any, filename: str, lineno: int,
+                         file: Any = None, line: Any = None) -> None:
+            if ray_dir in str(filename):
+                write(warnings.formatwarning(message, category, filename, lineno, line))
+            else:
+                original_warning(message, category, filename, lineno, file, line)
+
+        try:
+            from ray._private import worker as ray_worker
+        except ImportError:
+            return
+        if getattr(ray_worker, "print_to_stdstream", None) is not None:
+            patched.append((ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream))
+            ray_worker.print_to_stdstream = to_log
+        try:
+            from ray.util.client.logsclient import LogstreamClient
+        except ImportError:
+            LogstreamClient = None  # noqa: N806 - Ray without its client
+        for name in ("stdstream", "log"):     # the cluster side's prints and log records
+            if LogstreamClient is not None and hasattr(LogstreamClient, name):
+                patched.append((LogstreamClient, name, getattr(LogstreamClient, name)))
+                setattr(LogstreamClient, name, client_stream)
+        patched.append((warnings, "showwarning", original_warning))
+        warnings.showwarning = show_warning
+        self._patched = patched
 
     def _restore_messages(self) -> None:
         if self._patched is not None:
-            mod, original = self._patched
-            mod.print_to_stdstream = original
+            for owner, name, original in reversed(self._patched):
+                setattr(owner, name, original)
             self._patched = None
 
     def close(self) -> None:
@@ -279,4 +315,10 @@ class RayLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._scratch:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.last_path = None
         self.path = None
