@@ -57,7 +57,8 @@ cpus = 2
 object_store_mb = 100
 """
 
-RAY_LINES = ("core_worker.cc", "task_manager.cc", "(raylet)", "[state-dump]", "raylet.cc")
+RAY_LINES = ("core_worker.cc", "task_manager.cc", "(raylet)", "[state-dump]", "raylet.cc",
+             "Ray Client connection timed out", "SIGTERM handler is not set")
 
 
 def _project(tmp_path: Path, fn: str, extra: str = "") -> None:
@@ -268,6 +269,53 @@ def test_ray_messages_before_the_log_opens_stay_off_the_terminal(tmp_path: Path,
     assert ray_worker.print_to_stdstream is original
 
 
+def test_ray_client_stream_and_rays_warnings_stay_off_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Through Ray Client, what the cluster side prints or logs reaches the driver on the
+    client's log stream, printed by ``LogstreamClient`` (a successful run printed the client
+    server's "SIGTERM handler is not set because current thread is not the main thread"),
+    and Ray's client warns through ``warnings`` when the head is gone. While diverted both
+    land in the log; a warning of the user's own code still reaches the terminal; ``close``
+    gives everything back, and a scratch log (Ray Client: no session directory here) is
+    removed."""
+    import warnings
+
+    from ray.util.client.logsclient import LogstreamClient
+
+    from stallbench.executors.ray.lost import RayLog
+
+    seen: list[str] = []
+    before = warnings.showwarning
+    warnings.showwarning = lambda message, *a, **k: seen.append(str(message))  # the terminal's
+    originals = (LogstreamClient.stdstream, LogstreamClient.log, warnings.showwarning)
+    stream = LogstreamClient.__new__(LogstreamClient)      # no connection: the printer only
+    log = RayLog()
+    log.divert()
+    try:
+        stream.stdstream(level=-2, msg="SIGTERM handler is not set early\n")
+        log.open(str(tmp_path), scratch=True)
+        stream.log(level=30, msg="a log record of the cluster side")
+        warnings.showwarning(UserWarning("Ray Client connection timed out"), UserWarning,
+                             "/x/site-packages/ray/util/client/worker.py", 335)
+        warnings.showwarning(UserWarning("the user's own"), UserWarning, "/home/u/mytf.py", 3)
+        text = Path(log.path).read_text()
+        path = log.path
+    finally:
+        log.close()
+        restored = warnings.showwarning
+        warnings.showwarning = before
+    assert (LogstreamClient.stdstream, LogstreamClient.log, restored) == originals
+    out = capsys.readouterr()
+    assert "SIGTERM handler" not in out.out + out.err, out
+    assert "a log record" not in out.out + out.err, out
+    assert "connection timed out" not in out.out + out.err, out
+    assert seen == ["the user's own"], seen
+    assert "(ray client) SIGTERM handler is not set early\n" in text, text
+    assert "(ray client) a log record of the cluster side\n" in text, text
+    assert "Ray Client connection timed out" in text, text
+    assert not Path(path).exists()
+
+
 # ---------------------------------------------------------------------- trainer ranks
 RANKS = TINY + "[trainers]\nranks = 2\n"
 PRINTS = '''
@@ -386,23 +434,27 @@ def test_a_gcs_that_accepts_no_connection_is_lost_after_the_grace() -> None:
 
 
 @pytest.mark.slow      # a real cluster: ~40 s; the watch itself is the fast test above
-def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dict) -> None:
+@pytest.mark.parametrize("client", [False, True], ids=["host-port", "ray-client"])
+def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dict,
+                                                        client: bool) -> None:
     """A real ``ray start --head`` (tests/raystart.py, stopped by PID) whose ``gcs_server`` is
-    killed mid-run: was a 60 s hang (Ray's ``gcs_rpc_server_reconnect_timeout_s``) and rc 1.
-    Now one line naming the cluster and its GCS, exit 2, within ``[run]
-    progress_timeout_s`` (3 s here), none of Ray's lines on the terminal, nothing of
-    stallbench's left running."""
-    from raystart import RayStartCluster
+    killed mid-run: was a 60 s hang (Ray's ``gcs_rpc_server_reconnect_timeout_s``) and rc 1;
+    through Ray Client (``ray://``), 62 s, a progress-timeout line that did not say the GCS
+    was lost and Ray's "connection timed out" warning. Now one line naming the cluster and its
+    GCS, exit 2, within ``[run] progress_timeout_s`` (3 s here), none of Ray's lines on the
+    terminal, nothing of stallbench's left running."""
+    from raystart import LOOPBACK, RayStartCluster
 
     cluster = RayStartCluster(token="auto")
     try:
-        cluster.start_head(cpus=1, producer=False, client_server=False)
+        cluster.start_head(cpus=1, producer=False, client_server=client)
+        address = f"ray://{LOOPBACK}:{cluster.client_port}" if client else cluster.address
         mark = tmp_path / "mark"
         # the cluster's workers do not inherit this test's environment: the mark's path is
         # written into the module
         (tmp_path / "usercode.py").write_text(CODE.replace('os.environ["MARK"]',
                                                            repr(str(mark))))
-        write(tmp_path, RAY.replace("cpus = 2\n", f'ray_address = "{cluster.address}"\n'
+        write(tmp_path, RAY.replace("cpus = 2\n", f'ray_address = "{address}"\n'
                                                   f'connect_timeout_s = 60\n')
               + '[preprocess]\ntransforms = ["usercode:slow"]\n'
               + "[run]\nprogress_timeout_s = 3\n")
@@ -423,7 +475,8 @@ def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dic
         cluster.stop()
     assert code == 2, (code, err[-3000:], out[-2000:])
     line = _one_line(err)
-    assert f"the Ray cluster at {cluster.address} (executor.ray_address) lost its GCS at " \
+    shown = address.removeprefix("ray://")
+    assert f"the Ray cluster at {shown} (executor.ray_address) lost its GCS at " \
            f"{cluster.address} (no connection accepted for " in line, line
     assert "the run cannot complete and no result is written" in line, line
     assert took < 30, took                   # Ray alone: 60 s, then rc 1
