@@ -458,8 +458,10 @@ def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dic
                                                   f'connect_timeout_s = 60\n')
               + '[preprocess]\ntransforms = ["usercode:slow"]\n'
               + "[run]\nprogress_timeout_s = 3\n")
+        scratch = tmp_path / "tmp"          # Ray Client's driver log is a temp-dir file
+        scratch.mkdir()
         w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
-                    cluster.client_env(env), tmp_path)
+                    {**cluster.client_env(env), "TMPDIR": str(scratch)}, tmp_path)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and w.proc.poll() is None and not (
                 mark.exists() and len(mark.read_text()) >= 3):
@@ -479,6 +481,8 @@ def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dic
     assert f"the Ray cluster at {shown} (executor.ray_address) lost its GCS at " \
            f"{cluster.address} (no connection accepted for " in line, line
     assert "the run cannot complete and no result is written" in line, line
+    if client:                               # the scratch log is kept: the line names it
+        assert f"(Ray's log: {scratch}/stallbench-driver-" in line, line
     assert took < 30, took                   # Ray alone: 60 s, then rc 1
     for bad in RAY_LINES:
         assert bad not in out + err, (bad, out[-2000:])
