@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..analysis import differential, figures
-from ..pipeline import COMPUTE_ONLY, Ablation
+from ..stages.ablation import COMPUTE_ONLY, Ablation  # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the profile launcher never needs
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
 from . import merge

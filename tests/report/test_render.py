@@ -650,3 +650,35 @@ def test_whatif_card_draws_the_back_test_band_and_errors(tmp_path: Path, make_re
     assert "+4.3%" in html and "contention" in html
     assert "could not draw" not in html
     assert plots.whatif(wi.points, wi.measured, wi.knee, "workers", "75% band") is not None
+
+
+def test_png_draws_the_pixels_savefig_draws() -> None:
+    """``plots.png`` draws once on an Agg canvas instead of ``savefig`` (which, with the
+    constrained layout, draws twice and encodes a PNG only to decode it again): the page must
+    show the same pixels. Ground truth: the same figure saved the old way, quantized alike."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def draw() -> Any:
+        fig = plots.figure(2.4)
+        ax, ax2 = fig.subplots(1, 2)
+        ax.plot([0, 1, 2, 3], [3, 1, 4, 1], color=plots.STAGE_COLORS["fetch"], label="fetch")
+        ax.fill_between([0, 1, 2], [0, 1, 0], alpha=0.3)
+        ax.set_title("a title with a long tail that the layout must make room for")
+        ax.set_ylabel("samples/s")
+        ax.legend()
+        ax2.barh(["compute", "wait"], [2.5, 1.25], color=plots.RUN_COLORS[:2])
+        return fig
+
+    with plots.style():
+        got = plots.png(draw())
+        buf = io.BytesIO()
+        draw().savefig(buf, format="png", dpi=plots.DPI, facecolor="white")
+    want = Image.open(io.BytesIO(buf.getvalue())).convert("RGB").quantize(
+        colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).convert("RGB")
+    have = Image.open(io.BytesIO(base64.b64decode(got))).convert("RGB")
+    assert have.size == want.size
+    assert np.array_equal(np.asarray(have), np.asarray(want))
