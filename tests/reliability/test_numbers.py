@@ -137,6 +137,9 @@ def test_run_flags_bounded(tmp_path: Path, env: dict, args: list[str], flag: str
 @pytest.mark.parametrize("args, flag", [
     (["--bandwidth-mb-s", "nan"], "--bandwidth-mb-s"),
     (["--bandwidth-mb-s", "-5"], "--bandwidth-mb-s"),
+    (["--bandwidth-mb-s", "1e-320"], "--bandwidth-mb-s"),  # printed "inf us/sample" and
+    (["--storage-cap-mb-s", "1e-310"], "--storage-cap-mb-s"),   # workers removing the stall
+    (["--cores", "1e-320"], "--cores"),
     (["--storage-cap-mb-s", "inf"], "--storage-cap-mb-s"),
     (["--cpus-per-node", "0"], "--cpus-per-node"),
     (["--cpu-node-cost", "-1"], "--cpu-node-cost"),
