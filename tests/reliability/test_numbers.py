@@ -183,3 +183,20 @@ def test_gate_numbers_finite(tmp_path: Path, env: dict, args: list[str], flag: s
         base = base[:-2]
     r = sb([*base, *args], env, tmp_path)
     one_error_line(r, f"{flag}: ")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["history", str(EXAMPLE), "--max-p", "abc"], "--max-p"),
+    (["history", str(EXAMPLE), "--permutations", "1e9"], "--permutations"),
+    (["history", str(EXAMPLE), "--min-size", "x"], "--min-size"),
+    (["gate", "--baseline", str(EXAMPLE), "--current", str(EXAMPLE), "--repeats", "x"],
+     "--repeats"),
+    (["gate", "--against", "HEAD", "s.toml", "--rounds", "1e3"], "--rounds"),
+    (["serve", "s.toml", "--port", "1e5"], "--port"),
+])
+def test_count_flags_are_one_line_in_every_verb(tmp_path: Path, env: dict, args: list[str],
+                                                 flag: str) -> None:
+    """argparse's ``type=int`` answered ``x`` or ``1e9`` with a usage block (6 to 11 lines)
+    in ``history``, ``gate`` and ``serve``, where ``run``'s flags were one line."""
+    r = sb(args, env, tmp_path)
+    one_error_line(r, f"{flag}: expected ")
