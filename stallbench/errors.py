@@ -106,13 +106,26 @@ def has_control(text: str) -> bool:
     return not text.isprintable() and any(is_control(c) for c in text)
 
 
+def starts_command(text: str) -> bool:
+    """True when ``text`` starts (after blanks) with ``::``: printed first on a line (a
+    scenario's name leads the gate's and history's rows, a label the run's table), it is a
+    GitHub Actions workflow command (``::error::``, ``::add-mask::``, ``::stop-commands::``),
+    which the runner executes after trimming leading blanks, even on a PASS."""
+    return text.lstrip().startswith("::")
+
+
 def escape_controls(text: str) -> str:
     """``text`` with each ``is_control`` character shown as its ``\\xNN``/``\\uNNNN`` escape
-    (``outputs.one_line``; names read from results, which every verb prints)."""
-    if text.isprintable():
-        return text
-    return "".join(c.encode("unicode_escape").decode("ascii") if is_control(c) else c
-                   for c in text)
+    (``outputs.one_line``; names read from results, which every verb prints), and a leading
+    ``::`` (``starts_command``) shown as ``\\x3a:``, so that it can never start a line as a
+    workflow command."""
+    if not text.isprintable():
+        text = "".join(c.encode("unicode_escape").decode("ascii") if is_control(c) else c
+                       for c in text)
+    if starts_command(text):
+        blanks = len(text) - len(text.lstrip())
+        text = text[:blanks] + "\\x3a" + text[blanks + 1:]
+    return text
 
 
 def cut(text: str, chars: int) -> str:

@@ -7,6 +7,7 @@ so a scenario error can say what would have worked.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -74,6 +75,27 @@ _PRIVATE = "_stallbench_user"
 
 
 SIDE_TREE = "STALLBENCH_SIDE_TREE"   # "<working tree>:<side's tree>", set by gate --against
+# The directory of the scenario a derived scenario file was written from (``tune``'s
+# recommendation lands in ``OUT/tune/``, away from the user's ``mytf.py``): searched right
+# after the scenario file's own directory. In the environment, so that a process that
+# rebuilds the stages (a local Flight server) finds the same file.
+CODE_FROM = "STALLBENCH_CODE_FROM"
+
+
+@contextlib.contextmanager
+def code_from(scenario_file: str) -> Iterator[None]:
+    """While it lasts, the user's modules are also looked for in ``scenario_file``'s directory
+    (``user_dirs``): a scenario stallbench wrote from that one names the same code."""
+    old = os.environ.get(CODE_FROM)
+    if scenario_file and not scenario_file.startswith("<"):
+        os.environ[CODE_FROM] = os.path.dirname(os.path.abspath(scenario_file))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CODE_FROM, None)
+        else:
+            os.environ[CODE_FROM] = old
 
 
 def user_dirs(scenario_file: str | None) -> list[str]:
@@ -86,6 +108,8 @@ def user_dirs(scenario_file: str | None) -> list[str]:
     dirs: list[str] = []
     if scenario_file and not scenario_file.startswith("<"):
         dirs.append(os.path.dirname(os.path.abspath(scenario_file)))
+    if os.environ.get(CODE_FROM):
+        dirs.append(os.environ[CODE_FROM])
     dirs.append(os.getcwd())
     work, _, side = os.environ.get(SIDE_TREE, "").partition(os.pathsep)
     if work and side:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ScenarioError, has_control
+from .errors import ScenarioError, has_control, starts_command
 from .registry import did_you_mean
 
 
@@ -680,6 +680,10 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
         raise ScenarioError(file, "name", f"expected printable text (no newline or other control "
                                           f"character: it is printed and names a file), got "
                                           f"{_show(name)}")
+    if starts_command(name):
+        raise ScenarioError(file, "name", f"expected a name that does not start with '::' (it "
+                                          f"starts printed lines, and a line starting with '::' "
+                                          f"is a GitHub Actions command), got {_show(name)}")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(file, "description", f"expected a string, got {_show(description)}")
@@ -728,6 +732,11 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
             raise ScenarioError(file, "matrix", f"variant {_show(v.name)}: expected printable "
                                                 f"labels and values (no newline or other control "
                                                 f"character: variant names are printed)")
+        if starts_command(v.name):   # it starts the run's table rows: a GitHub Actions command
+            raise ScenarioError(file, "matrix", f"variant {_show(v.name)}: expected a label that "
+                                                f"does not start with '::' (it starts printed "
+                                                f"lines, and a line starting with '::' is a "
+                                                f"GitHub Actions command)")
         seen.add(v.name)
     return Scenario(
         name=name, description=description, path=file, text=text,

@@ -116,6 +116,7 @@ def _check_baseline_outputs(bdir: Path, current_files: list[Path]) -> None:
 def run(args: argparse.Namespace) -> int:
     from . import gate_ab
 
+    gate_ab.parse_counts(args)
     if gate_ab.wanted(args):
         return gate_ab.run(args, parse_threshold, parse_alpha, DEFAULT_METRICS)
     if args.scenarios:

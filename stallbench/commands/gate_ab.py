@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from . import numbers
 from ..gate import formats
 from ..gate.rows import GateReport
 from ..gate.rule import INCONCLUSIVE
@@ -32,16 +33,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--calibrate", action="store_true",
                       help="A/A calibration: run the working tree against itself on the "
                            "scenarios, measure the noise, store it next to the baseline")
-    p.add_argument("--repeats", type=int, default=None, metavar="N",
+    p.add_argument("--repeats", default=None, metavar="N",
                    help="pairs of runs (A/B and calibration; default: what the calibration "
                         "recommends, else 12)")
-    p.add_argument("--rounds", type=int, default=None, metavar="R",
+    p.add_argument("--rounds", default=None, metavar="R",
                    help="--calibrate: simulated gates measured (R x N A/A pairs; default 3)")
     p.add_argument("--detect", default=None, metavar="PCT",
                    help="slowdown the calibration sizes the gate for (each run this much "
                         "longer; default 10%%)")
     p.add_argument("--no-confirm", dest="confirm", action="store_false",
                    help="--against: fail on the first run's verdict without a confirmation rerun")
+
+
+def parse_counts(args: argparse.Namespace) -> None:
+    """``--repeats``/``--rounds`` as numbers, in every mode of the gate (a plain gate refuses
+    a bad one too): parsed here, not by argparse's ``type=``, whose error for ``x`` or ``1e3``
+    was a usage block (numbers.py). Idempotent."""
+    args.repeats = numbers.integer(args.repeats, "--repeats", 2, 200)
+    args.rounds = numbers.integer(args.rounds, "--rounds", 1, 50)
 
 
 def wanted(args: argparse.Namespace) -> bool:
@@ -86,8 +95,7 @@ def run(args: argparse.Namespace, parse_threshold: Callable[[str], float],
                         "it does not apply to --against/--calibrate")
     threshold = parse_threshold(args.threshold or f"{DEFAULT_AB_THRESHOLD:.0%}")
     alpha = parse_alpha(args.alpha or f"{DEFAULT_AB_ALPHA:g}")
-    if args.repeats is not None and not 2 <= args.repeats <= 200:
-        raise UserError(f"--repeats: expected 2 to 200 pairs, got {args.repeats}")
+    parse_counts(args)
     files = _scenario_files(args)
     metrics = args.metrics or default_metrics
     if args.calibrate:

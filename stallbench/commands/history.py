@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import numbers
 from ..gate import history
 from ..gate.rule import METRICS
 from ..errors import UserError
@@ -23,23 +24,21 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--scenario", help="only this scenario (default: every scenario found)")
     p.add_argument("--metric", action="append", choices=list(METRICS), dest="metrics",
                    help="metric, repeatable (default: throughput and stall_share)")
-    p.add_argument("--max-p", type=float, default=history.DEFAULT_MAX_P,
+    p.add_argument("--max-p", default=history.DEFAULT_MAX_P,
                    help=f"permutation-test significance (default {history.DEFAULT_MAX_P})")
-    p.add_argument("--permutations", type=int, default=history.DEFAULT_PERMUTATIONS,
+    p.add_argument("--permutations", default=history.DEFAULT_PERMUTATIONS,
                    help=f"permutations per test (default {history.DEFAULT_PERMUTATIONS})")
-    p.add_argument("--min-size", type=int, default=history.DEFAULT_MIN_SIZE,
+    p.add_argument("--min-size", default=history.DEFAULT_MIN_SIZE,
                    help=f"fewest results in a segment (default {history.DEFAULT_MIN_SIZE})")
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    if not 0 < args.max_p < 1:
-        raise UserError(f"--max-p: expected a number between 0 and 1, got {args.max_p}")
-    if not 19 <= args.permutations <= 100_000:
-        raise UserError(f"--permutations: expected 19 to 100000, got {args.permutations}")
-    if not 2 <= args.min_size <= 1000:
-        raise UserError(f"--min-size: expected 2 to 1000, got {args.min_size}")
+    # parsed here, not by argparse's type= (a usage block for 'abc' or '1e9': numbers.py)
+    args.max_p = numbers.number(args.max_p, "--max-p", 0, 1, lo_open=True, hi_open=True)
+    args.permutations = numbers.integer(args.permutations, "--permutations", 19, 100_000)
+    args.min_size = numbers.integer(args.min_size, "--min-size", 2, 1000)
     files = find(args.paths)
     results = [load(p) for p in files]
     if args.scenario:

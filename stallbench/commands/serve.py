@@ -29,7 +29,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                                    "(the producers of `[executor] kind = \"flight\"` with "
                                    "`flight_servers`). Runs until Ctrl-C or SIGTERM.")
     p.add_argument("scenario", help="scenario TOML file (the trainer's)")
-    p.add_argument("--port", type=int, required=True, help="TCP port to listen on (0: any free port)")
+    p.add_argument("--port", required=True, help="TCP port to listen on (0: any free port)")
     p.add_argument("--host", default="0.0.0.0",
                    help="address to listen on (default: every interface, 0.0.0.0)")
     p.add_argument("--cache-dir", type=Path, default=None,
@@ -39,6 +39,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
 
 
 def run(args: argparse.Namespace) -> int:
+    try:   # parsed here, not by argparse's type= (a usage block for 'abc': numbers.py)
+        args.port = int(str(args.port).strip())
+    except ValueError:
+        raise UserError(f"--port: expected 0..65535, got {args.port!r}") from None
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port: expected 0..65535, got {args.port}")
     from .. import scenario

@@ -56,6 +56,11 @@ MAX_CPUS_PER_NODE = 4096
 MAX_RANKS = 4096
 MAX_CORES = 1e6
 MAX_BANDWIDTH_MB_S = 1e9
+# Positive quantities the models divide by: a subnormal (1e-320) passed "(0, ...]" and came
+# out as "inf us/sample", 300-digit figures, and workers PREDICTED to remove the stall of a
+# 1e-320 MB/s disk (inf * 0 = nan in the comparisons). The floors are far below anything real.
+MIN_CORES = 0.01              # a hundredth of a core
+MIN_BANDWIDTH_MB_S = 0.001    # 1 KB/s
 MAX_COST = 1e9
 
 
@@ -69,12 +74,12 @@ def _parse(args: argparse.Namespace) -> dict:
         "cpus_per_node": numbers.integer(args.cpus_per_node, "--cpus-per-node", 1,
                                          MAX_CPUS_PER_NODE),
         "ranks": numbers.integer(args.ranks, "--ranks", 1, MAX_RANKS),
-        "cores": numbers.number(args.cores, "--cores", 0, MAX_CORES, lo_open=True),
+        "cores": numbers.number(args.cores, "--cores", MIN_CORES, MAX_CORES),
         "cache": numbers.number(args.cache, "--cache", 0, 1, hi_open=True),
-        "bandwidth_mb_s": numbers.number(args.bandwidth_mb_s, "--bandwidth-mb-s", 0,
-                                         MAX_BANDWIDTH_MB_S, lo_open=True),
-        "storage_cap_mb_s": numbers.number(args.storage_cap_mb_s, "--storage-cap-mb-s", 0,
-                                           MAX_BANDWIDTH_MB_S, lo_open=True),
+        "bandwidth_mb_s": numbers.number(args.bandwidth_mb_s, "--bandwidth-mb-s",
+                                         MIN_BANDWIDTH_MB_S, MAX_BANDWIDTH_MB_S),
+        "storage_cap_mb_s": numbers.number(args.storage_cap_mb_s, "--storage-cap-mb-s",
+                                           MIN_BANDWIDTH_MB_S, MAX_BANDWIDTH_MB_S),
         "cpu_node_cost": numbers.number(args.cpu_node_cost, "--cpu-node-cost", 0, MAX_COST),
         "gpu_node_cost": numbers.number(args.gpu_node_cost, "--gpu-node-cost", 0, MAX_COST),
         "nodes": parse_range(args.nodes, "--nodes") if args.nodes is not None else None,

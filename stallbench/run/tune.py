@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, interrupts, results
+from .. import __version__, interrupts, registry, results
 from ..analysis import whatif
 from ..analysis.whatif_models import fit_best
 from ..measure.load import LoadMeter
@@ -110,7 +110,9 @@ class Tuner(Search):
         est = rec.measured.epoch_s + self.setup_estimate()
         repeats = max(1, min(sc.base.run.repeats, int(self.left() // max(est, 1e-9))))
         self.say(f"  confirm: stallbench run {path} ({repeats} repeat(s), no ablations)")
-        with LoadMeter() as meter:
+        # the written file lies in OUT/tune/: its transforms and model are the base scenario's,
+        # found beside that one (registry.code_from), as the search's runs found them
+        with LoadMeter() as meter, registry.code_from(self.sc.path):
             r = run_scenario(sc, RunOptions(repeats=repeats, analyze=False, cache_dir=self.cache,
                                             progress=self.opts.progress))
         foreign = meter.load.foreign_cores if meter.load else None

@@ -137,6 +137,9 @@ def test_run_flags_bounded(tmp_path: Path, env: dict, args: list[str], flag: str
 @pytest.mark.parametrize("args, flag", [
     (["--bandwidth-mb-s", "nan"], "--bandwidth-mb-s"),
     (["--bandwidth-mb-s", "-5"], "--bandwidth-mb-s"),
+    (["--bandwidth-mb-s", "1e-320"], "--bandwidth-mb-s"),  # printed "inf us/sample" and
+    (["--storage-cap-mb-s", "1e-310"], "--storage-cap-mb-s"),   # workers removing the stall
+    (["--cores", "1e-320"], "--cores"),
     (["--storage-cap-mb-s", "inf"], "--storage-cap-mb-s"),
     (["--cpus-per-node", "0"], "--cpus-per-node"),
     (["--cpu-node-cost", "-1"], "--cpu-node-cost"),
@@ -180,3 +183,20 @@ def test_gate_numbers_finite(tmp_path: Path, env: dict, args: list[str], flag: s
         base = base[:-2]
     r = sb([*base, *args], env, tmp_path)
     one_error_line(r, f"{flag}: ")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["history", str(EXAMPLE), "--max-p", "abc"], "--max-p"),
+    (["history", str(EXAMPLE), "--permutations", "1e9"], "--permutations"),
+    (["history", str(EXAMPLE), "--min-size", "x"], "--min-size"),
+    (["gate", "--baseline", str(EXAMPLE), "--current", str(EXAMPLE), "--repeats", "x"],
+     "--repeats"),
+    (["gate", "--against", "HEAD", "s.toml", "--rounds", "1e3"], "--rounds"),
+    (["serve", "s.toml", "--port", "1e5"], "--port"),
+])
+def test_count_flags_are_one_line_in_every_verb(tmp_path: Path, env: dict, args: list[str],
+                                                 flag: str) -> None:
+    """argparse's ``type=int`` answered ``x`` or ``1e9`` with a usage block (6 to 11 lines)
+    in ``history``, ``gate`` and ``serve``, where ``run``'s flags were one line."""
+    r = sb(args, env, tmp_path)
+    one_error_line(r, f"{flag}: expected ")

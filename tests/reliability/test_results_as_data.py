@@ -280,3 +280,47 @@ def test_the_gate_refuses_shares_out_of_range(tmp_path: Path, env: dict, path: s
     r = sb(["gate", "--baseline", pair[0], "--current", pair[1]], env, tmp_path, timeout=120)
     one_error_line(r, "bad.json", path.split(".")[-1] if not path[-1].isdigit()
                    else path.split(".")[-2], "share from 0 to 1")
+
+
+# A name that *starts* with "::" needs no newline to start a line: the gate's and history's
+# rows start with the scenario's name, the run's table rows with the variant's (camp3 found
+# ``::error::pwned  one  throughput ...`` on the gate's default table, rc 0). GitHub's runner
+# trims leading blanks before it looks for "::", so blanks do not save it either.
+LEADING = ["::error title=x::pwned", "  ::add-mask::x", "::stop-commands::tok"]
+
+
+def _ours(line: str) -> bool:
+    return line.startswith(("::error title=stallbench gate::",
+                            "::warning title=stallbench gate::"))
+
+
+@pytest.mark.parametrize("args", [["gate", "--format", "table"], ["gate", "--format", "markdown"],
+                                  ["gate", "--format", "github"], ["history"], ["whatif"]])
+def test_a_name_starting_with_a_workflow_command_never_starts_a_line(
+        tmp_path: Path, env: dict, args: list[str]) -> None:
+    def rename(d: dict[str, Any]) -> None:
+        d["scenario"]["name"] = "::error::scenario"
+        for v, name in zip(d["variants"], LEADING):
+            v["name"] = name
+    f = _write(tmp_path, rename, "r.json")
+    files = ["--baseline", f, "--current", f] if args[0] == "gate" else [f]
+    r = sb([args[0], *files, *args[1:]], env, tmp_path, timeout=120)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    assert "\\x3a:error::scenario" in r.stdout, r.stdout[-2000:]
+    for line in (r.stdout + r.stderr).splitlines():
+        assert not line.lstrip().startswith("::") or _ours(line), line
+
+
+@pytest.mark.parametrize("text, key", [
+    ('name = "::error::x"', "name"),
+    ('name = "  ::add-mask::x"', "name"),
+    ('name = "t"\n[matrix]\nloader = [{label = "::warning file=a::w", batch_size = 8}, '
+     '{label = "b", batch_size = 16}]', "matrix"),
+])
+def test_scenario_names_and_labels_never_start_with_a_workflow_command(
+        tmp_path: Path, env: dict, text: str, key: str) -> None:
+    """``run`` printed ``::warning file=a::w   260,459 ...``: the label leads its table row."""
+    (tmp_path / "s.toml").write_text(text + "\n")
+    r = sb(["run", "s.toml", "--out", "out", "--no-progress"], env, tmp_path, timeout=120)
+    one_error_line(r, "s.toml", key, "does not start with '::'")
+    assert not (tmp_path / "out").exists()

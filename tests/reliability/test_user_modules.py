@@ -263,3 +263,22 @@ def test_gate_against_a_ref_without_the_module_fails_naming_ref(tmp_path: Path,
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     err = r.stderr.strip().splitlines()[-1]
     assert "REF HEAD" in err and "No module named 'mytf'" in err, err
+
+
+def test_tune_confirms_its_scenario_with_the_base_scenarios_modules(tmp_path: Path,
+                                                                     env: dict) -> None:
+    """``tune`` writes its recommendation into ``OUT/tune/``, away from the user's ``mytf.py``
+    beside the base scenario: its search ran the module, and its confirmation of its own file
+    failed (``No module named 'mytf' (looked in .../out/tune, ...)``, exit 2) whenever the
+    scenario was not in the working directory. The base scenario's directory is searched
+    right after the written file's (``registry.code_from``)."""
+    proj, work = tmp_path / "proj", tmp_path / "work"
+    proj.mkdir()
+    work.mkdir()
+    (proj / "mytf.py").write_text(DOUBLE.format(factor=2))
+    write(proj, TINY + '[preprocess]\ntransforms = ["mytf:fn"]\n')
+    r = sb(["tune", str(proj / "s.toml"), "--budget-minutes", "1", "--out", "out",
+            "--no-progress"], env, work, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list((work / "out" / "tune").glob("*-tuned-*.toml")), r.stdout[-2000:]
+    assert list((work / "out").glob("*-tuned-*.json")), r.stdout[-2000:]   # the confirmation
