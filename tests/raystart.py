@@ -243,7 +243,7 @@ class RayStartCluster:
 def kill_left(procs: list[psutil.Process], wait_s: float = 5.0) -> list[str]:
     """Kill (SIGKILL, by PID) each of ``procs`` still there and wait up to ``wait_s`` for
     them; returns them as ``pid:name``, for the assertion that nothing was left. The one
-    place tests end leftover processes: never by name (no ``pkill``, no ``ray stop``)."""
+    place tests end leftover processes, always by PID, never by process name."""
     names = []
     for p in procs:
         try:
