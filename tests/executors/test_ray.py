@@ -353,6 +353,37 @@ def test_measured_run_records_ray_figures(ray_ex: Any, cache: Path) -> None:
     assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= 0.9 * stage_cpu > 0, (fig.producer_cpu_s, stage_cpu)
 
 
+def test_end_of_run_checks_are_outside_the_measured_epoch(ray_ex: Any, cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ground truth by construction: the end-of-run fault query (Ray's state API) is made to
+    take DELAY s more. The epoch ends when the stream does, so the time from the last step's
+    end to the epoch's end (one ``next()`` that finds the stream over) stays under DELAY, as
+    does Ray's own clock (``steady_rows_s``), while the faults are still read and reported.
+    Before the fix the query ran inside the trainer's last ``next()``: the tail held DELAY."""
+    delay = 1.0
+    calls: list[float] = []
+    real = ray_ex.runtime.faults_since
+
+    def slow(*a: Any, **kw: Any) -> dict:
+        calls.append(time.perf_counter())
+        time.sleep(delay)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ray_ex.runtime, "faults_since", slow)
+    plan = _plan(cache)
+    ends: list[float] = []
+    fig, _, _ = measured_run(plan, ray_ex, plan.build_compute(),
+                             on_batch=lambda n, s, t: ends.append(t))
+    ray = fig.executor_figures["ray"]
+    tail = fig.epoch_s - ends[-1]
+    assert len(calls) == 1 and fig.samples == 2400, (calls, fig.samples)
+    assert tail < delay, (tail, fig.epoch_s)
+    assert fig.executor_figures["faults"]["worker_deaths"] == 0, fig.executor_figures
+    # Ray's elapsed time behind steady_rows_s: rows / rate + first block, within the epoch
+    elapsed = ray["first_block_s"] + 2400 / ray["steady_rows_s"]
+    assert elapsed < ends[-1] + delay, (elapsed, ends[-1])
+
+
 # ---------------------------------------------------------------------------------- faults
 
 class _Gated:

@@ -84,6 +84,7 @@ class _RunState:
     nodes_lost_before: set = field(default_factory=set)   # simulated nodes lost before it
     complete: bool = False
     notes: list[str] = field(default_factory=list)
+    t_end: float | None = None           # when the stream ended: the run's clock stops here
 
 
 @EXECUTORS.register("ray")
@@ -108,6 +109,12 @@ class RayExecutor(Executor):
         self._last: dict[str, Any] = {}
         self._late: StageTimes | None = None
         self._default_reservation: bool | None = None
+        # A run's end-of-run checks (nodes, raylets, faults), done when its figures are first
+        # asked for, i.e. after the trainer's clock has stopped (``_settle``).
+        self._pending: tuple[Plan, _RunState] | None = None
+        # Producer nodes and their state as last seen outside a run's clock (``prepare``, a
+        # run's settling): the next run's ``nodes_at_start``. None: not read yet.
+        self._nodes_state: dict[str, dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ before anything runs
     @classmethod
@@ -242,6 +249,7 @@ class RayExecutor(Executor):
         """
         self._put_caches(caches)
         t0 = time.perf_counter()
+        self._read_nodes_state()
         n = min(len(plan.items), self._pool_size())
         if n:
             warm = dataclasses.replace(plan, caches=None, items=plan.items[:n],
@@ -254,9 +262,18 @@ class RayExecutor(Executor):
                         break
             finally:
                 gen.close()
+                self._pending = None          # the warm-up's figures are not kept
                 self._last = {}
                 self._late = None
+            self._read_nodes_state()          # as the measured runs begin (untimed here)
         self._startup["warm_plan_s"] = time.perf_counter() - t0
+
+    def _read_nodes_state(self) -> None:
+        """The producer nodes' state before a run, read here and not inside ``run``: the
+        first ``next()`` of a run is inside the trainer's clock (on a cluster by address
+        ``ray.nodes()`` asks the GCS; its answer time is no part of the run)."""
+        if self.runtime.mode == "address":
+            self._nodes_state = self.runtime.producer_nodes_state()
 
     def _put_caches(self, caches: StageCaches | None) -> None:
         if caches is self._caches_for:
@@ -344,6 +361,7 @@ class RayExecutor(Executor):
         return used
 
     def late_stage_times(self) -> StageTimes | None:
+        self._settle()
         return self._late
 
     @property
@@ -374,7 +392,19 @@ class RayExecutor(Executor):
         return dict(self._startup)
 
     def run_figures(self) -> dict[str, Any]:
+        self._settle()
         return self._last
+
+    def _settle(self) -> None:
+        """The last run's end-of-run checks and figures (``_finish``), once. They ask Ray
+        (``ray.nodes()``, a TCP connect per producer node's raylet, the state API's worker and
+        task tables: up to seconds on a cluster) and so are not done in ``run``'s ``finally``:
+        a generator's ``finally`` runs inside the trainer's last ``next()``, before its
+        ``StopIteration``, i.e. inside the measured epoch. ``measured_run`` asks for
+        ``late_stage_times()`` and ``run_figures()`` after it has stopped its clock."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._finish(*pending)
 
     # --------------------------------------------------------------------------------- run
     def _context(self, stock: bool) -> None:
@@ -419,11 +449,15 @@ class RayExecutor(Executor):
         stock_mode = self.spec.ray_mode == "stock" and not plan.ablation.transfer
         self._context(stock_mode)
         self._late = None
+        self._pending = None               # a run never settled: its figures are not asked for
+        self._last = {}
         r = self._run = _RunState(t0=time.perf_counter(), stock=stock_mode,
                                   fault_marker=self.runtime.fault_marker(),
                                   items=len(plan.items))
         if self.runtime.mode == "address":
-            r.nodes_at_start = self.runtime.producer_nodes_state()
+            if self._nodes_state is None:  # run without prepare: read now (inside the clock)
+                self._read_nodes_state()
+            r.nodes_at_start = dict(self._nodes_state or {})
         r.nodes_lost_before = set(self.runtime.vital.nodes_lost)
         self.sample_object_store_mb()
         try:
@@ -439,7 +473,9 @@ class RayExecutor(Executor):
                 raise
             raise err from None
         finally:
-            self._finish(plan, r)
+            # Only the end's time here; the end-of-run checks wait for ``_settle``.
+            r.t_end = time.perf_counter()
+            self._pending = (plan, r)
 
     def _explain(self, exc: Exception) -> BaseException:
         """What a failed Ray run tells the user: a stallbench user error raised in a Ray worker
@@ -462,6 +498,8 @@ class RayExecutor(Executor):
         lost: list[dict[str, str]] = []
         if r.nodes_at_start:
             now = self.runtime.producer_nodes_state()
+            if now:
+                self._nodes_state = now    # the next run's start state
             for k, v in r.nodes_at_start.items():
                 if not v["alive"]:
                     continue
@@ -495,7 +533,7 @@ class RayExecutor(Executor):
             # the operators' wall time for the rest.
             self._late = StageTimes(fetch_s=max(stats.operators_wall_s(figures) - r.prep_s, 0.0),
                                     preprocess_s=r.prep_s)
-        elapsed = time.perf_counter() - r.t0
+        elapsed = (r.t_end if r.t_end is not None else time.perf_counter()) - r.t0
         first = r.first_block_s
         self._last = {
             "ray": {
