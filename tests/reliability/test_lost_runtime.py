@@ -433,6 +433,43 @@ def test_a_gcs_that_accepts_no_connection_is_lost_after_the_grace() -> None:
     assert "connection refused" in said[0], said
 
 
+def test_a_gcs_whose_connects_time_out_is_not_lost() -> None:
+    """One rule for "the port is gone" (``lost.port_answer``): refused is gone, a connect
+    that gets no answer is unknown, as for a raylet at a run's end. A real port whose accept
+    queue is full (nobody accepts: the kernel drops the SYN, the connect times out) stays
+    unanswered for 4x the grace and is not reported lost; the watch was counting timeouts
+    as loss. ``[run] progress_timeout_s`` still bounds such a run (the watchdog's tests)."""
+    import socket
+    import threading
+
+    from stallbench.executors.ray.lost import REFUSED, UNKNOWN, Vital, port_answer
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    held = []
+    said: list[str] = []
+    vital = Vital(gcs=("127.0.0.1", port), gcs_grace_s=0.5)
+    try:
+        for _ in range(8):                       # fill the accept queue, until a connect
+            try:                                 # gets no answer
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+            except TimeoutError:
+                break
+        assert held and port_answer("127.0.0.1", port, 0.5) == UNKNOWN
+        done = threading.Event()
+        vital.watch(lambda what: (said.append(what), done.set()))
+        assert not done.wait(timeout=2.0), said  # 4x the grace, connects timing out
+    finally:
+        vital.closing = True
+        for c in held:
+            c.close()
+        srv.close()
+    assert said == [] and vital.lost is None, said
+    assert port_answer("127.0.0.1", port, 0.5) == REFUSED      # closed now
+
+
 @pytest.mark.slow      # a real cluster: ~40 s; the watch itself is the fast test above
 @pytest.mark.parametrize("client", [False, True], ids=["host-port", "ray-client"])
 def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dict,

@@ -49,7 +49,7 @@ from ... import interrupts
 from ...errors import ScenarioError, UserError
 from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race, job_config
 from ...scenario import ExecutorSpec
-from .lost import RayLog, Vital
+from .lost import REFUSED, RayLog, Vital, port_answer
 
 RESOURCE = "stallbench_cpu_node"     # custom resource carried by simulated CPU nodes
 # Ray's own telemetry in a runtime stallbench starts (local or simulated): nobody reads it
@@ -699,17 +699,11 @@ class RayRuntime:
         a TCP connection. None: it accepts one, or cannot be asked (no address, a timeout:
         a slow network is not a loss)."""
         host, port = raylet
-        if not host or not port:
+        if not host or not port or port_answer(host, port, timeout_s) != REFUSED:
             return None
-        try:
-            with socket.create_connection((host, port), timeout=timeout_s):
-                return None
-        except ConnectionRefusedError:
-            # (no dots: the report's line keeps a reason's first sentence, and an IP has them)
-            return (f"its raylet refuses connections on port {port}; Ray's GCS had not yet "
-                    f"declared the node dead")
-        except OSError:
-            return None
+        # (no dots: the report's line keeps a reason's first sentence, and an IP has them)
+        return (f"its raylet refuses connections on port {port}; Ray's GCS had not yet "
+                f"declared the node dead")
 
     def fault_marker(self) -> float:
         return time.time() * 1000.0

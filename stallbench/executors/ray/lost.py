@@ -17,9 +17,11 @@ completes; the loss is recorded (``nodes_lost``).
 *A cluster reached by address* (``ray_address = "host:port"`` or ``"auto"``) runs in
 processes that are not stallbench's, so its GCS cannot be waited on: ``Vital.gcs`` is its
 address, and a thread connects to it every 0.5 s (a TCP connect, answered by the kernel of
-the GCS's machine: nothing of Ray's is touched). A GCS that accepts no connection for
+the GCS's machine: nothing of Ray's is touched). A GCS that refuses connections for
 ``gcs_grace_s`` (10 s, or ``[run] progress_timeout_s`` when smaller; a GCS restarted by its
-owner within that keeps the run) is lost: one line, exit 2. Ray's driver would wait
+owner within that keeps the run) is lost: one line, exit 2. Only a refused connection counts
+(``port_answer``): a connect that times out says nothing of the GCS (a slow or cut network),
+and ``[run] progress_timeout_s`` bounds such a wait. Ray's driver would wait
 ``gcs_rpc_server_reconnect_timeout_s`` (60 s) and end with exit 1.
 
 *Ray's own lines.* The trainer's core worker writes its C++ log lines (``E ...
@@ -45,7 +47,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-GCS_GRACE_S = 10.0      # a cluster by address: how long its GCS may accept no connection
+GCS_GRACE_S = 10.0      # a cluster by address: how long its GCS may refuse connections
+
+ACCEPTS, REFUSED, UNKNOWN = "accepts", "refused", "unknown"
+
+
+def port_answer(host: str, port: int, timeout_s: float) -> str:
+    """What a TCP connect to ``host:port`` says of the Ray process that serves it, the one
+    rule for every such check (a cluster's GCS, ``_poll_gcs``; a node's raylet,
+    ``RayRuntime.raylet_gone``): ``REFUSED``, the machine answers that nothing listens there,
+    so the process is gone; ``ACCEPTS``; ``UNKNOWN``, no answer (a timeout, an unreachable
+    host or network, a name that does not resolve): a slow or cut network is not a loss, and
+    a run that waits on it is ended by ``[run] progress_timeout_s``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return ACCEPTS
+    except ConnectionRefusedError:
+        return REFUSED
+    except OSError:
+        return UNKNOWN
 
 
 def _end_of(info: Any) -> str:
@@ -136,24 +156,24 @@ class Vital:
                              name="stallbench-ray-vital-gcs").start()
 
     def _poll_gcs(self, on_lost: Callable[[str], None], period_s: float = 0.5) -> None:
-        """A cluster by address: its GCS accepts a TCP connection, or has not for how long."""
+        """A cluster by address: its GCS accepts a TCP connection, or has refused them for how
+        long (``port_answer``). A connect that gets no answer changes nothing: it is not a
+        loss, and the wait it leaves is bounded by the progress watchdog."""
         assert self.gcs is not None
         host, port = self.gcs
         since: float | None = None
-        why = ""
         while not self.closing:
-            try:
-                with socket.create_connection((host, port), timeout=min(2.0, self.gcs_grace_s)):
-                    since = None
-            except OSError as exc:
+            answer = port_answer(host, port, min(2.0, self.gcs_grace_s))
+            if answer == ACCEPTS:
+                since = None
+            elif answer == REFUSED:
                 now = time.monotonic()
                 since = now if since is None else since
-                why = exc.strerror or type(exc).__name__
                 if now - since >= self.gcs_grace_s:
                     if self.closing or self.lost is not None:
                         return
                     self.lost = (f"its GCS at {host}:{port} (no connection accepted for "
-                                 f"{now - since:.1f} s: {why.lower()})")
+                                 f"{now - since:.1f} s: connection refused)")
                     on_lost(self.lost)
                     return
             time.sleep(period_s)
