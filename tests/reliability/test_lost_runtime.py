@@ -528,6 +528,31 @@ def test_a_lost_gcs_of_a_cluster_by_address_is_one_line(tmp_path: Path, env: dic
     assert not cluster.current_cluster_file.exists() and cluster.processes() == []
 
 
+def test_only_the_ray_packages_warnings_go_to_rays_log(tmp_path: Path) -> None:
+    """While Ray's output is diverted (``lost.RayLog``), a warning from a file of the installed
+    ray package goes to Ray's log; one from the user's own project still reaches the user,
+    even under a directory named ``ray`` (the filter matched any path with ``/ray/`` in it)."""
+    import warnings
+
+    ray = pytest.importorskip("ray")
+    from stallbench.executors.ray.lost import RayLog
+
+    user_file = tmp_path / "ray" / "train.py"
+    ray_file = Path(ray.__file__).parent / "data" / "dataset.py"
+    log = RayLog()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        log.divert()
+        try:
+            warnings.warn_explicit("the user's own", UserWarning, str(user_file), 3)
+            warnings.warn_explicit("ray's own", UserWarning, str(ray_file), 5)
+        finally:
+            kept = "".join(log._early)
+            log.close()
+    assert [str(w.message) for w in shown] == ["the user's own"], [str(w.message) for w in shown]
+    assert "ray's own" in kept and "the user's own" not in kept, kept
+
+
 def test_a_raylet_refusing_connections_is_gone_and_a_listening_one_is_not() -> None:
     """A node lost near a run's end is still alive in the GCS's records (its health checks
     take ~15-30 s): its node-manager port refusing a connection says it is gone. A port that

@@ -276,11 +276,17 @@ class RayLog:
             write(f"(ray client) {msg}" if msg.endswith("\n") else f"(ray client) {msg}\n")
 
         original_warning = warnings.showwarning
-        ray_dir = os.sep + "ray" + os.sep
+        try:
+            import ray
+        except ImportError:
+            return
+        # Ray's warnings are those of the installed ray package's files, not of any path with
+        # a directory named ``ray`` in it (a user's project under ~/ray keeps its warnings).
+        ray_dir = os.path.join(os.path.realpath(os.path.dirname(ray.__file__)), "")
 
         def show_warning(message: Any, category: Any, filename: str, lineno: int,
                          file: Any = None, line: Any = None) -> None:
-            if ray_dir in str(filename):
+            if os.path.realpath(str(filename)).startswith(ray_dir):
                 write(warnings.formatwarning(message, category, filename, lineno, line))
             else:
                 original_warning(message, category, filename, lineno, file, line)
