@@ -79,7 +79,11 @@ def _say_error(exc: UserError, debug: bool) -> None:
     # CI log or a caller's ``tail -1`` shows whole (it was a second line of its own).
     hint = (" (run `stallbench --debug ...` to see its traceback)"
             if isinstance(exc, UserCodeError) and exc.traceback_text and not debug else "")
-    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}{hint}", file=sys.stderr)
+    # Notes (``BaseException.add_note``) name where more is kept (Ray Client's log of a
+    # failed run): after the cut, so a long message never cuts them off.
+    notes = "".join(f" ({one_line(n)})" for n in getattr(exc, "__notes__", ()) or ())
+    print(f"stallbench: error: {cut(one_line(exc), LINE_CHARS)}{notes}{hint}",
+          file=sys.stderr)
     if isinstance(exc, UserCodeError) and debug and exc.traceback_text:
         print(exc.traceback_text.rstrip(), file=sys.stderr)
 

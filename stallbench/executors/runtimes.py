@@ -12,7 +12,9 @@ still holds. ``group``: runtimes of one group cannot coexist in a process (Ray a
 process), so acquiring a different key closes the cached one of the same group first.
 
 A runtime is any object with ``open()`` and ``close()``; ``open`` is the caller's to call
-(``acquire`` says whether the runtime is new).
+(``acquire`` says whether the runtime is new). One may also have ``failed(exc)``: a scope
+that ends on an error calls it before ``close`` (the Ray runtime keeps its scratch log then,
+and names it on the error, ``RayRuntime.failed``).
 """
 
 from __future__ import annotations
@@ -39,18 +41,23 @@ class RuntimeScope:
         _SCOPES.append(self)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         try:
-            self.close_all()
+            self.close_all(exc if isinstance(exc, Exception) else None)
         finally:
             if _SCOPES and _SCOPES[-1] is self:
                 _SCOPES.pop()
 
-    def close_all(self) -> None:
+    def close_all(self, failed: Exception | None = None) -> None:
+        """Close every runtime; ``failed``: the error that ends the scope (an interrupt is
+        not one: the user stopped the run), told to each runtime that listens first."""
         errors = []
         while self.entries:
             e = self.entries.pop()
             try:
+                on_failure = getattr(e.runtime, "failed", None)
+                if failed is not None and callable(on_failure):
+                    on_failure(failed)
                 e.runtime.close()
             except Exception as exc:  # noqa: BLE001 - close the others, then report
                 errors.append(exc)

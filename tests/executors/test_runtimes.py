@@ -56,6 +56,41 @@ def test_an_error_or_ctrl_c_still_closes_the_cached_runtimes() -> None:
         assert rt.closed == 1 and runtimes.active() is None
 
 
+class Listening(Fake):
+    """A runtime that wants to know the scope failed (the Ray runtime keeps its log)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.told: list[object] = []
+
+    def failed(self, exc: Exception) -> None:
+        assert self.closed == 0            # told before it closes
+        self.told.append(exc)
+
+
+def test_a_scope_ending_on_an_error_tells_its_runtimes_before_closing() -> None:
+    boom = RuntimeError("boom")
+    with pytest.raises(RuntimeError):
+        with runtimes.RuntimeScope():
+            rt, _ = runtimes.acquire("a", lambda: Listening("a"), group="ray")
+            raise boom
+    assert rt.told == [boom] and rt.closed == 1
+    # a run that ends well, or that the user stops (Ctrl-C, SIGTERM), did not fail
+    for ending in (None, KeyboardInterrupt()):
+        with pytest.raises(KeyboardInterrupt) if ending else _nothing():
+            with runtimes.RuntimeScope():
+                rt, _ = runtimes.acquire("a", lambda: Listening("a"), group="ray")
+                if ending:
+                    raise ending
+        assert rt.told == [] and rt.closed == 1
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def test_an_unhealthy_runtime_is_not_kept() -> None:
     with runtimes.RuntimeScope():
         rt, _ = runtimes.acquire("a", lambda: Fake("a"), group="ray")

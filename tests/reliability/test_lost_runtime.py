@@ -553,6 +553,39 @@ def test_only_the_ray_packages_warnings_go_to_rays_log(tmp_path: Path) -> None:
     assert "ray's own" in kept and "the user's own" not in kept, kept
 
 
+def test_a_failed_ray_client_run_keeps_its_scratch_log_and_names_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Through Ray Client, Ray's log is a scratch file of the temp directory (``RayLog``,
+    ``scratch=True``), removed at close: kept only on a lost-GCS exit before, so a run that
+    failed any other way lost the only record of what the cluster side printed. Now a failed
+    run (the runtime scope told of its error: ``RayRuntime.failed``) keeps it, and the error's
+    one line names it; a run that did not fail still removes it."""
+    pytest.importorskip("ray")
+    from stallbench import scenario
+    from stallbench.cli import _say_error
+    from stallbench.errors import UserError
+    from stallbench.executors.ray.cluster import RayRuntime
+
+    spec = scenario.parse(TINY, "s.toml").base.executor
+    for fails in (False, True):
+        rt = RayRuntime(spec, "s.toml")
+        rt.log.open(str(tmp_path / str(fails)), scratch=True)
+        path = rt.log.path
+        err = UserError("s.toml: executor: Ray failed during the run (stallbench mode): boom")
+        try:
+            os.write(2, b"(the cluster side) a line only this log has\n")  # fd 2: the log
+            if fails:
+                rt.failed(err)
+        finally:
+            rt.log.close()
+        assert Path(path).exists() == fails, (fails, path)
+    assert "a line only this log has" in Path(path).read_text()
+    _say_error(err, debug=False)
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and line.startswith("stallbench: error: s.toml: executor: "), line
+    assert line.rstrip().endswith(f"boom (Ray's log: {path})"), line
+
+
 def test_a_raylet_refusing_connections_is_gone_and_a_listening_one_is_not() -> None:
     """A node lost near a run's end is still alive in the GCS's records (its health checks
     take ~15-30 s): its node-manager port refusing a connection says it is gone. A port that

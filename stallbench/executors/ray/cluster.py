@@ -494,6 +494,20 @@ class RayRuntime:
         except Exception:  # noqa: BLE001 - a cluster that cannot say runs producers anywhere
             pass
 
+    def failed(self, exc: Exception) -> None:
+        """The scope that holds this runtime ends on ``exc`` (``runtimes.RuntimeScope``): a
+        Ray Client run's scratch log (what the cluster side printed; removed at ``close``
+        after a run that did not fail) is kept, and named on the error, after its one line
+        (``cli._say_error``) or its traceback (a note)."""
+        log = self.log
+        if log.path is None or not log._scratch or log.keep:
+            return
+        log.keep = True
+        try:
+            exc.add_note(f"Ray's log: {log.path}")
+        except Exception:  # noqa: BLE001 - a name for a message
+            pass
+
     def close(self) -> None:
         """Shut down what this runtime started; a no-op for a reused or already closed one."""
         if not self.owned:

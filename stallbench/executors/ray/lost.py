@@ -198,12 +198,14 @@ class RayLog:
         self._file: Any = None
         self._early: list[str] = []       # Ray's messages before the log file exists
         self._scratch = False             # the file is removed at close (Ray Client)
+        self.keep = False                 # ... unless the run failed (``RayRuntime.failed``)
 
     def open(self, directory: str, scratch: bool = False) -> None:
         """Divert to ``stallbench-driver-PID.log`` in ``directory``. ``scratch``: a file of
         the temp directory (Ray Client: no Ray session directory on this machine), removed
-        at ``close``; it is kept only when a lost runtime's line names it (that ends the
-        process before ``close``)."""
+        at ``close`` after a run that did not fail; kept when the run failed (``keep``: the
+        error's line names it) or a lost runtime's line names it (that ends the process
+        before ``close``): it is the only record of what the cluster side printed."""
         if self.path is not None:
             return
         self._scratch = scratch
@@ -341,10 +343,11 @@ class RayLog:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._scratch:
+        if self._scratch and not self.keep:
             try:
                 os.unlink(self.path)
             except OSError:
                 pass
             self.last_path = None
         self.path = None
+        self.keep = False
