@@ -29,6 +29,17 @@ Decision rule (asv's)
     Fewer than ``MIN_REPEATS`` values on a side -> *not comparable* (one repeat measures no
     spread, so noise cannot be told from change).
 
+Too few repeats to decide (``decidable``; both rules)
+    When the exact test cannot reach alpha with these sizes at all (``min_p_possible(n_a, n_b)
+    >= alpha``; for pairs ``min_p_signed_rank(n) >= alpha``), "not significant" says nothing
+    about the change: 2 vs 2 repeats can never reach p < 1/3 in the rank test, and the fallback
+    interval at 99% with 1 degree of freedom is ~64 standard errors wide, so a throughput of 0
+    would be *inconclusive* and pass. So, with too few repeats, a change beyond the threshold
+    that the fallback interval does not show significant is *too few repeats*, not
+    *inconclusive*: the gate fails on it when the change is in the worse direction (or either,
+    with ``fail_on_improvement``), as it would on *slower*, and the note names the repeats a
+    side the test needs (``repeats_needed``). With enough repeats nothing changes.
+
 Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against``)
     Repeat i of the baseline (REF's code) and repeat i of the current side (the working tree)
     ran back to back in one job (A B A B ...), so slow drift of the machine moves both values
@@ -75,6 +86,10 @@ FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
     "faster", "slower", "same", "inconclusive", "not comparable")
 VERDICTS = (SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE)
 BUSY = "busy machine"        # the pre-check's verdict: slower/faster under heavy foreign load
+# Beyond the threshold, and too few repeats for the exact test to ever decide (see above);
+# counted after VERDICTS like BUSY, so a summary line without one reads as before.
+TOO_FEW = "too few repeats"
+WORSE, BETTER = "worse", "better"   # Comparison.direction of a change beyond the threshold
 MIN_REPEATS = 2
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_ALPHA = 0.01
@@ -121,6 +136,7 @@ class Comparison:
     n_baseline: int
     n_current: int
     note: str = ""
+    direction: str = ""        # WORSE / BETTER beyond the threshold, "" within it or uncompared
 
 
 def machine_key(m: MachineInfo) -> tuple[str, int | None]:
@@ -143,18 +159,50 @@ def significance(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[
     return (ha < lb or hb < la), p, "ci-overlap"
 
 
-def decide(change: float, m: Metric, threshold: float, significant: bool) -> str:
-    """Verdict from the effect (vs threshold) and significance; see the module docstring."""
+def direction(change: float, m: Metric, threshold: float) -> str:
+    """WORSE or BETTER when the effect is beyond the threshold, else "" (within it)."""
     if m.kind == "points":
         up, down = change > threshold, change < -threshold
     else:
         up, down = change > 1 + threshold, change < 1 - threshold
     worse, better = (down, up) if m.higher_is_better else (up, down)
-    if not (worse or better):
+    return WORSE if worse else BETTER if better else ""
+
+
+def decide(change: float, m: Metric, threshold: float, significant: bool,
+           decidable: bool = True) -> str:
+    """Verdict from the effect (vs threshold), significance and whether the exact test could
+    decide at these sizes (``decidable``); see the module docstring."""
+    way = direction(change, m, threshold)
+    if not way:
         return SAME
     if not significant:
-        return INCONCLUSIVE
-    return SLOWER if worse else FASTER
+        return INCONCLUSIVE if decidable else TOO_FEW
+    return SLOWER if way == WORSE else FASTER
+
+
+def repeats_needed(alpha: float, paired: bool = False) -> int:
+    """The fewest repeats a side (pairs, when ``paired``) with which the exact test can reach
+    ``alpha``: 5 for the rank test at 0.01 (4 at 0.05), 8 pairs at 0.01 (6 at 0.05)."""
+    n = 1
+    while (min_p_signed_rank(n) if paired else min_p_possible(n, n)) >= alpha:
+        n += 1
+    return n
+
+
+def _too_few_note(n: str, alpha: float, paired: bool) -> str:
+    test, interval = (("signed-rank", "paired t-intervals") if paired else
+                      ("rank", "the t-intervals"))
+    side = "pairs" if paired else "repeats a side"
+    return (f"{n} can never reach p < {alpha:g} in the {test} test and {interval} do not "
+            f"decide; re-run with >= {repeats_needed(alpha, paired)} {side}")
+
+
+def _verdict(change: float, m: Metric, threshold: float, significant: bool, decidable: bool,
+             note: str) -> tuple[str, str, str]:
+    """(verdict, note, direction) of one comparison: the note says why on *too few repeats*."""
+    verdict = decide(change, m, threshold, significant, decidable)
+    return verdict, (note if verdict == TOO_FEW else ""), direction(change, m, threshold)
 
 
 def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
@@ -171,8 +219,10 @@ def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
                           "baseline median is 0")
     change = mc / mb if m.kind == "ratio" else mc - mb
     significant, p, test = significance(base, cur, alpha)
-    return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
-                      nb, nc)
+    verdict, note, way = _verdict(change, m, threshold, significant,
+                                  min_p_possible(nb, nc) < alpha,
+                                  _too_few_note(f"{nb} vs {nc} repeats", alpha, paired=False))
+    return Comparison(mb, mc, change, m.kind, p, test, verdict, nb, nc, note, way)
 
 
 def paired_differences(base: Sequence[float], cur: Sequence[float], m: Metric) -> list[float]:
@@ -227,8 +277,12 @@ def compare_paired(base: Sequence[float], cur: Sequence[float], m: Metric, *,
     mc = statistics.median(c for _, c in kept)
     change = change_of(d, m)
     significant, p, test = paired_significance(d, alpha)
-    return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
-                      n, n)
+    nonzero = sum(1 for x in d if x != 0)
+    verdict, note, way = _verdict(change, m, threshold, significant,
+                                  min_p_signed_rank(nonzero) < alpha,
+                                  _too_few_note(f"{nonzero} pairs that differ", alpha,
+                                                paired=True))
+    return Comparison(mb, mc, change, m.kind, p, test, verdict, n, n, note, way)
 
 
 # ------------------------------------------------------------ pre-check: a busy machine
@@ -251,8 +305,9 @@ def busy_note(base: Sequence[ForeignLoad | None], cur: Sequence[ForeignLoad | No
 def under_load(c: Comparison, base: Sequence[ForeignLoad | None],
                cur: Sequence[ForeignLoad | None]) -> Comparison:
     """``c`` with a slower/faster verdict replaced by *busy machine* when ``busy_note`` says
-    the repeats ran under heavy foreign load; any other verdict stands."""
-    if c.verdict not in (SLOWER, FASTER):
+    the repeats ran under heavy foreign load (a *too few repeats* row too: it fails like a
+    slower one); any other verdict stands."""
+    if c.verdict not in (SLOWER, FASTER, TOO_FEW):
         return c
     note = busy_note(base, cur)
     return c if note is None else dataclasses.replace(c, verdict=BUSY, note=note)
