@@ -218,4 +218,6 @@ def _annotations(out) -> str:
     for r in out.first.rows:
         if r.verdict == INCONCLUSIVE:
             lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: inconclusive (change {formats.format_change(r)} over the threshold, not significant)')}")
+        elif r.verdict == TOO_FEW and r not in out.first.failing:
+            lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: {TOO_FEW} (change {formats.format_change(r)} over the threshold): {r.note}')}")
     return "\n".join(lines) + ("\n" if lines else "")
