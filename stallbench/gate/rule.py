@@ -29,44 +29,22 @@ Decision rule (asv's)
     Fewer than ``MIN_REPEATS`` values on a side -> *not comparable* (one repeat measures no
     spread, so noise cannot be told from change).
 
-Too few repeats to decide (``decidable``; both rules)
+Too few repeats to decide (``too_few``; both rules)
     When the exact test cannot reach alpha with these sizes at all (``min_p_possible(n_a, n_b)
-    >= alpha``; for pairs ``min_p_signed_rank(n) >= alpha``), "not significant" says nothing
-    about the change: 2 vs 2 repeats can never reach p < 1/3 in the rank test, and the fallback
-    interval at 99% with 1 degree of freedom is ~64 standard errors wide, so a throughput of 0
-    would be *inconclusive* and pass. So, with too few repeats, a change beyond the threshold
-    that the fallback interval does not show significant is *too few repeats*, not
-    *inconclusive*: the gate fails on it when the change is in the worse direction (or either,
-    with ``fail_on_improvement``), as it would on *slower*, and the note names the repeats a
-    side the test needs (``repeats_needed``). With enough repeats nothing changes.
-
-Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against``)
-    Repeat i of the baseline (REF's code) and repeat i of the current side (the working tree)
-    ran back to back in one job (A B A B ...), so slow drift of the machine moves both values
-    of a pair alike. The rule gates on the per-pair differences
-
-        d_i = ln(current_i / baseline_i)   (ratio metrics)
-        d_i = current_i - baseline_i        (share metrics, in share points)
-
-    and decides with the same two conditions as above, on paired statistics:
-      1. effect: the Hodges-Lehmann estimate HL = median{(d_i + d_j) / 2 : i <= j}, shown as
-         the change exp(HL) (ratio metrics) or HL (points), must be beyond the threshold;
-      2. significance: the two-sided exact Wilcoxon signed-rank test on the d_i gives p < alpha,
-         used whenever ``min_p_signed_rank(n) = 2 / 2**n < alpha`` (n non-zero pairs; 8 pairs
-         reach 0.0078, so alpha = 0.01 needs 8 pairs); with fewer pairs, the (1 - alpha)
-         Student-t interval of the mean d must exclude 0 (``paired-t``).
-    The verdicts and their names are the unpaired rule's: a report or a CI log reads "slower"
-    the same way whichever test decided (the ``test`` column says which: ``wilcoxon`` or
-    ``paired-t`` for pairs; ``mann-whitney`` or ``ci-overlap`` for independent sets).
-
-Pre-check: a busy machine (``busy_note``, applied by ``under_load``)
-    Before a *slower*/*faster* verdict stands, the repeats' foreign load is checked
-    (``RepeatFigures.load``: CPU other processes and the hypervisor took during each run,
-    ``measure.load``). When any compared repeat on either side ran with more than
-    ``HEAVY_CORES`` (0.25) cores taken, the verdict becomes *busy machine*: the change may be
-    the load, so it is said, never failed on; re-run on a quiet machine. Repeats without a
-    load reading (older results) are not judged. The paired rule (``gate --against``) has no
-    such pre-check: its A B A B pairs ran under the same load, which is what pairing is for.
+    >= alpha``: fewer than 5 repeats a side at 0.01; for pairs ``min_p_signed_rank(n) >=
+    alpha``: fewer than 8 differing pairs at 0.01), "not significant" says nothing about the
+    change: 2 vs 2 repeats can never reach p < 1/3 in the rank test, and the fallback interval
+    at 99% with 1 degree of freedom is ~64 standard errors wide, so a throughput of 0 would be
+    *inconclusive* and pass. So, with too few repeats, a change beyond the threshold that the
+    fallback interval does not show significant, but on which every repeat agrees (the two
+    sides' ranges are apart; for pairs, every pair moved the same way: the most extreme
+    arrangement the exact test can see), is *too few repeats*, not *inconclusive*: the gate
+    fails on it when the change is in the worse direction (or either, with
+    ``fail_on_improvement``), as it would on *slower*, and the note names the repeats a side the
+    test needs (``repeats_needed``). Where the repeats disagree (ranges overlap) it stays
+    *inconclusive*. Under no change, a row's ranges are apart in a given direction with chance
+    1 / C(n_a + n_b, n_a) (1/6 at 2 vs 2, 1/20 at 3 vs 3) and the effect must also clear the
+    threshold. With enough repeats nothing changes.
 """
 
 from __future__ import annotations
@@ -170,14 +148,14 @@ def direction(change: float, m: Metric, threshold: float) -> str:
 
 
 def decide(change: float, m: Metric, threshold: float, significant: bool,
-           decidable: bool = True) -> str:
-    """Verdict from the effect (vs threshold), significance and whether the exact test could
-    decide at these sizes (``decidable``); see the module docstring."""
+           too_few: bool = False) -> str:
+    """Verdict from the effect (vs threshold), significance and ``too_few``: the exact test
+    cannot reach alpha at these sizes while every repeat agrees; see the module docstring."""
     way = direction(change, m, threshold)
     if not way:
         return SAME
     if not significant:
-        return INCONCLUSIVE if decidable else TOO_FEW
+        return TOO_FEW if too_few else INCONCLUSIVE
     return SLOWER if way == WORSE else FASTER
 
 
@@ -194,14 +172,15 @@ def _too_few_note(n: str, alpha: float, paired: bool) -> str:
     test, interval = (("signed-rank", "paired t-intervals") if paired else
                       ("rank", "the t-intervals"))
     side = "pairs" if paired else "repeats a side"
+    agree = "every pair moved the same way" if paired else "the two sides' ranges are apart"
     return (f"{n} can never reach p < {alpha:g} in the {test} test and {interval} do not "
-            f"decide; re-run with >= {repeats_needed(alpha, paired)} {side}")
+            f"decide, while {agree}; re-run with >= {repeats_needed(alpha, paired)} {side}")
 
 
-def _verdict(change: float, m: Metric, threshold: float, significant: bool, decidable: bool,
+def _verdict(change: float, m: Metric, threshold: float, significant: bool, too_few: bool,
              note: str) -> tuple[str, str, str]:
     """(verdict, note, direction) of one comparison: the note says why on *too few repeats*."""
-    verdict = decide(change, m, threshold, significant, decidable)
+    verdict = decide(change, m, threshold, significant, too_few)
     return verdict, (note if verdict == TOO_FEW else ""), direction(change, m, threshold)
 
 
@@ -219,8 +198,9 @@ def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
                           "baseline median is 0")
     change = mc / mb if m.kind == "ratio" else mc - mb
     significant, p, test = significance(base, cur, alpha)
+    apart = max(cur) < min(base) or max(base) < min(cur)
     verdict, note, way = _verdict(change, m, threshold, significant,
-                                  min_p_possible(nb, nc) < alpha,
+                                  min_p_possible(nb, nc) >= alpha and apart,
                                   _too_few_note(f"{nb} vs {nc} repeats", alpha, paired=False))
     return Comparison(mb, mc, change, m.kind, p, test, verdict, nb, nc, note, way)
 
@@ -278,8 +258,9 @@ def compare_paired(base: Sequence[float], cur: Sequence[float], m: Metric, *,
     change = change_of(d, m)
     significant, p, test = paired_significance(d, alpha)
     nonzero = sum(1 for x in d if x != 0)
+    same_way = all(x > 0 for x in d) or all(x < 0 for x in d)
     verdict, note, way = _verdict(change, m, threshold, significant,
-                                  min_p_signed_rank(nonzero) < alpha,
+                                  min_p_signed_rank(nonzero) >= alpha and same_way,
                                   _too_few_note(f"{nonzero} pairs that differ", alpha,
                                                 paired=True))
     return Comparison(mb, mc, change, m.kind, p, test, verdict, n, n, note, way)

@@ -499,6 +499,20 @@ def test_enough_repeats_keep_inconclusive_and_few_repeats_keep_decided_verdicts(
     assert row(within).verdict == "same" and rows.exit_code(within) == 0
 
 
+def test_few_repeats_that_disagree_stay_inconclusive() -> None:
+    """Beyond the threshold by the medians, but the ranges overlap (a current repeat beats a
+    baseline one): the repeats disagree on the direction, so it is noise-like, inconclusive,
+    and passes, as before."""
+    report = cmp(make_result({"opt": [1000.0, 1400.0]}), make_result({"opt": [800.0, 1200.0]}))
+    assert row(report).change < 0.9 and row(report).verdict == "inconclusive"
+    assert rows.exit_code(report) == 0
+    from stallbench.gate.rule import METRICS, compare_paired
+
+    mixed = compare_paired([100.0, 110.0, 90.0], [50.0, 120.0, 40.0], METRICS["throughput"],
+                           alpha=0.05)
+    assert mixed.test == "paired-t" and mixed.verdict == "inconclusive"
+
+
 def test_paired_rule_too_few_pairs() -> None:
     from stallbench.gate.rule import METRICS, compare_paired
 
