@@ -45,6 +45,34 @@ Too few repeats to decide (``too_few``; both rules)
     *inconclusive*. Under no change, a row's ranges are apart in a given direction with chance
     1 / C(n_a + n_b, n_a) (1/6 at 2 vs 2, 1/20 at 3 vs 3) and the effect must also clear the
     threshold. With enough repeats nothing changes.
+
+Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against``)
+    Repeat i of the baseline (REF's code) and repeat i of the current side (the working tree)
+    ran back to back in one job (A B A B ...), so slow drift of the machine moves both values
+    of a pair alike. The rule gates on the per-pair differences
+
+        d_i = ln(current_i / baseline_i)   (ratio metrics)
+        d_i = current_i - baseline_i        (share metrics, in share points)
+
+    and decides with the same two conditions as above, on paired statistics:
+      1. effect: the Hodges-Lehmann estimate HL = median{(d_i + d_j) / 2 : i <= j}, shown as
+         the change exp(HL) (ratio metrics) or HL (points), must be beyond the threshold;
+      2. significance: the two-sided exact Wilcoxon signed-rank test on the d_i gives p < alpha,
+         used whenever ``min_p_signed_rank(n) = 2 / 2**n < alpha`` (n non-zero pairs; 8 pairs
+         reach 0.0078, so alpha = 0.01 needs 8 pairs); with fewer pairs, the (1 - alpha)
+         Student-t interval of the mean d must exclude 0 (``paired-t``).
+    The verdicts and their names are the unpaired rule's: a report or a CI log reads "slower"
+    the same way whichever test decided (the ``test`` column says which: ``wilcoxon`` or
+    ``paired-t`` for pairs; ``mann-whitney`` or ``ci-overlap`` for independent sets).
+
+Pre-check: a busy machine (``busy_note``, applied by ``under_load``)
+    Before a *slower*/*faster* (or *too few repeats*) verdict stands, the repeats' foreign load is checked
+    (``RepeatFigures.load``: CPU other processes and the hypervisor took during each run,
+    ``measure.load``). When any compared repeat on either side ran with more than
+    ``HEAVY_CORES`` (0.25) cores taken, the verdict becomes *busy machine*: the change may be
+    the load, so it is said, never failed on; re-run on a quiet machine. Repeats without a
+    load reading (older results) are not judged. The paired rule (``gate --against``) has no
+    such pre-check: its A B A B pairs ran under the same load, which is what pairing is for.
 """
 
 from __future__ import annotations
