@@ -66,9 +66,9 @@ Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against
     ``paired-t`` for pairs; ``mann-whitney`` or ``ci-overlap`` for independent sets).
 
 Pre-check: a busy machine (``busy_note``, applied by ``under_load``)
-    Before a *slower*/*faster* (or *too few repeats*) verdict stands, the repeats' foreign load is checked
-    (``RepeatFigures.load``: CPU other processes and the hypervisor took during each run,
-    ``measure.load``). When any compared repeat on either side ran with more than
+    Before a *slower*/*faster* (or *too few repeats*) verdict stands, the repeats' foreign
+    load is checked (``RepeatFigures.load``: CPU other processes and the hypervisor took during
+    each run, ``measure.load``). When any compared repeat on either side ran with more than
     ``HEAVY_CORES`` (0.25) cores taken, the verdict becomes *busy machine*: the change may be
     the load, so it is said, never failed on; re-run on a quiet machine. Repeats without a
     load reading (older results) are not judged. The paired rule (``gate --against``) has no
