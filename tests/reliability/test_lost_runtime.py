@@ -280,6 +280,7 @@ def test_ray_client_stream_and_rays_warnings_stay_off_the_terminal(
     removed."""
     import warnings
 
+    import ray
     from ray.util.client.logsclient import LogstreamClient
 
     from stallbench.executors.ray.lost import RayLog
@@ -296,7 +297,7 @@ def test_ray_client_stream_and_rays_warnings_stay_off_the_terminal(
         log.open(str(tmp_path), scratch=True)
         stream.log(level=30, msg="a log record of the cluster side")
         warnings.showwarning(UserWarning("Ray Client connection timed out"), UserWarning,
-                             "/x/site-packages/ray/util/client/worker.py", 335)
+                             str(Path(ray.__file__).parent / "util/client/worker.py"), 335)
         warnings.showwarning(UserWarning("the user's own"), UserWarning, "/home/u/mytf.py", 3)
         text = Path(log.path).read_text()
         path = log.path
