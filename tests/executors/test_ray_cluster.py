@@ -201,6 +201,9 @@ def test_ray_client_address_with_token(clusters: dict, cache: Path, tmp_path: Pa
     assert rc == 0, err[-3000:]
     assert got["client"] is True and got["digests"] == want
     assert not set(got["figures"]["ray"]["producer_nodes"]) & _head_ids(got)
+    # Ray Data's figures from the pump actor, read after the run (``RayExecutor._finish``)
+    ops = got["figures"]["ray"]["operators"]
+    assert any("MapBatches" in op["name"] and op["tasks"] > 0 for op in ops), ops
 
 
 FROZEN = """
@@ -217,14 +220,18 @@ def test_ray_client_run_is_watched(clusters: dict, tmp_path: Path) -> None:
     """Through Ray Client the dataset runs in the pump actor on the head node: the trainer
     asks it for its producers' progress while it waits, so a producer that does not return
     ends the run after ``[run] progress_timeout_s`` with the watchdog's line (it was a wait
-    without an end: the pump's task completions were not seen)."""
+    without an end: the pump's task completions were not seen). The run failed: its scratch
+    log of what the cluster side printed is kept and the line names it."""
     c = clusters["token"]
     (tmp_path / "frozen.py").write_text(FROZEN)
     (tmp_path / "s.toml").write_text(
         _text(f"ray://{LOOPBACK}:{c.client_port}").replace(
             'transforms = ["log_dense", {name = "hash_ids", buckets = 1000}]',
             'transforms = ["frozen:freeze"]') + "[run]\nprogress_timeout_s = 2\n")
-    env = {**c.client_env(), "STALLBENCH_CACHE": str(tmp_path / "cache")}
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**c.client_env(), "STALLBENCH_CACHE": str(tmp_path / "cache"),
+           "TMPDIR": str(scratch)}
     r = subprocess.run([sys.executable, "-m", "stallbench", "run", "s.toml", "--out", "out",
                         "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
@@ -232,6 +239,8 @@ def test_ray_client_run_is_watched(clusters: dict, tmp_path: Path) -> None:
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
     assert "run.progress_timeout_s" in lines[0] and "for 2 s" in lines[0], lines[0]
     assert "run through Ray Client by the pump actor (pid " in lines[0], lines[0]
+    kept = list(scratch.glob("stallbench-driver-*.log"))
+    assert len(kept) == 1 and lines[0].endswith(f" (Ray's log: {kept[0]})"), (kept, lines[0])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

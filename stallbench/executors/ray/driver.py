@@ -81,6 +81,9 @@ class _RunState:
     pump_figures: dict | None = None     # Ray Client: Ray Data's figures from the pump actor
     items: int = 0                       # work items of the run (for the watchdog's line)
     pump_pid: int | None = None          # Ray Client: the pump actor's process
+    pump: Any = None                     # Ray Client: the pump actor, once its stream ended,
+    pump_figures_ref: Any = None         # with its figures asked for: read and killed at
+                                         # ``_finish``, after the trainer's clock
     nodes_lost_before: set = field(default_factory=set)   # simulated nodes lost before it
     complete: bool = False
     notes: list[str] = field(default_factory=list)
@@ -262,7 +265,7 @@ class RayExecutor(Executor):
                         break
             finally:
                 gen.close()
-                self._pending = None          # the warm-up's figures are not kept
+                self._drop_pending()          # the warm-up's figures are not kept
                 self._last = {}
                 self._late = None
             self._read_nodes_state()          # as the measured runs begin (untimed here)
@@ -406,6 +409,12 @@ class RayExecutor(Executor):
         if pending is not None:
             self._finish(*pending)
 
+    def _drop_pending(self) -> None:
+        """A run whose figures are not asked for: nothing of it is read, its pump ended."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            _kill_pump(pending[1])
+
     # --------------------------------------------------------------------------------- run
     def _context(self, stock: bool) -> None:
         """Ray Data settings of one run (DataContext is per process, so set every time).
@@ -449,7 +458,7 @@ class RayExecutor(Executor):
         stock_mode = self.spec.ray_mode == "stock" and not plan.ablation.transfer
         self._context(stock_mode)
         self._late = None
-        self._pending = None               # a run never settled: its figures are not asked for
+        self._drop_pending()               # a run never settled: its figures are not asked for
         self._last = {}
         r = self._run = _RunState(t0=time.perf_counter(), stock=stock_mode,
                                   fault_marker=self.runtime.fault_marker(),
@@ -495,6 +504,14 @@ class RayExecutor(Executor):
 
     def _finish(self, plan: Plan, r: _RunState) -> None:
         self.sample_object_store_mb()
+        if r.pump_figures_ref is not None:
+            try:
+                import ray
+
+                r.pump_figures = ray.get(r.pump_figures_ref, timeout=PUMP_FIGURES_S)
+            except Exception:  # noqa: BLE001 - figures, never a failure of a completed run
+                r.pump_figures = None
+            _kill_pump(r)
         lost: list[dict[str, str]] = []
         if r.nodes_at_start:
             now = self.runtime.producer_nodes_state()
@@ -644,9 +661,13 @@ class RayExecutor(Executor):
                     break
                 ahead = pump.next.remote(prefetch)
                 yield from got
-            r.pump_figures = ray.get(pump.figures.remote())
+            # Its figures are read after the trainer's clock (``_finish``): asked for now,
+            # the pump kept alive until they are read.
+            r.pump_figures_ref = pump.figures.remote()
+            r.pump = pump
         finally:
-            ray.kill(pump)
+            if r.pump is None:
+                ray.kill(pump)
 
     def _context_settings(self) -> dict[str, Any]:
         import ray.data
@@ -716,6 +737,17 @@ class RayExecutor(Executor):
         r.complete = True
 
 
+def _kill_pump(r: _RunState) -> None:
+    pump, r.pump, r.pump_figures_ref = r.pump, None, None
+    if pump is not None:
+        try:
+            import ray
+
+            ray.kill(pump)
+        except Exception:  # noqa: BLE001 - gone with its job anyway
+            pass
+
+
 def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterator[Any]:
     """``blocks``, read in a helper thread so that the trainer can run ``check`` while it
     waits: Ray Data waits silently forever for a resource no live node has (every producer
@@ -768,6 +800,7 @@ def _watched(blocks: Iterator[Any], check: Any, period_s: float = 1.0) -> Iterat
 
 PUMP_POLL_S = 0.5      # Ray Client: how often the trainer asks the pump for its progress
 PUMP_START_S = 600.0   # Ray Client: the pump actor's start-up, bounded on its own
+PUMP_FIGURES_S = 30.0  # Ray Client: reading the pump's figures after a run (never a failure)
 
 
 def user_error_in(exc: BaseException) -> UserError | None:
