@@ -39,12 +39,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
 
 
 def run(args: argparse.Namespace) -> int:
-    try:   # parsed here, not by argparse's type= (a usage block for 'abc': numbers.py)
-        args.port = int(str(args.port).strip())
-    except ValueError:
-        raise UserError(f"--port: expected 0..65535, got {args.port!r}") from None
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port: expected 0..65535, got {args.port}")
+    from .numbers import integer
+
+    args.port = integer(args.port, "--port", 0, 65535)
     from .. import scenario
     from ..executors.flight.driver import import_flight
     from ..pipeline import dataset_for
@@ -54,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     sc = scenario.load(args.scenario)
     check_scenario(sc)
     import_flight(sc.path)
-    from ..executors.flight.server import Catalog, ProducerServer
+    from ..executors.flight.server import STOP_GRACE_S, Catalog, ProducerServer
 
     cache = args.cache_dir or default_cache_dir()
     catalog = Catalog(sc.name)
@@ -86,13 +83,15 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     while not stop.wait(0.5):
         pass
-    server.shutdown()
+    cut = server.stop()
     print("stallbench serve: stopped", flush=True)
     # Like every verb: 130 for SIGINT, 143 for SIGTERM (a supervisor reads how it ended).
     from .. import interrupts
 
     exc = interrupts.received(got[0])
     exc.outcome = "server stopped"
+    if cut:
+        exc.outcome += f"; {cut} open stream(s) cut after {STOP_GRACE_S:g} s"
     raise exc
 
 
