@@ -5,9 +5,11 @@ lands on one step) or sleeps 0.1 s per row group (a storage-like latency, no CPU
 ranks, one run, 0 loader workers. stallbench must name rank 1 and say the other rank waited for it in the
 all-reduce; with the same CPU burn on every rank (exchangeable, bursty) it must name none.
 
-Timing tests on a shared 2-core machine: up to three measurements each, every attempt's
-verdict reported when all fail. Kept few and small (12 row groups, 24 steps per rank: six
-bursts per rank, the fewest the burst test can judge at 1% with the costs here).
+Timing tests on a shared machine: up to three measurements each under ``tests/loadcheck.py``'s
+rule (skip, printing every attempt's verdict and load, only when every attempt was wrong while
+other processes left the two ranks less than their two cores; fail otherwise). Kept few and
+small (12 row groups, 24 steps per rank: six bursts per rank, the fewest the burst test can
+judge at 1% with the costs here).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import loadcheck
 import pytest
 
 from stallbench import scenario
@@ -95,17 +98,19 @@ def _measure(cache: Path, fn: str, workers: int) -> Any:
 
 
 def _attempts(cache: Path, fn: str, workers: int, want: int | None) -> None:
-    seen = []
-    for _ in range(ATTEMPTS):
+    """The verdict compares the ranks' wall times: a rank that loses its core to another
+    process meanwhile is a straggler the test did not inject, so the case needs one core per
+    rank (and per loader worker)."""
+    def check() -> list[str]:
         s = _measure(cache, fn, workers)
         ok = s.straggler == want
         if want is not None:
             ok = ok and s.others_wait_s > 0 and "waited" in s.verdict
         if ok:
-            return
-        seen.append(f"named {s.straggler}, excess {s.straggler_excess_s:.3f} s, noise "
-                    f"{s.noise_s:.3f} s, others waited {s.others_wait_s:.3f} s: {s.verdict}")
-    pytest.fail(f"wanted {want}, wrong in all {ATTEMPTS} attempts: {seen}")
+            return []
+        return [f"wanted {want}, named {s.straggler}, excess {s.straggler_excess_s:.3f} s, "
+                f"noise {s.noise_s:.3f} s, others waited {s.others_wait_s:.3f} s: {s.verdict}"]
+    loadcheck.attempts(fn, check, ATTEMPTS, 2 * (1 + workers))
 
 
 def test_cpu_cost_straggler_in_a_user_transform_is_named(cache: Path, user_code: None) -> None:
