@@ -168,6 +168,19 @@ class _FetchAhead:
         self._thread.join(timeout=10.0)
 
 
+def _close_early(shutdown: Any) -> threading.Thread:
+    """Shut the loader's workers down on a helper thread: called once the run's last work
+    item is in the trainer's hands, so the workers, idle from then on, exit while the trainer
+    consumes that item's batches instead of after it (the DataLoader joins them only when
+    asked for an item past the last). The stream joins this thread before it ends, so the
+    workers are reaped (their CPU counted) and any exit not overlapped stays on the run's
+    clock. Safe: every result is received (a payload in fresh shared memory is mapped when
+    its item is unpickled) and nothing else touches the iterator until the join."""
+    t = threading.Thread(target=shutdown, name="stallbench-loader-shutdown", daemon=True)
+    t.start()
+    return t
+
+
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
     """(partitions, slots per partition, slot bytes) of the pool a plan's workers can use, or
     None when their payloads cannot live in one (a format that is not poolable, compressed,
@@ -213,6 +226,9 @@ class LocalExecutor(Executor):
         self._slot_need = 0
 
     POOL_MEMORY_SHARE = 0.125
+    # Shut workers down as soon as the last work item has arrived (``_close_early``); False
+    # only for an A/B of the old end of run (benchmarks/trainer_path.py).
+    early_shutdown = True
 
     def _slot_bytes(self, shape: tuple[int, int, int]) -> int:
         need = max(shape[2], self._slot_need)
@@ -296,8 +312,10 @@ class LocalExecutor(Executor):
             worker_init_fn=_WorkerInit(self.producer_threads()),
         )
         it = iter(loader)
+        shutdown = getattr(it, "_shutdown_workers", None)
+        closing: threading.Thread | None = None
         try:
-            while True:
+            for got in range(len(plan.items)):
                 try:
                     out = next(it)
                 except StopIteration:
@@ -309,8 +327,12 @@ class LocalExecutor(Executor):
                     raise died from None
                 if isinstance(out, _Failed):
                     raise out.error
+                if got == len(plan.items) - 1 and shutdown and self.early_shutdown:
+                    closing = _close_early(shutdown)
                 yield out
         finally:
+            if closing is not None:
+                closing.join()
             # Stop workers promptly when the trainer stops early (max_batches) or fails. A
             # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
             # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
@@ -319,9 +341,8 @@ class LocalExecutor(Executor):
                     os.kill(w.pid, signal.SIGCONT)
                 except (OSError, TypeError):
                     pass
-            shutdown = getattr(it, "_shutdown_workers", None)
             if shutdown:
-                shutdown()
+                shutdown()     # a no-op after ``_close_early``'s
 
     def _worker_died(self, it: Any, exc: RuntimeError) -> ProcessDied | None:
         """The DataLoader's "worker (pid(s) N) exited unexpectedly" / "is killed by signal",
