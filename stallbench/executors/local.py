@@ -331,8 +331,6 @@ class LocalExecutor(Executor):
                     closing = _close_early(shutdown)
                 yield out
         finally:
-            if closing is not None:
-                closing.join()
             # Stop workers promptly when the trainer stops early (max_batches) or fails. A
             # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
             # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
@@ -341,6 +339,8 @@ class LocalExecutor(Executor):
                     os.kill(w.pid, signal.SIGCONT)
                 except (OSError, TypeError):
                     pass
+            if closing is not None:
+                closing.join()
             if shutdown:
                 shutdown()     # a no-op after ``_close_early``'s
 

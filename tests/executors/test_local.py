@@ -130,6 +130,26 @@ def test_worker_processes_cpu_is_measured_whole(cache: Path, workers: int) -> No
     assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= stage_cpu * 0.98, (fig.producer_cpu_s, stage_cpu)
 
 
+def test_workers_exit_once_the_last_item_has_arrived(cache: Path) -> None:
+    """Once the run's last work item is in the trainer's hands the workers have nothing left
+    to do: they are told to exit then, not only when the trainer asks for an item past the
+    last (so their exit overlaps the trainer consuming that item). Held at the last item,
+    the workers are gone (the wait is a bound, not a timing: without the early shutdown they
+    never exit here); the stream then ends with every item delivered once, in order."""
+    plan, ex = _setup(cache, "num_workers = 2\n")
+    me = psutil.Process()
+    with ex:
+        before = {c.pid for c in me.children()}
+        stream = ex.run(plan)
+        got = [next(stream) for _ in range(len(plan.items))]
+        workers = [c for c in me.children() if c.pid not in before]
+        assert len(workers) == 2, workers
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, alive
+        assert list(stream) == []
+    assert [o.item for o in got] == list(range(len(plan.items)))
+
+
 def test_stopping_early_shuts_workers_down(cache: Path) -> None:
     """Every process the run started is gone after it. Only those: the test process may have
     children of its own before (the session's Ray runtime, whose gcs_server and raylet made
