@@ -25,13 +25,18 @@ trainer-side transfer, the trainer's wait).
 
 Part ``workers``: ``cpu_cost_us_per_row = 2`` (a calibrated CPU-busy preprocess), 2 loader
 workers over 0, with where the rest of 2x goes: the workers' CPU outside their stages
-(fork, pickling, the DataLoader queue), the trainer's receive, and the cores the machine gave.
+(fork, pickling, the DataLoader queue, exit), each worker's first work item against its later
+ones (a worker is a fresh process every run: its first item faults in its memory), the
+trainer's receive, and the cores the machine gave. ``--ab`` adds, interleaved, 2 workers with
+the old end of run (``LocalExecutor.early_shutdown = False``: workers told to exit only after
+the trainer consumed every batch) and prints its ratio to the new; it measures the same thing
+otherwise.
 
 Targets (PASS/FAIL, ratios of each side's best repeat): best variant >= 0.9x the ceiling and
 >= 1.0x the plain DataLoader on every shape; 2 us/row: 2 workers >= 1.5x 0 workers.
 
 Run: ``.venv/bin/python benchmarks/trainer_path.py [--repeats 5] [--files 4] [--part path]
-[--profile]`` (the first run writes the held-out files into the stallbench cache).
+[--profile] [--ab]`` (the first run writes the held-out files into the stallbench cache).
 """
 
 from __future__ import annotations
