@@ -27,16 +27,16 @@ Part ``workers``: ``cpu_cost_us_per_row = 2`` (a calibrated CPU-busy preprocess)
 workers over 0, with where the rest of 2x goes: the workers' CPU outside their stages
 (fork, pickling, the DataLoader queue, exit), each worker's first work item against its later
 ones (a worker is a fresh process every run: its first item faults in its memory), the
-trainer's receive, and the cores the machine gave. ``--ab`` adds, interleaved, 2 workers with
-the old end of run (``LocalExecutor.early_shutdown = False``: workers told to exit only after
-the trainer consumed every batch) and prints its ratio to the new; it measures the same thing
-otherwise.
+trainer's receive, and the cores the machine gave. A third side, interleaved with the two
+(``--no-ab`` leaves it out), is 2 workers with the old end of run
+(``LocalExecutor.early_shutdown = False``: workers told to exit only after the trainer consumed
+every batch), with its ratio to the new; the target's ratio is the same two sides as before.
 
 Targets (PASS/FAIL, ratios of each side's best repeat): best variant >= 0.9x the ceiling and
 >= 1.0x the plain DataLoader on every shape; 2 us/row: 2 workers >= 1.5x 0 workers.
 
 Run: ``.venv/bin/python benchmarks/trainer_path.py [--repeats 5] [--files 4] [--part path]
-[--profile] [--ab]`` (the first run writes the held-out files into the stallbench cache).
+[--profile] [--no-ab]`` (the first run writes the held-out files into the stallbench cache).
 """
 
 from __future__ import annotations
@@ -432,9 +432,9 @@ def main() -> int:
     ap.add_argument("--part", choices=("path", "workers", "all"), default="all")
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="first N shapes only")
     ap.add_argument("--format", default="jagged", help="batch format of the workers part")
-    ap.add_argument("--ab", action="store_true",
-                    help="workers part: also the old end of run (workers joined after the "
-                         "last batch), interleaved, and its ratio to the new")
+    ap.add_argument("--no-ab", dest="ab", action="store_false",
+                    help="workers part: leave out the old end of run (workers joined after the "
+                         "last batch), otherwise run interleaved beside the new for their ratio")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile of the best variant's trainer (prefetch_batches = 0, so the "
                          "whole path runs in the profiled thread), first shape")
