@@ -96,7 +96,7 @@ def user_code_path() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
-    if interrupts.half_made_runtime():
+    if interrupts.runtime_left_behind():
         interrupts.end_process(code)      # never returns (see its docstring)
     return code
 

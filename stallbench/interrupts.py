@@ -68,6 +68,7 @@ class _State:
     previous_hook: Any = None
     subreaper_was: int | None = None
     half_made = False
+    skip_atexit = False
 
 
 _state = _State()
@@ -112,6 +113,7 @@ def install() -> bool:
     _state.pending = None
     _state.deferred = 0
     _state.half_made = False
+    _state.skip_atexit = False
     if threading.current_thread() is not threading.main_thread():
         return False
     if not _state.installed:
@@ -204,13 +206,16 @@ def foreign_handlers() -> Iterator[None]:
     check()
 
 
-def runtime_half_made() -> None:
-    """A signal interrupted the start of a native runtime in this process (``ray.init``):
-    the command must end through ``end_process`` (``cli.main`` does)."""
+def runtime_left(run_atexit: bool = True) -> None:
+    """A native runtime of this process is in a state its C++ destructors cannot end, so the
+    command must end through ``end_process`` (``cli.main`` does): a signal that interrupted
+    its start (``ray.init``), or a Flight server whose shutdown is stuck on a stream
+    (``run_atexit=False``: pyarrow's ``atexit`` finaliser would wait on it again)."""
     _state.half_made = True
+    _state.skip_atexit = _state.skip_atexit or not run_atexit
 
 
-def half_made_runtime() -> bool:
+def runtime_left_behind() -> bool:
     return _state.half_made
 
 
@@ -220,13 +225,15 @@ def end_process(code: int) -> None:
     can land while Ray's C++ core worker is being made, before Python holds it: ``ray.shutdown``
     then cannot stop it, and C's exit handlers destroy it while its threads still run, a
     SIGSEGV (rc -11) after the command's right line (seen: ``kill -TERM`` when the driver's
-    core-worker log appeared). Everything the command started is stopped by then."""
+    core-worker log appeared). Everything the command started is stopped by then.
+    ``runtime_left(run_atexit=False)`` skips the ``atexit`` functions too."""
     import atexit
 
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001 - ending anyway
-        pass
+    if not _state.skip_atexit:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - ending anyway
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -389,8 +396,42 @@ class SigtermAsInterrupt:
 def sigterm_exits() -> None:
     """In a child process that serves its parent (a trainer rank): SIGTERM ends it with exit
     code 128 + 15 through its ``finally`` (its executor and loader workers stopped), not by
-    the default action that skips them."""
+    the default action that skips them.
+
+    The handler's ``SystemExit`` can land inside a ``__del__`` (seen with one core busy: a
+    multiprocessing ``Connection`` closed by the garbage collector), where Python prints
+    "Exception ignored ... SystemExit: 143" on the user's terminal and drops it; the rank
+    then went on until the launcher's SIGKILL. Such an exit is said nothing of and the
+    signal sent again to the main thread from a short-lived thread, so that the handler
+    runs after the finaliser returned (and interrupts a blocking read, which a signal
+    delivered to another thread would not)."""
+    import _thread
+
+    in_hook = [False]
+
+    def again() -> None:
+        try:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+        except (OSError, ValueError):  # pragma: no cover - the process is ending
+            pass
+
     def on_term(signum: int, frame: Any) -> None:
+        if in_hook[0]:                 # inside the hook below: not now, once it returned
+            _thread.start_new_thread(again, ())
+            return
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
+    previous = sys.unraisablehook
+
+    def unraisable(info: Any) -> None:
+        if isinstance(info.exc_value, SystemExit) and info.exc_value.code == 128 + signal.SIGTERM:
+            in_hook[0] = True
+            try:
+                _thread.start_new_thread(again, ())
+            finally:
+                in_hook[0] = False
+            return
+        previous(info)
+
+    sys.unraisablehook = unraisable

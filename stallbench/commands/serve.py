@@ -23,6 +23,9 @@ from typing import Callable, Iterator
 from ..errors import UserError
 
 
+_STUCK: list[object] = []
+
+
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a scenario's batches to Flight trainers",
                        description="Serve every variant of a scenario as Arrow Flight streams "
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     sc = scenario.load(args.scenario)
     check_scenario(sc)
     import_flight(sc.path)
-    from ..executors.flight.server import Catalog, ProducerServer
+    from ..executors.flight.server import STOP_GRACE_S, Catalog, ProducerServer
 
     cache = args.cache_dir or default_cache_dir()
     catalog = Catalog(sc.name)
@@ -86,13 +89,18 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     while not stop.wait(0.5):
         pass
-    server.shutdown()
+    cut = server.stop()
     print("stallbench serve: stopped", flush=True)
     # Like every verb: 130 for SIGINT, 143 for SIGTERM (a supervisor reads how it ended).
     from .. import interrupts
 
     exc = interrupts.received(got[0])
     exc.outcome = "server stopped"
+    if cut:   # gRPC still holds those calls: the process ends without C++'s destructors
+        exc.outcome += (f"; {cut} stream(s) whose trainer stopped reading were cut after "
+                        f"{STOP_GRACE_S:g} s")
+        interrupts.runtime_left(run_atexit=False)
+        _STUCK.append(server)    # alive until then: its finaliser would wait on them too
     raise exc
 
 

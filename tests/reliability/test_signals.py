@@ -198,3 +198,35 @@ def test_no_result_is_published_after_a_signal(tmp_path: Path) -> None:
         state.pending = None
     assert not list(tmp_path.iterdir())               # neither the result nor its temp file
     assert results.save(r, tmp_path).exists()
+
+
+def test_sigterm_inside_a_finaliser_still_ends_a_rank(tmp_path: Path) -> None:
+    """A rank's SIGTERM handler (``interrupts.sigterm_exits``) raising inside a ``__del__``
+    (seen: a multiprocessing ``Connection`` closed by the garbage collector, with one core
+    busy) was printed as "Exception ignored ... SystemExit: 143" on the user's terminal and
+    dropped: the rank went on until the launcher's SIGKILL. The signal lands inside the
+    finaliser here by construction (it is sent from it)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, signal, time\n"
+        "from stallbench import interrupts\n"
+        "interrupts.sigterm_exits()\n"
+        "class Held:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        for _ in range(1000):\n"
+        "            pass\n"
+        "try:\n"
+        "    h = Held()\n"
+        "    del h\n"
+        "    time.sleep(30)\n"
+        "    print('not ended', flush=True)\n"
+        "except SystemExit as exc:\n"
+        "    print('ended', exc.code, flush=True)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout == "ended 143\n", (r.stdout, r.stderr)
+    assert r.stderr == "", r.stderr

@@ -252,6 +252,40 @@ def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
         server.finish(timeout=60)
 
 
+def test_serve_stops_while_a_trainer_holds_a_stream_unread(tmp_path: Path, env: dict) -> None:
+    """SIGTERM to ``stallbench serve`` while a trainer holds a stream open and reads nothing
+    (frozen under a debugger, ``kill -STOP``): Flight's shutdown waited for that call without
+    an end (gRPC's write blocks on the unread socket), so ``serve`` ignored SIGTERM until
+    the trainer died. Now the stream gets a grace period, then is cut: 143, one line saying
+    so. The trainer here is this test's own Flight client, kept alive throughout."""
+    import signal
+
+    flight = pytest.importorskip("pyarrow.flight")
+    from stallbench.executors.flight.protocol import Ticket
+    from stallbench.pipeline import FULL
+
+    big = (TINY.replace("rows = 4096", "rows = 100000").replace("row_group_rows = 512",
+                                                                 "row_group_rows = 10000")
+           .replace("dense_features = 3", "dense_features = 40"))
+    write(tmp_path, big)
+    server, port = _serve(tmp_path, env)
+    client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+    try:
+        info = json.loads(next(iter(client.do_action(flight.Action("ping", b"")))).body
+                          .to_pybytes())
+        key, v = next(iter(info["variants"].items()))
+        n = v["shards"]
+        ticket = Ticket(key, FULL, tuple(range(n)), tuple(range(n)))
+        reader = client.do_get(flight.Ticket(ticket.encode()))
+        reader.read_chunk()                    # streaming; from here on nothing is read
+        time.sleep(1)                          # the server fills the socket and blocks
+        err = server.interrupt(signal.SIGTERM, timeout=120, what="serve")
+        assert err.splitlines() == [err.splitlines()[-1]], err[-3000:]
+        assert "stream(s) whose trainer stopped reading were cut" in err, err
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("answer, says", [
     (b"[]", "not a stallbench Flight server"), (b"42", "not a stallbench Flight server"),
     (b'{"v": 1, "variants": []}', "not a stallbench Flight server"),

@@ -49,6 +49,7 @@ from .protocol import ProtocolError, Ticket, Trailer
 
 READY = "PORT"            # a local server's first stdout line: "PORT <port>"
 REGISTERED = "REGISTERED"
+STOP_GRACE_S = 5.0        # how long a stop waits for open streams before it cuts them
 
 
 @dataclass
@@ -115,6 +116,29 @@ class ProducerServer(flight.FlightServerBase):
         self.catalog = catalog
         self.streams = 0
         self._count = threading.Lock()
+        self.closing = threading.Event()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """Stop serving within about ``grace_s``; returns how many streams were cut.
+
+        Flight's ``shutdown`` waits, without an end, for every open call, and a stream whose
+        client stopped reading (a trainer frozen under a debugger or ``kill -STOP``, a link
+        that hangs) blocks inside gRPC's write, where no Python code runs: measured, a
+        ``stallbench serve`` then ignored SIGTERM until that client died. Open streams get
+        ``grace_s`` to finish as they would have, then stop at their next batch
+        (``closing``); a shutdown still not done a second later is left to its daemon
+        thread, and the caller ends its process without waiting for it."""
+        done = threading.Thread(target=self.shutdown, daemon=True,
+                                name="stallbench-flight-shutdown")
+        done.start()
+        done.join(grace_s)
+        if done.is_alive():
+            self.closing.set()
+            done.join(1.0)
+        if not done.is_alive():
+            return 0
+        with self._count:
+            return max(self.streams, 1)
 
     # ------------------------------------------------------------------------ actions
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
@@ -196,13 +220,15 @@ class ProducerServer(flight.FlightServerBase):
             empty = pa.RecordBatch.from_pylist([], schema=schema)
             perf = time.perf_counter
             for k, pos in enumerate(t.items):
-                if context.is_cancelled():
+                if context.is_cancelled() or self.closing.is_set():
                     return
                 out = plan.produce(k)
                 times = out.times
                 clock = plan._cpu_clock()
                 payloads = out.payloads or []
                 for part, p in enumerate(payloads):
+                    if self.closing.is_set():
+                        return
                     w0, c0 = perf(), clock()
                     yield p.data, protocol.batch_meta(pos, part, p.rows, p.batch_id)
                     times.transfer_s += perf() - w0

@@ -241,7 +241,7 @@ class RayRuntime:
         try:
             self._start()
         except KeyboardInterrupt:         # Interrupted too: SIGINT, SIGTERM
-            interrupts.runtime_half_made()
+            interrupts.runtime_left()
             raise
         self._spawned = set(_descendants()) - set(self._before)
         self._take_sigterm()
