@@ -27,13 +27,17 @@ Part ``workers``: ``cpu_cost_us_per_row = 2`` (a calibrated CPU-busy preprocess)
 workers over 0, with where the rest of 2x goes: the workers' CPU outside their stages
 (fork, pickling, the DataLoader queue, exit), each worker's first work item against its later
 ones (a worker is a fresh process every run: its first item faults in its memory), the
-trainer's receive, and the cores the machine gave. A third side, interleaved with the two
-(``--no-ab`` leaves it out), is 2 workers with the old end of run
+trainer's receive, and the cores the machine gave. Interleaved with the two: 2 workers with
+``loader.persistent_workers`` (forked once, kept across runs: a run no longer pays a worker's
+fork, start-up, first item's page faults and exit; their CPU read from the live processes),
+with its own target line; and (``--no-ab`` leaves it out) 2 workers with the old end of run
 (``LocalExecutor.early_shutdown = False``: workers told to exit only after the trainer consumed
-every batch), with its ratio to the new; the target's ratio is the same two sides as before.
+every batch), with its ratio to the new. The first target's ratio is the same two sides as
+before (workers forked every run).
 
 Targets (PASS/FAIL, ratios of each side's best repeat): best variant >= 0.9x the ceiling and
->= 1.0x the plain DataLoader on every shape; 2 us/row: 2 workers >= 1.5x 0 workers.
+>= 1.0x the plain DataLoader on every shape; 2 us/row: 2 workers >= 1.5x 0 workers, printed
+for workers forked every run and for persistent workers.
 
 Run: ``.venv/bin/python benchmarks/trainer_path.py [--repeats 5] [--files 4] [--part path]
 [--profile] [--no-ab]`` (the first run writes the held-out files into the stallbench cache).
