@@ -169,6 +169,33 @@ class _FetchAhead:
         self._thread.join(timeout=10.0)
 
 
+def _process_cpu_s(pid: int) -> float:
+    """A live process's CPU seconds: the sum over its threads of the scheduler's own clock
+    (``/proc/<pid>/task/*/schedstat``, nanoseconds), as ``/proc/<pid>/stat``'s clock ticks
+    (10 ms) are too coarse beside the stages' clocks. A thread that ended between two readings
+    drops out of the sum (a kept worker's threads live as long as it does: its pyarrow and
+    torch pools, the queue's feeder); where schedstat is missing, the ticks. 0.0 when gone."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as fh:
+                total += int(fh.read().split()[0])
+                seen = True
+        except (OSError, ValueError, IndexError):
+            pass
+    if seen:
+        return total / 1e9
+    try:
+        c = psutil.Process(pid).cpu_times()
+        return c.user + c.system
+    except (psutil.Error, TypeError, ValueError):
+        return 0.0
+
+
 def _kept_key(plan: Plan, pool: BufferPool | None) -> tuple:
     """What kept workers must share with a run to serve it: they were forked with a plan
     (its config, dataset, work list, ablation and caches) and a pool. A variant's runs build
@@ -456,14 +483,7 @@ class LocalExecutor(Executor):
         clock of reaped children; added to it when they are reaped, so the sum stays one
         cumulative clock."""
         it = getattr(self._kept[2], "_iterator", None) if self._kept else None
-        total = 0.0
-        for w in getattr(it, "_workers", None) or ():
-            try:
-                c = psutil.Process(w.pid).cpu_times()
-                total += c.user + c.system
-            except (psutil.Error, TypeError, ValueError):
-                pass
-        return total
+        return sum(_process_cpu_s(w.pid) for w in getattr(it, "_workers", None) or ())
 
     def stop(self) -> None:
         self._drop_kept()

@@ -204,6 +204,13 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
     assert not alive, alive
 
 
+def test_persistent_workers_without_workers_is_a_labelled_no_op(cache: Path) -> None:
+    _, ex = _setup(cache, "num_workers = 0\npersistent_workers = true\n")
+    assert "no-op" in ex.notes({})["persistent_workers"]
+    _, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n")
+    assert "persistent_workers" not in ex.notes({})
+
+
 def test_stopping_early_shuts_workers_down(cache: Path) -> None:
     """Every process the run started is gone after it. Only those: the test process may have
     children of its own before (the session's Ray runtime, whose gcs_server and raylet made
