@@ -216,6 +216,7 @@ def runtime_left(run_atexit: bool = True) -> None:
 
 
 def runtime_left_behind() -> bool:
+    """Whether ``runtime_left`` was called: ``cli.main`` then ends through ``end_process``."""
     return _state.half_made
 
 

@@ -16,6 +16,7 @@ writes, so a file put there during an hour-long run is still not replaced.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -23,7 +24,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from .errors import UserError
 
@@ -150,6 +151,30 @@ def check_dir(path: str | Path, flag: str, names: Iterable[str] = ()) -> Path:
     _check_names(anc, names, flag, p)
     _writable_ancestor(anc, flag, p)
     return p
+
+
+@contextlib.contextmanager
+def made_here(path: str | Path) -> Iterator[Path]:
+    """Around a command that may create the directory ``path`` (and missing parents): on the
+    way out, however it ends (a result, an error, SIGINT or SIGTERM), every directory of them
+    that did not exist on entry and is empty now is removed, deepest first. An interrupted or
+    failed command leaves no empty directory behind it; a directory the user had is never
+    touched (it existed on entry), nor one holding anything (``os.rmdir`` removes only empty
+    ones, so a file written there meanwhile keeps it)."""
+    p = Path(os.path.abspath(path))
+    made = []
+    a = p
+    while not os.path.lexists(a) and a.parent != a:
+        made.append(a)
+        a = a.parent
+    try:
+        yield Path(path)
+    finally:
+        for d in made:                 # deepest first
+            try:
+                os.rmdir(d)
+            except OSError:            # not empty, not there, or not ours to remove: keep
+                break
 
 
 def check_file(path: str | Path, kind: Kind, flag: str) -> Path:

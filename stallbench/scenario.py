@@ -589,6 +589,28 @@ MAX_VARIANTS = 1000        # variants one scenario's matrix may expand to
 MAX_NAME = 128             # characters of a scenario name (it names the result file)
 
 
+def name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as the name of a result (a scenario's ``name``, ``stallbench
+    profile --name``), or None: one rule for every name that names a result file and starts
+    printed lines (the gate's and history's rows). Refused at entry rather than escaped later:
+    a usable file name (no ``/``, ``\\``, NUL, no leading ``.``), at most ``MAX_NAME``
+    characters, no control character (a newline would start a line of its own), and no leading
+    ``::`` (a line starting with it is a GitHub Actions workflow command)."""
+    if not name.strip():
+        return f"expected a non-empty name, got {_show(name)}"
+    if any(c in name for c in "/\\\0") or name.startswith("."):
+        return f"expected a name usable as a file name, got {_show(name)}"
+    if len(name) > MAX_NAME:
+        return f"expected at most {MAX_NAME} characters (it names the result file), got {len(name)}"
+    if has_control(name):
+        return (f"expected printable text (no newline or other control character: it is "
+                f"printed and names a file), got {_show(name)}")
+    if starts_command(name):
+        return (f"expected a name that does not start with '::' (it starts printed lines, and "
+                f"a line starting with '::' is a GitHub Actions command), got {_show(name)}")
+    return None
+
+
 def _check_section_axis(file: str, mkey: str, section: str, values: Any) -> None:
     """A section axis: ``executor = [{kind = "local"}, {kind = "ray", simulated_nodes = 2}]``
     gives one variant per table (keys varied together, not as a product)."""
@@ -678,19 +700,9 @@ def parse(text: str, file: str = "<scenario>") -> Scenario:
     if not isinstance(name, str) or not name.strip():
         raise ScenarioError(file, "name", f"expected a non-empty string, got "
                                           f"{_show(name) if name is not None else 'nothing'}")
-    if any(c in name for c in "/\\\0") or name.startswith("."):
-        raise ScenarioError(file, "name", f"expected a name usable as a file name, got {_show(name)}")
-    if len(name) > MAX_NAME:
-        raise ScenarioError(file, "name", f"expected at most {MAX_NAME} characters (it names the "
-                                          f"result file), got {len(name)}")
-    if has_control(name):
-        raise ScenarioError(file, "name", f"expected printable text (no newline or other control "
-                                          f"character: it is printed and names a file), got "
-                                          f"{_show(name)}")
-    if starts_command(name):
-        raise ScenarioError(file, "name", f"expected a name that does not start with '::' (it "
-                                          f"starts printed lines, and a line starting with '::' "
-                                          f"is a GitHub Actions command), got {_show(name)}")
+    problem = name_problem(name)
+    if problem:
+        raise ScenarioError(file, "name", problem)
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(file, "description", f"expected a string, got {_show(description)}")

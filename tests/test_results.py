@@ -250,10 +250,16 @@ def test_signed_differences_and_rounding_slack_read_back() -> None:
     d = json.loads((ROOT / "results" / "examples" / "schema-v3.json").read_text())
     ranked = next(v for v in d["variants"] if v.get("ranks"))
     ranked["ranks"]["others_wait_s"] = -0.25
-    d["variants"][0]["stall_share"]["max"] = 1.0 + 1e-12
+    share = d["variants"][0]["stall_share"]
+
+    def first_share(x: float) -> None:   # a summary stays what its values give (Summary.of)
+        s = Summary.of([x, *share["values"][1:]])
+        share.update(median=s.median, min=s.min, max=s.max, values=s.values)
+
+    first_share(1.0 + 1e-12)
     r = results.from_dict(json.loads(json.dumps(d)), "signed.json")
     assert next(v for v in r.variants if v.ranks).ranks.others_wait_s == -0.25
-    d["variants"][0]["stall_share"]["max"] = 1.01
+    first_share(1.01)
     with pytest.raises(ResultError, match="share from 0 to 1"):
         results.from_dict(d, "bad.json")
 

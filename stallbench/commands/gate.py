@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import outputs
 from ..gate import baseline as gate
 from ..gate import formats, rows
-from ..gate.rule import METRICS, SLOWER
+from ..gate.rule import METRICS, SLOWER, TOO_FEW, WORSE
 from ..errors import ResultError, UserError
 from ..results import find, load
 
@@ -153,10 +153,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _update(report: rows.GateReport, current_files: list[Path], bdir: Path) -> None:
-    """Refresh only when nothing is slower: a refresh must never swallow a regression."""
+    """Refresh only when nothing is slower: a refresh must never swallow a regression (nor a
+    worse change too few repeats could decide)."""
     if report.count(SLOWER):
         print(f"gate: baseline NOT updated: {report.count(SLOWER)} row(s) slower",
               file=sys.stderr)
+        return
+    undecided = sum(r.verdict == TOO_FEW and r.direction == WORSE for r in report.rows)
+    if undecided:
+        print(f"gate: baseline NOT updated: {undecided} row(s) worse beyond the threshold with "
+              f"{TOO_FEW} to decide", file=sys.stderr)
         return
     written = gate.update_baseline(current_files, bdir)
     print(f"gate: baseline updated: {', '.join(str(p) for p in written)}", file=sys.stderr)

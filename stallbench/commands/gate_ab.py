@@ -18,7 +18,7 @@ from typing import Callable
 from . import numbers
 from ..gate import formats
 from ..gate.rows import GateReport
-from ..gate.rule import INCONCLUSIVE
+from ..gate.rule import INCONCLUSIVE, TOO_FEW
 from ..errors import UserError
 
 
@@ -210,10 +210,14 @@ def _annotations(out) -> str:
     esc = formats.escape_github
     lines = []
     for r in out.confirmed:
-        lines.append(f"::error title=stallbench gate::{esc(f'{r.label}: {r.verdict} than REF {out.ref}, confirmed by the rerun (change {formats.format_change(r)}, p={formats.format_p(r)})')}")
+        what = (f"{r.verdict} than REF {out.ref}" if r.verdict != TOO_FEW else
+                f"{r.direction} than REF {out.ref} beyond the threshold, {TOO_FEW} to decide")
+        lines.append(f"::error title=stallbench gate::{esc(f'{r.label}: {what}, confirmed by the rerun (change {formats.format_change(r)}, p={formats.format_p(r)})')}")
     for r in out.unconfirmed:
         lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: {r.verdict} in the first run only; the rerun did not confirm it')}")
     for r in out.first.rows:
         if r.verdict == INCONCLUSIVE:
             lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: inconclusive (change {formats.format_change(r)} over the threshold, not significant)')}")
+        elif r.verdict == TOO_FEW and r not in out.first.failing:
+            lines.append(f"::warning title=stallbench gate::{esc(f'{r.label}: {TOO_FEW} (change {formats.format_change(r)} over the threshold): {r.note}')}")
     return "\n".join(lines) + ("\n" if lines else "")

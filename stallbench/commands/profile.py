@@ -111,6 +111,21 @@ def _command(cmd: list[str]) -> list[str]:
     return cmd
 
 
+def _name(given: str | None, default: str) -> str:
+    """The result's name, by the rule scenario names follow (``scenario.name_problem``: it
+    names the result file and starts printed lines): refused at entry, exit 2, never escaped
+    later by each reader."""
+    from ..scenario import name_problem
+
+    name = default if given is None else given
+    problem = name_problem(name)
+    if problem:
+        where = ("--name" if given is not None else
+                 "the result name (the script's stem; give one with --name)")
+        raise UserError(f"profile: {where}: {problem}")
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
     from ..profile import knobs, session
 
@@ -118,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
     max_batches = numbers.integer(args.max_batches, "--max-batches", 1, MAX_BATCHES)
     axes = knobs.parse(args.sets)
-    name = args.name or session.default_name(argv)
+    name = _name(args.name, session.default_name(argv))
     out = Path(args.out)
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
     trace = None
@@ -127,22 +142,26 @@ def run(args: argparse.Namespace) -> int:
     opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
                            max_batches=max_batches, axes=axes, analyze=bool(args.analyze),
                            trace=[] if trace is not None else None)
-    try:
-        result = session.profile(opts, say=lambda s: print(f"stallbench: {s}", file=sys.stderr,
-                                                            flush=True))
-    except session.JobFailed as exc:
-        print(f"stallbench: {exc}", file=sys.stderr)
-        return exc.code
-    except session.NodePartsLeft as exc:
-        print(f"stallbench: {exc}", file=sys.stderr)
-        return 0
-    print()
-    print_result(result)
-    with interrupts.deferred():
-        path = results.save(result, out)
-        if trace is not None:
-            from ..profile import trace as trace_mod
-            outputs.write_file(trace, trace_mod.dumps(opts.trace or []), outputs.TRACE, "--trace")
+    # --out is created by the first run's directory: one that profile made and left empty (an
+    # error, a job that failed, Ctrl-C, SIGTERM) is removed on the way out (outputs.made_here).
+    with outputs.made_here(out):
+        try:
+            result = session.profile(opts, say=lambda s: print(f"stallbench: {s}",
+                                                                file=sys.stderr, flush=True))
+        except session.JobFailed as exc:
+            print(f"stallbench: {exc}", file=sys.stderr)
+            return exc.code
+        except session.NodePartsLeft as exc:
+            print(f"stallbench: {exc}", file=sys.stderr)
+            return 0
+        print()
+        print_result(result)
+        with interrupts.deferred():
+            path = results.save(result, out)
+            if trace is not None:
+                from ..profile import trace as trace_mod
+                outputs.write_file(trace, trace_mod.dumps(opts.trace or []), outputs.TRACE,
+                                   "--trace")
     print(f"result: {path}")
     if trace is not None:
         print(f"trace: {trace}")

@@ -101,14 +101,23 @@ class Dataset:
         if held is not None and held[0] == key:
             return held[1]
         if held is not None:
-            self._open.held = None
-            if held[0][0] == os.getpid():
-                held[1].close()
+            self.close_reader()
         footer = self._footers.get(file)
         pf = pq.ParquetFile(file, metadata=footer)
         self._footers.setdefault(file, pf.metadata)
         self._open.held = (key, pf)
         return pf
+
+    def close_reader(self) -> None:
+        """Close the reader this thread holds open (``_reader``), if any: after a failed
+        read, and where a long-lived dataset (a Flight server's) is done with a stream."""
+        held = getattr(self._open, "held", None)
+        self._open.held = None
+        if held is not None and held[0][0] == os.getpid():
+            try:
+                held[1].close()
+            except Exception:  # noqa: BLE001 - a reader that cannot close is dropped anyway
+                pass
 
     def read_shard(self, shard: Shard, columns: Iterable[str] | None = None) -> pa.Table:
         """Read one row group and return it normalized (no storage emulation here)."""
@@ -116,7 +125,7 @@ class Dataset:
         try:
             table = self._reader(shard.file).read_row_group(shard.row_group, columns=list(names))
         except _UNREADABLE as exc:
-            self._open.held = None
+            self.close_reader()
             raise DataError(f"{self._where()}{shard.file}: row group {shard.row_group} is not "
                             f"readable ({_reason(exc)})") from None
         return _normalize_columns(table, self.schema, names, self._where() + shard.file,

@@ -25,7 +25,8 @@ from . import pairs as ab
 from . import metrics as metric_values
 from . import worktree
 from . import rows
-from .rule import FASTER, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, Metric, compare_paired
+from .rule import (FASTER, INCONCLUSIVE, METRICS, MIN_REPEATS, NOT_COMPARABLE, SLOWER, TOO_FEW,
+                   Metric, compare_paired)
 from .rows import GateReport, Row, gated_metrics
 from .. import interrupts
 from ..analysis.stats import finite_median
@@ -145,12 +146,15 @@ def _key(r: Row) -> tuple[str, str, str]:
 
 def confirm(first: GateReport, rerun: GateReport) -> tuple[list[Row], list[Row]]:
     """(confirmed, unconfirmed): a failing row of the first run is confirmed when the rerun's
-    row for the same scenario/variant/metric fails with the same verdict."""
+    row for the same scenario/variant/metric fails in the same direction (a slower row and a
+    worse change too few pairs could decide, ``rule.TOO_FEW``, confirm each other; with
+    enough pairs that is the same verdict)."""
     again = {_key(r): r for r in rerun.failing}
     confirmed, unconfirmed = [], []
     for r in first.failing:
         other = again.get(_key(r))
-        (confirmed if other is not None and other.verdict == r.verdict else unconfirmed).append(r)
+        (confirmed if other is not None and other.direction == r.direction
+         else unconfirmed).append(r)
     return confirmed, unconfirmed
 
 
@@ -237,9 +241,11 @@ def summary(out: ABOutcome) -> str:
     if out.unconfirmed:
         return (f"gate PASS: {names(out.unconfirmed)} in the first run, not confirmed by the "
                 "rerun (counted as noise)")
-    maybe = [r for r in out.first.rows if r.verdict == "inconclusive"]
+    maybe = [r for r in out.first.rows if r.verdict in (INCONCLUSIVE, TOO_FEW)]
     if maybe:
-        return (f"gate PASS: nothing slower than REF; {len(maybe)} row(s) inconclusive (over "
+        what = ("inconclusive" if all(r.verdict == INCONCLUSIVE for r in maybe) else
+                f"inconclusive or {TOO_FEW} (better)")
+        return (f"gate PASS: nothing slower than REF; {len(maybe)} row(s) {what} (over "
                 "the threshold, not significant: more pairs, --repeats, would tell)")
     return "gate PASS: nothing slower than REF"
 

@@ -20,7 +20,9 @@ Cross-machine rule
     with a single variant has nothing within-run to compare and is "not comparable".
 
 Exit codes (``exit_code``)
-    0 nothing regressed; 1 a row is slower (or faster, with ``fail_on_improvement``). Bad input is
+    0 nothing regressed; 1 a row is slower (or faster, with ``fail_on_improvement``), or a
+    change beyond the threshold in that direction that too few repeats can decide
+    (``rule.TOO_FEW``: the rank test cannot reach alpha at these sizes). Bad input is
     raised as ``ResultError`` (exit 2): different schema versions, a scenario whose fingerprint
     differs between the sides, fewer than 2 repeats on either side of a compared variant (one
     repeat measures no spread, so noise cannot be told from change), or nothing comparable at

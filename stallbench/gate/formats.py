@@ -10,7 +10,7 @@ from typing import Callable
 
 from .. import outputs
 from .rows import GateReport, Row, exit_code
-from .rule import BUSY, FASTER, INCONCLUSIVE, SLOWER, VERDICTS
+from .rule import BUSY, FASTER, INCONCLUSIVE, SLOWER, TOO_FEW, VERDICTS
 
 
 def format_number(x: float) -> str:
@@ -66,6 +66,8 @@ def summary_line(report: GateReport) -> str:
     """One line a CI log reader can grep: PASS/FAIL and the verdict counts."""
     status = "FAIL" if report.failing else "PASS"
     counts = ", ".join(f"{report.count(v)} {v}" for v in VERDICTS)
+    if report.count(TOO_FEW):    # beyond the threshold, undecidable: fails when worse
+        counts += f", {report.count(TOO_FEW)} {TOO_FEW} (fails when worse: add repeats)"
     if report.count(BUSY):       # said, never failed on: see compare.busy_note
         counts += f", {report.count(BUSY)} {BUSY} (not judged)"
     extra = ", fail on improvement" if report.fail_on_improvement else ""
@@ -110,7 +112,7 @@ def format_json(report: GateReport) -> str:
         "threshold": report.threshold,
         "alpha": report.alpha,
         "fail_on_improvement": report.fail_on_improvement,
-        "counts": {v: report.count(v) for v in (*VERDICTS, BUSY)},
+        "counts": {v: report.count(v) for v in (*VERDICTS, TOO_FEW, BUSY)},
         "modes": report.modes,
         "notes": report.notes,
         "rows": [asdict(r) for r in report.rows],
@@ -134,6 +136,9 @@ def format_github(report: GateReport) -> str:
         elif r.verdict == FASTER and report.fail_on_improvement:
             what += "; refresh the baseline (--update-baseline)"
             lines.append(f"::error title=stallbench gate::{escape_github(what)}")
+        elif r.verdict == TOO_FEW:
+            kind = "error" if r in report.failing else "warning"
+            lines.append(f"::{kind} title=stallbench gate::{escape_github(what + ': ' + r.note)}")
         elif r.verdict == INCONCLUSIVE:
             what += " (over threshold, not significant)"
             lines.append(f"::warning title=stallbench gate::{escape_github(what)}")

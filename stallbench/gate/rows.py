@@ -18,8 +18,8 @@ import numpy as np
 
 from ..analysis.stats import bootstrap_ci
 from ..errors import UserError
-from .rule import (ATTRIBUTION_METRICS, FASTER, METRICS, NOT_COMPARABLE, SLOWER, Comparison,
-                   Metric, change_of, paired_differences)
+from .rule import (ATTRIBUTION_METRICS, BETTER, FASTER, METRICS, NOT_COMPARABLE, SLOWER,
+                   TOO_FEW, WORSE, Comparison, Metric, change_of, paired_differences)
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Row:
     n_baseline: int = 0
     n_current: int = 0
     note: str = ""
+    direction: str = ""        # "worse"/"better" beyond the threshold (rule.direction), else ""
 
     @property
     def label(self) -> str:
@@ -61,8 +62,12 @@ class GateReport:
 
     @property
     def failing(self) -> list[Row]:
+        """Rows the gate fails on: slower, and a change in the worse direction too few repeats
+        can decide (``rule.TOO_FEW``); with ``fail_on_improvement`` their better twins too."""
         bad = {SLOWER, FASTER} if self.fail_on_improvement else {SLOWER}
-        return [r for r in self.rows if r.verdict in bad]
+        ways = {WORSE, BETTER} if self.fail_on_improvement else {WORSE}
+        return [r for r in self.rows if r.verdict in bad
+                or (r.verdict == TOO_FEW and r.direction in ways)]
 
 
 
@@ -90,7 +95,8 @@ def not_comparable(scenario: str, variant: str, metric: str, note: str) -> Row:
 
 
 def exit_code(report: GateReport) -> int:
-    """0 nothing regressed, 1 a regression (or improvement with fail_on_improvement)."""
+    """0 nothing regressed, 1 a regression (or improvement with fail_on_improvement), or such a
+    change too few repeats can decide (``GateReport.failing``)."""
     return 1 if report.failing else 0
 
 
@@ -111,7 +117,7 @@ def row(scenario: str, variant: str, metric: str, m: Metric, c: Comparison,
         return not_comparable(scenario, variant, metric, c.note)
     lo, hi = interval(m, base, cur, alpha=alpha, n_boot=n_boot, seed=seed)
     return Row(scenario, variant, metric, c.baseline, c.current, c.change, c.change_kind, lo, hi,
-               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current, c.note)
+               c.p_value, c.test, c.verdict, c.n_baseline, c.n_current, c.note, c.direction)
 
 
 def unpaired_interval(m: Metric, base: Sequence[float], cur: Sequence[float], *, alpha: float,

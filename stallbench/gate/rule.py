@@ -29,6 +29,23 @@ Decision rule (asv's)
     Fewer than ``MIN_REPEATS`` values on a side -> *not comparable* (one repeat measures no
     spread, so noise cannot be told from change).
 
+Too few repeats to decide (``too_few``; both rules)
+    When the exact test cannot reach alpha with these sizes at all (``min_p_possible(n_a, n_b)
+    >= alpha``: fewer than 5 repeats a side at 0.01; for pairs ``min_p_signed_rank(n) >=
+    alpha``: fewer than 8 differing pairs at 0.01), "not significant" says nothing about the
+    change: 2 vs 2 repeats can never reach p < 1/3 in the rank test, and the fallback interval
+    at 99% with 1 degree of freedom is ~64 standard errors wide, so a throughput of 0 would be
+    *inconclusive* and pass. So, with too few repeats, a change beyond the threshold that the
+    fallback interval does not show significant, but on which every repeat agrees (the two
+    sides' ranges are apart; for pairs, every pair moved the same way: the most extreme
+    arrangement the exact test can see), is *too few repeats*, not *inconclusive*: the gate
+    fails on it when the change is in the worse direction (or either, with
+    ``fail_on_improvement``), as it would on *slower*, and the note names the repeats a side the
+    test needs (``repeats_needed``). Where the repeats disagree (ranges overlap) it stays
+    *inconclusive*. Under no change, a row's ranges are apart in a given direction with chance
+    1 / C(n_a + n_b, n_a) (1/6 at 2 vs 2, 1/20 at 3 vs 3) and the effect must also clear the
+    threshold. With enough repeats nothing changes.
+
 Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against``)
     Repeat i of the baseline (REF's code) and repeat i of the current side (the working tree)
     ran back to back in one job (A B A B ...), so slow drift of the machine moves both values
@@ -49,9 +66,9 @@ Paired rule (``compare_paired``; the same-job A/B of ``stallbench gate --against
     ``paired-t`` for pairs; ``mann-whitney`` or ``ci-overlap`` for independent sets).
 
 Pre-check: a busy machine (``busy_note``, applied by ``under_load``)
-    Before a *slower*/*faster* verdict stands, the repeats' foreign load is checked
-    (``RepeatFigures.load``: CPU other processes and the hypervisor took during each run,
-    ``measure.load``). When any compared repeat on either side ran with more than
+    Before a *slower*/*faster* (or *too few repeats*) verdict stands, the repeats' foreign
+    load is checked (``RepeatFigures.load``: CPU other processes and the hypervisor took during
+    each run, ``measure.load``). When any compared repeat on either side ran with more than
     ``HEAVY_CORES`` (0.25) cores taken, the verdict becomes *busy machine*: the change may be
     the load, so it is said, never failed on; re-run on a quiet machine. Repeats without a
     load reading (older results) are not judged. The paired rule (``gate --against``) has no
@@ -75,6 +92,10 @@ FASTER, SLOWER, SAME, INCONCLUSIVE, NOT_COMPARABLE = (
     "faster", "slower", "same", "inconclusive", "not comparable")
 VERDICTS = (SLOWER, FASTER, INCONCLUSIVE, SAME, NOT_COMPARABLE)
 BUSY = "busy machine"        # the pre-check's verdict: slower/faster under heavy foreign load
+# Beyond the threshold, and too few repeats for the exact test to ever decide (see above);
+# counted after VERDICTS like BUSY, so a summary line without one reads as before.
+TOO_FEW = "too few repeats"
+WORSE, BETTER = "worse", "better"   # Comparison.direction of a change beyond the threshold
 MIN_REPEATS = 2
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_ALPHA = 0.01
@@ -121,6 +142,7 @@ class Comparison:
     n_baseline: int
     n_current: int
     note: str = ""
+    direction: str = ""        # WORSE / BETTER beyond the threshold, "" within it or uncompared
 
 
 def machine_key(m: MachineInfo) -> tuple[str, int | None]:
@@ -143,18 +165,51 @@ def significance(a: Sequence[float], b: Sequence[float], alpha: float) -> tuple[
     return (ha < lb or hb < la), p, "ci-overlap"
 
 
-def decide(change: float, m: Metric, threshold: float, significant: bool) -> str:
-    """Verdict from the effect (vs threshold) and significance; see the module docstring."""
+def direction(change: float, m: Metric, threshold: float) -> str:
+    """WORSE or BETTER when the effect is beyond the threshold, else "" (within it)."""
     if m.kind == "points":
         up, down = change > threshold, change < -threshold
     else:
         up, down = change > 1 + threshold, change < 1 - threshold
     worse, better = (down, up) if m.higher_is_better else (up, down)
-    if not (worse or better):
+    return WORSE if worse else BETTER if better else ""
+
+
+def decide(change: float, m: Metric, threshold: float, significant: bool,
+           too_few: bool = False) -> str:
+    """Verdict from the effect (vs threshold), significance and ``too_few``: the exact test
+    cannot reach alpha at these sizes while every repeat agrees; see the module docstring."""
+    way = direction(change, m, threshold)
+    if not way:
         return SAME
     if not significant:
-        return INCONCLUSIVE
-    return SLOWER if worse else FASTER
+        return TOO_FEW if too_few else INCONCLUSIVE
+    return SLOWER if way == WORSE else FASTER
+
+
+def repeats_needed(alpha: float, paired: bool = False) -> int:
+    """The fewest repeats a side (pairs, when ``paired``) with which the exact test can reach
+    ``alpha``: 5 for the rank test at 0.01 (4 at 0.05), 8 pairs at 0.01 (6 at 0.05)."""
+    n = 1
+    while (min_p_signed_rank(n) if paired else min_p_possible(n, n)) >= alpha:
+        n += 1
+    return n
+
+
+def _too_few_note(n: str, alpha: float, paired: bool) -> str:
+    test, interval = (("signed-rank", "paired t-intervals") if paired else
+                      ("rank", "the t-intervals"))
+    side = "pairs" if paired else "repeats a side"
+    agree = "every pair moved the same way" if paired else "the two sides' ranges are apart"
+    return (f"{n} can never reach p < {alpha:g} in the {test} test and {interval} do not "
+            f"decide, while {agree}; re-run with >= {repeats_needed(alpha, paired)} {side}")
+
+
+def _verdict(change: float, m: Metric, threshold: float, significant: bool, too_few: bool,
+             note: str) -> tuple[str, str, str]:
+    """(verdict, note, direction) of one comparison: the note says why on *too few repeats*."""
+    verdict = decide(change, m, threshold, significant, too_few)
+    return verdict, (note if verdict == TOO_FEW else ""), direction(change, m, threshold)
 
 
 def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
@@ -171,8 +226,11 @@ def compare(base: Sequence[float], cur: Sequence[float], m: Metric, *,
                           "baseline median is 0")
     change = mc / mb if m.kind == "ratio" else mc - mb
     significant, p, test = significance(base, cur, alpha)
-    return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
-                      nb, nc)
+    apart = max(cur) < min(base) or max(base) < min(cur)
+    verdict, note, way = _verdict(change, m, threshold, significant,
+                                  min_p_possible(nb, nc) >= alpha and apart,
+                                  _too_few_note(f"{nb} vs {nc} repeats", alpha, paired=False))
+    return Comparison(mb, mc, change, m.kind, p, test, verdict, nb, nc, note, way)
 
 
 def paired_differences(base: Sequence[float], cur: Sequence[float], m: Metric) -> list[float]:
@@ -227,8 +285,13 @@ def compare_paired(base: Sequence[float], cur: Sequence[float], m: Metric, *,
     mc = statistics.median(c for _, c in kept)
     change = change_of(d, m)
     significant, p, test = paired_significance(d, alpha)
-    return Comparison(mb, mc, change, m.kind, p, test, decide(change, m, threshold, significant),
-                      n, n)
+    nonzero = sum(1 for x in d if x != 0)
+    same_way = all(x > 0 for x in d) or all(x < 0 for x in d)
+    verdict, note, way = _verdict(change, m, threshold, significant,
+                                  min_p_signed_rank(nonzero) >= alpha and same_way,
+                                  _too_few_note(f"{nonzero} pairs that differ", alpha,
+                                                paired=True))
+    return Comparison(mb, mc, change, m.kind, p, test, verdict, n, n, note, way)
 
 
 # ------------------------------------------------------------ pre-check: a busy machine
@@ -251,8 +314,9 @@ def busy_note(base: Sequence[ForeignLoad | None], cur: Sequence[ForeignLoad | No
 def under_load(c: Comparison, base: Sequence[ForeignLoad | None],
                cur: Sequence[ForeignLoad | None]) -> Comparison:
     """``c`` with a slower/faster verdict replaced by *busy machine* when ``busy_note`` says
-    the repeats ran under heavy foreign load; any other verdict stands."""
-    if c.verdict not in (SLOWER, FASTER):
+    the repeats ran under heavy foreign load (a *too few repeats* row too: it fails like a
+    slower one); any other verdict stands."""
+    if c.verdict not in (SLOWER, FASTER, TOO_FEW):
         return c
     note = busy_note(base, cur)
     return c if note is None else dataclasses.replace(c, verdict=BUSY, note=note)

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..analysis import differential, figures
-from ..stages.ablation import COMPUTE_ONLY, Ablation  # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the profile launcher never needs
+# not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
+from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
 from . import merge

@@ -654,7 +654,7 @@ COMPARE_RULE = {"threshold": comparing.DEFAULT_THRESHOLD, "alpha": comparing.DEF
 
 
 def _compare_note(c: comparing.Comparison) -> str:
-    if c.verdict in (comparing.NOT_COMPARABLE, comparing.BUSY):
+    if c.verdict in (comparing.NOT_COMPARABLE, comparing.BUSY, comparing.TOO_FEW):
         return c.note
     if c.verdict == comparing.SAME:
         return f"change within ±{comparing.DEFAULT_THRESHOLD:.0%}"

@@ -133,7 +133,28 @@ def _dataclass(cls: type[T], value: Any, where: str) -> T:
             raise ResultError(f"{key}: missing")
         if f.name in kwargs and f"{cls.__name__}.{f.name}" not in SIGNED:
             check_range(f.name, kwargs[f.name], key)
-    return cls(**kwargs)
+    obj = cls(**kwargs)
+    derived = getattr(obj, "derived", None)     # figures derived from others (``Summary``)
+    if callable(derived):
+        for name, want in derived().items():
+            check_derived(getattr(obj, name), want, join(where, name))
+    return obj
+
+
+# A figure derived from others is written from the same float arithmetic that reads it back
+# (JSON keeps a float's repr exactly), so any difference beyond rounding is an edit.
+DERIVED_REL_TOL = 1e-9
+
+
+def check_derived(got: float, want: float, where: str) -> None:
+    """``got`` (a summary figure read from the file) equal to ``want`` (what the values it
+    summarises give), within float tolerance; ResultError naming the key if not (exit 2)."""
+    if math.isnan(got) and math.isnan(want):
+        return
+    if not math.isclose(got, want, rel_tol=DERIVED_REL_TOL, abs_tol=1e-12):
+        name = where.rsplit(".", 1)[-1].rsplit(" ", 1)[-1]
+        raise ResultError(f"{where}: expected the {name} of its values ({_show(want)}), "
+                          f"got {_show(got)}")
 
 
 # The physical range of each figure, by the name the schema gives it (one rule for results,

@@ -146,10 +146,27 @@ def _divert_stderr(path: str) -> None:
     terminal = os.dup(2)
     os.dup2(fd, 2)
     os.close(fd)
+    old = sys.stderr
     sys.stderr = io.TextIOWrapper(os.fdopen(terminal, "wb", buffering=0),
                                   encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
                                   errors="backslashreplace", line_buffering=True,
                                   write_through=True)
+    _follow_stderr(old, sys.stderr)
+
+
+def _follow_stderr(old: object, new: Any) -> None:
+    """Logging handlers made before the rank started (a user module's
+    ``logging.basicConfig()`` at import) hold the old ``sys.stderr`` object, whose fd 2 is
+    now the log file: their records would vanish with it. They follow ``sys.stderr``."""
+    logging = sys.modules.get("logging")
+    if logging is None:
+        return
+    loggers = [logging.getLogger(), *(x for x in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(x, logging.Logger))]
+    for lg in loggers:
+        for h in list(lg.handlers):
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is old:
+                h.setStream(new)
 
 
 def start_method() -> str:

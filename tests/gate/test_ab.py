@@ -163,6 +163,39 @@ def _fake_gate(monkeypatch: pytest.MonkeyPatch, runs: list[list[ab.Pair]]) -> li
     return calls
 
 
+def _pairs_by(factors: list[float]) -> list[ab.Pair]:
+    """Pairs whose working-tree throughput is REF's times each factor (a spread of changes)."""
+    out = []
+    for i, (tp, f) in enumerate(zip(BASE, factors)):
+        a = factories.result([factories.variant("v", [tp], [0.30])], scenario="s")
+        b = factories.result([factories.variant("v", [tp * f], [0.30])], scenario="s")
+        out.append(ab.Pair(i, "a" if i % 2 == 0 else "b", {"s": a}, {"s": b}))
+    return out
+
+
+def test_too_few_pairs_for_a_large_worse_change_fail_once_confirmed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 pairs can never reach p < 0.05 in the signed-rank test (2/8): a 3x slower throughput
+    whose paired t interval is wide is 'too few repeats', fails like a slower row, and a rerun
+    that says slower (the same direction) confirms it."""
+    repo = abrepo.make(tmp_path / "repo")
+    abrepo.commit(repo, "second", **{"mytf.py": abrepo.identity("v2")})
+    s = ab_gate.ABSettings(threshold=0.05, alpha=0.05, pairs=3, metrics=("throughput",))
+    wide = _pairs_by([0.2, 0.9, 0.3])
+    _fake_gate(monkeypatch, [wide, wide])
+    out = ab_gate.run_gate([repo / "scenario.toml"], "HEAD~1", s, cwd=repo)
+    (r,) = out.first.rows
+    assert r.verdict == "too few repeats" and r.direction == "worse" and r.test == "paired-t"
+    assert out.failed and ab_gate.summary(out).startswith("gate FAIL: confirmed by the rerun")
+    _fake_gate(monkeypatch, [wide, pairs_of(0.5, n=3)])
+    out = ab_gate.run_gate([repo / "scenario.toml"], "HEAD~1", s, cwd=repo)
+    assert out.rerun is not None and out.rerun.rows[0].verdict == "slower" and out.failed
+    _fake_gate(monkeypatch, [_pairs_by([3.0, 1.2, 2.5]), []])
+    out = ab_gate.run_gate([repo / "scenario.toml"], "HEAD~1", s, cwd=repo)
+    assert out.first.rows[0].direction == "better" and not out.failed and out.rerun is None
+    assert "too few repeats (better)" in ab_gate.summary(out)
+
+
 def test_slower_fails_only_when_the_rerun_confirms(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     repo = abrepo.make(tmp_path / "repo")

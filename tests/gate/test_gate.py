@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -439,3 +440,97 @@ def test_aa_false_positive_rate_under_5_percent() -> None:
 def test_ab_30_percent_slowdown_caught_over_95_percent() -> None:
     """Epoch time x1.3 (throughput / 1.3) at CV 6% with 5 repeats: caught in > 95% of draws."""
     assert _failure_rate(cv=0.06, slowdown=1.3, seed=2) > 0.95
+
+
+# ------------------------------------------------------------------------------ too few repeats
+# 2 vs 2 repeats can never reach p < 0.01 in the rank test (min p = 1/3), and the fallback
+# 99% t-intervals with 1 degree of freedom are ~64 standard errors wide: before the rule below,
+# a throughput of 0 was "inconclusive" and the gate passed.
+
+def test_two_repeats_collapse_to_zero_fails_as_too_few_repeats() -> None:
+    base = make_result({"opt": [1000.0, 1100.0]})
+    for cur_tp in ([0.0, 0.0], [10.0, 11.0]):          # a collapse, and 100x slower
+        report = cmp(base, _throughput(make_result({"opt": [1.0, 1.0]}), cur_tp))
+        r = row(report)
+        assert r.verdict == "too few repeats" and r.direction == "worse"
+        assert "2 vs 2 repeats can never reach p < 0.01" in r.note and ">= 5 repeats" in r.note
+        assert rows.exit_code(report) == 1
+        assert formats.summary_line(report).startswith("gate FAIL: 0 slower")
+        assert "1 too few repeats" in formats.summary_line(report)
+        assert formats.format_github(report).startswith("::error ")
+
+
+def _throughput(r: Result, values: list[float]) -> Result:
+    """``r`` with its variant's throughput replaced (the factory derives epochs from it, so a
+    throughput of 0 is set here)."""
+    r.variants[0].throughput_samples_s = results.Summary.of(values)
+    return r
+
+
+def test_too_few_repeats_is_one_rule_for_every_metric() -> None:
+    """The stall share (points) follows the same rule as throughput (ratio)."""
+    base = make_result([make_variant("opt", [1000.0, 1000.0], share=[0.10, 0.40])])
+    cur = make_result([make_variant("opt", [1000.0, 1000.0], share=[0.90, 0.95])])
+    r = row(cmp(base, cur), metric="stall_share")
+    assert r.verdict == "too few repeats" and r.direction == "worse"
+
+
+def test_too_few_repeats_better_fails_only_with_fail_on_improvement() -> None:
+    base = make_result({"opt": [100.0, 140.0]})
+    cur = make_result({"opt": [300.0, 420.0]})
+    report = cmp(base, cur)
+    assert row(report).verdict == "too few repeats" and row(report).direction == "better"
+    assert rows.exit_code(report) == 0
+    assert formats.format_github(report).startswith("::warning ")
+    assert rows.exit_code(cmp(base, cur, fail_on_improvement=True)) == 1
+
+
+def test_enough_repeats_keep_inconclusive_and_few_repeats_keep_decided_verdicts() -> None:
+    """Where the rank test can reach alpha nothing changes (the noisy 5 vs 5 above stays
+    inconclusive and passes); with few repeats a decided verdict (intervals apart) and a change
+    within the threshold stay what they were."""
+    noisy = cmp(make_result({"opt": [1000, 1500, 700, 1300, 800]}),
+                make_result({"opt": [800, 1200, 650, 1100, 600]}))
+    assert row(noisy).verdict == "inconclusive" and rows.exit_code(noisy) == 0
+    apart = cmp(make_result({"opt": [1000.0, 1001.0, 1002.0]}),
+                make_result({"opt": [500.0, 501.0, 502.0]}))
+    assert row(apart).verdict == "slower" and row(apart).test == "ci-overlap"
+    within = cmp(make_result({"opt": [1000.0, 1100.0]}), make_result({"opt": [980.0, 1050.0]}))
+    assert row(within).verdict == "same" and rows.exit_code(within) == 0
+
+
+def test_few_repeats_that_disagree_stay_inconclusive() -> None:
+    """Beyond the threshold by the medians, but the ranges overlap (a current repeat beats a
+    baseline one): the repeats disagree on the direction, so it is noise-like, inconclusive,
+    and passes, as before."""
+    report = cmp(make_result({"opt": [1000.0, 1400.0]}), make_result({"opt": [800.0, 1200.0]}))
+    assert row(report).change < 0.9 and row(report).verdict == "inconclusive"
+    assert rows.exit_code(report) == 0
+    from stallbench.gate.rule import METRICS, compare_paired
+
+    mixed = compare_paired([100.0, 110.0, 90.0], [50.0, 120.0, 40.0], METRICS["throughput"],
+                           alpha=0.05)
+    assert mixed.test == "paired-t" and mixed.verdict == "inconclusive"
+
+
+def test_paired_rule_too_few_pairs() -> None:
+    from stallbench.gate.rule import METRICS, compare_paired
+
+    tp = METRICS["throughput"]
+    c = compare_paired([100.0, 110.0, 90.0], [20.0, 90.0, 30.0], tp, alpha=0.05)
+    assert c.test == "paired-t" and c.verdict == "too few repeats" and c.direction == "worse"
+    assert "3 pairs that differ" in c.note and ">= 6 pairs" in c.note
+
+
+def test_too_few_repeats_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's table, summary and exit code for a 2 vs 2 collapse (tests/golden)."""
+    from stallbench import cli as main_cli
+
+    b = save(make_result({"opt": [1000.0, 1100.0]}), tmp_path / "b" / "tiny.json")
+    c = save(_throughput(make_result({"opt": [1.0, 1.0]}), [0.0, 0.0]), tmp_path / "c" / "t.json")
+    code = main_cli.main(["gate", "--baseline", str(b), "--current", str(c), "--threshold", "10%"])
+    got = f"rc={code}\n" + capsys.readouterr().out
+    golden = ROOT / "tests" / "golden" / "gate_too_few.txt"
+    if os.environ.get("STALLBENCH_REGOLD"):
+        golden.write_text(got)
+    assert got == golden.read_text()

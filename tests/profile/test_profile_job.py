@@ -166,10 +166,35 @@ def test_signal_stops_the_job_and_writes_nothing(tmp_path: Path, sig: int, code:
     assert f"interrupted by {signal.Signals(sig).name}; no result written" in err
     assert helpers.result_files(out) == []
     assert not list(out.glob(".stallbench-profile-*"))
+    assert not out.exists()          # profile made --out and wrote nothing: removed
     time.sleep(0.5)
     left = [pid for pid in job if psutil.pid_exists(pid)
             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == []
+
+
+def test_out_dir_made_and_left_empty_is_removed_a_users_is_kept(tmp_path: Path) -> None:
+    """A job profile cannot measure (no loader seen: an error, exit 2) writes nothing: the
+    --out directory it created (with a missing parent) is gone, the user's own stays."""
+    made, users = tmp_path / "made" / "out", tmp_path / "mine"
+    users.mkdir()
+    for out in (made, users):
+        cp = helpers.profile(["--out", str(out), "--", PY, "-c", "pass"], cwd=tmp_path)
+        assert cp.returncode == 2 and "no result written" in cp.stderr, cp.stderr
+    assert not (tmp_path / "made").exists()
+    assert users.is_dir() and not list(users.iterdir())
+
+
+def test_default_name_follows_the_name_rule(tmp_path: Path) -> None:
+    """The result name from the script's stem follows --name's rule (a scenario name's)."""
+    script = tmp_path / "::error::x.py"
+    script.write_text("pass\n")
+    cp = helpers.profile(["--out", str(tmp_path / "out"), "--", PY, str(script)], cwd=tmp_path)
+    assert cp.returncode == 2, cp.stderr
+    assert cp.stderr.startswith("stallbench: error: profile: the result name (the script's "
+                                "stem; give one with --name): expected a name that does not "
+                                "start with '::'"), cp.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_trace_holds_every_batch_and_replaces_only_its_own_kind(tmp_path: Path) -> None:
@@ -201,12 +226,16 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
     cases = [["--set", "dataloader.workers=2"], ["--set", "dataloader.num_workers=two"],
              ["--set", "dataloader.num_workers=0,0"], ["--set", "dataloader.num_workers"],
              ["--set", "ray.prefetch_batches=-1"], ["--repeats", "0"],
-             ["--analyze", "--no-analyze"], []]
+             ["--analyze", "--no-analyze"], [],
+             # the name rule of scenario names (scenario.name_problem): refused at entry
+             ["--name", "a\nb"], ["--name", "::error::x"], ["--name", "x\x1b[2J"],
+             ["--name", "a/b"]]
     got = []
     for args in cases:
         cmd = ["--", PY, "-c", "pass"] if args else []
         cp = helpers.profile([*args, *cmd], cwd=tmp_path)
-        got.append(f"$ stallbench profile {' '.join(args)}{' -- python -c pass' if args else ''}"
+        shown = " ".join(a.encode("unicode_escape").decode("ascii") for a in args)
+        got.append(f"$ stallbench profile {shown}{' -- python -c pass' if args else ''}"
                    f"\nrc={cp.returncode}\n{cp.stderr}")
     text = "\n".join(got)
     if os.environ.get("STALLBENCH_UPDATE_GOLDEN"):

@@ -319,12 +319,15 @@ def test_ray_client_stream_and_rays_warnings_stay_off_the_terminal(
 # ---------------------------------------------------------------------- trainer ranks
 RANKS = TINY + "[trainers]\nranks = 2\n"
 PRINTS = '''
-import os, sys
+import logging, os, sys
+
+logging.basicConfig()      # at import, in the job's process: the handler holds its stderr
 
 def say(table, **kw):
     if os.environ.get("RANK") is not None:
         print(f"user stdout from rank {os.environ['RANK']}", flush=True)
         print(f"user stderr from rank {os.environ['RANK']}", file=sys.stderr, flush=True)
+        logging.getLogger("user").warning(f"user log from rank {os.environ['RANK']}")
     return table
 '''
 
@@ -383,9 +386,9 @@ def test_a_rank_killed_during_start_up_is_one_line(tmp_path: Path, env: dict,
 
 
 def test_ranks_keep_the_users_prints_and_leave_no_log(tmp_path: Path, env: dict) -> None:
-    """What the user's code in a rank prints (stdout and Python's stderr) still reaches the
-    terminal, as before the ranks' fd 2 went to a log file; a run that ends well leaves no
-    log directory."""
+    """What the user's code in a rank prints (stdout and Python's stderr) or logs (a handler
+    made at import, before the ranks started) still reaches the terminal, as before the
+    ranks' fd 2 went to a log file; a run that ends well leaves no log directory."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     (tmp_path / "usercode.py").write_text(PRINTS)
@@ -397,6 +400,7 @@ def test_ranks_keep_the_users_prints_and_leave_no_log(tmp_path: Path, env: dict)
     for r in (0, 1):
         assert f"user stdout from rank {r}" in out, out[-2000:]
         assert f"user stderr from rank {r}" in err, err[-2000:]
+        assert f"user log from rank {r}" in err, err[-2000:]
     assert [p for p in tmp.iterdir() if p.name.startswith("stallbench-ranks-")] == []
     assert w.leftovers() == []
 

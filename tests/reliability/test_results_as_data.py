@@ -99,6 +99,38 @@ def test_figures_out_of_their_physical_range_are_refused(tmp_path: Path, env: di
                    else path.split(".")[-2], says)
 
 
+@pytest.mark.parametrize("path, value, says", [
+    ("variants.0.throughput_samples_s.median", 1.0, "throughput_samples_s.median: expected the "
+                                                    "median of its values (338329.70"),
+    ("variants.0.throughput_samples_s.values.0", 1.0, "throughput_samples_s.median: expected "
+                                                      "the median of its values (167788.0"),
+    ("variants.1.epoch_s.min", 0.0, "epoch_s.min: expected the min of its values"),
+    ("variants.2.peak_pss_mb.max", 1e6, "peak_pss_mb.max: expected the max of its values"),
+    ("variants.0.stall_share.median", 0.9, "stall_share.median: expected the median of its "
+                                           "values"),
+    ("variants.0.throughput_samples_s.median", None, "expected the median of its values"),
+])
+def test_summary_figures_are_what_their_values_give(tmp_path: Path, path: str, value: Any,
+                                                    says: str) -> None:
+    """A summary's median, min and max are derived from its per-repeat values (``Summary.of``);
+    a file whose summary says otherwise (a hand edit) is refused, naming file and key."""
+    from stallbench.errors import ResultError
+    from stallbench.results import load
+
+    load(tmp_path / _write(tmp_path, lambda d: None, "ok.json"))   # unedited: loads
+    with pytest.raises(ResultError) as info:
+        load(tmp_path / _write(tmp_path, _set(path, value)))
+    assert str(info.value).startswith(f"{tmp_path / 'bad.json'}: variants[{path.split('.')[1]}]")
+    assert says in str(info.value), str(info.value)
+
+
+def test_gate_refuses_a_hand_edited_summary(tmp_path: Path, env: dict) -> None:
+    f = _write(tmp_path, _set("variants.0.throughput_samples_s.median", 1e9))
+    r = sb(["gate", "--baseline", str(EXAMPLE), "--current", f], env, tmp_path, timeout=120)
+    one_error_line(r, "bad.json", "variants[0].throughput_samples_s.median",
+                   "expected the median of its values")
+
+
 def test_signed_figures_keep_their_sign(tmp_path: Path, env: dict) -> None:
     """Changes, differences and differential attributions may be negative: still accepted."""
     def signed(d: dict[str, Any]) -> None:
@@ -172,6 +204,7 @@ def test_validation_lines_golden(tmp_path: Path, env: dict) -> None:
              ("a string", _set("scenario.path", 3)),
              ("a nested figure", _set("variants.0.repeats.0.epoch_s", -1.0)),
              ("a summary's share", _set("variants.0.stall_share.median", 2.0)),
+             ("a summary's median", _set("variants.0.throughput_samples_s.median", 1.0)),
              ("a missing key", _drop("variants.0.name")),
              ("a list item", _set("variants.0.repeats", [1]))]
     got = []

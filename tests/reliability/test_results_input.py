@@ -49,8 +49,16 @@ def _name(i: int) -> str:
     return _example()["variants"][i]["name"]
 
 
+def _summary(values: list[float | None]) -> dict[str, Any]:
+    """A summary as the writer makes it from these per-repeat values (``Summary.of``; null for
+    NaN): the reader refuses a median, min or max its values do not give."""
+    from stallbench.results import Summary, codec
+
+    return codec.to_json(Summary.of([float("nan") if x is None else x for x in values]))
+
+
 def _null_throughput(d: dict) -> None:
-    d["variants"][1]["throughput_samples_s"]["values"] = [None, None]
+    d["variants"][1]["throughput_samples_s"] = _summary([None, None])
 
 
 @pytest.mark.parametrize("side", ["gate", "gate-baseline"])
@@ -63,13 +71,13 @@ def test_gate_refuses_unmeasured_throughput(tmp_path: Path, env: dict, side: str
 
 
 def test_gate_refuses_a_partly_measured_stall_share(tmp_path: Path, env: dict) -> None:
-    f = _edit(tmp_path, lambda d: d["variants"][0]["stall_share"].update(values=[0.5, None]))
+    f = _edit(tmp_path, lambda d: d["variants"][0].update(stall_share=_summary([0.5, None])))
     r = sb(COMMANDS["gate"](f), env, tmp_path, timeout=60)
     one_error_line(r, f"bad.json: variant {_name(0)!r}: stall_share has 1 of 2 values null")
 
 
 def test_gate_refuses_empty_throughput_naming_the_file(tmp_path: Path, env: dict) -> None:
-    f = _edit(tmp_path, lambda d: d["variants"][1]["throughput_samples_s"].update(values=[]))
+    f = _edit(tmp_path, lambda d: d["variants"][1].update(throughput_samples_s=_summary([])))
     r = sb(COMMANDS["gate"](f), env, tmp_path, timeout=60)
     one_error_line(r, "bad.json: ", f"{_name(1)} has 0 repeat")
 
@@ -134,7 +142,7 @@ def test_non_regular_result_refused_without_blocking(tmp_path: Path, env: dict, 
 @pytest.mark.parametrize("change, expect", [
     (lambda d: [rep.update(samples=0) for rep in d["variants"][0]["repeats"]],
      "no measured runs"),
-    (lambda d: d["variants"][0]["throughput_samples_s"].update(median=None),
+    (lambda d: d["variants"][0].update(throughput_samples_s=_summary([None, None])),
      "throughput_samples_s.median is null"),
     (lambda d: [rep["stage_s"].update(fetch=-5.0) for rep in d["variants"][0]["repeats"]],
      "p_wall"),

@@ -474,8 +474,9 @@ def test_compare_verdict_is_the_gates_rule(tmp_path: Path, make_result: Any,
                           [125, 126, 127, 128, 129, 131, 132, 133], compare.FASTER),
         # ranges apart, but a 3% change is within the 10% threshold
         "num_workers=1": ([100, 101, 102], [103, 104, 105], compare.SAME),
-        # ranges apart and 29% faster, but 2 vs 2 repeats: the t-intervals overlap
-        "num_workers=2": ([100, 140], [150, 160], compare.INCONCLUSIVE),
+        # ranges apart and 29% faster, but 2 vs 2 repeats: the rank test can never decide and
+        # the t-intervals overlap, so the rule says too few repeats (not "inconclusive")
+        "num_workers=2": ([100, 140], [150, 160], compare.TOO_FEW),
     }
     base = make_result(seed=1, created_utc="2025-11-19T08:00:00+00:00", **LIGHT)
     cur = make_result(seed=2, created_utc="2025-11-21T09:30:00+00:00", **LIGHT)

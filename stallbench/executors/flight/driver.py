@@ -253,6 +253,8 @@ class FlightExecutor(Executor):
         return info
 
     def _server_pid(self, k: int) -> str:
+        """``" (pid N)"`` of server ``k`` as its ping said, for lines that name it (a remote
+        server's pid is what its operator looks for); empty before the ping."""
         pid = self.served[k].get("pid") if k < len(self.served) else None
         return f" (pid {pid})" if pid is not None else ""
 
@@ -317,10 +319,13 @@ class FlightExecutor(Executor):
                         list(client.do_action(flight.Action("prepare", body.encode()),
                                               options=opts))
                     except flight.FlightTimedOutError:
+                        # The call's deadline: the server may have been busy all along (a
+                        # row group whose caches take longer), so the line says what is known.
                         raise NoProgress(
-                            f"{self.scenario_file}: run.progress_timeout_s: no producer "
-                            f"completed any work for {timeout:g} s: the flight executor was "
-                            f"waiting on {self._doing}; no result written") from None
+                            f"{self.scenario_file}: run.progress_timeout_s: a call did not "
+                            f"finish within {timeout:g} s: the flight executor was waiting "
+                            f"on {self._doing} (a row group whose caches take longer needs "
+                            f"a larger run.progress_timeout_s); no result written") from None
                     except flight.FlightError as exc:
                         raise UserError(f"{self.scenario_file}: executor: Flight server "
                                         f"{self.locations[k]} could not prepare the ablation "
@@ -415,8 +420,9 @@ class FlightExecutor(Executor):
             if got is _END or got.item != pos:
                 where = self.locations[st.server]
                 what = "ended" if got is _END else f"sent work item {got.item}"
-                raise RuntimeError(f"Flight server {where} {what} while work item {pos} was due "
-                                   f"on stream {st.index}: a batch was lost")
+                raise UserError(f"{self.scenario_file}: executor: Flight server {where} {what} "
+                                f"while work item {pos} was due on stream {st.index}: a batch "
+                                f"was lost")
             r.delivered += 1
             yield got
         r.complete = True
@@ -455,9 +461,10 @@ class FlightExecutor(Executor):
                 meta = protocol.decode_meta(chunk.app_metadata)
                 if isinstance(meta, Trailer):
                     if meta.item != expect or meta.parts != len(payloads):
-                        raise RuntimeError(f"stream {st.index} from {self.locations[st.server]}: "
-                                           f"work item {meta.item} with {len(payloads)} of "
-                                           f"{meta.parts} batches while item {expect} was due")
+                        raise UserError(f"{self.scenario_file}: executor: Flight server "
+                                        f"{self.locations[st.server]} sent work item {meta.item} "
+                                        f"with {len(payloads)} of {meta.parts} batches on stream "
+                                        f"{st.index} while item {expect} was due")
                     t = meta.times
                     if r.link0 is not None:
                         t.wire_bytes = 0      # the link's bytes are counted by the kernel
@@ -472,8 +479,11 @@ class FlightExecutor(Executor):
                 payloads.append(Payload(meta["id"], meta["rows"], rb, False, rb.nbytes,
                                         rb.nbytes, format=wire))
             if not r.stop.is_set() and expect is not None:
-                raise RuntimeError(f"stream {st.index} from {self.locations[st.server]} ended "
-                                   f"before work item {expect}")
+                # A remote server can always stop (SIGTERM, a crash between batches): its
+                # user's one line, not a stallbench bug's traceback.
+                raise UserError(f"{self.scenario_file}: executor: Flight server "
+                                f"{self.locations[st.server]} ended stream {st.index} before "
+                                f"work item {expect} (it stopped or crashed between batches)")
             put(_END)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the trainer's thread
             if r.stop.is_set():
@@ -569,8 +579,9 @@ class FlightExecutor(Executor):
 
 def _short(exc: BaseException, n: int = 200) -> str:
     # gRPC appends the server's Python traceback ("Detail: Python exception: Traceback ...")
-    # to the server's own message: the message says it, the traceback stays on the server
-    text = " ".join(str(exc).split(". Detail: Python exception")[0].split())
+    # or its status and debug context ("Detail: Unavailable. gRPC client debug context: ...")
+    # to the server's own message: the message says it, the rest stays on the server
+    text = " ".join(str(exc).split(". Detail: ")[0].split())
     return cut(text, n)
 
 
@@ -578,6 +589,7 @@ _NOT_JSON = object()   # a ping answer that did not parse
 
 
 def _count(x: Any) -> bool:
+    """A count a ping answer may carry: a JSON integer (not a bool), exact in a float."""
     return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 53
 
 

@@ -76,8 +76,9 @@ class LocalServers:
 
     def register(self, cfg: Any, dataset: Any, key: str, file: str) -> None:
         """Hand every server a plan's config, dataset and scenario file (once per config
-        key). Opening the dataset is real work of any length: the wait ends only when a
-        server makes no progress (its CPU clock) for ``progress_timeout_s``."""
+        key). Opening the dataset and importing the user's modules is real work: the wait
+        ends when a server makes no progress (its CPU clock) for ``progress_timeout_s``, or
+        after ``START_LIMIT_S`` however busy it is (an import that spins forever)."""
         if key in self.registered:
             return
         for i, p in enumerate(self.procs):
@@ -86,7 +87,7 @@ class LocalServers:
             except OSError:
                 self._fail(i, "closed its input")
         for i in range(len(self.procs)):
-            word, value = self._line(i, f"its registration of variant {key}")
+            word, value = self._line(i, f"its registration of variant {key}", START_LIMIT_S)
             if word != REGISTERED or value != key:
                 self._fail(i, f"registered {value!r} instead of {key!r}")
         self.registered.add(key)
@@ -160,15 +161,12 @@ class LocalServers:
     def cpu_s(self) -> float | None:
         """User + system CPU seconds of the server processes so far (their whole clocks:
         every stream, Arrow's pools, gRPC's threads)."""
-        import psutil
-
         total = 0.0
         for p in self.procs:
-            try:
-                t = psutil.Process(p.pid).cpu_times()
-            except psutil.Error:
+            t = _cpu_s(p.pid)
+            if t is None:
                 return None
-            total += t.user + t.system
+            total += t
         return total
 
     def stop(self) -> None:

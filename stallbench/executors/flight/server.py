@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from ... import __version__, threads
+from ... import __version__, interrupts, threads
 from ...data.parquet import Dataset
 from ...pipeline import FULL, Plan, StageCaches
 from ...scenario import Config
@@ -50,6 +50,7 @@ from .protocol import ProtocolError, Ticket, Trailer
 READY = "PORT"            # a local server's first stdout line: "PORT <port>"
 REGISTERED = "REGISTERED"
 STOP_GRACE_S = 5.0        # how long a stop waits for open streams before it cuts them
+_STUCK: list["ProducerServer"] = []   # servers whose shutdown is stuck: alive until the end
 
 
 @dataclass
@@ -114,20 +115,23 @@ class ProducerServer(flight.FlightServerBase):
     def __init__(self, location: str, catalog: Catalog) -> None:
         super().__init__(location)
         self.catalog = catalog
-        self.streams = 0
+        self.streams = 0          # open now
+        self.cut = 0              # ended by ``stop`` before their last item
         self._count = threading.Lock()
         self.closing = threading.Event()
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
-        """Stop serving within about ``grace_s``; returns how many streams were cut.
+        """Stop serving within about ``grace_s``; returns how many open streams were cut.
 
         Flight's ``shutdown`` waits, without an end, for every open call, and a stream whose
         client stopped reading (a trainer frozen under a debugger or ``kill -STOP``, a link
         that hangs) blocks inside gRPC's write, where no Python code runs: measured, a
         ``stallbench serve`` then ignored SIGTERM until that client died. Open streams get
-        ``grace_s`` to finish as they would have, then stop at their next batch
-        (``closing``); a shutdown still not done a second later is left to its daemon
-        thread, and the caller ends its process without waiting for it."""
+        ``grace_s`` to finish as they would have, then end at their next batch with an error
+        their trainer reports in one line (``closing``). A call gRPC still holds a second
+        later is left to the shutdown's daemon thread: the process must then end without
+        C++'s destructors or pyarrow's ``atexit`` finaliser, which would wait on it again
+        (``interrupts.runtime_left``; this server is kept alive until then)."""
         done = threading.Thread(target=self.shutdown, daemon=True,
                                 name="stallbench-flight-shutdown")
         done.start()
@@ -135,10 +139,11 @@ class ProducerServer(flight.FlightServerBase):
         if done.is_alive():
             self.closing.set()
             done.join(1.0)
-        if not done.is_alive():
-            return 0
+        if done.is_alive():
+            interrupts.runtime_left(run_atexit=False)
+            _STUCK.append(self)
         with self._count:
-            return max(self.streams, 1)
+            return self.cut + (self.streams if done.is_alive() else 0)
 
     # ------------------------------------------------------------------------ actions
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
@@ -220,15 +225,15 @@ class ProducerServer(flight.FlightServerBase):
             empty = pa.RecordBatch.from_pylist([], schema=schema)
             perf = time.perf_counter
             for k, pos in enumerate(t.items):
-                if context.is_cancelled() or self.closing.is_set():
+                if context.is_cancelled():
                     return
+                self._check_closing()
                 out = plan.produce(k)
                 times = out.times
                 clock = plan._cpu_clock()
                 payloads = out.payloads or []
                 for part, p in enumerate(payloads):
-                    if self.closing.is_set():
-                        return
+                    self._check_closing()
                     w0, c0 = perf(), clock()
                     yield p.data, protocol.batch_meta(pos, part, p.rows, p.batch_id)
                     times.transfer_s += perf() - w0
@@ -238,6 +243,17 @@ class ProducerServer(flight.FlightServerBase):
         finally:
             with self._count:
                 self.streams -= 1
+
+
+    def _check_closing(self) -> None:
+        """A stream cut by ``stop`` ends with an error, never as if it were complete: its
+        trainer then says the server stopped, in one line."""
+        if self.closing.is_set():
+            with self._count:
+                self.cut += 1
+            raise flight.FlightUnavailableError(
+                f"the server (pid {os.getpid()}) is stopping: this stream was cut "
+                f"{STOP_GRACE_S:g} s after it was told to stop")
 
 
 def _codec(cfg: Config) -> pa.Codec | None:
