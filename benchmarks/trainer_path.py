@@ -25,13 +25,22 @@ trainer-side transfer, the trainer's wait).
 
 Part ``workers``: ``cpu_cost_us_per_row = 2`` (a calibrated CPU-busy preprocess), 2 loader
 workers over 0, with where the rest of 2x goes: the workers' CPU outside their stages
-(fork, pickling, the DataLoader queue), the trainer's receive, and the cores the machine gave.
+(fork, pickling, the DataLoader queue, exit), each worker's first work item against its later
+ones (a worker is a fresh process every run: its first item faults in its memory), the
+trainer's receive, and the cores the machine gave. Interleaved with the two: 2 workers with
+``loader.persistent_workers`` (forked once, kept across runs: a run no longer pays a worker's
+fork, start-up, first item's page faults and exit; their CPU read from the live processes),
+with its own target line; and (``--no-ab`` leaves it out) 2 workers with the old end of run
+(``LocalExecutor.early_shutdown = False``: workers told to exit only after the trainer consumed
+every batch), with its ratio to the new. The first target's ratio is the same two sides as
+before (workers forked every run).
 
 Targets (PASS/FAIL, ratios of each side's best repeat): best variant >= 0.9x the ceiling and
->= 1.0x the plain DataLoader on every shape; 2 us/row: 2 workers >= 1.5x 0 workers.
+>= 1.0x the plain DataLoader on every shape; 2 us/row: 2 workers >= 1.5x 0 workers, printed
+for workers forked every run and for persistent workers.
 
 Run: ``.venv/bin/python benchmarks/trainer_path.py [--repeats 5] [--files 4] [--part path]
-[--profile]`` (the first run writes the held-out files into the stallbench cache).
+[--profile] [--no-ab]`` (the first run writes the held-out files into the stallbench cache).
 """
 
 from __future__ import annotations
@@ -116,19 +125,27 @@ class Bench:
         return scenario.parse(text, "benchmarks/trainer_path.py").base
 
     def stallbench(self, loader: dict[str, Any], cost: float = 0.0,
-                   profile: cProfile.Profile | None = None) -> dict[str, Any]:
+                   profile: cProfile.Profile | None = None,
+                   executor_attrs: dict[str, Any] | None = None) -> dict[str, Any]:
         """One measured run over the selected files; executor (and its buffer pool) kept
-        across repeats after one unrecorded warm-up run, as ``stallbench run`` does."""
+        across repeats after one unrecorded warm-up run, as ``stallbench run`` does.
+        ``executor_attrs``: executor attributes set for an A/B of the old path (none of them
+        is a scenario knob). The executor is tapped (``_Tap``): each work item's stage times
+        as the trainer received them, for the workers part's per-worker figures."""
         cfg = self.config(loader, cost)
-        key = repr(cfg)
+        key = repr(cfg) + repr(sorted((executor_attrs or {}).items()))
         if key not in self.live:
             plan = _only_files(Plan.create(cfg, dataset_for(cfg, default_cache_dir(), "bench")),
                                self.files)
             ex = EXECUTORS.get("local")(cfg, "bench")
+            for k, v in (executor_attrs or {}).items():
+                setattr(ex, k, v)
             ex.start()
-            self.live[key] = (plan, ex)
-            measured_run(plan, ex, plan.build_compute())
+            self.live[key] = (plan, _Tap(ex))
+            measured_run(plan, self.live[key][1], plan.build_compute())
         plan, ex = self.live[key]
+        ex.items = []
+        kept0 = ex._kept_cpu_s()
         if profile is not None:
             profile.enable()
         fig, _, _ = measured_run(plan, ex, plan.build_compute())
@@ -136,7 +153,10 @@ class Bench:
             profile.disable()
         s = fig.stage_s
         return {"samples_s": fig.throughput_samples_s, "samples": fig.samples,
-                "epoch_s": fig.epoch_s, "fig": fig,
+                "epoch_s": fig.epoch_s, "fig": fig, "items": ex.items,
+                # CPU of workers kept alive across runs: not in the clock of reaped children
+                # that ``with_cpu`` reads
+                "unreaped_cpu_s": ex._kept_cpu_s() - kept0,
                 "stages": {"fetch": s.fetch, "preprocess": s.preprocess,
                            "transfer producer": s.transfer_producer,
                            "transfer trainer": s.transfer_trainer, "trainer wait": fig.wait_s}}
@@ -186,6 +206,42 @@ class Bench:
         stages = ({"decode": ds.decode_s, "convert": ds.convert_s,
                    "loader + loop": dt - ds.decode_s - ds.convert_s} if not workers else {})
         return {"samples_s": n / dt, "samples": n, "epoch_s": dt, "stages": stages}
+
+
+class _Tap:
+    """The executor, with each work item's ``StageTimes`` kept as the trainer receives it
+    (what the producer measured: its stage CPU and pid); everything else is the executor's."""
+
+    def __init__(self, ex: Any) -> None:
+        self._ex = ex
+        self.items: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ex, name)
+
+    def run(self, plan: Plan) -> Any:
+        inner = self._ex.run(plan)
+        try:
+            for out in inner:
+                self.items.append(out.times)
+                yield out
+        finally:
+            inner.close()   # the executor's end of run (workers joined) now, as untapped
+
+
+def _per_worker(items: list[Any]) -> str:
+    """Each loader worker's first work item against its later ones (stage CPU: fetch,
+    preprocess, packing), in the order it produced them: a worker is a fresh process every
+    run, and its first item pays for faulting in the memory its decode and packing use."""
+    by: dict[int, list[float]] = {}
+    for t in items:
+        by.setdefault(t.worker, []).append(t.fetch_cpu_s + t.preprocess_cpu_s + t.transfer_cpu_s)
+    parts = []
+    for cpu in by.values():
+        if len(cpu) > 1:
+            rest = statistics.median(cpu[1:])
+            parts.append(f"{cpu[0] * 1e3:.0f} vs {rest * 1e3:.0f} ms (+{(cpu[0] - rest) * 1e3:.0f})")
+    return "; ".join(parts) or "n/a"
 
 
 def _only_files(plan: Plan, files: list[str]) -> Plan:
@@ -305,13 +361,27 @@ def path_part(shapes: list[Shape], n_files: int, repeats: int) -> list[tuple[str
     return targets
 
 
-def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float, bool]]:
+OLD_END = "2 workers, old end of run"
+KEPT = "2 workers, persistent_workers"
+
+
+def workers_part(n_files: int, repeats: int, fmt: str, ab: bool = False,
+                 ) -> list[tuple[str, float, bool]]:
     data = heldout_files(default_cache_dir(), files=16)
     files = sorted(str(p) for p in data.glob("*.parquet"))[:n_files]
     bench = Bench(data, files, 4096)
     knobs = {"batch_format": fmt, "prefetch_batches": 2}
     runs = {f"{fmt}, 2 us/row, 0 workers": lambda: bench.stallbench({**knobs, "num_workers": 0}, 2.0),
             f"{fmt}, 2 us/row, 2 workers": lambda: bench.stallbench({**knobs, "num_workers": 2}, 2.0)}
+    # Workers forked once and kept across runs (``loader.persistent_workers``): what is left
+    # of 2x once a run no longer pays a worker's fork, start-up, first item and exit.
+    runs[KEPT] = lambda: bench.stallbench({**knobs, "num_workers": 2, "persistent_workers": True},
+                                          2.0)
+    if ab:
+        # The end of run before ``LocalExecutor.early_shutdown``: workers told to exit only
+        # when the trainer asks for an item past the last, after consuming every batch.
+        runs[OLD_END] = lambda: bench.stallbench({**knobs, "num_workers": 2}, 2.0,
+                                                 executor_attrs={"early_shutdown": False})
     print(f"\nworkers at 2 us/row of preprocessing ({fmt}, batches of 4,096, prefetch_batches = 2): "
           f"{len(files)} files, {len(files) * 65536:,} rows; {_load()} before")
     res = _interleaved(runs, repeats)
@@ -320,8 +390,9 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
           f"seconds per stage (best repeat, producers summed)")
     for name, rs in res.items():
         print(_row(name, rs))
-    r0, r2 = (_best(res[k]) for k in runs)
+    r0, r2 = (_best(res[k]) for k in list(runs)[:2])
     ratio = r2["samples_s"] / r0["samples_s"]
+    pairs = list(zip(*(res[k] for k in list(runs)[:2])))
     f0, f2 = r0["fig"], r2["fig"]
     s = f2.stage_s
     stages_cpu = s.fetch_cpu + s.preprocess_cpu + s.transfer_producer_cpu
@@ -331,7 +402,7 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
     cpu2 = r2["cpu_us_row"] * r2["samples"] / 1e6
     steady = f2.steady_throughput_samples_s / f0.steady_throughput_samples_s
     print(f"  2 workers / 0 workers {ratio:.2f} (median of paired repeats "
-          f"{statistics.median(b['samples_s'] / a['samples_s'] for a, b in zip(*res.values())):.2f}"
+          f"{statistics.median(b['samples_s'] / a['samples_s'] for a, b in pairs):.2f}"
           f"; after each run's first batch only: {steady:.2f}, an upper bound that is not the "
           f"target: the rows 2 workers produced before their first batch count in it)")
     print(f"  where 2 workers' time goes (best repeat, {f2.epoch_s:.2f} s wall, {r2['cores']:.2f} "
@@ -339,7 +410,10 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
     print(f"    workers' CPU {prod:.2f} s: in their stages {stages_cpu:.2f} s (fetch "
           f"{s.fetch_cpu:.2f}, preprocess {s.preprocess_cpu:.2f}, pack into shared memory "
           f"{s.transfer_producer_cpu:.2f}); outside them {prod - stages_cpu:.2f} s (fork and "
-          f"start-up, pickling, the DataLoader queue hand-off)")
+          f"start-up, pickling, the DataLoader queue hand-off, exit)")
+    print(f"    each worker's first work item vs the median of its later ones, stage CPU (a "
+          f"fresh process faults in the memory its decode and packing use): "
+          f"{_per_worker(r2['items'])}")
     print(f"    trainer CPU {f2.trainer_cpu_s:.2f} s: receive (unpack, checks) "
           f"{f2.trainer_transfer_s:.2f} s wall; the rest (unpickling, the loop, the receive "
           f"thread, the sampler) {max(f2.trainer_cpu_s - f2.trainer_transfer_s, 0):.2f} s")
@@ -351,8 +425,25 @@ def workers_part(n_files: int, repeats: int, fmt: str) -> list[tuple[str, float,
           f"bound on 2 idle cores, were 0 workers on exactly one core: 2 x {cpu0:.2f} / "
           f"{cpu2:.2f} = {2 * cpu0 / max(cpu2, 1e-9):.2f}; time to first batch "
           f"{f2.time_to_first_batch_s:.2f} s vs {f0.time_to_first_batch_s:.2f} s; {_load()} after")
+    if ab:
+        old_end = _best(res[OLD_END])
+        paired = statistics.median(b["samples_s"] / o["samples_s"]
+                                   for b, o in zip(res[list(runs)[1]], res[OLD_END]))
+        print(f"  A/B: 2 workers / {OLD_END} {r2['samples_s'] / old_end['samples_s']:.2f} "
+              f"(paired {paired:.2f}); {OLD_END} / 0 workers "
+              f"{old_end['samples_s'] / r0['samples_s']:.2f}")
+    kept = _best(res[KEPT])
+    kept_ratio = kept["samples_s"] / r0["samples_s"]
+    kept_cpu = kept["cpu_us_row"] * kept["samples"] / 1e6
+    print(f"  {KEPT} / 0 workers {kept_ratio:.2f} (paired "
+          f"{statistics.median(k['samples_s'] / a['samples_s'] for a, k in zip(res[list(runs)[0]], res[KEPT])):.2f}"
+          f"); / 2 workers forked per run {kept['samples_s'] / r2['samples_s']:.2f}; CPU per run "
+          f"{kept_cpu:.2f} s ({kept_cpu / max(cpu0, 1e-9):.2f}x 0 workers'); its first work items "
+          f"vs later: {_per_worker(kept['items'])}")
     return [(f"2 us/row {fmt}: 2 workers / 0 workers >= {TARGET_WORKERS}", ratio,
-             ratio >= TARGET_WORKERS)]
+             ratio >= TARGET_WORKERS),
+            (f"2 us/row {fmt}: 2 persistent workers / 0 workers >= {TARGET_WORKERS}", kept_ratio,
+             kept_ratio >= TARGET_WORKERS)]
 
 
 def main() -> int:
@@ -364,6 +455,9 @@ def main() -> int:
     ap.add_argument("--part", choices=("path", "workers", "all"), default="all")
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="first N shapes only")
     ap.add_argument("--format", default="jagged", help="batch format of the workers part")
+    ap.add_argument("--no-ab", dest="ab", action="store_false",
+                    help="workers part: leave out the old end of run (workers joined after the "
+                         "last batch), otherwise run interleaved beside the new for their ratio")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile of the best variant's trainer (prefetch_batches = 0, so the "
                          "whole path runs in the profiled thread), first shape")
@@ -375,7 +469,7 @@ def main() -> int:
     if args.part in ("path", "all"):
         targets += path_part(SHAPES[:args.shapes], args.files, args.repeats)
     if args.part in ("workers", "all"):
-        targets += workers_part(args.worker_files, args.repeats, args.format)
+        targets += workers_part(args.worker_files, args.repeats, args.format, args.ab)
     print(f"\n{'target':66} {'measured':>9}  result")
     for name, value, ok in targets:
         print(f"{name:66} {value:>9.2f}  {'PASS' if ok else 'FAIL'}")

@@ -193,12 +193,14 @@ def memory_probe(execution: str, max_batches: int) -> dict[str, float]:
 def with_cpu(fn: Callable[[], dict[str, float]]) -> dict[str, float]:
     """Run ``fn`` and add the CPU it used, this process and its reaped children (loader
     workers) together: cores used = CPU seconds / wall seconds shows whether the machine
-    actually gave a run the cores it could use (a shared machine often does not)."""
+    actually gave a run the cores it could use (a shared machine often does not). Producers
+    that outlive the run (kept loader workers) are not reaped: ``fn`` says their CPU as
+    ``unreaped_cpu_s``."""
     t0, w0 = os.times(), time.perf_counter()
     r = fn()
     t1, wall = os.times(), time.perf_counter() - w0
     cpu = (t1.user - t0.user + t1.system - t0.system + t1.children_user - t0.children_user
-           + t1.children_system - t0.children_system)
+           + t1.children_system - t0.children_system + r.get("unreaped_cpu_s", 0.0))
     r["cores"] = cpu / wall
     r["cpu_us_row"] = cpu / max(r["samples"], 1) * 1e6
     return r

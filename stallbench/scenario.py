@@ -167,6 +167,13 @@ class LoaderSpec:
                                "packing (costs that many decoded row groups of memory; a labelled "
                                "no-op with loader workers, which overlap items already).",
                             min=0, max=8)
+    persistent_workers: bool = knob(False, "num_workers > 0, local executor: keep the loader "
+                                           "workers alive across a variant's runs (a "
+                                           "DataLoader's `persistent_workers`), so a run does not "
+                                           "pay their fork, start-up, first row group's page "
+                                           "faults and exit (false: forked for every run, as a "
+                                           "DataLoader without it pays every epoch; a labelled "
+                                           "no-op elsewhere).")
     device_prefetch: int = knob(0, "GPU trainer: batches whose host-to-device copy is launched ahead "
                                    "on a side CUDA stream while the current batch computes (0: each "
                                    "copy runs on the compute stream just before its step; a labelled "

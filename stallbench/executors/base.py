@@ -55,6 +55,9 @@ class Executor:
     # how the ``processes`` launcher starts rank processes: None for its own choice (fork, or
     # spawn where a GPU exists); "spawn" where this executor's runtime does not survive a fork
     rank_start_method: ClassVar[str | None] = None
+    # whether this executor honours ``loader.persistent_workers`` (loader workers it can keep
+    # alive across runs)
+    keeps_workers: ClassVar[bool] = False
     # whether this executor honours ``loader.fetch_ahead`` (its trainer-side producer
     # decodes the next work item in a background thread); the others note it as a no-op
     fetches_ahead: ClassVar[bool] = False
@@ -209,4 +212,8 @@ class Executor:
                                   + ("are loader workers, which overlap work items already"
                                      if self.fetches_ahead else "run elsewhere")
                                   + " (it applies to num_workers = 0 only)")
+        if lc.persistent_workers and not (self.keeps_workers and lc.num_workers > 0):
+            out["persistent_workers"] = (f"no-op: the {self.name} executor "
+                                         + ("has no loader workers at num_workers = 0"
+                                            if self.keeps_workers else "forks no loader workers"))
         return out

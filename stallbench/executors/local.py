@@ -32,6 +32,7 @@ import signal
 import threading
 from typing import Any, Iterator
 
+import psutil
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .. import interrupts, threads
@@ -168,6 +169,54 @@ class _FetchAhead:
         self._thread.join(timeout=10.0)
 
 
+def _process_cpu_s(pid: int) -> float:
+    """A live process's CPU seconds: the sum over its threads of the scheduler's own clock
+    (``/proc/<pid>/task/*/schedstat``, nanoseconds), as ``/proc/<pid>/stat``'s clock ticks
+    (10 ms) are too coarse beside the stages' clocks. A thread that ended between two readings
+    drops out of the sum (a kept worker's threads live as long as it does: its pyarrow and
+    torch pools, the queue's feeder); where schedstat is missing, the ticks. 0.0 when gone."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tasks = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as fh:
+                total += int(fh.read().split()[0])
+                seen = True
+        except (OSError, ValueError, IndexError):
+            pass
+    if seen:
+        return total / 1e9
+    try:
+        c = psutil.Process(pid).cpu_times()
+        return c.user + c.system
+    except (psutil.Error, TypeError, ValueError):
+        return 0.0
+
+
+def _kept_key(plan: Plan, pool: BufferPool | None) -> tuple:
+    """What kept workers must share with a run to serve it: they were forked with a plan
+    (its config, dataset, work list, ablation and caches) and a pool. A variant's runs build
+    a new plan each (``Plan.with_ablation``) from the same parts, so the parts are compared."""
+    return (id(plan.config), id(plan.dataset), plan.items, plan.ablation, id(plan.caches),
+            id(pool))
+
+
+def _close_early(shutdown: Any) -> threading.Thread:
+    """Shut the loader's workers down on a helper thread: called once the run's last work
+    item is in the trainer's hands, so the workers, idle from then on, exit while the trainer
+    consumes that item's batches instead of after it (the DataLoader joins them only when
+    asked for an item past the last). The stream joins this thread before it ends, so the
+    workers are reaped (their CPU counted) and any exit not overlapped stays on the run's
+    clock. Safe: every result is received (a payload in fresh shared memory is mapped when
+    its item is unpickled) and nothing else touches the iterator until the join."""
+    t = threading.Thread(target=shutdown, name="stallbench-loader-shutdown", daemon=True)
+    t.start()
+    return t
+
+
 def pool_shape(plan: Plan) -> tuple[int, int, int] | None:
     """(partitions, slots per partition, slot bytes) of the pool a plan's workers can use, or
     None when their payloads cannot live in one (a format that is not poolable, compressed,
@@ -197,6 +246,7 @@ class LocalExecutor(Executor):
     name = "local"
     scaling_knobs = ("loader.num_workers",)
     fetches_ahead = True
+    keeps_workers = True
 
     def __init__(self, config: Any, scenario_file: str = "<scenario>") -> None:
         super().__init__(config, scenario_file)
@@ -211,8 +261,14 @@ class LocalExecutor(Executor):
         # packing 3x slower). The next run's pool is sized from the data instead, up to
         # ``POOL_MEMORY_SHARE`` of the machine's memory.
         self._slot_need = 0
+        # ``loader.persistent_workers``: (key, plan, DataLoader) of the workers kept alive
+        # between runs; the plan is held so the ids in the key stay its own.
+        self._kept: tuple[tuple, Plan, DataLoader] | None = None
 
     POOL_MEMORY_SHARE = 0.125
+    # Shut workers down as soon as the last work item has arrived (``_close_early``); False
+    # only for an A/B of the old end of run (benchmarks/trainer_path.py).
+    early_shutdown = True
 
     def _slot_bytes(self, shape: tuple[int, int, int]) -> int:
         need = max(shape[2], self._slot_need)
@@ -289,15 +345,23 @@ class LocalExecutor(Executor):
         self._user_code = [f"transform {st.path!r}"
                            + (f" ({st.origin})" if getattr(st, "origin", None) else "")
                            for st in plan.preprocess.steps if st.name == "user"]
-        loader = DataLoader(
-            _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
-            prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=False,
-            multiprocessing_context=_CheckedForkContext(),
-            worker_init_fn=_WorkerInit(self.producer_threads()),
-        )
-        it = iter(loader)
+        keep = lc.persistent_workers
+        it = self._kept_iterator(plan, pool) if keep else None
+        if it is None:
+            loader = DataLoader(
+                _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
+                prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=keep,
+                multiprocessing_context=_CheckedForkContext(),
+                worker_init_fn=_WorkerInit(self.producer_threads()),
+            )
+            it = iter(loader)
+            if keep:
+                self._kept = (_kept_key(plan, pool), plan, loader)
+        shutdown = getattr(it, "_shutdown_workers", None)
+        closing: threading.Thread | None = None
+        completed = False
         try:
-            while True:
+            for got in range(len(plan.items)):
                 try:
                     out = next(it)
                 except StopIteration:
@@ -309,19 +373,47 @@ class LocalExecutor(Executor):
                     raise died from None
                 if isinstance(out, _Failed):
                     raise out.error
+                if got == len(plan.items) - 1 and shutdown and self.early_shutdown and not keep:
+                    closing = _close_early(shutdown)
                 yield out
+            completed = True
         finally:
-            # Stop workers promptly when the trainer stops early (max_batches) or fails. A
-            # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
-            # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
-            for w in getattr(it, "_workers", None) or ():
-                try:
-                    os.kill(w.pid, signal.SIGCONT)
-                except (OSError, TypeError):
-                    pass
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown:
-                shutdown()
+            if not (keep and completed):   # kept: every item delivered, workers idle till next run
+                self._kept = None
+                self._end_workers(it, shutdown, closing)
+
+    @staticmethod
+    def _end_workers(it: Any, shutdown: Any, closing: threading.Thread | None) -> None:
+        # Stop workers promptly when the trainer stops early (max_batches) or fails. A
+        # stopped worker (kill -STOP: the progress watchdog's case) is continued first,
+        # or the shutdown's SIGTERM would wait, pending, for its join timeouts.
+        for w in getattr(it, "_workers", None) or ():
+            try:
+                os.kill(w.pid, signal.SIGCONT)
+            except (OSError, TypeError):
+                pass
+        if closing is not None:
+            closing.join()
+        if shutdown:
+            shutdown()     # a no-op after ``_close_early``'s
+
+    def _kept_iterator(self, plan: Plan, pool: BufferPool | None) -> Any:
+        """The kept workers' next iteration (``loader.persistent_workers``), or None when
+        there are none or they were forked for another plan or pool (then they are shut down:
+        a forked worker holds the plan and pool it was forked with)."""
+        if self._kept is None:
+            return None
+        key, _, loader = self._kept
+        if key == _kept_key(plan, pool):
+            return iter(loader)     # the DataLoader resets its workers for a new pass
+        self._drop_kept()
+        return None
+
+    def _drop_kept(self) -> None:
+        kept, self._kept = self._kept, None
+        it = getattr(kept[2], "_iterator", None) if kept else None
+        if it is not None:
+            it._shutdown_workers()
 
     def _worker_died(self, it: Any, exc: RuntimeError) -> ProcessDied | None:
         """The DataLoader's "worker (pid(s) N) exited unexpectedly" / "is killed by signal",
@@ -384,9 +476,17 @@ class LocalExecutor(Executor):
         if self.config.loader.num_workers == 0 or plan.ablation.compute_only:
             return None
         t = os.times()
-        return t.children_user + t.children_system
+        return t.children_user + t.children_system + self._kept_cpu_s()
+
+    def _kept_cpu_s(self) -> float:
+        """CPU of the kept workers, alive (``loader.persistent_workers``): not yet in the
+        clock of reaped children; added to it when they are reaped, so the sum stays one
+        cumulative clock."""
+        it = getattr(self._kept[2], "_iterator", None) if self._kept else None
+        return sum(_process_cpu_s(w.pid) for w in getattr(it, "_workers", None) or ())
 
     def stop(self) -> None:
+        self._drop_kept()
         if self._pool is not None:
             self._pool.close()
             self._pool = None

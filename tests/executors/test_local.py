@@ -3,6 +3,8 @@ that crossed a process boundary, and clean shutdown when the trainer stops early
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,85 @@ def test_worker_processes_cpu_is_measured_whole(cache: Path, workers: int) -> No
     stage_cpu = fig.stage_s.fetch_cpu + fig.stage_s.preprocess_cpu + fig.stage_s.transfer_producer_cpu
     assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95, fig.stage_s
     assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= stage_cpu * 0.98, (fig.producer_cpu_s, stage_cpu)
+
+
+def test_workers_exit_once_the_last_item_has_arrived(cache: Path) -> None:
+    """Once the run's last work item is in the trainer's hands the workers have nothing left
+    to do: they are told to exit then, not only when the trainer asks for an item past the
+    last (so their exit overlaps the trainer consuming that item). Held at the last item,
+    the workers are gone (the wait is a bound, not a timing: without the early shutdown they
+    never exit here); the stream then ends with every item delivered once, in order."""
+    plan, ex = _setup(cache, "num_workers = 2\n")
+    me = psutil.Process()
+    with ex:
+        before = {c.pid for c in me.children()}
+        stream = ex.run(plan)
+        got = [next(stream) for _ in range(len(plan.items))]
+        workers = [c for c in me.children() if c.pid not in before]
+        assert len(workers) == 2, workers
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, alive
+        assert list(stream) == []
+    assert [o.item for o in got] == list(range(len(plan.items)))
+
+
+def _digests(plan: Plan, ex: Any) -> list[tuple[int, int, str]]:
+    """(work item, rows, digest of every tensor) per batch of one pass of ``ex`` over ``plan``."""
+    out = []
+    for shard_out in ex.run(plan):
+        for batch, rows, _ in plan.receive_host(shard_out):
+            h = hashlib.sha256()
+            for k in sorted(batch):
+                h.update(k.encode() + batch[k].numpy().tobytes())
+            out.append((shard_out.item, rows, h.hexdigest()))
+    return out
+
+
+def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) -> None:
+    """``loader.persistent_workers``: the same two workers serve a variant's runs (also when
+    each run is a new plan built from the same parts, as the runner's ``with_ablation`` does),
+    with the same batches in the same order as workers forked per run; each run's producer CPU
+    still holds the ground truth (200 us/row over 1,200 rows = 0.24 s, measured on workers
+    that are alive, not reaped); a run stopped early and ``stop`` leave no worker behind."""
+    cost = "[preprocess]\ncpu_cost_us_per_row = 200\n"
+    plan, forked = _setup(cache, "num_workers = 2\n" + cost)
+    with forked:
+        want = _digests(plan, forked)
+    plan, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n" + cost)
+    me = psutil.Process()
+    before = {c.pid for c in me.children()}
+    with ex:
+        assert _digests(plan, ex) == want
+        workers = {c.pid for c in me.children()} - before
+        assert len(workers) == 2, workers
+        for _ in range(2):
+            fig, _, _ = measured_run(dataclasses.replace(plan), ex, plan.build_compute())
+            assert {c.pid for c in me.children()} - before == workers     # not forked again
+            stage_cpu = (fig.stage_s.fetch_cpu + fig.stage_s.preprocess_cpu
+                         + fig.stage_s.transfer_producer_cpu)
+            assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95, fig.stage_s
+            assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= stage_cpu * 0.98, (
+                fig.producer_cpu_s, stage_cpu)
+        assert _digests(plan, ex) == want
+        stream = ex.run(plan)                       # stopped early: its workers are shut down
+        next(stream)
+        stream.close()
+        _, alive = psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)],
+                                     timeout=30)
+        assert not alive, alive
+        assert _digests(plan, ex) == want           # and the next run forks new ones
+        again = {c.pid for c in me.children()} - before
+        assert len(again) == 2 and not again & workers, (again, workers)
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in again if psutil.pid_exists(p)],
+                                 timeout=30)
+    assert not alive, alive
+
+
+def test_persistent_workers_without_workers_is_a_labelled_no_op(cache: Path) -> None:
+    _, ex = _setup(cache, "num_workers = 0\npersistent_workers = true\n")
+    assert "no-op" in ex.notes({})["persistent_workers"]
+    _, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n")
+    assert "persistent_workers" not in ex.notes({})
 
 
 def test_stopping_early_shuts_workers_down(cache: Path) -> None:
