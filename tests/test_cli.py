@@ -102,7 +102,8 @@ def check_golden(name: str, actual: str) -> None:
      "stallbench: error: s.toml: loader.batch_sise: unknown key; did you mean 'batch_size'? "
      "(valid: batch_size, num_workers, prefetch_factor, epochs, max_batches, execution, "
      "batch_format, compression, compression_level, collate, pin_memory, prefetch_batches, "
-     "fetch_ahead, device_prefetch, wire_bandwidth_mb_s, producer_threads, trainer_threads)\n"),
+     "fetch_ahead, persistent_workers, device_prefetch, wire_bandwidth_mb_s, producer_threads, "
+     "trainer_threads)\n"),
     ('name = "x"\n[dataset]\nrows = -5\n',
      "stallbench: error: s.toml: dataset.rows: expected a value >= 1, got -5\n"),
     ('name = "x"\n[preprocess]\ntransforms = ["hash_idz"]\n',
