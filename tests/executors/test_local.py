@@ -132,22 +132,46 @@ def test_worker_processes_cpu_is_measured_whole(cache: Path, workers: int) -> No
     assert fig.producer_cpu_s is not None and fig.producer_cpu_s >= stage_cpu * 0.98, (fig.producer_cpu_s, stage_cpu)
 
 
-def test_workers_exit_once_the_last_item_has_arrived(cache: Path) -> None:
+def _record_forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the loader workers forked from now on, recorded as they start: listing
+    the test's children later races with the early shutdown, which may have reaped them."""
+    from stallbench.executors import local
+
+    pids: list[int] = []
+    fork = local._CheckedForkProcess.start
+
+    def recorded_start(self: Any) -> None:
+        fork(self)
+        pids.append(self.pid)
+
+    monkeypatch.setattr(local._CheckedForkProcess, "start", recorded_start)
+    return pids
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_workers_exit_once_the_last_item_has_arrived(cache: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Once the run's last work item is in the trainer's hands the workers have nothing left
     to do: they are told to exit then, not only when the trainer asks for an item past the
     last (so their exit overlaps the trainer consuming that item). Held at the last item,
     the workers are gone (the wait is a bound, not a timing: without the early shutdown they
     never exit here); the stream then ends with every item delivered once, in order."""
     plan, ex = _setup(cache, "num_workers = 2\n")
-    me = psutil.Process()
+    forked = _record_forks(monkeypatch)
     with ex:
-        before = {c.pid for c in me.children()}
         stream = ex.run(plan)
         got = [next(stream) for _ in range(len(plan.items))]
-        workers = [c for c in me.children() if c.pid not in before]
-        assert len(workers) == 2, workers
-        _, alive = psutil.wait_procs(workers, timeout=30)
-        assert not alive, alive
+        assert len(forked) == 2, forked
+        deadline = time.monotonic() + 30    # gone already (reaped by the shutdown) or exiting
+        while any(_running(p) for p in forked) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [p for p in forked if _running(p)], forked
         assert list(stream) == []
     assert [o.item for o in got] == list(range(len(plan.items)))
 
@@ -217,8 +241,6 @@ def test_stopping_early_shuts_workers_down(cache: Path, monkeypatch: pytest.Monk
     this fail whenever a Ray test of the session ran first). The workers are recorded as they
     are forked: seen from the model step, they could already be gone (the early shutdown once
     the last work item arrived), which made "the test saw no workers" fail on a quiet machine."""
-    from stallbench.executors import local
-
     me = psutil.Process()
 
     def alive() -> set[int]:
@@ -231,14 +253,7 @@ def test_stopping_early_shuts_workers_down(cache: Path, monkeypatch: pytest.Monk
                 pass
         return out
 
-    started: set[int] = set()
-    fork = local._CheckedForkProcess.start
-
-    def recorded_start(self: Any) -> None:
-        fork(self)
-        started.add(self.pid)
-
-    monkeypatch.setattr(local._CheckedForkProcess, "start", recorded_start)
+    started = _record_forks(monkeypatch)
     before = alive()
     plan, ex = _setup(cache, 'num_workers = 2\nmax_batches = 3\nbatch_format = "single_buffer"\n'
                              'prefetch_batches = 2\n')
@@ -247,9 +262,9 @@ def test_stopping_early_shuts_workers_down(cache: Path, monkeypatch: pytest.Monk
     assert fig.batches == 3
     assert len(started) >= 2, started         # the run forked the workers this checks for
     deadline = time.monotonic() + 5
-    while alive() & started and time.monotonic() < deadline:
+    while alive() & set(started) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive() & started
+    assert not alive() & set(started)
     assert not alive() - before
 
 
