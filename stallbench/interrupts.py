@@ -67,7 +67,7 @@ class _State:
     previous: dict[int, Any] = {}
     previous_hook: Any = None
     subreaper_was: int | None = None
-    half_made = False
+    left_behind = False
     skip_atexit = False
 
 
@@ -112,7 +112,7 @@ def install() -> bool:
     main thread). Clears any signal recorded before."""
     _state.pending = None
     _state.deferred = 0
-    _state.half_made = False
+    _state.left_behind = False
     _state.skip_atexit = False
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -211,13 +211,13 @@ def runtime_left(run_atexit: bool = True) -> None:
     command must end through ``end_process`` (``cli.main`` does): a signal that interrupted
     its start (``ray.init``), or a Flight server whose shutdown is stuck on a stream
     (``run_atexit=False``: pyarrow's ``atexit`` finaliser would wait on it again)."""
-    _state.half_made = True
+    _state.left_behind = True
     _state.skip_atexit = _state.skip_atexit or not run_atexit
 
 
 def runtime_left_behind() -> bool:
     """Whether ``runtime_left`` was called: ``cli.main`` then ends through ``end_process``."""
-    return _state.half_made
+    return _state.left_behind
 
 
 def end_process(code: int) -> None:

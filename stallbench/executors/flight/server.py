@@ -119,6 +119,7 @@ class ProducerServer(flight.FlightServerBase):
         self.cut = 0              # ended by ``stop`` before their last item
         self._count = threading.Lock()
         self.closing = threading.Event()
+        self._grace_s = STOP_GRACE_S   # what ``stop`` gave open streams (its line says it)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
         """Stop serving within about ``grace_s``; returns how many open streams were cut.
@@ -132,6 +133,7 @@ class ProducerServer(flight.FlightServerBase):
         later is left to the shutdown's daemon thread: the process must then end without
         C++'s destructors or pyarrow's ``atexit`` finaliser, which would wait on it again
         (``interrupts.runtime_left``; this server is kept alive until then)."""
+        self._grace_s = grace_s
         done = threading.Thread(target=self.shutdown, daemon=True,
                                 name="stallbench-flight-shutdown")
         done.start()
@@ -244,7 +246,6 @@ class ProducerServer(flight.FlightServerBase):
             with self._count:
                 self.streams -= 1
 
-
     def _check_closing(self) -> None:
         """A stream cut by ``stop`` ends with an error, never as if it were complete: its
         trainer then says the server stopped, in one line."""
@@ -253,7 +254,7 @@ class ProducerServer(flight.FlightServerBase):
                 self.cut += 1
             raise flight.FlightUnavailableError(
                 f"the server (pid {os.getpid()}) is stopping: this stream was cut "
-                f"{STOP_GRACE_S:g} s after it was told to stop")
+                f"{self._grace_s:g} s after it was told to stop")
 
 
 def _codec(cfg: Config) -> pa.Codec | None:
