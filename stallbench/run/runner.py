@@ -263,7 +263,8 @@ def executor_facts(executor: Any) -> ExecutorFacts:
                          producer_nodes=executor.producer_nodes(),
                          nodes_simulated=executor.nodes_simulated(),
                          producers_share_cores=executor.producers_share_cores(),
-                         scaling_knobs=list(executor.scaling_knobs))
+                         scaling_knobs=list(executor.scaling_knobs),
+                         workers_kept=executor.workers_kept(executor.config))
 
 
 def in_trainer(plan: Plan, executor: Any, doing: str, work: Callable[..., Any]) -> Any:
