@@ -27,8 +27,9 @@ where the variant's loader workers are forked for every run by an executor that 
 them (``ExecutorFacts.workers_kept`` is False) and its MEASURED start-up is at least
 ``MATERIAL_STARTUP`` of its epoch (``_keep_workers``): each run pays every worker's fork,
 start-up, first item's page faults and exit, which a job with kept workers pays once. Where a
-sibling variant of the run measured it, its measured whole-run ratio is quoted (its runs after
-the first, which forked the workers it then kept).
+sibling variant of the run measured it, its measured whole-run ratio is quoted, over its runs
+whose workers its executor reports kept (``RepeatFigures.workers_reused``): a differential
+run interleaves ablations, whose other plans fork workers of their own, so there may be none.
 
 Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what), except
 (issue 25) where the suggested value was measured in the same run: then the measured steady
@@ -334,12 +335,17 @@ def _keep_workers(v: VariantResult, variants: Sequence[VariantResult]) -> str:
     s = _sibling(v, variants, "loader.persistent_workers", True)
     if s is None:
         return text + ")"
-    kept = finite_median(r.throughput_samples_s for r in s.repeats[1:])
+    # only its runs whose workers really were kept count (``RepeatFigures.workers_reused``,
+    # as its executor reported): its first run forks them, and in a differential run so does
+    # every run after an ablation's
+    reused = [r.throughput_samples_s for r in s.repeats if r.workers_reused]
+    kept = finite_median(reused)
     here = v.throughput_samples_s.median
     if math.isfinite(kept) and math.isfinite(here) and here > 0:
-        return (text + f"); measured {kept / here:.2f}x ({s.name}, whole run: its runs after "
-                f"the first, which forked the workers it kept)")
-    return text + f"; {s.name} ran one repeat, which forked its workers: keeping not measured)"
+        return (text + f"); measured {kept / here:.2f}x ({s.name}, whole run, its "
+                f"{len(reused)} run{'s' if len(reused) != 1 else ''} that reused the kept workers)")
+    return (text + f"; {s.name} forked its workers for every run (its first does, and each after "
+            f"an ablation's): keeping not measured in this run)")
 
 
 def _best_model(v: VariantResult, machine: MachineInfo, start: Recommendation,

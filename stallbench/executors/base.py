@@ -210,6 +210,13 @@ class Executor:
         is nothing to say (the runner still times ``start`` as a whole)."""
         return {}
 
+    def workers_reused(self) -> bool | None:
+        """Whether the last run's loader workers were kept from an earlier run (True) or
+        forked for it (False); None: it had no loader workers to keep. What a run of a
+        ``loader.persistent_workers`` variant really got: a variant's runs interleaved with
+        ablations (other plans) fork their workers again (``RepeatFigures.workers_reused``)."""
+        return None
+
     def run_figures(self) -> dict[str, Any]:
         """Executor-specific figures of the last run (e.g. Ray operator stats, faults)."""
         return {}

@@ -78,8 +78,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 27, workers that pay): ``ExecutorFacts.workers_kept``
   (loader workers kept across runs, forked every run though they could be kept, or nothing
   to keep), ``Recommendation.also`` (further measured-motivated changes, e.g.
-  ``loader.persistent_workers``), ``TuneFigures.runs_not_counted`` (a tune step whose
-  workers are kept is judged on the runs after the one that forked them).
+  ``loader.persistent_workers``), ``RepeatFigures.workers_reused`` (a run's loader workers
+  were kept from an earlier run, or forked for it), ``TuneFigures.runs_not_counted`` (a tune
+  step whose workers are kept is judged on its runs that reused them).
   Additive in version 3 (issue 23, ``stallbench profile``; executor kind ``"profile"``): ``Result.profile``
   (``ProfileCommand``: the command, redacted) and ``VariantResult.profile``
   (``ProfileVariant``: every loader stream per rank, ``ProfileLoader`` / ``ProfileStage``).
@@ -269,6 +270,11 @@ class RepeatFigures:
     # workers: all their threads, start-up and hand-off; a Ray cluster on this machine: its
     # workers, raylets and daemons); None where not measurable (none, or a remote cluster).
     producer_cpu_s: float | None = None
+    # the loader workers that produced this run were kept from an earlier run of the variant
+    # (``loader.persistent_workers``, ``Executor.workers_reused``): True; forked for it: False;
+    # None: no loader workers to keep. A kept variant's first run forks them, and so does every
+    # run after an ablation's (another plan's workers) in a differential run.
+    workers_reused: bool | None = None
     stage_s: StageSeconds = field(default_factory=StageSeconds)
     stage_rows: StageRows = field(default_factory=StageRows)
     bytes: ByteCounts = field(default_factory=ByteCounts)

@@ -167,6 +167,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
                                             sample_interval_s=cfg.run.sample_interval_s,
                                             on_batch=on_batch)
                 fig.executor_start_s = startup
+                fig.workers_reused = executor.workers_reused()
                 runs[ablation.name].append(fig)
                 if ablation == FULL and r == 0:
                     timeline, resources = tl, res

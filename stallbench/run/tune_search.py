@@ -100,7 +100,8 @@ class Search:
         """Runs one step measures: 2 where the executor keeps this config's loader workers
         (``Executor.workers_kept``): its first run forks them, as a forked-every-run config's
         every run does, and only the runs after it show what keeping them saves (a training
-        job pays the fork once, not every epoch); ``figures`` then leaves the first out.
+        job pays the fork once, not every epoch); ``figures`` then counts the runs that reused
+        them (``RepeatFigures.workers_reused``, as the executor reports).
         Every other step is one run."""
         return 2 if EXECUTORS.get(cfg.executor.kind).workers_kept(cfg) else 1
 
@@ -125,10 +126,12 @@ class Search:
         return vr, time.perf_counter() - t
 
     def figures(self, vr: VariantResult) -> TuneFigures:
-        """The step's figures: medians of its runs, leaving out the first where the executor
-        kept the workers and there were more (``runs_for``: the first forked them)."""
-        skip = 1 if vr.executor.workers_kept and len(vr.repeats) > 1 else 0
-        reps = vr.repeats[skip:]
+        """The step's figures: medians of its runs; where the executor keeps the workers, of
+        the runs that reused them (``RepeatFigures.workers_reused``; ``runs_for``: the first
+        forked them), when there are any."""
+        reused = [f for f in vr.repeats if f.workers_reused]
+        reps = reused if vr.executor.workers_kept and reused else vr.repeats
+        skip = len(vr.repeats) - len(reps)
         steady = finite_median(f.steady_throughput_samples_s for f in reps)
         compute = finite_median(f.compute_s / f.samples for f in reps if f.samples)
         steady_stall = max(0.0, 1.0 - steady * compute) if math.isfinite(steady) else math.nan

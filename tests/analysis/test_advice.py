@@ -367,11 +367,15 @@ def test_a_sibling_that_kept_its_workers_is_quoted_as_measured() -> None:
     v = _forked(0.2)                                       # 10,000 samples/s, forked every run
     keep = _sibling_of(v, "kept", 0.0, persistent_workers=True)
     keep.executor = dataclasses.replace(v.executor, workers_kept=True)
-    keep.repeats = [factories.repeat(tp) for tp in (10_000.0, 12_500.0, 12_000.0)]
+    keep.repeats = [factories.repeat(tp, workers_reused=r)
+                    for tp, r in ((10_000.0, False), (12_500.0, True), (12_000.0, True))]
     rec = advice.recommend(v, MACHINE, [v, keep])
-    assert rec.also[0].endswith("measured); measured 1.23x (kept, whole run: its runs after the "
-                                "first, which forked the workers it kept)"), rec.also
-    keep.repeats = keep.repeats[:1]
-    assert rec.also[0].startswith(advice.recommend(v, MACHINE, [v, keep]).also[0].split(";")[0])
-    assert advice.recommend(v, MACHINE, [v, keep]).also[0].endswith(
-        "; kept ran one repeat, which forked its workers: keeping not measured)")
+    assert rec.also[0].endswith("measured); measured 1.23x (kept, whole run, its 2 runs that "
+                                "reused the kept workers)"), rec.also
+    # every run forked its workers (one repeat; or ablations between its runs): nothing to quote
+    for r in keep.repeats:
+        r.workers_reused = False
+    other = advice.recommend(v, MACHINE, [v, keep]).also[0]
+    assert other.startswith(rec.also[0].split(")")[0]) and "measured 1." not in other
+    assert other.endswith("; kept forked its workers for every run (its first does, and each "
+                          "after an ablation's): keeping not measured in this run)")
