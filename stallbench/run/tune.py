@@ -74,6 +74,12 @@ class Tuner(Search):
             # no producers: nothing to scale, and a no-worker fit is not calibrated (its gap
             # would be hand-off, which it has none of): its own search run is the prediction
             return point.figures.throughput_samples_s, "search run (no producers to scale)"
+        if point.figures.runs_not_counted:
+            # kept workers: the what-if models a run's start-up as forked workers pay it (its
+            # fit holds the run that forked them), not runs that reuse them
+            return (point.figures.throughput_samples_s,
+                    "search run (its run that reused the kept workers; the what-if models "
+                    "forked ones)")
         fam = [p.vr for p in self.family(point.cfg)]
         m = fit_best(fam, self.machine, self.dataset)
         if m is None:
