@@ -339,7 +339,8 @@ def test_forked_workers_whose_start_up_is_material_are_told_to_be_kept() -> None
     assert rec.text.endswith("; also " + rec.also[0])
     # where the run had a steady window, the start-up cost beyond the steady rate is the figure
     v.phases = PhaseSummary(
-        rule="r", startup_s=factories.Summary.of([0.3]), startup_cost_s=factories.Summary.of([0.15]),
+        rule="r", startup_s=factories.Summary.of([0.3]),
+        startup_cost_s=factories.Summary.of([0.15]),
         startup_stall_s=factories.Summary.of([0.1]), steady_s=factories.Summary.of([0.7]),
         steady_stall_share=factories.Summary.of([0.01]),
         steady_samples_s=factories.Summary.of([11_000.0]))
@@ -355,7 +356,8 @@ def test_forked_workers_whose_start_up_is_material_are_told_to_be_kept() -> None
     (0.2, True),        # already kept
     (0.2, None),        # nothing to keep (0 workers, or an executor that forks none)
 ])
-def test_keeping_workers_is_not_advised_where_it_cannot_pay(ttfb_s: float, kept: bool | None) -> None:
+def test_keeping_workers_is_not_advised_where_it_cannot_pay(ttfb_s: float,
+                                                           kept: bool | None) -> None:
     rec = advice.recommend(_forked(ttfb_s, kept), MACHINE)
     assert rec.also == [] and "persistent_workers" not in rec.text
 
