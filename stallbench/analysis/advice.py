@@ -336,16 +336,16 @@ def _keep_workers(v: VariantResult, variants: Sequence[VariantResult]) -> str:
     if s is None:
         return text + ")"
     # only its runs whose workers really were kept count (``RepeatFigures.workers_reused``,
-    # as its executor reported): its first run forks them, and in a differential run so does
-    # every run after an ablation's
+    # as its executor reported): its first run forks them (the ablation runs between its full
+    # runs reuse them: the local executor's kept workers serve every ablation of a variant)
     reused = [r.throughput_samples_s for r in s.repeats if r.workers_reused]
     kept = finite_median(reused)
     here = v.throughput_samples_s.median
     if math.isfinite(kept) and math.isfinite(here) and here > 0:
         return (text + f"); measured {kept / here:.2f}x ({s.name}, whole run, its "
                 f"{len(reused)} run{'s' if len(reused) != 1 else ''} that reused the kept workers)")
-    return (text + f"; {s.name} forked its workers for every run (its first does, and each after "
-            f"an ablation's): keeping not measured in this run)")
+    return (text + f"; {s.name} reused no kept workers (its first run forks them): keeping "
+            f"not measured in this run)")
 
 
 def _best_model(v: VariantResult, machine: MachineInfo, start: Recommendation,

@@ -213,8 +213,8 @@ class Executor:
     def workers_reused(self) -> bool | None:
         """Whether the last run's loader workers were kept from an earlier run (True) or
         forked for it (False); None: it had no loader workers to keep. What a run of a
-        ``loader.persistent_workers`` variant really got: a variant's runs interleaved with
-        ablations (other plans) fork their workers again (``RepeatFigures.workers_reused``)."""
+        ``loader.persistent_workers`` variant really got (``RepeatFigures.workers_reused``):
+        its first run forks them, and another plan or pool forks them again."""
         return None
 
     def run_figures(self) -> dict[str, Any]:

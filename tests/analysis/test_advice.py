@@ -374,10 +374,10 @@ def test_a_sibling_that_kept_its_workers_is_quoted_as_measured() -> None:
     rec = advice.recommend(v, MACHINE, [v, keep])
     assert rec.also[0].endswith("measured); measured 1.23x (kept, whole run, its 2 runs that "
                                 "reused the kept workers)"), rec.also
-    # every run forked its workers (one repeat; or ablations between its runs): nothing to quote
+    # no run reused the kept workers (a variant of one repeat): nothing to quote
     for r in keep.repeats:
         r.workers_reused = False
     other = advice.recommend(v, MACHINE, [v, keep]).also[0]
     assert other.startswith(rec.also[0].split(")")[0]) and "measured 1." not in other
-    assert other.endswith("; kept forked its workers for every run (its first does, and each "
-                          "after an ablation's): keeping not measured in this run)")
+    assert other.endswith("; kept reused no kept workers (its first run forks them): keeping "
+                          "not measured in this run)")
