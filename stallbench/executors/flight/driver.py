@@ -414,11 +414,11 @@ class FlightExecutor(Executor):
                 yield from self._merge(plan, key, r)
         finally:
             # Inside the trainer's last next() when the run is complete: only the streams
-            # told to stop here. A complete run's threads have delivered
-            # every item (at most one still reads its stream's end): they are joined with
-            # the link's counters and figures in ``_settle``, after the clock. A run cut
-            # short (``max_batches``: closed after the clock) or failed waits for its
-            # threads now, bounded, so none still reads when the next run starts.
+            # told to stop here. A complete run's threads have delivered every item (at
+            # most one still reads its stream's end): they are joined with the link's
+            # counters and figures in ``_settle``, after the clock. A run cut short
+            # (``max_batches``: closed after the clock) or failed waits for its threads
+            # now, bounded, so none still reads when the next run starts.
             self._end_streams(r, wait=not r.complete)
             if self._run is r:
                 self._run = None
