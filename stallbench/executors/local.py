@@ -264,6 +264,7 @@ class LocalExecutor(Executor):
         # ``loader.persistent_workers``: (key, plan, DataLoader) of the workers kept alive
         # between runs; the plan is held so the ids in the key stay its own.
         self._kept: tuple[tuple, Plan, DataLoader] | None = None
+        self._reused: bool | None = None      # the last run's workers were kept (see base)
 
     POOL_MEMORY_SHARE = 0.125
     # Shut workers down as soon as the last work item has arrived (``_close_early``); False
@@ -347,6 +348,7 @@ class LocalExecutor(Executor):
                            for st in plan.preprocess.steps if st.name == "user"]
         keep = lc.persistent_workers
         it = self._kept_iterator(plan, pool) if keep else None
+        self._reused = it is not None
         if it is None:
             loader = DataLoader(
                 _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
@@ -437,6 +439,7 @@ class LocalExecutor(Executor):
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
         self._figures = {}
+        self._reused = None
         if self.config.loader.execution == "bulk":
             done = list(self._stream(plan))   # the whole epoch, before the first batch
             yield from done
@@ -445,6 +448,9 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    def workers_reused(self) -> bool | None:
+        return self._reused
 
     def waiting_for(self) -> str:
         """What the trainer waits on (the progress watchdog's line)."""

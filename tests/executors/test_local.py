@@ -198,16 +198,19 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
     plan, forked = _setup(cache, "num_workers = 2\n" + cost)
     with forked:
         want = _digests(plan, forked)
+        assert forked.workers_reused() is False       # forked for the run: nothing kept
     plan, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n" + cost)
     me = psutil.Process()
     before = {c.pid for c in me.children()}
     with ex:
         assert _digests(plan, ex) == want
+        assert ex.workers_reused() is False           # the first run forks the workers it keeps
         workers = {c.pid for c in me.children()} - before
         assert len(workers) == 2, workers
         for _ in range(2):
             fig, _, _ = measured_run(dataclasses.replace(plan), ex, plan.build_compute())
             assert {c.pid for c in me.children()} - before == workers     # not forked again
+            assert ex.workers_reused() is True        # and the executor says so
             stage_cpu = (fig.stage_s.fetch_cpu + fig.stage_s.preprocess_cpu
                          + fig.stage_s.transfer_producer_cpu)
             assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95, fig.stage_s
@@ -221,6 +224,7 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
                                      timeout=30)
         assert not alive, alive
         assert _digests(plan, ex) == want           # and the next run forks new ones
+        assert ex.workers_reused() is False
         again = {c.pid for c in me.children()} - before
         assert len(again) == 2 and not again & workers, (again, workers)
     _, alive = psutil.wait_procs([psutil.Process(p) for p in again if psutil.pid_exists(p)],
@@ -229,8 +233,12 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
 
 
 def test_persistent_workers_without_workers_is_a_labelled_no_op(cache: Path) -> None:
-    _, ex = _setup(cache, "num_workers = 0\npersistent_workers = true\n")
+    plan, ex = _setup(cache, "num_workers = 0\npersistent_workers = true\n")
     assert "no-op" in ex.notes({})["persistent_workers"]
+    assert type(ex).workers_kept(plan.config) is None       # nothing to keep, nothing to try
+    with ex:
+        _digests(plan, ex)
+        assert ex.workers_reused() is None
     _, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n")
     assert "persistent_workers" not in ex.notes({})
 
