@@ -272,8 +272,8 @@ class RepeatFigures:
     producer_cpu_s: float | None = None
     # the loader workers that produced this run were kept from an earlier run of the variant
     # (``loader.persistent_workers``, ``Executor.workers_reused``): True; forked for it: False;
-    # None: no loader workers to keep. A kept variant's first run forks them, and so does every
-    # run after an ablation's (another plan's workers) in a differential run.
+    # None: no loader workers to keep. A kept variant's first run forks them; its ablation runs
+    # reuse them (the local executor's kept workers serve every ablation of the variant).
     workers_reused: bool | None = None
     stage_s: StageSeconds = field(default_factory=StageSeconds)
     stage_rows: StageRows = field(default_factory=StageRows)
