@@ -22,6 +22,15 @@ on that same variant, one ``Recommendation``:
   transfer speedup, labelled an upper bound.
 - **inconclusive**: measure again (repeats; an emulated step on a CPU-only machine).
 
+Beside any of these (``Recommendation.also``, issue 27): ``loader.persistent_workers = true``
+where the variant's loader workers are forked for every run by an executor that could keep
+them (``ExecutorFacts.workers_kept`` is False) and its MEASURED start-up is at least
+``MATERIAL_STARTUP`` of its epoch (``_keep_workers``): each run pays every worker's fork,
+start-up, first item's page faults and exit, which a job with kept workers pays once. Where a
+sibling variant of the run measured it, its measured whole-run ratio is quoted, over its runs
+whose workers its executor reports kept (``RepeatFigures.workers_reused``): a differential
+run interleaves ablations, whose other plans fork workers of their own, so there may be none.
+
 Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what), except
 (issue 25) where the suggested value was measured in the same run: then the measured steady
 ratio is quoted, labelled measured, and nothing is predicted. A what-if prediction carries the
@@ -49,10 +58,12 @@ from ..measure.load import HEAVY_CORES
 from ..results import BackTest, MachineInfo, Recommendation, Result, VariantResult
 from ..stages.sizes import ceil_div
 from . import backtest, figures, whatif, whatif_models
+from .stats import finite_median
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
 MAX_BACKTEST_ERROR = 0.25   # a what-if gain is not printed when its back-test missed by more
 NEAR_BEST = 0.95      # the fewest producers within 5% of the best predicted rate
+MATERIAL_STARTUP = 0.05   # forked workers' start-up worth keeping them for: this share of the epoch
 
 
 def _steady_share(v: VariantResult) -> float | None:
@@ -287,8 +298,54 @@ def recommend(v: VariantResult, machine: MachineInfo,
     else:
         rec = _best_model(v, machine, rec, variants, backtest, [model, *alternatives])
     _within_ideal(a, rec)
+    keep = _keep_workers(v, variants)
+    if keep:
+        rec.also.append(keep)
     rec.text = f"{v.name}: {action_text(rec)}"
     return rec
+
+
+def _startup(v: VariantResult) -> tuple[float, str]:
+    """The variant's measured start-up inside its epoch and its name: the phases' start-up
+    cost (the time beyond the steady rate before every producer delivered its first work item:
+    what forked workers' start adds) where the runs had a steady window, else the time to
+    first batch."""
+    if v.phases is not None:
+        x = v.phases.startup_cost_s.median
+        if math.isfinite(x):
+            return x, "start-up cost beyond the steady rate"
+    return v.time_to_first_batch_s.median, "time to first batch"
+
+
+def _keep_workers(v: VariantResult, variants: Sequence[VariantResult]) -> str:
+    """``loader.persistent_workers = true`` with the measured start-up that motivates it
+    (module docstring), or "" where the workers are kept, cannot be, or start-up is not a
+    material share of the epoch."""
+    if v.executor.workers_kept is not False:
+        return ""
+    cost, name = _startup(v)
+    epoch = v.epoch_s.median
+    if not (math.isfinite(cost) and math.isfinite(epoch) and epoch > 0) \
+            or cost / epoch < MATERIAL_STARTUP:
+        return ""
+    n = v.executor.producer_slots
+    text = (f"loader.persistent_workers = true (its {n} loader worker{'s' if n != 1 else ''} "
+            f"are forked every run: {name} {cost:.3f} s of its {epoch:.3f} s epoch, "
+            f"{cost / epoch:.0%}, measured")
+    s = _sibling(v, variants, "loader.persistent_workers", True)
+    if s is None:
+        return text + ")"
+    # only its runs whose workers really were kept count (``RepeatFigures.workers_reused``,
+    # as its executor reported): its first run forks them (the ablation runs between its full
+    # runs reuse them: the local executor's kept workers serve every ablation of a variant)
+    reused = [r.throughput_samples_s for r in s.repeats if r.workers_reused]
+    kept = finite_median(reused)
+    here = v.throughput_samples_s.median
+    if math.isfinite(kept) and math.isfinite(here) and here > 0:
+        return (text + f"); measured {kept / here:.2f}x ({s.name}, whole run, its "
+                f"{len(reused)} run{'s' if len(reused) != 1 else ''} that reused the kept workers)")
+    return (text + f"; {s.name} reused no kept workers (its first run forks them): keeping "
+            f"not measured in this run)")
 
 
 def _best_model(v: VariantResult, machine: MachineInfo, start: Recommendation,
@@ -422,7 +479,12 @@ def action_text(rec: Recommendation) -> str:
     """The action and its gain: MEASURED where this run measured the suggested value ("2
     workers measured 1.96x (num_workers=2, steady state)"), else PREDICTED with its
     back-test interval ("4 workers predicted 2.10x [1.80x, 2.40x]"), or "not predicted"
-    with the reason."""
+    with the reason; then each further change (``Recommendation.also``)."""
+    text = _action_text(rec)
+    return "; ".join([text, *(f"also {x}" for x in rec.also)])
+
+
+def _action_text(rec: Recommendation) -> str:
     if rec.measured_speedup is not None and math.isfinite(rec.measured_speedup):
         basis = rec.predicted_from.partition("(")[2].rstrip(")") or "steady state"
         text = f"{rec.action} measured {rec.measured_speedup:.2f}x ({rec.measured_variant}, {basis})"

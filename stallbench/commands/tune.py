@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
                        gpu_node_cost=a["gpu_node_cost"], out_dir=out,
                        cache_dir=args.cache_dir,
                        progress=not args.no_progress and sys.stderr.isatty())
-    print(f"tune {sc.name} ({sc.path}): budget {b:g} min; every step is one measured run",
-          flush=True)
+    print(f"tune {sc.name} ({sc.path}): budget {b:g} min; every step is one measured run "
+          f"(two where loader workers are kept: judged on the one that reused them)", flush=True)
     r = tune(sc, opts, say=lambda s: print(s, flush=True))
     with interrupts.deferred():      # published whole, or not at all
         path = results.save_tune(r, out)
@@ -99,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
                                                      else " (NOT within 10%)")
         print(f"confirmation: measured {conf.measured.throughput_samples_s:,.0f} samples/s, "
               f"steady stall {conf.measured.steady_stall_share:.1%} "
-              f"({conf.measured.repeats} repeat(s)) vs {pred}: error {format_percent(conf.error, '+.1%')}{goal}")
+              f"({conf.measured.repeats} repeat(s)"
+              + (f" that reused kept workers; {conf.measured.runs_not_counted} more forked them, "
+                 f"not counted" if conf.measured.runs_not_counted else "")
+              + f") vs {pred}: error {format_percent(conf.error, '+.1%')}{goal}")
         print(f"  confirmation result: {conf.result_path}")
     if r.foreign_cores is not None:
         print(f"conditions: other processes kept {r.foreign_cores:.1f} of {r.machine.cores:g} cores "

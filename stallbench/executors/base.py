@@ -97,6 +97,18 @@ class Executor:
         return None
 
     @classmethod
+    def workers_kept(cls, config: Config) -> bool | None:
+        """Whether this config's loader workers live across a variant's runs
+        (``loader.persistent_workers``): True kept, False forked for every run although this
+        executor could keep them (what ``tune`` tries and the advice names: each run then pays
+        their fork, start-up, first item's page faults and exit), None where there is nothing
+        to keep (no loader workers, or an executor that forks none)."""
+        lc = config.loader
+        if not (cls.keeps_workers and lc.num_workers > 0):
+            return None
+        return bool(lc.persistent_workers)
+
+    @classmethod
     def reserved_memory(cls, config: Config) -> tuple[int, str, str] | None:
         """Memory this executor reserves on this machine before anything runs, checked against
         it up front (``run.preflight``): (bytes, the key that sets it, what it is); None: none."""
@@ -198,6 +210,13 @@ class Executor:
         is nothing to say (the runner still times ``start`` as a whole)."""
         return {}
 
+    def workers_reused(self) -> bool | None:
+        """Whether the last run's loader workers were kept from an earlier run (True) or
+        forked for it (False); None: it had no loader workers to keep. What a run of a
+        ``loader.persistent_workers`` variant really got (``RepeatFigures.workers_reused``):
+        its first run forks them, and another plan or pool forks them again."""
+        return None
+
     def run_figures(self) -> dict[str, Any]:
         """Executor-specific figures of the last run (e.g. Ray operator stats, faults)."""
         return {}
@@ -212,7 +231,7 @@ class Executor:
                                   + ("are loader workers, which overlap work items already"
                                      if self.fetches_ahead else "run elsewhere")
                                   + " (it applies to num_workers = 0 only)")
-        if lc.persistent_workers and not (self.keeps_workers and lc.num_workers > 0):
+        if lc.persistent_workers and self.workers_kept(self.config) is None:
             out["persistent_workers"] = (f"no-op: the {self.name} executor "
                                          + ("has no loader workers at num_workers = 0"
                                             if self.keeps_workers else "forks no loader workers"))

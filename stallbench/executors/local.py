@@ -33,7 +33,7 @@ import threading
 from typing import Any, Iterator
 
 import psutil
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from .. import interrupts, threads
 from ..errors import ProcessDied, UserCodeError, UserError, exit_status
@@ -54,24 +54,56 @@ class _Failed:
 
 
 class _Shards(Dataset):
+    """The plan's work items. An index is a work item's position, or (ablation, position) from
+    kept workers' ``_AblationOrder``: workers kept across a variant's runs serve its ablation
+    runs too (a run's plan differs from the one they were forked with only in its ablation),
+    so the differential runs interleaved between the full runs do not re-fork them."""
+
     def __init__(self, plan: Plan, pool: BufferPool | None) -> None:
         self.plan = plan
         self.pool = pool
+        self._plans: dict[Any, Plan] = {plan.ablation: plan}
 
     def __len__(self) -> int:
         return len(self.plan.items)
 
-    def __getitem__(self, i: int) -> ShardOutput | _Failed:
+    def _plan_for(self, ablation: Any) -> Plan:
+        got = self._plans.get(ablation)
+        if got is None:
+            got = self._plans[ablation] = self.plan.with_ablation(ablation, self.plan.caches)
+        return got
+
+    def __getitem__(self, index: int | tuple[Any, bool, int]) -> ShardOutput | _Failed:
+        plan, pooled, i = (self._plan_for(index[0]), index[1], index[2]) \
+            if isinstance(index, tuple) else (self.plan, True, index)
         info = get_worker_info()
         if info is None:
-            return self.plan.produce(i)
+            return plan.produce(i)
         # In a worker process, allocate single buffers in shared memory directly.
         try:
-            return self.plan.produce(i, shared=self.pool.allocator(info.id) if self.pool else True)
+            return plan.produce(i, shared=self.pool.allocator(info.id) if self.pool and pooled
+                                else True)
         except UserError as exc:
             if isinstance(exc, UserCodeError):
                 exc.located(f"loader worker {info.id}, pid {os.getpid()}")
             return _Failed(exc)
+
+
+class _AblationOrder(Sampler):
+    """Kept workers' work list: every position in order, each with the ablation of the run
+    being served and whether its payloads go into the workers' pool (a run whose payloads
+    cannot live in one, e.g. transfer ablated away, has none); both set before each pass: the
+    DataLoader re-reads its sampler every pass and sends each index to a worker."""
+
+    def __init__(self, ablation: Any, pooled: bool, n: int) -> None:
+        self.ablation, self.pooled, self.n = ablation, pooled, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[tuple[Any, bool, int]]:
+        a, pooled = self.ablation, self.pooled
+        return ((a, pooled, i) for i in range(self.n))
 
 
 class _CheckedForkProcess(multiprocessing.context.ForkProcess):
@@ -196,12 +228,13 @@ def _process_cpu_s(pid: int) -> float:
         return 0.0
 
 
-def _kept_key(plan: Plan, pool: BufferPool | None) -> tuple:
+def _kept_key(plan: Plan) -> tuple:
     """What kept workers must share with a run to serve it: they were forked with a plan
-    (its config, dataset, work list, ablation and caches) and a pool. A variant's runs build
-    a new plan each (``Plan.with_ablation``) from the same parts, so the parts are compared."""
-    return (id(plan.config), id(plan.dataset), plan.items, plan.ablation, id(plan.caches),
-            id(pool))
+    (its config, dataset, work list and caches) and a pool. A variant's runs build a new plan
+    each (``Plan.with_ablation``) from the same parts, so the parts are compared; the ablation
+    is not among them, as it travels with each work item (``_AblationOrder``), and a run with
+    no pool is served too (its payloads in fresh shared memory, as workers forked for it)."""
+    return (id(plan.config), id(plan.dataset), plan.items, id(plan.caches))
 
 
 def _close_early(shutdown: Any) -> threading.Thread:
@@ -263,7 +296,8 @@ class LocalExecutor(Executor):
         self._slot_need = 0
         # ``loader.persistent_workers``: (key, plan, DataLoader) of the workers kept alive
         # between runs; the plan is held so the ids in the key stay its own.
-        self._kept: tuple[tuple, Plan, DataLoader] | None = None
+        self._kept: tuple[tuple, Plan, DataLoader, BufferPool | None] | None = None
+        self._reused: bool | None = None      # the last run's workers were kept (see base)
 
     POOL_MEMORY_SHARE = 0.125
     # Shut workers down as soon as the last work item has arrived (``_close_early``); False
@@ -347,16 +381,18 @@ class LocalExecutor(Executor):
                            for st in plan.preprocess.steps if st.name == "user"]
         keep = lc.persistent_workers
         it = self._kept_iterator(plan, pool) if keep else None
+        self._reused = it is not None
         if it is None:
             loader = DataLoader(
                 _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
+                sampler=_AblationOrder(plan.ablation, True, len(plan.items)) if keep else None,
                 prefetch_factor=lc.prefetch_factor, collate_fn=_identity, persistent_workers=keep,
                 multiprocessing_context=_CheckedForkContext(),
                 worker_init_fn=_WorkerInit(self.producer_threads()),
             )
             it = iter(loader)
             if keep:
-                self._kept = (_kept_key(plan, pool), plan, loader)
+                self._kept = (_kept_key(plan), plan, loader, pool)
         shutdown = getattr(it, "_shutdown_workers", None)
         closing: threading.Thread | None = None
         completed = False
@@ -403,8 +439,10 @@ class LocalExecutor(Executor):
         a forked worker holds the plan and pool it was forked with)."""
         if self._kept is None:
             return None
-        key, _, loader = self._kept
-        if key == _kept_key(plan, pool):
+        key, _, loader, kept_pool = self._kept
+        if key == _kept_key(plan) and (pool is None or pool is kept_pool):
+            loader.sampler.ablation = plan.ablation   # this run's (see ``_Shards``)
+            loader.sampler.pooled = pool is not None
             return iter(loader)     # the DataLoader resets its workers for a new pass
         self._drop_kept()
         return None
@@ -437,6 +475,7 @@ class LocalExecutor(Executor):
 
     def run(self, plan: Plan) -> Iterator[ShardOutput]:
         self._figures = {}
+        self._reused = None
         if self.config.loader.execution == "bulk":
             done = list(self._stream(plan))   # the whole epoch, before the first batch
             yield from done
@@ -445,6 +484,9 @@ class LocalExecutor(Executor):
 
     def run_figures(self) -> dict[str, Any]:
         return dict(self._figures)
+
+    def workers_reused(self) -> bool | None:
+        return self._reused
 
     def waiting_for(self) -> str:
         """What the trainer waits on (the progress watchdog's line)."""

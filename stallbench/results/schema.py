@@ -75,6 +75,12 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``measure.phases``), ``Attribution.refused`` (a stage stall longer
   than the run: refused, ``inconclusive_because = "impossible"``)
   and the straggler rule on own time (``analysis.ranks``).
+  Additive in version 3 (issue 27, workers that pay): ``ExecutorFacts.workers_kept``
+  (loader workers kept across runs, forked every run though they could be kept, or nothing
+  to keep), ``Recommendation.also`` (further measured-motivated changes, e.g.
+  ``loader.persistent_workers``), ``RepeatFigures.workers_reused`` (a run's loader workers
+  were kept from an earlier run, or forked for it), ``TuneFigures.runs_not_counted`` (a tune
+  step whose workers are kept is judged on its runs that reused them).
   Additive in version 3 (issue 23, ``stallbench profile``; executor kind ``"profile"``): ``Result.profile``
   (``ProfileCommand``: the command, redacted) and ``VariantResult.profile``
   (``ProfileVariant``: every loader stream per rank, ``ProfileLoader`` / ``ProfileStage``).
@@ -264,6 +270,11 @@ class RepeatFigures:
     # workers: all their threads, start-up and hand-off; a Ray cluster on this machine: its
     # workers, raylets and daemons); None where not measurable (none, or a remote cluster).
     producer_cpu_s: float | None = None
+    # the loader workers that produced this run were kept from an earlier run of the variant
+    # (``loader.persistent_workers``, ``Executor.workers_reused``): True; forked for it: False;
+    # None: no loader workers to keep. A kept variant's first run forks them; its ablation runs
+    # reuse them (the local executor's kept workers serve every ablation of the variant).
+    workers_reused: bool | None = None
     stage_s: StageSeconds = field(default_factory=StageSeconds)
     stage_rows: StageRows = field(default_factory=StageRows)
     bytes: ByteCounts = field(default_factory=ByteCounts)
@@ -402,6 +413,9 @@ class ExecutorFacts:
     # the config keys that set producer_slots ("loader.num_workers", ...): variants that differ
     # only in these form one scaling curve for the what-if
     scaling_knobs: list[str] = field(default_factory=list)
+    # loader workers kept across the variant's runs (``Executor.workers_kept``): True kept,
+    # False forked for every run though the executor could keep them, None nothing to keep
+    workers_kept: bool | None = None
 
 
 @dataclass
@@ -565,6 +579,10 @@ class Recommendation:
     # the what-if model that made ``predicted_speedup`` ("one-point", "contention"): the
     # one whose back-test at the prediction's extrapolation is best (issue 25)
     prediction_model: str | None = None
+    # further changes to try beside ``action``, each in words with the MEASURED figure that
+    # motivates it (issue 27: ``loader.persistent_workers`` where forked workers' start-up is a
+    # material share of the epoch)
+    also: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -1136,7 +1154,11 @@ class TuneFigures:
     bound_by: str                # attribution's bound, or the what-if's reading of the run
     bound_from: str              # "attribution" or "what-if"
     cost_per_epoch: float | None = None   # with prices: one pass over the dataset
-    repeats: int = 1
+    repeats: int = 1             # runs these figures are the medians of
+    # runs measured but not counted above: 1 where the executor keeps the workers
+    # (``ExecutorFacts.workers_kept``), whose first run forks them: a training job pays that
+    # once, not every epoch, so the configuration is judged on the runs after it
+    runs_not_counted: int = 0
 
 
 @dataclass

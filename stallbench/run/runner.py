@@ -167,6 +167,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
                                             sample_interval_s=cfg.run.sample_interval_s,
                                             on_batch=on_batch)
                 fig.executor_start_s = startup
+                fig.workers_reused = executor.workers_reused()
                 runs[ablation.name].append(fig)
                 if ablation == FULL and r == 0:
                     timeline, resources = tl, res
@@ -263,7 +264,8 @@ def executor_facts(executor: Any) -> ExecutorFacts:
                          producer_nodes=executor.producer_nodes(),
                          nodes_simulated=executor.nodes_simulated(),
                          producers_share_cores=executor.producers_share_cores(),
-                         scaling_knobs=list(executor.scaling_knobs))
+                         scaling_knobs=list(executor.scaling_knobs),
+                         workers_kept=executor.workers_kept(executor.config))
 
 
 def in_trainer(plan: Plan, executor: Any, doing: str, work: Callable[..., Any]) -> Any:

@@ -17,6 +17,10 @@ far (the base scenario, no matrix, to start):
    format (one buffer per batch), collate on the producers, a trainer-side preload thread, zstd
    (only where a link's bandwidth is the limit: it costs CPU and saves only bytes). Compute
    bound (stall-free): fewer producers, if the what-if says fewer still keep up (cheaper).
+   Last, on any bound: where the executor could keep the best's loader workers across runs
+   and forks them every run instead (``Executor.workers_kept`` is False), one step with
+   ``loader.persistent_workers = true``: every run otherwise pays each worker's fork,
+   start-up, first item's page faults and exit (docs/data-path.md, "What workers still pay").
 3. A step "is better" when it becomes the best: stall-free beats stalled; among stall-free, the
    cheaper (cost per epoch with prices, else fewer producer nodes, then fewer producers);
    among stalled, the faster by more than ``BETTER`` (one run's noise on a shared machine).
@@ -29,7 +33,9 @@ far (the base scenario, no matrix, to start):
    count, fitted on the search's runs).
 
 "Stall-free" is judged on the steady state: 1 - steady rate x compute seconds per sample below
-5% (a short run's start-up alone can be 5% of its epoch). Every step is one repeat.
+5% (a short run's start-up alone can be 5% of its epoch). Every step is one repeat, except a
+configuration whose workers are kept: two runs, judged on the second (the first forks them,
+as every run of a forked-every-run configuration does; ``Search.runs_for``).
 """
 
 from __future__ import annotations
@@ -68,6 +74,12 @@ class Tuner(Search):
             # no producers: nothing to scale, and a no-worker fit is not calibrated (its gap
             # would be hand-off, which it has none of): its own search run is the prediction
             return point.figures.throughput_samples_s, "search run (no producers to scale)"
+        if point.figures.runs_not_counted:
+            # kept workers: the what-if models a run's start-up as forked workers pay it (its
+            # fit holds the run that forked them), not runs that reuse them
+            return (point.figures.throughput_samples_s,
+                    "search run (its run that reused the kept workers; the what-if models "
+                    "forked ones)")
         fam = [p.vr for p in self.family(point.cfg)]
         m = fit_best(fam, self.machine, self.dataset)
         if m is None:
@@ -108,7 +120,11 @@ class Tuner(Search):
         sc = load_scenario(path)            # the file as written: valid and loadable
         check_scenario(sc)
         est = rec.measured.epoch_s + self.setup_estimate()
-        repeats = max(1, min(sc.base.run.repeats, int(self.left() // max(est, 1e-9))))
+        # kept workers: at least the 2 runs the search judged it on (``runs_for``; the
+        # search reserved them), the first of which ``figures`` leaves out
+        least = self.runs_for(sc.base)
+        repeats = max(least, min(max(sc.base.run.repeats, least),
+                                 int(self.left() // max(est, 1e-9))))
         self.say(f"  confirm: stallbench run {path} ({repeats} repeat(s), no ablations)")
         # the written file lies in OUT/tune/: its transforms and model are the base scenario's,
         # found beside that one (registry.code_from), as the search's runs found them

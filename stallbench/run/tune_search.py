@@ -95,6 +95,16 @@ class Search:
         self.last_foreign: float | None = None
 
     # ---------------------------------------------------------------------- measuring
+    @staticmethod
+    def runs_for(cfg: Config) -> int:
+        """Runs one step measures: 2 where the executor keeps this config's loader workers
+        (``Executor.workers_kept``): its first run forks them, as a forked-every-run config's
+        every run does, and only the runs after it show what keeping them saves (a training
+        job pays the fork once, not every epoch); ``figures`` then counts the runs that reused
+        them (``RepeatFigures.workers_reused``, as the executor reports).
+        Every other step is one run."""
+        return 2 if EXECUTORS.get(cfg.executor.kind).workers_kept(cfg) else 1
+
     def _measure(self, cfg: Config, analyze: bool) -> tuple[VariantResult, float]:
         with LoadMeter() as meter:
             vr, wall = self._run(cfg, analyze)
@@ -111,16 +121,28 @@ class Search:
         knobs = knob_diff(self.sc.base, cfg)
         plan = Plan.create(cfg, ds, FULL, path)
         t = time.perf_counter()
-        vr = run_variant(Variant(variant_name(knobs), knobs, cfg), plan, 1, analyze, path,
-                         self.opts.progress)
+        vr = run_variant(Variant(variant_name(knobs), knobs, cfg), plan, self.runs_for(cfg),
+                         analyze, path, self.opts.progress)
         return vr, time.perf_counter() - t
 
     def figures(self, vr: VariantResult) -> TuneFigures:
-        reps = vr.repeats
+        """The step's figures: medians of its runs; where the executor keeps the workers, of
+        the runs that reused them (``RepeatFigures.workers_reused``; ``runs_for``: the first
+        forked them), when there are any."""
+        reused = [f for f in vr.repeats if f.workers_reused]
+        reps = reused if vr.executor.workers_kept and reused else vr.repeats
+        skip = len(vr.repeats) - len(reps)
         steady = finite_median(f.steady_throughput_samples_s for f in reps)
         compute = finite_median(f.compute_s / f.samples for f in reps if f.samples)
         steady_stall = max(0.0, 1.0 - steady * compute) if math.isfinite(steady) else math.nan
-        whole = vr.throughput_samples_s.median
+        if skip:
+            whole = finite_median(f.throughput_samples_s for f in reps)
+            epoch = finite_median(f.epoch_s for f in reps)
+            stall = finite_median(f.stall_s / f.epoch_s for f in reps if f.epoch_s > 0)
+            first = finite_median(f.time_to_first_batch_s for f in reps)
+        else:
+            whole, epoch = vr.throughput_samples_s.median, vr.epoch_s.median
+            stall, first = vr.stall_share.median, vr.time_to_first_batch_s.median
         nodes = vr.executor.producer_nodes or 0
         cost = None
         if self.opts.priced and whole > 0 and self.dataset is not None:
@@ -130,11 +152,11 @@ class Search:
         bound, source = self.bound(vr, steady_stall)
         return TuneFigures(
             throughput_samples_s=whole, steady_throughput_samples_s=steady,
-            epoch_s=vr.epoch_s.median, samples=int(finite_median(f.samples for f in reps)),
-            stall_share=vr.stall_share.median, steady_stall_share=steady_stall,
-            time_to_first_batch_s=vr.time_to_first_batch_s.median,
+            epoch_s=epoch, samples=int(finite_median(f.samples for f in reps)),
+            stall_share=stall, steady_stall_share=steady_stall,
+            time_to_first_batch_s=first,
             producer_slots=vr.executor.producer_slots, cpu_nodes=nodes, bound_by=bound,
-            bound_from=source, cost_per_epoch=cost, repeats=len(reps))
+            bound_from=source, cost_per_epoch=cost, repeats=len(reps), runs_not_counted=skip)
 
     def bound(self, vr: VariantResult, steady_stall: float) -> tuple[str, str]:
         """What bounds the run: the attribution's verdict when it ran, else the one-point
@@ -227,8 +249,11 @@ class Search:
         out: list[Candidate] = []
         producers = self._producer_candidates(best)
         formats = self._format_candidates(best)
+        keep = self._keep_candidates(best)
         if self.stall_free(f):
-            return producers            # only cheaper producer counts are worth a run
+            # only cheaper producer counts are worth a run, or the same producers without
+            # paying their start every run
+            return producers + keep
         if f.bound_by == "transfer":
             out = formats + producers
         else:
@@ -238,7 +263,22 @@ class Search:
             out.append(Candidate("loader.prefetch_factor", cfg.loader.prefetch_factor * 2,
                                   "the what-if says these producers keep up on average, the run "
                                   "still waited: a deeper queue per producer absorbs bursts"))
-        return out
+        return out + keep
+
+    def _keep_candidates(self, best: Point) -> list[Candidate]:
+        """``loader.persistent_workers = true`` where the executor could keep the best's loader
+        workers and forks them for every run instead (``Executor.workers_kept`` is False):
+        each run then pays every worker's fork, start-up, first item's page faults and exit
+        (docs/data-path.md, "What workers still pay"), which a training job with kept
+        workers pays once. Last in line: it removes a per-run cost, not the bound."""
+        if EXECUTORS.get(best.cfg.executor.kind).workers_kept(best.cfg) is not False:
+            return []
+        f = best.figures
+        return [Candidate("loader.persistent_workers", True,
+                          f"{f.producer_slots} loader worker(s) forked every run (time to first "
+                          f"batch {f.time_to_first_batch_s:.3f} s of a {f.epoch_s:.3f} s epoch, "
+                          f"measured): kept across runs, a run pays none of their start-up, "
+                          f"first item's page faults and exit (judged on its 2nd run)")]
 
     def _measured_stall_above_predicted(self, best: Point) -> bool:
         m = self.model_for(best.cfg)
@@ -354,9 +394,11 @@ class Search:
         return max(plain) if plain else max(p.setup_s for p in self.points)
 
     def estimate(self, cfg: Config, predicted: float | None, best: Point) -> float:
+        """A step's time: its runs (``runs_for``: 2 where workers are kept) of the predicted
+        epoch, else the best one's, plus the measured set-up, padded."""
         samples = best.figures.samples
         epoch = samples / predicted if predicted else best.figures.epoch_s
-        return (epoch + self.setup_estimate()) * MARGIN
+        return (epoch * self.runs_for(cfg) + self.setup_estimate()) * MARGIN
 
     # ------------------------------------------------------------------------ the run
     def record(self, cfg: Config, vr: VariantResult, wall: float, change: str, why: str,
@@ -379,8 +421,10 @@ class Search:
         self.tried.add(vr.name)
         pred = (f" vs {predicted:,.0f} PREDICTED ({predicted_by}), error {err:+.0%}"
                 if predicted and err is not None else "")
+        kept = (f" (run {fig.runs_not_counted + 1} of {fig.runs_not_counted + fig.repeats}: the "
+                 f"first forked the workers it keeps)" if fig.runs_not_counted else "")
         self.say(f"  step {step.step}: {tried} => measured {fig.throughput_samples_s:,.0f} "
-                 f"samples/s{pred}, steady stall {fig.steady_stall_share:.0%} ({fig.bound_by}-bound,"
+                 f"samples/s{kept}{pred}, steady stall {fig.steady_stall_share:.0%} ({fig.bound_by}-bound,"
                  f" from the {fig.bound_from})"
                  + (f"; cost/epoch {fig.cost_per_epoch:.4g}" if fig.cost_per_epoch is not None else "")
                  + f" -> {step.outcome} [{wall:.0f} s"

@@ -9,7 +9,7 @@ import pytest
 from stallbench.analysis import advice
 from stallbench.analysis.differential import verdict
 from stallbench.results import (Attribution, ExecutorFacts, Interval, MachineInfo, PartIntervals,
-                                StageRows, StageSeconds)
+                                PhaseSummary, StageRows, StageSeconds)
 
 import factories
 
@@ -310,3 +310,74 @@ def test_inconclusive_suggests_no_setting_even_beside_measured_siblings() -> Non
     rec = advice.recommend(v, MACHINE, variants=[v, sib])
     assert rec.conclusive is False and rec.action.startswith("measure again")
     assert rec.knob is None and rec.measured_speedup is None and rec.predicted_speedup is None
+
+
+def _forked(ttfb_s: float, kept: bool | None = False, bound: str = "compute") -> object:
+    """Two loader workers of an executor that reports whether it keeps them (``kept``), in a
+    1.0 s epoch (``variant``: 10,000 samples at 10,000/s) whose measured time to first batch
+    is ``ttfb_s`` (no steady window recorded: ``phases`` is None)."""
+    v = variant(bound, workers=2, share=0.01, ideal=1.0)
+    v.name, v.knobs = "forked", {"loader.persistent_workers": False}
+    v.config["loader"]["persistent_workers"] = False
+    v.executor = dataclasses.replace(v.executor, workers_kept=kept)
+    v.time_to_first_batch_s = factories.Summary.of([ttfb_s] * 2)
+    return v
+
+
+def test_forked_workers_whose_start_up_is_material_are_told_to_be_kept() -> None:
+    """Issue 27: workers forked every run (``workers_kept`` False) whose measured start-up is
+    20% of the epoch: the advice names ``loader.persistent_workers = true`` beside its main
+    action, with that figure, labelled measured."""
+    v = _forked(0.2)
+    assert v.epoch_s.median == pytest.approx(1.0)
+    rec = advice.recommend(v, MACHINE)
+    assert rec.action.startswith("nothing to do on the data side")    # the main action stays
+    assert rec.also == ["loader.persistent_workers = true (its 2 loader workers are forked "
+                        "every run: time to first batch 0.200 s of its 1.000 s epoch, 20%, "
+                        "measured)"]
+    assert rec.text == f"forked: {advice.action_text(rec)}"
+    assert rec.text.endswith("; also " + rec.also[0])
+    # where the run had a steady window, the start-up cost beyond the steady rate is the figure
+    v.phases = PhaseSummary(
+        rule="r", startup_s=factories.Summary.of([0.3]),
+        startup_cost_s=factories.Summary.of([0.15]),
+        startup_stall_s=factories.Summary.of([0.1]), steady_s=factories.Summary.of([0.7]),
+        steady_stall_share=factories.Summary.of([0.01]),
+        steady_samples_s=factories.Summary.of([11_000.0]))
+    assert "start-up cost beyond the steady rate 0.150 s of its 1.000 s epoch, 15%" in \
+        advice.recommend(v, MACHINE).also[0]
+    # the scenario's top recommendation carries it too
+    v.recommendation = advice.recommend(v, MACHINE)
+    assert "also loader.persistent_workers = true" in advice.top([v]).text
+
+
+@pytest.mark.parametrize("ttfb_s, kept", [
+    (0.01, False),      # 1% of the epoch: not material
+    (0.2, True),        # already kept
+    (0.2, None),        # nothing to keep (0 workers, or an executor that forks none)
+])
+def test_keeping_workers_is_not_advised_where_it_cannot_pay(ttfb_s: float,
+                                                           kept: bool | None) -> None:
+    rec = advice.recommend(_forked(ttfb_s, kept), MACHINE)
+    assert rec.also == [] and "persistent_workers" not in rec.text
+
+
+def test_a_sibling_that_kept_its_workers_is_quoted_as_measured() -> None:
+    """Where the run measured ``persistent_workers = true`` on an otherwise equal variant, its
+    whole-run ratio over its runs after the first (which forked the workers it then kept) is
+    quoted; a sibling of one run measured no keeping, and says so."""
+    v = _forked(0.2)                                       # 10,000 samples/s, forked every run
+    keep = _sibling_of(v, "kept", 0.0, persistent_workers=True)
+    keep.executor = dataclasses.replace(v.executor, workers_kept=True)
+    keep.repeats = [factories.repeat(tp, workers_reused=r)
+                    for tp, r in ((10_000.0, False), (12_500.0, True), (12_000.0, True))]
+    rec = advice.recommend(v, MACHINE, [v, keep])
+    assert rec.also[0].endswith("measured); measured 1.23x (kept, whole run, its 2 runs that "
+                                "reused the kept workers)"), rec.also
+    # no run reused the kept workers (a variant of one repeat): nothing to quote
+    for r in keep.repeats:
+        r.workers_reused = False
+    other = advice.recommend(v, MACHINE, [v, keep]).also[0]
+    assert other.startswith(rec.also[0].split(")")[0]) and "measured 1." not in other
+    assert other.endswith("; kept reused no kept workers (its first run forks them): keeping "
+                          "not measured in this run)")

@@ -216,6 +216,46 @@ def test_measured_run_sees_the_servers_cpu_stages_and_link_bytes(flight_ex: Any,
     assert zfig.executor_figures["flight"]["ipc_compression"] == "zstd level 1"
 
 
+def test_end_of_run_bookkeeping_is_outside_the_measured_epoch(
+        flight_ex: Any, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ground truth by construction: reading the link's byte counters (``link.bytes_received``,
+    ``ss``) is made to take DELAY s more, in the trainer's process. The run's start count is
+    read in ``prepare`` and its end count (with the stream threads' joins and the figures)
+    once ``measured_run`` has stopped its clock, so neither the first batch nor the epoch's
+    tail after the last step (one ``next()`` that finds the streams over) holds DELAY, while
+    the link's bytes are still read once and reported. Before the fix both reads ran inside
+    the trainer's ``next()``: the first batch waited DELAY and the tail held DELAY. Tolerance:
+    what is left of each is the stream's own time (ms here; under DELAY on a busy core)."""
+    delay = 1.0
+    real = link.bytes_received
+    calls: list[float] = []
+
+    def slow(*a: Any, **kw: Any) -> int | None:
+        time.sleep(delay)
+        calls.append(time.perf_counter())
+        return real(*a, **kw)
+
+    plan = _plan(cache)
+    monkeypatch.setattr(link, "bytes_received", slow)
+    flight_ex.prepare(plan, None)          # the run's start count, read here (untimed)
+    calls.clear()
+    ends: list[float] = []
+    fig, _, _ = measured_run(plan, flight_ex, plan.build_compute(),
+                             on_batch=lambda n, s, t: ends.append(t))
+    tail = fig.epoch_s - ends[-1]
+    assert tail < delay, (tail, fig.epoch_s)
+    assert fig.time_to_first_batch_s < delay, (fig.time_to_first_batch_s, fig.epoch_s)
+    assert fig.samples == 2400 and len(calls) == 1, (fig.samples, calls)   # the end count
+    flight = fig.executor_figures["flight"]
+    assert flight["complete"] and flight["work_items"] == len(plan.items), flight
+    b = fig.bytes
+    if shutil.which("ss") is None:
+        assert flight["link_bytes_received"] is None and b.wire_bytes == b.raw_bytes > 0, b
+        return
+    assert flight["link_bytes_received"] == b.wire_bytes == b.ipc_bytes, (flight, b)
+    assert b.raw_bytes <= b.wire_bytes <= b.raw_bytes * 1.10, b
+
+
 def test_thread_budget_reaches_the_servers(flight_ex: Any, cache: Path) -> None:
     """loader.producer_threads is applied in every server process (its pyarrow pool): by
     default the cores split between the local servers; 0: no budget (every core)."""

@@ -16,7 +16,8 @@ from stallbench import scenario
 from stallbench.executors import EXECUTORS
 from stallbench.executors.local import pool_shape
 from stallbench.measure.probe import measured_run
-from stallbench.pipeline import Plan, ShardOutput, dataset_for
+from stallbench.pipeline import FULL, Plan, ShardOutput, StageCaches, dataset_for
+from stallbench.stages.ablation import Ablation
 from stallbench.stages.buffers import PooledBuffer
 
 BASE = """
@@ -198,16 +199,19 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
     plan, forked = _setup(cache, "num_workers = 2\n" + cost)
     with forked:
         want = _digests(plan, forked)
+        assert forked.workers_reused() is False       # forked for the run: nothing kept
     plan, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n" + cost)
     me = psutil.Process()
     before = {c.pid for c in me.children()}
     with ex:
         assert _digests(plan, ex) == want
+        assert ex.workers_reused() is False           # the first run forks the workers it keeps
         workers = {c.pid for c in me.children()} - before
         assert len(workers) == 2, workers
         for _ in range(2):
             fig, _, _ = measured_run(dataclasses.replace(plan), ex, plan.build_compute())
             assert {c.pid for c in me.children()} - before == workers     # not forked again
+            assert ex.workers_reused() is True        # and the executor says so
             stage_cpu = (fig.stage_s.fetch_cpu + fig.stage_s.preprocess_cpu
                          + fig.stage_s.transfer_producer_cpu)
             assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95, fig.stage_s
@@ -221,6 +225,7 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
                                      timeout=30)
         assert not alive, alive
         assert _digests(plan, ex) == want           # and the next run forks new ones
+        assert ex.workers_reused() is False
         again = {c.pid for c in me.children()} - before
         assert len(again) == 2 and not again & workers, (again, workers)
     _, alive = psutil.wait_procs([psutil.Process(p) for p in again if psutil.pid_exists(p)],
@@ -228,9 +233,55 @@ def test_persistent_workers_serve_every_run_and_their_cpu_counts(cache: Path) ->
     assert not alive, alive
 
 
+def test_persistent_workers_serve_the_ablation_runs_between_full_runs(cache: Path) -> None:
+    """A differential run interleaves each full run with ablation runs (plans built by
+    ``with_ablation`` from the same parts): kept workers serve those too, each item under its
+    own run's ablation, instead of being shut down and forked again at every switch (inside
+    the next run's clock), also a run with no pool (transfer ablated away). By construction:
+    200 us/row of preprocess (0.24 s over 1,200 rows) is in every full run's preprocess CPU
+    and not in the ablated runs'; each run's batches are those of workers forked for it."""
+    cost = "[preprocess]\ncpu_cost_us_per_row = 200\n"
+    ideal, free = Ablation(preprocess=True), Ablation(True, True, True)
+    plan, forked = _setup(cache, "num_workers = 2\n" + cost)
+    caches = StageCaches.build(plan)
+    with forked:
+        want = {a: _digests(plan.with_ablation(a, caches), forked) for a in (FULL, ideal)}
+    assert want[FULL] == want[ideal]          # an ideal stage hands over the same batches
+    plan, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n" + cost)
+    caches = StageCaches.build(plan)
+    compute = plan.build_compute()
+    me = psutil.Process()
+    before = {c.pid for c in me.children()}
+    with ex:
+        workers: set[int] | None = None
+        for r in range(2):
+            for a in (FULL, ideal, free):
+                p = plan.with_ablation(a, caches)
+                assert (pool_shape(p) is None) is (a == free)
+                fig, _, _ = measured_run(p, ex, compute)
+                now = {c.pid for c in me.children()} - before
+                assert len(now) == 2 and (workers is None or now == workers), (r, a, now, workers)
+                workers = now
+                assert ex.workers_reused() is (r > 0 or a != FULL), (r, a)
+                if a == FULL:
+                    assert fig.stage_s.preprocess_cpu >= 0.24 * 0.95, fig.stage_s
+                else:
+                    assert fig.stage_s.preprocess_cpu < 0.24 * 0.5, fig.stage_s
+                if a != free:
+                    assert _digests(p, ex) == want[a]
+    assert workers is not None
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)],
+                                 timeout=30)
+    assert not alive, alive
+
+
 def test_persistent_workers_without_workers_is_a_labelled_no_op(cache: Path) -> None:
-    _, ex = _setup(cache, "num_workers = 0\npersistent_workers = true\n")
+    plan, ex = _setup(cache, "num_workers = 0\npersistent_workers = true\n")
     assert "no-op" in ex.notes({})["persistent_workers"]
+    assert type(ex).workers_kept(plan.config) is None       # nothing to keep, nothing to try
+    with ex:
+        _digests(plan, ex)
+        assert ex.workers_reused() is None
     _, ex = _setup(cache, "num_workers = 2\npersistent_workers = true\n")
     assert "persistent_workers" not in ex.notes({})
 

@@ -173,3 +173,79 @@ def test_a_tiny_budget_stops_after_the_baseline_and_still_confirms(tmp_path: Pat
     assert tr.recommendation.variant == "base" and tr.confirmation is not None
     assert tr.recommendation.measured.cost_per_epoch is not None
     assert "cost/epoch" in r.stdout
+
+
+KEEP = """
+name = "keep-tune"
+[dataset]
+rows = 8192
+row_group_rows = 2048
+files = 1
+dense_features = 4
+sparse_features = 2
+sequence_features = 1
+sequence_max_len = 4
+[model]
+kind = "emulated"
+step_ms = 2
+[loader]
+batch_size = 512
+num_workers = 1
+prefetch_batches = 2
+"""
+
+
+def test_tune_tries_keeping_forked_workers_and_judges_it_on_its_second_run(tmp_path: Path) -> None:
+    """Loader workers forked every run on the local executor (which can keep them): whatever
+    else the search tries first (every other knob of this scenario is already on its fast
+    setting: jagged, collate on the producers, a preload thread), it measures one step with
+    ``loader.persistent_workers = true``, of two runs judged on the second (the first forks
+    the workers it keeps). Which configuration wins is timing and not asserted; that the step
+    is measured, kept or not by the search's own rule, and written into the tuned file when
+    it wins, is."""
+    from stallbench.run.tune import tune
+
+    sc = scenario.parse(KEEP, str(tmp_path / "keep.toml"))
+    lines: list[str] = []
+    tr = tune(sc, TuneOptions(budget_s=90.0, out_dir=tmp_path / "out",
+                              cache_dir=tmp_path / "cache"), lines.append)
+    assert tr.steps[0].measured.runs_not_counted == 0, "forked every run: its one run counts"
+    keep = [s for s in tr.steps if s.change == "loader.persistent_workers: false -> true"]
+    assert len(keep) == 1, "\n".join(lines)
+    step = keep[0]
+    assert step.outcome in ("better", "not better"), step.outcome
+    assert step.knobs["loader.persistent_workers"] is True
+    fig = step.measured
+    assert fig is not None and fig.throughput_samples_s > 0
+    assert (fig.repeats, fig.runs_not_counted) == (1, 1), "judged on its 2nd run only"
+    assert "time to first batch" in step.why and "measured" in step.why
+    assert any("run 2 of 2: the first forked the workers it keeps" in line for line in lines)
+    rec = tr.recommendation
+    written = scenario.load(rec.scenario_path)
+    assert written.base.loader.persistent_workers == (rec.knobs.get(
+        "loader.persistent_workers") is True)
+    if step.outcome == "better":         # later steps change one knob of the best: it stays
+        assert written.base.loader.persistent_workers
+    print("\n".join(lines))
+    if written.base.loader.persistent_workers:
+        # the confirmation is judged like the search was: on the runs after the first
+        assert tr.confirmation.measured.runs_not_counted == 1
+
+
+@pytest.mark.parametrize("knobs, proposed", [
+    ({"loader.num_workers": 2}, True),                      # forked every run: try keeping them
+    ({"loader.num_workers": 0}, False),                     # no workers to keep
+    ({"loader.num_workers": 2, "loader.persistent_workers": True}, False),   # already kept
+    ({"loader.num_workers": 2, "executor.kind": "flight"}, False),   # forks no loader workers
+])
+def test_keeping_workers_is_a_candidate_only_where_the_executor_could(knobs: dict,
+                                                                     proposed: bool) -> None:
+    from stallbench.run.tune_search import Point
+
+    t = Tuner.__new__(Tuner)
+    cfg = with_knobs(scenario.parse(TINY, "t.toml").base, knobs)
+    got = t._keep_candidates(Point(cfg, {}, "base", None, fig(100, 0.4, slots=2), None, 0.0))
+    assert [(c.key, c.value) for c in got] == ([("loader.persistent_workers", True)]
+                                               if proposed else [])
+    assert Tuner.runs_for(with_knobs(cfg, {"loader.persistent_workers": True})) == (
+        2 if proposed or knobs.get("loader.persistent_workers") else 1)

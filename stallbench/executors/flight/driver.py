@@ -29,6 +29,14 @@ link from the kernel's counters of the trainer's sockets (``link``), reported af
 as ``wire_bytes`` (``late_stage_times``), beside the uncompressed IPC size (``raw_bytes``).
 Where those counters cannot be read (no ``ss``), ``wire_bytes`` is the uncompressed IPC size
 the servers sent, and the run's figures say so.
+
+*Outside the clock.* A generator's ``finally`` runs inside the trainer's last ``next()``,
+i.e. inside the measured epoch; so ``run`` ends there only what delivering the data needs
+(the streams told to stop; the threads of a run cut short or failed joined, bounded), and
+the bookkeeping (the threads of a complete run joined, the link's counters read with ``ss``,
+the run's figures) waits for ``_settle``, which ``late_stage_times`` / ``run_figures`` call
+once ``measured_run`` has stopped its clock. The counters at a run's start are read before
+it too (at ``prepare``'s end, then at each run's settling for the next run).
 """
 
 from __future__ import annotations
@@ -54,6 +62,13 @@ from . import link, protocol
 from .protocol import Ticket, Trailer
 
 _END = object()
+
+# The longest a run's end waits, in all, for its stream threads once they were told to stop
+# (each reads one gRPC stream; a cancelled ``do_get`` ends its read at once): a thread
+# still alive after it is left (a daemon) rather than hang the trainer.
+_JOIN_S = 10.0
+
+_UNREAD = object()    # the link's start count: not read outside a run's clock
 
 
 def import_flight(scenario_file: str = "<scenario>") -> Any:
@@ -118,6 +133,13 @@ class FlightExecutor(Executor):
         self._late: StageTimes | None = None
         self._last: dict[str, Any] = {}
         self._doing: str | None = None             # a server call before the runs (waiting_for)
+        # A run that has ended, its bookkeeping (threads joined, link counters, figures) done
+        # when its figures are first asked for: after the trainer's clock (``_settle``).
+        self._pending: tuple[Plan, _RunState] | None = None
+        # The link's byte counter read outside any run's clock (``prepare``'s end, a run's
+        # settling) with no Flight call since: the next run's start count (None: no counters
+        # here). _UNREAD: the next run reads its own.
+        self._link_base: Any = _UNREAD
 
     # ------------------------------------------------------------------ before anything runs
     @classmethod
@@ -217,6 +239,7 @@ class FlightExecutor(Executor):
 
     def _ping(self, client: Any, i: int, loc: str) -> dict[str, Any]:
         flight = import_flight()
+        self._link_base = _UNREAD         # its answer crosses the link: a base read before is stale
         opts = flight.FlightCallOptions(timeout=self.spec.connect_timeout_s)
         try:
             res = list(client.do_action(flight.Action("ping", b""), options=opts))
@@ -343,8 +366,11 @@ class FlightExecutor(Executor):
                     pass
             finally:
                 gen.close()
+                self._drop_pending()           # the warm-up's figures are not kept
         self._last, self._late = {}, None
         self._startup.update({"prepare_caches_s": t1 - t0, "warm_plan_s": time.perf_counter() - t1})
+        # The first measured run's start count, read here (untimed), not in its first next()
+        self._link_base = link.bytes_received(self.peers)
 
     def _first_per_stream(self, plan: Plan) -> tuple[Any, ...]:
         total = self.producer_slots()
@@ -356,6 +382,8 @@ class FlightExecutor(Executor):
     def stop(self) -> None:
         self._doing = None
         self._close_run()
+        self._drop_pending()
+        self._link_base = _UNREAD
         for c in self.clients:
             try:
                 c.close()
@@ -372,9 +400,12 @@ class FlightExecutor(Executor):
         if not self.clients:
             raise RuntimeError("FlightExecutor.start() has not run")
         key = self._register(plan)
-        self._late = None
+        self._drop_pending()           # a run never settled: its figures are not asked for
+        self._late, self._last = None, {}
         r = self._run = _RunState(t0=time.perf_counter())
-        r.link0 = link.bytes_received(self.peers)
+        base, self._link_base = self._link_base, _UNREAD
+        # The start count read outside the clock if there is one, else now (inside it)
+        r.link0 = base if base is not _UNREAD else link.bytes_received(self.peers)
         try:
             if plan.config.loader.execution == "bulk":
                 done = list(self._merge(plan, key, r))   # the whole epoch before the first batch
@@ -382,8 +413,16 @@ class FlightExecutor(Executor):
             else:
                 yield from self._merge(plan, key, r)
         finally:
-            self._close_run()
-            self._finish(plan, r)
+            # Inside the trainer's last next() when the run is complete: only the streams
+            # told to stop here. A complete run's threads have delivered every item (at
+            # most one still reads its stream's end): they are joined with the link's
+            # counters and figures in ``_settle``, after the clock. A run cut short
+            # (``max_batches``: closed after the clock) or failed waits for its threads
+            # now, bounded, so none still reads when the next run starts.
+            self._end_streams(r, wait=not r.complete)
+            if self._run is r:
+                self._run = None
+            self._pending = (plan, r)
 
     def _merge(self, plan: Plan, key: str, r: _RunState) -> Iterator[ShardOutput]:
         n_servers = len(self.clients)
@@ -499,9 +538,13 @@ class FlightExecutor(Executor):
         self._close_run()
 
     def _close_run(self) -> None:
-        r = self._run
-        if r is None:
-            return
+        if self._run is not None:
+            self._end_streams(self._run, wait=True)
+
+    @staticmethod
+    def _end_streams(r: _RunState, wait: bool) -> bool:
+        """Tell a run's stream threads to stop (each reader cancelled); with ``wait``, join
+        them within ``_JOIN_S`` in all. True when every thread has ended."""
         r.stop.set()
         for st in r.streams:
             if st.reader is not None:
@@ -509,11 +552,37 @@ class FlightExecutor(Executor):
                     st.reader.cancel()
                 except Exception:  # noqa: BLE001
                     pass
+        deadline = time.monotonic() + _JOIN_S
         for st in r.streams:
-            if st.thread is not None and st.thread.is_alive():
-                st.thread.join(timeout=10)
+            if wait and st.thread is not None and st.thread.is_alive():
+                st.thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        return not any(st.thread is not None and st.thread.is_alive() for st in r.streams)
 
-    def _finish(self, plan: Plan, r: _RunState) -> None:
+    def _settle(self) -> None:
+        """The last run's bookkeeping, once: its threads joined, the link's counters read
+        (``ss``: a process start, tens of ms; up to its 10 s timeout), its figures built.
+        Not in ``run``'s ``finally``, which runs inside the trainer's last ``next()`` (before
+        its ``StopIteration``), i.e. inside the measured epoch: ``measured_run`` asks for
+        ``late_stage_times()`` and ``run_figures()`` after it has stopped its clock."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        plan, r = pending
+        ended = self._end_streams(r, wait=True)
+        link1 = self._finish(plan, r)
+        # The next run's start count, if no stream of this one still reads (a thread left
+        # alive past the bound could still receive: then the next run reads its own)
+        self._link_base = link1 if ended else _UNREAD
+
+    def _drop_pending(self) -> None:
+        """A run whose figures will not be asked for (the warm-up, one never settled): its
+        threads joined (bounded), nothing read or built."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._end_streams(pending[1], wait=True)
+
+    def _finish(self, plan: Plan, r: _RunState) -> int | None:
+        """The run's figures; returns the link's counter read at its end."""
         link1 = link.bytes_received(self.peers)
         got = (link1 - r.link0) if (link1 is not None and r.link0 is not None) else None
         pid = int(self.served[0].get("pid", -1)) if self.served else -1
@@ -540,7 +609,7 @@ class FlightExecutor(Executor):
             "work_items": r.delivered,
             "complete": r.complete,
         }}
-        self._run = None
+        return link1
 
     # ----------------------------------------------------------------------------- figures
     def worker_pids(self) -> list[int]:
@@ -553,9 +622,11 @@ class FlightExecutor(Executor):
 
     def late_stage_times(self) -> StageTimes | None:
         """The bytes the link carried, known once the run has ended (no stage time)."""
+        self._settle()
         return self._late
 
     def run_figures(self) -> dict[str, Any]:
+        self._settle()
         return self._last
 
     def notes(self, transfer_notes: dict[str, str]) -> dict[str, str]:
