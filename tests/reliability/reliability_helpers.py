@@ -3,6 +3,7 @@ command in a subprocess, as users do, and look at what it leaves behind (files, 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -107,6 +108,35 @@ class Watched:
     def finish(self, timeout: float = 240) -> tuple[int, str, str]:
         out, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, out, err
+
+    def finish_or_explain(self, timeout: float, what: str) -> tuple[int, str, str]:
+        """``finish``; a command still running after ``timeout`` fails the test with where it
+        is stuck: each thread's kernel state, and (started with ``PYTHONFAULTHANDLER=1``) its
+        Python stacks, which ``faulthandler`` writes on the SIGABRT sent here. A hang seen
+        only in whole-suite runs then explains itself the first time it happens again."""
+        try:
+            return self.finish(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pid = self.proc.pid
+            states = []
+            for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+                try:
+                    comm = (task / "comm").read_text().strip()
+                    wchan = (task / "wchan").read_text().strip()
+                    state = next(ln.split(":", 1)[1].strip() for ln in
+                                 (task / "status").read_text().splitlines()
+                                 if ln.startswith("State:"))
+                    states.append(f"{task.name} {comm} {state} {wchan}")
+                except (OSError, StopIteration):
+                    pass
+            os.kill(pid, signal.SIGABRT)
+            try:
+                _, err = self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                _, err = self.proc.communicate()
+            raise AssertionError(f"{what} still running {timeout:g} s on; threads: "
+                                 f"{states}; stderr after SIGABRT:\n{err[-6000:]}") from None
 
     def interrupt(self, sig: int, timeout: float = 240, what: str = "the run") -> str:
         """Send ``sig`` to the command, which must still be running (one that ended first

@@ -231,7 +231,8 @@ def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
     pytest.importorskip("pyarrow.flight")
     _project(tmp_path, TINY + '[preprocess]\ntransforms = ["usercode:slow"]\n')
     mark = tmp_path / "served"
-    server, port = _serve(tmp_path, {**env, "SLOW_MARK": str(mark)})
+    # faulthandler: if serve does not end, the failure shows its stacks (finish_or_explain)
+    server, port = _serve(tmp_path, {**env, "SLOW_MARK": str(mark), "PYTHONFAULTHANDLER": "1"})
     try:
         write(tmp_path, TINY + '[preprocess]\ntransforms = ["usercode:slow"]\n'
               f'[executor]\nkind = "flight"\nflight_servers = ["grpc://127.0.0.1:{port}"]\n'
@@ -251,7 +252,7 @@ def test_a_frozen_flight_server_ends_the_run(tmp_path: Path, env: dict) -> None:
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
         server.proc.terminate()
-        server.finish(timeout=60)
+        server.finish_or_explain(60, "stallbench serve, after SIGCONT and SIGTERM,")
 
 
 def test_serve_stops_while_a_trainer_holds_a_stream_unread(tmp_path: Path, env: dict) -> None:
