@@ -28,8 +28,8 @@ them (``ExecutorFacts.workers_kept`` is False) and its MEASURED start-up is at l
 ``MATERIAL_STARTUP`` of its epoch (``_keep_workers``): each run pays every worker's fork,
 start-up, first item's page faults and exit, which a job with kept workers pays once. Where a
 sibling variant of the run measured it, its measured whole-run ratio is quoted, over its runs
-whose workers its executor reports kept (``RepeatFigures.workers_reused``): a differential
-run interleaves ablations, whose other plans fork workers of their own, so there may be none.
+whose workers its executor reports kept (``RepeatFigures.workers_reused``): its first run
+forks them, so a sibling of one repeat has none.
 
 Every gain printed is PREDICTED (``Recommendation.predicted_from`` says by what), except
 (issue 25) where the suggested value was measured in the same run: then the measured steady
