@@ -468,6 +468,18 @@ def whatif_of(result) -> None:
     result.analysis.whatif = whatif.validate(result)
 
 
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _measured_rate(c) -> tuple[float, str]:
+    """A measured point's steady rate and its label, else its whole-run rate said as such:
+    a run with no steady window has NaN there (``nan or whole`` kept the NaN)."""
+    if _finite(c.measured_steady_samples_s):
+        return c.measured_steady_samples_s, "steady samples/s"
+    return c.measured_samples_s, "samples/s over the whole run (no steady window)"
+
+
 def knee_lines(result) -> list[str]:
     """The knee and what to do, measured where a variant measured it, PREDICTED (with the
     back-test's interval) only where none did."""
@@ -488,23 +500,36 @@ def knee_lines(result) -> list[str]:
     point = next((p for p in wi.points if p.n == n), None)
     if n in measured:
         c = measured[n]
-        rate = c.measured_steady_samples_s or c.measured_samples_s
-        out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} steady samples/s;"
+        rate, what = _measured_rate(c)
+        out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} {what};"
                    f" {kn.explanation}")
     elif point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
         out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
                    f"samples/s{band}; {kn.explanation}")
-    best = max(wi.measured, key=lambda c: c.measured_steady_samples_s or c.measured_samples_s)
+    steady = [c for c in wi.measured if _finite(c.measured_steady_samples_s)]
+    best = max(steady or wi.measured, key=lambda c: _measured_rate(c)[0])
     if n in measured:
         pick = measured[n]
+        rate, what = _measured_rate(pick)
         out.append(f"  recommendation: num_workers={pick.n} on your DataLoader (MEASURED "
-                   f"{(pick.measured_steady_samples_s or pick.measured_samples_s):,.0f} steady "
-                   f"samples/s, variant {pick.variant})")
+                   f"{rate:,.0f} {what}, variant {pick.variant})")
     elif point is not None:
-        gain = point.predicted_samples_s / (best.measured_steady_samples_s
-                                            or best.measured_samples_s)
+        rate, what = _measured_rate(best)
+        if not steady:
+            out.append(f"  recommendation: none predicted: no variant had a steady rate to "
+                       f"compare the knee's with (best measured {best.variant}: {rate:,.0f} "
+                       f"{what}); measure num_workers={n} over more batches with "
+                       f"--set dataloader.num_workers={best.n},{n}")
+            return out
+        gain = point.predicted_samples_s / rate
+        if gain <= 1.0:
+            # one rule with the measured recommendation: what is predicted no faster than a
+            # measured variant is no reason to change it
+            out.append(f"  recommendation: keep {best.variant} (MEASURED {rate:,.0f} {what}): "
+                       f"the knee's num_workers={n} is PREDICTED {gain:.2f}x of it")
+            return out
         out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
                    f"{gain:.2f}x the best measured ({best.variant}); measure it with "
                    f"--set dataloader.num_workers={best.n},{n}")

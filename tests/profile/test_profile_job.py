@@ -264,3 +264,29 @@ def test_loop_that_breaks_out_of_epochs(tmp_path: Path, workers: str) -> None:
     # the loop burnt 14 x 20 ms of CPU; the epochs' CPU covers it and not twice over
     assert 14 * 0.020 * 0.9 <= f.trainer_cpu_s <= t["loop_cpu_s"] * 1.2 + 0.05, (
         f.trainer_cpu_s, t)
+
+
+def test_a_cold_first_item_is_not_counted_for_every_item(tmp_path: Path) -> None:
+    """The thread CPU of a fetch is read on one fetch in ``hooks.CPU_EVERY`` and scaled to the
+    rest: a dataset that pays a one-off cost on its first item (a lazy open, 300 ms of CPU
+    here by construction) must not have that cost multiplied into every unread fetch. A
+    thread's CPU cannot exceed its wall time; the steady rate is not refused for CPU the
+    data work never spent (both held on any machine: the cost is a CPU-clock busy loop)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x": list(range(160)), "y": [i % 2 for i in range(160)]}), data)
+    out = tmp_path / "res"
+    p = helpers.profile(["--out", str(out), "--", sys.executable, helpers.script("user_cold.py"), str(data),
+                 "0", "300"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "rows 160" in p.stdout
+    r = helpers.load(out)
+    (loader,) = r.variants[0].profile.loaders
+    assert loader.samples == 160 and loader.batches == 40
+    item = next(s for s in loader.stages if s.name == "dataset.__getitem__")
+    assert item.cpu_s <= item.wall_s * 1.05 + 0.01, item
+    why = [rep.phases.no_steady_reason for rep in r.variants[0].repeats
+           if rep.phases is not None and rep.phases.no_steady_reason]
+    assert not any("refused a steady rate" in w for w in why), why
