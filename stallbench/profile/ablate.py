@@ -513,6 +513,11 @@ def knee_lines(result) -> list[str]:
     if n in measured:
         pick = measured[n]
         rate, what = _measured_rate(pick)
+        top, top_what = _measured_rate(best)
+        if best is not pick and what == top_what and top > rate:
+            out.append(f"  recommendation: keep {best.variant} (MEASURED {top:,.0f} {top_what}): "
+                       f"the knee's num_workers={n} MEASURED {rate / top:.2f}x of it")
+            return out
         out.append(f"  recommendation: num_workers={pick.n} on your DataLoader (MEASURED "
                    f"{rate:,.0f} {what}, variant {pick.variant})")
     elif point is not None:

@@ -73,3 +73,19 @@ def test_knee_does_not_advise_trying_what_it_predicts_slower() -> None:
     lines = ablate.knee_lines(_whatif(1000.0, 1500.0, 3000.0))
     rec = next(x for x in lines if "recommendation" in x)
     assert "try num_workers=1" in rec and "2.00x the best measured (num_workers=2)" in rec, rec
+
+
+def test_knee_at_a_measured_count_slower_than_another_keeps_the_faster() -> None:
+    """pkg.train-style job on a busy 2-core machine: the model put the knee at 2 workers
+    (measured 649 steady samples/s) while 0 workers measured 1,075: the knee's advice said
+    'num_workers=2' beside the measured recommendation 'keep num_workers=0'."""
+    from stallbench.profile import ablate
+
+    r = _whatif(1075.0, 649.0, 0.0)
+    r.analysis.whatif.knee.n = 2
+    rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
+    assert "keep num_workers=0" in rec and "0.60x" in rec, rec
+    r = _whatif(1075.0, 1649.0, 0.0)
+    r.analysis.whatif.knee.n = 2
+    rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
+    assert "num_workers=2 on your DataLoader (MEASURED 1,649" in rec, rec
