@@ -294,10 +294,13 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                              "counts": counts}, repeats)
         vals = [_compute_only(r, headline, batches) for r in only_runs]
         if any(v is None for v in vals):
+            why = (f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve "
+                   f"after the {keep} kept")
+            if hs and hs[0].kind == "watch":    # replay.source serves hooked loaders only
+                why = ("the headline loader is a stallbench.watch'ed iterable, which is not "
+                       "served from memory (only torch DataLoaders and Ray iterators are)")
             an.ablations.append(ProfileAblation(
-                ONLY, "the whole data path", False,
-                f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve after "
-                f"the {keep} kept", runs=len(only_runs)))
+                ONLY, "the whole data path", False, why, runs=len(only_runs)))
         else:
             done[ONLY] = vals       # type: ignore[assignment]
             an.ablations.append(ProfileAblation(

@@ -290,3 +290,31 @@ def test_a_cold_first_item_is_not_counted_for_every_item(tmp_path: Path) -> None
     why = [rep.phases.no_steady_reason for rep in r.variants[0].repeats
            if rep.phases is not None and rep.phases.no_steady_reason]
     assert not any("refused a steady rate" in w for w in why), why
+
+
+def test_a_knob_that_reached_no_loader_is_never_recommended(tmp_path: Path) -> None:
+    """``--set dataloader.num_workers=0,2`` on a job whose only loader is a watched generator:
+    both variants ran the same job (the knob reached nothing), so which one measured faster
+    is noise; the profile says the knob reached no loader instead of keeping or setting it.
+    ``--analyze``: a watched iterable is not served from memory, and the reason says so (it
+    said the 20-batch epoch left fewer than 2 batches after the 5 kept)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x": list(range(320)), "y": [float(i % 2) for i in range(320)]}),
+                   data, row_group_size=64)
+    out = tmp_path / "res"
+    p = helpers.profile(["--out", str(out), "--analyze", "--set", "dataloader.num_workers=0,2",
+                         "--", sys.executable, helpers.script("user_watch_only.py"), str(data)],
+                        cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("rows 320") >= 2
+    assert "compute_only): the headline loader is a stallbench.watch'ed iterable" in p.stdout
+    rec = next(x for x in p.stdout.splitlines() if x.startswith("recommendation:"))
+    assert "reached no loader" in rec and "num_workers" in rec, rec
+    r = helpers.load(out)
+    assert r.analysis.recommendation.measured_speedup is None
+    assert r.analysis.recommendation.action == "keep"
+    assert r.analysis.best_variant is None and r.analysis.whatif is None
+    assert "what-if" not in p.stdout
