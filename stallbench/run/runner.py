@@ -367,11 +367,13 @@ def batch_size_note(full: list[RepeatFigures], batch_size: int, items) -> str | 
     row group, the unit of one fetch), so over smaller row groups the trainer took more,
     smaller batches than the scenario asks for, and its step count and compute follow them
     (600 rows in 100-row groups at batch_size 256: 6 batches, not 3). None when a row group
-    holds a whole batch."""
+    holds a whole batch, or the measured batches show the executor re-batched across them."""
     largest = max((s.rows for s in items), default=0)
     f = next((f for f in full if f.batches), None)
     if f is None or not 0 < largest < batch_size:
         return None
+    if f.batches <= ceil_div(f.samples, batch_size):    # re-batched across row groups (Ray
+        return None                                     # Data's iter_torch_batches does)
     return (f"{WARNING}: loader.batch_size = {batch_size} is larger than the largest row group "
             f"({largest:,} rows) and a batch never spans a row group (the unit of one fetch): "
             f"batches had at most {largest:,} rows, {f.batches:,} batches of "
