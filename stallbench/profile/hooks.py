@@ -146,8 +146,15 @@ class Stage:
 
 def _rows(batch, default: int) -> int:
     """Samples in a batch: the leading dimension of its first tensor/array (dicts, tuples and
-    lists looked into once), else the loader's batch size."""
+    lists looked into once), else the loader's batch size. A list whose items are dicts or
+    tuples (its first and last read) is the list of the samples (an identity
+    ``collate_fn``; torch's default collate turns dict samples into one dict and tuple
+    samples into a list of columns): its length, not the first sample's first tensor."""
     b = batch
+    if isinstance(b, list) and b:       # first and last item only: O(1) per batch
+        ends = (b[0], b[-1])
+        if all(isinstance(x, dict) for x in ends) or all(type(x) is tuple for x in ends):
+            return len(b)
     for _ in range(3):
         if isinstance(b, dict):
             b = next(iter(b.values()), None)

@@ -318,3 +318,24 @@ def test_a_knob_that_reached_no_loader_is_never_recommended(tmp_path: Path) -> N
     assert r.analysis.recommendation.action == "keep"
     assert r.analysis.best_variant is None and r.analysis.whatif is None
     assert "what-if" not in p.stdout
+
+
+def test_a_batch_that_is_a_list_of_samples_counts_its_samples(tmp_path: Path) -> None:
+    """An identity ``collate_fn`` hands the loop the list of its samples (dicts here, each a
+    sequence of 12 ids): the samples are the list's items, not the leading dimension of the
+    first sample's first tensor (12 per batch). 100 rows at batch_size 8: 13 batches, the
+    last of 4 rows; by construction the count is the rows of the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "seqs.parquet"
+    pq.write_table(pa.table({"ids": [[i] * 12 for i in range(100)],
+                             "y": [float(i % 2) for i in range(100)]}), data)
+    out = tmp_path / "res"
+    p = helpers.profile(["--out", str(out), "--", sys.executable,
+                         helpers.script("user_identity_collate.py"), str(data), "8"],
+                        cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "rows 100" in p.stdout
+    (loader,) = helpers.load(out).variants[0].profile.loaders
+    assert (loader.batches, loader.samples) == (13, 100)
