@@ -278,8 +278,8 @@ def test_a_cold_first_item_is_not_counted_for_every_item(tmp_path: Path) -> None
     data = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"x": list(range(160)), "y": [i % 2 for i in range(160)]}), data)
     out = tmp_path / "res"
-    p = helpers.profile(["--out", str(out), "--", sys.executable, helpers.script("user_cold.py"), str(data),
-                 "0", "300"], cwd=tmp_path)
+    p = helpers.profile(["--out", str(out), "--", sys.executable,
+                         helpers.script("user_cold.py"), str(data), "0", "300"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "rows 160" in p.stdout
     r = helpers.load(out)
