@@ -294,10 +294,13 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                              "counts": counts}, repeats)
         vals = [_compute_only(r, headline, batches) for r in only_runs]
         if any(v is None for v in vals):
+            why = (f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve "
+                   f"after the {keep} kept")
+            if hs and hs[0].kind == "watch":    # replay.source serves hooked loaders only
+                why = ("the headline loader is a stallbench.watch'ed iterable, which is not "
+                       "served from memory (only torch DataLoaders and Ray iterators are)")
             an.ablations.append(ProfileAblation(
-                ONLY, "the whole data path", False,
-                f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve after "
-                f"the {keep} kept", runs=len(only_runs)))
+                ONLY, "the whole data path", False, why, runs=len(only_runs)))
         else:
             done[ONLY] = vals       # type: ignore[assignment]
             an.ablations.append(ProfileAblation(
@@ -468,6 +471,18 @@ def whatif_of(result) -> None:
     result.analysis.whatif = whatif.validate(result)
 
 
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _measured_rate(c) -> tuple[float, str]:
+    """A measured point's steady rate and its label, else its whole-run rate said as such:
+    a run with no steady window has NaN there (``nan or whole`` kept the NaN)."""
+    if _finite(c.measured_steady_samples_s):
+        return c.measured_steady_samples_s, "steady samples/s"
+    return c.measured_samples_s, "samples/s over the whole run (no steady window)"
+
+
 def knee_lines(result) -> list[str]:
     """The knee and what to do, measured where a variant measured it, PREDICTED (with the
     back-test's interval) only where none did."""
@@ -488,23 +503,41 @@ def knee_lines(result) -> list[str]:
     point = next((p for p in wi.points if p.n == n), None)
     if n in measured:
         c = measured[n]
-        rate = c.measured_steady_samples_s or c.measured_samples_s
-        out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} steady samples/s;"
+        rate, what = _measured_rate(c)
+        out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} {what};"
                    f" {kn.explanation}")
     elif point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
         out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
                    f"samples/s{band}; {kn.explanation}")
-    best = max(wi.measured, key=lambda c: c.measured_steady_samples_s or c.measured_samples_s)
+    steady = [c for c in wi.measured if _finite(c.measured_steady_samples_s)]
+    best = max(steady or wi.measured, key=lambda c: _measured_rate(c)[0])
     if n in measured:
         pick = measured[n]
+        rate, what = _measured_rate(pick)
+        top, top_what = _measured_rate(best)
+        if best is not pick and what == top_what and top > rate:
+            out.append(f"  recommendation: keep {best.variant} (MEASURED {top:,.0f} {top_what}): "
+                       f"the knee's num_workers={n} MEASURED {rate / top:.2f}x of it")
+            return out
         out.append(f"  recommendation: num_workers={pick.n} on your DataLoader (MEASURED "
-                   f"{(pick.measured_steady_samples_s or pick.measured_samples_s):,.0f} steady "
-                   f"samples/s, variant {pick.variant})")
+                   f"{rate:,.0f} {what}, variant {pick.variant})")
     elif point is not None:
-        gain = point.predicted_samples_s / (best.measured_steady_samples_s
-                                            or best.measured_samples_s)
+        rate, what = _measured_rate(best)
+        if not steady:
+            out.append(f"  recommendation: none predicted: no variant had a steady rate to "
+                       f"compare the knee's with (best measured {best.variant}: {rate:,.0f} "
+                       f"{what}); measure num_workers={n} over more batches with "
+                       f"--set dataloader.num_workers={best.n},{n}")
+            return out
+        gain = point.predicted_samples_s / rate
+        if gain <= 1.0:
+            # one rule with the measured recommendation: what is predicted no faster than a
+            # measured variant is no reason to change it
+            out.append(f"  recommendation: keep {best.variant} (MEASURED {rate:,.0f} {what}): "
+                       f"the knee's num_workers={n} is PREDICTED {gain:.2f}x of it")
+            return out
         out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
                    f"{gain:.2f}x the best measured ({best.variant}); measure it with "
                    f"--set dataloader.num_workers={best.n},{n}")

@@ -52,7 +52,7 @@ STREAMS: list = []              # this process's streams, in creation order
 _LOCK = threading.Lock()
 _ACTIVE = threading.local()     # the stream whose batch this thread is fetching (0 workers)
 _WORKER_LOADER: str | None = None   # in a loader worker: "trainer pid:order" it works for
-_STAGES: dict = {}              # key -> name -> [calls, wall, cpu, where]
+_STAGES: dict = {}              # key -> name -> a record (stage_add)
 _next_flush = 0.0
 _said: set = set()
 _REPLAY = None                  # replay.py (issue 28), loaded only for an ablation run
@@ -79,10 +79,13 @@ def _rank() -> dict:
 
 # ------------------------------------------------------------------------ stage records
 
-def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: str = "") -> None:
+def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: str = "",
+              cold: bool = False) -> None:
     """Add one timed stage call to the bucket of the loader being served (in a worker: the
     loader it works for; in the trainer: the stream fetching now, else "trainer"). A record
-    is [calls, wall, cpu, where, calls whose CPU was read]; ``cpu`` None: not read."""
+    is [calls, wall, cpu, where, calls whose CPU was read, cold cpu, cold calls]; ``cpu``
+    None: not read. ``cold``: the process's first fetch, whose CPU (a lazy open, imports)
+    is kept apart: the merge scales it to the unread calls only when no warm call was read."""
     if _WORKER_LOADER is not None:
         key = _WORKER_LOADER
         where = where or "workers"
@@ -96,12 +99,13 @@ def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: 
     with _LOCK:
         rec = _STAGES.setdefault(key, {}).get(name)
         if rec is None:
-            rec = _STAGES[key][name] = [0, 0.0, 0.0, where, 0]
+            rec = _STAGES[key][name] = [0, 0.0, 0.0, where, 0, 0.0, 0]
         rec[0] += calls
         rec[1] += wall
         if cpu is not None:
-            rec[2] += cpu
-            rec[4] += calls
+            cpu_at, calls_at = (5, 6) if cold else (2, 4)
+            rec[cpu_at] += cpu
+            rec[calls_at] += calls
     if _WORKER_LOADER is not None and _perf() >= _next_flush:
         flush_worker()
 
@@ -142,8 +146,15 @@ class Stage:
 
 def _rows(batch, default: int) -> int:
     """Samples in a batch: the leading dimension of its first tensor/array (dicts, tuples and
-    lists looked into once), else the loader's batch size."""
+    lists looked into once), else the loader's batch size. A list whose items are dicts or
+    tuples (its first and last read) is the list of the samples (an identity
+    ``collate_fn``; torch's default collate turns dict samples into one dict and tuple
+    samples into a list of columns): its length, not the first sample's first tensor."""
     b = batch
+    if isinstance(b, list) and b:       # first and last item only: O(1) per batch
+        ends = (b[0], b[-1])
+        if all(isinstance(x, dict) for x in ends) or all(type(x) is tuple for x in ends):
+            return len(b)
     for _ in range(3):
         if isinstance(b, dict):
             b = next(iter(b.values()), None)
@@ -576,6 +587,7 @@ def patch_torch(dl_mod) -> None:
         _WORKER_LOADER = _SERVING or os.environ.get(LOADER_ENV) or f"{os.getppid()}:?"
         STREAMS.clear()             # forked: the trainer's streams are not this process's
         _STAGES.clear()
+        _fetches[0] = 0             # this worker's first fetch is its own cold one
         try:
             return orig_loop(*a, **k)
         finally:
@@ -646,7 +658,11 @@ def _patch_fetch(cls, functools) -> None:
     """Wall time of every fetch; the thread's CPU clock on one fetch in ``CPU_EVERY``: a
     CPU-clock read is a system call (several us where the VM has no vDSO for it), four per
     batch would cost more than the overhead target at a 1 ms step. The merge scales the
-    sampled CPU by calls / sampled calls (``cpu_calls`` says how many were read)."""
+    sampled CPU by calls / sampled calls (``cpu_calls`` says how many were read). The
+    process's first fetch is read but kept apart (``cold``): it pays one-off costs (a
+    dataset that opens its files lazily, imports, first page faults) that, scaled by
+    ``CPU_EVERY``, were counted for every unread fetch: 8x a 300 ms open made a thread's
+    CPU 8x its wall and refused a real steady rate as faster than the cores allow."""
     orig = cls.fetch
     item = "dataset.__getitem__" if "Map" in cls.__name__ else "dataset.__iter__"
 
@@ -656,7 +672,8 @@ def _patch_fetch(cls, functools) -> None:
         if type(col) is not _TimedCollate:
             col = self.collate_fn = _TimedCollate(col)
         _fetches[0] += 1
-        sample = _fetches[0] % CPU_EVERY == 1
+        cold = _fetches[0] == 1
+        sample = cold or _fetches[0] % CPU_EVERY == 2
         col.sample = sample
         cw0, cc0 = col.wall, col.cpu
         w = _perf()
@@ -670,8 +687,8 @@ def _patch_fetch(cls, functools) -> None:
             cpu = _tcpu() - c if sample else None
             cw, cc = col.wall - cw0, col.cpu - cc0
             n = len(index) if self.auto_collation else 1
-            stage_add(item, wall - cw, None if cpu is None else cpu - cc, n)
-            stage_add("collate_fn", cw, None if cpu is None else cc)
+            stage_add(item, wall - cw, None if cpu is None else cpu - cc, n, cold=cold)
+            stage_add("collate_fn", cw, None if cpu is None else cc, cold=cold)
 
     cls.fetch = fetch
 

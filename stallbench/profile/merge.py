@@ -75,13 +75,21 @@ class StreamRun:
 
 
 def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> None:
-    """Sum stage records [calls, wall, cpu, where, cpu_calls]; the CPU of calls whose clock
-    was not read (``hooks._patch_fetch`` samples it) is scaled from those whose was:
-    cpu x calls / cpu_calls per process, before summing."""
+    """Sum stage records [calls, wall, cpu, where, cpu_calls, cold_cpu, cold_calls]; the CPU
+    of calls whose clock was not read (``hooks._patch_fetch`` samples it) is scaled from
+    those whose was: cpu x calls / cpu_calls per process, before summing. The process's
+    first (cold) fetch stands for the rest only where no warm fetch was read: its one-off
+    costs are not the per-call cost (``hooks._patch_fetch``)."""
     for name, rec_in in stages.items():
         calls, wall, cpu, where = rec_in[:4]
         cpu_calls = rec_in[4] if len(rec_in) > 4 else calls
-        cpu = cpu * calls / cpu_calls if cpu_calls else 0.0
+        cold_cpu, cold_calls = (rec_in[5], rec_in[6]) if len(rec_in) > 6 else (0.0, 0)
+        if cpu_calls:
+            cpu = cpu * calls / cpu_calls
+        elif cold_calls:
+            cpu = cold_cpu * calls / cold_calls
+        else:
+            cpu = 0.0
         rec = into.setdefault(name, [0, 0.0, 0.0, where])
         rec[0] += calls
         rec[1] += wall

@@ -298,12 +298,41 @@ def _steady_or_zero(v: VariantResult) -> float:
     return r if math.isfinite(r) else 0.0
 
 
+def _reaches(key: str, v: VariantResult) -> bool:
+    """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
+    ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
+    takes neither). Without a profile record (a unit's stand-in) it is taken as reached."""
+    if getattr(v, "profile", None) is None:
+        return True
+    want = "torch.DataLoader" if key.startswith("dataloader.") else "ray."
+    return any(ld.kind.startswith(want) for ld in v.profile.loaders)
+
+
+def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
+    """The ``--set`` keys the variants differ by, when none of them reached a loader (a
+    watched generator takes no DataLoader setting): the variants then ran the same job, and
+    which measured faster is noise, never advice. Empty when any differing key reached one."""
+    changed = {k for v in variants for k in v.knobs
+               if len({knobs_mod.format_value(w.knobs.get(k)) for w in variants}) > 1}
+    unreached = sorted(k for k in changed if not any(_reaches(k, v) for v in variants))
+    return unreached if changed and len(unreached) == len(changed) else []
+
+
 def recommend(variants: list[VariantResult]) -> Recommendation | None:
     """Measured: the best variant in steady state against the first one; none when a side
     of the comparison had no steady window (too short a run to compare steady rates)."""
     if len(variants) < 2:
         return None
     base = variants[0]
+    unreached = knobs_reached_nothing(variants)
+    if unreached:
+        kinds = sorted({ld.kind for v in variants if v.profile for ld in v.profile.loaders})
+        text = (f"recommendation: none: {', '.join(unreached)} reached no loader of "
+                f"the job (its loaders: {', '.join(kinds) or 'none'}), so the variants ran the "
+                f"same job and their differences are noise; measured {base.name} "
+                f"{base.throughput_samples_s.median:,.0f} samples/s over the whole run")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured", text=text)
     short = [v.name for v in variants if not math.isfinite(steady_rate(v))]
     if short:
         whole = ", ".join(f"{v.name} {v.throughput_samples_s.median:,.0f}" for v in variants)
@@ -421,7 +450,8 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
     script = next((a for a in opts.argv if a.endswith(".py") and os.path.isfile(a)), None)
     sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(argv).encode())
     rec = recommend(results)
-    best = max(results, key=_steady_or_zero) if len(results) > 1 else None
+    best = (max(results, key=_steady_or_zero)
+            if len(results) > 1 and not knobs_reached_nothing(results) else None)
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
         best_variant=best.name if best else None,
@@ -444,5 +474,6 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                                torch=torch_v, ray=ray_v, hooks_written_for=dict(WRITTEN_FOR),
                                world_size=world, nodes=nodes))
     from . import ablate
-    ablate.whatif_of(result)
+    if not knobs_reached_nothing(results):     # a what-if fitted on one job run N times: no
+        ablate.whatif_of(result)
     return result

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .. import __version__, threads
 from ..measure import machine
 from ..analysis import advice, differential, rates, summary, whatif
-from ..analysis.device import device_figures, sequence_note
+from ..analysis.device import WARNING, device_figures, sequence_note
 from ..data.parquet import describe
 from ..executors import EXECUTORS
 from ..measure import phases as phases_mod
@@ -353,10 +353,34 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
     cut = sequence_note(full, cfg.loader.batch_format)
     if cut:
         vr.notes["dataset.sequence_max_len"] = cut
+    small = batch_size_note(full, cfg.loader.batch_size, plan.items)
+    if small:
+        vr.notes["loader.batch_size"] = small
     if analyze:
         vr.attribution = differential.analyze_runs(runs, cfg.analysis.method,
                                                    cfg.analysis.confidence)
     return vr
+
+
+def batch_size_note(full: list[RepeatFigures], batch_size: int, items) -> str | None:
+    """The warning for a ``batch_size`` no batch reached: a batch never spans a work item (a
+    row group, the unit of one fetch), so over smaller row groups the trainer took more,
+    smaller batches than the scenario asks for, and its step count and compute follow them
+    (600 rows in 100-row groups at batch_size 256: 6 batches, not 3). None when a row group
+    holds a whole batch, or the measured batches show the executor re-batched across them."""
+    largest = max((s.rows for s in items), default=0)
+    f = next((f for f in full if f.batches), None)
+    if f is None or not 0 < largest < batch_size:
+        return None
+    if f.batches <= ceil_div(f.samples, batch_size):    # re-batched across row groups (Ray
+        return None                                     # Data's iter_torch_batches does)
+    return (f"{WARNING}: loader.batch_size = {batch_size} is larger than the largest row group "
+            f"({largest:,} rows) and a batch never spans a row group (the unit of one fetch): "
+            f"batches had at most {largest:,} rows, {f.batches:,} batches of "
+            f"{f.samples / f.batches:,.0f} rows on average where batch_size would make "
+            f"{ceil_div(f.samples, batch_size):,}; the step count and compute follow the smaller "
+            f"batches. Set dataset.row_group_rows >= {batch_size} (or write the Parquet with "
+            f"larger row groups).")
 
 
 def advise(result: Result) -> None:

@@ -264,3 +264,78 @@ def test_loop_that_breaks_out_of_epochs(tmp_path: Path, workers: str) -> None:
     # the loop burnt 14 x 20 ms of CPU; the epochs' CPU covers it and not twice over
     assert 14 * 0.020 * 0.9 <= f.trainer_cpu_s <= t["loop_cpu_s"] * 1.2 + 0.05, (
         f.trainer_cpu_s, t)
+
+
+def test_a_cold_first_item_is_not_counted_for_every_item(tmp_path: Path) -> None:
+    """The thread CPU of a fetch is read on one fetch in ``hooks.CPU_EVERY`` and scaled to the
+    rest: a dataset that pays a one-off cost on its first item (a lazy open, 300 ms of CPU
+    here by construction) must not have that cost multiplied into every unread fetch. A
+    thread's CPU cannot exceed its wall time; the steady rate is not refused for CPU the
+    data work never spent (both held on any machine: the cost is a CPU-clock busy loop)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x": list(range(160)), "y": [i % 2 for i in range(160)]}), data)
+    out = tmp_path / "res"
+    p = helpers.profile(["--out", str(out), "--", sys.executable,
+                         helpers.script("user_cold.py"), str(data), "0", "300"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "rows 160" in p.stdout
+    r = helpers.load(out)
+    (loader,) = r.variants[0].profile.loaders
+    assert loader.samples == 160 and loader.batches == 40
+    item = next(s for s in loader.stages if s.name == "dataset.__getitem__")
+    assert item.cpu_s <= item.wall_s * 1.05 + 0.01, item
+    why = [rep.phases.no_steady_reason for rep in r.variants[0].repeats
+           if rep.phases is not None and rep.phases.no_steady_reason]
+    assert not any("refused a steady rate" in w for w in why), why
+
+
+def test_a_knob_that_reached_no_loader_is_never_recommended(tmp_path: Path) -> None:
+    """``--set dataloader.num_workers=0,2`` on a job whose only loader is a watched generator:
+    both variants ran the same job (the knob reached nothing), so which one measured faster
+    is noise; the profile says the knob reached no loader instead of keeping or setting it.
+    ``--analyze``: a watched iterable is not served from memory, and the reason says so (it
+    said the 20-batch epoch left fewer than 2 batches after the 5 kept)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x": list(range(320)), "y": [float(i % 2) for i in range(320)]}),
+                   data, row_group_size=64)
+    out = tmp_path / "res"
+    p = helpers.profile(["--out", str(out), "--analyze", "--set", "dataloader.num_workers=0,2",
+                         "--", sys.executable, helpers.script("user_watch_only.py"), str(data)],
+                        cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("rows 320") >= 2
+    assert "compute_only): the headline loader is a stallbench.watch'ed iterable" in p.stdout
+    rec = next(x for x in p.stdout.splitlines() if x.startswith("recommendation:"))
+    assert "reached no loader" in rec and "num_workers" in rec, rec
+    r = helpers.load(out)
+    assert r.analysis.recommendation.measured_speedup is None
+    assert r.analysis.recommendation.action == "keep"
+    assert r.analysis.best_variant is None and r.analysis.whatif is None
+    assert "what-if" not in p.stdout
+
+
+def test_a_batch_that_is_a_list_of_samples_counts_its_samples(tmp_path: Path) -> None:
+    """An identity ``collate_fn`` hands the loop the list of its samples (dicts here, each a
+    sequence of 12 ids): the samples are the list's items, not the leading dimension of the
+    first sample's first tensor (12 per batch). 100 rows at batch_size 8: 13 batches, the
+    last of 4 rows; by construction the count is the rows of the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "seqs.parquet"
+    pq.write_table(pa.table({"ids": [[i] * 12 for i in range(100)],
+                             "y": [float(i % 2) for i in range(100)]}), data)
+    out = tmp_path / "res"
+    p = helpers.profile(["--out", str(out), "--", sys.executable,
+                         helpers.script("user_identity_collate.py"), str(data), "8"],
+                        cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "rows 100" in p.stdout
+    (loader,) = helpers.load(out).variants[0].profile.loaders
+    assert (loader.batches, loader.samples) == (13, 100)

@@ -37,3 +37,55 @@ def test_a_stream_with_too_few_batches_has_no_steady_rate() -> None:
     assert not f.phases.has_steady
     assert math.isnan(f.steady_throughput_samples_s)
     assert f.throughput_samples_s == 8 / 0.51
+
+
+def _whatif(steady0: float, steady2: float, predicted1: float) -> NS:
+    measured = [NS(n=0, variant="num_workers=0", measured_samples_s=500.0,
+                   measured_steady_samples_s=steady0),
+                NS(n=2, variant="num_workers=2", measured_samples_s=160.0,
+                   measured_steady_samples_s=steady2)]
+    wi = NS(measured=measured, model=NS(kind="one-point"), note="fitted on 1", backtest=None,
+            knee=NS(n=1, saturates_at=None, explanation="CPU-bound"),
+            points=[NS(n=1, predicted_samples_s=predicted1, low_samples_s=None,
+                       high_samples_s=None)])
+    return NS(analysis=NS(whatif=wi))
+
+
+def test_knee_never_prints_nan_for_runs_without_a_steady_rate() -> None:
+    """A job that breaks after 40 batches (pkg.train-style) had no steady window in either
+    variant (NaN): the knee's advice printed 'PREDICTED nanx the best measured'."""
+    from stallbench.profile import ablate
+
+    text = "\n".join(ablate.knee_lines(_whatif(math.nan, math.nan, 76.0)))
+    assert "nan" not in text.lower(), text
+    assert "whole run" in text and "num_workers=0" in text, text
+
+
+def test_knee_does_not_advise_trying_what_it_predicts_slower() -> None:
+    """The knee predicted at 0.67x the best measured variant is no reason to try it: the
+    advice keeps the measured best (what the measured recommendation says too)."""
+    from stallbench.profile import ablate
+
+    lines = ablate.knee_lines(_whatif(181_000.0, 125_000.0, 122_000.0))
+    rec = next(x for x in lines if "recommendation" in x)
+    assert "try num_workers=1" not in rec and "keep num_workers=0" in rec, rec
+    assert "0.67x" in rec, rec
+    lines = ablate.knee_lines(_whatif(1000.0, 1500.0, 3000.0))
+    rec = next(x for x in lines if "recommendation" in x)
+    assert "try num_workers=1" in rec and "2.00x the best measured (num_workers=2)" in rec, rec
+
+
+def test_knee_at_a_measured_count_slower_than_another_keeps_the_faster() -> None:
+    """pkg.train-style job on a busy 2-core machine: the model put the knee at 2 workers
+    (measured 649 steady samples/s) while 0 workers measured 1,075: the knee's advice said
+    'num_workers=2' beside the measured recommendation 'keep num_workers=0'."""
+    from stallbench.profile import ablate
+
+    r = _whatif(1075.0, 649.0, 0.0)
+    r.analysis.whatif.knee.n = 2
+    rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
+    assert "keep num_workers=0" in rec and "0.60x" in rec, rec
+    r = _whatif(1075.0, 1649.0, 0.0)
+    r.analysis.whatif.knee.n = 2
+    rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
+    assert "num_workers=2 on your DataLoader (MEASURED 1,649" in rec, rec
