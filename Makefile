@@ -41,10 +41,9 @@ browser:
 # runs every test.
 # Two passes (tests/run_suite.sh): the tests whose verdicts are read off timings (markers
 # groundtruth, e2e, abgate) alone on the machine, as they were written to run; then every other
-# test in $(TEST_WORKERS) pytest-xdist workers, each test file on one worker (its module fixtures,
-# e.g. a `ray start` cluster, made once). They pass beside another busy process by design; the
-# second pass is where CI's time went (25 min serial here, ~1,000 tests of error paths,
-# signals and golden output, most of them waiting on subprocesses).
+# test in $(TEST_WORKERS) pytest-xdist workers, a test file at a time on one worker (its module
+# fixtures made once), every file that starts Ray or Flight servers on the same one, in turn
+# (tests/conftest.py). CI's 25 min of serial tests were mostly waits on subprocesses.
 TEST_WORKERS ?= 2
 test: setup browser
 	@sync; TEST_WORKERS=$(TEST_WORKERS) bash tests/run_suite.sh "not slow"
