@@ -40,11 +40,10 @@ browser:
 # runs in tests/gate/test_ab_e2e.py) so that CI stays well under its time limit; `make test-all`
 # runs every test.
 # Two passes (tests/run_suite.sh): the tests whose verdicts are read off timings (markers
-# groundtruth, e2e, abgate) alone on the machine, as they were written to run; then every other
-# test in $(TEST_WORKERS) pytest-xdist workers, a test file at a time on one worker (its module
-# fixtures made once), every file that starts Ray or Flight servers on the same one, in turn
-# (tests/conftest.py). CI's 25 min of serial tests were mostly waits on subprocesses.
-TEST_WORKERS ?= 2
+# groundtruth, e2e, abgate), then every other test. TEST_WORKERS=2 runs the second pass in 2
+# pytest-xdist workers (~3 min less here: 24:57 vs 27:43 for .ci/run), opt-in until the
+# refused connection it showed under load is understood (tests/run_suite.sh says which).
+TEST_WORKERS ?= 1
 test: setup browser
 	@sync; TEST_WORKERS=$(TEST_WORKERS) bash tests/run_suite.sh "not slow"
 

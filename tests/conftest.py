@@ -67,10 +67,13 @@ _GRPC = re.compile(r'kind = \\?"(ray|flight)|ray_session|raystart|pyarrow\.fligh
 
 @functools.lru_cache(maxsize=None)
 def _worker_group(path: Path) -> str:
-    """The pytest-xdist scope of a test file (``pytest_xdist_make_scheduler``): its own, so its module fixtures are made once, except that every file whose tests start Ray
-    or Flight servers shares one group, so they run one at a time, on one worker, as they were
-    written to. A run whose gRPC servers and Ray nodes overlapped another's lost a connection
-    (refused for 20 s) once, under a load of 9, for a cause not found."""
+    """The pytest-xdist scope of a test file (``pytest_xdist_make_scheduler``): its own, so its
+    module fixtures are made once, except that every file whose tests start Ray or Flight
+    servers shares one scope, so they run one at a time, on one worker, as they were written
+    to (their clusters and servers are the heaviest tests). This grouping did not
+    stop the one failure seen with 2 workers (tests/run_suite.sh says which): parallel is
+    opt-in.
+    """
     return "grpc" if _GRPC.search(path.read_text()) else str(path)
 
 
