@@ -450,8 +450,9 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
     script = next((a for a in opts.argv if a.endswith(".py") and os.path.isfile(a)), None)
     sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(argv).encode())
     rec = recommend(results)
+    unreached = knobs_reached_nothing(results)     # once: the best variant and the what-if
     best = (max(results, key=_steady_or_zero)
-            if len(results) > 1 and not knobs_reached_nothing(results) else None)
+            if len(results) > 1 and not unreached else None)
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
         best_variant=best.name if best else None,
@@ -474,6 +475,6 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
                                torch=torch_v, ray=ray_v, hooks_written_for=dict(WRITTEN_FOR),
                                world_size=world, nodes=nodes))
     from . import ablate
-    if not knobs_reached_nothing(results):     # a what-if fitted on one job run N times: no
+    if not unreached:                              # a what-if fitted on one job run N times: no
         ablate.whatif_of(result)
     return result
