@@ -343,14 +343,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """`stallbench serve` on loopback, as another machine would run it."""
     d = tmp_path_factory.mktemp("serve")
     (d / "s.toml").write_text(_text(collate="trainer", comp="zstd"))
-    port = _free_port()
+    # Port 0: the server binds the port the kernel gives it and says which. A port chosen
+    # here and bound by the server seconds later (its imports) could be taken in between by
+    # another process of a parallel test run.
     env = {**os.environ, "STALLBENCH_CACHE": str(d / "cache"), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "stallbench", "serve", "s.toml", "--port",
-                             str(port), "--host", "127.0.0.1"], cwd=d, env=env,
+                             "0", "--host", "127.0.0.1"], cwd=d, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     try:
         assert "serving 1 variant(s) of scenario 'flighttest'" in line, line + proc.stderr.read()
+        port = int(line.split("grpc://127.0.0.1:")[1].split()[0])
         yield d, port, proc
     finally:
         if proc.poll() is None:

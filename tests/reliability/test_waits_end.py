@@ -302,16 +302,17 @@ def test_serve_stops_while_a_trainer_holds_a_stream_unread(tmp_path: Path, env: 
 ])
 def test_a_foreign_flight_ping_answer_is_one_line(tmp_path: Path, env: dict,
                                                   answer: bytes, says: str) -> None:
+    """The foreign server serves from its construction; no ``serve()`` thread: with one,
+    Flight's ``shutdown`` let gRPC close the listening socket's fd a second time, later, on
+    its own thread, and the next parameter's server, given that fd number, stopped listening
+    (its client: "Connection refused"; tests/executors/test_flight_protocol.py)."""
     flight = pytest.importorskip("pyarrow.flight")
-    import threading
 
     class Foreign(flight.FlightServerBase):
         def do_action(self, context, action):  # noqa: ANN001
             yield flight.Result(answer)
 
     srv = Foreign("grpc://127.0.0.1:0")
-    t = threading.Thread(target=srv.serve, daemon=True)
-    t.start()
     try:
         write(tmp_path, TINY + f'[executor]\nkind = "flight"\n'
               f'flight_servers = ["grpc://127.0.0.1:{srv.port}"]\n')
