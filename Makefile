@@ -39,11 +39,10 @@ browser:
 # `make test` leaves out the few tests marked `slow` (minutes each: the A/B gate's ground-truth
 # runs in tests/gate/test_ab_e2e.py) so that CI stays well under its time limit; `make test-all`
 # runs every test.
-# Two passes (tests/run_suite.sh): the tests whose verdicts are read off timings (markers
-# groundtruth, e2e, abgate), then every other test. TEST_WORKERS=2 runs the second pass in 2
-# pytest-xdist workers (~3 min less here: 24:57 vs 27:43 for .ci/run), opt-in until the
-# refused connection it showed under load is understood (tests/run_suite.sh says which).
-TEST_WORKERS ?= 1
+# Two passes (tests/run_suite.sh): every test that does not read a verdict off timings, in
+# TEST_WORKERS pytest-xdist workers; then the tests whose verdicts are read off timings
+# (markers groundtruth, e2e, abgate), alone. It ends with the 15 slowest tests.
+TEST_WORKERS ?= 2
 test: setup browser
 	@sync; TEST_WORKERS=$(TEST_WORKERS) bash tests/run_suite.sh "not slow"
 

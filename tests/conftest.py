@@ -27,11 +27,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     root = Path(str(config.rootpath))
 
-    class FileOrGrpc(LoadScopeScheduling):
+    class ByScope(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _worker_group(root / nodeid.split("::", 1)[0])
 
-    return FileOrGrpc(config, log)
+    return ByScope(config, log)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
@@ -49,6 +49,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         moved, n = {id(i) for i in timing}, len(items)
         items[:] = timing + [i for i in items if id(i) not in moved]
         assert len(items) == n, f"reordering lost or duplicated tests: {n} -> {len(items)}"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The longest scope first: xdist hands scopes out in this order, and the one lane
+        # that cannot be split (``_worker_group``) would otherwise start last and end alone.
+        lane = [i for i in items if _worker_group(Path(str(i.path))) == RAYSTART]
+        if lane:
+            moved, n = {id(i) for i in lane}, len(items)
+            items[:] = lane + [i for i in items if id(i) not in moved]
+            assert len(items) == n, f"reordering lost or duplicated tests: {n} -> {len(items)}"
     gpu = [i for i in items if i.get_closest_marker("gpu")]
     if gpu:
         import torch
@@ -60,21 +68,24 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 i.add_marker(skip)
 
 
-# A test file that starts Ray or a Flight server (gRPC either way), by what its text names.
-_GRPC = re.compile(r'kind = \\?"(ray|flight)|ray_session|raystart|pyarrow\.flight|flight_servers'
-                   r'|import ray\b|"ray"|"flight"|ray_address|ray\.init')
+# A test file that uses tests/raystart.py: it starts multi-process Ray clusters (``ray start``
+# heads and nodes, simulated nodes) and checks what they leave behind (``kill_left``).
+RAYSTART = "raystart"
+_RAYSTART = re.compile(r"\bRayStartCluster\b|\bfrom raystart import\b|\bimport raystart\b")
 
 
 @functools.lru_cache(maxsize=None)
 def _worker_group(path: Path) -> str:
     """The pytest-xdist scope of a test file (``pytest_xdist_make_scheduler``): its own, so its
-    module fixtures are made once, except that every file whose tests start Ray or Flight
-    servers shares one scope, so they run one at a time, on one worker, as they were written
-    to (their clusters and servers are the heaviest tests). This grouping did not
-    stop the one failure seen with 2 workers (tests/run_suite.sh says which): parallel is
-    opt-in.
+    module fixtures are made once, except that the files that use tests/raystart.py share
+    one, so that two multi-process clusters (a dozen processes, ~10 s of CPU to start each)
+    never start side by side on a 2-core machine, nor one test's leftover check see the
+    other's processes. Every other file, Ray and Flight ones included,
+    runs beside any other: a file's in-process Ray is its worker's own (``ray_session``),
+    servers bind port 0, and the one refused connection once blamed on running side by side
+    was a double close in one process (tests/executors/test_flight_lifecycle.py).
     """
-    return "grpc" if _GRPC.search(path.read_text()) else str(path)
+    return RAYSTART if _RAYSTART.search(path.read_text()) else str(path)
 
 
 @pytest.fixture(scope="session")

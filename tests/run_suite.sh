@@ -2,17 +2,18 @@
 # The test suite in two passes, as `make test` (and so CI) runs it. Usage:
 #   TEST_WORKERS=N bash tests/run_suite.sh ["MARKER EXPRESSION"]   (e.g. "not slow")
 #
-# 1. Timing tests, alone: ground truth recovered from timings (groundtruth), real scenarios
-#    whose verdicts the test reads (e2e), the same-job A/B gate (abgate). Their tolerances
-#    hold beside one busy process, and running them beside each other would spend that margin.
-# 2. Every other test: in one process (TEST_WORKERS unset or 1, the default of `make test` and
-#    so of CI), or in TEST_WORKERS pytest-xdist workers, scheduled by a scope per test file
-#    (conftest.py's pytest_xdist_make_scheduler), so a file's module fixtures are made once,
-#    with one scope for every file that starts Ray or Flight servers: those run one at a time
-#    on one worker, beside the other files' tests. Parallel is opt-in: in 2 of 3 whole-suite
-#    runs with 2 workers under load (3-9), one test's in-process Flight server refused
-#    connections for 20 s (test_a_foreign_flight_ping_answer_is_one_line), cause not found;
-#    never in a run in one process.
+# 1. Every test that does not read a verdict off timings, in TEST_WORKERS pytest-xdist workers
+#    (default 2; 1 runs it in one process). Scheduled by a scope per test file
+#    (conftest.py's pytest_xdist_make_scheduler), so a file's module fixtures are made once;
+#    the files that start multi-process Ray clusters share one scope, handed out first.
+#    Most of this pass waits on subprocesses (Ray, Flight servers, signal cases, profiled
+#    jobs), so two workers overlap those waits on two cores.
+# 2. Timing tests, alone, after it: ground truth recovered from timings (groundtruth), real
+#    scenarios whose verdicts the test reads (e2e), the same-job A/B gate (abgate). Their
+#    tolerances hold beside one busy process, and running them beside other tests would
+#    spend that margin.
+# Then the 15 slowest tests of both passes and each pass's time (tests/slowest.py), so the
+# next slow test is seen the day it lands.
 #
 # Both passes run even when the first fails (every failure is reported); the exit is non-zero
 # when either failed, and pytest's 5 ("no tests collected") in either is a broken suite.
@@ -22,15 +23,24 @@ PY=${PY:-.venv/bin/python}
 only=${1:-}
 timing="groundtruth or e2e or abgate"
 and_only=${only:+ and ($only)}
-"$PY" -m pytest -q -rs -m "($timing)$and_only"
-first=$?
-workers=${TEST_WORKERS:-1}
+workers=${TEST_WORKERS:-2}
+reports=$(mktemp -d "${TMPDIR:-/tmp}/stallbench-suite-XXXXXX")
+trap 'rm -rf "$reports"' EXIT
 parallel=()
 if [ "$workers" -gt 1 ]; then parallel=(-p xdist -n "$workers" --dist loadscope); fi
-"$PY" -m pytest -q -rs ${parallel[@]+"${parallel[@]}"} -m "not ($timing)$and_only"
+t0=$SECONDS
+"$PY" -m pytest -q -rs ${parallel[@]+"${parallel[@]}"} --junitxml="$reports/parallel.xml" \
+  -m "not ($timing)$and_only"
+first=$?
+t1=$SECONDS
+"$PY" -m pytest -q -rs --junitxml="$reports/timing.xml" -m "($timing)$and_only"
 second=$?
+t2=$SECONDS
+"$PY" tests/slowest.py --top 15 \
+  "parallel pass ($workers worker(s))=$reports/parallel.xml=$((t1 - t0))" \
+  "timing pass (alone)=$reports/timing.xml=$((t2 - t1))"
 for rc in $first $second; do
   if [ "$rc" -eq 5 ]; then echo "pytest collected no tests in one of the two passes: the suite is broken"; exit 1; fi
 done
-echo "test passes: timing tests rc $first, the rest ($workers worker(s)) rc $second"
+echo "test passes: the rest ($workers worker(s)) rc $first, timing tests rc $second"
 [ "$first" -eq 0 ] && [ "$second" -eq 0 ]
