@@ -226,6 +226,11 @@ class ExecutorSpec:
     flight_streams_per_server: int = knob(1, "Streams (do_get calls) the trainer reads at once from "
                                              "each Flight server; each owns a share of its row groups.",
                                           min=1, max=16)
+    flight_token_env: str | None = knob(None, "Name of the environment variable holding the bearer "
+                                              "token of `flight_servers` (started with `stallbench "
+                                              "serve --token-env/--token-file`), sent with every "
+                                              "call; never the token itself. Unset: no token. Local "
+                                              "servers get a private token of their own.")
 
 
 @dataclass(frozen=True)
@@ -298,6 +303,9 @@ FINGERPRINT_KEYS: dict[str, tuple[str, ...]] = {
     "analysis": ("differential", "method", "confidence"),
     "run": ("repeats", "warmup_batches", "sample_interval_s"),
 }
+# Keys that never change the work, only where a secret is found: left out of every fingerprint,
+# so a baseline stays comparable when its servers start asking for a token.
+UNHASHED_KEYS: dict[str, tuple[str, ...]] = {"executor": ("flight_token_env",)}
 
 
 @dataclass(frozen=True)
@@ -373,7 +381,7 @@ class Scenario:
             frozen = FINGERPRINT_KEYS.get(name, ())
             defaults = dataclasses.asdict(SECTIONS[name]())
             for key in [k for k in section if k not in frozen]:
-                if section[key] == defaults.get(key):
+                if section[key] == defaults.get(key) or key in UNHASHED_KEYS.get(name, ()):
                     del section[key]
         for name in LATER_SECTIONS:
             # A section added after results existed, left at its defaults, must not change the

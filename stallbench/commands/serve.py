@@ -5,6 +5,11 @@ A trainer whose scenario says ``[executor] kind = "flight"`` and
 (or, for a synthetic table, generates into ``--cache-dir``) the dataset of every variant of
 the scenario before it listens, so the first stream does not pay for that, and serves until
 Ctrl-C or SIGTERM.
+
+It streams whole datasets, so it listens on loopback (127.0.0.1) unless ``--host`` says
+otherwise, and any other address needs a bearer token (``--token-env NAME`` or
+``--token-file PATH``), checked on every call (``executors.flight.auth``); the check comes
+before the dataset is opened, so a refused start costs nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +35,15 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                                    "`flight_servers`). Runs until Ctrl-C or SIGTERM.")
     p.add_argument("scenario", help="scenario TOML file (the trainer's)")
     p.add_argument("--port", required=True, help="TCP port to listen on (0: any free port)")
-    p.add_argument("--host", default="0.0.0.0",
-                   help="address to listen on (default: every interface, 0.0.0.0)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: loopback, 127.0.0.1); any other "
+                        "address (0.0.0.0: every interface) needs --token-env or --token-file")
+    tok = p.add_mutually_exclusive_group()
+    tok.add_argument("--token-env", metavar="NAME", default=None,
+                     help="environment variable holding the bearer token every caller must "
+                          "send (the trainer's executor.flight_token_env)")
+    tok.add_argument("--token-file", metavar="PATH", type=Path, default=None,
+                     help="file holding that token (one line; keep it chmod 600)")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="where generated datasets are cached (default: $STALLBENCH_CACHE or .cache/stallbench)")
     p.set_defaults(func=run)
@@ -51,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
     sc = scenario.load(args.scenario)
     check_scenario(sc)
     import_flight(sc.path)
+    from ..executors.flight import auth
+
+    # Who may call, decided before the dataset is opened (a refused start costs nothing)
+    token = auth.serve_token(args.token_env, args.token_file)
+    if token is None and not auth.is_loopback(args.host):
+        raise UserError(f"--host {args.host}: serving beyond this machine needs a token "
+                        f"(--token-env NAME or --token-file PATH), which every trainer sends "
+                        f"(executor.flight_token_env); see docs/flight.md")
     from ..executors.flight.server import STOP_GRACE_S, Catalog, ProducerServer
 
     cache = args.cache_dir or default_cache_dir()
@@ -59,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         catalog.add(v.config, dataset_for(v.config, cache, sc.path), sc.path)
     with fd2_captured() as said:       # gRPC logs a failed bind to fd 2 itself (C++)
         try:
-            server = ProducerServer(f"grpc://{args.host}:{args.port}", catalog)
+            server = ProducerServer(f"grpc://{_bracketed(args.host)}:{args.port}", catalog,
+                                    auth.Gate(reader=token))
             failed = None
         except Exception as exc:  # noqa: BLE001 - a port in use, an address not of this machine
             failed = exc
@@ -78,9 +99,11 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    who = (f"token from {'$' + args.token_env if args.token_env else args.token_file}"
+           if token is not None else "no token: every user of this machine may stream")
     print(f"serving {len(catalog.entries)} variant(s) of scenario {sc.name!r} on "
-          f"grpc://{args.host}:{server.port} (pid {os.getpid()}); Ctrl-C or SIGTERM stops",
-          flush=True)
+          f"grpc://{_bracketed(args.host)}:{server.port} (pid {os.getpid()}; {who}); "
+          f"Ctrl-C or SIGTERM stops", flush=True)
     while not stop.wait(0.5):
         pass
     cut = server.stop()
@@ -93,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
     if cut:
         exc.outcome += f"; {cut} open stream(s) cut after {STOP_GRACE_S:g} s"
     raise exc
+
+
+def _bracketed(host: str) -> str:
+    """An IPv6 literal in a URI's host is bracketed (``grpc://[::1]:8815``)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 @contextlib.contextmanager

@@ -125,6 +125,7 @@ prefetch_factor = 2
 [executor]
 kind = "flight"
 flight_servers = [{servers}]
+flight_token_env = "SB_LINK_TOKEN"
 connect_timeout_s = 30
 [analysis]
 method = "chain"
@@ -143,10 +144,13 @@ def test_attribution_recovers_the_shaped_links_cost(shaped_link: dict[str, Any],
     sc = scenario.load(path)
     cache = tmp_path / "cache"
     dataset_for(sc.base, cache, str(path))            # generated once, before the servers read it
+    # Not loopback: the servers need a token (issue 38), which the trainer sends
+    monkeypatch.setenv("SB_LINK_TOKEN", secrets.token_urlsafe(32))
     env = {**os.environ, "STALLBENCH_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
     for port in ports:
         p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "stallbench",
-                              "serve", str(path), "--port", str(port), "--host", ns_ip],
+                              "serve", str(path), "--port", str(port), "--host", ns_ip,
+                              "--token-env", "SB_LINK_TOKEN"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         shaped_link["procs"].append(p)
     for p in shaped_link["procs"]:

@@ -10,6 +10,8 @@ Python. Split by concern:
 - ``server``: the Flight server (``stallbench serve``, and the local servers' entry point);
 - ``local``: servers started on the trainer's machine, and their end;
 - ``protocol``: tickets, actions and batch metadata (JSON; nothing on the socket is pickled);
+- ``auth``: who may call a server, and what (bearer tokens checked on every call; the
+  trainer that started a local server is its owner, ``serve``'s token holders are readers);
 - ``link``: the bytes that crossed the link, from the kernel's socket counters.
 
 Flight is imported only where it is used, so this package imports without it.

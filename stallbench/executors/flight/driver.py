@@ -4,7 +4,10 @@
 ``stallbench serve`` (on machines with the data); unset, ``flight_local_servers`` servers are
 started on this machine (``local.LocalServers``). Before anything runs, each must answer a
 ping within ``connect_timeout_s`` and serve this variant (same dataset, preprocessing and
-wire keys: ``protocol.config_key``), else a one-line error naming the address.
+wire keys: ``protocol.config_key``), else a one-line error naming the address. Every call
+carries a bearer token (``auth``): for ``flight_servers``, the one in the environment variable
+``flight_token_env`` names (if set); for local servers, the owner token this trainer made
+for them; a server that refuses it is one line naming ``executor.flight_token_env``.
 
 *Shares and streams.* With N servers and S streams per server, stream ``j`` (of N x S) reads
 the work items whose shard index is ``j`` modulo N x S, from server ``j`` modulo N; so server
@@ -45,6 +48,7 @@ import dataclasses
 import json
 import math
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -115,13 +119,15 @@ class FlightExecutor(Executor):
     rank_start_method = "spawn"
 
     def __init__(self, config: Config, scenario_file: str = "<scenario>",
-                 attach: list[str] | None = None) -> None:
+                 attach: list[str] | None = None, token: str | None = None) -> None:
         """``attach``: the servers some other process of this job runs (a rank's view of the
-        servers stallbench's process started); this executor starts and stops none."""
+        servers stallbench's process started); this executor starts and stops none.
+        ``token``: the token that process sends them (handed over the rank's private pipe)."""
         super().__init__(config, scenario_file)
         self.spec = config.executor
         self.remote = list(self.spec.flight_servers or [])
         self.attach = list(attach) if attach is not None else None
+        self.token = token                       # sent with every call (``auth.Bearer``)
         self.local: Any = None                   # local.LocalServers once started
         self.locations: list[str] = []
         self.clients: list[Any] = []
@@ -158,10 +164,18 @@ class FlightExecutor(Executor):
         if len(set(servers)) != len(servers):
             raise ScenarioError(scenario_file, "executor.flight_servers",
                                 "a server is listed twice")
+        name = config.executor.flight_token_env
+        if name is not None and not _ENV_NAME.fullmatch(name):
+            # never quoted: a token pasted here by mistake must not reach a terminal or log
+            raise ScenarioError(scenario_file, "executor.flight_token_env",
+                                "expected the name of an environment variable (letters, digits, "
+                                "_) that holds the token, not the token itself")
 
     @classmethod
     def check(cls, config: Config, scenario_file: str = "<scenario>") -> None:
         import_flight(scenario_file)
+        if config.executor.flight_servers:
+            _remote_token(config, scenario_file)
 
     # ------------------------------------------------------------------------ its producers
     def _servers(self) -> int:
@@ -209,6 +223,7 @@ class FlightExecutor(Executor):
             self.locations = list(self.attach)
         elif self.remote:
             self.locations = list(self.remote)
+            self.token = _remote_token(self.config, self.scenario_file)
         else:
             from .local import LocalServers
 
@@ -220,19 +235,23 @@ class FlightExecutor(Executor):
                 self.stop()
                 raise
             self.locations = self.local.locations
+            self.token = self.local.token
         t1 = time.perf_counter()
+        from . import auth
+
         self.clients, self.peers, self.served = [], [], []
         for i, loc in enumerate(self.locations):
             host, port = protocol.parse_location(loc)
             self.peers += link.resolve(host, port)
-            client = flight.connect(loc)
+            client = auth.connect(loc, self.token)
             self.clients.append(client)
             self.served.append(self._ping(client, i, loc))
         self._startup = {"servers_start_s": t1 - t0, "connect_s": time.perf_counter() - t1}
 
     def rank_options(self) -> dict[str, Any]:
-        """Each rank streams its own work items from this job's servers (started once)."""
-        return {"attach": list(self.locations)}
+        """Each rank streams its own work items from this job's servers (started once), with
+        this process's token (the pipe to a spawned rank is private to the job)."""
+        return {"attach": list(self.locations), "token": self.token}
 
     def _where(self, i: int) -> str:
         return (f"executor.flight_servers[{i}]" if self.remote else "executor.flight_local_servers")
@@ -243,6 +262,14 @@ class FlightExecutor(Executor):
         opts = flight.FlightCallOptions(timeout=self.spec.connect_timeout_s)
         try:
             res = list(client.do_action(flight.Action("ping", b""), options=opts))
+        except flight.FlightUnauthenticatedError:
+            self.stop()
+            if not self.remote:
+                raise UserError(f"{self.scenario_file}: executor: the local Flight server at "
+                                f"{loc} refused the token this trainer made for it (another "
+                                f"process listening on its port?)") from None
+            raise ScenarioError(self.scenario_file, "executor.flight_token_env",
+                                self._refused(loc)) from None
         except (flight.FlightError, OSError) as exc:
             self.stop()
             raise ScenarioError(self.scenario_file, self._where(i),
@@ -274,6 +301,17 @@ class FlightExecutor(Executor):
                                 + (f" (the server runs {_short(repr(release), 40)})"
                                    if release is not None else ""))
         return info
+
+    def _refused(self, loc: str) -> str:
+        """Why a server of ``flight_servers`` refused this trainer's calls, naming where its
+        token comes from (never the token)."""
+        name = self.spec.flight_token_env
+        if name is None:
+            return (f"the Flight server at {loc} refused the call without a token (it was "
+                    f"started with one): set flight_token_env to the name of an environment "
+                    f"variable holding it")
+        return (f"the Flight server at {loc} refused the token in ${name} (not the one it was "
+                f"started with)")
 
     def _server_pid(self, k: int) -> str:
         """``" (pid N)"`` of server ``k`` as its ping said, for lines that name it (a remote
@@ -657,6 +695,26 @@ def _short(exc: BaseException, n: int = 200) -> str:
 
 
 _NOT_JSON = object()   # a ping answer that did not parse
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+
+
+def _remote_token(config: Config, scenario_file: str) -> str | None:
+    """The token for ``flight_servers`` from the variable ``flight_token_env`` names (None
+    when unset); a ScenarioError naming the key, never quoting the value, otherwise."""
+    name = config.executor.flight_token_env
+    if name is None:
+        return None
+    from . import auth
+
+    token = auth.token_from_env(name)
+    if token is None:
+        raise ScenarioError(scenario_file, "executor.flight_token_env",
+                            f"the environment variable {name} is not set (or empty); it must "
+                            f"hold the token the servers were started with")
+    if not auth.valid_token(token):
+        raise ScenarioError(scenario_file, "executor.flight_token_env",
+                            f"the token in ${name} must be {auth.TOKEN_RULE}")
+    return token
 
 
 def _count(x: Any) -> bool:

@@ -3,7 +3,8 @@
 Each is a fresh interpreter (``python -m stallbench.executors.flight.server``) listening on
 loopback at a port the kernel picks, in its own session (a Ctrl-C in the terminal reaches the
 trainer, which stops them, not the servers half-way through a stream). Its first stdout line
-says its port; plans reach it through its stdin; it exits when that pipe closes, so a trainer
+says its port; an owner token (``auth``: the only token it takes, so no other user of this
+machine can call it), then plans, reach it through its stdin; it exits when that pipe closes, so a trainer
 that dies (even by SIGKILL) takes its servers with it. ``stop`` closes the pipes, waits, and
 kills by PID whatever is still running. OMP/MKL variables of the thread budget are set in
 each server's environment before any library starts its pool.
@@ -24,7 +25,8 @@ from typing import Any
 
 from ...errors import UserError
 from ... import threads
-from .server import READY, REGISTERED, send_registration
+from . import auth
+from .server import READY, REGISTERED, send_registration, send_token
 
 
 # A server still busy starting after this long is broken, however much CPU it uses (the
@@ -44,6 +46,7 @@ class LocalServers:
         self.registered: set[str] = set()
         self._logs: list[Any] = []
         self._dir: str | None = None
+        self.token = auth.new_token()      # the trainer's, as these servers' owner
 
     @property
     def locations(self) -> list[str]:
@@ -68,6 +71,10 @@ class LocalServers:
                  "--host", "127.0.0.1", "--port", "0"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
                 start_new_session=True))
+            try:
+                send_token(self.procs[-1].stdin, self.token)
+            except OSError:
+                pass                     # it exited already: its start-up line says so
         for i, p in enumerate(self.procs):
             word, value = self._line(i, f"its start-up (its {READY} line)", START_LIMIT_S)
             if word != READY:

@@ -7,9 +7,14 @@ One class serves both ways of running it:
   the data, it opens (or generates) the dataset of every variant of the scenario and serves
   them until stopped; tickets name a variant by ``protocol.config_key``;
 - a *local* server that the Flight executor starts on the trainer's machine (``main``, run as
-  ``python -m stallbench.executors.flight.server``): its parent hands it each plan's config
-  and dataset through its stdin (a pipe only the parent holds, so it is as trusted as a
-  forked worker), and closing that pipe ends the server: it never outlives its trainer.
+  ``python -m stallbench.executors.flight.server``): its parent hands it an owner token,
+  then each plan's config and dataset, through its stdin (a pipe only the parent holds, so it
+  is as trusted as a forked worker), and closing that pipe ends the server: it never outlives
+  its trainer.
+
+Who may call it, and what, is ``auth``'s: every call passes its ``Gate`` (bearer tokens,
+compared in constant time) before a handler runs; ``release`` is the owner's, and a reader's
+stream may budget at most the server's cores.
 
 A stream (``do_get``) runs the real producer code (``Plan.produce``: fetch, preprocess, the
 wire format's encode, ``protocol.wire_format``: ``arrow_jagged`` for a loader format that keeps
@@ -44,7 +49,8 @@ from ... import __version__, interrupts, threads
 from ...data.parquet import Dataset
 from ...pipeline import FULL, Plan, StageCaches
 from ...scenario import Config
-from . import protocol
+from . import auth, protocol
+from .auth import OWNER
 from .protocol import ProtocolError, Ticket, Trailer
 
 READY = "PORT"            # a local server's first stdout line: "PORT <port>"
@@ -112,8 +118,9 @@ def _error(exc: BaseException) -> flight.FlightServerError:
 
 
 class ProducerServer(flight.FlightServerBase):
-    def __init__(self, location: str, catalog: Catalog) -> None:
-        super().__init__(location)
+    def __init__(self, location: str, catalog: Catalog, gate: auth.Gate | None = None) -> None:
+        """``gate``: who may call (``auth.Gate``); None: every caller is a reader (tests)."""
+        super().__init__(location, middleware={auth.MIDDLEWARE: gate} if gate is not None else None)
         self.catalog = catalog
         self.streams = 0          # open now
         self.cut = 0              # ended by ``stop`` before their last item
@@ -151,7 +158,7 @@ class ProducerServer(flight.FlightServerBase):
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
         return [("ping", "who is serving what"),
                 ("prepare", "build ablation caches: {key, shards}"),
-                ("release", "drop ablation caches: {key}")]
+                ("release", "drop ablation caches: {key} (the server's owner only)")]
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
         kind = action.type
@@ -160,6 +167,10 @@ class ProducerServer(flight.FlightServerBase):
         try:
             if kind == "ping":
                 return iter([json.dumps(self.describe()).encode()])
+            if kind == "release" and auth.role_of(context) != OWNER:
+                # another trainer's ablation run may be reading these caches
+                raise flight.FlightUnauthorizedError(
+                    "release is for the server's owner (the trainer that started it)")
             body = protocol.json_object(action.body.to_pybytes() if action.body else b"", kind)
             entry = self.catalog.get(str(body.get("key")))
             if kind == "prepare":
@@ -192,6 +203,8 @@ class ProducerServer(flight.FlightServerBase):
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
         try:
             t = Ticket.decode(ticket.ticket)
+            if auth.role_of(context) != OWNER:
+                _check_reader_threads(t.threads)
             entry = self.catalog.get(t.key)
             n = len(entry.dataset.shards)
             bad = [s for s in t.shards if s >= n]
@@ -257,6 +270,16 @@ class ProducerServer(flight.FlightServerBase):
                 f"{self._grace_s:g} s after it was told to stop")
 
 
+def _check_reader_threads(asked: int | None) -> None:
+    """A reader's stream resizes the server's process-wide pools (``threads.apply``) for as
+    long as it runs: it may ask for the server's cores at most (None and 0 mean the cores)."""
+    bound = auth.reader_threads_max()
+    if asked is not None and asked > bound:
+        raise flight.FlightUnauthorizedError(
+            f"a stream's thread budget of {asked} is above this server's bound of {bound} (its "
+            f"cores); set loader.producer_threads to at most {bound}")
+
+
 def _codec(cfg: Config) -> pa.Codec | None:
     """Arrow IPC body compression of the variant's ``loader.compression``."""
     lc = cfg.loader
@@ -273,6 +296,12 @@ def send_registration(pipe: Any, cfg: Config, dataset: Dataset, file: str) -> No
     which the server's errors name)."""
     blob = pickle.dumps((cfg, dataset, file), protocol=pickle.HIGHEST_PROTOCOL)
     pipe.write(struct.pack("<Q", len(blob)) + blob)
+    pipe.flush()
+
+
+def send_token(pipe: Any, token: str) -> None:
+    """What the parent writes to a local server's stdin first: the owner token, one line."""
+    pipe.write(token.encode("ascii") + b"\n")
     pipe.flush()
 
 
@@ -299,7 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
-    server = ProducerServer(f"grpc://{args.host}:{args.port}", Catalog("<trainer>"))
+    # The owner token first: the parent writes it before anything else
+    token = sys.stdin.buffer.readline().decode("ascii", "replace").strip()
+    if not auth.valid_token(token):
+        print("stallbench flight server: no owner token on stdin (started by a trainer only)",
+              file=sys.stderr)
+        return 2
+    server = ProducerServer(f"grpc://{args.host}:{args.port}", Catalog("<trainer>"),
+                            auth.Gate(owner=token))
     print(f"{READY} {server.port}", flush=True)
     reader = threading.Thread(target=_registrations, args=(server,), daemon=True,
                               name="stallbench-registrations")
