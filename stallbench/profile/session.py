@@ -276,8 +276,8 @@ def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
                "(os._exit, or killed) before its figures were written" if gone else
                "their part files could not be written (the job's stderr says why)")
         from .launcher import last_batch
-        return (f"profile: the job ran {ran} batch(es) (the last: {last_batch(beats)}), but "
-                f"their figures were lost: {why} {where}")
+        return (f"profile: the job ran batches (at least {ran}; the last reported: "
+                f"{last_batch(beats)}), but their figures were lost: {why} {where}")
     loaders = [n for b in beats for n in (b.get("loaders") or [])]
     if loaders:
         from ..outputs import one_line
