@@ -279,6 +279,10 @@ class Guarded:
                 self._fail(exc)
         return len(text)
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         if self.error is None:
             try:

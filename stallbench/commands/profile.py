@@ -183,7 +183,10 @@ def publish(result: results.Result, out: Path, trace: Path | None,
     also: tuple = ()
     if trace is not None:
         from ..profile import trace as trace_mod
-        outputs.check_file(trace, outputs.TRACE, "--trace")
+        try:
+            outputs.check_file(trace, outputs.TRACE, "--trace")
+        except UserError as exc:
+            raise UserError(f"{exc}; no result written") from None
         also = ((trace, trace_mod.dumps(events or []), "--trace"),)
     with interrupts.deferred():
         path = results.save(result, out, also)

@@ -185,7 +185,8 @@ def test_a_trace_that_cannot_be_written_publishes_no_result(tmp_path: Path) -> N
     where.mkdir()
     cp = helpers.profile(["--out", str(out), "--trace", str(where / "t.json"), "--", PY, ENDS,
                           "trace_dir", str(where)], cwd=tmp_path)
-    last_error(cp, f"--trace: {where / 't.json'}: is under {where}, which is not a directory")
+    last_error(cp, f"--trace: {where / 't.json'}: is under {where}, which is not a directory; "
+                   "no result written")
     assert helpers.result_files(out) == []
 
 
@@ -226,3 +227,21 @@ def test_a_closed_or_full_stdout_keeps_the_result(tmp_path: Path, how: str,
         f"stallbench: error: cannot write to stdout ({why}): the rest of the output was "
         f"dropped; published: {files[0]}")
     helpers.load(out)                                # whole, readable
+
+
+def test_a_signal_after_everything_was_published_is_kept_not_raised() -> None:
+    """``interrupts.committed``: the publication is the outcome; a later signal is recorded
+    (the CLI says it came after) and never turns the exit into 130/143 over published files."""
+    from stallbench import interrupts
+
+    state = interrupts._state
+    saved = (state.pending, state.deferred, state.committed)
+    try:
+        state.pending, state.deferred, state.committed = None, 0, False
+        with interrupts.deferred():
+            interrupts.committed()
+            interrupts._handler(signal.SIGTERM, None)       # recorded, not raised
+        interrupts.check()                                  # nor raised here
+        assert interrupts.pending() == signal.SIGTERM and interrupts.was_committed()
+    finally:
+        state.pending, state.deferred, state.committed = saved
