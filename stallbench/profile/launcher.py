@@ -6,11 +6,17 @@ stallbench reaches all of it with one ``killpg`` and nothing is left behind; the
 goes straight to the terminal (inherited stdout/stderr: streamed, never buffered by us).
 
 The job never outlives stallbench: its own session keeps a terminal's SIGHUP and a SIGKILL
-of stallbench's process group (a CI runner cancelling a step) away from it, so its leader
-gets a parent-death signal (``PR_SET_PDEATHSIG``, SIGKILL, Linux): when stallbench dies,
-however, the leader dies with it; its DataLoader workers follow (torch's watchdog ends a
-worker whose trainer is gone). SIGHUP to stallbench itself ends the command like SIGTERM
-(``interrupts``): the job's group gets it, then SIGKILL.
+of stallbench's process group (a CI runner cancelling a step) away from it, so
+
+- its leader gets a parent-death signal (``PR_SET_PDEATHSIG``, SIGKILL, Linux): when
+  stallbench dies, however, the leader dies with it;
+- the rest of its group (a wrapper's child: ``sh -c "...; python t.py"``, torchrun's ranks,
+  loader workers) is ended by a guard (``_Guard``): a tiny ``sh`` in a session of its own
+  that reads a pipe only stallbench holds; when stallbench dies the pipe closes and the
+  guard SIGKILLs the job's group; at a normal end stallbench writes ``done`` first.
+
+SIGHUP to stallbench itself ends the command like SIGTERM (``interrupts``): the job's group
+gets it, then SIGKILL.
 
 Every wait here has an end: the job's run is unbounded by default (a job may legitimately go
 long without a batch), ``--progress-timeout S`` bounds it by progress: no batch reported by
@@ -161,6 +167,39 @@ def read_parts(run_dir: Path) -> list[dict[str, Any]]:
     return parts
 
 
+class _Guard:
+    """Ends the job's process group if stallbench dies first (see the module docstring). Its
+    own session: a SIGKILL of stallbench's group or a terminal's SIGHUP does not reach it. A
+    guard that cannot start leaves the leader's parent-death signal alone on duty."""
+
+    SCRIPT = 'read line; [ "$line" = done ] || kill -KILL -"$1"'
+
+    def __init__(self, pgid: int) -> None:
+        try:
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                ["/bin/sh", "-c", self.SCRIPT, "stallbench-guard", str(pgid)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError:
+            self.proc = None
+
+    def release(self) -> None:
+        """The job's group is ended: the guard exits without killing (bounded wait)."""
+        if self.proc is None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b"done\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=2.0)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+
 def read_beats(run_dir: Path) -> list[dict[str, Any]]:
     """The processes' beat files (``hooks.beat``): each a dict with ``pid`` added."""
     out = []
@@ -258,6 +297,7 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
                                     preexec_fn=_die_with_us(os.getpid()))
         except OSError as exc:
             raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        guard = _Guard(proc.pid)
         progress = _Progress(run_dir, timeout) if timeout else None
         try:
             while True:
@@ -272,17 +312,20 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
                             _stop(proc, signal.SIGTERM)
                         raise NoProgress(progress.line(procs))
         except NoProgress:
+            guard.release()
             raise
         except BaseException as exc:
             signum = exc.signum if isinstance(exc, interrupts.Interrupted) else signal.SIGINT
             with interrupts.deferred():
                 _stop(proc, signum)
+                guard.release()
             raise
         wall = time.perf_counter() - t0
         try:                        # workers the job left behind in its group
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        guard.release()
     return JobRun(exit_code=rc, wall_s=wall, parts=read_parts(run_dir),
                   peak_pss_mb=sampler.peak_pss_mb, resources=sampler.resources(),
                   load=meter.load, beats=read_beats(run_dir), run_dir=run_dir, pid=proc.pid,
