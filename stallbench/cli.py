@@ -99,7 +99,12 @@ def user_code_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
+    from .outputs import guarded_streams
+
+    # A closed or full stdout (`| head`, `> /dev/full`) never raises into the command: its
+    # results are kept, and the exit says why (outputs.guarded_streams).
+    with guarded_streams() as ending:
+        code = ending(_main(argv))
     if interrupts.runtime_left_behind():
         interrupts.end_process(code)      # never returns (see its docstring)
     return code
@@ -121,6 +126,10 @@ def _main(argv: list[str] | None) -> int:
                    else nothing)
         code = int(args.func(args) or 0)
         interrupts.check()  # a signal whose exception was swallowed still ends the command
+        if interrupts.was_committed() and interrupts.pending() is not None:
+            sig = interrupts.Interrupted(interrupts.pending())
+            print(f"stallbench: {sig.name} came after everything was published; it is kept "
+                  f"(exit {code})", file=sys.stderr)
         return code
     except interrupts.Interrupted as exc:
         print(f"stallbench: interrupted by {exc.name}; {exc.outcome or nothing}", file=sys.stderr)

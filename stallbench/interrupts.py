@@ -1,7 +1,11 @@
-"""SIGINT and SIGTERM end a stallbench command the same way, from its first instruction to its last.
+"""SIGINT, SIGTERM and SIGHUP end a stallbench command the same way, from its first instruction
+to its last.
 
-The rule: a signal ends the command with exit code 128 + signal (130, 143) and one line, no
-result, no temp data, no process left behind. ``stallbench.cli`` installs the handlers at entry
+The rule: a signal ends the command with exit code 128 + signal (130, 143; 129 for SIGHUP,
+a closed terminal) and one line, no result, no temp data, no process left behind. SIGHUP is
+taken only where it is not ignored (``nohup`` keeps its meaning). Once a command has
+published what it makes (``committed``), a later signal no longer changes its exit: files and
+exit code agree. ``stallbench.cli`` installs the handlers at entry
 and, on the way out, stops every process started under it that is still alive.
 
 Why more than a handler that raises ``KeyboardInterrupt``:
@@ -40,7 +44,7 @@ import sys
 import threading
 from typing import Any, Iterator
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
@@ -69,6 +73,7 @@ class _State:
     subreaper_was: int | None = None
     left_behind = False
     skip_atexit = False
+    committed = False
 
 
 _state = _State()
@@ -114,22 +119,29 @@ def install() -> bool:
     _state.deferred = 0
     _state.left_behind = False
     _state.skip_atexit = False
+    _state.committed = False
     if threading.current_thread() is not threading.main_thread():
         return False
     if not _state.installed:
         _state.previous = {s: signal.getsignal(s) for s in _SIGNALS}
         _state.previous_hook = sys.unraisablehook
         sys.unraisablehook = _unraisable
-    for s in _SIGNALS:
+    for s in _taken():
         signal.signal(s, _handler)
     _state.installed = True
     return True
 
 
+def _taken() -> list[int]:
+    """The signals we handle: SIGHUP only when it was not ignored on entry (``nohup``)."""
+    return [s for s in _SIGNALS
+            if s != signal.SIGHUP or _state.previous.get(s) is not signal.SIG_IGN]
+
+
 def reinstall() -> None:
     """Put our handlers back after code that replaced them (no-op when not installed)."""
     if _state.installed and threading.current_thread() is threading.main_thread():
-        for s in _SIGNALS:
+        for s in _taken():
             signal.signal(s, _handler)
 
 
@@ -167,9 +179,23 @@ def received(signum: int) -> Interrupted:
 
 
 def check() -> None:
-    """Raise ``Interrupted`` if a signal was received, even if its first exception was lost."""
-    if _state.pending is not None:
+    """Raise ``Interrupted`` if a signal was received, even if its first exception was lost
+    (not after ``committed``: the outcome is decided)."""
+    if _state.pending is not None and not _state.committed:
         raise Interrupted(_state.pending)
+
+
+def committed() -> None:
+    """The command has published everything it makes (a result and its trace): from now on a
+    signal is recorded, never raised, and the exit stays the command's own, so exit code and
+    files agree. ``cli`` says in one line that a signal came after the publication."""
+    if not _state.committed:
+        _state.committed = True
+        _state.deferred += 1
+
+
+def was_committed() -> bool:
+    return _state.committed
 
 
 @contextlib.contextmanager

@@ -252,3 +252,92 @@ def annotation(text: object) -> str:
     s = str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
     return one_line(s)
 
+
+
+# ------------------------------------------------------- closed or full standard streams
+# A closed pipe (``stallbench profile ... | head``) or a full disk (``> /dev/full``) must never
+# cost a result nor print a traceback: stdout and stderr are wrapped for the whole command
+# (``cli``), a write that fails is recorded instead of raised, the rest of that stream's
+# output is dropped, and the command ends with one line on stderr (if stderr still takes it)
+# naming every file it published (``published``) and exit 2.
+
+class Guarded:
+    """A standard stream whose writes never raise. The first ``OSError`` (EPIPE, ENOSPC, EIO)
+    is kept in ``error``; the descriptor is then pointed at ``/dev/null`` so that what is
+    still buffered, and the interpreter's last flush at exit, go nowhere instead of failing
+    again ("Exception ignored ... BrokenPipeError", exit 120)."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        if self.error is None:
+            try:
+                return self._stream.write(text)   # type: ignore[attr-defined]
+            except OSError as exc:
+                self._fail(exc)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self._stream.flush()              # type: ignore[attr-defined]
+            except OSError as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.error = exc
+        try:
+            fd = self._stream.fileno()            # type: ignore[attr-defined]
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+_published: list[str] = []
+
+
+def published(*paths: object) -> None:
+    """Record files the command published: named on stderr if stdout failed meanwhile."""
+    _published.extend(str(p) for p in paths)
+
+
+@contextlib.contextmanager
+def guarded_streams() -> Iterator[Callable[[int], int]]:
+    """Around a whole command: stdout and stderr as ``Guarded``. Yields ``ending(code)``,
+    which, if stdout failed, says so in one line on stderr (what failed, every file
+    published) and returns 2 for a command that would have returned 0."""
+    import sys
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Guarded(out), Guarded(err)
+    _published.clear()
+    guard_out = sys.stdout
+
+    def ending(code: int) -> int:
+        guard_out.flush()           # a block-buffered pipe fails only when flushed
+        exc = guard_out.error
+        if exc is None:
+            return code
+        kept = (f"published: {', '.join(_published)}" if _published else "nothing was published")
+        print(f"stallbench: error: cannot write to stdout ({exc.strerror or exc}): the rest of "
+              f"the output was dropped; {kept}", file=sys.stderr, flush=True)
+        return 2 if code == 0 else code
+
+    try:
+        yield ending
+    finally:
+        for guard in (sys.stdout, sys.stderr):
+            if isinstance(guard, Guarded):
+                guard.flush()
+        sys.stdout, sys.stderr = out, err

@@ -14,6 +14,8 @@ from . import numbers
 
 MAX_REPEATS = 1000
 MAX_BATCHES = 10**9
+MIN_PROGRESS_S = 1.0        # the hooks report batches at most every 0.5 s (hooks.BEAT_S)
+MAX_PROGRESS_S = 10**7
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -41,6 +43,10 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write a Chrome trace-event JSON (Perfetto) of every batch's wait and step, per "
                         "variant, repeat, rank and loader")
+    p.add_argument("--progress-timeout", default=None, metavar="S",
+                   help="end the job (exit 2) when no batch came for S seconds, counted from "
+                        f"its start ({MIN_PROGRESS_S:g}..{MAX_PROGRESS_S:.0e}; default: off, a "
+                        "job may go long without a batch)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     p.set_defaults(func=run)
     return p
@@ -136,12 +142,14 @@ def run(args: argparse.Namespace) -> int:
     name = _name(args.name, session.default_name(argv))
     out = Path(args.out)
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
+    progress = numbers.number(args.progress_timeout, "--progress-timeout", MIN_PROGRESS_S,
+                              MAX_PROGRESS_S)
     trace = None
     if args.trace:
         trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
     opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
                            max_batches=max_batches, axes=axes, analyze=bool(args.analyze),
-                           trace=[] if trace is not None else None)
+                           trace=[] if trace is not None else None, progress_timeout=progress)
     # --out is created by the first run's directory: one that profile made and left empty (an
     # error, a job that failed, Ctrl-C, SIGTERM) is removed on the way out (outputs.made_here).
     with outputs.made_here(out):
@@ -154,17 +162,34 @@ def run(args: argparse.Namespace) -> int:
         except session.NodePartsLeft as exc:
             print(f"stallbench: {exc}", file=sys.stderr)
             return 0
-        print()
-        print_result(result)
-        with interrupts.deferred():
-            path = results.save(result, out)
-            if trace is not None:
-                from ..profile import trace as trace_mod
-                outputs.write_file(trace, trace_mod.dumps(opts.trace or []), outputs.TRACE,
-                                   "--trace")
+        path = publish(result, out, trace, opts.trace)
+    # printed only once everything is published: a closed or full stdout costs no file
+    print()
+    print_result(result)
     print(f"result: {path}")
     if trace is not None:
         print(f"trace: {trace}")
     if result.analysis.recommendation is not None:
         print(result.analysis.recommendation.text)
     return 0
+
+
+def publish(result: results.Result, out: Path, trace: Path | None,
+            events: list | None) -> Path:
+    """The result and its trace, together or neither: both written whole to temp files
+    first (the trace checked again: it may have changed during the run), then linked and
+    renamed (``results.save``'s ``also``). A signal before that is exit 130/143 with no file;
+    one after it is kept, with the files (``interrupts.committed``)."""
+    also: tuple = ()
+    if trace is not None:
+        from ..profile import trace as trace_mod
+        try:
+            outputs.check_file(trace, outputs.TRACE, "--trace")
+        except UserError as exc:
+            raise UserError(f"{exc}; no result written") from None
+        also = ((trace, trace_mod.dumps(events or []), "--trace"),)
+    with interrupts.deferred():
+        path = results.save(result, out, also)
+        interrupts.committed()
+    outputs.published(path, *([trace] if trace is not None else []))
+    return path

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             with interrupts.deferred():      # published and recorded, or neither
                 path = results.save(result, out)
                 written.append(path)
+                outputs.published(path)     # named on stderr if stdout fails (`| head`)
             print()
             print(tables.run_table(result))
             note = tables.au_note(result)

@@ -236,6 +236,9 @@ class Stream:
         self.epochs: list = []
         self.written = 0            # epochs already in an epochs-*.json file
         self.default_rows = int(self.settings.get("batch_size") or 1)
+        if len(_BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
+            _BEAT["loaders"].append(self.name)
+        beat(force=True)
 
     def new_epoch(self, t: float) -> Epoch:
         """A new pass; a previous pass the loop left with ``break`` (never ended) is closed
@@ -271,6 +274,9 @@ class Stream:
         try:
             batch = source(it)
         except StopIteration:
+            if not ep.t_req:        # a pass that yielded nothing: an empty loader
+                _BEAT["empty"] += 1
+                beat(force=True)
             self.end_epoch(ep, t0)
             raise
         finally:
@@ -285,6 +291,10 @@ class Stream:
             ep.wait.append(t1 - ep.t_iter)
         ep.t_last = t1
         ep.rows.append(_rows(batch, self.default_rows))
+        _BEAT["batches"] += 1
+        _BEAT["last"] = (self.name, len(self.epochs), len(ep.wait))
+        if t1 >= _next_beat or _BEAT["batches"] == 1:
+            beat(force=True)
         if cuda is not None:
             if ep.cuda is None:
                 ep.cuda = []
@@ -344,6 +354,42 @@ def watch(iterable, name: str | None = None):
                 return
     finally:                        # a loop that broke out: the generator is closed
         st.close_abandoned(ep)
+
+
+# ------------------------------------------------------------------------------ beats
+# What the launcher reads while the job runs and when no figures came back (``--progress-
+# timeout``; "exited before its first batch", "an empty loader", "figures lost"): one small
+# file per process, ``beat-<host>-<pid>`` (no ``.json``: it is not a part), rewritten when
+# the process starts, makes a loader, has an empty pass, at most every ``BEAT_S`` while
+# batches come, and at exit. Counts only: the names are the streams' own.
+
+BEAT_S = 0.5
+_BEAT: dict = {"loaders": [], "batches": 0, "last": None, "empty": 0, "exited": False}
+_next_beat = 0.0
+
+
+def beat(force: bool = False) -> None:
+    """Rewrite this process's beat file; never raises (a lost beat is a lost hint)."""
+    global _next_beat
+    now = _perf()
+    if not force and now < _next_beat:
+        return
+    _next_beat = now + BEAT_S
+    run_dir = SETTINGS.get("run_dir")
+    if not run_dir:
+        return
+    try:
+        path = os.path.join(run_dir, f"beat-{socket.gethostname()}-{os.getpid()}")
+        with open(path + ".tmp", "w") as fh:
+            fh.write(json.dumps(_BEAT))
+        os.replace(path + ".tmp", path)
+    except Exception:  # noqa: BLE001 - never fail the job for a hint
+        pass
+
+
+def _beat_exit() -> None:
+    _BEAT["exited"] = True
+    beat(force=True)
 
 
 # ------------------------------------------------------------------------------- parts
@@ -842,4 +888,6 @@ def install() -> None:
         if mod is not None:
             patch(mod)
     sys.meta_path.insert(0, _PostImport())
+    atexit.register(_beat_exit)     # atexit runs last-in first: after the final flush
     atexit.register(flush)
+    beat(force=True)                # the launcher's sign that the hooks run in this process

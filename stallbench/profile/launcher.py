@@ -5,6 +5,24 @@ workers, torchrun's ranks) form one process group whose id is the job's PID, so 
 stallbench reaches all of it with one ``killpg`` and nothing is left behind; the job's output
 goes straight to the terminal (inherited stdout/stderr: streamed, never buffered by us).
 
+The job never outlives stallbench: its own session keeps a terminal's SIGHUP and a SIGKILL
+of stallbench's process group (a CI runner cancelling a step) away from it, so
+
+- its leader gets a parent-death signal (``PR_SET_PDEATHSIG``, SIGKILL, Linux): when
+  stallbench dies, however, the leader dies with it;
+- the rest of its group (a wrapper's child: ``sh -c "...; python t.py"``, torchrun's ranks,
+  loader workers) is ended by a guard (``_Guard``): a tiny ``sh`` in a session of its own
+  that reads a pipe only stallbench holds; when stallbench dies the pipe closes and the
+  guard SIGKILLs the job's group; at a normal end stallbench writes ``done`` first.
+
+SIGHUP to stallbench itself ends the command like SIGTERM (``interrupts``): the job's group
+gets it, then SIGKILL.
+
+Every wait here has an end: the job's run is unbounded by default (a job may legitimately go
+long without a batch), ``--progress-timeout S`` bounds it by progress: no batch reported by
+the hooks' beat files (``hooks.beat``) for S seconds, counted from the job's start, ends the
+job (``NoProgress``, exit 2); stopping a job waits at most ``STOP_GRACE_S`` + 2 s.
+
 Injection (``bootstrap/sitecustomize.py`` says how and why): ``PYTHONPATH`` gets the
 bootstrap directory in front of the user's value (kept as given; an unset or empty one is not
 turned into "the current directory"), and ``STALLBENCH_PROFILE`` carries the settings as one
@@ -13,16 +31,20 @@ JSON object: the run directory, the hooks' file, the overrides, ``max_batches``.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .. import interrupts
+from ..errors import UserError
 from ..measure.load import LoadMeter
 from ..measure.sampler import Sampler
 from ..results import ForeignLoad, Resources
@@ -31,6 +53,51 @@ HERE = Path(__file__).resolve().parent
 BOOTSTRAP = HERE / "bootstrap"
 HOOKS = HERE / "hooks.py"
 STOP_GRACE_S = 5.0
+BEAT_POLL_S = 0.5       # how often the beat files are read while the job runs
+_PR_SET_PDEATHSIG = 1
+
+
+class NoProgress(UserError):
+    """``--progress-timeout``: no batch for that long; the job was stopped (exit 2)."""
+
+
+_progress_timeout_s: float | None = None
+
+
+@contextlib.contextmanager
+def progress_limit(seconds: float | None) -> Iterator[None]:
+    """``--progress-timeout`` for every run of the job inside (profile and ablation runs)."""
+    global _progress_timeout_s
+    before, _progress_timeout_s = _progress_timeout_s, seconds
+    try:
+        yield
+    finally:
+        _progress_timeout_s = before
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc() if sys.platform.startswith("linux") else None
+
+
+def _die_with_us(parent: int) -> Callable[[], None] | None:
+    """The job leader's ``preexec_fn``: SIGKILL when stallbench dies (``PR_SET_PDEATHSIG``).
+    libc is loaded here, before the fork (``dlopen`` in a forked child can deadlock). A parent
+    that died between the fork and the ``prctl`` is caught by the ``getppid`` check."""
+    libc = _LIBC
+    if libc is None:
+        return None
+
+    def pre() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return pre
 
 
 def exit_status(code: int) -> int:
@@ -49,6 +116,10 @@ class JobRun:
     peak_pss_mb: float = 0.0
     resources: Resources = field(default_factory=Resources)
     load: ForeignLoad | None = None
+    beats: list[dict[str, Any]] = field(default_factory=list)   # hooks.beat, one per process
+    run_dir: Path | None = None
+    pid: int = 0                    # the job's leader
+    run_dir_lost: bool = False      # the job removed the run directory (its --out) meanwhile
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
@@ -63,10 +134,13 @@ def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
 
 
 def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
-    """The job's process group gets the signal stallbench got; after a grace, SIGKILL."""
+    """The job's process group gets the signal stallbench got; after a grace, SIGKILL. A
+    SIGCONT follows the first signal: a stopped job (SIGSTOP, Ctrl-Z) acts on it at once."""
     for sig, grace in ((signum, STOP_GRACE_S), (signal.SIGKILL, 2.0)):
         try:
             os.killpg(proc.pid, sig)
+            if sig != signal.SIGKILL:
+                os.killpg(proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             return
         try:
@@ -93,18 +167,138 @@ def read_parts(run_dir: Path) -> list[dict[str, Any]]:
     return parts
 
 
+class _Guard:
+    """Ends the job's process group if stallbench dies first (see the module docstring). Its
+    own session: a SIGKILL of stallbench's group or a terminal's SIGHUP does not reach it. A
+    guard that cannot start leaves the leader's parent-death signal alone on duty."""
+
+    SCRIPT = 'read line; [ "$line" = done ] || kill -KILL -"$1"'
+
+    def __init__(self, pgid: int) -> None:
+        try:
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                ["/bin/sh", "-c", self.SCRIPT, "stallbench-guard", str(pgid)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError:
+            self.proc = None
+
+    def release(self) -> None:
+        """The job's group is ended: the guard exits without killing (bounded wait)."""
+        if self.proc is None:
+            return
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(b"done\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=2.0)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def read_beats(run_dir: Path) -> list[dict[str, Any]]:
+    """The processes' beat files (``hooks.beat``): each a dict with ``pid`` added."""
+    out = []
+    try:
+        files = list(run_dir.glob("beat-*"))
+    except OSError:
+        return out
+    for p in files:
+        if p.name.endswith(".tmp"):
+            continue
+        try:
+            b = json.loads(p.read_text())
+            b["pid"] = int(p.name.rsplit("-", 1)[1])
+        except (OSError, ValueError, IndexError, TypeError):
+            continue
+        if isinstance(b, dict):
+            out.append(b)
+    return out
+
+
+def last_batch(beats: list[dict[str, Any]]) -> str:
+    """``batch 2 of epoch 1 of ParquetItems#0 (pid 42)``: the last batch a beat reported."""
+    seen = [b for b in beats if b.get("batches") and isinstance(b.get("last"), list)]
+    if not seen:
+        return ""
+    b = max(seen, key=lambda x: x.get("batches", 0))
+    name, epoch, index = (list(b["last"]) + [None, None, None])[:3]
+    from ..outputs import one_line
+    return f"batch {index} of epoch {epoch} of {one_line(name)} (pid {b['pid']})"
+
+
+class _Progress:
+    """``--progress-timeout``: the time since the batch count the beats report last changed,
+    counted from the job's start (a job that never makes a loader times out too)."""
+
+    def __init__(self, run_dir: Path, timeout_s: float) -> None:
+        self.run_dir, self.timeout_s = run_dir, timeout_s
+        self.since = self.next_read = time.monotonic()
+        self.total = 0
+        self.beats: list[dict[str, Any]] = []
+
+    def stalled(self) -> bool:
+        now = time.monotonic()
+        if now >= self.next_read:
+            self.next_read = now + BEAT_POLL_S
+            self.beats = read_beats(self.run_dir)
+            total = sum(int(b.get("batches") or 0) for b in self.beats)
+            if total != self.total:
+                self.total, self.since = total, now
+        return now - self.since > self.timeout_s
+
+    def line(self, procs: str) -> str:
+        last = last_batch(self.beats)
+        what = (f"the last was {last}" if last else
+                "none came since the job started" + (
+                    " (its loaders were made)" if any(b.get("loaders") for b in self.beats)
+                    else ""))
+        return (f"profile: no batch for {self.timeout_s:g} s (--progress-timeout): {what}; "
+                f"stopped the job's processes: {procs}; no result written")
+
+
+def _processes(pid: int) -> str:
+    """``1234 python, 1240 python``: the job's leader and its descendants (at most 12)."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return str(pid)
+    names = []
+    for p in procs[:12]:
+        try:
+            stopped = " (stopped)" if p.status() == psutil.STATUS_STOPPED else ""
+            names.append(f"{p.pid} {p.name()}{stopped}")
+        except psutil.Error:
+            names.append(str(p.pid))
+    more = f" and {len(procs) - 12} more" if len(procs) > 12 else ""
+    return ", ".join(names) + more
+
+
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
              max_batches: int | None, replay: dict[str, Any] | None = None) -> JobRun:
-    """``replay``: the ablation this run is (``replay.py``; None: the job as it is)."""
+    """``replay``: the ablation this run is (``replay.py``; None: the job as it is).
+
+    The run directory reaches the hooks as an absolute path, fixed now: a job that changes
+    its working directory (Hydra before 1.2 does) still writes its parts there."""
+    run_dir = Path(os.path.abspath(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
     env = job_env(dict(os.environ), run_dir, overrides, max_batches, replay)
+    timeout = _progress_timeout_s
     with LoadMeter() as meter, Sampler(interval_s=0.2) as sampler:
         t0 = time.perf_counter()
         try:
-            proc = subprocess.Popen(argv, env=env, start_new_session=True)
+            proc = subprocess.Popen(argv, env=env, start_new_session=True,
+                                    preexec_fn=_die_with_us(os.getpid()))
         except OSError as exc:
-            from ..errors import UserError
             raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        guard = _Guard(proc.pid)
+        progress = _Progress(run_dir, timeout) if timeout else None
         try:
             while True:
                 try:
@@ -112,16 +306,27 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
                     break
                 except subprocess.TimeoutExpired:
                     interrupts.check()
+                    if progress is not None and progress.stalled():
+                        procs = _processes(proc.pid)
+                        with interrupts.deferred():
+                            _stop(proc, signal.SIGTERM)
+                        raise NoProgress(progress.line(procs))
+        except NoProgress:
+            guard.release()
+            raise
         except BaseException as exc:
             signum = exc.signum if isinstance(exc, interrupts.Interrupted) else signal.SIGINT
             with interrupts.deferred():
                 _stop(proc, signum)
+                guard.release()
             raise
         wall = time.perf_counter() - t0
         try:                        # workers the job left behind in its group
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        guard.release()
     return JobRun(exit_code=rc, wall_s=wall, parts=read_parts(run_dir),
                   peak_pss_mb=sampler.peak_pss_mb, resources=sampler.resources(),
-                  load=meter.load)
+                  load=meter.load, beats=read_beats(run_dir), run_dir=run_dir, pid=proc.pid,
+                  run_dir_lost=not run_dir.is_dir())

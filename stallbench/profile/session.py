@@ -13,13 +13,16 @@ much; "keep" when no variant beats it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +37,7 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileComman
                        Summary, ToolInfo, VariantResult, now_utc)
 from . import knobs as knobs_mod
 from . import merge, redact
-from .launcher import JobRun, exit_status, run_once
+from .launcher import JobRun, exit_status, progress_limit, run_once
 
 ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
                 "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
@@ -64,6 +67,7 @@ class Options:
     axes: dict[str, list[Any]] = field(default_factory=dict)
     analyze: bool = False           # the ablation runs of the first variant (issue 28)
     trace: list[dict[str, Any]] | None = None      # filled with trace events when given
+    progress_timeout: float | None = None   # --progress-timeout (launcher.NoProgress)
 
 
 def default_name(argv: list[str]) -> str:
@@ -98,6 +102,58 @@ def torchrun_nodes(argv: list[str]) -> tuple[int, int]:
         raise UserError("profile: torchrun --nnodes and --node-rank must be integers for "
                         "stallbench profile (an elastic range MIN:MAX is not supported)") from None
     return nodes, rank
+
+
+SCRATCH = ".stallbench-profile-"
+_OWN_SCRATCH = re.compile(r"\.stallbench-profile-[0-9a-f]{12}")
+OWNER = "owner.lock"
+UNOWNED_AGE_S = 60.0    # a scratch directory without its lock file yet: a profile starting
+
+
+def claim_scratch(run_root: Path) -> int:
+    """Make this profile's scratch directory and hold an exclusive ``flock`` on its lock file
+    while the profile lives: the kernel drops it however the profile ends (SIGKILL too), which
+    is how a later profile tells a directory left by a dead run from a running one's."""
+    run_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_root / OWNER, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def sweep_scratch(out: Path) -> list[Path]:
+    """Remove the scratch directories (``.stallbench-profile-<12 hex>``) that killed profiles
+    left in ``out``: their lock is free (the owner is gone), or, without a lock file, they are
+    older than ``UNOWNED_AGE_S``. A running profile's (lock held) is never touched; a
+    multi-node run's shared directory is named otherwise and left to its node rank 0."""
+    removed = []
+    try:
+        dirs = [d for d in out.iterdir() if _OWN_SCRATCH.fullmatch(d.name) and d.is_dir()]
+    except OSError:
+        return removed
+    for d in dirs:
+        try:
+            fd = os.open(d / OWNER, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            try:
+                if time.time() - d.stat().st_mtime > UNOWNED_AGE_S:
+                    shutil.rmtree(d, ignore_errors=True)
+                    removed.append(d)
+            except OSError:
+                pass
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:          # held: a running profile's
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        finally:
+            os.close(fd)
+    return removed
 
 
 NODE_WAIT_S = 120.0     # how long node rank 0 waits for the other nodes' parts of a run
@@ -156,6 +212,89 @@ def _without_node_rank(argv: list[str]) -> list[str]:
             continue
         out.append(a)
     return out
+
+
+SITE_FLAGS = {"I": "-I (isolated: PYTHONPATH and site ignored)",
+              "E": "-E (PYTHONPATH ignored)", "S": "-S (no site, no sitecustomize)"}
+
+
+def python_flags(argv: list[str]) -> list[str]:
+    """The interpreter options of the command's Python (``python -I t.py``, ``python3 -Es``,
+    also inside a ``bash -c "..."`` string) that keep the hooks out: ``-I``, ``-E``, ``-S``."""
+    words: list[str] = []
+    for a in argv:
+        try:
+            words.extend(shlex.split(a) if " " in a else [a])
+        except ValueError:
+            words.append(a)
+    found: list[str] = []
+    i = 0
+    while i < len(words):
+        if Path(words[i]).name.startswith("python"):
+            i += 1
+            while i < len(words) and words[i].startswith("-") and words[i] != "-":
+                w = words[i]
+                if w in ("-c", "-m") or w.startswith("--"):
+                    break
+                if w in ("-X", "-W", "-Q"):
+                    i += 1
+                for ch in w[1:]:
+                    if ch in SITE_FLAGS and SITE_FLAGS[ch] not in found:
+                        found.append(SITE_FLAGS[ch])
+                i += 1
+            continue
+        i += 1
+    return found
+
+
+def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
+    """The one line for runs that brought back no batch: what happened, from the beat files
+    the hooks write (``hooks.beat``), so that "no DataLoader was seen" is said only when the
+    hooks ran and saw none. In order: the job removed the run directory; the hooks never ran
+    (an interpreter without site or PYTHONPATH); batches ran but their figures were lost
+    (``os._exit`` mid-epoch, a part that could not be written); loaders made but no batch
+    (an empty loader, or an exit before the first batch); no loader at all."""
+    where = f"(variant {variant}); no result written"
+    lost = next((r for r in runs if r.run_dir_lost), None)
+    if lost is not None:
+        return (f"profile: the job removed stallbench's run directory {lost.run_dir} while it "
+                "ran (did it delete its --out?), and the figures in it with it: give --out a "
+                f"directory the job leaves alone {where}")
+    beats = [b for r in runs for b in r.beats]
+    if not beats:
+        flags = python_flags(argv)
+        how = (f"the command's Python runs with {', '.join(flags)}" if flags else
+               "no process of the job ran a Python that reads PYTHONPATH and site (python "
+               "-I, -E or -S, a program that clears the environment, or no Python at all)")
+        return ("profile: the hooks never started in the job: " + how + "; stallbench.watch "
+                "cannot help either (it needs the hooks): run the interpreter without -I, -E "
+                "and -S (python -s keeps the user site out and is still measured) " + where)
+    ran = sum(int(b.get("batches") or 0) for b in beats)
+    if ran:
+        gone = [b for b in beats if b.get("batches") and not b.get("exited")]
+        why = (f"process {gone[0]['pid']} ended without running its exit handlers "
+               "(os._exit, or killed) before its figures were written" if gone else
+               "their part files could not be written (the job's stderr says why)")
+        from .launcher import last_batch
+        return (f"profile: the job ran batches (at least {ran}; the last reported: "
+                f"{last_batch(beats)}), but their figures were lost: {why} {where}")
+    loaders = [n for b in beats for n in (b.get("loaders") or [])]
+    if loaders:
+        from ..outputs import one_line
+        names = ", ".join(one_line(n) for n in dict.fromkeys(loaders))
+        if any(b.get("empty") for b in beats):
+            return (f"profile: the job's loader ({names}) yielded no batch: it is empty (its "
+                    f"dataset or sampler has no items, or drop_last dropped them) {where}")
+        return (f"profile: the job made a loader ({names}) but exited before its first "
+                f"batch {where}")
+    early = next((r.pid for r in runs for b in r.beats if b.get("pid") == r.pid
+                  and not b.get("exited")), None)
+    ended = (f", whose process {early} ended without running its exit handlers (os._exit, "
+             "or a signal)" if early is not None else "")
+    return ("no DataLoader or Ray Data iteration was seen in the job (variant "
+            f"{variant}){ended}; for another loader, wrap what the loop iterates: "
+            "`for batch in stallbench.watch(my_loader):` (docs/profile.md); "
+            "no result written")
 
 
 def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | None) -> str:
@@ -369,17 +508,27 @@ def _versions(runs: list[JobRun]) -> tuple[str | None, str | None]:
 
 
 def profile(opts: Options, say: Callable[[str], None]) -> Result:
+    """Every run of the job under ``--progress-timeout`` (``launcher.progress_limit``)."""
+    with progress_limit(opts.progress_timeout):
+        return _profile(opts, say)
+
+
+def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     from ..measure.machine import metadata
     from .hooks import WRITTEN_FOR
 
-    import time
     variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
     nodes, node_rank = torchrun_nodes(opts.argv)
     fp = fingerprint(opts.argv, opts.axes, opts.max_batches)
     if nodes > 1:       # a directory every node's launcher finds: --out must be shared
         run_root = opts.out / f".stallbench-profile-{opts.name}-{fp}"
     else:
-        run_root = opts.out / f".stallbench-profile-{uuid.uuid4().hex[:12]}"
+        run_root = opts.out / f"{SCRATCH}{uuid.uuid4().hex[:12]}"
+    owner = None
+    if nodes == 1:
+        for d in sweep_scratch(opts.out):
+            say(f"removed {d}, left by a profile that was killed")
+        owner = claim_scratch(run_root)
     results: list[VariantResult] = []
     all_runs: list[JobRun] = []
     machine = metadata()
@@ -417,11 +566,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
             if nodes > 1 and node_rank != 0:
                 continue
             if not any(merge.streams(r.parts) for r in runs):
-                raise NoLoader(
-                    "no DataLoader or Ray Data iteration was seen in the job (variant "
-                    f"{v.name}); for another loader, wrap what the loop iterates: "
-                    "`for batch in stallbench.watch(my_loader):` (docs/profile.md); "
-                    "no result written")
+                raise NoLoader(why_no_figures(runs, opts.argv, v.name))
             results.append(variant_result(v, runs))
             if opts.analyze and nodes > 1 and len(results) == 1:
                 say("--analyze: the ablation runs need every node's launcher to run them in "
@@ -439,6 +584,8 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
     finally:
         if nodes == 1 or node_rank == 0:
             shutil.rmtree(run_root, ignore_errors=True)
+        if owner is not None:
+            os.close(owner)
     if nodes > 1 and node_rank != 0:
         raise NodePartsLeft(f"node rank {node_rank} of {nodes}: its parts are in {run_root} for "
                             "node rank 0 to merge; the result is written there")

@@ -174,11 +174,16 @@ def longest_name(scenario_name: str) -> str:
     return f"{result_stem(scenario_name)}-999.json"
 
 
-def save(result: Result, out_dir: Path) -> Path:
+def save(result: Result, out_dir: Path,
+         also: tuple[tuple[Path, str, str], ...] = ()) -> Path:
     """Atomically publish ``<scenario>-<UTC time>.json`` in ``out_dir``, never replacing an
     existing file: the complete temp file is hard-linked under the first free name (link
     fails if the name exists, so two concurrent runs cannot clobber each other). A signal
     received before the link means no result (``interrupts.check``).
+
+    ``also``: files published with the result, (path, text, flag) each (``profile --trace``):
+    every one is written whole to a temp file first, so a write that fails or a signal before
+    the link publishes nothing; then the result is linked and each replaced by a rename.
 
     The payload is read back with the strict reader first: a file ``report`` and ``gate``
     would refuse (a figure outside its stated range) is a stallbench bug, said now, by the
@@ -188,29 +193,46 @@ def save(result: Result, out_dir: Path) -> Path:
         from_dict(json.loads(payload), f"the {result.scenario.name} result being written")
     except ResultError as exc:
         raise ResultError(f"stallbench bug, nothing written: {exc}") from None
-    return _publish(Path(out_dir), result_stem(result.scenario.name), payload)
+    return _publish(Path(out_dir), result_stem(result.scenario.name), payload, also)
 
 
-def _publish(out_dir: Path, base: str, payload: str) -> Path:
+def _publish(out_dir: Path, base: str, payload: str,
+             also: tuple[tuple[Path, str, str], ...] = ()) -> Path:
     """The one way a result file (a run's, a tune's) is published: whole, under a new name,
-    and not at all once a signal has arrived."""
+    and not at all once a signal has arrived; with the files of ``also`` (see ``save``)."""
     try:
         tmp = _write_temp(out_dir, base, payload)
     except OSError as exc:
         raise UserError(f"--out: {out_dir}: cannot write the result "
                         f"({exc.strerror or exc})") from None
+    temps: list[tuple[str, Path, str]] = []
     try:
+        for other, text, flag in also:
+            try:
+                temps.append((_write_temp(other.parent, other.name, text), other, flag))
+            except OSError as exc:
+                raise UserError(f"{flag}: {other}: cannot write it ({exc.strerror or exc}); "
+                                "no result written") from None
         n = 0
         while True:
             path = out_dir / (f"{base}.json" if n == 0 else f"{base}-{n}.json")
             interrupts.check()
             try:
                 os.link(tmp, path)
-                return path
+                break
             except FileExistsError:
                 n += 1
+        for t, other, flag in temps:
+            try:
+                os.replace(t, other)
+            except OSError as exc:
+                raise UserError(f"{flag}: {other}: cannot write it ({exc.strerror or exc}); "
+                                f"the result was published: {path}") from None
+        return path
     finally:
         _unlink(tmp)
+        for t, _, _ in temps:
+            _unlink(t)
 
 
 TUNE_DIR = "tune"
