@@ -68,19 +68,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                 i.add_marker(skip)
 
 
-# A test file that uses tests/raystart.py: it starts multi-process Ray clusters (``ray start``
-# heads and nodes, simulated nodes) and checks what they leave behind (``kill_left``).
+# A test file that starts real clusters with ``ray start`` (tests/raystart.py): a head and
+# nodes, a dozen processes.
 RAYSTART = "raystart"
-_RAYSTART = re.compile(r"\bRayStartCluster\b|\bfrom raystart import\b|\bimport raystart\b")
+_RAYSTART = re.compile(r"\bRayStartCluster\(")
 
 
 @functools.lru_cache(maxsize=None)
 def _worker_group(path: Path) -> str:
     """The pytest-xdist scope of a test file (``pytest_xdist_make_scheduler``): its own, so its
-    module fixtures are made once, except that the files that use tests/raystart.py share
-    one, so that two multi-process clusters (a dozen processes, ~10 s of CPU to start each)
-    never start side by side on a 2-core machine, nor one test's leftover check see the
-    other's processes. Every other file, Ray and Flight ones included,
+    module fixtures are made once, except that the files that start ``ray start`` clusters
+    share one, so that two such clusters (a dozen processes, ~10 s of CPU to start each) never
+    start side by side on a 2-core machine. Leftover checks find processes by a tag of their
+    own test (``STALLBENCH_TEST_TAG``, raystart's ``TAG``), never by name, so they hold side
+    by side. Every other file, Ray and Flight ones included,
     runs beside any other: a file's in-process Ray is its worker's own (``ray_session``),
     servers bind port 0, and the one refused connection once blamed on running side by side
     was a double close in one process (tests/executors/test_flight_lifecycle.py).
