@@ -465,11 +465,13 @@ class Stream:
 
 
 def _in_for_loop() -> bool:
-    """Whether the code asking for the batch is a ``for`` loop (its frame stands at
-    ``FOR_ITER``; a comprehension, ``zip`` inside a ``for`` too), where StopIteration ends
-    the loop, rather than ``next(it)``, where it would fail the job. Frames of this file
-    (the torch ``__next__`` wrapper, a watched pass's generator) are skipped. Not CPython,
-    or no frame to read: taken as a loop (the old behaviour)."""
+    """Whether StopIteration at ``--max-batches`` ends a loop rather than fails the job: the
+    code asking for the batch is a ``for`` loop (its frame stands at ``FOR_ITER``; a
+    comprehension, ``zip`` inside a ``for`` too), or a library's (a trainer framework's
+    ``next(iterator)`` handles the end of an epoch: it meets one every epoch). A ``next(it)``
+    in the user's own code gets no StopIteration: it would fail the job. Frames of this file
+    (the torch ``__next__`` wrapper, a watched pass's generator) are skipped. Not CPython, or
+    no frame to read: taken as a loop (the behaviour before issue 38)."""
     try:
         import dis
         f = sys._getframe(2)
@@ -479,9 +481,21 @@ def _in_for_loop() -> bool:
             return True
         code = f.f_code.co_code
         i = f.f_lasti
-        return not (0 <= i < len(code)) or dis.opname[code[i]].startswith("FOR_ITER")
+        if not (0 <= i < len(code)) or dis.opname[code[i]].startswith("FOR_ITER"):
+            return True
+        return _library_file(f.f_code.co_filename)
     except Exception:  # noqa: BLE001
         return True
+
+
+def _library_file(path: str) -> bool:
+    """An installed package's or the standard library's file (not the user's code)."""
+    import sysconfig
+    if "site-packages" in path or "dist-packages" in path:
+        return True
+    paths = sysconfig.get_paths()
+    return any(path.startswith(paths[k] + os.sep) for k in ("stdlib", "platstdlib")
+               if paths.get(k))
 
 
 def _cuda_on() -> bool:

@@ -96,7 +96,7 @@ def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> Non
         rec[2] += cpu
 
 
-def _image(p: dict[str, Any]) -> tuple[str, int, str]:
+def image_of(p: dict[str, Any]) -> tuple[str, int, str]:
     """(host, pid, image) of a part: an exec'd image keeps its pid and has a new image."""
     return (str(p.get("host", "")), int(p.get("pid", 0)), str(p.get("image", "")))
 
@@ -108,7 +108,7 @@ def epochs_of(parts: list[dict[str, Any]]
     for p in sorted((p for p in parts if p.get("role") is None and "streams" in p
                      and "seq" in p), key=lambda p: p["seq"]):
         for key, eps in p["streams"].items():
-            epochs.setdefault(_image(p), {}).setdefault(key, []).extend(eps)
+            epochs.setdefault(image_of(p), {}).setdefault(key, []).extend(eps)
     return epochs
 
 
@@ -176,7 +176,7 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
     for p in trainers:
         proc = (str(p.get("host", "")), int(p.get("pid", 0)))
         rank, helper = roles.get(proc, (int(p.get("rank", 0)), 0))
-        mine = epochs.get(_image(p), {})
+        mine = epochs.get(image_of(p), {})
         for s in p.get("streams", []):
             if s.get("unmeasured"):
                 continue

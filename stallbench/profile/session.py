@@ -71,6 +71,9 @@ def check_parts(run_dir: Path, where: str) -> None:
         probe.unlink()
     except OSError:
         writable = False
+    if not run_dir.is_dir():
+        raise PartsLost(f"profile: {where}: the run directory {run_dir} was removed during "
+                        "the job, with the figures its processes wrote; no result written")
     if lost or not writable:
         n = f"{len(lost)} process(es)" if lost else "the job's processes"
         raise PartsLost(f"profile: {where}: {n} could not write their figures to {run_dir} "
