@@ -461,6 +461,11 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
             all_runs.extend(runs)
             if nodes > 1 and node_rank != 0:
                 continue
+            off = [n for r in runs for n, _ in merge.unmeasured(r.parts)]
+            if off and not any(merge.streams(r.parts) for r in runs):
+                raise NoLoader(f"no loader of the job was measured (variant {v.name}): "
+                               f"{', '.join(dict.fromkeys(off))} not measured (the lines "
+                               "above say why); no result written")
             if not any(merge.streams(r.parts) for r in runs):
                 raise NoLoader(
                     "no DataLoader or Ray Data iteration was seen in the job (variant "

@@ -17,6 +17,8 @@ import ast
 import sys
 from pathlib import Path
 
+import pytest
+
 import profile_helpers as helpers
 
 from stallbench.profile.launcher import BOOTSTRAP
@@ -89,16 +91,23 @@ def test_the_hooks_never_change_the_job_nor_publish_lost_figures(tmp_path: Path)
     assert "Error" not in " ".join(off)
 
 
-def test_figures_that_could_not_be_written_end_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode,stdout,last", [
+    ("fsize", "count fsize [8, 8, 8]", "stallbench: error: profile: variant default, repeat 1: "
+     "1 process(es) could not write their figures"),
+    ("alone", "count alone [12, 12]", "stallbench: error: no loader of the job was measured "
+     "(variant default): ThreadDS#0 not measured"),
+])
+def test_lost_or_unmeasured_figures_end_2(tmp_path: Path, mode: str, stdout: str,
+                                          last: str) -> None:
+    """Part files that could not be written (a full disk from epoch 2 on: RLIMIT_FSIZE), or
+    no loader left measured: the job ran as it would (its own output), the profile ends 2."""
     out = tmp_path / "out"
-    cp = helpers.profile(["--out", str(out), "--", PY, helpers.script("user_hostile.py"),
-                          "fsize"], cwd=tmp_path, timeout=300)
-    assert "count fsize [8, 8, 8]" in cp.stdout, cp.stdout
+    cp = helpers.profile(["--out", str(out), "--", PY, helpers.script("user_hostile.py"), mode],
+                         cwd=tmp_path, timeout=300)
+    assert stdout in cp.stdout, cp.stdout
     assert cp.returncode == 2, cp.stderr[-3000:]
-    last = cp.stderr.strip().splitlines()[-1]
-    assert last.startswith("stallbench: error: profile: variant default, repeat 1: 1 process(es) "
-                           "could not write their figures"), last
-    assert "no result written" in last
+    final = cp.stderr.strip().splitlines()[-1]
+    assert final.startswith(last) and final.endswith("no result written"), final
     assert helpers.result_files(out) == []
 
 

@@ -5,6 +5,7 @@ prints ``count CASE [batches per epoch]`` (compared with the same script run unp
     user_hostile.py all          every case below, then os.execv into "second"
     user_hostile.py second       the exec'd second training (ExecDS, 8 batches)
     user_hostile.py fsize        part files cannot be written from epoch 2 on (a full disk)
+    user_hostile.py alone        the job's only loader, iterated by two threads at once
 """
 
 import copy
@@ -33,6 +34,23 @@ def epochs(it, n=2):
     return [sum(1 for _ in it) for _ in range(n)]
 
 
+def two_threads(loader):
+    """Two threads, each looping over the same loader at the same time."""
+    barrier = threading.Barrier(2)
+    got = []
+
+    def loop():
+        it = iter(loader)
+        barrier.wait()
+        got.append(sum(1 for _ in it))
+    ts = [threading.Thread(target=loop) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sorted(got)
+
+
 def helper_process():
     # a helper the job spawns, iterating its own loader of a Dataset class the job also uses
     print(f"count helper {epochs(DataLoader(L.HelperDS(12), batch_size=4), 1)}", flush=True)
@@ -47,6 +65,9 @@ def main():
     mode = sys.argv[1]
     if mode == "second":
         say("exec-second", exec_training(1))
+        return
+    if mode == "alone":                     # the job's one loader, by two threads at once
+        say("alone", two_threads(DataLoader(L.ThreadDS(24, sleep_s=0.002), batch_size=2)))
         return
     if mode == "fsize":
         ld = DataLoader(L.FsizeDS(32), batch_size=4)
@@ -97,20 +118,7 @@ def main():
         got += 1
     say("next-loop", [got])
 
-    th = DataLoader(L.ThreadDS(24, sleep_s=0.002), batch_size=2)
-    barrier = threading.Barrier(2)
-    got = []
-
-    def loop():
-        it = iter(th)
-        barrier.wait()
-        got.append(sum(1 for _ in it))
-    ts = [threading.Thread(target=loop) for _ in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    say("threads", sorted(got))
+    say("threads", two_threads(DataLoader(L.ThreadDS(24, sleep_s=0.002), batch_size=2)))
 
     odd = DataLoader(L.OddDS(8), batch_size=4)
     say("odd", epochs(odd, 1))
