@@ -434,12 +434,14 @@ class Stream:
 
     def end_epoch(self, ep: Epoch, t: float) -> None:
         """An epoch ends: its part is written now (not only at exit: a Ray Train worker that
-        Ray ends never runs ``atexit``), unless the last write was so recent that writing
-        again would cost more than ``FLUSH_BUDGET`` of the time since (``_flush_due``)."""
+        Ray ends never runs ``atexit``), unless this same stream's last epoch end was written
+        so recently that writing again would cost more than ``FLUSH_BUDGET`` of the time
+        since (``next(iter(loader))`` every step ends an epoch per batch); then the next
+        periodic flush or the exit writes it."""
         if ep.t_end is None:
             ep.t_end = t
             ep.cpu1 = time.process_time()
-            flush(force=False, epoch_end=True)
+            flush(force=False, epoch_end=self.key)
 
     def to_json(self) -> dict:
         out = {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
@@ -585,7 +587,8 @@ _T0_PERF = _perf()
 _T0_WALL = time.time()
 FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writing parts
 _next_periodic = 0.0        # the next mid-epoch flush (FLUSH_S, or more if writes are slow)
-_next_epoch_flush = 0.0     # the earliest epoch-end flush (FLUSH_BUDGET of the time since)
+_next_epoch_flush = 0.0     # the earliest epoch-end flush of the same stream again
+_last_end_key = ""          # the stream whose epoch end was flushed last
 
 
 def _write(name: str, payload: dict) -> bool:
@@ -668,7 +671,7 @@ def _header() -> dict:
 _seq = 0
 
 
-def flush(force: bool = True, epoch_end: bool = False) -> None:
+def flush(force: bool = True, epoch_end: str = "") -> None:
     """The trainer's part (its streams and the stages it timed itself, small: rewritten each
     time) and, in a file of their own, the epochs finished since the last flush (at exit,
     every epoch left): a flush costs what is new, not the whole history. It runs inside the
@@ -681,15 +684,19 @@ def flush(force: bool = True, epoch_end: bool = False) -> None:
              "this process's figures may be incomplete")
 
 
-def _flush(force: bool, epoch_end: bool) -> None:
+def _flush(force: bool, epoch_end: str) -> None:
     """When: always when ``force``; at an epoch end unless the last flush was so recent that
     this one would take more than ``FLUSH_BUDGET`` of the time since; mid-epoch every
     ``FLUSH_S`` (or longer, by the same budget). A pending epoch end is written by the next
     periodic flush."""
-    global _seq, _next_periodic, _next_epoch_flush
+    global _seq, _next_periodic, _next_epoch_flush, _last_end_key
     now = _perf()
-    if not force and now < (_next_epoch_flush if epoch_end else _next_periodic):
-        return
+    if not force:
+        if epoch_end:
+            if epoch_end == _last_end_key and now < _next_epoch_flush:
+                return
+        elif now < _next_periodic:
+            return
     if os.getpid() != _PID:         # a forked child that kept the parent's streams
         return
     if not STREAMS and not _STAGES:
@@ -708,8 +715,16 @@ def _flush(force: bool, epoch_end: bool) -> None:
     if ok:
         for s, _, n in pending.values():
             s.written = n
+    # the epochs not in an epochs file yet (the open one), as of now: a process that ends
+    # without atexit (killed, os._exit) keeps them up to its last flush. ``from``: how many
+    # epochs the files hold, so the merge adds them only to exactly those
+    open_ = {}
+    for s in streams:
+        eps = [ep.to_json(_T0_PERF) for ep in s.epochs[s.written:] if ep.t_req]
+        if eps:
+            open_[s.key] = {"from": s.written, "epochs": eps}
     part = {"role": "trainer", **_header(), "streams": [s.to_json() for s in streams],
-            "stages": _stages_copy(), "exiting": force}
+            "stages": _stages_copy(), "exiting": force, "open": open_}
     ok = _write(f"part-{host}-{pid}-{_IMAGE}.json", part) and ok
     if ok:
         _recovered()
@@ -717,6 +732,8 @@ def _flush(force: bool, epoch_end: bool) -> None:
         _REPLAY.flush()
     done = _perf()
     cost = done - now
+    if epoch_end:
+        _last_end_key = epoch_end
     _next_epoch_flush = done + cost / FLUSH_BUDGET
     _next_periodic = done + max(FLUSH_S, cost / FLUSH_BUDGET)
 

@@ -191,6 +191,11 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                 offsets[rk] = 0.0
             t0_wall = float(p.get("t0_wall", 0.0))
             mine_eps = mine.get(s["key"], [])
+            op = (p.get("open") or {}).get(s["key"])
+            if op and int(op.get("from", -1)) == len(mine_eps):
+                # the epochs its process had not finished (or not written) at its last flush:
+                # it ended without atexit (killed by Ray, os._exit); they end early
+                mine_eps = mine_eps + list(op.get("epochs", []))
             if all("cpu_s" in ep for ep in mine_eps):
                 # the process's CPU over this stream's epochs, not its start-up (imports)
                 sr.trainer_cpu_s += sum(float(ep["cpu_s"]) for ep in mine_eps)

@@ -31,7 +31,7 @@ UNPROFILED = ["count exec-first [4]", "count spawn [2]", "count forwarding [5, 5
               "count watch-reiterable [5, 5, 5]", "count next-loop [12]",
               "count threads [12, 12]", "count odd [2]", "count fsize-transient [4, 4]",
               "helper-python user-site True", "job-python user-site True",
-              "count helper [3]", "count exec-second [4]"]
+              "count helper [3]", "count helper-val [5]", "count exec-second [4]"]
 
 
 def _loaders(result) -> dict[str, list]:
@@ -80,6 +80,9 @@ def test_the_hooks_never_change_the_job_nor_publish_lost_figures(tmp_path: Path)
     # a spawned helper with its own loader of a Dataset class: a helper, not a second rank
     assert one["HelperDS"].name == "HelperDS#0 (helper process 1)"
     assert r.profile.world_size == 1 and r.variants[0].ranks is None
+    # ... ended without atexit right after its validation epoch: that epoch was written
+    # when it ended (within a second of the first loader's)
+    assert one["ValDS"].name == "ValDS#1 (helper process 1)" and one["ValDS"].batches == 5
     # two threads over one loader; a loader whose settings the hooks cannot read: one line
     # each, no exception class named, not published, the job ran on
     off = [x for x in cp.stderr.splitlines() if ": not measured (" in x]

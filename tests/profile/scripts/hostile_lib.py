@@ -61,6 +61,10 @@ class HelperDS(Rows):
     pass
 
 
+class ValDS(Rows):
+    pass
+
+
 class ExecDS(Rows):
     pass
 

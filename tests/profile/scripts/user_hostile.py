@@ -52,8 +52,11 @@ def two_threads(loader):
 
 
 def helper_process():
-    # a helper the job spawns, iterating its own loader of a Dataset class the job also uses
+    # a helper the job spawns, iterating its own loader of a Dataset class the job also uses,
+    # then a validation loader, and ended as Ray ends a Ray Train worker: no atexit
     print(f"count helper {epochs(DataLoader(L.HelperDS(12), batch_size=4), 1)}", flush=True)
+    print(f"count helper-val {epochs(DataLoader(L.ValDS(40), batch_size=8), 1)}", flush=True)
+    os._exit(0)
 
 
 def exec_training(n_epochs):
