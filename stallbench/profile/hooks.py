@@ -371,7 +371,8 @@ class Stream:
         batch itself is always ``source(it)``'s, and its exceptions are the job's own."""
         if self.unmeasured or ep.past_cap:
             return source(it)
-        try:
+        measured = False            # decided inside the guard; the batch is made outside it,
+        try:                        # so the job's own exceptions are never taken for ours
             t0 = _perf()
             me = threading.get_ident()
             if self.busy or ep.abandoned:
@@ -379,9 +380,7 @@ class Stream:
                 # loops over one loader (two threads), whose figures would be half of each
                 self.switch_off("it was iterated from two threads or by two passes at once, "
                                 "so its waits and steps are not one loop's")
-                return source(it)
-            cap = SETTINGS.get("max_batches")
-            if cap and len(ep.wait) >= cap:
+            elif cap_reached(ep, SETTINGS.get("max_batches")):
                 if not ep.capped:
                     ep.capped = True
                     self.end_epoch(ep, t0)
@@ -390,15 +389,17 @@ class Stream:
                 # a next(it) loop: StopIteration would fail the job; the measured part is
                 # kept and the rest of the pass is served unmeasured
                 ep.past_cap = True
-                return source(it)
-            cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
-            if _REPLAY is not None:
-                source = _REPLAY.source(self, ep, source, it)
-            prev = getattr(_ACTIVE, "stream", None)
+            else:
+                cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
+                if _REPLAY is not None:
+                    source = _REPLAY.source(self, ep, source, it)
+                prev = getattr(_ACTIVE, "stream", None)
+                measured = True
         except StopIteration:
             raise
         except Exception:  # noqa: BLE001 - hook code failed: this loader runs unmeasured
             self.switch_off("its batches could not be timed")
+        if not measured:
             return source(it)
         _ACTIVE.stream = self
         self.busy = me
@@ -464,6 +465,11 @@ class Stream:
                 out.append(ep.to_json(t0))
             n += 1
         return out, n
+
+
+def cap_reached(ep: Epoch, cap) -> bool:
+    """``--max-batches`` reached in this pass."""
+    return bool(cap) and len(ep.wait) >= cap
 
 
 def _in_for_loop() -> bool:
