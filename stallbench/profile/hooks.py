@@ -953,7 +953,7 @@ def patch_torch(dl_mod) -> None:
     pin_mod.pin_memory = pin_memory
 
 
-_SERVING: str | None = None
+_SERVING = None                 # in the trainer: the loader whose workers start now
 
 
 def _loader_stream(loader, notes: list):

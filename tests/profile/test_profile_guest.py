@@ -124,3 +124,28 @@ def test_the_bootstrap_parses_on_every_python() -> None:
             a = node.args
             assert node.returns is None and all(
                 x.annotation is None for x in a.args + a.kwonlyargs), node.name
+
+
+@pytest.mark.parametrize("python,hooked", [("python2.7", False), ("python3.6", False),
+                                           ("python3.7", True), ("python3.8", True)])
+def test_other_pythons_a_helper_runs(tmp_path: Path, python: str, hooked: bool) -> None:
+    """Another Python a helper of the job runs sees the same PYTHONPATH: the user's own
+    sitecustomize runs in it, it prints nothing, and it is hooked where the hooks can run."""
+    import json
+    import shutil
+    import subprocess
+
+    found = sorted(Path.home().glob(f".pyenv/versions/*/bin/{python}"))   # pyenv's own
+    exe = str(found[0]) if found else shutil.which(python)
+    if exe is None:
+        pytest.skip(f"no {python} on this machine")
+    (tmp_path / "sitecustomize.py").write_text("USER_SITE = True\n")
+    env = helpers.env(PYTHONPATH=f"{BOOTSTRAP}:{tmp_path}", STALLBENCH_PROFILE=json.dumps(
+        {"run_dir": str(tmp_path), "hooks": str(BOOTSTRAP.parent / "hooks.py")}))
+    code = ("import sys; m = sys.modules.get('sitecustomize'); "
+            "sys.stdout.write('%s %s' % (getattr(m, 'USER_SITE', False), "
+            "'_stallbench_profile_hooks' in sys.modules))")
+    cp = subprocess.run([exe, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    if cp.returncode != 0 and "pyenv: " in cp.stderr:
+        pytest.skip(f"{python} is a pyenv shim without that version")
+    assert (cp.returncode, cp.stderr, cp.stdout) == (0, "", f"True {hooked}")
