@@ -140,8 +140,23 @@ def _rank() -> dict:
             return int(env.get(name, default))
         except ValueError:
             return default
-    return {"rank": num("RANK", 0), "local_rank": num("LOCAL_RANK", 0),
-            "world_size": num("WORLD_SIZE", 1), "node_rank": num("GROUP_RANK", 0)}
+    out = {"rank": num("RANK", 0), "local_rank": num("LOCAL_RANK", 0),
+           "world_size": num("WORLD_SIZE", 1), "node_rank": num("GROUP_RANK", 0)}
+    dist = _dist()
+    if dist is not None and "RANK" not in env:      # mp.spawn + init_process_group(rank=)
+        out["rank"], out["world_size"] = dist.get_rank(), dist.get_world_size()
+    return out
+
+
+def _dist():
+    """torch.distributed when the job initialised a process group (a rank however it was
+    started: torchrun, Ray Train, ``mp.spawn`` with ``init_process_group(rank=...)``)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist if dist is not None and dist.is_available() and dist.is_initialized() \
+            else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 # ------------------------------------------------------------------------ stage records
@@ -659,9 +674,10 @@ def _stages_copy() -> dict:
 
 
 def _launched() -> bool:
-    """A rank of a launcher: torchrun and Ray Train set both RANK and WORLD_SIZE. Any other
-    process that iterates a loader (a helper the job spawned) is not a rank."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """A rank of a launcher: torchrun and Ray Train set both RANK and WORLD_SIZE; a process
+    in an initialised torch.distributed group is one too. Any other process that iterates a
+    loader (a helper the job spawned) is not a rank."""
+    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or _dist() is not None
 
 
 def _header() -> dict:
