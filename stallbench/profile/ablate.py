@@ -66,7 +66,7 @@ def _counts(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
     eps = merge.epochs_of(parts)
     for p in sorted((p for p in parts if p.get("role") == "trainer"),
                     key=lambda p: p.get("rank", 0)):
-        mine = eps.get((p.get("host"), p.get("pid")), {})
+        mine = eps.get(merge.image_of(p), {})
         for s in p.get("streams", []):
             out.setdefault(s["name"], [len(e["wait"]) for e in mine.get(s["key"], [])])
     return out
@@ -124,7 +124,7 @@ def _compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, fl
         if p.get("role") != "trainer":
             continue
         marks = served_from.get(int(p.get("pid", -1)), [])
-        mine = eps.get((p.get("host"), p.get("pid")), {})
+        mine = eps.get(merge.image_of(p), {})
         for s in p.get("streams", []):
             if s["name"] != headline:
                 continue

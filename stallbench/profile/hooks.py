@@ -37,6 +37,8 @@ import socket
 import sys
 import threading
 import time
+import types
+import weakref
 
 WRITTEN_FOR = {"torch": "2.13", "ray": "2.60"}
 ENV = "STALLBENCH_PROFILE"
@@ -57,6 +59,71 @@ _next_flush = 0.0
 _said: set = set()
 _REPLAY = None                  # replay.py (issue 28), loaded only for an ablation run
 _SERVING_EPOCH: int | None = None   # in a loader worker: the epoch it was started for
+_IMAGE = os.urandom(4).hex()    # this process image: an exec'd image or a forked child gets
+                                # its own, so its part files never overwrite the last image's
+_PID = os.getpid()
+_LOST = [0]                     # part writes that failed and were not written again since
+
+
+class _IdMap:
+    """Object -> value, never stored in the object (issue 38, class 2): keyed by ``id`` with a
+    weak reference that drops the entry when the object goes. Not a ``WeakKeyDictionary``:
+    that hashes and compares the key, which runs a user's ``__hash__``/``__eq__``; nothing
+    here calls the object's code, and a loader the job pickles or copies carries nothing of
+    stallbench's (a copy is a new object: it gets its own stream when iterated)."""
+
+    def __init__(self) -> None:
+        self._d: dict = {}
+
+    def get(self, obj):
+        e = self._d.get(id(obj))
+        if e is not None and e[0]() is obj:
+            return e[1]
+        return None
+
+    def set(self, obj, value) -> bool:
+        key, d = id(obj), self._d
+
+        def gone(ref, key=key, d=d):
+            e = d.get(key)
+            if e is not None and e[0] is ref:
+                d.pop(key, None)
+        try:
+            ref = weakref.ref(obj, gone)
+        except TypeError:           # not weak-referenceable: not measured (never kept alive)
+            return False
+        d[key] = (ref, value)
+        return True
+
+    def clear(self) -> None:
+        self._d.clear()
+
+
+_LOADERS = _IdMap()             # a DataLoader / Ray iterator -> its Stream
+_ITERS = _IdMap()               # a torch loader iterator -> (Stream, Epoch)
+
+
+def _own(obj, name: str, default=None):
+    """An attribute from the object's own ``__dict__``: no ``getattr``, so no property,
+    ``__getattr__`` or ``__getattribute__`` of the user's runs from hook code (a loader
+    subclass whose ``__getattr__`` forwards to its dataset recursed before its ``__init__``)."""
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+        return dict.get(d, name, default)
+    except Exception:  # noqa: BLE001 - no __dict__ (slots): nothing of ours to read
+        return default
+
+
+def _unmeasured(label: str, what: str) -> None:
+    """The last resort for an exception inside hook code: one line naming the loader and
+    what was not done (never the exception's class: the user did nothing wrong)."""
+    line = f"stallbench: {label}: not measured ({what})"
+    if line not in _said:
+        _said.add(line)
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - a closed stderr: nothing to say it on
+            pass
 
 
 def _say(line: str) -> None:
@@ -73,8 +140,23 @@ def _rank() -> dict:
             return int(env.get(name, default))
         except ValueError:
             return default
-    return {"rank": num("RANK", 0), "local_rank": num("LOCAL_RANK", 0),
-            "world_size": num("WORLD_SIZE", 1), "node_rank": num("GROUP_RANK", 0)}
+    out = {"rank": num("RANK", 0), "local_rank": num("LOCAL_RANK", 0),
+           "world_size": num("WORLD_SIZE", 1), "node_rank": num("GROUP_RANK", 0)}
+    dist = _dist()
+    if dist is not None and "RANK" not in env:      # mp.spawn + init_process_group(rank=)
+        out["rank"], out["world_size"] = dist.get_rank(), dist.get_world_size()
+    return out
+
+
+def _dist():
+    """torch.distributed when the job initialised a process group (a rank however it was
+    started: torchrun, Ray Train, ``mp.spawn`` with ``init_process_group(rank=...)``)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist if dist is not None and dist.is_available() and dist.is_initialized() \
+            else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 # ------------------------------------------------------------------------ stage records
@@ -149,36 +231,62 @@ def _rows(batch, default: int) -> int:
     lists looked into once), else the loader's batch size. A list whose items are dicts or
     tuples (its first and last read) is the list of the samples (an identity
     ``collate_fn``; torch's default collate turns dict samples into one dict and tuple
-    samples into a list of columns): its length, not the first sample's first tensor."""
-    b = batch
-    if isinstance(b, list) and b:       # first and last item only: O(1) per batch
-        ends = (b[0], b[-1])
-        if all(isinstance(x, dict) for x in ends) or all(type(x) is tuple for x in ends):
-            return len(b)
-    for _ in range(3):
-        if isinstance(b, dict):
-            b = next(iter(b.values()), None)
-        elif isinstance(b, (list, tuple)) and b and not hasattr(b, "shape"):
-            b = b[0]
-        else:
-            break
-    shape = getattr(b, "shape", None)
-    if shape is not None and len(shape) > 0:
-        try:
-            return int(shape[0])
-        except (TypeError, ValueError):
-            return default
+    samples into a list of columns): its length, not the first sample's first tensor.
+    Only the builtin containers' own methods and C-level ``shape`` descriptors (torch,
+    numpy) are used: a batch class's ``__getattr__`` (a lookup that raises ``KeyError``),
+    properties or overridden ``values()`` never run from here."""
+    try:
+        b = batch
+        if issubclass(type(b), list) and list.__len__(b):   # first and last item: O(1)
+            ends = (list.__getitem__(b, 0), list.__getitem__(b, -1))
+            if (all(issubclass(type(x), dict) for x in ends)
+                    or all(type(x) is tuple for x in ends)):
+                return list.__len__(b)
+        for _ in range(3):
+            t = type(b)
+            if issubclass(t, dict):
+                b = next(iter(dict.values(b)), None)
+            elif issubclass(t, (list, tuple)) and _shape(b) is None:
+                seq = list if issubclass(t, list) else tuple
+                if not seq.__len__(b):
+                    break
+                b = seq.__getitem__(b, 0)
+            else:
+                break
+        shape = _shape(b)
+        if shape is not None and tuple.__len__(shape) > 0:
+            return int(tuple.__getitem__(shape, 0))
+    except Exception:  # noqa: BLE001 - an odd batch is counted as a batch_size one
+        pass
     return default
+
+
+_C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+
+
+def _shape(b) -> tuple | None:
+    """``b.shape`` where the type defines it in C (a tensor's or an array's), as a tuple;
+    None for anything else (no Python code of the batch's class runs)."""
+    for klass in type(b).__mro__:
+        desc = klass.__dict__.get("shape")
+        if desc is not None:
+            if type(desc) not in _C_DESCRIPTORS:
+                return None
+            shape = desc.__get__(b, type(b))
+            return shape if issubclass(type(shape), tuple) else None
+    return None
 
 
 class Epoch:
     """One pass over a stream (one ``iter()``): per-batch request time, wait and step."""
 
     __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "t_last", "t_end", "capped",
-                 "cuda", "cpu0", "cpu1")
+                 "cuda", "cpu0", "cpu1", "abandoned", "past_cap")
 
     def __init__(self, t: float) -> None:
         self.t_iter = t
+        self.abandoned = False      # closed because a later pass began
+        self.past_cap = False       # capped inside a next(it) loop: served unmeasured after
         self.t_req: list = []
         self.wait: list = []
         self.step: list = []
@@ -222,23 +330,39 @@ def _cuda_times(events: list) -> dict:
 
 
 class Stream:
-    """One loader (a DataLoader, a Ray Data iterator, a watched iterable) in this process."""
+    """One loader (a DataLoader, a Ray Data iterator, a watched iterable) in this process.
+
+    ``unmeasured``: why its figures are not kept (its hooks switched off after an exception
+    inside hook code, or two passes or threads over it at once, whose waits and steps are
+    not one loop's); the merge leaves such a stream out and the launcher says why."""
 
     def __init__(self, kind: str, label: str, settings: dict | None = None) -> None:
+        settings = settings or {}
+        rows = settings.get("batch_size")
+        self.default_rows = int(rows) if type(rows) is int and rows > 0 else 1
         with _LOCK:
             self.order = len(STREAMS)
             STREAMS.append(self)
         self.kind = kind
+        self.label = label
         self.name = f"{label}#{self.order}"
-        self.key = f"{os.getpid()}:{self.order}"
-        self.settings = settings or {}
+        self.key = f"{os.getpid()}-{_IMAGE}:{self.order}"
+        self.settings = settings
         self.notes: list = []
         self.epochs: list = []
         self.written = 0            # epochs already in an epochs-*.json file
         self.default_rows = int(self.settings.get("batch_size") or 1)
+        self.unmeasured = ""
+        self.busy = 0               # the thread inside next_batch now (0: none)
         if len(_BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
             _BEAT["loaders"].append(self.name)
         beat(force=True)
+
+    def switch_off(self, what: str) -> None:
+        """Hooks off for this loader: it runs on exactly as without stallbench."""
+        if not self.unmeasured:
+            self.unmeasured = what
+            _unmeasured(self.name, what)
 
     def new_epoch(self, t: float) -> Epoch:
         """A new pass; a previous pass the loop left with ``break`` (never ended) is closed
@@ -255,73 +379,157 @@ class Stream:
         not timed: nothing marks where it ended). Its CPU ends now: the trainer's CPU
         between the ``break`` and now is in it (no per-batch CPU clock read: overhead)."""
         if ep.t_end is None:
+            ep.abandoned = True
             self.end_epoch(ep, ep.t_last)
 
     def next_batch(self, ep: Epoch, source, it):
         """One batch through the stream's clocks; ``source(it)`` makes it (the seam a replay
-        swaps, see the module docstring). StopIteration ends the epoch and flushes the part."""
-        t0 = _perf()
-        cap = SETTINGS.get("max_batches")
-        if cap and len(ep.wait) >= cap:
-            ep.capped = True
-            self.end_epoch(ep, t0)
-            raise StopIteration
-        cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
-        if _REPLAY is not None:
-            source = _REPLAY.source(self, ep, source, it)
-        prev = getattr(_ACTIVE, "stream", None)
+        swaps, see the module docstring). StopIteration ends the epoch and flushes the part.
+
+        Whatever fails in the clocks switches this loader's hooks off (``switch_off``); the
+        batch itself is always ``source(it)``'s, and its exceptions are the job's own."""
+        if self.unmeasured or ep.past_cap:
+            return source(it)
+        measured = False            # decided inside the guard; the batch is made outside it,
+        try:                        # so the job's own exceptions are never taken for ours
+            t0 = _perf()
+            me = threading.get_ident()
+            if self.busy or ep.abandoned:
+                # another thread inside now, or a pass resumed after a later one began: two
+                # loops over one loader (two threads), whose figures would be half of each
+                self.switch_off("it was iterated from two threads or by two passes at once, "
+                                "so its waits and steps are not one loop's")
+            elif cap_reached(ep, SETTINGS.get("max_batches")):
+                if not ep.capped:
+                    ep.capped = True
+                    self.end_epoch(ep, t0)
+                if _in_for_loop():
+                    raise StopIteration
+                # a next(it) loop: StopIteration would fail the job; the measured part is
+                # kept and the rest of the pass is served unmeasured
+                ep.past_cap = True
+            else:
+                cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
+                if _REPLAY is not None:
+                    source = _REPLAY.source(self, ep, source, it)
+                prev = getattr(_ACTIVE, "stream", None)
+                measured = True
+        except StopIteration:
+            raise
+        except Exception:  # noqa: BLE001 - hook code failed: this loader runs unmeasured
+            self.switch_off("its batches could not be timed")
+        if not measured:
+            return source(it)
         _ACTIVE.stream = self
+        self.busy = me
         try:
             batch = source(it)
         except StopIteration:
+            self.busy = 0
             if not ep.t_req:        # a pass that yielded nothing: an empty loader
                 _BEAT["empty"] += 1
                 beat(force=True)
             self.end_epoch(ep, t0)
             raise
         finally:
+            self.busy = 0
             _ACTIVE.stream = prev
-        t1 = _perf()
-        if ep.t_req:
-            ep.step.append(t0 - ep.t_last)
-            ep.t_req.append(t0)
-            ep.wait.append(t1 - t0)
-        else:                       # the first batch waits from iter(): worker start-up is in it
-            ep.t_req.append(ep.t_iter)
-            ep.wait.append(t1 - ep.t_iter)
-        ep.t_last = t1
-        ep.rows.append(_rows(batch, self.default_rows))
-        _BEAT["batches"] += 1
-        _BEAT["last"] = (self.name, len(self.epochs), len(ep.wait))
-        if t1 >= _next_beat or _BEAT["batches"] == 1:
-            beat(force=True)
-        if cuda is not None:
-            if ep.cuda is None:
-                ep.cuda = []
-            ep.cuda.append((cuda, _cuda_event()))
+        try:
+            t1 = _perf()
+            if ep.t_req:
+                ep.step.append(t0 - ep.t_last)
+                ep.t_req.append(t0)
+                ep.wait.append(t1 - t0)
+            else:                   # the first batch waits from iter(): worker start-up is in it
+                ep.t_req.append(ep.t_iter)
+                ep.wait.append(t1 - ep.t_iter)
+            ep.t_last = t1
+            ep.rows.append(_rows(batch, self.default_rows))
+            if cuda is not None:
+                if ep.cuda is None:
+                    ep.cuda = []
+                ep.cuda.append((cuda, _cuda_event()))
+            _BEAT["batches"] += 1
+            _BEAT["last"] = (self.name, len(self.epochs), len(ep.wait))
+            if t1 >= _next_beat or _BEAT["batches"] == 1:
+                beat(force=True)
+            if t1 >= _next_periodic:
+                flush(force=False)
+        except Exception:  # noqa: BLE001
+            self.switch_off("its batches could not be timed")
         return batch
 
     def end_epoch(self, ep: Epoch, t: float) -> None:
+        """An epoch ends: its part is written now (not only at exit: a Ray Train worker that
+        Ray ends never runs ``atexit``), unless this same stream's last epoch end was written
+        so recently that writing again would cost more than ``FLUSH_BUDGET`` of the time
+        since (``next(iter(loader))`` every step ends an epoch per batch); then the next
+        periodic flush or the exit writes it."""
         if ep.t_end is None:
             ep.t_end = t
             ep.cpu1 = time.process_time()
-            flush(force=False)
+            flush(force=False, epoch_end=self.key)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
-                "settings": dict(self.settings), "notes": list(self.notes)}
+        out = {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
+               "settings": dict(self.settings), "notes": list(self.notes)}
+        if self.unmeasured:
+            out["unmeasured"] = self.unmeasured
+        return out
 
-    def take_epochs(self, t0: float, all_: bool) -> list:
-        """The epochs not written yet: the finished ones (every one at exit), in order."""
+    def pending_epochs(self, t0: float, all_: bool) -> tuple[list, int]:
+        """The epochs not written yet: the finished ones (every one at exit), in order, and
+        how far ``written`` moves once they are (``take``: only after the write succeeded, so
+        a failed write is tried again at the next flush instead of losing them)."""
         out = []
-        while self.written < len(self.epochs):
-            ep = self.epochs[self.written]
+        n = self.written
+        while n < len(self.epochs):
+            ep = self.epochs[n]
             if ep.t_end is None and not all_:
                 break
             if ep.t_req:
                 out.append(ep.to_json(t0))
-            self.written += 1
-        return out
+            n += 1
+        return out, n
+
+
+def cap_reached(ep: Epoch, cap) -> bool:
+    """``--max-batches`` reached in this pass."""
+    return bool(cap) and len(ep.wait) >= cap
+
+
+def _in_for_loop() -> bool:
+    """Whether StopIteration at ``--max-batches`` ends a loop rather than fails the job: the
+    code asking for the batch is a ``for`` loop (its frame stands at ``FOR_ITER``; a
+    comprehension, ``zip`` inside a ``for`` too), or a library's (a trainer framework's
+    ``next(iterator)`` handles the end of an epoch: it meets one every epoch). A ``next(it)``
+    in the user's own code gets no StopIteration: it would fail the job. Frames of this file
+    (the torch ``__next__`` wrapper, a watched pass's generator) are skipped. Not CPython, or
+    no frame to read: taken as a loop (the behaviour before issue 38)."""
+    try:
+        import dis
+        f = sys._getframe(2)
+        while f is not None and f.f_code.co_filename == __file__:
+            f = f.f_back
+        if f is None:
+            return True
+        code = f.f_code.co_code
+        i = f.f_lasti
+        if not (0 <= i < len(code)) or dis.opname[code[i]].startswith("FOR_ITER"):
+            return True
+        return _library_file(f.f_code.co_filename)
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _library_file(path: str) -> bool:
+    """An installed package's or the standard library's file (not the user's code)."""
+    import sysconfig
+    if "site-packages" in path or "dist-packages" in path:
+        return True
+    paths = sysconfig.get_paths()
+    return any(path.startswith(paths[k] + os.sep) for k in ("stdlib", "platstdlib")
+               if paths.get(k))
 
 
 def _cuda_on() -> bool:
@@ -339,19 +547,58 @@ def _cuda_event():
     return e
 
 
-def watch(iterable, name: str | None = None):
-    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass)."""
-    label = name or type(iterable).__name__
-    st = Stream("watch", label)
+class Passes:
+    """What ``stallbench.watch(x)`` and a hooked Ray Data iterator method return: an iterable
+    that, like the object it wraps, starts a new pass at every ``iter()`` (Ray's
+    ``iter_torch_batches(...)`` made once and looped every epoch; a watched loader made once).
+    Each pass is one measured epoch. A generator here was one-shot: epochs 2+ got nothing.
+    ``next(x)`` on it continues one pass, as it would on a wrapped iterator."""
+
+    __slots__ = ("_stream", "_inner", "_inside", "_it", "__weakref__")
+
+    def __init__(self, stream: "Stream", inner, inside=None) -> None:
+        self._stream, self._inner, self._inside, self._it = stream, inner, inside, None
+
+    def __iter__(self):
+        return _pass(self._stream, self._inner, self._inside)
+
+    def __next__(self):
+        if self._it is None:
+            self._it = _pass(self._stream, self._inner, self._inside)
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+def _pass(st: "Stream", inner, inside):
+    """One pass over ``inner`` through the stream's clocks (``inside``: Ray's flag that a
+    nested iteration is not counted twice)."""
     ep = st.new_epoch(_perf())
-    it = iter(iterable)
+    if inside is not None:
+        inside.on = True
+    try:
+        it = iter(inner)
+    finally:
+        if inside is not None:
+            inside.on = False
     nxt = type(it).__next__
+    if inside is None:
+        source = nxt
+    else:
+        def source(i):
+            inside.on = True
+            try:
+                return nxt(i)
+            finally:
+                inside.on = False
     try:
         while True:
             try:
-                yield st.next_batch(ep, nxt, it)
+                batch = st.next_batch(ep, source, it)
             except StopIteration:
                 return
+            yield batch
     finally:                        # a loop that broke out: the generator is closed
         st.close_abandoned(ep)
 
@@ -392,40 +639,79 @@ def _beat_exit() -> None:
     beat(force=True)
 
 
+def watch(iterable, name: str | None = None):
+    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass)."""
+    try:
+        label = name or type(iterable).__name__
+        return Passes(Stream("watch", str(label)), iterable)
+    except Exception:  # noqa: BLE001 - the job goes on with its own iterable
+        _unmeasured(str(name or "watch"), "the watched iterable could not be hooked")
+        return iterable
+
+
 # ------------------------------------------------------------------------------- parts
 
 _T0_PERF = _perf()
 _T0_WALL = time.time()
+FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writing parts
+_next_periodic = 0.0        # the next mid-epoch flush (FLUSH_S, or more if writes are slow)
+_next_epoch_flush = 0.0     # the earliest epoch-end flush of the same stream again
+_last_end_key = ""          # the stream whose epoch end was flushed last
 
 
-def _write(name: str, payload: dict) -> None:
+def _write(name: str, payload: dict) -> bool:
+    """One part file, atomically replaced; False (and ``_LOST`` counted, a ``lost-*`` marker
+    left: an empty file, which a full disk still takes) when it could not be written."""
     run_dir = SETTINGS.get("run_dir")
     if not run_dir:
-        return
+        return True
     path = os.path.join(run_dir, name)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as fh:
             json.dump(payload, fh, default=_plain)
         os.replace(tmp, path)
+        return True
     except Exception as exc:  # noqa: BLE001 - a lost part must never fail the user's job
         _say(f"cannot write its figures to {run_dir} ({type(exc).__name__}: {exc})")
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        _LOST[0] += 1
+        try:
+            os.close(os.open(_lost_marker(), os.O_CREAT | os.O_WRONLY, 0o644))
+        except OSError:
+            pass                    # the launcher also finds a run directory it cannot write
+        return False
+
+
+def _lost_marker() -> str:
+    return os.path.join(SETTINGS.get("run_dir") or ".",
+                        f"lost-{socket.gethostname()}-{os.getpid()}-{_IMAGE}")
+
+
+def _recovered() -> None:
+    """Every figure written after earlier writes failed: nothing is lost any more."""
+    if _LOST[0]:
+        _LOST[0] = 0
+        try:
+            os.unlink(_lost_marker())
+        except OSError:
+            pass
 
 
 def _plain(o: object) -> object:
     """What JSON cannot write (a numpy int in a loader's settings): its Python scalar
-    (``.item()``), else its text; a part is never lost to a type."""
-    item = getattr(o, "item", None)
-    if callable(item):
+    (numpy's ``.item()``), else a name of its type; a part is never lost to a type, and no
+    method of a user's class runs here."""
+    t = type(o)
+    if t.__module__ == "numpy":
         try:
-            return item()
+            return o.item()
         except Exception:  # noqa: BLE001
             pass
-    return str(o)
+    return f"<{t.__module__}.{t.__qualname__}>"
 
 
 def _stages_copy() -> dict:
@@ -434,52 +720,91 @@ def _stages_copy() -> dict:
         return {k: {n: list(r) for n, r in v.items()} for k, v in _STAGES.items()}
 
 
+def _launched() -> bool:
+    """A rank of a launcher: torchrun and Ray Train set both RANK and WORLD_SIZE; a process
+    in an initialised torch.distributed group is one too. Any other process that iterates a
+    loader (a helper the job spawned) is not a rank."""
+    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or _dist() is not None
+
+
 def _header() -> dict:
     torch = sys.modules.get("torch")
     ray = sys.modules.get("ray")
     return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid(),
+            "image": _IMAGE, "launched": _launched(),
             "t0_wall": _T0_WALL, "t0_perf": _T0_PERF, **_rank(),
             "torch": getattr(torch, "__version__", None), "ray": getattr(ray, "__version__", None),
             "cpu_s": time.process_time()}
 
 
-_last_flush = 0.0
 _seq = 0
 
 
-def flush(force: bool = True) -> None:
+def flush(force: bool = True, epoch_end: str = "") -> None:
     """The trainer's part (its streams and the stages it timed itself, small: rewritten each
     time) and, in a file of their own, the epochs finished since the last flush (at exit,
     every epoch left): a flush costs what is new, not the whole history. It runs inside the
-    job's ``__next__`` and at exit: whatever fails in it is said once on stderr, never raised."""
+    job's ``__next__``, at epoch ends, before an ``exec`` and at exit: whatever fails in it
+    is said once on stderr, never raised."""
     try:
-        _flush(force)
+        _flush(force, epoch_end)
     except Exception as exc:  # noqa: BLE001 - the user's job must not fail for a lost flush
         _say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
              "this process's figures may be incomplete")
 
 
-def _flush(force: bool) -> None:
-    global _last_flush, _seq
+def _flush(force: bool, epoch_end: str) -> None:
+    """When: always when ``force``; at an epoch end unless the last flush was so recent that
+    this one would take more than ``FLUSH_BUDGET`` of the time since; mid-epoch every
+    ``FLUSH_S`` (or longer, by the same budget). A pending epoch end is written by the next
+    periodic flush."""
+    global _seq, _next_periodic, _next_epoch_flush, _last_end_key
     now = _perf()
-    if not force and now - _last_flush < FLUSH_S:
+    if not force:
+        if epoch_end:
+            if epoch_end == _last_end_key and now < _next_epoch_flush:
+                return
+        elif now < _next_periodic:
+            return
+    if os.getpid() != _PID:         # a forked child that kept the parent's streams
         return
-    _last_flush = now
     if not STREAMS and not _STAGES:
         return
     with _LOCK:
         streams = list(STREAMS)
-    new = {s.key: s.take_epochs(_T0_PERF, force) for s in streams}
-    new = {k: v for k, v in new.items() if v}
+    pending = {s.key: (s, *s.pending_epochs(_T0_PERF, force)) for s in streams}
+    new = {k: v[1] for k, v in pending.items() if v[1]}
     host, pid = socket.gethostname(), os.getpid()
+    ok = True
     if new:
-        _write(f"epochs-{host}-{pid}-{_seq:06d}.json", {"pid": pid, "host": host, "streams": new})
-        _seq += 1
+        ok = _write(f"epochs-{host}-{pid}-{_IMAGE}-{_seq:06d}.json",
+                    {"pid": pid, "host": host, "image": _IMAGE, "streams": new})
+        if ok:
+            _seq += 1
+    if ok:
+        for s, _, n in pending.values():
+            s.written = n
+    # the epochs not in an epochs file yet (the open one), as of now: a process that ends
+    # without atexit (killed, os._exit) keeps them up to its last flush. ``from``: how many
+    # epochs the files hold, so the merge adds them only to exactly those
+    open_ = {}
+    for s in streams:
+        eps = [ep.to_json(_T0_PERF) for ep in s.epochs[s.written:] if ep.t_req]
+        if eps:
+            open_[s.key] = {"from": s.written, "epochs": eps}
     part = {"role": "trainer", **_header(), "streams": [s.to_json() for s in streams],
-            "stages": _stages_copy(), "exiting": force}
-    _write(f"part-{host}-{pid}.json", part)
+            "stages": _stages_copy(), "exiting": force, "open": open_}
+    ok = _write(f"part-{host}-{pid}-{_IMAGE}.json", part) and ok
+    if ok:
+        _recovered()
     if _REPLAY is not None:
         _REPLAY.flush()
+    done = _perf()
+    cost = done - now
+    if epoch_end:
+        _last_end_key = epoch_end
+    _next_epoch_flush = done + cost / FLUSH_BUDGET
+    _next_periodic = done + max(FLUSH_S, cost / FLUSH_BUDGET)
 
 
 def flush_worker() -> None:
@@ -489,12 +814,44 @@ def flush_worker() -> None:
     try:
         part = {"role": "worker", **_header(), "loader": _WORKER_LOADER,
                 "stages": _stages_copy()}
-        _write(f"stage-{socket.gethostname()}-{os.getpid()}.json", part)
+        if _write(f"stage-{socket.gethostname()}-{os.getpid()}-{_IMAGE}.json", part):
+            _recovered()
         if _REPLAY is not None:
             _REPLAY.flush()
     except Exception as exc:  # noqa: BLE001
         _say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
              "this process's figures may be incomplete")
+
+
+def _forked() -> None:
+    """In a forked child: the parent's streams are not this process's (a loader worker
+    clears them again in ``_worker_loop``); a new image, so its files are its own."""
+    global _IMAGE, _PID, _seq
+    _IMAGE, _PID, _seq = os.urandom(4).hex(), os.getpid(), 0
+    STREAMS.clear()
+    _STAGES.clear()
+    _LOADERS.clear()
+    _ITERS.clear()
+    _LOST[0] = 0
+
+
+def _patch_exec() -> None:
+    """``os.execv``/``os.execve`` (``execl*``/``execvp*`` go through them) write the figures
+    first: the new image replaces this one without ``atexit``, and its own parts have a new
+    image name, so an exec'd second training adds to the figures instead of overwriting."""
+    import functools
+    for name in ("execv", "execve"):
+        orig = getattr(os, name, None)
+        if orig is None:
+            continue
+
+        def make(orig):
+            @functools.wraps(orig)
+            def exec_(*a, **k):
+                flush(force=True)
+                return orig(*a, **k)
+            return exec_
+        setattr(os, name, make(orig))
 
 
 # ----------------------------------------------------------------------- torch patches
@@ -528,9 +885,9 @@ def patch_torch(dl_mod) -> None:
 
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
-        if getattr(self, "_stallbench_stream", None) is not None:   # a subclass's second init
+        if _LOADERS.get(self) is not None:      # a subclass's second init
             return orig_init(self, *args, **kwargs)
-        notes = []
+        notes: list = []
         if overrides:
             try:
                 bound = sig.bind(self, *args, **kwargs)
@@ -552,15 +909,7 @@ def patch_torch(dl_mod) -> None:
                         a["persistent_workers"] = False
                 args, kwargs = bound.args[1:], bound.kwargs
         orig_init(self, *args, **kwargs)
-        ds = getattr(self, "dataset", None)
-        settings = {"num_workers": self.num_workers, "pin_memory": bool(self.pin_memory),
-                    "prefetch_factor": self.prefetch_factor,
-                    "persistent_workers": bool(self.persistent_workers),
-                    "batch_size": self.batch_size,
-                    "dataset": type(ds).__module__ + "." + type(ds).__qualname__}
-        st = Stream("torch.DataLoader", type(ds).__name__, settings)
-        st.notes.extend(notes)
-        object.__setattr__(self, "_stallbench_stream", st)
+        _loader_stream(self, notes)
 
     DataLoader.__init__ = __init__
 
@@ -568,15 +917,18 @@ def patch_torch(dl_mod) -> None:
 
     @functools.wraps(orig_iter)
     def __iter__(self):
-        st = getattr(self, "_stallbench_stream", None)
-        if st is None:
+        # a loader made without our __init__ (a deepcopy, an unpickled one) gets its stream
+        # at its first iter(): it is counted like any other
+        st = _LOADERS.get(self) or _loader_stream(self, [])
+        if st is None or st.unmeasured:
             return orig_iter(self)
         t = _perf()
         it = orig_iter(self)
         try:
-            it._stallbench_epoch = (st, st.new_epoch(t))
-        except AttributeError:      # a custom iterator without __dict__: not timed
-            pass
+            if not _ITERS.set(it, (st, st.new_epoch(t))):
+                st.switch_off("its iterator cannot be tracked")
+        except Exception:  # noqa: BLE001
+            st.switch_off("its passes could not be timed")
         return it
 
     DataLoader.__iter__ = __iter__
@@ -585,7 +937,7 @@ def patch_torch(dl_mod) -> None:
 
     @functools.wraps(orig_next)
     def __next__(self):
-        tag = self.__dict__.get("_stallbench_epoch")
+        tag = _ITERS.get(self)
         if tag is None:
             return orig_next(self)
         return tag[0].next_batch(tag[1], orig_next, self)
@@ -599,7 +951,7 @@ def patch_torch(dl_mod) -> None:
         # Workers start in here: they learn which loader they serve from a global (fork) or
         # the environment (spawn copies os.environ when it starts them).
         global _SERVING, _SERVING_EPOCH
-        st = getattr(loader, "_stallbench_stream", None)
+        st = _LOADERS.get(loader)
         prev, prev_env = _SERVING, os.environ.get(LOADER_ENV)
         if st is not None:
             _SERVING = st.key
@@ -664,7 +1016,32 @@ def patch_torch(dl_mod) -> None:
     pin_mod.pin_memory = pin_memory
 
 
-_SERVING: str | None = None
+_SERVING = None                 # in the trainer: the loader whose workers start now
+
+
+def _loader_stream(loader, notes: list):
+    """The stream of a DataLoader, from its own ``__dict__`` (``_own``: no attribute access
+    that reaches the user's class), kept in ``_LOADERS``, never in the loader. None, with the
+    one line ``_unmeasured`` says, if that fails: the loader runs as without stallbench."""
+    try:
+        ds = _own(loader, "dataset")
+        t = type(ds)
+        pf = _own(loader, "prefetch_factor")
+        settings = {"num_workers": _own(loader, "num_workers", 0),
+                    "pin_memory": _own(loader, "pin_memory", False) is True,
+                    "prefetch_factor": pf,
+                    "persistent_workers": _own(loader, "persistent_workers", False) is True,
+                    "batch_size": _own(loader, "batch_size"),
+                    "dataset": str(t.__module__) + "." + str(t.__qualname__)}
+        st = Stream("torch.DataLoader", str(t.__name__), settings)
+        st.notes.extend(notes)
+        if not _LOADERS.set(loader, st):
+            st.switch_off("it cannot be tracked without storing into it")
+        return st
+    except Exception:  # noqa: BLE001 - the loader runs unhooked, said once
+        _unmeasured(f"DataLoader of {type(_own(loader, 'dataset')).__name__}",
+                    "its settings could not be read")
+        return None
 
 
 def _keyed_pin_loop(loop, key: str, *a, **k):
@@ -780,39 +1157,23 @@ def _patch_ray_class(cls, methods) -> None:
                     inner = orig(self, *a, **k)
                 finally:
                     inside.on = False
-                st = self.__dict__.get("_stallbench_stream")
-                if st is None:
-                    st = Stream(f"ray.{meth}", type(self).__name__,
-                                {"batch_size": k.get("batch_size", 256),
-                                 "prefetch_batches": k.get("prefetch_batches", 1)})
-                    try:
-                        self._stallbench_stream = st
-                    except AttributeError:
-                        pass
-                return _ray_gen(st, inner, inside)
+                try:
+                    st = _LOADERS.get(self)
+                    if st is None:
+                        st = Stream(f"ray.{meth}", type(self).__name__,
+                                    {"batch_size": k.get("batch_size", 256),
+                                     "prefetch_batches": k.get("prefetch_batches", 1)})
+                        _LOADERS.set(self, st)
+                    if st.unmeasured:
+                        return inner
+                    # what Ray returns is re-iterable (made once, looped every epoch): so
+                    # is what the hook returns, one measured epoch per pass
+                    return Passes(st, inner, inside)
+                except Exception:  # noqa: BLE001 - Ray's own iterable, unmeasured
+                    _unmeasured(f"ray.{meth}", "its batches could not be timed")
+                    return inner
             return wrapped
         setattr(cls, meth, make(orig, meth))
-
-
-def _ray_gen(st: Stream, inner, inside):
-    ep = st.new_epoch(_perf())
-    it = iter(inner)
-    nxt = type(it).__next__
-
-    def source(i):
-        inside.on = True
-        try:
-            return nxt(i)
-        finally:
-            inside.on = False
-    try:
-        while True:
-            try:
-                yield st.next_batch(ep, source, it)
-            except StopIteration:
-                return
-    finally:                        # a loop that broke out: the generator is closed
-        st.close_abandoned(ep)
 
 
 # ---------------------------------------------------------------------- post-import hook
@@ -891,3 +1252,5 @@ def install() -> None:
     atexit.register(_beat_exit)     # atexit runs last-in first: after the final flush
     atexit.register(flush)
     beat(force=True)                # the launcher's sign that the hooks run in this process
+    os.register_at_fork(after_in_child=_forked)
+    _patch_exec()

@@ -96,39 +96,112 @@ def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> Non
         rec[2] += cpu
 
 
+def image_of(p: dict[str, Any]) -> tuple[str, int, str]:
+    """(host, pid, image) of a part: an exec'd image keeps its pid and has a new image."""
+    return (str(p.get("host", "")), int(p.get("pid", 0)), str(p.get("image", "")))
+
+
 def epochs_of(parts: list[dict[str, Any]]
-              ) -> dict[tuple[str, int], dict[str, list[dict[str, Any]]]]:
-    """(host, pid) -> stream key -> its epochs in order, from the epoch files of a run."""
-    epochs: dict[tuple[str, int], dict[str, list[dict[str, Any]]]] = {}
+              ) -> dict[tuple[str, int, str], dict[str, list[dict[str, Any]]]]:
+    """(host, pid, image) -> stream key -> its epochs in order, from the epoch files."""
+    epochs: dict[tuple[str, int, str], dict[str, list[dict[str, Any]]]] = {}
     for p in sorted((p for p in parts if p.get("role") is None and "streams" in p
                      and "seq" in p), key=lambda p: p["seq"]):
         for key, eps in p["streams"].items():
-            epochs.setdefault((p["host"], p["pid"]), {}).setdefault(key, []).extend(eps)
+            epochs.setdefault(image_of(p), {}).setdefault(key, []).extend(eps)
     return epochs
 
 
+def _launched(p: dict[str, Any]) -> bool:
+    """A rank of a launcher (torchrun, Ray Train: RANK and WORLD_SIZE in its environment);
+    parts written before the hooks said so: a world of more than one."""
+    return bool(p.get("launched", int(p.get("world_size", 1) or 1) > 1))
+
+
+def process_roles(parts: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(host, pid) of each trainer process -> (rank, helper number; 0 for the rank itself).
+
+    Ranks are processes of a launcher, not any process that iterates a loader: per rank
+    (the launched processes' RANK; without a launcher, the one job, rank 0) the process
+    that started first is the rank, every other one is a helper (a process the job spawned
+    that iterates its own loader, with or without the parent's RANK in its environment),
+    numbered 1, 2, ... by start. The images of one process (``os.execv``) are one process."""
+    first: dict[tuple[str, int], dict[str, Any]] = {}
+    for p in parts:
+        if p.get("role") != "trainer":
+            continue
+        k = (str(p.get("host", "")), int(p.get("pid", 0)))
+        if k not in first or float(p.get("t0_wall", 0.0)) < float(first[k].get("t0_wall", 0.0)):
+            first[k] = p
+    any_launched = any(_launched(p) for p in first.values())
+    by_rank: dict[int, list[tuple[str, int]]] = {}
+    for k, p in sorted(first.items(), key=lambda kv: float(kv[1].get("t0_wall", 0.0))):
+        rank = int(p.get("rank", 0)) if _launched(p) or not any_launched else -1
+        by_rank.setdefault(rank, []).append(k)
+    roles: dict[tuple[str, int], tuple[int, int]] = {}
+    helpers = 0
+    for rank in sorted(by_rank):
+        procs = by_rank[rank]
+        if rank >= 0:
+            roles[procs[0]] = (rank, 0)
+            procs = procs[1:]
+        for k in procs:
+            helpers += 1
+            roles[k] = (max(rank, 0), helpers)
+    return roles
+
+
+def unmeasured(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(loader name, why) for each stream whose hooks switched off (``hooks.Stream``)."""
+    return [(str(s.get("name")), str(s["unmeasured"])) for p in parts
+            if p.get("role") == "trainer" for s in p.get("streams", []) if s.get("unmeasured")]
+
+
 def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
-    """Every stream of a run, with the stages its workers (or its own process) timed."""
+    """Every measured stream of a run, with the stages its workers (or its own process)
+    timed. The streams of a process's images (an ``os.execv`` into a second training) with
+    the same name are one stream, their epochs in order; a helper process's loaders are
+    named for it (``X#0 (helper process 1)``), never a rank of their own."""
     workers: dict[str, list[dict[str, Any]]] = {}
     for p in parts:
         if p.get("role") == "worker":
             workers.setdefault(str(p.get("loader")), []).append(p)
     epochs = epochs_of(parts)
-    out = []
-    for p in parts:
-        if p.get("role") != "trainer":
-            continue
-        mine = epochs.get((p.get("host"), p.get("pid")), {})
+    roles = process_roles(parts)
+    trainers = sorted((p for p in parts if p.get("role") == "trainer"),
+                      key=lambda p: (str(p.get("host", "")), int(p.get("pid", 0)),
+                                     float(p.get("t0_wall", 0.0))))
+    runs: dict[tuple[str, int, str], StreamRun] = {}
+    offsets: dict[tuple[str, int, str], float] = {}
+    for p in trainers:
+        proc = (str(p.get("host", "")), int(p.get("pid", 0)))
+        rank, helper = roles.get(proc, (int(p.get("rank", 0)), 0))
+        mine = epochs.get(image_of(p), {})
         for s in p.get("streams", []):
-            sr = StreamRun(name=s["name"], kind=s["kind"], rank=int(p.get("rank", 0)), key=s["key"],
-                           settings=s.get("settings", {}), notes=list(s.get("notes", [])),
-                           trainer_cpu_s=float(p.get("cpu_s", 0.0)), host=str(p.get("host", "")))
+            if s.get("unmeasured"):
+                continue
+            name = s["name"] if not helper else f"{s['name']} (helper process {helper})"
+            rk = (*proc, name)
+            sr = runs.get(rk)
+            if sr is None:
+                sr = runs[rk] = StreamRun(
+                    name=name, kind=s["kind"], rank=rank, key=s["key"],
+                    settings=s.get("settings", {}), notes=list(s.get("notes", [])),
+                    trainer_cpu_s=0.0, host=proc[0])
+                offsets[rk] = 0.0
             t0_wall = float(p.get("t0_wall", 0.0))
-            offset = 0.0
             mine_eps = mine.get(s["key"], [])
+            op = (p.get("open") or {}).get(s["key"])
+            if op and int(op.get("from", -1)) == len(mine_eps):
+                # the epochs its process had not finished (or not written) at its last flush:
+                # it ended without atexit (killed by Ray, os._exit); they end early
+                mine_eps = mine_eps + list(op.get("epochs", []))
             if all("cpu_s" in ep for ep in mine_eps):
                 # the process's CPU over this stream's epochs, not its start-up (imports)
-                sr.trainer_cpu_s = sum(float(ep["cpu_s"]) for ep in mine_eps)
+                sr.trainer_cpu_s += sum(float(ep["cpu_s"]) for ep in mine_eps)
+            else:
+                sr.trainer_cpu_s += float(p.get("cpu_s", 0.0))
+            offset = offsets[rk]
             for ep in mine_eps:
                 t_iter = ep["t_iter"]
                 for t in ep["t_req"]:
@@ -148,19 +221,19 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                 gpu = ep.get("gpu") or {}
                 sr.gpu_wait.extend(gpu.get("wait", []))
                 sr.gpu_step.extend(gpu.get("step", []))
+            offsets[rk] = offset
             _add_stages(sr.stages, p.get("stages", {}).get(s["key"], {}))
             ws = workers.get(s["key"], [])
             for w in ws:
                 _add_stages(sr.stages, w.get("stages", {}).get(s["key"], {}))
             if ws:
-                sr.producer_cpu_s = sum(float(w.get("cpu_s", 0.0)) for w in ws)
-                sr.producer_processes = len(ws)
+                sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(
+                    float(w.get("cpu_s", 0.0)) for w in ws)
+                sr.producer_processes += len(ws)
             # pin time lands in the loader's own bucket (its pin thread is tagged with the
             # loader's key in hooks.py), so nothing from the process's "trainer" bucket is
             # added here: it would count one loader's pinning on every loader of the process
-            if sr.batches:
-                out.append(sr)
-    return out
+    return [sr for sr in runs.values() if sr.batches]
 
 
 def headline_name(runs: list[StreamRun]) -> str | None:

@@ -62,20 +62,28 @@ def _budget() -> int:
 
 
 def _nbytes(batch, depth: int = 0) -> int:
-    """Tensor/array bytes of a batch (dicts, lists, tuples looked into)."""
+    """Tensor/array bytes of a batch (dicts, lists, tuples looked into). Only the builtin
+    containers' own methods and a C-level ``nbytes`` (torch's, numpy's) are read: no code
+    of a batch's class runs (a lookup ``__getattr__`` raising KeyError, issue 38)."""
     if depth > 4:
         return 0
-    if isinstance(batch, dict):
-        return sum(_nbytes(v, depth + 1) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(_nbytes(v, depth + 1) for v in batch)
-    n = getattr(batch, "nbytes", None)
-    if isinstance(n, int):
-        return n
     try:
-        return int(batch.element_size() * batch.nelement())
+        t = type(batch)
+        if issubclass(t, dict):
+            return sum(_nbytes(v, depth + 1) for v in dict.values(batch))
+        if issubclass(t, (list, tuple)):
+            seq = list if issubclass(t, list) else tuple      # a namedtuple too
+            return sum(_nbytes(v, depth + 1) for v in seq.__iter__(batch))
+        for klass in t.__mro__:
+            desc = klass.__dict__.get("nbytes")
+            if desc is not None:
+                if type(desc).__name__ not in ("getset_descriptor", "member_descriptor"):
+                    break
+                n = desc.__get__(batch, t)
+                return n if type(n) is int else 0
+        return len(batch) if t is bytes or t is str else 0
     except Exception:  # noqa: BLE001 - not a tensor: counted as nothing
-        return sys.getsizeof(batch) if isinstance(batch, (bytes, str)) else 0
+        return 0
 
 
 # ------------------------------------------------------------------ compute-only (trainer)

@@ -2,7 +2,12 @@
 
 The command runs as given, once per variant (the ``--set`` matrix) and repeat; variants torch
 would refuse are skipped with one line. The job's own exit code wins: a run that exits
-non-zero ends the profile with that code and no result (``JobFailed``). A job that ends with
+non-zero ends the profile with that code and no result (``JobFailed``), except under a
+``--set`` matrix, where a variant whose job failed is recorded as failed (a line, and a note
+on every variant kept) and the variants that ran are kept; the profile ends with the job's
+code only when every variant failed. Figures that were lost (a part file the hooks could not
+write: ``--out`` full or unwritable during the job) end the profile with exit 2
+(``PartsLost``), never a result that reads as whole. A job that ends with
 0 before its loader finished an epoch (``sys.exit(0)`` mid-loop) keeps what ran, and the
 result says so. A job in which no loader iteration was seen gives no result (``NoLoader``).
 
@@ -51,6 +56,32 @@ class JobFailed(Exception):
 
 class NoLoader(UserError):
     pass
+
+
+class PartsLost(UserError):
+    """A process of the job could not write its figures: what is left is not the whole."""
+
+
+def check_parts(run_dir: Path, where: str) -> None:
+    """Refuse a run whose figures were not all written: a ``lost-*`` marker (``hooks._write``:
+    a write failed and was not made good by a later one), or a run directory that cannot be
+    written now (a part written at exit would have failed the same way)."""
+    lost = sorted(run_dir.glob("lost-*")) if run_dir.is_dir() else []
+    probe = run_dir / f".probe-{os.getpid()}"
+    writable = True
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError:
+        writable = False
+    if not run_dir.is_dir():
+        raise PartsLost(f"profile: {where}: the run directory {run_dir} was removed during "
+                        "the job, with the figures its processes wrote; no result written")
+    if lost or not writable:
+        n = f"{len(lost)} process(es)" if lost else "the job's processes"
+        raise PartsLost(f"profile: {where}: {n} could not write their figures to {run_dir} "
+                        "during the job (disk full, or not writable): what was written is "
+                        "not the whole run; no result written")
 
 
 class NodePartsLeft(Exception):
@@ -339,6 +370,8 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         for s in streams:
             for n in s.notes:
                 notes[f"{s.name}"] = n
+        for name, why in merge.unmeasured(run.parts):   # said on the job's stderr, kept here
+            notes[name] = f"not measured ({why})"
     first = timeline_stream
     producers = first.producers if first else 0
     res = runs[0].resources
@@ -531,6 +564,7 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
         owner = claim_scratch(run_root)
     results: list[VariantResult] = []
     all_runs: list[JobRun] = []
+    failed: list[tuple[str, int]] = []     # (variant, exit code) of a --set matrix
     machine = metadata()
     created = now_utc()
     try:
@@ -550,8 +584,17 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                 code = exit_status(run.exit_code)
                 if nodes > 1 and node_rank != 0:
                     _node_done(node_dir, started, code)
+                if code != 0 and len(variants) > 1 and nodes == 1:
+                    # one --set value the job cannot run with: that variant failed, the
+                    # others ran (and run) as measured
+                    say(f"variant {v.name}: the job exited with code {code} (repeat "
+                        f"{r + 1}): recorded as failed, not measured")
+                    failed.append((v.name, code))
+                    runs = []
+                    break
                 if code != 0:
                     raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
+                check_parts(node_dir, f"variant {v.name}, repeat {r + 1}")
                 if nodes > 1 and node_rank == 0:
                     run.parts.extend(_gather_nodes(run_dir, nodes, started, time.time(), say))
                 runs.append(run)
@@ -562,9 +605,16 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                         opts.trace.extend(trace.events(
                             f"{v.name} repeat {r + 1} rank {rank_streams[0].rank}", pid,
                             rank_streams))
+            if not runs:
+                continue
             all_runs.extend(runs)
             if nodes > 1 and node_rank != 0:
                 continue
+            off = [n for r in runs for n, _ in merge.unmeasured(r.parts)]
+            if off and not any(merge.streams(r.parts) for r in runs):
+                raise NoLoader(f"no loader of the job was measured (variant {v.name}): "
+                               f"{', '.join(dict.fromkeys(off))} not measured (the lines "
+                               "above say why); no result written")
             if not any(merge.streams(r.parts) for r in runs):
                 raise NoLoader(why_no_figures(runs, opts.argv, v.name))
             results.append(variant_result(v, runs))
@@ -586,6 +636,12 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
             shutil.rmtree(run_root, ignore_errors=True)
         if owner is not None:
             os.close(owner)
+    if failed and not results:
+        raise JobFailed(failed[0][1], f"variant {failed[0][0]}, and every other variant failed")
+    for name, code in failed:
+        for vr in results:
+            vr.notes[f"variant {name}"] = (f"the job exited with code {code} under variant "
+                                           f"{name}: not measured")
     if nodes > 1 and node_rank != 0:
         raise NodePartsLeft(f"node rank {node_rank} of {nodes}: its parts are in {run_root} for "
                             "node rank 0 to merge; the result is written there")

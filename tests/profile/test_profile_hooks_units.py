@@ -37,13 +37,13 @@ def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
     h = _hooks()
     h.SETTINGS = {"run_dir": str(tmp_path)}
 
-    class Odd:                      # neither JSON nor a scalar: written as its text
-        def __str__(self) -> str:
-            return "odd"
+    class Odd:                      # neither JSON nor a scalar: written as its type's name
+        def __str__(self) -> str:   # (never its __str__: no user code runs in hook code)
+            raise KeyError("user code ran")
     st = h.Stream("watch", "x", {"batch_size": 4, "odd": Odd()})
     h.flush()
     part = json.loads(next(tmp_path.glob("part-*.json")).read_text())
-    assert part["streams"][0]["settings"]["odd"] == "odd"
+    assert part["streams"][0]["settings"]["odd"].endswith(".Odd>")
     h.SETTINGS = {"run_dir": str(tmp_path / "gone")}     # no such directory
     h.flush()
     h.flush()

@@ -35,6 +35,10 @@ def test_ray_data_loop_is_a_stream(tmp_path: Path) -> None:
     assert v.name == "prefetch_batches=2"
     lo = next(lo for lo in v.profile.loaders if lo.headline)
     assert lo.kind == "ray.iter_torch_batches"
+    # made once, looped twice: the hooks keep Ray's re-iterable re-iterable (issue 38)
+    assert "reiterable [4, 4]" in cp.stdout, cp.stdout
+    small = [x for x in v.profile.loaders if not x.headline]
+    assert [(x.epochs, x.batches) for x in small] == [(2, 8)], small
     assert lo.settings["prefetch_batches"] == 2
     assert lo.batches == BATCHES and lo.samples == 2048
     f = v.repeats[0]

@@ -1,6 +1,6 @@
 """A Ray Data training loop as a user writes it (imports nothing of stallbench):
 read_parquet -> map_batches (MAP_MS per batch, a sleep) -> iter_torch_batches, and a step of
-STEP_MS. Starts its own local Ray.
+STEP_MS. Starts its own local Ray. Then a small iterable made once and looped for two epochs.
 
     ray_train.py DATA_DIR MAP_MS STEP_MS
 """
@@ -34,6 +34,10 @@ def main():
         time.sleep(step_ms / 1e3)
         n += len(batch["x"])
     print(f"rows {n}")
+    # Ray's tutorials make the iterable once and loop over it every epoch (issue 38)
+    small = ray.data.from_items([{"x": float(i)} for i in range(128)])
+    loader = small.iter_torch_batches(batch_size=32)
+    print(f"reiterable {[sum(1 for _ in loader) for _ in range(2)]}")
     ray.shutdown()
 
 
