@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import NoProgress
 
-__all__ = ["NoProgress", "Watchdog", "tick", "ticks", "ticking", "publish", "state",
+__all__ = ["NoProgress", "Watchdog", "tick", "ticks", "ticking", "excused", "publish", "state",
            "SharedSlots", "map_slots"]
 
 # What a trainer rank is doing, as its launcher reads it (``publish``): the launcher ends a
@@ -118,6 +118,30 @@ def ticks() -> int:
     """This process's progress so far, as a count (clocks of two machines do not compare):
     the Ray Client pump actor reports it to the trainer (``executors.ray.driver``)."""
     return _Clock.ticks
+
+
+@contextlib.contextmanager
+def excused(period_s: float = 0.25) -> Iterator[None]:
+    """While the body runs, the clock ticks on its own: a wait that is bounded elsewhere (the
+    Ray Client pump actor's start, ``PUMP_START_S``) is not a stuck producer. A tick after
+    each short poll inside such a wait is not enough: one poll through Ray Client took more
+    than a 2 s ``progress_timeout_s`` on a loaded machine, and the run ended as "no producer
+    completed any work" while the pump was still starting."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(period_s):
+            tick()
+
+    t = threading.Thread(target=beat, daemon=True, name="stallbench-excused-wait")
+    tick()
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        tick()
 
 
 def ticking(items: Iterator[Any]) -> Iterator[Any]:

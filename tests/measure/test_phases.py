@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -150,3 +151,27 @@ def test_a_steady_rate_above_the_cpu_limit_is_refused_with_its_figures() -> None
     assert why.startswith(f"refused a steady rate of {rate:,.0f} samples/s") and "2 cores" in why
     p = refuse(f.phases, why, f.epoch_s, sum(comp), f.batches, f.samples)
     assert not p.has_steady and p.no_steady_reason == why and math.isnan(p.startup_cost_s)
+
+
+@pytest.mark.parametrize("excused", [False, True])
+def test_an_excused_wait_is_not_a_stuck_producer(excused: bool) -> None:
+    """``watchdog.excused``: a wait bounded elsewhere (the Ray Client pump actor's start) ticks
+    the progress clock on its own, however long one call inside it blocks; the same wait
+    without it ends as no progress."""
+    import time as _time
+
+    from stallbench.errors import NoProgress
+    from stallbench.measure import watchdog
+
+    def one_long_call() -> None:
+        with watchdog.excused() if excused else contextlib.nullcontext():
+            _time.sleep(2.5)             # one blocking call, 2.5 times the limit below
+
+    with watchdog.Watchdog(1.0, lambda: "no progress for 1 s") as dog:
+        if excused:
+            with dog.waiting():
+                one_long_call()
+            assert dog.fired is None
+        else:
+            with pytest.raises(NoProgress, match="no progress for 1 s"), dog.waiting():
+                one_long_call()

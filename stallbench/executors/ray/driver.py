@@ -48,7 +48,7 @@ from typing import Any, Iterator
 
 from ... import threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
-from ...measure.watchdog import tick
+from ...measure.watchdog import excused, tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
 from ...scenario import Config
 from ...stages.batch_format import SequenceCounts
@@ -634,13 +634,13 @@ class RayExecutor(Executor):
             # The pump's own start (a process on the head node importing Ray Data: seconds
             # on a loaded machine) is not a wait on producers; it is bounded on its own.
             deadline = time.monotonic() + PUMP_START_S
-            while not ray.wait([started], timeout=PUMP_POLL_S)[0]:
-                tick()
-                if time.monotonic() > deadline:
-                    raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray "
-                                    f"Client pump actor did not start within "
-                                    f"{PUMP_START_S:g} s; no result written")
-            r.pump_pid = ray.get(started)
+            with excused():
+                while not ray.wait([started], timeout=PUMP_POLL_S)[0]:
+                    if time.monotonic() > deadline:
+                        raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray "
+                                        f"Client pump actor did not start within "
+                                        f"{PUMP_START_S:g} s; no result written")
+                r.pump_pid = ray.get(started)
             ahead = pump.next.remote(prefetch)
             seen = None
             while True:
