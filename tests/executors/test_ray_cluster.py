@@ -161,9 +161,10 @@ class _Driver:
 
     def finish(self, timeout: float = 240) -> tuple[int, dict[str, Any], str]:
         try:
-            assert self.proc.stdout is not None
-            self.proc.stdout.read()
-            rc = self.proc.wait(timeout=timeout)
+            # Bounded as a whole: a read of stdout to its end had no end of its own (a Ray
+            # Client connection that came up slowly once held a test 153 s).
+            self.proc.communicate(timeout=timeout)
+            rc = self.proc.returncode
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
