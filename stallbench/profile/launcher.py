@@ -119,7 +119,6 @@ class JobRun:
     beats: list[dict[str, Any]] = field(default_factory=list)   # hooks.beat, one per process
     run_dir: Path | None = None
     pid: int = 0                    # the job's leader
-    run_dir_lost: bool = False      # the job removed the run directory (its --out) meanwhile
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
@@ -328,5 +327,4 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
         guard.release()
     return JobRun(exit_code=rc, wall_s=wall, parts=read_parts(run_dir),
                   peak_pss_mb=sampler.peak_pss_mb, resources=sampler.resources(),
-                  load=meter.load, beats=read_beats(run_dir), run_dir=run_dir, pid=proc.pid,
-                  run_dir_lost=not run_dir.is_dir())
+                  load=meter.load, beats=read_beats(run_dir), run_dir=run_dir, pid=proc.pid)

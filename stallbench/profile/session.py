@@ -75,8 +75,10 @@ def check_parts(run_dir: Path, where: str) -> None:
     except OSError:
         writable = False
     if not run_dir.is_dir():
-        raise PartsLost(f"profile: {where}: the run directory {run_dir} was removed during "
-                        "the job, with the figures its processes wrote; no result written")
+        raise PartsLost(f"profile: {where}: the job removed stallbench's run directory "
+                        f"{run_dir} while it ran (did it delete its --out?), and the figures "
+                        "in it with it: give --out a directory the job leaves alone; no "
+                        "result written")
     if lost or not writable:
         n = f"{len(lost)} process(es)" if lost else "the job's processes"
         raise PartsLost(f"profile: {where}: {n} could not write their figures to {run_dir} "
@@ -281,16 +283,12 @@ def python_flags(argv: list[str]) -> list[str]:
 def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
     """The one line for runs that brought back no batch: what happened, from the beat files
     the hooks write (``hooks.beat``), so that "no DataLoader was seen" is said only when the
-    hooks ran and saw none. In order: the job removed the run directory; the hooks never ran
+    hooks ran and saw none (a run directory the job removed is ``check_parts``'s). In order:
+    the hooks never ran
     (an interpreter without site or PYTHONPATH); batches ran but their figures were lost
     (``os._exit`` mid-epoch, a part that could not be written); loaders made but no batch
     (an empty loader, or an exit before the first batch); no loader at all."""
     where = f"(variant {variant}); no result written"
-    lost = next((r for r in runs if r.run_dir_lost), None)
-    if lost is not None:
-        return (f"profile: the job removed stallbench's run directory {lost.run_dir} while it "
-                "ran (did it delete its --out?), and the figures in it with it: give --out a "
-                f"directory the job leaves alone {where}")
     beats = [b for r in runs for b in r.beats]
     if not beats:
         flags = python_flags(argv)
@@ -326,6 +324,26 @@ def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
             f"{variant}){ended}; for another loader, wrap what the loop iterates: "
             "`for batch in stallbench.watch(my_loader):` (docs/profile.md); "
             "no result written")
+
+
+def cut_short(runs: list[JobRun]) -> str | None:
+    """What a result must say when a process of the job ran batches and ended without its exit
+    handlers (``os._exit``, or killed: a Ray Train worker that Ray ends) in the middle of an
+    epoch: its figures are those of its last write (``hooks`` writes at each epoch's end and
+    about once a second), so its last batches may be missing. Counted and said, never
+    published as a whole epoch; None when every process ended through its exit handlers or
+    ended its epochs."""
+    gone = [b for r in runs for b in r.beats if b.get("batches") and not b.get("exited")]
+    if not gone:
+        return None
+    streams = [s for r in runs for s in merge.streams(r.parts)]
+    if all(s.ended for s in streams):
+        return None
+    kept = sum(s.batches for s in streams)
+    ran = sum(int(b.get("batches") or 0) for r in runs for b in r.beats)
+    return (f"process {gone[0]['pid']} ended without running its exit handlers (os._exit, or "
+            f"killed) in the middle of an epoch: the figures hold its batches up to its last "
+            f"write ({kept} batch(es) measured; the job's processes reported at least {ran})")
 
 
 def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | None) -> str:
@@ -618,6 +636,10 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
             if not any(merge.streams(r.parts) for r in runs):
                 raise NoLoader(why_no_figures(runs, opts.argv, v.name))
             results.append(variant_result(v, runs))
+            short = cut_short(runs)
+            if short:
+                say(f"variant {v.name}: {short}")
+                results[-1].notes["cut short"] = short
             if opts.analyze and nodes > 1 and len(results) == 1:
                 say("--analyze: the ablation runs need every node's launcher to run them in "
                     "step, which is not built: no attribution for a multi-node job")
