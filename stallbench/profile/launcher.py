@@ -104,7 +104,8 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
             proc = subprocess.Popen(argv, env=env, start_new_session=True)
         except OSError as exc:
             from ..errors import UserError
-            raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+            from .redact import word     # the word may be API_KEY=X: never quoted as given
+            raise UserError(f"cannot start {word(argv[0])!r}: {exc.strerror or exc}") from None
         try:
             while True:
                 try:

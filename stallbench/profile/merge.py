@@ -107,6 +107,17 @@ def epochs_of(parts: list[dict[str, Any]]
     return epochs
 
 
+def _label(text: Any) -> str:
+    """A name the job made (its Dataset class's name, a stage's file, a note quoting either)
+    as every sink shows it: controls escaped, a leading ``::`` defused (``errors.escape_controls``,
+    the rule result names follow), lone surrogates of non-UTF-8 bytes as ``\\udcNN``. Done once,
+    here, where the names enter from the part files: the terminal's tables, the result, the
+    trace and the report all take them from here (issue 38, class 10: a class named
+    ``"X\\n::error title=pwned::..."`` printed a line a CI runner would execute)."""
+    from ..errors import escape_controls
+    return escape_controls(str(text))
+
+
 def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
     """Every stream of a run, with the stages its workers (or its own process) timed."""
     workers: dict[str, list[dict[str, Any]]] = {}
@@ -120,8 +131,11 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
             continue
         mine = epochs.get((p.get("host"), p.get("pid")), {})
         for s in p.get("streams", []):
-            sr = StreamRun(name=s["name"], kind=s["kind"], rank=int(p.get("rank", 0)), key=s["key"],
-                           settings=s.get("settings", {}), notes=list(s.get("notes", [])),
+            sr = StreamRun(name=_label(s["name"]), kind=_label(s["kind"]),
+                           rank=int(p.get("rank", 0)), key=s["key"],
+                           settings={k: _label(v) if isinstance(v, str) else v
+                                     for k, v in s.get("settings", {}).items()},
+                           notes=[_label(n) for n in s.get("notes", [])],
                            trainer_cpu_s=float(p.get("cpu_s", 0.0)), host=str(p.get("host", "")))
             t0_wall = float(p.get("t0_wall", 0.0))
             offset = 0.0
@@ -267,7 +281,8 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
     for (name, rank), ss in sorted(keyed.items(), key=lambda kv: (kv[0][1], kv[1][0].key)):
         figs = [figures(s) for s in ss]
         first = ss[0]
-        stages = [ProfileStage(name=n, where=v[3], calls=int(v[0]), wall_s=float(v[1]),
+        stages = [ProfileStage(name=_label(n), where=_label(str(v[3])), calls=int(v[0]),
+                               wall_s=float(v[1]),
                                cpu_s=float(v[2])) for n, v in first.stages.items()]
         ph_w = [f.phases.steady_wait_s / f.phases.steady_s for f in figs
                 if f.phases is not None and f.phases.has_steady and f.phases.steady_s > 0]

@@ -826,4 +826,7 @@ def render(result_paths: Sequence[str | Path], out: str | Path) -> Path:
     )
     from .. import outputs
 
+    # A profiled command's argv bytes that were not UTF-8 are kept in the result as lone
+    # surrogates (so they round-trip, issue 38 class 9); in the page they read as ``\udcNN``.
+    html = html.encode("utf-8", "backslashreplace").decode("utf-8")
     return outputs.write_file(Path(out), html, outputs.REPORT, "-o")
