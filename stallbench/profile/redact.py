@@ -11,8 +11,9 @@ What is a secret, by name and by shape (both, always):
 
 - by NAME (``secret_name``): a name whose parts (split at ``-_.:`` and camelCase) hold a
   secret word: token, secret, password/passwd/pwd, passphrase, pass, auth/authorization,
-  bearer, credential(s), cookie, signature/sig, session, ``key`` as the last part or before
-  ``id`` (``API_KEY``, ``--access-key-id``), or ``apikey``/``privatekey``-style compounds;
+  bearer, credential(s), cookie, signature/sig, ``key`` as the last part, before ``id`` or a
+  number, or after ``api``/``access``/``private``/... (``API_KEY``, ``--access-key-id``,
+  ``ACCESS_KEY_2``; not ``--key-column``), or ``apikey``/``privatekey``-style compounds;
   plus the short flag ``-p`` (a password for mysql, sshpass, ...). Its value goes, in every
   spelling: ``--name VALUE``, ``--name=VALUE``, ``--name:VALUE``, ``NAME=VALUE`` (at any
   depth: inside a shell string, a query string, a JSON object, Python source), and the value
@@ -51,6 +52,12 @@ _WORDS = {"token", "secret", "secrets", "password", "passwords", "passwd", "pwd"
 _COMPOUND = re.compile(r"(token$|secret|passw(or)?d|passphrase|apikey|privatekey|accesskey|"
                        r"secretkey|authkey|credential|bearer)", re.IGNORECASE)
 _SHORT_SECRET_FLAGS = {"-p"}
+# "key" is a secret word as the last part, before one of these, before a number, or after one
+# of _KEY_BEFORE ("--key-column" is not; "ACCESS_KEY_2", "--api-key-file-value" are)
+_KEY_NEXT = {"id", "secret", "value", "data", "string", "text", "b64", "base64", "hex", "pem"}
+_KEY_BEFORE = {"api", "access", "secret", "private", "auth", "signing", "encryption", "client",
+               "ssh", "license", "licence", "subscription", "master", "service", "account",
+               "app", "consumer", "hmac", "shared", "storage", "openai", "wandb", "hf"}
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _NAME_CHARS = r"[A-Za-z_][A-Za-z0-9_.\-]*"
 
@@ -67,7 +74,9 @@ def secret_name(name: str) -> bool:
     for i, p in enumerate(parts):
         if p in _WORDS or _COMPOUND.search(p):
             return True
-        if p == "key" and (i == len(parts) - 1 or parts[i + 1] in ("id", "secret")):
+        if p == "key" and (i == len(parts) - 1 or parts[i + 1] in _KEY_NEXT
+                                     or parts[i + 1].isdigit()
+                                     or (i > 0 and parts[i - 1] in _KEY_BEFORE)):
             return True
     return False
 
@@ -83,7 +92,7 @@ _AUTH_SCHEME = re.compile(r"\b(?P<kind>Bearer|Basic|Digest|Token|Bot|Negotiate|A
 _PAIR = re.compile(
     r"(?P<q1>['\"]?)(?P<name>(?<![\w])-{0,2}[A-Za-z_][\w.\-]*)(?P=q1)\]?"
     r"(?P<sep>\s*(?:=|:(?!//))\s*)"
-    r"(?:(?P<q2>['\"])(?P<qv>[^'\"]*)(?P=q2)|(?P<v>[^\s&;,'\")}\]]+))")
+    r"(?:(?P<q2>['\"])(?P<qv>[^'\"]*)(?P=q2)|(?P<v>[^\s&;,#'\")}\]]+))")
 
 
 def _userinfo(m: re.Match[str]) -> str:
@@ -127,9 +136,14 @@ def _auth(m: re.Match[str]) -> str:
     return f"{m.group('kind')}{m.group('sp')}{REDACTED}"
 
 
+_HEADER_BEFORE = re.compile(r"([A-Za-z_][\w.\-]*)['\"]?\s*[:=]\s*['\"]?\Z")
+
+
 def _header_before(m: re.Match[str]) -> bool:
-    before = m.string[:m.start()].rstrip()
-    return before.endswith((":", "=", '"', "'")) or before == ""
+    """Whether ``Basic X`` is the value of a secret-named header or key (``Authorization:``,
+    ``"Proxy-Authorization": "``, ``auth=``); "usage: Token count" is prose."""
+    h = _HEADER_BEFORE.search(m.string[:m.start()])
+    return bool(h) and secret_name(h.group(1))
 
 
 def shapes(s: str) -> str:
