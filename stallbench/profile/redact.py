@@ -235,6 +235,14 @@ def argv(args: list[str]) -> list[str]:
     return _words(list(args), 0)
 
 
+def shown(args: list[str]) -> str:
+    """The command as a terminal line shows it: redacted, shell-quoted, on ONE line (a
+    newline inside an argument, a job's ``"X\\n::error ..."``, would otherwise start a line
+    of its own, and a CI runner executes a line that starts with ``::``)."""
+    from ..outputs import one_line
+    return one_line(shlex.join(argv(args)))
+
+
 def word(a: str) -> str:
     """One word of a command (``cannot start 'API_KEY=X'``), redacted as an argument."""
     return argv([a])[0]

@@ -444,7 +444,7 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
             runs = []
             for r in range(opts.repeats):
                 say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
-                    f"{shlex.join(redact.argv(opts.argv))}")
+                    f"{redact.shown(opts.argv)}")
                 run_dir = run_root / f"v{i}r{r}"
                 node_dir = run_dir / f"node{node_rank}" if nodes > 1 else run_dir
                 shutil.rmtree(node_dir, ignore_errors=True)
@@ -518,8 +518,10 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
         schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,
         scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
                               fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
-                              text=shlex.join(argv), matrix=dict(opts.axes),
-                              description=f"stallbench profile -- {shlex.join(argv)}"),
+                              # one line, as every sink shows it (redact.shown); the
+                              # exact words, bytes included, are profile.argv
+                              text=redact.shown(opts.argv), matrix=dict(opts.axes),
+                              description=f"stallbench profile -- {redact.shown(opts.argv)}"),
         machine=machine,
         settings=RunSettings(repeats=opts.repeats, argv=redact.argv(sys.argv),
                              max_batches_override=opts.max_batches),

@@ -759,7 +759,11 @@ def _machine_table(runs: list[RunView]) -> list[dict[str, Any]]:
 
 
 def _settings_rows(r: Result) -> list[tuple[str, Any]]:
-    return [(k, "stallbench " + " ".join(map(str, v)) if k == "argv" and isinstance(v, list) else v)
+    """The run's settings; its command on one line (a profiled job's argument may hold a
+    newline, and a line of the page starting with '::' is a CI runner's command)."""
+    from ..outputs import one_line
+    return [(k, "stallbench " + one_line(" ".join(map(str, v)))
+             if k == "argv" and isinstance(v, list) else v)
             for k, v in _flatten(dataclasses.asdict(r.settings))]
 
 
