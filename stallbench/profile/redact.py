@@ -22,8 +22,9 @@ What is a secret, by name and by shape (both, always):
   ``ray://``, ``s3://``, ``https://TOKEN@host``; the user is kept when a password follows),
   ``user:X@host`` without a scheme (``MASTER_ADDR=ops:X@10.0.0.1``), ``Bearer X`` /
   ``Authorization: Basic X`` headers (``-H 'Authorization: Bearer X'``, a JSON headers
-  object), and query parameters of signed URLs (``X-Amz-Signature``, ``sig``, ``token``:
-  their names are secret names).
+  object), query parameters of signed URLs (``X-Amz-Signature``, ``sig``, ``token``:
+  their names are secret names), ``-u user:X`` (curl's credentials), and tokens whose issuers
+  give them a prefix (``ghp_``, ``hf_``, ``sk-``, ``AKIA``, ``xoxb-``, ``AIza``, JWTs).
 - shell strings (``bash -c "HF_TOKEN=x python t.py --api-key=X"``) are parsed as a shell
   parses them (``shlex``, operators kept) and each word redacted as an argument, recursively;
   a string that changed is re-joined with shell quoting, so it still reads as the command.
@@ -146,10 +147,21 @@ def _header_before(m: re.Match[str]) -> bool:
     return bool(h) and secret_name(h.group(1))
 
 
+# tokens whose issuers give them a recognisable prefix, wherever they stand (a positional
+# argument, a variable with a neutral name): GitHub, GitLab, Hugging Face, OpenAI/Anthropic-
+# style "sk-", AWS access key ids, Slack, Google API keys, JWTs
+_KNOWN_TOKEN = re.compile(
+    r"(?<![A-Za-z0-9])(?:(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{20,}|glpat-[\w\-]{20,}"
+    r"|hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_\-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+    r"|xox[abprs]-[A-Za-z0-9\-]{10,}|AIza[0-9A-Za-z_\-]{35}"
+    r"|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,})")
+
+
 def shapes(s: str) -> str:
     """``s`` with every secret recognised by shape or by a secret name beside it replaced."""
     if not s:
         return s
+    s = _KNOWN_TOKEN.sub(REDACTED, s)
     s = _URL_USERINFO.sub(_userinfo, s)
     s = _BARE_USERINFO.sub(lambda m: m.group(0) if m.group("pw") == REDACTED
                            else f"{m.group('user')}:{REDACTED}@", s)
@@ -160,6 +172,7 @@ def shapes(s: str) -> str:
 
 # ------------------------------------------------------------------------------ commands
 _OPERATORS = set("();<>|&")
+_USER_FLAGS = {"-u", "--user", "-U", "--proxy-user"}    # their value: user[:password]
 
 
 def shell_words(s: str) -> list[str] | None:
@@ -204,13 +217,26 @@ def _words(args: list[str], depth: int) -> list[str]:
     out: list[str] = []
     hide_next = False
     shell_next = False
+    user_next = False
     for a in args:
         if hide_next:
             out.append(REDACTED)
             hide_next = False
             continue
+        if user_next:               # curl -u user:password, --proxy-user user:password
+            user_next = False
+            if ":" in a:
+                out.append(a.split(":", 1)[0] + ":" + REDACTED)
+                continue
+        if a in _USER_FLAGS:
+            out.append(a)
+            user_next = True
+            continue
         is_shell, shell_next = shell_next, False
         fl = _flag_name(a)
+        if fl and fl[0] in _USER_FLAGS and ":" in fl[2]:
+            out.append(f"{fl[0]}{fl[1]}{fl[2].split(':', 1)[0]}:{REDACTED}")
+            continue
         if fl and secret_name(fl[0]):
             name, sep, value = fl
             if name.startswith("-") or not (is_shell or depth > 0) or not re.search(r"\s", value):

@@ -103,6 +103,29 @@ def test_values_recognised_by_shape_whatever_the_name(value: str, kept: str) -> 
     assert SECRET not in arg and kept in arg, arg
 
 
+@pytest.mark.parametrize("token", [
+    "ghp_" + "a1B2" * 9, "github_pat_11ABCDEFG0" + "x" * 40, "hf_" + "AbCdEfGh" * 5,
+    "sk-proj-" + "Zz09" * 10, "AKIA" + "ABCDEFGHIJKLMNOP", "xoxb-1234-5678-" + "a" * 20,
+    "AIza" + "B" * 35, "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.SflKxwRJSMeKKF2QT4fwpMeJf36",
+    "glpat-" + "x9" * 10])
+def test_tokens_with_an_issuers_prefix_go_wherever_they_stand(token: str) -> None:
+    for argv in (["python", "t.py", token], ["bash", "-c", f"python t.py {token}"],
+                 ["python", "t.py", f"--model-repo=https://h/{token}/x"]):
+        assert token not in " ".join(redact.argv(argv)), argv
+    assert token not in redact.env({"RAY_RUNTIME_ENV_HOOK": token})["RAY_RUNTIME_ENV_HOOK"]
+
+
+@pytest.mark.parametrize("argv, kept", [
+    (["curl", "-u", f"alice:{SECRET}", "https://h/"], "alice:REDACTED"),
+    (["curl", f"--user=alice:{SECRET}"], "--user=alice:REDACTED"),
+    (["bash", "-c", f"curl --proxy-user bob:{SECRET} https://h/"], "bob:REDACTED"),
+])
+def test_user_and_password_of_curl(argv: list[str], kept: str) -> None:
+    out = " ".join(redact.argv(argv))
+    assert SECRET not in out and kept in out, out
+
+
+
 @pytest.mark.parametrize("argv", [
     ["curl", "-H", f"Authorization: Bearer {SECRET}"],
     ["t", "--auth", SECRET], ["t", "-p", SECRET], ["t", "--passphrase", SECRET],

@@ -91,8 +91,9 @@ def _plant(tmp: Path) -> NS:
              "flag_api_key_eq", "gen_flag_space", "gen_flag_eq", "gen_flag_colon",
              "gen_arg_assign", "nested_shell", "json_headers_arg", "env_master_addr",
              "env_ray_job_headers", "env_torch_hub_auth", "env_generated", "env_ray_address",
-             "dataset_class"]
+             "issuer_token", "curl_user", "dataset_class"]
     s = {f: _secret(rng, i) for i, f in enumerate(forms)}
+    s["issuer_token"] = "hf_" + (s["issuer_token"] * 3)[:34]     # a Hugging Face token's shape
     script = tmp / "userjob.py"
     script.write_text(JOB)
     shell = (f"HF_TOKEN={s['shell_env']} {names['shell_assign']}={s['shell_generated']} "
@@ -117,6 +118,7 @@ def _plant(tmp: Path) -> NS:
         f"{names['arg_assign']}={s['gen_arg_assign']}",
         f"sh -c 'DB_PASSWORD={s['nested_shell']} true'",
         json.dumps({"Authorization": f"Bearer {s['json_headers_arg']}", "Accept": "json"}),
+        s["issuer_token"], "-u", f"alice:{s['curl_user']}",
         BAD_BYTES,
     ]
     env = {"MASTER_ADDR": f"ops:{s['env_master_addr']}@10.0.0.1",
@@ -185,7 +187,7 @@ def test_the_job_ran_and_its_sinks_were_written(job: NS) -> None:
     "flag_access_key_id", "flag_api_key_colon", "flag_api_key_eq", "gen_flag_space",
     "gen_flag_eq", "gen_flag_colon", "gen_arg_assign", "nested_shell", "json_headers_arg",
     "env_master_addr", "env_ray_job_headers", "env_torch_hub_auth", "env_generated",
-    "env_ray_address"])
+    "env_ray_address", "issuer_token", "curl_user"])
 def test_a_planted_secret_reaches_no_output(job: NS, form: str) -> None:
     secret = job.secrets[form]
     # it reached the job (so a leak could be seen): in its argv or its environment
