@@ -341,16 +341,19 @@ def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
 def not_applied(v: VariantResult) -> dict[str, str]:
     """The variant's ``--set`` values that its loaders did not run with, and why (issue 38,
     class 11: ``persistent_workers=true`` on a job at ``num_workers=0`` is dropped by the hooks,
-    since torch refuses it; advising it would break the job). Read from what each torch
-    DataLoader recorded it ran with; a key no loader records (Ray's) counts as applied."""
+    since torch refuses it; advising it would break the job). Read from what the headline
+    torch DataLoader recorded it ran with (the figures compared are its); a key no loader
+    records (Ray's) counts as applied."""
     if getattr(v, "profile", None) is None:
         return {}
     out: dict[str, str] = {}
+    # the headline loader's (the figures compared are its); every loader's without one
+    lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
     for key, value in v.knobs.items():
         if not key.startswith("dataloader."):
             continue
         arg = key.split(".", 1)[1]
-        for ld in v.profile.loaders:
+        for ld in lds:
             if ld.kind != "torch.DataLoader" or arg not in ld.settings:
                 continue
             if knobs_mod.format_value(ld.settings[arg]) != knobs_mod.format_value(value):
