@@ -293,3 +293,16 @@ def test_set_matrix_is_capped_like_a_scenarios(tmp_path: Path) -> None:
                    "at most 1,000 per profile, as per scenario (each variant runs the whole "
                    "job)\n"), err
     assert not (tmp_path / "results").exists()
+
+
+def test_a_loader_name_read_back_from_a_result_file_is_escaped(job: NS, tmp_path: Path) -> None:
+    """Class 10 for results from elsewhere: a file whose loader name holds a raw newline and
+    '::' (written by hand, or by an older stallbench) is escaped when read, as result and
+    variant names are: every reader (profile's table of a loaded result) shows it so."""
+    from stallbench import results
+
+    d = json.loads(job.files[0].read_text())
+    d["variants"][0]["profile"]["loaders"][0]["name"] = "Y\n::warning::raw"
+    f = tmp_path / "hand.json"
+    f.write_text(json.dumps(d))
+    assert results.load(f).variants[0].profile.loaders[0].name == "Y\\n::warning::raw"
