@@ -83,17 +83,22 @@ def secret_name(name: str) -> bool:
 
 
 # ------------------------------------------------------------------------------ by shape
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/?#\s'\"]*)@")
+# Every pattern is linear in its input (a start only where a name can start, bounded runs): an
+# argument may be 128 KB of base64, and a quadratic scan of it took a minute.
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.\-])(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]{0,31}://)"
+                           r"(?P<info>[^/?#\s'\"]*)@")
 _BARE_USERINFO = re.compile(            # user:secret@host, no scheme (MASTER_ADDR=ops:X@h)
-    r"(?<![\w/:@.%+\-])(?P<user>[\w.%+\-]+):(?P<pw>[^\s/@'\":]+)@(?=[\w\[])")
+    r"(?<![\w/:@.%+\-])(?P<user>[\w.%+\-]{1,256}):(?P<pw>[^\s/@'\":]+)@(?=[\w\[])")
 _AUTH_KINDS = ("bearer", "basic", "digest", "token", "bot", "negotiate", "aws4-hmac-sha256")
 _AUTH_SCHEME = re.compile(r"\b(?P<kind>Bearer|Basic|Digest|Token|Bot|Negotiate|AWS4-HMAC-SHA256)"
                           r"(?P<sp>\s+)(?P<v>[^\s'\",}\]]+)", re.IGNORECASE)
-# NAME=VALUE / NAME: VALUE / "NAME": "VALUE" / ['NAME']='VALUE' / ?NAME=VALUE&, anywhere
+# NAME=VALUE / NAME: VALUE / "NAME": "VALUE" / ['NAME']='VALUE' / ?NAME=VALUE&, anywhere: the
+# name and separator first; the value is read only after a secret name (reading every value
+# of "a:a:a:..." to its end made the scan quadratic)
 _PAIR = re.compile(
-    r"(?P<q1>['\"]?)(?P<name>(?<![\w])-{0,2}[A-Za-z_][\w.\-]*)(?P=q1)\]?"
-    r"(?P<sep>\s*(?:=|:(?!//))\s*)"
-    r"(?:(?P<q2>['\"])(?P<qv>[^'\"]*)(?P=q2)|(?P<v>[^\s&;,#'\")}\]]+))")
+    r"(?P<q1>['\"]?)(?P<name>(?<![\w])-{0,2}[A-Za-z_][\w.\-]{0,127})(?P=q1)\]?"
+    r"(?P<sep>\s{0,8}(?:=|:(?!//))\s{0,8})")
+_VALUE = re.compile(r"(?P<q2>['\"])(?P<qv>[^'\"]*)(?P=q2)|(?P<v>[^\s&;,#'\")}\]]+)")
 
 
 def _userinfo(m: re.Match[str]) -> str:
@@ -113,13 +118,13 @@ def _pairs(s: str) -> str:
         m = _PAIR.search(s, pos)
         if m is None:
             break
-        value = m.group("qv") if m.group("q2") else m.group("v")
-        if not secret_name(m.group("name")) or value in ("", REDACTED) \
-                or value.lower() in _AUTH_KINDS:     # "Authorization: Bearer X": _auth's
-            out.append(s[pos:m.end("sep")])
+        v = _VALUE.match(s, m.end()) if secret_name(m.group("name")) else None
+        value = (v.group("qv") if v.group("q2") else v.group("v")) if v else ""
+        if not value or value == REDACTED or value.lower() in _AUTH_KINDS:
+            out.append(s[pos:m.end("sep")])      # "Authorization: Bearer X": _auth's
             pos = m.end("sep")
             continue
-        start, end = m.span("qv") if m.group("q2") else m.span("v")
+        start, end = v.span("qv") if v.group("q2") else v.span("v")
         out.append(s[pos:start] + REDACTED)
         pos = end
     out.append(s[pos:])
@@ -129,21 +134,20 @@ def _pairs(s: str) -> str:
 def _auth(m: re.Match[str]) -> str:
     if m.group("v") == REDACTED:
         return m.group(0)
-    # "Token" and "Basic" are words of prose too: only as a header's value or followed by a
-    # credential-looking run (no lowercase-only English word)
+    # "Token" and "Basic" are words of prose too: only as a secret-named header's value
     kind = m.group("kind").lower()
     if kind in ("token", "basic", "digest", "bot", "negotiate") and not _header_before(m):
         return m.group(0)
     return f"{m.group('kind')}{m.group('sp')}{REDACTED}"
 
 
-_HEADER_BEFORE = re.compile(r"([A-Za-z_][\w.\-]*)['\"]?\s*[:=]\s*['\"]?\Z")
+_HEADER_BEFORE = re.compile(r"(?<![\w.\-])([A-Za-z_][\w.\-]{0,127})['\"]?\s{0,8}[:=]\s{0,8}['\"]?\Z")
 
 
 def _header_before(m: re.Match[str]) -> bool:
     """Whether ``Basic X`` is the value of a secret-named header or key (``Authorization:``,
     ``"Proxy-Authorization": "``, ``auth=``); "usage: Token count" is prose."""
-    h = _HEADER_BEFORE.search(m.string[:m.start()])
+    h = _HEADER_BEFORE.search(m.string[max(0, m.start() - 300):m.start()])
     return bool(h) and secret_name(h.group(1))
 
 
