@@ -502,7 +502,8 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or
            redact.secret_name(k)}
     argv = redact.argv(opts.argv)
-    script = next((a for a in opts.argv if a.endswith(".py") and os.path.isfile(a)), None)
+    script = next((a for a in _plain_words(opts.argv) if a.endswith(".py") and os.path.isfile(a)),
+                  None)       # a word that held no secret: it is recorded as scenario.path
     # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
     sha = hashlib.sha256(Path(script).read_bytes() if script
                          else shlex.join(argv).encode("utf-8", "surrogateescape"))

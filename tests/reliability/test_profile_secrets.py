@@ -211,6 +211,7 @@ def test_what_is_not_secret_is_still_recorded(job: NS) -> None:
     assert r.profile.environment["MASTER_ADDR"] == "ops:REDACTED@10.0.0.1"
     assert r.profile.environment[job.names["env_named"]] == "REDACTED"
     assert r.scenario.name == "userjob"
+    assert r.scenario.path == str(job.script)   # found inside the bash -c string
 
 
 def test_cannot_start_never_quotes_the_secret(tmp_path: Path) -> None:
