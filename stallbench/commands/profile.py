@@ -165,9 +165,10 @@ def run(args: argparse.Namespace) -> int:
                 from ..profile import trace as trace_mod
                 outputs.write_file(trace, trace_mod.dumps(opts.trace or []), outputs.TRACE,
                                    "--trace")
-    print(f"result: {path}")
+    # one_line: a path's bytes that are not UTF-8 (surrogates) would raise on a UTF-8 stdout
+    print(f"result: {one_line(path)}")
     if trace is not None:
-        print(f"trace: {trace}")
+        print(f"trace: {one_line(trace)}")
     if result.analysis.recommendation is not None:
         print(result.analysis.recommendation.text)
     return 0

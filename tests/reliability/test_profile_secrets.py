@@ -145,7 +145,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> NS:
     p = _plant(tmp)
     env = dict(os.environ, PYTHONUNBUFFERED="1", SEEN_FILE=str(tmp / "seen.json"), **p.env)
     env.pop("STALLBENCH_PROFILE", None)
-    out, trace = tmp / "out", tmp / "trace.json"
+    # output paths not UTF-8 either (class 9): printed escaped, never a traceback
+    out, trace = tmp / os.fsdecode(b"out-\xfe"), tmp / os.fsdecode(b"trace-\xff.json")
     cp = _run(["profile", "--no-analyze", "--out", str(out), "--trace", str(trace),
                "--set", "dataloader.persistent_workers=false,true", "--", *p.argv], env, tmp)
     files = sorted(out.iterdir()) if out.exists() else []
@@ -233,6 +234,8 @@ def test_non_utf8_argv_round_trips(job: NS) -> None:
     assert os.fsencode(r.profile.argv[-1]) == BAD_BYTES
     assert bytes.fromhex(job.seen["argv"][-1]) == BAD_BYTES     # the job got them unchanged
     assert "\\udcff\\udcfe" in (job.tmp / "report.html").read_text()
+    assert "result: " + str(job.out).replace("\udcfe", "\\udcfe") in _text(job.cp.stdout)
+    assert "trace: " + str(job.trace).replace("\udcff", "\\udcff") in _text(job.cp.stdout)
 
 
 def test_names_from_the_job_never_start_a_line(job: NS) -> None:
