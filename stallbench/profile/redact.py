@@ -251,7 +251,11 @@ def _words(args: list[str], depth: int) -> list[str]:
             out.append(a)
             hide_next = True
             continue
-        if re.search(r"\s", a) and (is_shell or depth > 0 or _flag_name(a) is None):
+        if re.search(r"\s", a) and fl and not (is_shell or depth > 0):
+            # one argument NAME=VALUE whose value holds blanks (env EXTRA="--token X" ...):
+            # the value is what a shell will be given
+            out.append(f"{fl[0]}{fl[1]}{_shell(fl[2], depth)}")
+        elif re.search(r"\s", a):
             out.append(_shell(a, depth))
         else:
             out.append(shapes(a))

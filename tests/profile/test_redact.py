@@ -132,6 +132,8 @@ def test_user_and_password_of_curl(argv: list[str], kept: str) -> None:
     ["t", "--bearer", SECRET], ["t", "--access-key-id", SECRET], ["t", f"--api_key:{SECRET}"],
     ["t", f"--api-key={SECRET}"], ["t", "--token", f"two words {SECRET}"],
     ["t", f"MY_PASSWORD=a b {SECRET}"],                 # one argument, not a shell string
+    ["env", f"EXTRA_ARGS=--lr 1 --hub-token {SECRET}", "python", "t.py"],
+    ["t", f"--extra=--foo -p {SECRET}"],
     ["bash", "-c", f"HF_TOKEN={SECRET} python train.py"],
     ["bash", "-c", f"python t.py --api-key={SECRET}"],
     ["bash", "-c", f"curl -H 'Authorization: Bearer {SECRET}' https://h/"],
