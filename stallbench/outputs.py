@@ -100,13 +100,13 @@ def _existing_ancestor(p: Path, flag: str, shown: Path) -> Path:
 def _check_names(directory: Path, names: Iterable[str], flag: str, shown: Path) -> None:
     limit = _name_max(directory)
     for name in names:
-        if len(name.encode()) + TEMP_EXTRA > limit:
+        if len(os.fsencode(name)) + TEMP_EXTRA > limit:
             raise _fail(flag, shown, f"the file name {name[:40]!r}... is too long: "
-                                     f"{len(name.encode())} bytes, at most {limit - TEMP_EXTRA} "
+                                     f"{len(os.fsencode(name))} bytes, at most {limit - TEMP_EXTRA} "
                                      "here (with the temp name written first)")
     for part in Path(os.path.abspath(shown)).parts:
-        if len(part.encode()) > limit:
-            raise _fail(flag, shown, f"a path component is {len(part.encode())} bytes long, "
+        if len(os.fsencode(part)) > limit:
+            raise _fail(flag, shown, f"a path component is {len(os.fsencode(part))} bytes long, "
                                      f"at most {limit} here")
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .. import interrupts, outputs, results
+from ..outputs import one_line
 from ..report import tables
 from ..errors import UserError
 from . import numbers
@@ -59,13 +60,15 @@ def loader_table(result: results.Result) -> str:
             continue
         for lo in v.profile.loaders:
             top = max(lo.stages, key=lambda s: s.wall_s, default=None)
-            rows.append([v.name, lo.name + (" *" if lo.headline else ""), str(lo.rank),
+            # names the job made: escaped again here, for a result read back from a file
+            rows.append([one_line(v.name), one_line(lo.name) + (" *" if lo.headline else ""),
+                         str(lo.rank),
                          str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
                          tables.format_number(lo.samples_s), tables.format_number(lo.steady_samples_s),
                          tables.format_number(lo.wait_s, ".2f"), tables.format_percent(lo.wait_share),
                          tables.format_percent(lo.steady_wait_share), tables.format_number(lo.step_s, ".2f"),
                          tables.format_number(lo.time_to_first_batch_s, ".2f"),
-                         f"{top.name} {top.wall_s:.2f} s" if top else "-"])
+                         f"{one_line(top.name)} {top.wall_s:.2f} s" if top else "-"])
     head = ["variant", "loader", "rank", "workers", "batches", "samples/s", "steady samples/s",
             "wait s", "wait %", "steady wait %", "step s", "1st batch s", "top stage (wall)"]
     return tables.table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
@@ -166,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
     # printed only once everything is published: a closed or full stdout costs no file
     print()
     print_result(result)
-    print(f"result: {path}")
+    print(f"result: {one_line(path)}")   # surrogates of non-UTF-8 bytes: never raise
     if trace is not None:
-        print(f"trace: {trace}")
+        print(f"trace: {one_line(trace)}")
     if result.analysis.recommendation is not None:
         print(result.analysis.recommendation.text)
     return 0

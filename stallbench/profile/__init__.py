@@ -10,7 +10,7 @@ Modules by concern:
 - ``launcher.py``: runs the command once per variant and repeat, streams its output, samples
   its process tree, keeps its exit code, stops it on a signal;
 - ``merge.py``: part files -> a typed ``Result`` (executor kind ``"profile"``);
-- ``redact.py``: secret-looking arguments and variables out of what is recorded.
+- ``redact.py``: secrets (by name and by shape) out of everything recorded or printed.
 
 This face imports nothing, so ``stallbench.watch`` stays cheap in a training script.
 """

@@ -6,11 +6,12 @@ scenario variants are named (``num_workers=2,pin_memory=true``)."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
-from ..scenario import format_value
+from ..scenario import MAX_VARIANTS, format_value
 
 KEYS: dict[str, tuple[type, int, int]] = {     # key -> (type, min, max) for numbers
     "dataloader.num_workers": (int, 0, 1024),
@@ -56,6 +57,11 @@ def parse(items: list[str]) -> dict[str, list[Any]]:
         if len(set(map(repr, values))) != len(values):
             raise UserError(f"--set {key}: a value repeats in {vals!r}")
         out[key] = values
+    count = math.prod(len(v) for v in out.values())     # before expanding: 10**8 would hang
+    if count > MAX_VARIANTS:
+        sizes = " x ".join(f"{len(v)} ({k})" for k, v in out.items())
+        raise UserError(f"--set: {sizes} = {count:,} variants; at most {MAX_VARIANTS:,} per "
+                        "profile, as per scenario (each variant runs the whole job)")
     return out
 
 

@@ -295,7 +295,8 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
             proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                     preexec_fn=_die_with_us(os.getpid()))
         except OSError as exc:
-            raise UserError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+            from .redact import word     # the word may be API_KEY=X: never quoted as given
+            raise UserError(f"cannot start {word(argv[0])!r}: {exc.strerror or exc}") from None
         guard = _Guard(proc.pid)
         progress = _Progress(run_dir, timeout) if timeout else None
         try:

@@ -112,6 +112,17 @@ def epochs_of(parts: list[dict[str, Any]]
     return epochs
 
 
+def _label(text: Any) -> str:
+    """A name the job made (its Dataset class's name, a stage's file, a note quoting either)
+    as every sink shows it: controls escaped, a leading ``::`` defused (``errors.escape_controls``,
+    the rule result names follow), lone surrogates of non-UTF-8 bytes as ``\\udcNN``. Done once,
+    here, where the names enter from the part files: the terminal's tables, the result, the
+    trace and the report all take them from here (issue 38, class 10: a class named
+    ``"X\\n::error title=pwned::..."`` printed a line a CI runner would execute)."""
+    from ..errors import escape_controls
+    return escape_controls(str(text))
+
+
 def _launched(p: dict[str, Any]) -> bool:
     """A rank of a launcher (torchrun, Ray Train: RANK and WORLD_SIZE in its environment);
     parts written before the hooks said so: a world of more than one."""
@@ -180,13 +191,16 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
         for s in p.get("streams", []):
             if s.get("unmeasured"):
                 continue
-            name = s["name"] if not helper else f"{s['name']} (helper process {helper})"
+            name = _label(s["name"])
+            name = name if not helper else f"{name} (helper process {helper})"
             rk = (*proc, name)
             sr = runs.get(rk)
             if sr is None:
                 sr = runs[rk] = StreamRun(
-                    name=name, kind=s["kind"], rank=rank, key=s["key"],
-                    settings=s.get("settings", {}), notes=list(s.get("notes", [])),
+                    name=name, kind=_label(s["kind"]), rank=rank, key=s["key"],
+                    settings={k: _label(v) if isinstance(v, str) else v
+                              for k, v in s.get("settings", {}).items()},
+                    notes=[_label(n) for n in s.get("notes", [])],
                     trainer_cpu_s=0.0, host=proc[0])
                 offsets[rk] = 0.0
             t0_wall = float(p.get("t0_wall", 0.0))
@@ -340,7 +354,8 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
     for (name, rank), ss in sorted(keyed.items(), key=lambda kv: (kv[0][1], kv[1][0].key)):
         figs = [figures(s) for s in ss]
         first = ss[0]
-        stages = [ProfileStage(name=n, where=v[3], calls=int(v[0]), wall_s=float(v[1]),
+        stages = [ProfileStage(name=_label(n), where=_label(str(v[3])), calls=int(v[0]),
+                               wall_s=float(v[1]),
                                cpu_s=float(v[2])) for n, v in first.stages.items()]
         ph_w = [f.phases.steady_wait_s / f.phases.steady_s for f in figs
                 if f.phases is not None and f.phases.has_steady and f.phases.steady_s > 0]

@@ -105,13 +105,33 @@ class Options:
 
 def default_name(argv: list[str]) -> str:
     """The script's stem (``python train.py`` -> ``train``; ``python -m pkg.train`` ->
-    ``train``; ``torchrun ... train.py`` -> ``train``), else the program's name."""
-    for i, a in enumerate(argv):
-        if a.endswith(".py"):
+    ``train``; ``torchrun ... train.py`` -> ``train``; ``bash -c "X=1 python train.py"`` ->
+    ``train``), else the program's name, else ``profile``. Only from a word that redaction
+    leaves as it is, so the file name never carries a secret (issue 38: the name came from
+    ``HF_TOKEN=hf_x python train.py`` whole)."""
+    words = _plain_words(argv)
+    for i, a in enumerate(words):
+        if a.endswith(".py") and Path(a).stem:
             return Path(a).stem
-        if a == "-m" and i + 1 < len(argv):
-            return argv[i + 1].rsplit(".", 1)[-1]
-    return Path(argv[0]).name
+        if a == "-m" and i + 1 < len(words):
+            return words[i + 1].rsplit(".", 1)[-1]
+    name = Path(argv[0]).name if argv else ""
+    return name if name and not redact.needed(argv[0]) and argv[0] in words else "profile"
+
+
+def _plain_words(argv: list[str], depth: int = 0) -> list[str]:
+    """The command's words that hold no secret, shell strings split as a shell splits them
+    (a word after a secret-valued flag is its value, and left out too)."""
+    red = redact.argv(argv)
+    out: list[str] = []
+    for a, r in zip(argv, red):
+        if any(c.isspace() for c in a) and depth < redact.MAX_DEPTH:
+            words = redact.shell_words(a)
+            if words:
+                out.extend(_plain_words(words, depth + 1))
+        elif a == r and r != redact.REDACTED:
+            out.append(a)
+    return out
 
 
 def torchrun_nodes(argv: list[str]) -> tuple[int, int]:
@@ -508,6 +528,38 @@ def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
     return unreached if changed and len(unreached) == len(changed) else []
 
 
+def not_applied(v: VariantResult) -> dict[str, str]:
+    """The variant's ``--set`` values that its loaders did not run with, and why (issue 38,
+    class 11: ``persistent_workers=true`` on a job at ``num_workers=0`` is dropped by the hooks,
+    since torch refuses it; advising it would break the job). Read from what the headline
+    torch DataLoader recorded it ran with (the figures compared are its); a key no loader
+    records (Ray's) counts as applied."""
+    if getattr(v, "profile", None) is None:
+        return {}
+    out: dict[str, str] = {}
+    # the headline loader's (the figures compared are its); every loader's without one
+    lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
+    for key, value in v.knobs.items():
+        if not key.startswith("dataloader."):
+            continue
+        arg = key.split(".", 1)[1]
+        for ld in lds:
+            if ld.kind != "torch.DataLoader" or arg not in ld.settings:
+                continue
+            if knobs_mod.format_value(ld.settings[arg]) != knobs_mod.format_value(value):
+                why = next((n for n in ld.notes if n.startswith(f"{arg} not applied")),
+                           f"{ld.name} ran with {arg}={knobs_mod.format_value(ld.settings[arg])}")
+                out[f"{arg}={knobs_mod.format_value(value)}"] = why
+                break
+    return out
+
+
+def advisable(variants: list[VariantResult]) -> list[VariantResult]:
+    """The variants advice may name: the first (the comparison's base) and every other whose
+    ``--set`` values all ran."""
+    return [v for i, v in enumerate(variants) if i == 0 or not not_applied(v)]
+
+
 def recommend(variants: list[VariantResult]) -> Recommendation | None:
     """Measured: the best variant in steady state against the first one; none when a side
     of the comparison had no steady window (too short a run to compare steady rates)."""
@@ -531,18 +583,21 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
                 f"start-up included: {whole} (measured)")
         return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
                               action="keep", predicted_from="measured", text=text)
-    best = max(variants, key=steady_rate)
+    best = max(advisable(variants), key=steady_rate)
     b, x = steady_rate(base), steady_rate(best)
+    dropped = {k: why for v in variants[1:] for k, why in not_applied(v).items()}
+    unrun = ("; not advised, never applied: " + "; ".join(f"{k} ({why})" for k, why in
+                                                          dropped.items())) if dropped else ""
     if best is base or not (b > 0 and x > 0):
         text = (f"recommendation: keep {base.name}: no variant was faster in steady state "
-                f"({b:,.0f} samples/s; measured)")
+                f"({b:,.0f} samples/s; measured){unrun}")
         return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
                               action="keep", predicted_from="measured", text=text)
     changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
     where = "Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else "DataLoader"
     text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x {base.name} "
-            f"({b:,.0f}; measured, steady state); set {changes} on your {where}")
+            f"({b:,.0f}; measured, steady state); set {changes} on your {where}{unrun}")
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
     return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
                           measured_speedup=x / b, measured_variant=best.name,
@@ -593,7 +648,7 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
             runs = []
             for r in range(opts.repeats):
                 say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
-                    f"{shlex.join(redact.argv(opts.argv))}")
+                    f"{redact.shown(opts.argv)}")
                 run_dir = run_root / f"v{i}r{r}"
                 node_dir = run_dir / f"node{node_rank}" if nodes > 1 else run_dir
                 shutil.rmtree(node_dir, ignore_errors=True)
@@ -672,11 +727,14 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or
            redact.secret_name(k)}
     argv = redact.argv(opts.argv)
-    script = next((a for a in opts.argv if a.endswith(".py") and os.path.isfile(a)), None)
-    sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(argv).encode())
+    script = next((a for a in _plain_words(opts.argv) if a.endswith(".py") and os.path.isfile(a)),
+                  None)       # a word that held no secret: it is recorded as scenario.path
+    # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
+    sha = hashlib.sha256(Path(script).read_bytes() if script
+                         else shlex.join(argv).encode("utf-8", "surrogateescape"))
     rec = recommend(results)
     unreached = knobs_reached_nothing(results)     # once: the best variant and the what-if
-    best = (max(results, key=_steady_or_zero)
+    best = (max(advisable(results), key=_steady_or_zero)
             if len(results) > 1 and not unreached else None)
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
@@ -689,8 +747,10 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
         schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,
         scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
                               fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
-                              text=shlex.join(argv), matrix=dict(opts.axes),
-                              description=f"stallbench profile -- {shlex.join(argv)}"),
+                              # one line, as every sink shows it (redact.shown); the
+                              # exact words, bytes included, are profile.argv
+                              text=redact.shown(opts.argv), matrix=dict(opts.axes),
+                              description=f"stallbench profile -- {redact.shown(opts.argv)}"),
         machine=machine,
         settings=RunSettings(repeats=opts.repeats, argv=redact.argv(sys.argv),
                              max_batches_override=opts.max_batches),

@@ -759,7 +759,11 @@ def _machine_table(runs: list[RunView]) -> list[dict[str, Any]]:
 
 
 def _settings_rows(r: Result) -> list[tuple[str, Any]]:
-    return [(k, "stallbench " + " ".join(map(str, v)) if k == "argv" and isinstance(v, list) else v)
+    """The run's settings; its command on one line (a profiled job's argument may hold a
+    newline, and a line of the page starting with '::' is a CI runner's command)."""
+    from ..outputs import one_line
+    return [(k, "stallbench " + one_line(" ".join(map(str, v)))
+             if k == "argv" and isinstance(v, list) else v)
             for k, v in _flatten(dataclasses.asdict(r.settings))]
 
 
@@ -826,4 +830,7 @@ def render(result_paths: Sequence[str | Path], out: str | Path) -> Path:
     )
     from .. import outputs
 
+    # A profiled command's argv bytes that were not UTF-8 are kept in the result as lone
+    # surrogates (so they round-trip, issue 38 class 9); in the page they read as ``\udcNN``.
+    html = html.encode("utf-8", "backslashreplace").decode("utf-8")
     return outputs.write_file(Path(out), html, outputs.REPORT, "-o")

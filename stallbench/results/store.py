@@ -48,6 +48,8 @@ def from_dict(d: Any, source: str = "<result>") -> Result:
             raise ResultError(f"{source}: variants[{i}].name: {v.name!r} appears twice; "
                               f"variant names are unique")
         seen.add(v.name)
+        for lo in (v.profile.loaders if v.profile is not None else []):
+            lo.name = escape_controls(lo.name)      # a profiled job's Dataset class's name
     return result
 
 

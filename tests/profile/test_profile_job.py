@@ -225,7 +225,11 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
     refreshes the file)."""
     cases = [["--set", "dataloader.workers=2"], ["--set", "dataloader.num_workers=two"],
              ["--set", "dataloader.num_workers=0,0"], ["--set", "dataloader.num_workers"],
-             ["--set", "ray.prefetch_batches=-1"], ["--repeats", "0"],
+             ["--set", "ray.prefetch_batches=-1"],
+             # capped as a scenario's matrix is (issue 38, class 11)
+             ["--set", "dataloader.num_workers=" + ",".join(map(str, range(41))),
+              "--set", "dataloader.prefetch_factor=" + ",".join(map(str, range(1, 31)))],
+             ["--repeats", "0"],
              ["--analyze", "--no-analyze"], [],
              # the name rule of scenario names (scenario.name_problem): refused at entry
              ["--name", "a\nb"], ["--name", "::error::x"], ["--name", "x\x1b[2J"],
