@@ -137,7 +137,10 @@ def test_the_job_never_outlives_stallbench(tmp_path: Path, how: str) -> None:
     p = subprocess.Popen([PY, "-m", "stallbench", "profile", "--no-analyze", "--out", str(out),
                           "--", "sh", "-c", f"{PY} {ENDS} after2; true"], cwd=tmp_path,
                          env=helpers.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)    # its own group, as a CI step's
+                         text=True, start_new_session=True,    # its own group, as a CI step's
+                         # as a terminal's shell starts it: SIGHUP not ignored (a test run
+                         # under nohup passes SIG_IGN down, which stallbench keeps, rightly)
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     job: list[int] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not job:
