@@ -6,15 +6,15 @@ read: no results, no report), with ``stallbench`` on PATH. Every line must exit 
 later lines read what earlier ones wrote (the report reads ``results/``, the gate compares two
 runs). Comments after ``#`` are the README's explanations, not part of the command.
 
-Both demo runs must also tell the story the README's "What the demo shows" tells (the bound of
-each variant and the fix the first one's verdict names): the README prints no figure, so the
-story is what a test holds it to.
-
-It runs the demo scenario twice (the gate needs a baseline and a current run), so it is marked
-``e2e`` and costs about two demo runs. They run one after the other, as a user runs them: tried
-overlapped (the second starting once the first had opened its dataset: 74-93 s instead of
-123-186 s), the story failed in 2 of 4 runs on a loaded shared machine (an inconclusive 0-worker
-verdict, a 2-worker variant called transfer-bound) where the sequential runs held 3 of 3.
+The story the README's "What the demo shows" tells (the bound of each variant and the fix
+the first one's verdict names) is read off timings, so it is a test of its own, marked ``e2e``
+and run in the timing pass, alone: one demo run, as ``make demo`` makes it. Run beside other
+tests it failed (a 2-worker variant called preprocess-bound while other processes took 1.87 of
+the 2 cores). The block itself reads no verdict and runs in the parallel pass: its two demo
+runs (about two minutes of waits on EMULATED storage and steps, ~10% of a core) overlap other
+tests. Its gate line exits 0 there too: the demo's epoch is waits, so load moves it by a few
+percent, not the gate's 10%, and a run under heavy foreign load is called busy, not slower.
+Before (issue 37), block and story were one test of ~120 s in the timing pass.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SCHEDULE_FIRST = True     # two demo runs of waits: handed out early in the parallel pass
 
 
 def using_it_commands(readme: str) -> list[str]:
@@ -51,7 +52,6 @@ def test_the_block_is_found_and_uses_the_public_commands() -> None:
     assert {"run", "report", "whatif", "gate"} <= verbs, cmds
 
 
-@pytest.mark.e2e
 def test_every_using_it_command_exits_0_on_a_fresh_checkout(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
     env = dict(os.environ)
@@ -63,10 +63,24 @@ def test_every_using_it_command_exits_0_on_a_fresh_checkout(tmp_path: Path) -> N
         assert r.returncode == 0, (cmd, r.returncode, r.stdout[-2000:], r.stderr[-2000:])
         assert "Traceback" not in r.stderr, (cmd, r.stderr[-2000:])
     assert (tmp_path / "report" / "index.html").stat().st_size > 10_000
-    # The story "What the demo shows" tells, read off the two runs the block made: no worker is
-    # fetch-bound and its verdict's fix is loader workers; two workers are compute-bound.
     made = [*(tmp_path / "baseline").glob("demo-*.json"), *(tmp_path / "results").glob("demo-*.json")]
-    assert len(made) == 2, made                  # the story below is read off both runs
+    assert len(made) == 2, made                  # one run each, which the gate compared
+
+
+@pytest.mark.e2e
+def test_the_demo_tells_the_story_the_readme_tells(tmp_path: Path) -> None:
+    """One demo run, as ``make demo`` makes it: no worker is fetch-bound and its verdict's fix
+    is loader workers; two workers are compute-bound, and the run recommends them."""
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    env = dict(os.environ)
+    env.setdefault("STALLBENCH_CACHE", str(tmp_path / ".cache"))
+    r = subprocess.run([sys.executable, "-m", "stallbench", "run", "scenarios/demo.toml",
+                        "--out", "results", "--no-progress"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "recommendation (demo): use num_workers=2" in r.stdout, r.stdout[-2000:]
+    made = list((tmp_path / "results").glob("demo-*.json"))
+    assert len(made) == 1, made
     for result in made:
         variants = {v["name"]: v for v in json.loads(result.read_text())["variants"]}
         none, two = variants["num_workers=0"], variants["num_workers=2"]
