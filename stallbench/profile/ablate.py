@@ -506,6 +506,12 @@ def knee_lines(result) -> list[str]:
         rate, what = _measured_rate(c)
         out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} {what};"
                    f" {kn.explanation}")
+    elif point is not None and getattr(point, "not_predicted", ""):
+        # issue 39: a back-test that missed by more than its threshold gives no figure
+        out.append(f"  knee: {n} worker(s), not predicted ({point.not_predicted})")
+        out.append(f"  recommendation: none predicted; measure num_workers={n} with "
+                   f"--set dataloader.num_workers={','.join(str(c.n) for c in wi.measured)},{n}")
+        return out
     elif point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
@@ -538,7 +544,9 @@ def knee_lines(result) -> list[str]:
             out.append(f"  recommendation: keep {best.variant} (MEASURED {rate:,.0f} {what}): "
                        f"the knee's num_workers={n} is PREDICTED {gain:.2f}x of it")
             return out
+        band = (f" [{point.low_samples_s / rate:.2f}x, {point.high_samples_s / rate:.2f}x]"
+                if point.low_samples_s is not None else "")
         out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
-                   f"{gain:.2f}x the best measured ({best.variant}); measure it with "
+                   f"{gain:.2f}x{band} the best measured ({best.variant}); measure it with "
                    f"--set dataloader.num_workers={best.n},{n}")
     return out

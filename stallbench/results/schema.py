@@ -88,6 +88,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   (``ProfileAnalysis``: the ablation runs by replay, each a ``ProfileAblation``, done or why
   not; the data stall full - compute-only with its interval); the first variant's
   ``attribution`` is filled as for scenarios.
+  Additive in version 3 (issue 39, predictions that cover or none):
+  ``analysis.whatif.points[].not_predicted`` and ``analysis.whatif.knee.not_predicted`` (why
+  the model's figure is not given: its back-test missed by more than the threshold or reaches
+  no count that far; "" when given, with its own interval in ``low/high_samples_s``).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -927,6 +931,9 @@ class WhatIfPoint:
     # prediction interval of the steady rate from the back-test (None: no back-test)
     low_samples_s: float | None = None
     high_samples_s: float | None = None
+    # issue 39: why the model's figure is not given (its back-test missed by more than
+    # ``backtest.MAX_ERROR``, or reaches no count this far); "" when predicted
+    not_predicted: str = ""
 
 
 @dataclass
@@ -1007,6 +1014,9 @@ class Knee:
     bound_by: str | None
     explanation: str
     saturates_at: int | None = None
+    # issue 39: the knee's count was not measured and its prediction is not given (the
+    # point's ``not_predicted``): no advice is made from it
+    not_predicted: str = ""
 
 
 @dataclass

@@ -11,13 +11,36 @@ from stallbench.analysis import backtest, whatif
 from scaling_data import machine, point, result
 
 
-def test_half_width_is_the_conformal_rank_and_says_its_level() -> None:
-    errs = [0.01 * i for i in range(1, 10)]                 # n = 9: k = ceil(10 * 0.9) = 9
-    assert backtest.half_width(errs, 0.9) == (pytest.approx(0.09), 0.9)
-    assert backtest.half_width(errs, 0.5) == (pytest.approx(0.05), 0.5)   # k = 5
-    w, level = backtest.half_width([0.3, 0.1, 0.2], 0.9)    # k = 4 > 3: the largest, 75%
-    assert w == pytest.approx(0.3) and level == pytest.approx(0.75)
+def test_half_width_is_the_wider_of_the_conformal_rank_and_the_t_bound() -> None:
+    from scipy.special import stdtrit
+
+    # a heavy tail: the rank (k = ceil(10 * 0.9) = 9: the largest) is wider than t x rms
+    tail = [0.0] * 8 + [0.5]
+    assert backtest.half_width(tail, 0.9) == (pytest.approx(0.5), 0.9)
+    # three points: the rank alone is the largest (75%); the t bound t(3) x rms is wider
+    w, level = backtest.half_width([0.3, 0.1, 0.2], 0.9)
+    rms = math.sqrt((0.09 + 0.01 + 0.04) / 3)
+    assert w == pytest.approx(float(stdtrit(3, 0.95)) * rms) and w > 0.3 and level == 0.9
     assert backtest.half_width([], 0.9) is None
+
+
+def test_the_interval_covers_a_new_point_at_its_level_with_few_points() -> None:
+    """Ground truth by construction: log errors drawn N(0, s); an interval built from the
+    n = 2..5 others must hold a new draw >= 88% of the time (nominal 90%); the conformal rank
+    alone (what the back-test used before issue 39) holds it only n/(n+1) of the time."""
+    import random
+
+    rng = random.Random(39)
+    for n in (2, 3, 5):
+        inside = rank_inside = 0
+        trials = 3000
+        for _ in range(trials):
+            errs = [rng.gauss(0.0, 0.07) for _ in range(n)]
+            new = abs(rng.gauss(0.0, 0.07))
+            inside += new <= backtest.half_width([abs(e) for e in errs], 0.9)[0]
+            rank_inside += new <= max(abs(e) for e in errs)
+        assert inside / trials >= 0.88, (n, inside / trials)
+        assert rank_inside / trials < 0.86, (n, rank_inside / trials)
 
 
 def test_coverage_rebuilds_each_interval_without_its_point() -> None:
@@ -103,7 +126,8 @@ def test_evidence_takes_the_rows_that_extrapolated_as_far_the_same_way() -> None
                                       _row("one-point", 0.08, 3, "above")])
     up1 = backtest.evidence(bt, "one-point", 1, "above")
     assert [p.extrapolation for p in up1.rows] == [1, 3] and up1.worst == pytest.approx(0.08)
-    assert up1.log_half_width == pytest.approx(math.log(1.08))
+    assert up1.log_half_width == pytest.approx(
+        backtest.half_width([math.log(1.04), math.log(1.08)])[0])
     assert "1 producer above its fit or further: 2 point(s)" in up1.scope
     up2 = backtest.evidence(bt, "one-point", 2, "above")
     assert [p.extrapolation for p in up2.rows] == [3]
