@@ -28,7 +28,9 @@ rebuilt from the other n - 1 residuals and the point counts as covered when its 
 falls inside (``benchmarks/whatif_accuracy.py`` prints it).
 
 A prediction whose back-test missed by more than ``MAX_ERROR`` is not printed as a figure
-(``vouch``: "not predicted (reason)"); every figure that is printed carries its interval.
+(``vouch``: "not predicted (reason)"); every figure that is printed carries its interval, never
+narrower than the widest spread of one point's repeats (``repeat_log_half_width``: a model
+that fits its points exactly is no more precise than their measurement repeats).
 Oversubscribed points (more producer slots than the cores they share, issue 16) are
 back-tested and kept, marked, but count in neither the errors nor the interval.
 
@@ -137,6 +139,8 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
     hw_steady = half_width([abs(e) for e in steady_r], level)
     hw_run = half_width([abs(e) for e in run_r], level)
     checked = [ok for ok in inside if ok is not None]
+    spreads = [s for s in (_repeat_spread(v) for v in pts
+                           if not whatif_models.oversubscribed(v, machine.cores)) if s is not None]
     return BackTest(
         method=METHOD, points=rows,
         max_abs_error=max(errs) if errs else None,
@@ -147,7 +151,21 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
         interval_log_half_width=hw_steady[0] if hw_steady else None,
         interval_run_log_half_width=hw_run[0] if hw_run else None,
         coverage=sum(checked) / len(checked) if checked else None,
-        covered=sum(checked), checked=len(checked), alternatives=alternatives)
+        covered=sum(checked), checked=len(checked), alternatives=alternatives,
+        repeat_log_half_width=max(spreads) if spreads else None)
+
+
+def _repeat_spread(v: VariantResult) -> float | None:
+    """Half the log range of a point's repeats' steady rates (whole-run where no steady one):
+    how precisely a measurement of it repeats; None with fewer than two repeats."""
+    xs = [f.steady_throughput_samples_s for f in v.repeats]
+    xs = [x for x in xs if x is not None and math.isfinite(x) and x > 0]
+    if len(xs) < 2:
+        xs = [f.throughput_samples_s for f in v.repeats
+              if f.throughput_samples_s and math.isfinite(f.throughput_samples_s)]
+    if len(xs) < 2:
+        return None
+    return 0.5 * math.log(max(xs) / min(xs))
 
 
 def extrapolation(n: int, counts: Sequence[int]) -> tuple[int, str]:
@@ -271,5 +289,7 @@ def vouch(bt: BackTest | None, model: str, n: int, fit_counts: Sequence[int],
         return Vouched(None, f"the {model} what-if's leave-one-out back-test missed a measured "
                              f"count by {ev.worst:.0%}, above {MAX_ERROR:.0%}, {ev.scope}",
                        ev.worst)
-    w = ev.log_half_width
-    return Vouched(w if math.isfinite(w) else None, "", ev.worst)
+    # no interval is narrower than the measurement repeats (an exact fit on noisy points)
+    w = max(ev.log_half_width if math.isfinite(ev.log_half_width) else 0.0,
+            (bt.repeat_log_half_width or 0.0) if bt is not None else 0.0)
+    return Vouched(w, "", ev.worst)

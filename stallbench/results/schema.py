@@ -91,7 +91,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 39, predictions that cover or none):
   ``analysis.whatif.points[].not_predicted`` and ``analysis.whatif.knee.not_predicted`` (why
   the model's figure is not given: its back-test missed by more than the threshold or reaches
-  no count that far; "" when given, with its own interval in ``low/high_samples_s``).
+  no count that far; "" when given, with its own interval in ``low/high_samples_s``), and
+  ``analysis.whatif.backtest.repeat_log_half_width`` (the floor of every interval: how far
+  one point's repeats spread).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -1006,6 +1008,9 @@ class BackTest:
     # (``points`` hold the richest one's, which the figures above summarise), so a
     # prediction can be made by the model whose back-test is best where it extrapolates
     alternatives: list[BackTestPoint] = field(default_factory=list)
+    # issue 39: the widest half log range of one point's repeats (steady rates): no interval
+    # is narrower than a measurement repeats (None: fewer than two repeats anywhere)
+    repeat_log_half_width: float | None = None
 
 
 @dataclass

@@ -138,3 +138,36 @@ def test_evidence_takes_the_rows_that_extrapolated_as_far_the_same_way() -> None
     # between the fit counts every row counts; a model never back-tested has no evidence
     assert len(backtest.evidence(bt, "one-point", 0, "").rows) == 3
     assert backtest.evidence(bt, "contention", 1, "above") is None
+
+
+def test_a_model_its_back_test_misses_gives_no_figure_but_the_reason() -> None:
+    """Issue 39 ("try num_workers=1: PREDICTED 3.17x" from a back-test 100-199% off): a
+    curve whose 8-worker point runs at a third of the law's rate is missed by 200% when left
+    out; no point of the curve is then given as a figure, each says why, and so does the knee."""
+    import factories
+    from scaling_data import point
+
+    pts = [point(n) for n in (1, 2, 4)] + [point(8, wobble=(2.0, 2.0))]
+    w = whatif.validate(factories.result(pts, machine=machine(16), scenario="curve"))
+    assert max(abs(p.steady_error) for p in w.backtest.points) > backtest.MAX_ERROR
+    for p in w.points:
+        assert p.not_predicted and p.low_samples_s is None and p.high_samples_s is None, p
+        assert "back-test missed a measured count by" in p.not_predicted \
+            or "not back-tested this far" in p.not_predicted, p.not_predicted
+    assert "above 25%" in w.points[3].not_predicted
+    assert w.knee.not_predicted
+
+
+def test_an_exact_curve_is_predicted_with_its_interval_within_the_back_test_reach() -> None:
+    """The same curve on the law: every count the back-test reaches is predicted with an
+    interval holding the law's rate; beyond the farthest back-tested extrapolation (8 left
+    out of 1,2,4: 4 above), nothing is predicted."""
+    from scaling_data import rate
+
+    w = whatif.validate(result([1, 2, 4, 8], wobble=(0.0, 0.0)))
+    by_n = {p.n: p for p in w.points}
+    for n in range(0, 13):
+        p, (law, _) = by_n[n], rate(n, p1=20e-6, sigma=0.02, t=1e-6, cores=16)
+        assert not p.not_predicted, (n, p.not_predicted)
+        assert p.low_samples_s * (1 - 1e-6) <= law <= p.high_samples_s * (1 + 1e-6), n
+    assert "not back-tested this far above" in by_n[13].not_predicted
