@@ -514,12 +514,15 @@ def _whatif_rows(wi: WhatIfValidation) -> list[dict[str, Any]]:
     for p in wi.points:
         rows.append({"n": p.n, "predicted_samples_s": p.predicted_samples_s,
                      "low": p.low_samples_s, "high": p.high_samples_s, "model": p.model,
-                     "stall_share": p.stall_share, "bound_by": p.bound_by, "why": p.why,
+                     "stall_share": p.stall_share, "bound_by": p.bound_by,
+                     # issue 39: the back-test does not vouch for it: no figure, the reason
+                     "why": f"not predicted ({p.not_predicted})" if p.not_predicted else p.why,
+                     "not_predicted": p.not_predicted,
                      "measured": measured_by_n.pop(p.n, None), "backtest": loo.pop(p.n, None)})
     for n, m in measured_by_n.items():
         rows.append({"n": n, "predicted_samples_s": m.predicted_samples_s, "stall_share": None,
                      "low": None, "high": None, "model": m.model,
-                     "bound_by": m.bound_by or None, "why": "", "measured": m,
+                     "bound_by": m.bound_by or None, "why": "", "not_predicted": "", "measured": m,
                      "backtest": loo.pop(n, None)})
     return rows
 
