@@ -41,11 +41,10 @@ from ..analysis import differential, figures
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
-from . import merge
+from . import budget, merge
 from .launcher import JobRun, exit_status, run_once
 
 KEEP_BATCHES = 8
-BUDGET_MB = 512.0
 FULL = "full"
 ITEMS = Ablation(fetch=True).name
 BATCH = Ablation(fetch=True, preprocess=True).name
@@ -249,21 +248,29 @@ def _summary(xs: list[float]) -> Summary:
 def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             full_runs: list[JobRun], repeats: int, run_root: Path,
             say: Callable[[str], None], keep: int = KEEP_BATCHES,
-            budget_mb: float = BUDGET_MB) -> tuple[Attribution | None, ProfileAnalysis]:
+            budget_mb: float | None = None) -> tuple[Attribution | None, ProfileAnalysis]:
     """The ablation runs of one variant and its attribution (None where the chain is not
-    whole: the ``ProfileAnalysis`` then says which ablation is missing and why)."""
+    whole: the ``ProfileAnalysis`` then says which ablation is missing and why).
+    ``budget_mb``: bytes of outputs one process may keep; None: from the machine's free
+    memory shared by the headline loader's workers (``budget.machine_budget``, stated)."""
     streams0 = [s for r in full_runs for s in merge.streams(r.parts)]
     headline = merge.headline_name(streams0)
     counts = _counts(full_runs[0].parts)
     hs = [s for s in streams0 if s.name == headline]
     settings = hs[0].settings if hs else {}
+    if budget_mb is None:
+        rule = budget.machine_budget(max(hs[0].producers if hs else 0, 1))
+        budget_mb, budget_basis = rule.mb, rule.basis
+    else:
+        budget_basis = f"{budget_mb:g} MB per process, as given"
     first_epoch = (counts.get(headline) or [0])[0]
     keep = max(1, min(keep, first_epoch // 4))
     an = ProfileAnalysis(
         method=("DS-Analyzer's chain by replay: full -> dataset served -> dataset+collate "
                 "served -> pin served -> compute-only, each served from memory; stall parts "
                 "from differences of median (steady) epochs, bootstrap intervals over repeats"),
-        keep_batches=keep, budget_mb=budget_mb, transfer_note=TRANSFER_NOTE,
+        keep_batches=keep, budget_mb=budget_mb, budget_basis=budget_basis,
+        transfer_note=TRANSFER_NOTE,
         stage_map={"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
                    "collate_fn": "preprocess", "pin_memory": "transfer"})
     full = [f for f in (_figures(r, headline) for r in full_runs) if f is not None]
@@ -324,7 +331,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             why = f"the recording run could not keep the outputs: {stop['error']}"
         elif stop is not None:
             why = (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls filled "
-                   f"the {budget_mb:g} MB memory budget of one process before the run ended")
+                   f"the memory budget of one process before the run ended ({budget_basis})")
         elif not recorded:
             why = "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
         else:
@@ -457,6 +464,8 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
     for n in an.notes:
         out.append(f"  note: {n}")
     out.append(f"  note: {an.transfer_note}")
+    if getattr(an, "budget_basis", ""):
+        out.append(f"  note: recording budget {an.budget_basis}")
     return out
 
 

@@ -332,7 +332,8 @@ def _profile_notes(v: VariantResult) -> list[str]:
     if an is None or v.attribution is None:
         return []
     out = [f"by replay on the job: {an.method}; compute-only kept {an.keep_batches} batches "
-           f"per loader (budget {an.budget_mb:g} MB)", an.transfer_note, *an.notes]
+           f"per loader (budget {an.budget_basis or f'{an.budget_mb:g} MB'})", an.transfer_note,
+           *an.notes]
     return out
 
 

@@ -93,7 +93,8 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   the model's figure is not given: its back-test missed by more than the threshold or reaches
   no count that far; "" when given, with its own interval in ``low/high_samples_s``), and
   ``analysis.whatif.backtest.repeat_log_half_width`` (the floor of every interval: how far
-  one point's repeats spread).
+  one point's repeats spread); ``variants[].profile.analysis.budget_basis`` (how the
+  recording budget followed the machine's available memory).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -813,6 +814,9 @@ class ProfileAnalysis:
     transfer_note: str = ""         # where the host->device copy is counted
     stage_map: dict[str, str] = field(default_factory=dict)   # stage name -> attributed part
     notes: list[str] = field(default_factory=list)
+    # issue 39: how ``budget_mb`` was reached, in words (a share of the machine's available
+    # memory when the analysis started, per recording process)
+    budget_basis: str = ""
 
 
 @dataclass

@@ -168,3 +168,26 @@ def test_views_that_cover_their_storage_are_pickled_once_as_they_are() -> None:
     batch = torch.zeros(64, 1000)
     entry = (0, [], list(batch.unbind(0)), batch, "")
     assert rp._compact(entry) is entry
+
+
+def test_the_recording_budget_follows_the_available_memory_and_says_so() -> None:
+    """Issue 39: 512 MB filled with 640 images of 224 px on a machine with GBs free. A
+    quarter of the available memory, shared by the recording processes, clamped."""
+    from stallbench.profile import budget
+
+    gib = 1024 ** 3
+    b = budget.recording_budget(32 * gib, 1, "/proc/meminfo MemAvailable")
+    assert b.mb == 8192 and "25% of 32,768 MB available (/proc/meminfo MemAvailable)" in b.basis
+    four = budget.recording_budget(32 * gib, 4, "x")
+    assert four.mb == 2048 and "/ 4 processes" in four.basis
+    small = budget.recording_budget(gib // 8, 4, "x")      # 8 MB each: raised to the floor
+    assert small.mb == budget.FLOOR_MB and "floor" in small.basis
+    huge = budget.recording_budget(1024 * gib, 1, "x")
+    assert huge.mb == budget.CEIL_MB and "capped" in huge.basis
+    unknown = budget.recording_budget(None, 1, "available memory unknown (OSError)")
+    assert unknown.mb == budget.FLOOR_MB and "unknown" in unknown.basis
+    # this machine's figure is the kernel's, stated with its source
+    here = budget.machine_budget()
+    avail, source = budget.available_bytes()
+    assert avail and avail > 0 and source in here.basis
+    assert budget.FLOOR_MB <= here.mb <= budget.CEIL_MB
