@@ -191,3 +191,18 @@ def test_the_recording_budget_follows_the_available_memory_and_says_so() -> None
     avail, source = budget.available_bytes()
     assert avail and avail > 0 and source in here.basis
     assert budget.FLOOR_MB <= here.mb <= budget.CEIL_MB
+
+
+def test_a_ray_data_headline_gets_no_recording_run_unless_it_marks_stages() -> None:
+    """Issue 39: a Ray Data iterator's stages run in Ray's tasks, where torch's fetchers
+    never run: the recording run recorded nothing and cost a run of the job. It is skipped,
+    and said; a stallbench.stage marked in the loop's process still gets its recording."""
+    from types import SimpleNamespace as NS
+
+    ray = NS(name="ray.iter_torch_batches#0", kind="ray.iter_torch_batches", stages={})
+    assert ablate._ray_no_recording(ray, [ray], ray.name) == ablate.RAY_NO_RECORDING
+    marked = NS(name=ray.name, kind=ray.kind, stages={"decode": [1, 0.1, 0.1, "trainer"]})
+    assert ablate._ray_no_recording(marked, [marked], ray.name) == ""
+    torch_dl = NS(name="DataLoader#0", kind="torch.DataLoader", stages={"collate_fn": [1]})
+    assert ablate._ray_no_recording(torch_dl, [torch_dl], torch_dl.name) == ""
+    assert ablate._ray_no_recording(None, [], None) == ""
