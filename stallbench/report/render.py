@@ -569,8 +569,11 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
         bt = wi.backtest
         band = (f"{bt.interval_level:.0%} prediction interval (back-test)"
                 if bt and bt.interval_level else "prediction interval (back-test)")
+        withheld = bool(wi.points) and all(p.not_predicted for p in wi.points)
         wi_fig = _draw(plots.whatif, wi.points, wi.measured, wi.knee, wi.axis or "workers", band,
-                       alt="what-if: predicted throughput", missing=no_whatif)
+                       alt="what-if: predicted throughput",
+                       missing=("No what-if curve: the back-test vouches for no prediction "
+                                "(the table below says why)." if withheld else no_whatif))
     else:
         wi_fig = Figure(None, "what-if: predicted throughput", no_whatif)
 
