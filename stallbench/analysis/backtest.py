@@ -277,8 +277,8 @@ def vouch(bt: BackTest | None, model: str, n: int, fit_counts: Sequence[int],
     far, direction = extrapolation(n, fit_counts)
     ev = evidence(bt, model, far, direction, level)
     if ev is None:
-        return Vouched(None, f"the {model} what-if has no back-test on this curve (no measured "
-                             f"count could be predicted by a fit without it)")
+        return Vouched(None, f"the {model} what-if was never back-tested on this curve (no "
+                             f"point left out left enough measured counts to fit it)")
     if not math.isfinite(ev.worst):
         # one wording for every count beyond the back-test (a table collapses them)
         return Vouched(None, f"the {model} what-if is not back-tested this far {direction} its "
