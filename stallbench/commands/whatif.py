@@ -190,7 +190,8 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
         row = [n, tables.format_number(p.throughput_samples_s)]
         if said is not None:
             x, w = p.throughput_samples_s, said.log_half_width or 0.0
-            row.append(f"{tables.format_number(x * math.exp(-w))}..{tables.format_number(x * math.exp(w))}")
+            lo, hi = tables.format_number(x * math.exp(-w)), tables.format_number(x * math.exp(w))
+            row.append(f"{lo}..{hi}")
         row += [tables.format_percent(p.stall_share), p.bound_by, p.model]
         if priced:
             hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
