@@ -61,7 +61,8 @@ from . import backtest, figures, whatif, whatif_models
 from .stats import finite_median
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
-MAX_BACKTEST_ERROR = 0.25   # a what-if gain is not printed when its back-test missed by more
+# a what-if gain is not printed when its back-test missed by more (the one threshold, issue 39)
+MAX_BACKTEST_ERROR = backtest.MAX_ERROR
 NEAR_BEST = 0.95      # the fewest producers within 5% of the best predicted rate
 MATERIAL_STARTUP = 0.05   # forked workers' start-up worth keeping them for: this share of the epoch
 

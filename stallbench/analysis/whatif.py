@@ -560,14 +560,37 @@ class OnePoint(ScalingModel):
         return fit(ref, machine, dataset) if ref is not None else None
 
 
-def _point(p: Prediction, log_half_width: float | None = None) -> WhatIfPoint:
+def _point(p: Prediction, log_half_width: float | None = None,
+           not_predicted: str = "") -> WhatIfPoint:
     x = p.throughput_samples_s
-    band = log_half_width is not None and math.isfinite(x)
+    band = log_half_width is not None and math.isfinite(x) and not not_predicted
     return WhatIfPoint(n=p.n, predicted_samples_s=x,
                        stall_share=p.stall_share, bound_by=p.bound_by, why=p.why, binding=p.binding,
                        model=p.model,
                        low_samples_s=x * math.exp(-log_half_width) if band else None,
-                       high_samples_s=x * math.exp(log_half_width) if band else None)
+                       high_samples_s=x * math.exp(log_half_width) if band else None,
+                       not_predicted=not_predicted)
+
+
+def vouched_point(p: Prediction, bt: Any, m: Model, fit_counts: Sequence[int],
+                  at: int | None = None) -> WhatIfPoint:
+    """A predicted point with the interval of the back-test rows that vouch for it
+    (``backtest.vouch``: as far outside the fit, the same way), or not predicted with the
+    reason. ``at``: the producer count the prediction extrapolates to (default ``p.n``)."""
+    v = backtest.vouch(bt, m.kind, p.n if at is None else at, fit_counts)
+    return _point(p, v.log_half_width, v.not_predicted)
+
+
+def knee_withheld(kn: Knee, points: Sequence[WhatIfPoint], measured_counts: Iterable[int]) -> Knee:
+    """The knee with ``not_predicted`` set where its count was not measured and its point's
+    prediction is not given: no advice is made from a figure the back-test does not vouch for."""
+    n = kn.n if kn.n is not None else kn.saturates_at
+    if n is None or n in set(measured_counts):
+        return kn
+    point = next((x for x in points if x.n == n), None)
+    if point is None or not point.not_predicted:
+        return kn
+    return replace(kn, not_predicted=point.not_predicted)
 
 
 def scaling_group(result: Result) -> list[VariantResult]:
@@ -628,7 +651,11 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     contention from two or more producer counts, else one-point; oversubscribed points are
     not fitted on while others remain), store predicted vs measured for every point, back-test
     each point with a fit that leaves it out (``backtest``), and draw the predicted curve, its
-    interval and its knee (over workers or nodes, or over ranks for a sweep of ranks alone)."""
+    interval and its knee (over workers or nodes, or over ranks for a sweep of ranks alone).
+    Each point's interval comes from the back-test rows that extrapolated as far from their
+    fit the same way (``backtest.vouch``); where those missed by more than
+    ``backtest.MAX_ERROR`` or none reach that far, the point is not predicted (its reason
+    stored), and so is a knee at an unmeasured count whose point is not (issue 39)."""
     best = scaling_group(result)
     if not best:
         return None
@@ -641,7 +668,8 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     nodes = any(v.executor.producer_nodes for v in best)
     measured = [check(m, v, rank_axis=rank_axis, cores=cores) for v in best]
     bt = backtest.backtest(best, result.machine, result.dataset)
-    width = bt.interval_log_half_width if bt else None
+    named = {v.name: v for v in best}
+    fit_counts = [workers_of(named[f]) for f in m.fit_variants if f in named]
     ns = list(range(0, axis_max + 1))
     checked = [x for x in measured if not x.is_fit and not x.oversubscribed]
     errors = [abs(x.error) for x in checked if x.error is not None]
@@ -659,7 +687,8 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         each = "workers per rank" if m.producers_per_rank else "producers"
         axis = f"ranks ({m.fit_workers} {each})"
         preds = [replace(predict(m, m.fit_workers, ranks=r), n=r) for r in ns[1:]]
-        points = [_point(p, width) for p in preds]
+        # over ranks the producers per rank stay the fit's: no extrapolation in producers
+        points = [vouched_point(p, bt, m, fit_counts, at=m.fit_workers) for p in preds]
         top = max(p.throughput_samples_s for p in preds)
         first = next(p for p in preds if p.throughput_samples_s >= 0.99 * top)
         kn = Knee(None, first.bound_by, f"from {first.n} ranks on, more ranks add nothing: "
@@ -674,8 +703,9 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         else:
             axis, where = "workers", ""
         note += f"; {where}" if where else ""
-        points = [_point(predict(m, n), width) for n in ns]
+        points = [vouched_point(predict(m, n), bt, m, fit_counts) for n in ns]
         kn = knee(m, ns[1:])
+    kn = knee_withheld(kn, points, [x.n for x in measured])
     if any(x.oversubscribed for x in measured):
         note += (f"; points with more producer slots than the {cores:g} cores they share are "
                  f"oversubscribed: shown, left out of the fit and the error")

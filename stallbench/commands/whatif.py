@@ -176,12 +176,22 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     # existed get one too); it always fits the richest model the other points allow
     bt = backtest.backtest(group, r.machine, r.dataset) if group and args.model == "auto" else None
     width = bt.interval_log_half_width if bt else None
+    named = {x.name: x for x in group}
+    fit_counts = [whatif.workers_of(named[f]) for f in m.fit_variants if f in named]
     rows, cheapest = [], None
-    for n, p in zip(nodes, preds):
+    for n, c, p in zip(nodes, counts, preds):
+        # issue 39: each figure carries the interval of the back-test rows that vouch for it,
+        # or is not predicted where they missed by more than the threshold
+        said = backtest.vouch(bt, m.kind, c, fit_counts) if width is not None else None
+        if said is not None and said.not_predicted:
+            rows.append([n, "not predicted", "-", "-", "-", p.model]
+                        + (["-"] if priced else []) + [f"not predicted ({said.not_predicted})"])
+            continue
         row = [n, tables.format_number(p.throughput_samples_s)]
-        if width is not None:
-            x = p.throughput_samples_s
-            row.append(f"{tables.format_number(x * math.exp(-width))}..{tables.format_number(x * math.exp(width))}")
+        if said is not None:
+            x, w = p.throughput_samples_s, said.log_half_width or 0.0
+            lo, hi = tables.format_number(x * math.exp(-w)), tables.format_number(x * math.exp(w))
+            row.append(f"{lo}..{hi}")
         row += [tables.format_percent(p.stall_share), p.bound_by, p.model]
         if priced:
             hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
@@ -217,7 +227,14 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     candidates = [(n, c) for n, c in zip(nodes, counts) if c > 0]
     k = whatif.knee(m, [c for _, c in candidates], cores_for=cores, unit=unit,
                     shown=dict((c, n) for n, c in candidates), **kw)
-    print(f"knee: {k.explanation}")
+    at = k.n if k.n is not None else k.saturates_at
+    knee_count = next((c for n, c in candidates if n == at), None)
+    knee_said = (backtest.vouch(bt, m.kind, knee_count, fit_counts)
+                 if width is not None and knee_count is not None else None)
+    if knee_said is not None and knee_said.not_predicted:
+        print(f"knee: {at} {unit}(s), not predicted ({knee_said.not_predicted})")
+    else:
+        print(f"knee: {k.explanation}")
     if cheapest:
         print(f"cheapest configuration without stall: {cheapest[0]} {unit}(s), "
               f"{cheapest[1]:.6f} per run")
@@ -252,7 +269,7 @@ def backtest_lines(bt: Any) -> list[str]:
         w = bt.interval_log_half_width
         out.append(f"  {bt.interval_level:.0%} prediction interval: predicted x/ "
                    f"{math.exp(w):.3f} (-{1 - math.exp(-w):.1%} .. +{math.exp(w) - 1:.1%}, "
-                   f"jackknife on the leave-one-out errors); "
+                   f"jackknife or Student-t on the leave-one-out errors, the wider); "
                    + (f"covered {bt.covered} of {bt.checked} points when rebuilt without each"
                       if bt.checked else "coverage not checkable with one back-tested point"))
     return out

@@ -41,11 +41,10 @@ from ..analysis import differential, figures
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
-from . import merge
+from . import budget, merge
 from .launcher import JobRun, exit_status, run_once
 
 KEEP_BATCHES = 8
-BUDGET_MB = 512.0
 FULL = "full"
 ITEMS = Ablation(fetch=True).name
 BATCH = Ablation(fetch=True, preprocess=True).name
@@ -177,6 +176,26 @@ def part_of(name: str) -> str:
     return name
 
 
+class _Skip(Exception):
+    """No recording run for this job (``_ray_no_recording`` says why)."""
+
+
+RAY_NO_RECORDING = ("a Ray Data iterator: its stages run in Ray's tasks, outside torch's "
+                    "fetchers, so a recording run would record nothing; none is made (the "
+                    "split from Ray's own iterator stats is not built yet)")
+
+
+def _ray_no_recording(head, streams0: list, headline: str | None) -> str:
+    """Why the headline loader gets no recording run ("" where it does): a Ray Data
+    iterator with no ``stallbench.stage`` marked in the loop's process (those the
+    recording would still keep)."""
+    if head is None or not str(head.kind).startswith("ray."):
+        return ""
+    marked = {n for st in streams0 if st.name == headline for n in st.stages
+              if n not in AUTOMATIC}
+    return "" if marked else RAY_NO_RECORDING
+
+
 def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
             streams0: list, headline: str | None, runs_of, rec_dir: Path, budget_mb: float,
             repeats: int) -> None:
@@ -249,21 +268,29 @@ def _summary(xs: list[float]) -> Summary:
 def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             full_runs: list[JobRun], repeats: int, run_root: Path,
             say: Callable[[str], None], keep: int = KEEP_BATCHES,
-            budget_mb: float = BUDGET_MB) -> tuple[Attribution | None, ProfileAnalysis]:
+            budget_mb: float | None = None) -> tuple[Attribution | None, ProfileAnalysis]:
     """The ablation runs of one variant and its attribution (None where the chain is not
-    whole: the ``ProfileAnalysis`` then says which ablation is missing and why)."""
+    whole: the ``ProfileAnalysis`` then says which ablation is missing and why).
+    ``budget_mb``: bytes of outputs one process may keep; None: from the machine's free
+    memory shared by the headline loader's workers (``budget.machine_budget``, stated)."""
     streams0 = [s for r in full_runs for s in merge.streams(r.parts)]
     headline = merge.headline_name(streams0)
     counts = _counts(full_runs[0].parts)
     hs = [s for s in streams0 if s.name == headline]
     settings = hs[0].settings if hs else {}
+    if budget_mb is None:
+        rule = budget.machine_budget(max(hs[0].producers if hs else 0, 1))
+        budget_mb, budget_basis = rule.mb, rule.basis
+    else:
+        budget_basis = f"{budget_mb:g} MB per process, as given"
     first_epoch = (counts.get(headline) or [0])[0]
     keep = max(1, min(keep, first_epoch // 4))
     an = ProfileAnalysis(
         method=("DS-Analyzer's chain by replay: full -> dataset served -> dataset+collate "
                 "served -> pin served -> compute-only, each served from memory; stall parts "
                 "from differences of median (steady) epochs, bootstrap intervals over repeats"),
-        keep_batches=keep, budget_mb=budget_mb, transfer_note=TRANSFER_NOTE,
+        keep_batches=keep, budget_mb=budget_mb, budget_basis=budget_basis,
+        transfer_note=TRANSFER_NOTE,
         stage_map={"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
                    "collate_fn": "preprocess", "pin_memory": "transfer"})
     full = [f for f in (_figures(r, headline) for r in full_runs) if f is not None]
@@ -313,7 +340,16 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
 
     # stage ablations: a warm recording run, then the served runs
     served: dict[str, list[RepeatFigures]] = {}
+    ray_why = _ray_no_recording(hs[0] if hs else None, streams0, headline)
+    if ray_why:
+        # issue 39: a Ray Data iterator's stages run in Ray's tasks, outside torch's
+        # fetchers: a recording run would record nothing, and costs a whole run of the job
+        for name, removes in ((ITEMS, "the dataset's item/iter function"),
+                              (BATCH, "the dataset and collate_fn")):
+            an.ablations.append(ProfileAblation(name, removes, False, ray_why))
     try:
+        if ray_why:
+            raise _Skip
         rec_dir.mkdir(parents=True, exist_ok=True)
         rec = runs_of("recording every fetch call's items and batch", {
             "mode": "record", "dir": str(rec_dir), "budget_mb": budget_mb}, 1)
@@ -324,7 +360,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             why = f"the recording run could not keep the outputs: {stop['error']}"
         elif stop is not None:
             why = (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls filled "
-                   f"the {budget_mb:g} MB memory budget of one process before the run ended")
+                   f"the memory budget of one process before the run ended ({budget_basis})")
         elif not recorded:
             why = "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
         else:
@@ -355,6 +391,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                                          if f.phases is not None])))
         if stop is None:
             _marked(an, rec, full, streams0, headline, runs_of, rec_dir, budget_mb, repeats)
+    except _Skip:
+        pass
     except Failed as exc:
         an.ablations.append(ProfileAblation(ITEMS, "the dataset's item/iter function", False,
                                             f"recording run: {exc}"))
@@ -457,6 +495,8 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
     for n in an.notes:
         out.append(f"  note: {n}")
     out.append(f"  note: {an.transfer_note}")
+    if getattr(an, "budget_basis", ""):
+        out.append(f"  note: recording budget {an.budget_basis}")
     return out
 
 
@@ -506,6 +546,12 @@ def knee_lines(result) -> list[str]:
         rate, what = _measured_rate(c)
         out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} {what};"
                    f" {kn.explanation}")
+    elif point is not None and getattr(point, "not_predicted", ""):
+        # issue 39: a back-test that missed by more than its threshold gives no figure
+        out.append(f"  knee: {n} worker(s), not predicted ({point.not_predicted})")
+        out.append(f"  recommendation: none predicted; measure num_workers={n} with "
+                   f"--set dataloader.num_workers={','.join(str(c.n) for c in wi.measured)},{n}")
+        return out
     elif point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
@@ -538,7 +584,9 @@ def knee_lines(result) -> list[str]:
             out.append(f"  recommendation: keep {best.variant} (MEASURED {rate:,.0f} {what}): "
                        f"the knee's num_workers={n} is PREDICTED {gain:.2f}x of it")
             return out
+        band = (f" [{point.low_samples_s / rate:.2f}x, {point.high_samples_s / rate:.2f}x]"
+                if point.low_samples_s is not None else "")
         out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
-                   f"{gain:.2f}x the best measured ({best.variant}); measure it with "
+                   f"{gain:.2f}x{band} the best measured ({best.variant}); measure it with "
                    f"--set dataloader.num_workers={best.n},{n}")
     return out

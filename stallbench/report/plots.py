@@ -272,8 +272,10 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
            knee: Knee | None = None, axis: str = "workers",
            band_label: str = "prediction interval (back-test)") -> str | None:
     """PREDICTED throughput against workers/nodes, its prediction interval as a band, measured
-    points on top, knee marked."""
-    pts = sorted((p for p in points if _finite(p.predicted_samples_s)), key=lambda p: p.n)
+    points on top, knee marked. A point the back-test does not vouch for (``not_predicted``,
+    issue 39) is not drawn: only the table says why."""
+    pts = sorted((p for p in points if _finite(p.predicted_samples_s)
+                  and not getattr(p, "not_predicted", "")), key=lambda p: p.n)
     if not pts:
         return None
     with style():

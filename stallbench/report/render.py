@@ -332,7 +332,8 @@ def _profile_notes(v: VariantResult) -> list[str]:
     if an is None or v.attribution is None:
         return []
     out = [f"by replay on the job: {an.method}; compute-only kept {an.keep_batches} batches "
-           f"per loader (budget {an.budget_mb:g} MB)", an.transfer_note, *an.notes]
+           f"per loader (budget {an.budget_basis or f'{an.budget_mb:g} MB'})", an.transfer_note,
+           *an.notes]
     return out
 
 
@@ -514,12 +515,15 @@ def _whatif_rows(wi: WhatIfValidation) -> list[dict[str, Any]]:
     for p in wi.points:
         rows.append({"n": p.n, "predicted_samples_s": p.predicted_samples_s,
                      "low": p.low_samples_s, "high": p.high_samples_s, "model": p.model,
-                     "stall_share": p.stall_share, "bound_by": p.bound_by, "why": p.why,
+                     "stall_share": p.stall_share, "bound_by": p.bound_by,
+                     # issue 39: the back-test does not vouch for it: no figure, the reason
+                     "why": f"not predicted ({p.not_predicted})" if p.not_predicted else p.why,
+                     "not_predicted": p.not_predicted,
                      "measured": measured_by_n.pop(p.n, None), "backtest": loo.pop(p.n, None)})
     for n, m in measured_by_n.items():
         rows.append({"n": n, "predicted_samples_s": m.predicted_samples_s, "stall_share": None,
                      "low": None, "high": None, "model": m.model,
-                     "bound_by": m.bound_by or None, "why": "", "measured": m,
+                     "bound_by": m.bound_by or None, "why": "", "not_predicted": "", "measured": m,
                      "backtest": loo.pop(n, None)})
     return rows
 
@@ -565,8 +569,11 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
         bt = wi.backtest
         band = (f"{bt.interval_level:.0%} prediction interval (back-test)"
                 if bt and bt.interval_level else "prediction interval (back-test)")
+        withheld = bool(wi.points) and all(p.not_predicted for p in wi.points)
         wi_fig = _draw(plots.whatif, wi.points, wi.measured, wi.knee, wi.axis or "workers", band,
-                       alt="what-if: predicted throughput", missing=no_whatif)
+                       alt="what-if: predicted throughput",
+                       missing=("No what-if curve: the back-test vouches for no prediction "
+                                "(the table below says why)." if withheld else no_whatif))
     else:
         wi_fig = Figure(None, "what-if: predicted throughput", no_whatif)
 

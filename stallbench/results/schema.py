@@ -88,6 +88,13 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   (``ProfileAnalysis``: the ablation runs by replay, each a ``ProfileAblation``, done or why
   not; the data stall full - compute-only with its interval); the first variant's
   ``attribution`` is filled as for scenarios.
+  Additive in version 3 (issue 39, predictions that cover or none):
+  ``analysis.whatif.points[].not_predicted`` and ``analysis.whatif.knee.not_predicted`` (why
+  the model's figure is not given: its back-test missed by more than the threshold or reaches
+  no count that far; "" when given, with its own interval in ``low/high_samples_s``), and
+  ``analysis.whatif.backtest.repeat_log_half_width`` (the floor of every interval: how far
+  one point's repeats spread); ``variants[].profile.analysis.budget_basis`` (how the
+  recording budget followed the machine's available memory).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -807,6 +814,9 @@ class ProfileAnalysis:
     transfer_note: str = ""         # where the host->device copy is counted
     stage_map: dict[str, str] = field(default_factory=dict)   # stage name -> attributed part
     notes: list[str] = field(default_factory=list)
+    # issue 39: how ``budget_mb`` was reached, in words (a share of the machine's available
+    # memory when the analysis started, per recording process)
+    budget_basis: str = ""
 
 
 @dataclass
@@ -927,6 +937,9 @@ class WhatIfPoint:
     # prediction interval of the steady rate from the back-test (None: no back-test)
     low_samples_s: float | None = None
     high_samples_s: float | None = None
+    # issue 39: why the model's figure is not given (its back-test missed by more than
+    # ``backtest.MAX_ERROR``, or reaches no count this far); "" when predicted
+    not_predicted: str = ""
 
 
 @dataclass
@@ -999,6 +1012,9 @@ class BackTest:
     # (``points`` hold the richest one's, which the figures above summarise), so a
     # prediction can be made by the model whose back-test is best where it extrapolates
     alternatives: list[BackTestPoint] = field(default_factory=list)
+    # issue 39: the widest half log range of one point's repeats (steady rates): no interval
+    # is narrower than a measurement repeats (None: fewer than two repeats anywhere)
+    repeat_log_half_width: float | None = None
 
 
 @dataclass
@@ -1007,6 +1023,9 @@ class Knee:
     bound_by: str | None
     explanation: str
     saturates_at: int | None = None
+    # issue 39: the knee's count was not measured and its prediction is not given (the
+    # point's ``not_predicted``): no advice is made from it
+    not_predicted: str = ""
 
 
 @dataclass

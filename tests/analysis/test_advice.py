@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
-from stallbench.analysis import advice
+from stallbench.analysis import advice, backtest
 from stallbench.analysis.differential import verdict
 from stallbench.results import (Attribution, ExecutorFacts, Interval, MachineInfo, PartIntervals,
                                 PhaseSummary, StageRows, StageSeconds)
@@ -245,8 +246,10 @@ def test_the_interval_comes_from_back_tests_that_extrapolated_as_far() -> None:
     up = _bt(("one-point", -0.36, 1, "below"), ("one-point", 0.05, 2, "above"))
     rec = advice.recommend(variant("preprocess"), MACHINE, (), up)
     assert rec.predicted_speedup == pytest.approx(x) and rec.prediction_model == "one-point"
-    assert rec.predicted_high == pytest.approx(x * 1.05)
-    assert rec.predicted_low == pytest.approx(x / 1.05)
+    # one vouching row: the interval is the t bound of its one error (issue 39)
+    w = backtest.half_width([math.log(1.05)])[0]
+    assert rec.predicted_high == pytest.approx(x * math.exp(w))
+    assert rec.predicted_low == pytest.approx(x * math.exp(-w))
     short = _bt(("one-point", -0.36, 1, "below"), ("one-point", 0.05, 1, "above"))
     rec = advice.recommend(variant("preprocess"), MACHINE, (), short)
     assert rec.predicted_speedup is None and rec.prediction_model == "one-point"
@@ -276,7 +279,8 @@ def test_the_model_whose_back_test_is_best_where_it_extrapolates_predicts() -> N
     bad_contention = _bt(("contention", 0.30, 9, "above"), ("one-point", 0.04, 9, "above"))
     rec = advice.recommend(v, r.machine, r.variants, bad_contention, stored, [one])
     assert rec.prediction_model == "one-point" and rec.not_predicted == ""
-    assert rec.predicted_high / rec.predicted_speedup == pytest.approx(1.04)
+    assert rec.predicted_high / rec.predicted_speedup == pytest.approx(
+        math.exp(backtest.half_width([math.log(1.04)])[0]))
     tie = _bt(("contention", 0.04, 9, "above"), ("one-point", 0.04, 9, "above"))
     rec = advice.recommend(v, r.machine, r.variants, tie, stored, [one])
     assert rec.prediction_model == "contention"

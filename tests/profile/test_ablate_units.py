@@ -116,3 +116,93 @@ def test_a_part_whose_interval_spans_zero_prints_as_not_distinguishable_from_zer
     assert "  ~0: not distinguishable from 0 (its interval spans 0)" in out
     prep = next(x for x in out if x.lstrip().startswith("preprocess"))
     assert f"{a.preprocess_stall_s:8.2f} s" in prep
+
+
+def test_views_of_one_big_storage_record_what_they_reference(tmp_path) -> None:
+    """Issue 39: a dataset whose items are rows sliced out of one big tensor (``datasets``
+    with torch format) pickled the whole storage once per call: 17.7 MB a call against 69 KB
+    of rows, and the budget filled at once. Ground truth by construction: 40 calls of 8 rows
+    of 4 KB from a 16 MB tensor; the bytes recorded are about the rows' and their batch's
+    (2.6 MB), not 40 x 16 MB, and the rows come back equal."""
+    from types import SimpleNamespace
+
+    import torch
+
+    rp = _replay_module()
+    rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
+    rp.H = SimpleNamespace(_rank=lambda: {"rank": 0})
+    rows = torch.arange(4_000_000, dtype=torch.float32).view(-1, 1000)   # 16 MB, 4 KB a row
+    calls, per = 40, 8
+    for n in range(calls):
+        items = [rows[n * per + i] for i in range(per)]
+        rp._record((0, -1, 0), (n, list(range(n * per, (n + 1) * per)), items,
+                                torch.stack(items), ""))
+    viewed = 2 * calls * per * 4000                 # the rows, and the batch stacked from them
+    assert rp._STAT["budget_stop"] is None and rp._STAT["recorded"] == calls
+    assert viewed <= rp._STAT["recorded_bytes"] <= 1.1 * viewed + calls * 4096
+    for fh in rp._REC_FILES.values():
+        fh.close()
+    recs = rp._load((0, -1, 0))
+    assert len(recs) == calls
+    assert all(torch.equal(recs[5][2][i], rows[5 * per + i]) for i in range(per))
+    assert torch.equal(recs[5][3], rows[40:48])
+
+    # the same calls pickled as they were (no compaction): the 64 MB budget stops at call 4
+    again = _replay_module()
+    again.setup({"mode": "record", "dir": str(tmp_path / "raw"), "budget_mb": 64})
+    (tmp_path / "raw").mkdir()
+    again.H = rp.H
+    again._compact = lambda obj: obj
+    for n in range(calls):
+        items = [rows[n * per + i] for i in range(per)]
+        again._record((0, -1, 0), (n, [], items, torch.stack(items), ""))
+    assert again._STAT["budget_stop"] is not None and again._STAT["recorded"] < 5
+
+
+def test_views_that_cover_their_storage_are_pickled_once_as_they_are() -> None:
+    """Rows of one batch tensor that together reference all of it stay views: pickle keeps
+    their storage once per call, which is what they reference."""
+    import torch
+
+    rp = _replay_module()
+    batch = torch.zeros(64, 1000)
+    entry = (0, [], list(batch.unbind(0)), batch, "")
+    assert rp._compact(entry) is entry
+
+
+def test_the_recording_budget_follows_the_available_memory_and_says_so() -> None:
+    """Issue 39: 512 MB filled with 640 images of 224 px on a machine with GBs free. A
+    quarter of the available memory, shared by the recording processes, clamped."""
+    from stallbench.profile import budget
+
+    gib = 1024 ** 3
+    b = budget.recording_budget(32 * gib, 1, "/proc/meminfo MemAvailable")
+    assert b.mb == 8192 and "25% of 32,768 MB available (/proc/meminfo MemAvailable)" in b.basis
+    four = budget.recording_budget(32 * gib, 4, "x")
+    assert four.mb == 2048 and "/ 4 processes" in four.basis
+    small = budget.recording_budget(gib // 8, 4, "x")      # 8 MB each: raised to the floor
+    assert small.mb == budget.FLOOR_MB and "floor" in small.basis
+    huge = budget.recording_budget(1024 * gib, 1, "x")
+    assert huge.mb == budget.CEIL_MB and "capped" in huge.basis
+    unknown = budget.recording_budget(None, 1, "available memory unknown (OSError)")
+    assert unknown.mb == budget.FLOOR_MB and "unknown" in unknown.basis
+    # this machine's figure is the kernel's, stated with its source
+    here = budget.machine_budget()
+    avail, source = budget.available_bytes()
+    assert avail and avail > 0 and source in here.basis
+    assert budget.FLOOR_MB <= here.mb <= budget.CEIL_MB
+
+
+def test_a_ray_data_headline_gets_no_recording_run_unless_it_marks_stages() -> None:
+    """Issue 39: a Ray Data iterator's stages run in Ray's tasks, where torch's fetchers
+    never run: the recording run recorded nothing and cost a run of the job. It is skipped,
+    and said; a stallbench.stage marked in the loop's process still gets its recording."""
+    from types import SimpleNamespace as NS
+
+    ray = NS(name="ray.iter_torch_batches#0", kind="ray.iter_torch_batches", stages={})
+    assert ablate._ray_no_recording(ray, [ray], ray.name) == ablate.RAY_NO_RECORDING
+    marked = NS(name=ray.name, kind=ray.kind, stages={"decode": [1, 0.1, 0.1, "trainer"]})
+    assert ablate._ray_no_recording(marked, [marked], ray.name) == ""
+    torch_dl = NS(name="DataLoader#0", kind="torch.DataLoader", stages={"collate_fn": [1]})
+    assert ablate._ray_no_recording(torch_dl, [torch_dl], torch_dl.name) == ""
+    assert ablate._ray_no_recording(None, [], None) == ""

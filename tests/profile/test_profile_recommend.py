@@ -89,3 +89,17 @@ def test_knee_at_a_measured_count_slower_than_another_keeps_the_faster() -> None
     r.analysis.whatif.knee.n = 2
     rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
     assert "num_workers=2 on your DataLoader (MEASURED 1,649" in rec, rec
+
+
+def test_knee_not_predicted_gives_the_reason_and_no_figure() -> None:
+    """Issue 39: a knee at an unmeasured count whose back-test missed by more than its
+    threshold prints "not predicted (reason)", no PREDICTED figure and no gain to try."""
+    from stallbench.profile import ablate
+
+    r = _whatif(1000.0, 1500.0, 3000.0)
+    r.analysis.whatif.points[0].not_predicted = ("the one-point what-if's leave-one-out "
+                                                 "back-test missed a measured count by 150%")
+    text = "\n".join(ablate.knee_lines(r))
+    assert "knee: 1 worker(s), not predicted (the one-point what-if's" in text, text
+    assert "PREDICTED" not in text and "x the best measured" not in text, text
+    assert "--set dataloader.num_workers=0,2,1" in text, text
