@@ -1,0 +1,221 @@
+"""Attribution from what was measured: the waits of the ablation runs, and their steps (issue 39).
+
+Why not differences of epochs: each ablation is a separate run of the user's job, and its
+*model step* differs from the full run's (machine load; the data path itself slowing the
+step: loader threads competing for cores, cache pollution). A difference of epochs charges
+that step change to data: a job that waited 14% of its run was "attributed" 27.74 s of data
+stall against 6.42 s waited, and parts came out negative. Every run measures its waits and its
+steps apart, so the parts here come from the waits:
+
+    fetch      = S(full)       - S(items served)
+    preprocess = S(items)      - S(items+collate served)
+    transfer   = S(collate)    - S(pin served)            (0 by construction where not ablated)
+    overhead   = S(pin served)                            (what is still waited with every
+                                                           stage served: the loader hand-off)
+
+S is a run's measured stall (wait + the trainer's own data work), median over repeats, on
+steady state (each run's steady stall scaled to all its batches, ``Phases``) when every run
+has a steady window, else on whole runs. The parts telescope to S(full): ``attributed_stall_s``
+(steady parts only) + ``startup_cost_s`` (S(full, whole) - S(full, steady)) equals the full
+run's measured ``stall_s``; a part that comes out negative is stored as 0 and named in
+``negative_parts``, and where that breaks the sum beyond the stall's interval the attribution
+is not conclusive (``inconclusive_because = "closure"``).
+
+The step is compared apart: each run's step per batch against the full run's. A change beyond
+its noise (``STEP_NOISE_SHARE``, or the spread of the repeats when larger) is *interference*
+(the data path slowing the model): the full run's steps minus the compute-only run's, scaled
+to its batches, in ``interference_s``, never folded into a stall part. Where the machine was
+busy (``measure.load.heavy``) during a run whose step moved, the step change cannot be told
+from the machine's: the attribution is withheld (``inconclusive_because = "busy_machine"``).
+On a quiet machine nothing is withheld for a step change.
+
+``ideal_speedup`` never exceeds ``wait_bound``: removing every wait gives at most
+1 / (1 - the larger of the whole-run and steady stall shares).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..measure.load import heavy
+from ..results import Attribution, Interval, PartIntervals, RepeatFigures
+from . import differential
+from .figures import wait_bound
+from .stats import COMPUTE_BOUND_SHARE, finite_median
+
+STAGES = ("fetch", "preprocess", "transfer")
+PARTS = (*STAGES, "overhead")
+# A step per batch within 5% of the full run's is the same step: below it, sleeps waking late
+# and timer jitter move a step on a quiet machine; the repeats' own spread widens it.
+STEP_NOISE_SHARE = 0.05
+# The full run's measured stall is matched within its interval, and never tighter than this
+# share of it (one repeat has no interval) nor than 5 ms.
+CLOSURE_FLOOR_SHARE = 0.02
+CLOSURE_FLOOR_S = 0.005
+
+
+def rank_batches(f: RepeatFigures) -> int:
+    """The batches of the rank whose figures ``job_figures`` takes as the job's stall,
+    compute and phases (the worst-stalled rank); ``f.batches`` sums the ranks'."""
+    if not f.ranks:
+        return f.batches
+    return max(f.ranks, key=lambda r: r.stall_s).batches
+
+
+def _steady(f: RepeatFigures) -> bool:
+    return f.phases is not None and f.phases.has_steady
+
+
+def stall_of(f: RepeatFigures, steady: bool) -> float:
+    """The run's measured stall: its steady window's, scaled to all its batches, or the whole
+    run's."""
+    if steady and f.phases is not None:
+        return f.phases.steady_stall_s * rank_batches(f) / f.phases.steady_batches
+    return f.stall_s
+
+
+def step_of(f: RepeatFigures, steady: bool) -> float:
+    """The run's model step per batch (its steady window's, or the whole run's)."""
+    if steady and f.phases is not None:
+        return f.phases.steady_compute_s / f.phases.steady_batches
+    return f.compute_s / max(rank_batches(f), 1)
+
+
+def _med(xs: Sequence[float]) -> float:
+    return float(finite_median(xs))
+
+
+def _draws(groups: Mapping[str, Sequence[float]], n_boot: int, seed: int
+           ) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: np.median(rng.choice(np.asarray(v, float), size=(n_boot, len(v))), axis=1)
+            for k, v in groups.items()}
+
+
+def _parts(s: Mapping[str, object], names: Sequence[str]) -> dict[str, object]:
+    full, items, batch, free = (s[n] for n in names)
+    return {"fetch": full - items, "preprocess": items - batch,    # type: ignore[operator]
+            "transfer": batch - free, "overhead": free}            # type: ignore[operator]
+
+
+def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
+              batch: Sequence[RepeatFigures], free: Sequence[RepeatFigures],
+              only_epoch_s: Sequence[float], only_compute_s: Sequence[float],
+              only_step_s: Sequence[float], names: Sequence[str], confidence: float = 0.9, seed: int = 0,
+              n_boot: int = 2000) -> Attribution:
+    """The attribution of one variant from the measured waits and steps of its runs.
+
+    ``full``, ``items``, ``batch``, ``free``: the runs of the chain (full, items served,
+    items and collate served, pin served: ``free`` may be ``batch``'s runs where nothing is
+    pinned); ``only_epoch_s`` / ``only_compute_s`` / ``only_step_s``: each compute-only run's
+    epoch and steps over the full run's batches, and its step per batch; ``names``: the ablation names of the five, in that order."""
+    runs = {names[0]: list(full), names[1]: list(items), names[2]: list(batch),
+            names[3]: list(free)}
+    steady = all(_steady(f) for fs in runs.values() for f in fs)
+    basis = ("steady state" if steady else
+             "whole run (a run without a steady window: parts from whole runs' waits)")
+    stalls = {k: [stall_of(f, steady) for f in fs] for k, fs in runs.items()}
+    med = {k: _med(v) for k, v in stalls.items()}
+    raw = _parts(med, names[:4])
+    draws = _parts(_draws(stalls, n_boot, seed), names[:4])
+    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
+
+    def iv(d: object) -> Interval:
+        lo, hi = np.quantile(np.asarray(d, float), q)
+        return Interval(float(lo), float(hi))
+
+    negative = [p for p in PARTS if raw[p] < 0]       # type: ignore[operator]
+    part = {p: max(float(raw[p]), 0.0) for p in PARTS}   # type: ignore[arg-type]
+    attributed = sum(part.values())
+
+    epochs = [f.epoch_s for f in full]
+    epoch = _med(epochs)
+    steady_epoch = _med([f.phases.steady_epoch_s for f in full]) if steady else None  # type: ignore[union-attr]
+    whole_stall = _med([f.stall_s for f in full])
+    # start-up's part of the wait; below 0 (a steady window waiting more per batch than the
+    # start-up did) it is stored as 0 like any part, and the sum to the measured stall says so
+    startup = max(whole_stall - med[names[0]], 0.0) if steady else 0.0
+    total = steady_epoch if steady_epoch is not None else epoch
+    whole_share = whole_stall / epoch if epoch > 0 else math.nan
+    steady_share = med[names[0]] / total if steady and total > 0 else None
+    bound = wait_bound(whole_share, steady_share)
+
+    # the step of each run against the full run's
+    steps = {k: [step_of(f, steady) for f in fs] for k, fs in runs.items()}
+    steps[names[4]] = [float(x) for x in only_step_s]
+    base_step = _med(steps[names[0]])
+    spread = 0.0
+    for v in steps.values():
+        vs = [x for x in v if math.isfinite(x)]
+        if len(vs) >= 2 and _med(vs) > 0:
+            spread = max(spread, (max(vs) - min(vs)) / _med(vs))
+    noise = max(STEP_NOISE_SHARE, spread)
+    ratio = {k: _med(v) / base_step for k, v in steps.items() if k != names[0]
+             and base_step > 0 and math.isfinite(_med(v))}
+    moved = [k for k, r in ratio.items() if abs(r - 1.0) > noise]
+    batches = _med([rank_batches(f) for f in full])
+    only_step = _med(steps[names[4]])
+    interference = None
+    if names[4] in moved and only_step < base_step:
+        interference = (base_step - only_step) * batches
+    compute = _med(only_compute_s)
+
+    stage_total = sum(part[s] for s in STAGES)
+    if total > 0 and stage_total / total >= COMPUTE_BOUND_SHARE:
+        bound_by = max(STAGES, key=lambda s: part[s])
+        rest = total - part[bound_by]
+        speedup = total / rest if rest > 0 else math.inf
+        speedup = min(speedup, bound) if math.isfinite(bound) else speedup
+    else:
+        bound_by, speedup = "compute", 1.0
+    n_rep = min(len(v) for v in stalls.values())
+    parts_sum = compute + (interference or 0.0) + attributed + startup
+    a = Attribution(
+        method="chain, from the measured waits of each run",
+        interval=f"bootstrap percentile {confidence:.0%} over repeats ({n_rep} per run)",
+        compute_s=compute, fetch_stall_s=part["fetch"], preprocess_stall_s=part["preprocess"],
+        transfer_stall_s=part["transfer"], overhead_s=part["overhead"], epoch_s=epoch,
+        attributed_stall_s=attributed,
+        attributed_stall_share=attributed / epoch if epoch > 0 else math.nan,
+        overhead_share=part["overhead"] / total if total > 0 else math.nan,
+        bound_by=bound_by, ideal_speedup=speedup,
+        intervals=PartIntervals(compute_s=Interval(min(only_compute_s), max(only_compute_s)),
+                                fetch_stall_s=iv(draws["fetch"]),
+                                preprocess_stall_s=iv(draws["preprocess"]),
+                                transfer_stall_s=iv(draws["transfer"]),
+                                overhead_s=iv(draws["overhead"])),
+        closure_error=(parts_sum - epoch) / epoch if epoch > 0 else math.nan,
+        ablation_epoch_s={k: _med([f.epoch_s for f in fs]) for k, fs in runs.items()},
+        negative_parts=negative, basis=basis, startup_cost_s=startup,
+        startup_cost_share=startup / epoch if epoch > 0 else 0.0,
+        startup_cost_interval=None,
+        steady_epoch_s=steady_epoch,
+        steady_attributed_stall_share=(attributed / total if steady and total > 0 else None),
+        interference_s=interference, step_ratio=ratio, step_noise_share=noise,
+        wait_bound_speedup=bound)
+    a.ablation_epoch_s[names[4]] = _med(only_epoch_s)
+    # the contract: steady parts + start-up = the run's measured stall, within its interval
+    measured = iv(_draws({"s": [f.stall_s for f in full]}, n_boot, seed)["s"])
+    lo, hi = measured.low, measured.high
+    slack = max(CLOSURE_FLOOR_SHARE * whole_stall, CLOSURE_FLOOR_S)
+    got = attributed + startup
+    if not (lo - slack <= got <= hi + slack):
+        a.conclusive, a.inconclusive_because = False, "closure"
+        a.refused = (f"parts {attributed:.2f} s + start-up {startup:.2f} s = {got:.2f} s against "
+                     f"a measured stall of {whole_stall:.2f} s [{lo:.2f}, {hi:.2f}]: "
+                     f"{', '.join(negative) or 'a part'} came out negative (stored 0)")
+    elif moved and any(heavy(f.load) for fs in runs.values() for f in fs):
+        a.conclusive, a.inconclusive_because = False, "busy_machine"
+        a.refused = ("the step per batch moved beyond its noise ("
+                     + ", ".join(f"{k} {r:.2f}x" for k, r in ratio.items() if k in moved)
+                     + " of the full run's) while other processes took cores: the parts are "
+                     "withheld, the step change cannot be told from the machine's load")
+    elif bound_by != "compute":
+        i = a.part_interval(bound_by)
+        if i.width > 1e-9 and i.low <= 0:
+            a.conclusive, a.inconclusive_because = False, "interval"
+    a.verdict = differential.verdict(a)
+    return a
