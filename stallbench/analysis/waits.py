@@ -36,12 +36,13 @@ On a quiet machine nothing is withheld for a step change.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..measure.load import heavy
-from ..results import Attribution, Interval, PartIntervals, RepeatFigures
+from ..results import Attribution, Interval, PartIntervals, RepeatFigures, VariantResult
 from . import differential
 from .figures import wait_bound
 from .stats import COMPUTE_BOUND_SHARE, finite_median
@@ -219,3 +220,85 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
             a.conclusive, a.inconclusive_because = False, "interval"
     a.verdict = differential.verdict(a)
     return a
+
+
+# ------------------------------------------------------------ gains the wait can explain
+
+@dataclass
+class GainCheck:
+    """Whether a MEASURED speedup of one variant over the baseline is the knob's gain: only
+    when the model step stayed the same within its noise (or moved no further than the
+    baseline's measured interference allows) and the gain is within what the baseline's wait
+    allows (``wait_bound``, plus its interference where measured). ``why_not`` says what else
+    changed ("" when the gain stands); ``interval`` is the bootstrap interval of the ratio of
+    the steady rates' medians over repeats, None with one repeat each (said in ``repeats``)."""
+
+    gain: float
+    bound: float
+    step_ratio: float
+    step_noise_share: float
+    why_not: str = ""
+    interval: tuple[float, float] | None = None
+    repeats: int = 1
+
+
+def variant_step(v: VariantResult) -> list[float]:
+    """Each full run's model step per batch (its steady window's where it has one)."""
+    return [step_of(f, _steady(f)) for f in v.repeats]
+
+
+def _ratio_interval(num: Sequence[float], den: Sequence[float], confidence: float = 0.9,
+                    n_boot: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    a = [x for x in num if math.isfinite(x)]
+    b = [x for x in den if math.isfinite(x) and x > 0]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    d = _draws({"a": a, "b": b}, n_boot, seed)
+    q = np.quantile(d["a"] / d["b"], [0.5 - confidence / 2, 0.5 + confidence / 2])
+    return float(q[0]), float(q[1])
+
+
+def check_gain(base: VariantResult, other: VariantResult, gain: float) -> GainCheck:
+    """The rule of issue 39 for a measured speedup ``gain`` of ``other`` over ``base``."""
+    whole = base.stall_share.median
+    steady = (base.phases.steady_stall_share.median if base.phases is not None else None)
+    a = base.attribution
+    inter_share, only_ratio = 0.0, None
+    if a is not None and a.interference_s is not None:
+        total = a.steady_epoch_s if a.steady_epoch_s else a.epoch_s
+        inter_share = a.interference_s / total if total > 0 else 0.0
+        only_ratio = a.step_ratio.get("compute_only")
+    share = max(s for s in (whole, steady if steady is not None else math.nan, 0.0)
+                if math.isfinite(s))
+    bound = wait_bound(min(share + inter_share, 1.0))
+    sb, so = variant_step(base), variant_step(other)
+    mb, mo = _med(sb), _med(so)
+    ratio = mo / mb if mb > 0 and math.isfinite(mo) else math.nan
+    spread = 0.0
+    for xs in (sb, so):
+        xs = [x for x in xs if math.isfinite(x)]
+        if len(xs) >= 2 and _med(xs) > 0:
+            spread = max(spread, (max(xs) - min(xs)) / _med(xs))
+    noise = max(STEP_NOISE_SHARE, spread)
+    n = min(len(base.repeats), len(other.repeats))
+    rate = lambda v: [f.steady_throughput_samples_s for f in v.repeats]   # noqa: E731
+    out = GainCheck(gain=gain, bound=bound, step_ratio=ratio, step_noise_share=noise,
+                    interval=_ratio_interval(rate(other), rate(base)), repeats=n)
+    step_ok = math.isfinite(ratio) and (
+        abs(ratio - 1.0) <= noise
+        # the data path's measured interference leaving the step: down to the compute-only
+        # run's step is the knob's doing
+        or (only_ratio is not None and only_ratio - noise <= ratio < 1.0))
+    why = []
+    if not step_ok and math.isfinite(ratio):
+        why.append(f"the model step changed: {mo * 1e3:.2f} ms/batch against {mb * 1e3:.2f} "
+                   f"ms ({ratio:.2f}x, noise {noise:.0%}), which no loader setting does (the "
+                   f"machine's load, or the data path slowing the step"
+                   + (f" beyond the {inter_share:.0%} interference measured)" if only_ratio
+                      is not None else ", not measured here: run --analyze)"))
+    if math.isfinite(bound) and gain > bound * (1.0 + noise):
+        why.append(f"{gain:.2f}x is more than the baseline's wait allows ({bound:.2f}x: "
+                   f"1 / (1 - its wait share"
+                   + (" + interference" if inter_share else "") + "))")
+    out.why_not = "; ".join(why)
+    return out

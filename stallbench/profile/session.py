@@ -596,9 +596,23 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
     changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
     where = "Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else "DataLoader"
-    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x {base.name} "
-            f"({b:,.0f}; measured, steady state); set {changes} on your {where}{unrun}")
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
+    # issue 39: a measured ratio is the knob's gain only where the wait can explain it
+    from ..analysis import waits
+    chk = waits.check_gain(base, best, x / b)
+    iv = (f" [{chk.interval[0]:.2f}, {chk.interval[1]:.2f}] over {chk.repeats} repeats"
+          if chk.interval else " (one repeat: no interval; --repeats 2 or more gives one)")
+    if chk.why_not:
+        text = (f"recommendation: none measured: {best.name} ran {x / b:.2f}x{iv} {base.name} "
+                f"in steady state, but that is not the gain of {changes}: {chk.why_not}; "
+                f"measure again on a quiet machine (--repeats 3){unrun}")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              measured_speedup=x / b, measured_variant=best.name,
+                              action="keep", knob=key, conclusive=False,
+                              predicted_from="measured", text=text)
+    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x{iv} "
+            f"{base.name} ({b:,.0f}; measured, steady state; the baseline's wait allows "
+            f"{chk.bound:.2f}x); set {changes} on your {where}{unrun}")
     return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
                           measured_speedup=x / b, measured_variant=best.name,
                           action=f"set {changes} on your {where}", knob=key,
