@@ -302,3 +302,45 @@ def check_gain(base: VariantResult, other: VariantResult, gain: float) -> GainCh
                    + (" + interference" if inter_share else "") + "))")
     out.why_not = "; ".join(why)
     return out
+
+
+# ------------------------------------------------------------------------- the headline
+
+# Start-up is split out of the headline's wait when it is more than this share of it: a Ray
+# Data loop that waited 15.8 s of 15.97 s before its first batch headlined as "data stall
+# 0.02 s" (its steady state) when the split was not said.
+STARTUP_HEADLINE_SHARE = 0.10
+
+
+def wait_headline(v: VariantResult) -> str:
+    """The variant's measured wait in one line (median over its full runs): split into
+    before the first batch / start-up and steady state when start-up holds more than a tenth
+    of it; "" without figures."""
+    stall, epoch = v.stall_s.median, v.epoch_s.median
+    if not (math.isfinite(stall) and math.isfinite(epoch) and epoch > 0):
+        return ""
+    head = f"waited {stall:.2f} s of the {epoch:.2f} s run ({stall / epoch:.0%}; measured)"
+    p = v.phases
+    if p is None or not math.isfinite(p.startup_stall_s.median) or stall <= 0:
+        return head
+    start = min(max(p.startup_stall_s.median, 0.0), stall)
+    if start <= STARTUP_HEADLINE_SHARE * stall:
+        return head
+    first = v.time_to_first_batch_s.median
+    steady = stall - start
+    ahead = (f"{first:.2f} s before the first batch, " if math.isfinite(first)
+             and 0 < first <= start else "")
+    return (f"{head}: {start:.2f} s in start-up ({ahead}until every producer delivered its "
+            f"first item), {steady:.2f} s in steady state: a longer run pays the start-up once")
+
+
+def interference_line(v: VariantResult) -> str:
+    """The data path's measured cost on the model step, its own line ("" where not measured)."""
+    a = v.attribution
+    if a is None or a.interference_s is None:
+        return ""
+    r = a.step_ratio.get("compute_only")
+    ratio = f" (served from memory its step took {r:.2f}x as long)" if r else ""
+    return (f"interference: the model step took {a.interference_s:.2f} s longer beside the data "
+            f"path than with its batches served from memory{ratio}; measured, not a wait: no "
+            f"loader setting that only removes waits recovers it")

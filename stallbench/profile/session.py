@@ -746,6 +746,12 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
     sha = hashlib.sha256(Path(script).read_bytes() if script
                          else shlex.join(argv).encode("utf-8", "surrogateescape"))
+    from ..analysis import waits
+    for vr in results:      # decided in analysis, stored, printed from the result (issue 39)
+        for key, line in (("measured wait", waits.wait_headline(vr)),
+                          ("interference", waits.interference_line(vr))):
+            if line:
+                vr.notes[key] = line
     rec = recommend(results)
     unreached = knobs_reached_nothing(results)     # once: the best variant and the what-if
     best = (max(advisable(results), key=_steady_or_zero)

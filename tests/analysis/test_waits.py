@@ -103,3 +103,19 @@ def test_a_step_change_on_a_busy_machine_withholds_the_parts() -> None:
     b = attribute(run(0.0043, 0.010, busy=True), run(0.0, 0.010), run(0.0, 0.010),
                   run(0.0, 0.010), 0.010)
     assert b.conclusive and b.interference_s is None
+
+
+def _v(stall: float, epoch: float, startup_stall: float, first: float):
+    from types import SimpleNamespace as NS
+    return NS(stall_s=NS(median=stall), epoch_s=NS(median=epoch),
+              phases=NS(startup_stall_s=NS(median=startup_stall)),
+              time_to_first_batch_s=NS(median=first), attribution=None)
+
+
+def test_the_headline_puts_a_start_up_dominated_wait_before_the_first_batch() -> None:
+    # the Ray loop of issue 39: 15.8 s of its 15.97 s wait before its first batch
+    line = waits.wait_headline(_v(15.82, 15.97, 15.80, 15.78))
+    assert "waited 15.82 s" in line and "15.80 s in start-up" in line
+    assert "15.78 s before the first batch" in line and "0.02 s in steady state" in line
+    # start-up a twentieth of the wait: one figure, no split
+    assert "start-up" not in waits.wait_headline(_v(2.0, 10.0, 0.1, 0.05))
