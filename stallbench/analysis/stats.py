@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..results import Summary
+
 
 def t_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float, float]:
     """Student-t interval of the mean; degenerate (the value itself) with one sample."""
@@ -44,6 +46,14 @@ def finite_median(values: Iterable[Any], empty: Any = math.nan) -> Any:
     xs = [float(v) for v in values
           if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
     return statistics.median(xs) if xs else empty
+
+
+def finite_summary(values: Iterable[Any]) -> Summary:
+    """A ``Summary`` over repeats of the finite numbers among ``values`` (the rule of
+    ``finite_median``: a missing repeat is left out, never a NaN median)."""
+    return Summary.of([float(v) for v in values
+                       if isinstance(v, numbers.Real) and not isinstance(v, bool)
+                       and math.isfinite(v)])
 
 
 def bootstrap_ci(

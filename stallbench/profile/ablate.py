@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..analysis import differential, figures, waits
+from ..analysis.stats import finite_summary
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
@@ -236,8 +237,7 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
             stall_interval=_difference_interval(full_t, got), part=part_of(name)))
 
 
-def _summary(xs: list[float]) -> Summary:
-    return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
+_summary = finite_summary     # one rule for a figure over repeats (analysis.stats)
 
 
 def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,

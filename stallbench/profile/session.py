@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..errors import UserError
+from ..analysis.stats import finite_median, finite_summary
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        RepeatFigures,
@@ -374,14 +375,7 @@ def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _finite_median(xs: list[float]) -> float:
-    import statistics
-    vals = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
-
-
-def _summary(xs: list[float]) -> Summary:
-    return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
+_summary = finite_summary     # one rule for a figure over repeats (analysis.stats)
 
 
 def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
@@ -395,7 +389,9 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         per_rank = [(s, merge.figures(s)) for s in hs]
         f = merge.job_figures(per_rank, run.peak_pss_mb)
         f.peak_pss_mb = run.peak_pss_mb
-        _refuse_impossible_steady(f)
+        # the one rule the scenario runner keeps: profiled producers are this machine's
+        # processes (a Ray cluster's other nodes aside)
+        phases_mod.refuse_beyond_cores(f)
         f.load = run.load
         reps.append(f)
         if timeline_stream is None and hs:
@@ -449,7 +445,7 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
     # own time per step = the wait alone: a user's step cannot be split into its compute and
     # the all-reduce where a fast rank waits for the slow one (analysis.ranks.own_steps)
     c, ex, noise, named = ranks_mod.straggler(steps)
-    med = _finite_median
+    med = finite_median
     gain = med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
 
     stats = [RankStats(rank=f0.rank, stall_s=med([f.ranks[i].stall_s for f in reps]),
@@ -481,18 +477,6 @@ def _by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
     for s in streams:
         out.setdefault(s.rank, []).append(s)
     return [out[k] for k in sorted(out)]
-
-
-def _refuse_impossible_steady(f: RepeatFigures) -> None:
-    """The rule the scenario runner keeps (``phases.cpu_limit_reason``): a steady window
-    faster than this machine's cores can do the measured data work is refused, not kept.
-    Profiled producers are this machine's processes (a Ray cluster's other nodes aside)."""
-    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else (os.cpu_count() or 1))
-    why = phases_mod.cpu_limit_reason(f, cores)
-    if why and f.phases is not None:
-        f.phases = phases_mod.refuse(f.phases, why, f.epoch_s, f.compute_s, f.batches, f.samples)
-        f.steady_throughput_samples_s = math.nan
 
 
 def steady_rate(v: VariantResult) -> float:
