@@ -341,6 +341,6 @@ def interference_line(v: VariantResult) -> str:
         return ""
     r = a.step_ratio.get("compute_only")
     ratio = f" (served from memory its step took {r:.2f}x as long)" if r else ""
-    return (f"interference: the model step took {a.interference_s:.2f} s longer beside the data "
+    return (f"the model step took {a.interference_s:.2f} s longer beside the data "
             f"path than with its batches served from memory{ratio}; measured, not a wait: no "
             f"loader setting that only removes waits recovers it")

@@ -77,7 +77,9 @@ def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
     hs = sorted((s for s in merge.streams(run.parts) if s.name == headline), key=lambda s: s.rank)
     if not hs:
         return None
-    return merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
+    f = merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
+    f.load = run.load       # a step that moved on a busy machine is withheld (analysis.waits)
+    return f
 
 
 _rank_batches = waits.rank_batches
