@@ -639,12 +639,19 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     machine = metadata()
     created = now_utc()
     try:
-        for i, v in enumerate(variants, 1):
+        for v in variants:
             if v.skipped:
                 say(f"variant {v.name}: skipped: {v.skipped}")
-                continue
-            runs = []
-            for r in range(opts.repeats):
+        todo = [(i, v) for i, v in enumerate(variants, 1) if not v.skipped]
+        by_variant: dict[int, list[JobRun]] = {i: [] for i, _ in todo}
+        gone: set[int] = set()
+        # interleaved across repeats (issue 39): A, B, A, B, ..., so that a machine whose
+        # load drifts during the profile moves every variant alike, not the last one alone
+        for r in range(opts.repeats):
+            for i, v in todo:
+                if i in gone:
+                    continue
+                runs = by_variant[i]
                 say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
                     f"{redact.shown(opts.argv)}")
                 run_dir = run_root / f"v{i}r{r}"
@@ -661,8 +668,9 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                     say(f"variant {v.name}: the job exited with code {code} (repeat "
                         f"{r + 1}): recorded as failed, not measured")
                     failed.append((v.name, code))
-                    runs = []
-                    break
+                    by_variant[i] = []
+                    gone.add(i)
+                    continue
                 if code != 0:
                     raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
                 check_parts(node_dir, f"variant {v.name}, repeat {r + 1}")
@@ -676,6 +684,8 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                         opts.trace.extend(trace.events(
                             f"{v.name} repeat {r + 1} rank {rank_streams[0].rank}", pid,
                             rank_streams))
+        for i, v in todo:
+            runs = by_variant[i]
             if not runs:
                 continue
             all_runs.extend(runs)
