@@ -593,6 +593,7 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
         return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
                               measured_speedup=x / b, measured_variant=best.name,
                               action="keep", knob=key, conclusive=False,
+                              not_the_knobs_gain=chk.why_not,
                               predicted_from="measured", text=text)
     text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x{iv} "
             f"{base.name} ({b:,.0f}; measured, steady state; the baseline's wait allows "

@@ -78,7 +78,7 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 39, attribution from the measured waits on ``profile``):
   ``Attribution.interference_s``, ``step_ratio``, ``step_noise_share``,
   ``wait_bound_speedup``; ``inconclusive_because`` may be ``"closure"`` or
-  ``"busy_machine"``.
+  ``"busy_machine"``; ``Recommendation.not_the_knobs_gain``.
   Additive in version 3 (issue 27, workers that pay): ``ExecutorFacts.workers_kept``
   (loader workers kept across runs, forked every run though they could be kept, or nothing
   to keep), ``Recommendation.also`` (further measured-motivated changes, e.g.
@@ -599,6 +599,10 @@ class Recommendation:
     # motivates it (issue 27: ``loader.persistent_workers`` where forked workers' start-up is a
     # material share of the epoch)
     also: list[str] = field(default_factory=list)
+    # issue 39: why ``measured_speedup`` is not the knob's gain ("" when it is): the model step
+    # got faster beyond its noise, or the ratio is above what the baseline's wait allows
+    # (``analysis.waits.check_gain``); the text then says what else changed
+    not_the_knobs_gain: str = ""
 
 
 @dataclass
