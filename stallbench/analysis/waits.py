@@ -121,7 +121,12 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
     stalls = {k: [stall_of(f, steady) for f in fs] for k, fs in runs.items()}
     med = {k: _med(v) for k, v in stalls.items()}
     raw = _parts(med, names[:4])
-    draws = _parts(_draws(stalls, n_boot, seed), names[:4])
+    resampled = _draws(stalls, n_boot, seed)
+    if len(free) == len(batch) and all(x is y for x, y in zip(free, batch)):
+        # nothing pinned: the "pin served" run is the collate-served run itself, transfer is
+        # 0 by construction (not two resamplings of the same runs)
+        resampled[names[3]] = resampled[names[2]]
+    draws = _parts(resampled, names[:4])
     q = [0.5 - confidence / 2, 0.5 + confidence / 2]
 
     def iv(d: object) -> Interval:

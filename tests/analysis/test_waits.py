@@ -119,3 +119,10 @@ def test_the_headline_puts_a_start_up_dominated_wait_before_the_first_batch() ->
     assert "15.78 s before the first batch" in line and "0.02 s in steady state" in line
     # start-up a twentieth of the wait: one figure, no split
     assert "start-up" not in waits.wait_headline(_v(2.0, 10.0, 0.1, 0.05))
+
+
+def test_an_unpinned_job_has_transfer_zero_with_a_zero_interval() -> None:
+    full, items, batch = ([run(w, 0.01) for _ in range(3)] for w in (0.004, 0.002, 0.001))
+    a = waits.attribute(full, items, batch, batch, [2.0] * 3, [2.0] * 3, [0.01] * 3, NAMES)
+    assert a.transfer_stall_s == 0.0
+    assert a.intervals.transfer_stall_s.low == a.intervals.transfer_stall_s.high == 0.0
