@@ -320,7 +320,12 @@ def _attribution_notes(a: Attribution) -> list[str]:
         notes.append("inconclusive" + (f" ({a.inconclusive_because.replace('_', ' ')})"
                                        if a.inconclusive_because else ""))
     if a.negative_parts:
-        notes.append("negative (noise): " + ", ".join(a.negative_parts))
+        notes.append("came out below 0, shown as 0: " + ", ".join(a.negative_parts))
+    if a.interference_s is not None:
+        notes.append(f"interference {a.interference_s:.2f} s: the model step took longer beside "
+                     "the data path than served from memory (measured; not a wait)")
+    if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup):
+        notes.append(f"removing every wait gives at most {a.wait_bound_speedup:.2f}x")
     return notes
 
 
