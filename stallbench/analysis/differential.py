@@ -49,7 +49,7 @@ import numpy as np
 from ..stages.ablation import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures
 from . import figures
-from .stats import COMPUTE_BOUND_SHARE, finite_median
+from .stats import COMPUTE_BOUND_SHARE, bootstrap_medians, finite_median, percentile_interval
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
@@ -256,13 +256,8 @@ def bootstrap_parts(groups: Mapping[str, Sequence[float]], method: str, confiden
                     seed: int, n_boot: int = 2000) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap of every part at once: the attribution is linear in the per-run
     statistic, so it is evaluated on whole arrays of resampled medians (fast, same as a loop)."""
-    rng = np.random.default_rng(seed)
-    medians = {k: np.median(rng.choice(np.asarray(v, dtype=float), size=(n_boot, len(v)),
-                                       replace=True), axis=1)
-               for k, v in groups.items()}
-    draws = attribute(medians, method)
-    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
-    return {k: (float(np.quantile(d, q[0])), float(np.quantile(d, q[1]))) for k, d in draws.items()}
+    draws = attribute(bootstrap_medians(groups, n_boot, seed), method)
+    return {k: percentile_interval(d, confidence) for k, d in draws.items()}
 
 
 def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tuple[str, float]:

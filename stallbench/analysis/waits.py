@@ -39,13 +39,11 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-import numpy as np
-
 from ..measure.load import heavy
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures, VariantResult
 from . import differential
 from .figures import wait_bound
-from .stats import COMPUTE_BOUND_SHARE, finite_median
+from .stats import COMPUTE_BOUND_SHARE, bootstrap_medians, finite_median, percentile_interval
 
 STAGES = ("fetch", "preprocess", "transfer")
 PARTS = (*STAGES, "overhead")
@@ -89,11 +87,7 @@ def _med(xs: Sequence[float]) -> float:
     return float(finite_median(xs))
 
 
-def _draws(groups: Mapping[str, Sequence[float]], n_boot: int, seed: int
-           ) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: np.median(rng.choice(np.asarray(v, float), size=(n_boot, len(v))), axis=1)
-            for k, v in groups.items()}
+_draws = bootstrap_medians
 
 
 def _parts(s: Mapping[str, object], names: Sequence[str]) -> dict[str, object]:
@@ -127,11 +121,9 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
         # 0 by construction (not two resamplings of the same runs)
         resampled[names[3]] = resampled[names[2]]
     draws = _parts(resampled, names[:4])
-    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
 
     def iv(d: object) -> Interval:
-        lo, hi = np.quantile(np.asarray(d, float), q)
-        return Interval(float(lo), float(hi))
+        return Interval(*percentile_interval(d, confidence))
 
     negative = [p for p in PARTS if raw[p] < 0]       # type: ignore[operator]
     part = {p: max(float(raw[p]), 0.0) for p in PARTS}   # type: ignore[arg-type]
@@ -259,8 +251,7 @@ def _ratio_interval(num: Sequence[float], den: Sequence[float], confidence: floa
     if len(a) < 2 or len(b) < 2:
         return None
     d = _draws({"a": a, "b": b}, n_boot, seed)
-    q = np.quantile(d["a"] / d["b"], [0.5 - confidence / 2, 0.5 + confidence / 2])
-    return float(q[0]), float(q[1])
+    return percentile_interval(d["a"] / d["b"], confidence)
 
 
 def check_gain(base: VariantResult, other: VariantResult, gain: float) -> GainCheck:

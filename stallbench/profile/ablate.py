@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..analysis import differential, figures, waits
-from ..analysis.stats import finite_summary
+from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
@@ -150,13 +150,8 @@ def _difference_interval(a: list[float], b: list[float], confidence: float = 0.9
                          n_boot: int = 2000) -> Interval:
     """Percentile bootstrap of median(a) - median(b), each resampled on its own (as
     ``differential`` does for its parts); the point itself with one repeat each."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    da = np.median(rng.choice(np.asarray(a, float), size=(n_boot, len(a))), axis=1)
-    db = np.median(rng.choice(np.asarray(b, float), size=(n_boot, len(b))), axis=1)
-    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
-    return Interval(*(float(x) for x in np.quantile(da - db, q)))
+    d = bootstrap_medians({"a": a, "b": b}, n_boot, seed=0)
+    return Interval(*percentile_interval(d["a"] - d["b"], confidence))
 
 
 AUTOMATIC = ("dataset.__getitem__", "dataset.__iter__", "collate_fn", "pin_memory")
