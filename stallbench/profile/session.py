@@ -438,10 +438,11 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
 
     world = len(reps[0].ranks)
     stalls = [[r.stall_s for r in f.ranks] for f in reps]
-    steps = []
+    steps, model_steps = [], []
     for streams in per_run:
         hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
         steps.append([list(s.wait) for s in hs])
+        model_steps.append([list(s.step) for s in hs])
     # own time per step = the wait alone: a user's step cannot be split into its compute and
     # the all-reduce where a fast rank waits for the slow one (analysis.ranks.own_steps)
     c, ex, noise, named = ranks_mod.straggler(steps)
@@ -465,10 +466,15 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
                     candidate=reps[0].ranks[c].rank, straggler_excess_s=ex,
                     gain_if_median_pace_s=gain,
                     gain_speedup=epoch_s / (epoch_s - gain) if epoch_s > gain > 0 else 1.0)
+    # the other ranks' wait for the candidate inside their steps (the collective), measured
+    s.others_wait_s = med([ranks_mod.others_wait_in_step(m, c) for m in model_steps])
+    waited = (f"the other ranks' steps took {s.others_wait_s:.2f} s longer than its own "
+              f"(their wait for it in the collective, measured); "
+              if math.isfinite(s.others_wait_s) and s.others_wait_s > 0 else "")
     s.verdict = ranks_mod.verdict(s) if named is None else (
-        f"rank {s.straggler} is the straggler: it waited {stats[c].wait_s:.2f} s for its batches, "
-        f"{ex:.2f} s above the other ranks' median (noise {noise:.2f} s); at their pace the job "
-        f"would wait {gain:.2f} s less ({s.gain_speedup:.2f}x, ESTIMATED)")
+        f"rank {s.straggler} is the straggler: {waited}it waited {stats[c].wait_s:.2f} s for "
+        f"its batches, {ex:.2f} s above the other ranks' median (noise {noise:.2f} s); at their "
+        f"pace the job would wait {gain:.2f} s less ({s.gain_speedup:.2f}x, ESTIMATED)")
     return s
 
 
