@@ -2,8 +2,9 @@
 
 The first variant (the job as written, with the first ``--set`` values) is run again with
 parts of its data path served from memory instead of computed (``replay.py`` does the serving
-inside the job's processes), in DS-Analyzer's chain, so ``analysis.differential`` attributes
-the stall exactly as it does for scenarios:
+inside the job's processes), in DS-Analyzer's chain, and ``analysis.waits`` attributes the
+stall from the waits each run measured (each run's step compared with the full run's apart:
+interference; issue 39):
 
     full (the variant's own runs)
     -> dataset served        (``fetch``: the dataset's item/iter function, the user's transform
@@ -36,7 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import differential, figures, waits
+from ..analysis import figures, waits
 from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
@@ -378,7 +379,6 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     a = waits.attribute(full, served[ITEMS], served[BATCH], served[FREE],
                         [v[0] for v in done[ONLY]], [v[2] for v in done[ONLY]],
                         [v[1] for v in done[ONLY]], (FULL, ITEMS, BATCH, FREE, ONLY))
-    a.verdict = differential.verdict(a)
     return a, an
 
 
