@@ -57,7 +57,7 @@ from typing import Any, Sequence
 from ..measure.load import HEAVY_CORES
 from ..results import BackTest, MachineInfo, Recommendation, Result, VariantResult
 from ..stages.sizes import ceil_div
-from . import backtest, figures, whatif, whatif_models
+from . import backtest, figures, waits, whatif, whatif_models
 from .stats import finite_median
 
 WORTH = 1.05          # a change predicted to give less than this is not advised
@@ -192,6 +192,8 @@ def _quote_measured(v: VariantResult, rec: Recommendation,
         here, there = _rate(v, steady), _rate(s, steady)
         if math.isfinite(here) and here > 0 and math.isfinite(there):
             rec.measured_speedup, rec.measured_variant = there / here, s.name
+            # issue 39: the knob's gain only where the wait explains it
+            rec.not_the_knobs_gain = waits.check_gain(v, s, there / here).why_not
             rec.predicted_speedup = None
             rec.prediction_model = None
             rec.predicted_from = f"measured in this run ({basis})"
@@ -489,6 +491,9 @@ def _action_text(rec: Recommendation) -> str:
     if rec.measured_speedup is not None and math.isfinite(rec.measured_speedup):
         basis = rec.predicted_from.partition("(")[2].rstrip(")") or "steady state"
         text = f"{rec.action} measured {rec.measured_speedup:.2f}x ({rec.measured_variant}, {basis})"
+        if rec.not_the_knobs_gain:
+            return (f"{text}, which is not that change's gain alone: "
+                    f"{rec.not_the_knobs_gain}; measure again on a quiet machine")
         if rec.measured_speedup < WORTH:
             text += (f": no gain, so not that; make {rec.bound_by} cheaper or give it more "
                      f"CPUs")

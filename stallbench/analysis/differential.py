@@ -49,7 +49,7 @@ import numpy as np
 from ..stages.ablation import ALL_ABLATIONS, COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures
 from . import figures
-from .stats import COMPUTE_BOUND_SHARE
+from .stats import COMPUTE_BOUND_SHARE, bootstrap_medians, finite_median, percentile_interval
 
 STAGES = ("fetch", "preprocess", "transfer")
 CHAIN = [Ablation(), Ablation(fetch=True), Ablation(fetch=True, preprocess=True),
@@ -167,20 +167,36 @@ def analyze_runs(runs: Mapping[str, Sequence[RepeatFigures]], method: str = "cha
     short = [k for k in needed for f in runs.get(k, ())
              if f.phases is not None and not f.phases.has_steady]
     if unsplit:     # a data-parallel job's figures (``trainers.job``) are not split
-        return analyze(epochs, method, confidence, computes=computes,
+        return bound_by_wait(analyze(epochs, method, confidence, computes=computes,
                        basis=f"whole run ({len(unsplit)} run(s) not split into start-up and "
-                             "steady state: data-parallel jobs are attributed on whole runs)")
+                             "steady state: data-parallel jobs are attributed on whole runs)"),
+            runs.get("full", ()))
     if short:
-        return analyze(epochs, method, confidence, computes=computes,
+        return bound_by_wait(analyze(epochs, method, confidence, computes=computes,
                        basis=f"whole run (no steady window in {len(short)} run(s): too short "
-                             "for a steady state; raise max_batches)")
+                             "for a steady state; raise max_batches)"), runs.get("full", ()))
     ph = {k: [(f, f.phases) for f in v] for k, v in runs.items()}
     steady = {k: [p.steady_epoch_s for _, p in v if p] for k, v in ph.items()}
     # the model steps of the steady window, scaled like its time (the noise floor's input)
     scomp = {k: [p.steady_compute_s * f.batches / p.steady_batches for f, p in v if p]
              for k, v in ph.items()}
-    return analyze(epochs, method, confidence, computes=computes, steady=steady,
-                   steady_computes=scomp)
+    return bound_by_wait(analyze(epochs, method, confidence, computes=computes, steady=steady,
+                                 steady_computes=scomp), runs.get("full", ()))
+
+
+def bound_by_wait(a: Attribution, full: Sequence[RepeatFigures]) -> Attribution:
+    """``ideal_speedup`` capped by what the full runs' measured waits allow (issue 39):
+    removing every wait gives at most 1 / (1 - the larger of the whole-run and steady stall
+    shares); differences of epochs can exceed it where the ablation runs' steps differ."""
+    whole = finite_median(f.stall_s / f.epoch_s for f in full if f.epoch_s > 0)
+    steady = finite_median(f.phases.steady_stall_share for f in full
+                           if f.phases is not None and f.phases.has_steady)
+    bound = figures.wait_bound(whole, steady)
+    if math.isfinite(bound):
+        a.wait_bound_speedup = bound
+        a.ideal_speedup = min(a.ideal_speedup, bound)
+        a.verdict = verdict(a)
+    return a
 
 
 def _startup_interval(epochs: Sequence[float], steady: Sequence[float], confidence: float,
@@ -240,13 +256,8 @@ def bootstrap_parts(groups: Mapping[str, Sequence[float]], method: str, confiden
                     seed: int, n_boot: int = 2000) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap of every part at once: the attribution is linear in the per-run
     statistic, so it is evaluated on whole arrays of resampled medians (fast, same as a loop)."""
-    rng = np.random.default_rng(seed)
-    medians = {k: np.median(rng.choice(np.asarray(v, dtype=float), size=(n_boot, len(v)),
-                                       replace=True), axis=1)
-               for k, v in groups.items()}
-    draws = attribute(medians, method)
-    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
-    return {k: (float(np.quantile(d, q[0])), float(np.quantile(d, q[1]))) for k, d in draws.items()}
+    draws = attribute(bootstrap_medians(groups, n_boot, seed), method)
+    return {k: percentile_interval(d, confidence) for k, d in draws.items()}
 
 
 def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tuple[str, float]:
@@ -278,8 +289,12 @@ def verdict(a: Attribution, action: str | None = None, gain: float | None = None
     tail = (f" (loader hand-off alone: {overhead:.0%})"
             if overhead >= COMPUTE_BOUND_SHARE else "")
     for part in a.negative_parts:
-        tail += (f"; {part} part {a.part_s(part):+.2f} s: making it ideal slowed the run, so the "
-                 f"ablations interact or the run was disturbed (add repeats)")
+        # never printed as a negative figure (issue 39): a stall cannot be below zero
+        tail += (f"; {part} part came out below 0 (taken as 0): making it ideal slowed the "
+                 f"run, so the ablations interact or the run was disturbed (add repeats)")
+    if a.interference_s is not None:
+        tail += (f"; interference {_secs(a.interference_s)}: the model step took longer beside "
+                 f"the data path than served from memory (measured, apart from the wait)")
     if steady and a.startup_cost_share >= COMPUTE_BOUND_SHARE:
         tail += (f"; start-up {_secs(a.startup_cost_s)} ({a.startup_cost_share:.0%} of this run) "
                  f"is apart: a long epoch pays it once")
@@ -289,6 +304,9 @@ def verdict(a: Attribution, action: str | None = None, gain: float | None = None
         return (f"refused: the {a.refused}, which no measurement allows; the ablation runs "
                 f"disagree (a run too short for its figures, or a disturbed machine): measure "
                 f"longer runs or add repeats{tail}")
+    if not a.conclusive and a.inconclusive_because in ("closure", "busy_machine"):
+        lean = "compute-bound" if a.bound_by == "compute" else f"{a.bound_by}-bound"
+        return f"inconclusive (leaning {lean}): {a.refused}{tail}"
     if not a.conclusive and a.inconclusive_because == "interval":
         iv = a.part_interval(a.bound_by)
         return (f"inconclusive (leaning {a.bound_by}-bound): its stall's interval "

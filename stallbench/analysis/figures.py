@@ -80,13 +80,28 @@ def stage_s_per_sample(v: VariantResult, stage: str) -> float:
     return finite_median(getattr(f.stage_s, key) / max(f.samples, 1) for f in v.repeats)
 
 
+def wait_bound(whole_share: float, steady_share: float | None = None) -> float:
+    """What removing every wait (issue 39) gives at most: 1 / (1 - the larger stall share). Infinite
+    where the loop did nothing but wait; NaN where neither share is known."""
+    shares = [s for s in (whole_share, steady_share)
+              if s is not None and math.isfinite(s)]
+    if not shares:
+        return math.nan
+    s = min(max(max(shares), 0.0), 1.0)
+    return math.inf if s >= 1.0 else 1.0 / (1.0 - s)
+
+
 def data_ideal_speedup(a: Attribution) -> float:
     """The (steady) epoch over the compute-only run's: what taking every data stage and the
     loader's hand-off off the trainer gives at most (the parts sum to the epoch)."""
     total = a.steady_epoch_s if a.steady_epoch_s is not None else a.epoch_s
     if not (math.isfinite(total) and a.compute_s > 0):
         return math.nan
-    return max(total / a.compute_s, a.ideal_speedup)
+    ideal = max(total / a.compute_s, a.ideal_speedup)
+    # the epoch over the compute-only run's also holds the step's slowdown beside the loader
+    # (interference, its own figure): removing the waits gives at most the wait's bound
+    bound = a.wait_bound_speedup
+    return min(ideal, bound) if bound is not None and math.isfinite(bound) else ideal
 
 
 def ideal_bound(a: Attribution, knob: str | None) -> Figure:

@@ -238,6 +238,20 @@ def others_wait(syncs: Sequence[float], c: int) -> float:
     return statistics.median(others) - syncs[c] if others else 0.0
 
 
+def others_wait_in_step(steps: Sequence[Sequence[float]], c: int) -> float:
+    """What the other ranks spent waiting for rank ``c`` in the collective, seen from a job
+    whose step holds its own all-reduce (``profile``: the user's step cannot be split): the
+    other ranks' step time beyond ``c``'s (the median of theirs minus its own) over the steps
+    every rank took, one run. In a synchronous step a rank that arrives late is waited for by
+    the others inside their step, so this is the first, measured evidence of a straggler
+    (issue 39); the statistical test (``straggler``) is the rule for naming it."""
+    if len(steps) < 2:
+        return 0.0
+    k = min(len(s) for s in steps)
+    sums = [float(sum(s[:k])) for s in steps]
+    return statistics.median(x for r, x in enumerate(sums) if r != c) - sums[c]
+
+
 def exactly_once(runs: Sequence[Any], plan: Any) -> ExactlyOnce | None:
     """Who got which batches in one run (``RankRun``s): every batch of the job's work list
     once. An item no rank saw counts with its shard's batches and rows (exact unless a

@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..results import Summary
+
 
 def t_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float, float]:
     """Student-t interval of the mean; degenerate (the value itself) with one sample."""
@@ -44,6 +46,33 @@ def finite_median(values: Iterable[Any], empty: Any = math.nan) -> Any:
     xs = [float(v) for v in values
           if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)]
     return statistics.median(xs) if xs else empty
+
+
+def finite_summary(values: Iterable[Any]) -> Summary:
+    """A ``Summary`` over repeats of the finite numbers among ``values`` (the rule of
+    ``finite_median``: a missing repeat is left out, never a NaN median)."""
+    return Summary.of([float(v) for v in values
+                       if isinstance(v, numbers.Real) and not isinstance(v, bool)
+                       and math.isfinite(v)])
+
+
+def bootstrap_medians(groups: Mapping[str, Sequence[float]], n_boot: int = 2000,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """``n_boot`` bootstrap medians of each group, every group's repeats resampled on its own
+    (one seeded stream, in the groups' order): the one bootstrap of per-run medians that the
+    attributions (``differential``, ``waits``) and ``profile``'s differences share. A part
+    linear in the medians is then evaluated on the whole arrays at once."""
+    rng = np.random.default_rng(seed)
+    return {k: np.median(rng.choice(np.asarray(v, dtype=float), size=(n_boot, len(v)),
+                                    replace=True), axis=1)
+            for k, v in groups.items()}
+
+
+def percentile_interval(draws: Any, confidence: float = 0.9) -> tuple[float, float]:
+    """The central ``confidence`` percentile interval of bootstrap draws."""
+    lo, hi = np.quantile(np.asarray(draws, dtype=float),
+                         [0.5 - confidence / 2, 0.5 + confidence / 2])
+    return float(lo), float(hi)
 
 
 def bootstrap_ci(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..results import ScenarioAnalysis, VariantResult, WhatIfValidation
+from . import waits
 
 
 def scenario_analysis(variants: Sequence[VariantResult],
@@ -17,6 +18,11 @@ def scenario_analysis(variants: Sequence[VariantResult],
         if base.throughput_samples_s.median else None
     parts = [f"best variant {best.name!r}: {best.throughput_samples_s.median:,.0f} samples/s"
              f" ({speedup:.2f}x the first variant {base.name!r})" if speedup else ""]
+    # issue 39: the measured wait first, start-up apart when it weighs; interference its own
+    for v in ([base] if best is base else [base, best]):
+        for line in (waits.wait_headline(v), waits.interference_line(v)):
+            if line:
+                parts.append(f"{v.name}: {line}")
     if best.attribution is not None and best.attribution.verdict:
         parts.append(f"{best.name}: {best.attribution.verdict}")
     return ScenarioAnalysis(baseline_variant=base.name, best_variant=best.name,

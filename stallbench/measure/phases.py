@@ -55,6 +55,7 @@ tables and verdicts then give whole-run figures and say the run was too short.
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 from ..results import Phases, RepeatFigures, Summary
@@ -163,6 +164,25 @@ def cpu_limit_reason(f: RepeatFigures, cores: float) -> str:
     return (f"refused a steady rate of {rate:,.0f} samples/s: the data work measured "
             f"{cpu * 1e6:.1f} us of CPU per sample, so {cores:g} cores allow at most "
             f"{limit:,.0f}/s: not a steady state")
+
+
+def machine_cores() -> float:
+    """The cores this process may run on (its affinity where the OS says, else all)."""
+    return float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else (os.cpu_count() or 1))
+
+
+def refuse_beyond_cores(f: RepeatFigures, cores: float | None = None) -> bool:
+    """The one "faster than the cores allow" rule (``cpu_limit_reason``), applied to a run:
+    its steady window is refused in place, saying why, and its steady rate is NaN (never
+    clamped). The scenario runner (local producers) and ``profile`` both call this. True
+    when it refused."""
+    why = cpu_limit_reason(f, machine_cores() if cores is None else cores)
+    if not why or f.phases is None:
+        return False
+    f.phases = refuse(f.phases, why, f.epoch_s, f.compute_s, f.batches, f.samples)
+    f.steady_throughput_samples_s = math.nan
+    return True
 
 
 def refuse(p: Phases, reason: str, epoch_s: float, compute_s: float, batches: int,

@@ -2,8 +2,9 @@
 
 The first variant (the job as written, with the first ``--set`` values) is run again with
 parts of its data path served from memory instead of computed (``replay.py`` does the serving
-inside the job's processes), in DS-Analyzer's chain, so ``analysis.differential`` attributes
-the stall exactly as it does for scenarios:
+inside the job's processes), in DS-Analyzer's chain, and ``analysis.waits`` attributes the
+stall from the waits each run measured (each run's step compared with the full run's apart:
+interference; issue 39):
 
     full (the variant's own runs)
     -> dataset served        (``fetch``: the dataset's item/iter function, the user's transform
@@ -36,7 +37,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import differential, figures
+from ..analysis import figures, waits
+from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
@@ -75,15 +77,12 @@ def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
     hs = sorted((s for s in merge.streams(run.parts) if s.name == headline), key=lambda s: s.rank)
     if not hs:
         return None
-    return merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
+    f = merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
+    f.load = run.load       # a step that moved on a busy machine is withheld (analysis.waits)
+    return f
 
 
-def _rank_batches(f: RepeatFigures) -> int:
-    """The batches of the rank whose figures ``job_figures`` takes as the job's stall,
-    compute and phases (the worst-stalled rank); ``f.batches`` sums the ranks'."""
-    if not f.ranks:
-        return f.batches
-    return max(f.ranks, key=lambda r: r.stall_s).batches
+_rank_batches = waits.rank_batches
 
 
 def _replay_parts(run: JobRun) -> list[dict[str, Any]]:
@@ -151,13 +150,8 @@ def _difference_interval(a: list[float], b: list[float], confidence: float = 0.9
                          n_boot: int = 2000) -> Interval:
     """Percentile bootstrap of median(a) - median(b), each resampled on its own (as
     ``differential`` does for its parts); the point itself with one repeat each."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    da = np.median(rng.choice(np.asarray(a, float), size=(n_boot, len(a))), axis=1)
-    db = np.median(rng.choice(np.asarray(b, float), size=(n_boot, len(b))), axis=1)
-    q = [0.5 - confidence / 2, 0.5 + confidence / 2]
-    return Interval(*(float(x) for x in np.quantile(da - db, q)))
+    d = bootstrap_medians({"a": a, "b": b}, n_boot, seed=0)
+    return Interval(*percentile_interval(d["a"] - d["b"], confidence))
 
 
 AUTOMATIC = ("dataset.__getitem__", "dataset.__iter__", "collate_fn", "pin_memory")
@@ -211,9 +205,6 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
     marked = sorted({n for s in streams0 if s.name == headline for n in s.stages
                      if n not in AUTOMATIC} | set(seen))
     steady_ok = all(f.phases is not None and f.phases.has_steady for f in full)
-
-    def t(f: RepeatFigures) -> float:
-        return f.phases.steady_epoch_s if steady_ok and f.phases is not None else f.epoch_s
     for name in marked:
         d = seen.get(name, {})
         removes = f"stallbench.stage({name!r})"
@@ -251,18 +242,19 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
             continue
         figs = [f for f in (_figures(r, headline) for r in rs) if f is not None]
         ok = steady_ok and all(f.phases is not None and f.phases.has_steady for f in figs)
-        full_t = [t(f) for f in full] if ok else [f.epoch_s for f in full]
-        got = [f.phases.steady_epoch_s if ok and f.phases else f.epoch_s for f in figs]
+        # the stage's part from the measured waits (issue 39): full's stall - that run's
+        full_t = [waits.stall_of(f, ok) for f in full]
+        got = [waits.stall_of(f, ok) for f in figs]
         an.ablations.append(ProfileAblation(
             f"stage:{name}", removes, True, runs=len(figs),
             epoch_s=_summary([f.epoch_s for f in figs]),
-            steady_epoch_s=_summary(got) if ok else None,
-            stall_s=statistics.median(full_t) - statistics.median(got),
+            steady_epoch_s=_summary([f.phases.steady_epoch_s for f in figs  # type: ignore[union-attr]
+                                     ]) if ok else None,
+            stall_s=max(statistics.median(full_t) - statistics.median(got), 0.0),
             stall_interval=_difference_interval(full_t, got), part=part_of(name)))
 
 
-def _summary(xs: list[float]) -> Summary:
-    return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
+_summary = finite_summary     # one rule for a figure over repeats (analysis.stats)
 
 
 def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
@@ -288,7 +280,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     an = ProfileAnalysis(
         method=("DS-Analyzer's chain by replay: full -> dataset served -> dataset+collate "
                 "served -> pin served -> compute-only, each served from memory; stall parts "
-                "from differences of median (steady) epochs, bootstrap intervals over repeats"),
+                "from differences of the runs' measured (steady) waits, each run's step "
+                "compared with the full run's apart; bootstrap intervals over repeats"),
         keep_batches=keep, budget_mb=budget_mb, budget_basis=budget_basis,
         transfer_note=TRANSFER_NOTE,
         stage_map={"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
@@ -420,30 +413,10 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         an.data_stall_interval = _difference_interval(full_t, only_t)
     if ONLY not in done or any(k not in served for k in (ITEMS, BATCH, FREE)):
         return None, an
-    epochs = {FULL: [f.epoch_s for f in full], ITEMS: [f.epoch_s for f in served[ITEMS]],
-              BATCH: [f.epoch_s for f in served[BATCH]], FREE: [f.epoch_s for f in served[FREE]],
-              ONLY: [v[0] for v in done[ONLY]]}
-    computes = {FULL: [f.compute_s for f in full], ITEMS: [f.compute_s for f in served[ITEMS]],
-                BATCH: [f.compute_s for f in served[BATCH]],
-                FREE: [f.compute_s for f in served[FREE]], ONLY: [v[2] for v in done[ONLY]]}
-    ablated = [f for k in (ITEMS, BATCH) for f in served[k]]
-    if steady_ok and all(f.phases is not None and f.phases.has_steady for f in ablated):
-        def st(fs: list[RepeatFigures]) -> list[float]:
-            return [f.phases.steady_epoch_s for f in fs]     # type: ignore[union-attr]
-
-        def sc(fs: list[RepeatFigures]) -> list[float]:
-            return [f.phases.steady_compute_s * _rank_batches(f)  # type: ignore[union-attr]
-                    / f.phases.steady_batches  # type: ignore[union-attr]
-                    for f in fs]
-        steady = {FULL: st(full), ITEMS: st(served[ITEMS]), BATCH: st(served[BATCH]),
-                  FREE: st(served[FREE]), ONLY: epochs[ONLY]}
-        scomp = {FULL: sc(full), ITEMS: sc(served[ITEMS]), BATCH: sc(served[BATCH]),
-                 FREE: sc(served[FREE]), ONLY: computes[ONLY]}
-        a = differential.analyze(epochs, "chain", 0.9, computes=computes, steady=steady,
-                                 steady_computes=scomp)
-    else:
-        a = differential.analyze(epochs, "chain", 0.9, computes=computes,
-                                 basis="whole run (a run without a steady window)")
+    # parts from the measured waits of each run, steps compared apart (issue 39)
+    a = waits.attribute(full, served[ITEMS], served[BATCH], served[FREE],
+                        [v[0] for v in done[ONLY]], [v[2] for v in done[ONLY]],
+                        [v[1] for v in done[ONLY]], (FULL, ITEMS, BATCH, FREE, ONLY))
     return a, an
 
 
@@ -452,8 +425,11 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
     out = []
     iv = an.data_stall_interval
     if an.data_stall_s is not None and iv is not None:
-        out.append(f"data stall (full - compute-only): {an.data_stall_s:.2f} s "
-                   f"[{iv.low:.2f}, {iv.high:.2f}]; the loop's own step served from memory: "
+        # the epochs' difference holds the wait AND any change of the step between the two
+        # runs (issue 39): said as such, never as the data stall
+        out.append(f"full - compute-only epochs: {an.data_stall_s:.2f} s "
+                   f"[{iv.low:.2f}, {iv.high:.2f}] (the wait and any change of the step between "
+                   f"the runs); the loop's own step served from memory: "
                    f"{(an.compute_only_step_s or math.nan) * 1e3:.1f} ms/batch "
                    f"(compute-only, kept {an.keep_batches} batches per loader)")
     if a is not None:
@@ -477,7 +453,20 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
         if zero:
             out.append(f"  {figures.ZERO_NOTE}")
         if a.startup_cost_s:
-            out.append(f"  {'start-up (apart)':<28} {a.startup_cost_s:8.2f} s")
+            out.append(f"  {'start-up (apart)':<28} {max(a.startup_cost_s, 0.0):8.2f} s")
+        if a.interference_s is not None:
+            out.append(f"  {'interference (own line)':<28} {a.interference_s:8.2f} s  the model "
+                       f"step took longer beside the data path than served from memory "
+                       f"(not a wait: not in the parts above)")
+        if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup):
+            out.append(f"  removing every wait gives at most {a.wait_bound_speedup:.2f}x "
+                       f"(1 / (1 - the measured wait share))")
+        moved = {k: r for k, r in a.step_ratio.items()
+                 if a.step_noise_share is not None and abs(r - 1) > a.step_noise_share}
+        if moved:
+            out.append("  step per batch vs the full run's: "
+                       + ", ".join(f"{k} {r:.2f}x" for k, r in moved.items())
+                       + f" (noise {a.step_noise_share:.0%})")
         out.append(f"  verdict: {a.verdict}")
     marked = [ab for ab in an.ablations
               if ab.done and ab.stall_s is not None and ab.stall_interval is not None]

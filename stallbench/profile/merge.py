@@ -33,6 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
@@ -339,9 +340,7 @@ def timeline(s: StreamRun) -> Timeline:
                     gpu_step_ms=[x * 1e3 for x in s.gpu_step] or None)
 
 
-def _med(xs: list[float]) -> float:
-    vals = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
+_med = finite_median     # the one median of figures that may be missing
 
 
 def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLoader]:

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..errors import UserError
+from ..analysis.stats import finite_median, finite_summary
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        RepeatFigures,
@@ -374,14 +375,7 @@ def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _finite_median(xs: list[float]) -> float:
-    import statistics
-    vals = [x for x in xs if x is not None and math.isfinite(x)]
-    return statistics.median(vals) if vals else math.nan
-
-
-def _summary(xs: list[float]) -> Summary:
-    return Summary.of([x for x in xs if x is not None and math.isfinite(x)])
+_summary = finite_summary     # one rule for a figure over repeats (analysis.stats)
 
 
 def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
@@ -395,7 +389,9 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         per_rank = [(s, merge.figures(s)) for s in hs]
         f = merge.job_figures(per_rank, run.peak_pss_mb)
         f.peak_pss_mb = run.peak_pss_mb
-        _refuse_impossible_steady(f)
+        # the one rule the scenario runner keeps: profiled producers are this machine's
+        # processes (a Ray cluster's other nodes aside)
+        phases_mod.refuse_beyond_cores(f)
         f.load = run.load
         reps.append(f)
         if timeline_stream is None and hs:
@@ -442,14 +438,15 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
 
     world = len(reps[0].ranks)
     stalls = [[r.stall_s for r in f.ranks] for f in reps]
-    steps = []
+    steps, model_steps = [], []
     for streams in per_run:
         hs = sorted((s for s in streams if s.name == headline), key=lambda s: s.rank)
         steps.append([list(s.wait) for s in hs])
+        model_steps.append([list(s.step) for s in hs])
     # own time per step = the wait alone: a user's step cannot be split into its compute and
     # the all-reduce where a fast rank waits for the slow one (analysis.ranks.own_steps)
     c, ex, noise, named = ranks_mod.straggler(steps)
-    med = _finite_median
+    med = finite_median
     gain = med([ranks_mod.gain_if_median_pace(s, c) for s in steps])
 
     stats = [RankStats(rank=f0.rank, stall_s=med([f.ranks[i].stall_s for f in reps]),
@@ -469,10 +466,15 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
                     candidate=reps[0].ranks[c].rank, straggler_excess_s=ex,
                     gain_if_median_pace_s=gain,
                     gain_speedup=epoch_s / (epoch_s - gain) if epoch_s > gain > 0 else 1.0)
+    # the other ranks' wait for the candidate inside their steps (the collective), measured
+    s.others_wait_s = med([ranks_mod.others_wait_in_step(m, c) for m in model_steps])
+    waited = (f"the other ranks' steps took {s.others_wait_s:.2f} s longer than its own "
+              f"(their wait for it in the collective, measured); "
+              if math.isfinite(s.others_wait_s) and s.others_wait_s > 0 else "")
     s.verdict = ranks_mod.verdict(s) if named is None else (
-        f"rank {s.straggler} is the straggler: it waited {stats[c].wait_s:.2f} s for its batches, "
-        f"{ex:.2f} s above the other ranks' median (noise {noise:.2f} s); at their pace the job "
-        f"would wait {gain:.2f} s less ({s.gain_speedup:.2f}x, ESTIMATED)")
+        f"rank {s.straggler} is the straggler: {waited}it waited {stats[c].wait_s:.2f} s for "
+        f"its batches, {ex:.2f} s above the other ranks' median (noise {noise:.2f} s); at their "
+        f"pace the job would wait {gain:.2f} s less ({s.gain_speedup:.2f}x, ESTIMATED)")
     return s
 
 
@@ -481,18 +483,6 @@ def _by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
     for s in streams:
         out.setdefault(s.rank, []).append(s)
     return [out[k] for k in sorted(out)]
-
-
-def _refuse_impossible_steady(f: RepeatFigures) -> None:
-    """The rule the scenario runner keeps (``phases.cpu_limit_reason``): a steady window
-    faster than this machine's cores can do the measured data work is refused, not kept.
-    Profiled producers are this machine's processes (a Ray cluster's other nodes aside)."""
-    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else (os.cpu_count() or 1))
-    why = phases_mod.cpu_limit_reason(f, cores)
-    if why and f.phases is not None:
-        f.phases = phases_mod.refuse(f.phases, why, f.epoch_s, f.compute_s, f.batches, f.samples)
-        f.steady_throughput_samples_s = math.nan
 
 
 def steady_rate(v: VariantResult) -> float:
@@ -596,9 +586,24 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
     changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
     where = "Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else "DataLoader"
-    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x {base.name} "
-            f"({b:,.0f}; measured, steady state); set {changes} on your {where}{unrun}")
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
+    # issue 39: a measured ratio is the knob's gain only where the wait can explain it
+    from ..analysis import waits
+    chk = waits.check_gain(base, best, x / b)
+    iv = (f" [{chk.interval[0]:.2f}, {chk.interval[1]:.2f}] over {chk.repeats} repeats"
+          if chk.interval else " (one repeat: no interval; --repeats 2 or more gives one)")
+    if chk.why_not:
+        text = (f"recommendation: none measured: {best.name} ran {x / b:.2f}x{iv} {base.name} "
+                f"in steady state, but that is not the gain of {changes}: {chk.why_not}; "
+                f"measure again on a quiet machine (--repeats 3){unrun}")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              measured_speedup=x / b, measured_variant=best.name,
+                              action="keep", knob=key, conclusive=False,
+                              not_the_knobs_gain=chk.why_not,
+                              predicted_from="measured", text=text)
+    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x{iv} "
+            f"{base.name} ({b:,.0f}; measured, steady state; the baseline's wait allows "
+            f"{chk.bound:.2f}x); set {changes} on your {where}{unrun}")
     return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
                           measured_speedup=x / b, measured_variant=best.name,
                           action=f"set {changes} on your {where}", knob=key,
@@ -641,12 +646,19 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     machine = metadata()
     created = now_utc()
     try:
-        for i, v in enumerate(variants, 1):
+        for v in variants:
             if v.skipped:
                 say(f"variant {v.name}: skipped: {v.skipped}")
-                continue
-            runs = []
-            for r in range(opts.repeats):
+        todo = [(i, v) for i, v in enumerate(variants, 1) if not v.skipped]
+        by_variant: dict[int, list[JobRun]] = {i: [] for i, _ in todo}
+        gone: set[int] = set()
+        # interleaved across repeats (issue 39): A, B, A, B, ..., so that a machine whose
+        # load drifts during the profile moves every variant alike, not the last one alone
+        for r in range(opts.repeats):
+            for i, v in todo:
+                if i in gone:
+                    continue
+                runs = by_variant[i]
                 say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
                     f"{redact.shown(opts.argv)}")
                 run_dir = run_root / f"v{i}r{r}"
@@ -663,8 +675,9 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                     say(f"variant {v.name}: the job exited with code {code} (repeat "
                         f"{r + 1}): recorded as failed, not measured")
                     failed.append((v.name, code))
-                    runs = []
-                    break
+                    by_variant[i] = []
+                    gone.add(i)
+                    continue
                 if code != 0:
                     raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
                 check_parts(node_dir, f"variant {v.name}, repeat {r + 1}")
@@ -678,6 +691,8 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                         opts.trace.extend(trace.events(
                             f"{v.name} repeat {r + 1} rank {rank_streams[0].rank}", pid,
                             rank_streams))
+        for i, v in todo:
+            runs = by_variant[i]
             if not runs:
                 continue
             all_runs.extend(runs)
@@ -732,6 +747,12 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
     sha = hashlib.sha256(Path(script).read_bytes() if script
                          else shlex.join(argv).encode("utf-8", "surrogateescape"))
+    from ..analysis import waits
+    for vr in results:      # decided in analysis, stored, printed from the result (issue 39)
+        for key, line in (("measured wait", waits.wait_headline(vr)),
+                          ("interference", waits.interference_line(vr))):
+            if line:
+                vr.notes[key] = line
     rec = recommend(results)
     unreached = knobs_reached_nothing(results)     # once: the best variant and the what-if
     best = (max(advisable(results), key=_steady_or_zero)

@@ -228,6 +228,9 @@ class Headline:
     recommendation: str = ""        # the scenario's next step (analysis.recommendation)
     busy: str | None = None         # heavy foreign load during the runs (measure.load)
     steady_speedup: float | None = None   # best / baseline, steady state (both have one)
+    # the baseline's measured wait split into start-up and steady state, where start-up holds
+    # more than a tenth of it (``analysis.waits.wait_headline``, issue 39); "" otherwise
+    wait_split: str = ""
 
     @property
     def ratio(self) -> float | None:
@@ -320,7 +323,12 @@ def _attribution_notes(a: Attribution) -> list[str]:
         notes.append("inconclusive" + (f" ({a.inconclusive_because.replace('_', ' ')})"
                                        if a.inconclusive_because else ""))
     if a.negative_parts:
-        notes.append("negative (noise): " + ", ".join(a.negative_parts))
+        notes.append("came out below 0, shown as 0: " + ", ".join(a.negative_parts))
+    if a.interference_s is not None:
+        notes.append(f"interference {a.interference_s:.2f} s: the model step took longer beside "
+                     "the data path than served from memory (measured; not a wait)")
+    if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup):
+        notes.append(f"removing every wait gives at most {a.wait_bound_speedup:.2f}x")
     return notes
 
 
@@ -488,7 +496,15 @@ def _headline(r: Result) -> Headline:
         attributed_stall_share=_num(ba.attributed_stall_share) if ba else None,
         baseline_tput=tput(base), best_tput=tput(best),
         recommendation=a.recommendation.text if a.recommendation else "",
-        busy=busy_summary(r), steady_speedup=steady)
+        busy=busy_summary(r), steady_speedup=steady,
+        wait_split=_wait_split(bv) if bv is not None else "")
+
+
+def _wait_split(v: VariantResult) -> str:
+    from ..analysis.waits import wait_headline
+
+    line = wait_headline(v)
+    return line.split(": ", 1)[1] if "in start-up" in line else ""
 
 
 def _stage_rate_rows(variants: list[VariantResult]) -> list[tuple[str, list[str]]]:

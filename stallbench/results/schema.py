@@ -75,6 +75,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``measure.phases``), ``Attribution.refused`` (a stage stall longer
   than the run: refused, ``inconclusive_because = "impossible"``)
   and the straggler rule on own time (``analysis.ranks``).
+  Additive in version 3 (issue 39, attribution from the measured waits on ``profile``):
+  ``Attribution.interference_s``, ``step_ratio``, ``step_noise_share``,
+  ``wait_bound_speedup``; ``inconclusive_because`` may be ``"closure"`` or
+  ``"busy_machine"``; ``Recommendation.not_the_knobs_gain``.
   Additive in version 3 (issue 27, workers that pay): ``ExecutorFacts.workers_kept``
   (loader workers kept across runs, forked every run though they could be kept, or nothing
   to keep), ``Recommendation.also`` (further measured-motivated changes, e.g.
@@ -510,7 +514,9 @@ class Attribution:
     compute_noise_s: float | None = None
     compute_noise_share: float | None = None
     conclusive: bool = True
-    inconclusive_because: str | None = None   # "compute_noise", "interval" or "impossible"
+    # "compute_noise", "interval", "impossible"; from the waits (issue 39) also "closure"
+    # (negative parts stored as 0 break the sum to the measured stall) or "busy_machine"
+    inconclusive_because: str | None = None
     refused: str = ""               # the impossible figure and why it was refused (issue 25)
     negative_parts: list[str] = field(default_factory=list)
     verdict: str = ""
@@ -525,6 +531,16 @@ class Attribution:
     steady_epoch_s: float | None = None   # median full run's steady epoch (the parts' total)
     # attributed_stall_s / steady_epoch_s: the share a long epoch would show; the verdict's
     steady_attributed_stall_share: float | None = None
+    # Issue 39 (profile: attribution from the measured waits, ``analysis.waits``): the data
+    # path's cost on the model step, its own figure (never folded into a stall part): the
+    # full run's steps minus the compute-only run's over its batches, where that step moved
+    # beyond its noise; None where not measured or within noise.
+    interference_s: float | None = None
+    step_ratio: dict[str, float] = field(default_factory=dict)   # step per batch / the full run's
+    step_noise_share: float | None = None   # a step ratio within 1 +- this is the same step
+    # 1 / (1 - the larger of the whole-run and steady measured stall shares): what removing
+    # every wait gives at most; ``ideal_speedup`` never exceeds it
+    wait_bound_speedup: float | None = None
 
     def part_s(self, part: str) -> float:
         """A stage's stall (``fetch``, ``preprocess``, ``transfer``), ``overhead`` or ``compute``."""
@@ -590,6 +606,10 @@ class Recommendation:
     # motivates it (issue 27: ``loader.persistent_workers`` where forked workers' start-up is a
     # material share of the epoch)
     also: list[str] = field(default_factory=list)
+    # issue 39: why ``measured_speedup`` is not the knob's gain ("" when it is): the model step
+    # got faster beyond its noise, or the ratio is above what the baseline's wait allows
+    # (``analysis.waits.check_gain``); the text then says what else changed
+    not_the_knobs_gain: str = ""
 
 
 @dataclass

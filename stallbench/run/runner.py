@@ -319,14 +319,9 @@ def _variant_result(variant: Variant, cfg: Any, facts: ExecutorFacts,
                     solo: TrainerSolo | None = None,
                     notes: dict[str, str] | None = None) -> VariantResult:
     full = runs["full"]
-    if facts.kind == "local":
-        cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else (os.cpu_count() or 1))
+    if facts.kind == "local":       # local producers: this machine's cores bound them
         for f in full:
-            why = phases_mod.cpu_limit_reason(f, cores)
-            if why and f.phases is not None:
-                f.phases = phases_mod.refuse(f.phases, why, f.epoch_s, f.compute_s, f.batches,
-                                             f.samples)
+            phases_mod.refuse_beyond_cores(f)
     vr = VariantResult(
         name=variant.name, knobs=variant.knobs, config=cfg.to_dict(),
         emulated=cfg.emulated() + EXECUTORS.get(cfg.executor.kind).emulated_keys(cfg),

@@ -170,3 +170,15 @@ def test_exactly_once_counts_drops_and_duplicates() -> None:
     dup = [*ok, _run(Delivery(1, 1, ["1:2"], 100, 3))]
     assert ranks.exactly_once(dup, plan).duplicate_batches == 1
     assert ranks.exactly_once(ok, _plan([300, 300, 150], cap=4)) is None
+
+
+def test_the_others_wait_in_their_steps_for_a_late_rank() -> None:
+    """Issue 39: in a job whose step holds its all-reduce, rank 1 arriving 30 ms late on 3
+    steps makes rank 0's step 30 ms longer there: the others waited 90 ms for rank 1."""
+    from stallbench.analysis.ranks import others_wait_in_step
+
+    r0 = [0.01, 0.04, 0.01, 0.04, 0.04, 0.01]
+    r1 = [0.01] * 6 + [0.5]             # a step the other rank did not take is left out
+    assert others_wait_in_step([r0, r1], 1) == pytest.approx(0.09)
+    assert others_wait_in_step([r0, r1], 0) == pytest.approx(-0.09)
+    assert others_wait_in_step([r0], 0) == 0.0

@@ -151,6 +151,13 @@ def test_a_steady_rate_above_the_cpu_limit_is_refused_with_its_figures() -> None
     assert why.startswith(f"refused a steady rate of {rate:,.0f} samples/s") and "2 cores" in why
     p = refuse(f.phases, why, f.epoch_s, sum(comp), f.batches, f.samples)
     assert not p.has_steady and p.no_steady_reason == why and math.isnan(p.startup_cost_s)
+    # the one rule both the runner and profile apply (issue 39: there were two copies that
+    # differed): the run keeps its figures, its steady window and steady rate go
+    from stallbench.measure.phases import refuse_beyond_cores
+    assert refuse_beyond_cores(f, cores=2)
+    assert not f.phases.has_steady and f.phases.no_steady_reason == why
+    assert math.isnan(f.steady_throughput_samples_s)
+    assert not refuse_beyond_cores(f, cores=2)          # nothing left to refuse
 
 
 @pytest.mark.parametrize("excused", [False, True])

@@ -3,9 +3,9 @@
 part of its data path, profiled as a user would (a subprocess, 0 and 2 workers).
 
 Each run of the job prints its own truth (the loop's step, the item and collate costs it paid
-in its own process); the runs come in the order the profile makes them: the first variant's
-full run, the compute-only run, the recording run, the items-served run, the batch-served run,
-then the other variant. So:
+in its own process); the runs come in the order the profile makes them: the variants' full
+runs interleaved across repeats (the first variant's first, then the other's), then the
+compute-only run, the recording run, the items-served run and the batch-served run. So:
 
 - compute-only: its per-batch time (wait + step of the batches served from memory) is the
   loop's own step in that run, within 5%;
@@ -66,7 +66,7 @@ def _case(tmp_path: Path) -> list[str]:
                  COLLATE_MS, STEP_MS)
     t = _truths(cp.stdout)
     assert len(t) == 6, t
-    full, only, served = t[0], t[1], t[3]
+    full, only, served = t[0], t[2], t[4]
     v = r.variants[0]
     an = v.profile.analysis
     a = v.attribution

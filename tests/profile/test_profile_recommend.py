@@ -10,9 +10,14 @@ from types import SimpleNamespace as NS
 from stallbench.profile import merge, session
 
 
-def _variant(name: str, knobs: dict, steady: float, whole: float) -> NS:
-    return NS(name=name, knobs=knobs, phases=NS(steady_samples_s=NS(median=steady)),
-              throughput_samples_s=NS(median=whole))
+def _variant(name: str, knobs: dict, steady: float, whole: float, wait_share: float = 0.7,
+             step_ms: float = 10.0, repeats: int = 1) -> NS:
+    reps = [NS(phases=None, compute_s=step_ms / 1e3 * 100, batches=100, ranks=[],
+               steady_throughput_samples_s=steady) for _ in range(repeats)]
+    return NS(name=name, knobs=knobs, attribution=None, repeats=reps,
+              phases=NS(steady_samples_s=NS(median=steady),
+                        steady_stall_share=NS(median=wait_share)),
+              stall_share=NS(median=wait_share), throughput_samples_s=NS(median=whole))
 
 
 def test_no_steady_window_gives_no_steady_ratio() -> None:
@@ -27,6 +32,29 @@ def test_no_steady_window_gives_no_steady_ratio() -> None:
     rec = session.recommend([_variant("a", {"dataloader.num_workers": 0}, 1000.0, 900.0),
                              _variant("b", {"dataloader.num_workers": 2}, 3000.0, 1200.0)])
     assert rec.measured_speedup == 3.0 and "3.00x" in rec.text
+    assert "one repeat: no interval" in rec.text
+
+
+def test_a_measured_gain_the_wait_cannot_explain_is_not_the_knobs() -> None:
+    """Issue 39: the baseline waited 14% (bound 1/(1 - 0.14) = 1.16x); a variant measured
+    2.47x with the same step is not the knob's gain, nor one whose step halved."""
+    base = _variant("a", {"dataloader.num_workers": 0}, 1000.0, 900.0, wait_share=0.14,
+                    repeats=2)
+    fast = _variant("b", {"dataloader.num_workers": 2}, 2470.0, 2000.0, wait_share=0.01,
+                    repeats=2)
+    rec = session.recommend([base, fast])
+    assert rec.action == "keep" and rec.conclusive is False
+    assert "more than the baseline's wait allows (1.16x" in rec.text, rec.text
+    assert "model step changed" not in rec.text
+    halved = _variant("b", {"dataloader.num_workers": 2}, 1150.0, 1100.0, wait_share=0.01,
+                      step_ms=5.0, repeats=2)
+    rec = session.recommend([base, halved])
+    assert rec.action == "keep" and "model step changed" in rec.text, rec.text
+    # within the bound and the same step: the knob's gain, measured, with its interval
+    ok = _variant("b", {"dataloader.num_workers": 2}, 1150.0, 1100.0, wait_share=0.01,
+                  repeats=2)
+    rec = session.recommend([base, ok])
+    assert rec.conclusive and rec.measured_speedup == 1.15 and "over 2 repeats" in rec.text
 
 
 def test_a_stream_with_too_few_batches_has_no_steady_rate() -> None:

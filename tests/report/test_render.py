@@ -683,3 +683,22 @@ def test_png_draws_the_pixels_savefig_draws() -> None:
     have = Image.open(io.BytesIO(base64.b64decode(got))).convert("RGB")
     assert have.size == want.size
     assert np.array_equal(np.asarray(have), np.asarray(want))
+
+
+def test_a_start_up_dominated_wait_is_split_on_the_card(tmp_path: Path, make_result: Any,
+                                                        write_result: Any) -> None:
+    """Issue 39: a loop that waited nearly all its wait before its first batch shows that
+    split under "trainer stalled", not a steady figure alone."""
+    r = make_result(timeline=False, resources=False)
+    base = r.variant(r.analysis.baseline_variant)
+    stall = base.stall_s.median
+    one = Summary.of([1.0])
+    base.phases = results.PhaseSummary(
+        rule="x", startup_s=one, startup_cost_s=one, startup_stall_s=Summary.of([0.9 * stall]),
+        steady_s=one, steady_stall_share=one, steady_samples_s=one)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    assert 'data-figure="wait-split"' in html
+    assert f"{0.9 * stall:.2f} s in start-up" in html
+    base.phases.startup_stall_s = Summary.of([0.01 * stall])
+    html = _html(render([write_result(r)], tmp_path / "out2.html"))
+    assert 'data-figure="wait-split"' not in html

@@ -1,0 +1,344 @@
+"""Attribution from what was measured: the waits of the ablation runs, and their steps (issue 39).
+
+Why not differences of epochs: each ablation is a separate run of the user's job, and its
+*model step* differs from the full run's (machine load; the data path itself slowing the
+step: loader threads competing for cores, cache pollution). A difference of epochs charges
+that step change to data: a job that waited 14% of its run was "attributed" 27.74 s of data
+stall against 6.42 s waited, and parts came out negative. Every run measures its waits and its
+steps apart, so the parts here come from the waits:
+
+    fetch      = S(full)       - S(items served)
+    preprocess = S(items)      - S(items+collate served)
+    transfer   = S(collate)    - S(pin served)            (0 by construction where not ablated)
+    overhead   = S(pin served)                            (what is still waited with every
+                                                           stage served: the loader hand-off)
+
+S is a run's measured stall (wait + the trainer's own data work), median over repeats, on
+steady state (each run's steady stall scaled to all its batches, ``Phases``) when every run
+has a steady window, else on whole runs. The parts telescope to S(full): ``attributed_stall_s``
+(steady parts only) + ``startup_cost_s`` (S(full, whole) - S(full, steady)) equals the full
+run's measured ``stall_s``; a part that comes out negative is stored as 0 and named in
+``negative_parts``, and where that breaks the sum beyond the stall's interval the attribution
+is not conclusive (``inconclusive_because = "closure"``).
+
+The step is compared apart: each run's step per batch against the full run's. A change beyond
+its noise (``STEP_NOISE_SHARE``, or the spread of the repeats when larger) is *interference*
+(the data path slowing the model): the full run's steps minus the compute-only run's, scaled
+to its batches, in ``interference_s``, never folded into a stall part. Where the machine was
+busy (``measure.load.heavy``) during a run whose step moved, the step change cannot be told
+from the machine's: the attribution is withheld (``inconclusive_because = "busy_machine"``).
+On a quiet machine nothing is withheld for a step change.
+
+``ideal_speedup`` never exceeds ``wait_bound``: removing every wait gives at most
+1 / (1 - the larger of the whole-run and steady stall shares).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..measure.load import heavy
+from ..results import Attribution, Interval, PartIntervals, RepeatFigures, VariantResult
+from . import differential
+from .figures import wait_bound
+from .stats import COMPUTE_BOUND_SHARE, bootstrap_medians, finite_median, percentile_interval
+
+STAGES = ("fetch", "preprocess", "transfer")
+PARTS = (*STAGES, "overhead")
+# A step per batch within 5% of the full run's is the same step: below it, sleeps waking late
+# and timer jitter move a step on a quiet machine; the repeats' own spread widens it.
+STEP_NOISE_SHARE = 0.05
+# The full run's measured stall is matched within its interval, and never tighter than this
+# share of it (one repeat has no interval) nor than 5 ms.
+CLOSURE_FLOOR_SHARE = 0.02
+CLOSURE_FLOOR_S = 0.005
+
+
+def rank_batches(f: RepeatFigures) -> int:
+    """The batches of the rank whose figures ``job_figures`` takes as the job's stall,
+    compute and phases (the worst-stalled rank); ``f.batches`` sums the ranks'."""
+    if not f.ranks:
+        return f.batches
+    return max(f.ranks, key=lambda r: r.stall_s).batches
+
+
+def _steady(f: RepeatFigures) -> bool:
+    return f.phases is not None and f.phases.has_steady
+
+
+def stall_of(f: RepeatFigures, steady: bool) -> float:
+    """The run's measured stall: its steady window's, scaled to all its batches, or the whole
+    run's."""
+    if steady and f.phases is not None:
+        return f.phases.steady_stall_s * rank_batches(f) / f.phases.steady_batches
+    return f.stall_s
+
+
+def step_of(f: RepeatFigures, steady: bool) -> float:
+    """The run's model step per batch (its steady window's, or the whole run's)."""
+    if steady and f.phases is not None:
+        return f.phases.steady_compute_s / f.phases.steady_batches
+    return f.compute_s / max(rank_batches(f), 1)
+
+
+def _med(xs: Sequence[float]) -> float:
+    return float(finite_median(xs))
+
+
+_draws = bootstrap_medians
+
+
+def _parts(s: Mapping[str, object], names: Sequence[str]) -> dict[str, object]:
+    full, items, batch, free = (s[n] for n in names)
+    return {"fetch": full - items, "preprocess": items - batch,    # type: ignore[operator]
+            "transfer": batch - free, "overhead": free}            # type: ignore[operator]
+
+
+def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
+              batch: Sequence[RepeatFigures], free: Sequence[RepeatFigures],
+              only_epoch_s: Sequence[float], only_compute_s: Sequence[float],
+              only_step_s: Sequence[float], names: Sequence[str], confidence: float = 0.9, seed: int = 0,
+              n_boot: int = 2000) -> Attribution:
+    """The attribution of one variant from the measured waits and steps of its runs.
+
+    ``full``, ``items``, ``batch``, ``free``: the runs of the chain (full, items served,
+    items and collate served, pin served: ``free`` may be ``batch``'s runs where nothing is
+    pinned); ``only_epoch_s`` / ``only_compute_s`` / ``only_step_s``: each compute-only run's
+    epoch and steps over the full run's batches, and its step per batch; ``names``: the ablation names of the five, in that order."""
+    runs = {names[0]: list(full), names[1]: list(items), names[2]: list(batch),
+            names[3]: list(free)}
+    steady = all(_steady(f) for fs in runs.values() for f in fs)
+    basis = ("steady state" if steady else
+             "whole run (a run without a steady window: parts from whole runs' waits)")
+    stalls = {k: [stall_of(f, steady) for f in fs] for k, fs in runs.items()}
+    med = {k: _med(v) for k, v in stalls.items()}
+    raw = _parts(med, names[:4])
+    resampled = _draws(stalls, n_boot, seed)
+    if len(free) == len(batch) and all(x is y for x, y in zip(free, batch)):
+        # nothing pinned: the "pin served" run is the collate-served run itself, transfer is
+        # 0 by construction (not two resamplings of the same runs)
+        resampled[names[3]] = resampled[names[2]]
+    draws = _parts(resampled, names[:4])
+
+    def iv(d: object) -> Interval:
+        return Interval(*percentile_interval(d, confidence))
+
+    negative = [p for p in PARTS if raw[p] < 0]       # type: ignore[operator]
+    part = {p: max(float(raw[p]), 0.0) for p in PARTS}   # type: ignore[arg-type]
+    attributed = sum(part.values())
+
+    epochs = [f.epoch_s for f in full]
+    epoch = _med(epochs)
+    steady_epoch = _med([f.phases.steady_epoch_s for f in full]) if steady else None  # type: ignore[union-attr]
+    whole_stall = _med([f.stall_s for f in full])
+    # start-up's part of the wait; below 0 (a steady window waiting more per batch than the
+    # start-up did) it is stored as 0 like any part, and the sum to the measured stall says so
+    startup = max(whole_stall - med[names[0]], 0.0) if steady else 0.0
+    total = steady_epoch if steady_epoch is not None else epoch
+    whole_share = whole_stall / epoch if epoch > 0 else math.nan
+    steady_share = med[names[0]] / total if steady and total > 0 else None
+    bound = wait_bound(whole_share, steady_share)
+
+    # the step of each run against the full run's
+    steps = {k: [step_of(f, steady) for f in fs] for k, fs in runs.items()}
+    steps[names[4]] = [float(x) for x in only_step_s]
+    base_step = _med(steps[names[0]])
+    spread = 0.0
+    for v in steps.values():
+        vs = [x for x in v if math.isfinite(x)]
+        if len(vs) >= 2 and _med(vs) > 0:
+            spread = max(spread, (max(vs) - min(vs)) / _med(vs))
+    noise = max(STEP_NOISE_SHARE, spread)
+    ratio = {k: _med(v) / base_step for k, v in steps.items() if k != names[0]
+             and base_step > 0 and math.isfinite(_med(v))}
+    moved = [k for k, r in ratio.items() if abs(r - 1.0) > noise]
+    batches = _med([rank_batches(f) for f in full])
+    only_step = _med(steps[names[4]])
+    interference = None
+    if names[4] in moved and only_step < base_step:
+        interference = (base_step - only_step) * batches
+    compute = _med(only_compute_s)
+
+    stage_total = sum(part[s] for s in STAGES)
+    if total > 0 and stage_total / total >= COMPUTE_BOUND_SHARE:
+        bound_by = max(STAGES, key=lambda s: part[s])
+        rest = total - part[bound_by]
+        speedup = total / rest if rest > 0 else math.inf
+        speedup = min(speedup, bound) if math.isfinite(bound) else speedup
+    else:
+        bound_by, speedup = "compute", 1.0
+    n_rep = min(len(v) for v in stalls.values())
+    parts_sum = compute + (interference or 0.0) + attributed + startup
+    a = Attribution(
+        method="chain, from the measured waits of each run",
+        interval=f"bootstrap percentile {confidence:.0%} over repeats ({n_rep} per run)",
+        compute_s=compute, fetch_stall_s=part["fetch"], preprocess_stall_s=part["preprocess"],
+        transfer_stall_s=part["transfer"], overhead_s=part["overhead"], epoch_s=epoch,
+        attributed_stall_s=attributed,
+        attributed_stall_share=attributed / epoch if epoch > 0 else math.nan,
+        overhead_share=part["overhead"] / total if total > 0 else math.nan,
+        bound_by=bound_by, ideal_speedup=speedup,
+        intervals=PartIntervals(compute_s=Interval(min(only_compute_s), max(only_compute_s)),
+                                fetch_stall_s=iv(draws["fetch"]),
+                                preprocess_stall_s=iv(draws["preprocess"]),
+                                transfer_stall_s=iv(draws["transfer"]),
+                                overhead_s=iv(draws["overhead"])),
+        closure_error=(parts_sum - epoch) / epoch if epoch > 0 else math.nan,
+        ablation_epoch_s={k: _med([f.epoch_s for f in fs]) for k, fs in runs.items()},
+        negative_parts=negative, basis=basis, startup_cost_s=startup,
+        startup_cost_share=startup / epoch if epoch > 0 else 0.0,
+        startup_cost_interval=None,
+        steady_epoch_s=steady_epoch,
+        steady_attributed_stall_share=(attributed / total if steady and total > 0 else None),
+        interference_s=interference, step_ratio=ratio, step_noise_share=noise,
+        wait_bound_speedup=bound)
+    a.ablation_epoch_s[names[4]] = _med(only_epoch_s)
+    # the contract: steady parts + start-up = the run's measured stall, within its interval
+    measured = iv(_draws({"s": [f.stall_s for f in full]}, n_boot, seed)["s"])
+    lo, hi = measured.low, measured.high
+    slack = max(CLOSURE_FLOOR_SHARE * whole_stall, CLOSURE_FLOOR_S)
+    got = attributed + startup
+    if not (lo - slack <= got <= hi + slack):
+        a.conclusive, a.inconclusive_because = False, "closure"
+        a.refused = (f"parts {attributed:.2f} s + start-up {startup:.2f} s = {got:.2f} s against "
+                     f"a measured stall of {whole_stall:.2f} s [{lo:.2f}, {hi:.2f}]: "
+                     f"{', '.join(negative) or 'a part'} came out negative (stored 0)")
+    elif moved and any(heavy(f.load) for fs in runs.values() for f in fs):
+        a.conclusive, a.inconclusive_because = False, "busy_machine"
+        a.refused = ("the step per batch moved beyond its noise ("
+                     + ", ".join(f"{k} {r:.2f}x" for k, r in ratio.items() if k in moved)
+                     + " of the full run's) while other processes took cores: the parts are "
+                     "withheld, the step change cannot be told from the machine's load")
+    elif bound_by != "compute":
+        i = a.part_interval(bound_by)
+        if i.width > 1e-9 and i.low <= 0:
+            a.conclusive, a.inconclusive_because = False, "interval"
+    a.verdict = differential.verdict(a)
+    return a
+
+
+# ------------------------------------------------------------ gains the wait can explain
+
+@dataclass
+class GainCheck:
+    """Whether a MEASURED speedup of one variant over the baseline is the knob's gain: only
+    when the model step did not get faster beyond its noise (or no further than the
+    baseline's measured interference allows; a slower step understates the gain) and the gain is within what the baseline's wait
+    allows (``wait_bound``, plus its interference where measured). ``why_not`` says what else
+    changed ("" when the gain stands); ``interval`` is the bootstrap interval of the ratio of
+    the steady rates' medians over repeats, None with one repeat each (said in ``repeats``)."""
+
+    gain: float
+    bound: float
+    step_ratio: float
+    step_noise_share: float
+    why_not: str = ""
+    interval: tuple[float, float] | None = None
+    repeats: int = 1
+
+
+def variant_step(v: VariantResult) -> list[float]:
+    """Each full run's model step per batch (its steady window's where it has one)."""
+    return [step_of(f, _steady(f)) for f in v.repeats]
+
+
+def _ratio_interval(num: Sequence[float], den: Sequence[float], confidence: float = 0.9,
+                    n_boot: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    a = [x for x in num if math.isfinite(x)]
+    b = [x for x in den if math.isfinite(x) and x > 0]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    d = _draws({"a": a, "b": b}, n_boot, seed)
+    return percentile_interval(d["a"] / d["b"], confidence)
+
+
+def check_gain(base: VariantResult, other: VariantResult, gain: float) -> GainCheck:
+    """The rule of issue 39 for a measured speedup ``gain`` of ``other`` over ``base``."""
+    whole = base.stall_share.median
+    steady = (base.phases.steady_stall_share.median if base.phases is not None else None)
+    a = base.attribution
+    inter_share, only_ratio = 0.0, None
+    if a is not None and a.interference_s is not None:
+        total = a.steady_epoch_s if a.steady_epoch_s else a.epoch_s
+        inter_share = a.interference_s / total if total > 0 else 0.0
+        only_ratio = a.step_ratio.get("compute_only")
+    share = max(s for s in (whole, steady if steady is not None else math.nan, 0.0)
+                if math.isfinite(s))
+    bound = wait_bound(min(share + inter_share, 1.0))
+    sb, so = variant_step(base), variant_step(other)
+    mb, mo = _med(sb), _med(so)
+    ratio = mo / mb if mb > 0 and math.isfinite(mo) else math.nan
+    spread = 0.0
+    for xs in (sb, so):
+        xs = [x for x in xs if math.isfinite(x)]
+        if len(xs) >= 2 and _med(xs) > 0:
+            spread = max(spread, (max(xs) - min(xs)) / _med(xs))
+    noise = max(STEP_NOISE_SHARE, spread)
+    n = min(len(base.repeats), len(other.repeats))
+    rate = lambda v: [f.steady_throughput_samples_s for f in v.repeats]   # noqa: E731
+    out = GainCheck(gain=gain, bound=bound, step_ratio=ratio, step_noise_share=noise,
+                    interval=_ratio_interval(rate(other), rate(base)), repeats=n)
+    step_ok = math.isfinite(ratio) and (
+        ratio >= 1.0 - noise
+        # a step that got slower (loader workers competing with a CPU-trained model) makes
+        # the ratio an understatement of the knob's gain, never an overstatement; the data
+        # path's measured interference leaving the step (down to the compute-only run's
+        # step) is the knob's doing too
+        or (only_ratio is not None and only_ratio - noise <= ratio < 1.0))
+    why = []
+    if not step_ok and math.isfinite(ratio):
+        why.append(f"the model step changed: {mo * 1e3:.2f} ms/batch against {mb * 1e3:.2f} "
+                   f"ms ({ratio:.2f}x, noise {noise:.0%}), which no loader setting does (the "
+                   f"machine's load, or the data path slowing the step"
+                   + (f" beyond the {inter_share:.0%} interference measured)" if only_ratio
+                      is not None else ", not measured here: run --analyze)"))
+    if math.isfinite(bound) and gain > bound * (1.0 + noise):
+        why.append(f"{gain:.2f}x is more than the baseline's wait allows ({bound:.2f}x: "
+                   f"1 / (1 - its wait share"
+                   + (" + interference" if inter_share else "") + "))")
+    out.why_not = "; ".join(why)
+    return out
+
+
+# ------------------------------------------------------------------------- the headline
+
+# Start-up is split out of the headline's wait when it is more than this share of it: a Ray
+# Data loop that waited 15.8 s of 15.97 s before its first batch headlined as "data stall
+# 0.02 s" (its steady state) when the split was not said.
+STARTUP_HEADLINE_SHARE = 0.10
+
+
+def wait_headline(v: VariantResult) -> str:
+    """The variant's measured wait in one line (median over its full runs): split into
+    before the first batch / start-up and steady state when start-up holds more than a tenth
+    of it; "" without figures."""
+    stall, epoch = v.stall_s.median, v.epoch_s.median
+    if not (math.isfinite(stall) and math.isfinite(epoch) and epoch > 0):
+        return ""
+    head = f"waited {stall:.2f} s of the {epoch:.2f} s run ({stall / epoch:.0%}; measured)"
+    p = v.phases
+    if p is None or not math.isfinite(p.startup_stall_s.median) or stall <= 0:
+        return head
+    start = min(max(p.startup_stall_s.median, 0.0), stall)
+    if start <= STARTUP_HEADLINE_SHARE * stall:
+        return head
+    first = v.time_to_first_batch_s.median
+    steady = stall - start
+    ahead = (f"{first:.2f} s before the first batch, " if math.isfinite(first)
+             and 0 < first <= start else "")
+    return (f"{head}: {start:.2f} s in start-up ({ahead}until every producer delivered its "
+            f"first item), {steady:.2f} s in steady state: a longer run pays the start-up once")
+
+
+def interference_line(v: VariantResult) -> str:
+    """The data path's measured cost on the model step, its own line ("" where not measured)."""
+    a = v.attribution
+    if a is None or a.interference_s is None:
+        return ""
+    r = a.step_ratio.get("compute_only")
+    ratio = f" (served from memory its step took {r:.2f}x as long)" if r else ""
+    return (f"the model step took {a.interference_s:.2f} s longer beside the data "
+            f"path than with its batches served from memory{ratio}; measured, not a wait: no "
+            f"loader setting that only removes waits recovers it")

@@ -1,0 +1,128 @@
+"""Attribution from the measured waits (``analysis.waits``, issue 39), on synthetic runs
+whose waits and steps are known by construction: each run is a per-batch timeline (one
+stream, as ``profile`` merges it), so ``Phases`` and the stall are measured the same way as
+on a user's job."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from stallbench.analysis import differential, figures, waits
+from stallbench.measure.load import HEAVY_CORES
+from stallbench.profile import merge
+from stallbench.results import ForeignLoad
+
+NAMES = ("full", "no_fetch", "no_fetch_preprocess", "no_fetch_preprocess_transfer",
+         "compute_only")
+N = 200
+
+
+def run(wait: float, step: float, first: float = 0.0, busy: bool = False):
+    """A run of N batches: the first waits ``first`` (start-up), every other ``wait``; every
+    step takes ``step``."""
+    s = merge.StreamRun(name="D#0", kind="torch.DataLoader", rank=0, key="0:0", settings={},
+                        notes=[])
+    s.wait = [first] + [wait] * (N - 1)
+    s.step = [step] * N
+    s.rows = [8] * N
+    t, starts = 0.0, []
+    for w, c in zip(s.wait, s.step):
+        starts.append(t)
+        t += w + c
+    s.t_start = starts
+    s.epoch_s = t
+    f = merge.figures(s)
+    if busy:
+        f.load = ForeignLoad(wall_s=t, busy_cpu_s=0, own_cpu_s=0, foreign_cpu_s=0,
+                             foreign_cores=HEAVY_CORES + 1, cores=2)
+    return f
+
+
+def attribute(full, items, batch, free, only_step, reps=1):
+    only = [(only_step * N, only_step * N, only_step)] * reps
+    return waits.attribute([full] * reps, [items] * reps, [batch] * reps, [free] * reps,
+                           [o[0] for o in only], [o[1] for o in only], [o[2] for o in only],
+                           NAMES)
+
+
+def test_wait_bound_takes_the_larger_share() -> None:
+    assert figures.wait_bound(0.2, 0.5) == pytest.approx(2.0)
+    assert figures.wait_bound(0.5, None) == pytest.approx(2.0)
+    assert figures.wait_bound(0.0, 0.0) == pytest.approx(1.0)
+    assert figures.wait_bound(1.0) == math.inf
+    assert math.isnan(figures.wait_bound(math.nan, None))
+
+
+def test_parts_from_waits_sum_to_the_measured_stall_and_the_step_change_is_interference() -> None:
+    # the full run waits 6 ms (fetch 4, collate 1.5, hand-off 0.5) and its step is 10 ms
+    # where served batches step in 7 ms: the data path slows the step by 3 ms (interference)
+    full = run(0.006, 0.010, first=0.5)
+    a = attribute(full, run(0.002, 0.007), run(0.0005, 0.007), run(0.0005, 0.007), 0.007)
+    assert a.fetch_stall_s == pytest.approx(0.004 * N, rel=0.02)
+    assert a.preprocess_stall_s == pytest.approx(0.0015 * N, rel=0.02)
+    assert a.overhead_s == pytest.approx(0.0005 * N, rel=0.05)
+    assert a.attributed_stall_s + a.startup_cost_s == pytest.approx(full.stall_s, rel=0.01)
+    assert a.conclusive, a.verdict
+    assert a.interference_s == pytest.approx(0.003 * N, rel=0.05)
+    # an epoch difference would have charged the step's 3 ms to data: the waits do not
+    assert a.fetch_stall_s < 0.005 * N
+    # no gain beyond what the wait allows
+    share = full.stall_s / full.epoch_s
+    assert a.ideal_speedup <= figures.wait_bound(share, full.phases.steady_stall_share) + 1e-9
+    assert figures.data_ideal_speedup(a) <= a.wait_bound_speedup + 1e-9
+    assert "interference" in a.verdict or "interference" in differential.verdict(a)
+
+
+def test_a_negative_part_is_stored_as_zero_and_named() -> None:
+    # the items-served run waited MORE than the full one: fetch came out negative
+    a = attribute(run(0.004, 0.01), run(0.005, 0.01), run(0.001, 0.01), run(0.001, 0.01),
+                  0.01)
+    assert a.fetch_stall_s == 0.0 and "fetch" in a.negative_parts
+    assert min(a.fetch_stall_s, a.preprocess_stall_s, a.transfer_stall_s, a.overhead_s) >= 0
+    # the clamped part breaks the sum beyond the stall's interval: not conclusive, said why
+    assert not a.conclusive and a.inconclusive_because == "closure"
+    assert not re.search(r"-\d", a.verdict), a.verdict     # no negative figure printed
+
+
+def test_a_loop_waiting_30_percent_on_a_quiet_machine_is_conclusive() -> None:
+    # wait 4.3 ms of a 14.3 ms batch (30%), all of it fetch; served runs step 20% faster
+    a = attribute(run(0.0043, 0.010), run(0.0, 0.008), run(0.0, 0.008), run(0.0, 0.008), 0.008)
+    assert a.conclusive and a.bound_by == "fetch", a.verdict
+    assert a.ideal_speedup == pytest.approx(1 / (1 - 0.3), rel=0.02)
+
+
+def test_a_step_change_on_a_busy_machine_withholds_the_parts() -> None:
+    a = attribute(run(0.0043, 0.010, busy=True), run(0.0, 0.008), run(0.0, 0.008),
+                  run(0.0, 0.008), 0.008)
+    assert not a.conclusive and a.inconclusive_because == "busy_machine"
+    assert "withheld" in a.verdict
+    # the same busy machine with a step that did not move: nothing to withhold
+    b = attribute(run(0.0043, 0.010, busy=True), run(0.0, 0.010), run(0.0, 0.010),
+                  run(0.0, 0.010), 0.010)
+    assert b.conclusive and b.interference_s is None
+
+
+def _v(stall: float, epoch: float, startup_stall: float, first: float):
+    from types import SimpleNamespace as NS
+    return NS(stall_s=NS(median=stall), epoch_s=NS(median=epoch),
+              phases=NS(startup_stall_s=NS(median=startup_stall)),
+              time_to_first_batch_s=NS(median=first), attribution=None)
+
+
+def test_the_headline_puts_a_start_up_dominated_wait_before_the_first_batch() -> None:
+    # the Ray loop of issue 39: 15.8 s of its 15.97 s wait before its first batch
+    line = waits.wait_headline(_v(15.82, 15.97, 15.80, 15.78))
+    assert "waited 15.82 s" in line and "15.80 s in start-up" in line
+    assert "15.78 s before the first batch" in line and "0.02 s in steady state" in line
+    # start-up a twentieth of the wait: one figure, no split
+    assert "start-up" not in waits.wait_headline(_v(2.0, 10.0, 0.1, 0.05))
+
+
+def test_an_unpinned_job_has_transfer_zero_with_a_zero_interval() -> None:
+    full, items, batch = ([run(w, 0.01) for _ in range(3)] for w in (0.004, 0.002, 0.001))
+    a = waits.attribute(full, items, batch, batch, [2.0] * 3, [2.0] * 3, [0.01] * 3, NAMES)
+    assert a.transfer_stall_s == 0.0
+    assert a.intervals.transfer_stall_s.low == a.intervals.transfer_stall_s.high == 0.0
