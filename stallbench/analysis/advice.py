@@ -330,8 +330,8 @@ def _keep_workers(v: VariantResult, variants: Sequence[VariantResult]) -> str:
         return ""
     n = v.executor.producer_slots
     text = (f"loader.persistent_workers = true (its {n} loader worker{'s' if n != 1 else ''} "
-            f"are forked every run: {name} {cost:.3f} s of its {epoch:.3f} s epoch, "
-            f"{cost / epoch:.0%}, measured")
+            f"are forked every run: {name} {figures.seconds(cost)} of its "
+            f"{figures.seconds(epoch)} epoch, {figures.share(cost / epoch)}, measured")
     s = _sibling(v, variants, "loader.persistent_workers", True)
     if s is None:
         return text + ")"
@@ -463,9 +463,9 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
         p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
         whole = a.attributed_stall_share
         if rec.steady_attributed_stall_share is not None:
-            share = f" stalls {rec.steady_attributed_stall_share:.0%} of steady state"
+            share = f" stalls {figures.share(rec.steady_attributed_stall_share)} of steady state"
         elif whole is not None and math.isfinite(whole):
-            share = f" stalls {whole:.0%} of the run"
+            share = f" stalls {figures.share(whole)} of the run"
         else:
             share = " binds"
         rec.action = (f"{stage}{share}, but more producers would not help ({p.why}): "

@@ -76,26 +76,17 @@ def format_rate(x: Any) -> str:
 
 
 def format_s(x: Any) -> str:
-    v = _num(x)
-    if v is None:
-        return "—"
-    if v == 0:
-        return "0 s"
-    if abs(v) < 0.01:
-        return f"{v * 1e3:.2f} ms"
-    if abs(v) < 1:
-        return f"{v * 1e3:.0f} ms"
-    return f"{v:.2f} s"
+    """A duration (``figures.seconds``; a part of the epoch keeps its sign)."""
+    return figures.seconds(x, missing="—", signed=True)
 
 
 def format_pct(x: Any) -> str:
-    v = _num(x)
-    return "—" if v is None else f"{v * 100:.0f}%"
+    """A share (``figures.share``: never negative, never "-0%")."""
+    return figures.share(x, missing="—")
 
 
 def format_x(x: Any) -> str:
-    v = _num(x)
-    return "—" if v is None else f"{v:.2f}×"
+    return figures.speedup(x, missing="—").replace("x", "×")
 
 
 def format_mb(x: Any) -> str:

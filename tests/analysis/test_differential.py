@@ -155,7 +155,7 @@ def test_steady_basis_puts_startup_apart_and_still_closes() -> None:
     assert a.steady_attributed_stall_share == pytest.approx(0.03 / 2.02)
     assert a.startup_cost_interval.low <= 0.30 <= a.startup_cost_interval.high
     assert a.verdict.startswith("compute-bound (data stages 1% of steady state)")
-    assert "start-up 0.30 s (13% of this run) is apart" in a.verdict
+    assert "start-up 300 ms (13% of this run) is apart" in a.verdict
 
 
 def test_runs_without_a_steady_window_fall_back_to_whole_runs() -> None:
