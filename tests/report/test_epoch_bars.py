@@ -1,0 +1,57 @@
+"""The report's "Where the epoch goes" (issue 42): every bar's length equals its label, a
+negative part drawn (hatched, back from the positive end) rather than left out, each series
+named in the legend in its own colour, and no label past the figure's edge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stallbench.analysis import figures
+from stallbench.report import plots
+
+
+def test_bar_length_is_its_label_with_a_negative_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = [{"name": "a", "segments": [("compute (compute-only run)", 10.0, None),
+                                       ("fetch stall (attributed)", 7.0, (6.0, 8.0)),
+                                       ("preprocess stall (attributed)", -3.26, (-4.0, -2.5))],
+             "total_range": None},
+            {"name": "b", "segments": [("compute (compute-only run)", 4.0, None),
+                                       ("fetch stall (attributed)", 1.5, None)],
+             "total_range": None}]
+    got: list[Any] = []
+    monkeypatch.setattr(plots, "png", lambda fig: got.append(fig) or "png")
+    assert plots.epoch_breakdown(rows) == "png"
+    fig = got[0]
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    ends: dict[float, float] = {}
+    for p in ax.patches:
+        y = round(p.get_y() + p.get_height() / 2, 3)
+        ends[y] = ends.get(y, 0.0) + p.get_width()      # signed widths: the drawn net length
+    assert sorted(round(x, 6) for x in ends.values()) == [5.5, 13.74]
+    hatched = [p for p in ax.patches if p.get_hatch()]
+    assert len(hatched) == 1 and hatched[0].get_width() == pytest.approx(-3.26)
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == sorted([figures.seconds(13.74), figures.seconds(5.5)])
+    # every series named once in the legend, each quantity its own colour
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["compute (compute-only run)", "fetch stall (attributed)",
+                      "preprocess stall (attributed), below 0 (cancels the hatched length)"]
+    # nothing drawn past the figure's right edge (the "not drawi" cut at 1400 px)
+    r = fig.canvas.get_renderer()
+    width = fig.bbox.width
+    for t in ax.texts:
+        assert t.get_window_extent(r).x1 <= width, t.get_text()
+
+
+def test_one_colour_per_quantity() -> None:
+    labels = ["compute (compute-only run)", "compute", "fetch stall (attributed)",
+              "wait for a batch", "transfer stall (attributed)", "transfer (trainer side)",
+              "preprocess stall (attributed)", "loader overhead (attributed)",
+              "start-up (beyond the steady rate)", "other"]
+    colours = [plots.series_color(x) for x in labels]
+    assert len(set(colours)) == len(labels), dict(zip(labels, colours))
