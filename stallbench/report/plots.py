@@ -254,6 +254,7 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
         bar_h = group_h / nruns
         ymax = 0.0
         for ri, run in enumerate(runs):
+            named = False     # the legend names every run: on its first bar, whichever variant
             for vi, name in enumerate(have):
                 vals = _floats(run.get("values", {}).get(name, []))
                 if not vals:
@@ -261,7 +262,8 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
                 yc = (len(have) - 1 - vi) + group_h / 2 - bar_h * (ri + 0.5)
                 med = statistics.median(vals)
                 ax.barh(yc, med, height=bar_h * 0.82, color=colors[ri], alpha=0.9,
-                        label=run.get("label") if vi == 0 and nruns > 1 else None)
+                        label=run.get("label") if not named and nruns > 1 else None)
+                named = True
                 if len(vals) > 1:
                     ax.plot([min(vals), max(vals)], [yc, yc], color=INK, lw=1.1, solid_capstyle="butt")
                     for end in (min(vals), max(vals)):

@@ -758,6 +758,16 @@ def _settings_rows(r: Result) -> list[tuple[str, Any]]:
             for k, v in _flatten(dataclasses.asdict(r.settings))]
 
 
+def _dataset_rows(d: DatasetInfo) -> list[tuple[str, Any]]:
+    """What the result holds about its dataset: a count of 0, "no" and an empty value are what a
+    result that never described its dataset holds (a profile result: the job's own loaders,
+    no files, rows or bytes measured), not figures, so they are left out; none left, the
+    section is absent (issue 42: a "Dataset" card of zeros)."""
+    return [(k, v) for k, v in _flatten(dataclasses.asdict(d))
+            if v is not None and v != "" and v is not False
+            and not (isinstance(v, (int, float)) and v == 0)]
+
+
 def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> dict[str, Any]:
     loaded = sorted(loaded, key=lambda pr: (str(pr[1].created_utc), str(pr[0])))
     labels = _run_labels(loaded)
@@ -779,11 +789,35 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
         "machine": _machine_table(runs),
         "machine_missing": all(run.result.machine == MachineInfo() for run in runs),
         "settings": _settings_rows(primary.result),
-        "dataset": [] if dataset == DatasetInfo() else _flatten(dataclasses.asdict(dataset)),
+        "dataset": _dataset_rows(dataset),
         "text": sc.text,
         "scenario_meta": [(k, v if k == "sha256" else format_value(v)) for k, v in meta if v],
         "description": sc.description,
     }
+
+
+def threads_text(v: VariantResult) -> str:
+    """The thread budget the variant ran with (``ThreadBudget``, as resolved), beside the
+    throughput it explains: two runs of one job differ by 10x with another budget (issue 42)."""
+    t = v.threads
+    if t is None:
+        return "—"
+    trainer = "library default" if t.trainer_threads is None else str(t.trainer_threads)
+    prod = ("—" if t.producer_threads is None
+            else f"{t.producer_threads} × {t.local_producers} producer"
+                 f"{'s' if t.local_producers != 1 else ''}")
+    return f"trainer {trainer} · producers {prod} · {t.cores} cores"
+
+
+def busy_text(v: VariantResult) -> str:
+    """The machine's busy share while the variant's runs ran: cores other processes took
+    (``ForeignLoad.foreign_cores``, median over repeats) of the machine's, beside the figures
+    a busy machine slows."""
+    loads = [f.load for f in v.repeats if f.load is not None and f.load.cores > 0]
+    if not loads:
+        return "—"
+    taken = statistics.median(ld.foreign_cores + (ld.steal_cores or 0.0) for ld in loads)
+    return f"{taken:.2f} of {loads[0].cores:g} cores ({figures.share(taken / loads[0].cores)})"
 
 
 def _environment() -> jinja2.Environment:
@@ -793,6 +827,7 @@ def _environment() -> jinja2.Environment:
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
                        bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
+    env.globals.update(threads_text=threads_text, busy_text=busy_text)
     env.globals["zero_note"] = ZERO_NOTE
     env.tests["spanning_zero"] = spans_zero
     return env

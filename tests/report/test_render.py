@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,21 @@ def test_minimal_result_from_json_with_nulls(tmp_path: Path, make_result: Any) -
     assert "Nothing emulated" in html
     assert "does not carry the scenario text" in html
     assert "No machine metadata" in html
-    assert "No dataset description recorded" in html
+    assert ">Dataset</h3>" not in html     # a card shows what the result holds or is absent
+
+
+def test_a_profile_results_dataset_shows_only_what_it_holds(tmp_path: Path, make_result: Any,
+                                                             write_result: Any) -> None:
+    """Issue 42: a profile result's dataset is the job's own loaders: no files, rows or bytes
+    measured, so none is shown as 0."""
+    from stallbench.results import DatasetInfo
+
+    r = make_result(timeline=False, resources=False)
+    r.dataset = DatasetInfo(source="the job's own loaders")
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    card = html[html.index(">Dataset</h3>"):]
+    card = card[:card.index("</table>")]
+    assert "the job" in card and "files" not in card and "rows" not in card and "bytes" not in card
 
 
 def test_two_runs_of_one_scenario_side_by_side(tmp_path: Path, make_result: Any,
@@ -683,3 +698,23 @@ def test_png_draws_the_pixels_savefig_draws() -> None:
     have = Image.open(io.BytesIO(base64.b64decode(got))).convert("RGB")
     assert have.size == want.size
     assert np.array_equal(np.asarray(have), np.asarray(want))
+
+
+def test_thread_budget_and_busy_share_beside_the_throughput(tmp_path: Path, make_result: Any,
+                                                            write_result: Any) -> None:
+    """Issue 42: the thread budget (a 10x difference between two runs of one job) and the
+    machine's busy share appear in the throughput table, from the result's own fields."""
+    from stallbench.results import ForeignLoad, ThreadBudget
+
+    r = make_result(timeline=False, resources=False)
+    v = r.variants[0]
+    v.threads = ThreadBudget(producer_threads=1, trainer_threads=4, local_producers=2, cores=8)
+    for i, rep in enumerate(v.repeats):
+        rep.load = ForeignLoad(wall_s=10.0, busy_cpu_s=0.0, own_cpu_s=0.0, foreign_cpu_s=0.0,
+                               foreign_cores=[1.0, 2.0, 3.0][i % 3], steal_cores=None, cores=8.0)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    threads = re.findall(r'<td data-figure="threads">([^<]*)<', html)
+    busy = re.findall(r'<td class="num" data-figure="machine-busy">([^<]*)<', html)
+    assert threads[0] == "trainer 4 · producers 1 × 2 producers · 8 cores", threads
+    want = f"{statistics.median([1.0, 2.0, 3.0][i % 3] for i in range(len(v.repeats))):.2f} of 8 cores"
+    assert busy[0].startswith(want), busy
