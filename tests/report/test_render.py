@@ -713,8 +713,8 @@ def test_thread_budget_and_busy_share_beside_the_throughput(tmp_path: Path, make
         rep.load = ForeignLoad(wall_s=10.0, busy_cpu_s=0.0, own_cpu_s=0.0, foreign_cpu_s=0.0,
                                foreign_cores=[1.0, 2.0, 3.0][i % 3], steal_cores=None, cores=8.0)
     html = _html(render([write_result(r)], tmp_path / "out.html"))
-    threads = re.findall(r'<td data-figure="threads">([^<]*)<', html)
-    busy = re.findall(r'<td class="num" data-figure="machine-busy">([^<]*)<', html)
+    threads = re.findall(r'<span data-figure="threads">([^<]*)<', html)
+    busy = re.findall(r'<span data-figure="machine-busy">([^<]*)<', html)
     assert threads[0] == "trainer 4 · producers 1 × 2 producers · 8 cores", threads
     want = f"{statistics.median([1.0, 2.0, 3.0][i % 3] for i in range(len(v.repeats))):.2f} of 8 cores"
     assert busy[0].startswith(want), busy
