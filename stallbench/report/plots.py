@@ -358,7 +358,8 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
         ax.set_xlabel(f"CPU {axis}")
         ax.set_ylabel("samples / s")
         ax.set_title(f"PREDICTED throughput vs {axis} (model, not measured)", color=INK)
-        ax.legend(loc="lower right")
+        # beside the axes, never over the curve (issue 42); the constrained layout makes room
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
         return png(fig)
 
 

@@ -55,3 +55,35 @@ def test_one_colour_per_quantity() -> None:
               "start-up (beyond the steady rate)", "other"]
     colours = [plots.series_color(x) for x in labels]
     assert len(set(colours)) == len(labels), dict(zip(labels, colours))
+
+
+def test_whatif_legend_is_beside_the_axes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if's legend sat over its curve (issue 42): it is drawn outside the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from stallbench.results import WhatIfPoint
+
+    pts = [WhatIfPoint(n=n, predicted_samples_s=1000.0 * min(n + 1, 4), stall_share=0.0,
+                       bound_by="compute" if n >= 3 else "fetch", why="")
+           for n in range(0, 7)]
+    got: list[Any] = []
+    monkeypatch.setattr(plots, "png", lambda fig: got.append(fig) or "png")
+    assert plots.whatif(pts) == "png"
+    fig = got[0]
+    FigureCanvasAgg(fig).draw()
+    r = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend, axes = ax.get_legend().get_window_extent(r), ax.get_window_extent(r)
+    assert legend.x0 >= axes.x1 - 1 and legend.x1 <= fig.bbox.width + 1
+
+
+def test_runs_legend_names_every_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Runs side by side" named 1 of 3 runs: a run without the first variant got no entry."""
+    runs = [{"label": "run 1", "values": {"b": [10.0, 11.0]}},
+            {"label": "run 2", "values": {"a": [5.0], "b": [9.0]}},
+            {"label": "run 3", "values": {"a": [6.0, 6.5], "b": [12.0]}}]
+    got: list[Any] = []
+    monkeypatch.setattr(plots, "png", lambda fig: got.append(fig) or "png")
+    assert plots.throughput(["a", "b"], runs) == "png"
+    legend = [t.get_text() for t in got[0].axes[0].get_legend().get_texts()]
+    assert legend == ["run 1", "run 2", "run 3"]
