@@ -183,6 +183,21 @@ def seconds_cell(x: object, interval: object = None, missing: str = "-",
     return f"{v:.3g}" if abs(v) >= 0.01 else f"{v:.5f}".rstrip("0")
 
 
+# The attribution's parts by the names of what ran (issue 42): a scenario defines fetch,
+# preprocess and transfer; on a user's job (``stallbench profile``) they are what the job's
+# loader did, and "fetch" read as storage I/O when it was a hashing loop in ``__getitem__``.
+JOB_PART_NAMES = {"fetch": "dataset __getitem__", "preprocess": "collate_fn",
+                  "transfer": "pin_memory", "overhead": "loader hand-off"}
+SCENARIO_PART_NAMES = {"fetch": "fetch", "preprocess": "preprocess", "transfer": "transfer",
+                       "overhead": "loader overhead"}
+
+
+def part_name(part: str, on_job: bool) -> str:
+    """The name a surface gives an attribution part: the job's own stage on a profiled job
+    (``on_job``), the scenario's word otherwise."""
+    return (JOB_PART_NAMES if on_job else SCENARIO_PART_NAMES).get(part, part)
+
+
 def speedup(x: object, missing: str = "-") -> str:
     """A speed-up factor: ``"1.52x"``."""
     v = _finite(x)

@@ -55,7 +55,10 @@ def series_color(label: str) -> str:
     ``STAGE_COLORS``' quantity, the one place a label picks its colour."""
     for prefix, key in (("compute (compute-only", "compute-only"), ("compute-only", "compute-only"),
                         ("transfer (trainer", "trainer transfer"), ("wait", "wait"),
-                        ("exposed stall", "wait"), ("start-up", "start-up")):
+                        ("exposed stall", "wait"), ("start-up", "start-up"),
+                        # a profiled job's parts by its own stages (figures.JOB_PART_NAMES)
+                        ("dataset", "fetch"), ("collate_fn", "preprocess"),
+                        ("pin_memory", "transfer")):
         if label.startswith(prefix):
             return STAGE_COLORS[key]
     return STAGE_COLORS.get(label.split()[0], STAGE_COLORS["other"])

@@ -275,14 +275,16 @@ def _pair(iv: Interval) -> tuple[float, float]:
 
 def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
     a = v.attribution
+    on_job = v.profile is not None
     if a is not None and _num(a.compute_s) is not None:
         segs: list[Segment] = [("compute (compute-only run)", a.compute_s, _pair(a.intervals.compute_s))]
         for st in STAGES:
             x = _num(a.part_s(st))
-            segs.append((f"{st} stall (attributed)", x if x is not None else 0.0,
-                         _pair(a.part_interval(st))))
+            segs.append((f"{figures.part_name(st, on_job)} stall (attributed)",
+                         x if x is not None else 0.0, _pair(a.part_interval(st))))
         if _num(a.overhead_s) is not None:
-            segs.append(("loader overhead (attributed)", a.overhead_s, _pair(a.intervals.overhead_s)))
+            segs.append((f"{figures.part_name('overhead', on_job)} (attributed)", a.overhead_s,
+                         _pair(a.intervals.overhead_s)))
         if a.basis == "steady state" and _num(a.startup_cost_s) is not None:
             iv = a.startup_cost_interval
             segs.append(("start-up (beyond the steady rate)", a.startup_cost_s,
@@ -827,7 +829,7 @@ def _environment() -> jinja2.Environment:
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
                        bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
-    env.globals.update(threads_text=threads_text, busy_text=busy_text)
+    env.globals.update(threads_text=threads_text, busy_text=busy_text, part_name=figures.part_name)
     env.globals["zero_note"] = ZERO_NOTE
     env.tests["spanning_zero"] = spans_zero
     return env

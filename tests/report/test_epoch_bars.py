@@ -55,6 +55,11 @@ def test_one_colour_per_quantity() -> None:
               "start-up (beyond the steady rate)", "other"]
     colours = [plots.series_color(x) for x in labels]
     assert len(set(colours)) == len(labels), dict(zip(labels, colours))
+    # a profiled job's parts are the same quantities under the job's own names
+    for part in ("fetch", "preprocess", "transfer", "overhead"):
+        job, scenario = (figures.part_name(part, on_job) for on_job in (True, False))
+        assert plots.series_color(job + " stall (attributed)") == \
+            plots.series_color(scenario + " stall (attributed)"), part
 
 
 def test_whatif_legend_is_beside_the_axes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -718,3 +718,25 @@ def test_thread_budget_and_busy_share_beside_the_throughput(tmp_path: Path, make
     assert threads[0] == "trainer 4 · producers 1 × 2 producers · 8 cores", threads
     want = f"{statistics.median([1.0, 2.0, 3.0][i % 3] for i in range(len(v.repeats))):.2f} of 8 cores"
     assert busy[0].startswith(want), busy
+
+
+def test_a_profiled_jobs_parts_are_named_after_its_own_stages(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """Issue 42: on a user's job "fetch" is whatever its dataset's ``__getitem__`` did: the
+    attribution's columns say so; a scenario's result keeps the scenario's words."""
+    from stallbench.results import ProfileVariant
+
+    r = make_result(timeline=False, resources=False, whatif=False)
+    for v in r.variants:
+        v.profile = ProfileVariant(loaders=[])
+    html = _html(render([write_result(r)], tmp_path / "job.html"))
+    head = html[html.index('<table class="data attribution">'):]
+    head = head[:head.index("</thead>")]
+    assert all(x in head for x in ("dataset __getitem__", "collate_fn", "pin_memory",
+                                   "loader hand-off")), head
+    plain = _html(render([write_result(make_result(timeline=False, resources=False,
+                                                   whatif=False), "s.json")],
+                         tmp_path / "scenario.html"))
+    head = plain[plain.index('<table class="data attribution">'):]
+    head = head[:head.index("</thead>")]
+    assert "__getitem__" not in head and ">fetch<" in head and ">loader overhead<" in head
