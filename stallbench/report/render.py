@@ -829,7 +829,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
                        bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
-    env.globals.update(threads_text=threads_text, busy_text=busy_text, part_name=figures.part_name)
+    env.globals.update(threads_text=threads_text, busy_text=busy_text, part_name=figures.part_name,
+                       data_ideal=figures.data_ideal_speedup)
     env.globals["zero_note"] = ZERO_NOTE
     env.tests["spanning_zero"] = spans_zero
     return env

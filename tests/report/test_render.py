@@ -740,3 +740,20 @@ def test_a_profiled_jobs_parts_are_named_after_its_own_stages(
     head = plain[plain.index('<table class="data attribution">'):]
     head = head[:head.index("</thead>")]
     assert "__getitem__" not in head and ">fetch<" in head and ">loader overhead<" in head
+
+
+def test_both_ideal_speedups_shown_each_from_its_one_figure(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """Issue 42: "ideal speedup 1.52x" sat beside the verdict's "no data stall would give
+    1.56x" unlabelled: the cell gives both, each from ``analysis.figures``."""
+    from stallbench.analysis import figures
+    from stallbench.report.render import format_x
+
+    r = make_result(timeline=False, resources=False, whatif=False)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    cells = re.findall(r'<td class="num" data-figure="ideal-speedup">([^<]*)<span class="ci" '
+                       r'data-figure="data-ideal-speedup">all data work ([^<]*)<', html)
+    want = [(format_x(v.attribution.ideal_speedup),
+             format_x(figures.data_ideal_speedup(v.attribution)))
+            for v in r.variants if v.attribution is not None]
+    assert cells == want and want, (cells, want)
