@@ -433,13 +433,13 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
                                ("transfer (pin_memory)", a.transfer_stall_s, ivs.transfer_stall_s),
                                ("loader hand-off (overhead)", a.overhead_s, ivs.overhead_s)):
             # an interval spanning 0: not distinguishable from 0, never a negative stall
-            head = f"{'~0':>8}" if figures.spans_zero(i) else f"{part:8.2f}"
+            head = f"{figures.seconds_cell(part, i, signed=True):>8}"
             zero = zero or figures.spans_zero(i)
             out.append(f"  {label:<28} {head} s  [{i.low:.2f}, {i.high:.2f}]")
         if zero:
             out.append(f"  {figures.ZERO_NOTE}")
         if a.startup_cost_s:
-            out.append(f"  {'start-up (apart)':<28} {a.startup_cost_s:8.2f} s")
+            out.append(f"  {'start-up (apart)':<28} {figures.seconds_cell(a.startup_cost_s):>8} s")
         out.append(f"  verdict: {a.verdict}")
     marked = [ab for ab in an.ablations
               if ab.done and ab.stall_s is not None and ab.stall_interval is not None]
@@ -449,7 +449,7 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
     for ab in marked:
         part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
         lo, hi = ab.stall_interval.low, ab.stall_interval.high  # type: ignore[union-attr]
-        head = f"{'~0':>8}" if figures.spans_zero(ab.stall_interval) else f"{ab.stall_s:8.2f}"
+        head = f"{figures.seconds_cell(ab.stall_s, ab.stall_interval, signed=True):>8}"
         out.append(f"  {ab.removes + part:<28} {head} s  [{lo:.2f}, {hi:.2f}]")
     for ab in an.ablations:
         if not ab.done:
