@@ -260,12 +260,19 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
 
 
 def verdict(a: Attribution, action: str | None = None, gain: float | None = None,
-            knob: str | None = None) -> str:
+            knob: str | None = None, on_job: bool = False) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
     ablations' bound on its gain (``figures.ideal_bound``: the stage's ideal, or for more
     producers, ``knob``, the ideal of all data work), and start-up apart when it weighs in
-    this run."""
+    this run. ``on_job``: a user's job (``stallbench profile``), whose parts are named after
+    its own stages (``figures.part_name``: "dataset __getitem__", not "fetch")."""
+    if on_job and a.bound_by in STAGES:
+        name = figures.part_name(a.bound_by, True)
+        text = verdict(a, action, gain, knob)
+        for old in (f"{a.bound_by}-bound", f"ideal {a.bound_by} would"):
+            text = text.replace(old, old.replace(a.bound_by, name), 1)
+        return text
     steady = a.basis == "steady state"
     share = (a.steady_attributed_stall_share if steady and a.steady_attributed_stall_share
              is not None else a.attributed_stall_share)

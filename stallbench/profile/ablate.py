@@ -406,6 +406,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     else:
         a = differential.analyze(epochs, "chain", 0.9, computes=computes,
                                  basis="whole run (a run without a steady window)")
+    a.verdict = differential.verdict(a, on_job=True)    # the job's own stages' names
     return a, an
 
 
