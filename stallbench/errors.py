@@ -154,6 +154,37 @@ def user_frame(tb: object) -> str:
     return found
 
 
+# The optional parts of stallbench and the packages each brings (pyproject.toml's extras). The
+# core install is what `profile`, `gate`, `history`, `whatif` and local scenarios need: it lands
+# in the user's training image, where a second Ray or a plotting stack is a conflict.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "ray": ("ray", "ray.data"),
+    "report": ("matplotlib", "jinja2"),
+}
+
+
+class MissingExtra(UserError):
+    """A verb or scenario needs an extra that is not installed: one line naming it, exit 2."""
+
+    def __init__(self, what: str, extra: str, missing: str) -> None:
+        self.what, self.extra, self.missing = what, extra, missing
+        super().__init__(f"{what} needs the [{extra}] extra (cannot import {missing}): "
+                         f"pip install 'stallbench[{extra}]'")
+
+
+def need_extra(extra: str, what: str) -> None:
+    """Raise ``MissingExtra`` unless every package of ``extra`` can be imported; ``what`` names
+    the verb or scenario key that needs it ("stallbench report"). The one rule for an optional
+    dependency: checked where the verb starts, before anything is read or written."""
+    import importlib
+
+    for name in EXTRAS[extra]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingExtra(what, extra, name) from None
+
+
 class ProcessDied(UserError):
     """A process the run depends on died under it: a loader worker, a trainer rank (any cause:
     the user's code calling ``os._exit``, a segfault in an extension, ``kill -9``, the OOM

@@ -312,7 +312,13 @@ def _startup(v: VariantResult) -> tuple[float, str]:
     """The variant's measured start-up inside its epoch and its name: the phases' start-up
     cost (the time beyond the steady rate before every producer delivered its first work item:
     what forked workers' start adds) where the runs had a steady window, else the time to
-    first batch."""
+    first batch. Where the attribution put start-up apart (a steady basis) the verdict's tail
+    prints its ``startup_cost_s``: that one figure, so one line never holds two start-ups
+    (issue 42: "0.172 s" beside "0.21 s")."""
+    a = v.attribution
+    if v.phases is not None and a is not None and a.basis == "steady state" \
+            and math.isfinite(a.startup_cost_s):
+        return a.startup_cost_s, "start-up cost beyond the steady rate"
     if v.phases is not None:
         x = v.phases.startup_cost_s.median
         if math.isfinite(x):
@@ -333,8 +339,8 @@ def _keep_workers(v: VariantResult, variants: Sequence[VariantResult]) -> str:
         return ""
     n = v.executor.producer_slots
     text = (f"loader.persistent_workers = true (its {n} loader worker{'s' if n != 1 else ''} "
-            f"are forked every run: {name} {cost:.3f} s of its {epoch:.3f} s epoch, "
-            f"{cost / epoch:.0%}, measured")
+            f"are forked every run: {name} {figures.seconds(cost)} of its "
+            f"{figures.seconds(epoch)} epoch, {figures.share(cost / epoch)}, measured")
     s = _sibling(v, variants, "loader.persistent_workers", True)
     if s is None:
         return text + ")"
@@ -466,9 +472,9 @@ def _data_stage(v: VariantResult, machine: MachineInfo, rec: Recommendation,
         p = whatif.predict(m, max(v.executor.producer_slots, 1) + 1)
         whole = a.attributed_stall_share
         if rec.steady_attributed_stall_share is not None:
-            share = f" stalls {rec.steady_attributed_stall_share:.0%} of steady state"
+            share = f" stalls {figures.share(rec.steady_attributed_stall_share)} of steady state"
         elif whole is not None and math.isfinite(whole):
-            share = f" stalls {whole:.0%} of the run"
+            share = f" stalls {figures.share(whole)} of the run"
         else:
             share = " binds"
         rec.action = (f"{stage}{share}, but more producers would not help ({p.why}): "

@@ -38,6 +38,7 @@ from typing import Sequence
 
 from ..results import DatasetInfo, MachineInfo, RepeatFigures, VariantResult, WhatIfModel
 from . import whatif
+from .stats import t_quantile
 from .whatif_models import (MODELS, ScalingModel, fit_points, measured, producer_counts, ranks,
                             reference)
 
@@ -87,8 +88,7 @@ def tested_slope(xs: Sequence[float], ys: Sequence[float], level: float = CONFID
     if se == 0:
         return Slope(a, c, math.inf if c > 0 else 0.0, c > 0)
     t = c / se
-    from scipy.special import stdtrit   # = scipy.stats.t.ppf; scipy.stats costs a CLI start >1 s
-    return Slope(a, c, t, t > stdtrit(dof, level))
+    return Slope(a, c, t, t > t_quantile(dof, level))
 
 
 def sigma_of(busy: Sequence[float], cost: Sequence[float]) -> tuple[float, Slope | None]:

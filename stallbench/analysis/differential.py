@@ -270,33 +270,37 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
     return stage, epoch / rest if rest > 0 else math.inf
 
 
-def _secs(x: float) -> str:
-    return f"{x * 1000:.0f} ms" if abs(x) < 0.1 else f"{x:.2f} s"
-
-
 def verdict(a: Attribution, action: str | None = None, gain: float | None = None,
-            knob: str | None = None) -> str:
+            knob: str | None = None, on_job: bool = False) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
     ablations' bound on its gain (``figures.ideal_bound``: the stage's ideal, or for more
     producers, ``knob``, the ideal of all data work), and start-up apart when it weighs in
-    this run."""
+    this run. ``on_job``: a user's job (``stallbench profile``), whose parts are named after
+    its own stages (``figures.part_name``: "dataset __getitem__", not "fetch")."""
+    if on_job and a.bound_by in STAGES:
+        name = figures.part_name(a.bound_by, True)
+        text = verdict(a, action, gain, knob)
+        for old in (f"{a.bound_by}-bound", f"ideal {a.bound_by} would"):
+            text = text.replace(old, old.replace(a.bound_by, name), 1)
+        return text
     steady = a.basis == "steady state"
     share = (a.steady_attributed_stall_share if steady and a.steady_attributed_stall_share
              is not None else a.attributed_stall_share)
     where = "of steady state" if steady else "of the epoch"
     overhead = a.overhead_share
-    tail = (f" (loader hand-off alone: {overhead:.0%})"
+    tail = (f" (loader hand-off alone: {figures.share(overhead)})"
             if overhead >= COMPUTE_BOUND_SHARE else "")
     for part in a.negative_parts:
         # never printed as a negative figure (issue 39): a stall cannot be below zero
         tail += (f"; {part} part came out below 0 (taken as 0): making it ideal slowed the "
                  f"run, so the ablations interact or the run was disturbed (add repeats)")
     if a.interference_s is not None:
-        tail += (f"; interference {_secs(a.interference_s)}: the model step took longer beside "
+        tail += (f"; interference {figures.seconds(a.interference_s)}: the model step took longer beside "
                  f"the data path than served from memory (measured, apart from the wait)")
     if steady and a.startup_cost_share >= COMPUTE_BOUND_SHARE:
-        tail += (f"; start-up {_secs(a.startup_cost_s)} ({a.startup_cost_share:.0%} of this run) "
+        tail += (f"; start-up {figures.seconds(a.startup_cost_s)} "
+                 f"({figures.share(a.startup_cost_share)} of this run) "
                  f"is apart: a long epoch pays it once")
     elif not steady and a.basis != "whole run":
         tail += f"; {a.basis}"
@@ -314,16 +318,17 @@ def verdict(a: Attribution, action: str | None = None, gain: float | None = None
     if not a.conclusive:
         noise = float(a.compute_noise_s or 0.0)
         lead = "compute-bound" if a.bound_by == "compute" else f"{a.bound_by}-bound"
-        return (f"inconclusive (leaning {lead}): the same model steps took {noise:.2f} s "
-                f"({float(a.compute_noise_share or 0.0):.0%} of the epoch) more in one ablation run "
+        return (f"inconclusive (leaning {lead}): the same model steps took "
+                f"{figures.seconds(noise)} ({figures.share(a.compute_noise_share or 0.0)} of the "
+                f"epoch) more in one ablation run "
                 f"than in another, as much as the stalls measured; the model competes with the "
                 f"loader for CPU or the machine is noisy: add repeats, or emulate the step{tail}")
-    head = f"{a.bound_by}-bound ({max(share, 0):.0%} {where} is attributed stall)"
+    head = f"{a.bound_by}-bound ({figures.share(share)} {where} is attributed stall)"
     if a.bound_by == "compute":
         # the bound is decided on the data stages alone (loader hand-off is said in the tail)
         total = a.steady_epoch_s if steady and a.steady_epoch_s else a.epoch_s
         stages = sum(a.part_s(s) for s in STAGES) / total if total > 0 else 0.0
-        head = f"compute-bound (data stages {max(stages, 0):.0%} {where})"
+        head = f"compute-bound (data stages {figures.share(stages)} {where})"
         return (f"{head}: {action or 'nothing to do on the data side: the data stages keep up'}"
                 f"{tail}")
     # "1 worker predicted 1.58x; ideal fetch would give 1.53x" read as one worker beating

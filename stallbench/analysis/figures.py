@@ -126,6 +126,99 @@ def spans_zero(iv: object) -> bool:
 ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
 
 
+# ------------------------------------------------------------------ how a figure is written
+# One rule for writing a share, a duration and a speed-up on every surface (terminal tables,
+# verdict lines, the report), so one field reads the same wherever it appears (issue 42: a
+# stall share of "-1%" beside "0%", "-0% of the epoch", 158 ms in one table and 0.00 in
+# another). A figure that is not distinguishable from 0 is written "~0": its interval spans 0,
+# or it is a share (or a part of the epoch) below 0, which only noise makes, or it rounds to 0
+# at the precision shown without being 0. Exactly 0 stays "0". Missing figures are ``missing``.
+
+ZERO = "~0"
+
+
+def _finite(x: object) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def is_zero(x: float, interval: object = None, text: str | None = None) -> bool:
+    """``x`` is not distinguishable from 0 (written ``ZERO``): its interval spans 0, it is
+    below 0, or ``text`` (its digits as written) reads 0 while ``x`` is not 0."""
+    if interval is not None and spans_zero(interval):
+        return True
+    return x < 0 or (x != 0 and text is not None and float(text) == 0)
+
+
+def share(x: object, digits: int = 0, interval: object = None, missing: str = "-") -> str:
+    """A share of a whole (stall of the epoch, data stages of steady state): ``"12%"``; never
+    negative and never ``"-0%"`` (``is_zero``: ``"~0%"``)."""
+    v = _finite(x)
+    if v is None:
+        return missing
+    text = f"{v * 100:.{digits}f}"
+    return ZERO + "%" if is_zero(v, interval, text) else text + "%"
+
+
+def seconds(x: object, interval: object = None, missing: str = "-", signed: bool = False) -> str:
+    """A duration: ``"1.23 s"`` from 1 s up, ``"158 ms"`` below, ``"4.20 ms"`` below 10 ms,
+    ``"0 s"`` for exactly 0, ``"~0 s"`` when ``is_zero`` (an interval spanning 0; a negative
+    duration unless ``signed``: a part of the epoch that may come out below 0, such as a
+    negative ablation part, is written with its minus sign)."""
+    v = _finite(x)
+    if v is None:
+        return missing
+    if v == 0:
+        return "0 s"
+    if (interval is not None and spans_zero(interval)) or (v < 0 and not signed) \
+            or abs(v) < 0.5e-5:
+        return ZERO + " s"
+    if abs(v) < 0.01:
+        return f"{v * 1e3:.2f} ms"
+    if abs(v) < 1:
+        return f"{v * 1e3:.0f} ms"
+    return f"{v:.2f} s"
+
+
+def seconds_cell(x: object, interval: object = None, missing: str = "-",
+                 signed: bool = False) -> str:
+    """A duration in a table column headed "s": the digits of ``seconds`` in seconds (158 ms
+    is ``"0.158"``, never ``"0.00"``; from 1 s up two decimals), ``"~0"`` as there."""
+    v = _finite(x)
+    if v is None:
+        return missing
+    if v == 0:
+        return "0"
+    if (interval is not None and spans_zero(interval)) or (v < 0 and not signed) \
+            or abs(v) < 0.5e-5:
+        return ZERO
+    if abs(v) >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}" if abs(v) >= 0.01 else f"{v:.5f}".rstrip("0")
+
+
+# The attribution's parts by the names of what ran (issue 42): a scenario defines fetch,
+# preprocess and transfer; on a user's job (``stallbench profile``) they are what the job's
+# loader did, and "fetch" read as storage I/O when it was a hashing loop in ``__getitem__``.
+JOB_PART_NAMES = {"fetch": "dataset __getitem__", "preprocess": "collate_fn",
+                  "transfer": "pin_memory", "overhead": "loader hand-off"}
+SCENARIO_PART_NAMES = {"fetch": "fetch", "preprocess": "preprocess", "transfer": "transfer",
+                       "overhead": "loader overhead"}
+
+
+def part_name(part: str, on_job: bool) -> str:
+    """The name a surface gives an attribution part: the job's own stage on a profiled job
+    (``on_job``), the scenario's word otherwise."""
+    return (JOB_PART_NAMES if on_job else SCENARIO_PART_NAMES).get(part, part)
+
+
+def speedup(x: object, missing: str = "-") -> str:
+    """A speed-up factor: ``"1.52x"``."""
+    v = _finite(x)
+    return missing if v is None else f"{v:.2f}x"
+
+
 def us(seconds: float) -> str:
     """Seconds per sample as every surface prints them."""
     return f"{seconds * 1e6:.1f} us/sample"

@@ -73,7 +73,7 @@ from ..results import Attribution, ExactlyOnce, RankStats, RankSummary, Summary
 from ..stages.sizes import ceil_div
 from ..trainers.job import last_rank_per_step
 from . import differential
-from .stats import finite_median
+from .stats import finite_median, t_quantile
 
 
 def excess(stalls: Sequence[float], c: int) -> float:
@@ -169,7 +169,6 @@ def burst_test(own: Sequence[Sequence[float]], c: int, alpha: float = STRAGGLER_
     must not drown the rest): under exchangeable ranks symmetric about 0, where Student's t
     is conservative (Efron 1969). One-sided at alpha / (2 x world): half the budget (the
     shuffles have the other half), shared by the ranks that could be the candidate."""
-    from scipy import stats as _st  # lazy: keeps `stallbench --help` fast
     k = min(len(s) for s in own)
     x = np.log(np.maximum(np.asarray([s[:k] for s in own], dtype=float), 1e-6))
     sel = x.max(axis=0) > math.log(BURST_FACTOR) + float(np.median(x))
@@ -180,7 +179,7 @@ def burst_test(own: Sequence[Sequence[float]], c: int, alpha: float = STRAGGLER_
     sd = float(np.std(d, ddof=1))
     mean = float(d.mean())
     t = math.inf if sd == 0 and mean > 0 else (mean / sd * math.sqrt(n) if sd > 0 else 0.0)
-    return t, float(_st.t.ppf(1 - alpha / (2 * len(own)), n - 1)), n
+    return t, t_quantile(n - 1, 1 - alpha / (2 * len(own))), n
 
 
 def straggler(own: Sequence[Sequence[Sequence[float]]], alpha: float = STRAGGLER_ALPHA,

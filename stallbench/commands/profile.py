@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .. import interrupts, outputs, results
+from ..analysis import figures
 from ..outputs import one_line
 from ..report import tables
 from ..errors import UserError
@@ -65,10 +66,10 @@ def loader_table(result: results.Result) -> str:
                          str(lo.rank),
                          str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
                          tables.format_number(lo.samples_s), tables.format_number(lo.steady_samples_s),
-                         tables.format_number(lo.wait_s, ".2f"), tables.format_percent(lo.wait_share),
-                         tables.format_percent(lo.steady_wait_share), tables.format_number(lo.step_s, ".2f"),
-                         tables.format_number(lo.time_to_first_batch_s, ".2f"),
-                         f"{one_line(top.name)} {top.wall_s:.2f} s" if top else "-"])
+                         figures.seconds_cell(lo.wait_s), tables.format_percent(lo.wait_share),
+                         tables.format_percent(lo.steady_wait_share), figures.seconds_cell(lo.step_s),
+                         figures.seconds_cell(lo.time_to_first_batch_s),
+                         f"{one_line(top.name)} {figures.seconds(top.wall_s)}" if top else "-"])
     head = ["variant", "loader", "rank", "workers", "batches", "samples/s", "steady samples/s",
             "wait s", "wait %", "steady wait %", "step s", "1st batch s", "top stage (wall)"]
     return tables.table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9, 10, 11})

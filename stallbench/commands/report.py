@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .. import outputs, results
-from ..errors import UserError
+from ..errors import UserError, need_extra
 
 DEFAULT_PATHS = ["results/"]
 DEFAULT_OUT = Path("report/index.html")
@@ -31,6 +31,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 def run(args: argparse.Namespace) -> int:
     """Render; a missing/malformed result raises ResultError (the CLI prints one line, exit 2)."""
+    need_extra("report", "stallbench report")
     from ..report.render import render  # matplotlib is imported only when a report is made
 
     outputs.check_file(args.output, outputs.REPORT, "-o")   # before reading anything

@@ -51,6 +51,7 @@ import numpy as np
 
 from .rule import FASTER, METRICS, SLOWER, Metric, compare_paired, paired_differences
 from .. import interrupts
+from ..analysis.stats import t_quantile
 from ..errors import ResultError
 from ..results import codec
 
@@ -192,11 +193,9 @@ def rule_parts(draws: np.ndarray, m: Metric, alpha: float) -> tuple[np.ndarray, 
         wminus = np.where(draws < 0, ranks, 0).sum(axis=1)
         significant = (np.minimum(wplus, wminus) <= crit) & (draws != 0).all(axis=1)
     else:
-        from scipy import stats as _st
-
         mean = draws.mean(axis=1)
         sd = draws.std(axis=1, ddof=1)
-        h = float(_st.t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+        h = t_quantile(n - 1, 1 - alpha / 2) * sd / math.sqrt(n)
         significant = (mean - h > 0) | (mean + h < 0)
     change = np.exp(hl) if m.kind == "ratio" else hl
     return change, significant

@@ -417,6 +417,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     a = waits.attribute(full, served[ITEMS], served[BATCH], served[FREE],
                         [v[0] for v in done[ONLY]], [v[2] for v in done[ONLY]],
                         [v[1] for v in done[ONLY]], (FULL, ITEMS, BATCH, FREE, ONLY))
+    a.verdict = differential.verdict(a, on_job=True)    # the job's own stages' names
     return a, an
 
 
@@ -447,15 +448,15 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
                                ("transfer (pin_memory)", a.transfer_stall_s, ivs.transfer_stall_s),
                                ("loader hand-off (overhead)", a.overhead_s, ivs.overhead_s)):
             # an interval spanning 0: not distinguishable from 0, never a negative stall
-            head = f"{'~0':>8}" if figures.spans_zero(i) else f"{part:8.2f}"
+            head = f"{figures.seconds_cell(part, i, signed=True):>8}"
             zero = zero or figures.spans_zero(i)
             out.append(f"  {label:<28} {head} s  [{i.low:.2f}, {i.high:.2f}]")
         if zero:
             out.append(f"  {figures.ZERO_NOTE}")
         if a.startup_cost_s:
-            out.append(f"  {'start-up (apart)':<28} {max(a.startup_cost_s, 0.0):8.2f} s")
+            out.append(f"  {'start-up (apart)':<28} {figures.seconds_cell(a.startup_cost_s):>8} s")
         if a.interference_s is not None:
-            out.append(f"  {'interference (own line)':<28} {a.interference_s:8.2f} s  the model "
+            out.append(f"  {'interference (own line)':<28} {figures.seconds_cell(a.interference_s):>8} s  the model "
                        f"step took longer beside the data path than served from memory "
                        f"(not a wait: not in the parts above)")
         if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup):
@@ -476,7 +477,7 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
     for ab in marked:
         part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
         lo, hi = ab.stall_interval.low, ab.stall_interval.high  # type: ignore[union-attr]
-        head = f"{'~0':>8}" if figures.spans_zero(ab.stall_interval) else f"{ab.stall_s:8.2f}"
+        head = f"{figures.seconds_cell(ab.stall_s, ab.stall_interval, signed=True):>8}"
         out.append(f"  {ab.removes + part:<28} {head} s  [{lo:.2f}, {hi:.2f}]")
     for ab in an.ablations:
         if not ab.done:

@@ -38,7 +38,7 @@ def plot(series: Sequence[history.Series]) -> str | None:
         ax.set_xlabel("result, oldest → newest")
         ax.set_ylabel("samples / s (median)")
         ax.set_ylim(bottom=0)
-        ax.legend(loc="lower left", ncol=min(len(series), 3))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))   # beside the series, not over them
         return plots.png(fig)
 
 

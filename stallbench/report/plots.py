@@ -17,6 +17,7 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..analysis import figures
 from ..results import Knee, RankSummary, Resources, Timeline, WhatIfCheck, WhatIfPoint
 
 import matplotlib
@@ -32,16 +33,35 @@ from PIL import Image  # noqa: E402 - comes with matplotlib (a dependency of it)
 DPI = 100
 WIDTH_IN = 9.2
 
-# One palette for the page and the figures (the CSS uses the same hex values).
+# One palette for the page and the figures (the CSS uses the same hex values): one colour per
+# quantity across the page (issue 42: the compute-only run and the full runs' step timer, an
+# attributed fetch stall and the trainer's wait for a batch each had one colour for two).
 STAGE_COLORS = {
-    "compute": "#3b6fb6",
-    "fetch": "#e0922f",
+    "compute": "#3b6fb6",            # the model step in the measured (full) runs
+    "compute-only": "#1d3f73",       # the compute-only ablation run's step
+    "fetch": "#e0922f",              # attributed stalls, per stage
     "preprocess": "#c8463d",
     "transfer": "#7d5fb2",
-    "wait": "#e0922f",
+    "trainer transfer": "#b7a5d8",   # the trainer's own host -> device copy time
+    "wait": "#e8c547",               # the trainer's wait for a batch (exposed stall)
+    "start-up": "#8d6e4c",           # start-up beyond the steady rate
     "other": "#9aa5b1",
     "loader": "#52606d",   # loader overhead: start-up and hand-off, no stage's fault
 }
+
+
+def series_color(label: str) -> str:
+    """The colour of a series by its label ("fetch stall (attributed)", "wait for a batch"):
+    ``STAGE_COLORS``' quantity, the one place a label picks its colour."""
+    for prefix, key in (("compute (compute-only", "compute-only"), ("compute-only", "compute-only"),
+                        ("transfer (trainer", "trainer transfer"), ("wait", "wait"),
+                        ("exposed stall", "wait"), ("start-up", "start-up"),
+                        # a profiled job's parts by its own stages (figures.JOB_PART_NAMES)
+                        ("dataset", "fetch"), ("collate_fn", "preprocess"),
+                        ("pin_memory", "transfer")):
+        if label.startswith(prefix):
+            return STAGE_COLORS[key]
+    return STAGE_COLORS.get(label.split()[0], STAGE_COLORS["other"])
 RUN_COLORS = ["#9aa5b1", "#3b6fb6", "#2a9d8f", "#e0922f", "#7d5fb2", "#c8463d"]
 INK = "#1f2933"
 MUTED = "#616e7c"
@@ -142,12 +162,6 @@ def _mean_or_nan(xs: Iterable[Any]) -> float:
 
 # ------------------------------------------------------------------------- epoch breakdown
 
-def _spans_zero(interval: Any) -> bool:
-    """(lo, hi) on both sides of 0 (``report.tables.spans_zero``'s rule, on a pair)."""
-    return bool(interval and len(interval) == 2 and all(_finite(v) for v in interval)
-                and float(interval[0]) < 0 < float(interval[1]))
-
-
 def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """Stacked horizontal bars of the epoch time per variant.
 
@@ -156,8 +170,9 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
     preprocess, transfer, wait, other). Each segment with an interval gets a whisker at its end.
     """
     rows = [r for r in rows if any(_finite(s[1]) and s[1] > 0 for s in r.get("segments", []))]
-    # A negative part (a difference of noisy means) cannot be stacked: it is left out of the
-    # bar and named beside the total, which is still the signed sum (the epoch).
+    # A negative part (a difference of noisy means) is drawn back from the end of the stacked
+    # positive parts, hatched over them: the solid bar ends at the signed sum, its label (the
+    # bar's length equals its label; issue 42: a bar to ~17 s labelled 13.74 s).
     if not rows:
         return None
     with style():
@@ -172,14 +187,11 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
             left = 0.0
             reach = 0.0  # right end of the bar including its whiskers
             signed = sum(float(s[1]) for s in row["segments"] if _finite(s[1]))
-            # a part whose interval spans 0 is "~0" (not distinguishable from 0), never a
-            # negative stall
-            negative = [f"{s[0]} ~0" if _spans_zero(s[2]) else f"{s[0]} {float(s[1]):+.2g} s"
-                        for s in row["segments"] if _finite(s[1]) and s[1] < 0]
+            negative = [s for s in row["segments"] if _finite(s[1]) and s[1] < 0]
             for stage, sec, interval in row["segments"]:
                 if not _finite(sec) or sec <= 0:
                     continue
-                color = STAGE_COLORS.get(stage.split()[0], STAGE_COLORS["other"])
+                color = series_color(stage)
                 label = None if stage in seen else stage
                 seen.add(stage)
                 ax.barh(yi, sec, left=left, height=0.62, color=color, label=label,
@@ -191,7 +203,16 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
                                 fmt="none", ecolor=INK, elinewidth=0.9, capsize=2.5, alpha=0.75)
                     reach = max(reach, left + hi)
                 left += sec
-            reach = max(reach, left)
+            reach = max(reach, left)      # the positive parts' end: the hatch starts back from it
+            for stage, sec, _interval in negative:
+                # back from the positive end: the part cancels what it overlaps
+                label = f"{stage}, below 0 (cancels the hatched length)"
+                ax.barh(yi, float(sec), left=left, height=0.62, color="white", alpha=0.85,
+                        hatch="////", edgecolor=series_color(stage), linewidth=0.0,
+                        label=None if label in seen else label)
+                seen.add(label)
+                left += float(sec)
+
             tr = row.get("total_range")
             if tr and all(_finite(v) for v in tr):
                 lo, hi = float(tr[0]), float(tr[1])
@@ -200,13 +221,12 @@ def epoch_breakdown(rows: Sequence[Mapping[str, Any]]) -> str | None:
                                 fmt="none", ecolor=INK, elinewidth=0.9, capsize=2.5, alpha=0.75)
                 reach = max(reach, hi)
             xmax = max(xmax, reach)
-            ends.append((yi, signed, reach, negative))
-        for yi, total, reach, negative in ends:
-            note = f"  ({', '.join(negative)}: not drawn)" if negative else ""
-            ax.text(reach + xmax * 0.012, yi, f"{total:.2f} s{note}", va="center", ha="left",
+            ends.append((yi, signed, reach))
+        for yi, total, reach in ends:
+            ax.text(reach + xmax * 0.012, yi, figures.seconds(total), va="center", ha="left",
                     fontsize=8.5, color=INK)
         ax.set_yticks(y, names)
-        ax.set_xlim(0, xmax * (1.45 if any(e[3] for e in ends) else 1.13) if xmax else 1)
+        ax.set_xlim(0, xmax * 1.13 if xmax else 1)
         ax.set_xlabel("seconds per measured run")
         ax.grid(axis="y", visible=False)
         # long labels ("fetch stall (attributed)") need two rows to fit the figure's width
@@ -237,6 +257,7 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
         bar_h = group_h / nruns
         ymax = 0.0
         for ri, run in enumerate(runs):
+            named = False     # the legend names every run: on its first bar, whichever variant
             for vi, name in enumerate(have):
                 vals = _floats(run.get("values", {}).get(name, []))
                 if not vals:
@@ -244,7 +265,8 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
                 yc = (len(have) - 1 - vi) + group_h / 2 - bar_h * (ri + 0.5)
                 med = statistics.median(vals)
                 ax.barh(yc, med, height=bar_h * 0.82, color=colors[ri], alpha=0.9,
-                        label=run.get("label") if vi == 0 and nruns > 1 else None)
+                        label=run.get("label") if not named and nruns > 1 else None)
+                named = True
                 if len(vals) > 1:
                     ax.plot([min(vals), max(vals)], [yc, yc], color=INK, lw=1.1, solid_capstyle="butt")
                     for end in (min(vals), max(vals)):
@@ -341,7 +363,8 @@ def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),
         ax.set_xlabel(f"CPU {axis}")
         ax.set_ylabel("samples / s")
         ax.set_title(f"PREDICTED throughput vs {axis} (model, not measured)", color=INK)
-        ax.legend(loc="lower right")
+        # beside the axes, never over the curve (issue 42); the constrained layout makes room
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
         return png(fig)
 
 
@@ -375,7 +398,7 @@ def timeline(tl: Timeline) -> str | None:
     if starts_f and min(starts_f) > 1e4:  # an absolute clock (time.time / perf_counter): from 0
         t0 = min(starts_f)
         starts_f = [s - t0 for s in starts_f]
-    parts = (("wait", wait, STAGE_COLORS["wait"]), ("transfer", transfer, STAGE_COLORS["transfer"]),
+    parts = (("wait", wait, STAGE_COLORS["wait"]), ("transfer", transfer, STAGE_COLORS["trainer transfer"]),
              ("compute", compute, STAGE_COLORS["compute"]))
     with style():
         fig = figure(3.4)

@@ -76,26 +76,17 @@ def format_rate(x: Any) -> str:
 
 
 def format_s(x: Any) -> str:
-    v = _num(x)
-    if v is None:
-        return "—"
-    if v == 0:
-        return "0 s"
-    if abs(v) < 0.01:
-        return f"{v * 1e3:.2f} ms"
-    if abs(v) < 1:
-        return f"{v * 1e3:.0f} ms"
-    return f"{v:.2f} s"
+    """A duration (``figures.seconds``; a part of the epoch keeps its sign)."""
+    return figures.seconds(x, missing="—", signed=True)
 
 
 def format_pct(x: Any) -> str:
-    v = _num(x)
-    return "—" if v is None else f"{v * 100:.0f}%"
+    """A share (``figures.share``: never negative, never "-0%")."""
+    return figures.share(x, missing="—")
 
 
 def format_x(x: Any) -> str:
-    v = _num(x)
-    return "—" if v is None else f"{v:.2f}×"
+    return figures.speedup(x, missing="—").replace("x", "×")
 
 
 def format_mb(x: Any) -> str:
@@ -287,14 +278,16 @@ def _pair(iv: Interval) -> tuple[float, float]:
 
 def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
     a = v.attribution
+    on_job = v.profile is not None
     if a is not None and _num(a.compute_s) is not None:
         segs: list[Segment] = [("compute (compute-only run)", a.compute_s, _pair(a.intervals.compute_s))]
         for st in STAGES:
             x = _num(a.part_s(st))
-            segs.append((f"{st} stall (attributed)", x if x is not None else 0.0,
-                         _pair(a.part_interval(st))))
+            segs.append((f"{figures.part_name(st, on_job)} stall (attributed)",
+                         x if x is not None else 0.0, _pair(a.part_interval(st))))
         if _num(a.overhead_s) is not None:
-            segs.append(("loader overhead (attributed)", a.overhead_s, _pair(a.intervals.overhead_s)))
+            segs.append((f"{figures.part_name('overhead', on_job)} (attributed)", a.overhead_s,
+                         _pair(a.intervals.overhead_s)))
         if a.basis == "steady state" and _num(a.startup_cost_s) is not None:
             iv = a.startup_cost_interval
             segs.append(("start-up (beyond the steady rate)", a.startup_cost_s,
@@ -790,6 +783,16 @@ def _settings_rows(r: Result) -> list[tuple[str, Any]]:
             for k, v in _flatten(dataclasses.asdict(r.settings))]
 
 
+def _dataset_rows(d: DatasetInfo) -> list[tuple[str, Any]]:
+    """What the result holds about its dataset: a count of 0, "no" and an empty value are what a
+    result that never described its dataset holds (a profile result: the job's own loaders,
+    no files, rows or bytes measured), not figures, so they are left out; none left, the
+    section is absent (issue 42: a "Dataset" card of zeros)."""
+    return [(k, v) for k, v in _flatten(dataclasses.asdict(d))
+            if v is not None and v != "" and v is not False
+            and not (isinstance(v, (int, float)) and v == 0)]
+
+
 def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> dict[str, Any]:
     loaded = sorted(loaded, key=lambda pr: (str(pr[1].created_utc), str(pr[0])))
     labels = _run_labels(loaded)
@@ -811,11 +814,35 @@ def _scenario_view(name: str, loaded: list[tuple[Path, Result]], index: int) -> 
         "machine": _machine_table(runs),
         "machine_missing": all(run.result.machine == MachineInfo() for run in runs),
         "settings": _settings_rows(primary.result),
-        "dataset": [] if dataset == DatasetInfo() else _flatten(dataclasses.asdict(dataset)),
+        "dataset": _dataset_rows(dataset),
         "text": sc.text,
         "scenario_meta": [(k, v if k == "sha256" else format_value(v)) for k, v in meta if v],
         "description": sc.description,
     }
+
+
+def threads_text(v: VariantResult) -> str:
+    """The thread budget the variant ran with (``ThreadBudget``, as resolved), beside the
+    throughput it explains: two runs of one job differ by 10x with another budget (issue 42)."""
+    t = v.threads
+    if t is None:
+        return "—"
+    trainer = "library default" if t.trainer_threads is None else str(t.trainer_threads)
+    prod = ("—" if t.producer_threads is None
+            else f"{t.producer_threads} × {t.local_producers} producer"
+                 f"{'s' if t.local_producers != 1 else ''}")
+    return f"trainer {trainer} · producers {prod} · {t.cores} cores"
+
+
+def busy_text(v: VariantResult) -> str:
+    """The machine's busy share while the variant's runs ran: cores other processes took
+    (``ForeignLoad.foreign_cores``, median over repeats) of the machine's, beside the figures
+    a busy machine slows."""
+    loads = [f.load for f in v.repeats if f.load is not None and f.load.cores > 0]
+    if not loads:
+        return "—"
+    taken = statistics.median(ld.foreign_cores + (ld.steal_cores or 0.0) for ld in loads)
+    return f"{taken:.2f} of {loads[0].cores:g} cores ({figures.share(taken / loads[0].cores)})"
 
 
 def _environment() -> jinja2.Environment:
@@ -825,6 +852,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
                        bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
     env.globals["stage_color"] = plots.STAGE_COLORS
+    env.globals.update(threads_text=threads_text, busy_text=busy_text, part_name=figures.part_name,
+                       data_ideal=figures.data_ideal_speedup)
     env.globals["zero_note"] = ZERO_NOTE
     env.tests["spanning_zero"] = spans_zero
     return env

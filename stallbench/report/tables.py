@@ -36,7 +36,11 @@ def spread(s: Summary, fmt: str = ",.0f") -> str:
 
 
 def format_percent(x: float | None, spec: str = ".0%") -> str:
-    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+    """A share (``figures.share``: never negative, "~0%" when it reads 0 without being 0); a
+    signed spec ("+.1%": an error, a change) keeps its sign."""
+    if spec.startswith("+"):
+        return "-" if x is None or not math.isfinite(x) else format(x, spec)
+    return figures.share(x, int(spec.strip(".%") or 0))
 
 
 def run_table(result: Result) -> str:
@@ -44,13 +48,13 @@ def run_table(result: Result) -> str:
     for v in result.variants:
         ph = v.phases
         rows.append([v.name, spread(v.throughput_samples_s),
-                     format_number(ph.steady_samples_s.median) if ph else "-", format_number(v.epoch_s.median, ".2f"),
-                     format_number(v.stall_s.median, ".2f"), format_percent(v.stall_share.median),
+                     format_number(ph.steady_samples_s.median) if ph else "-", figures.seconds_cell(v.epoch_s.median),
+                     figures.seconds_cell(v.stall_s.median), format_percent(v.stall_share.median),
                      format_percent(ph.steady_stall_share.median) if ph else "-",
                      startup_text(ph.startup_cost_s.median) if ph else "-",
                      format_percent(v.device.au.median) if v.device else "-",
                      _steady_au(v.device),
-                     format_number(v.time_to_first_batch_s.median, ".2f"), format_number(v.peak_pss_mb.median, ",.0f")])
+                     figures.seconds_cell(v.time_to_first_batch_s.median), format_number(v.peak_pss_mb.median, ",.0f")])
     head = ["variant", "samples/s median (min..max)", "steady samples/s", "epoch s", "stall s",
             "stall %", "steady stall %", "start-up s", "AU", "steady AU", "1st batch s",
             "peak PSS MB"]
@@ -106,10 +110,10 @@ def attribution_table(result: Result) -> str | None:
         def part(name: str, a: Attribution = a) -> str:
             x, iv = a.part_s(name), a.part_interval(name)
             if not (math.isfinite(iv.low) and math.isfinite(iv.high)) or iv.width < 1e-9:
-                return format_number(x, ".2f")
+                return figures.seconds_cell(x, signed=True)
             # an interval spanning 0: the part is not distinguishable from 0 (never printed
             # as a negative stall): "~0", explained under the table
-            head = "~0" if spans_zero(iv) else format_number(x, ".2f")
+            head = figures.seconds_cell(x, iv, signed=True)
             return f"{head} [{format_number(iv.low, '.2f')},{format_number(iv.high, '.2f')}]"
 
         steady = a.basis == "steady state"
@@ -128,9 +132,7 @@ def attribution_table(result: Result) -> str | None:
 def startup_text(x: float | None) -> str:
     """A start-up cost: never negative (start-up cannot make a run faster; a window slower
     than that is refused in ``measure.phases``), "~0" within its tolerance."""
-    if x is not None and math.isfinite(x) and x < 0:
-        return "~0"
-    return format_number(x, ".2f")
+    return figures.seconds_cell(x)
 
 
 # one rule for every surface (``analysis.figures``): the run table, the report, the profile

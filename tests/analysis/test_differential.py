@@ -7,6 +7,7 @@ import math
 import pytest
 
 from stallbench.analysis.differential import ablations_for, analyze, attribute
+from stallbench.analysis import differential
 
 
 def chain_epochs(full=10.0, nf=7.0, nfp=4.0, free=3.5, compute=3.0, n=3, jitter=0.0):
@@ -157,7 +158,7 @@ def test_steady_basis_puts_startup_apart_and_still_closes() -> None:
     assert a.steady_attributed_stall_share == pytest.approx(0.03 / 2.02)
     assert a.startup_cost_interval.low <= 0.30 <= a.startup_cost_interval.high
     assert a.verdict.startswith("compute-bound (data stages 1% of steady state)")
-    assert "start-up 0.30 s (13% of this run) is apart" in a.verdict
+    assert "start-up 300 ms (13% of this run) is apart" in a.verdict
 
 
 def test_runs_without_a_steady_window_fall_back_to_whole_runs() -> None:
@@ -181,3 +182,17 @@ def test_runs_without_a_steady_window_fall_back_to_whole_runs() -> None:
     short = analyze_runs({k: [run(1.0, 3)] for k in names})    # 2 producers, 3 items
     assert short.basis.startswith("whole run (no steady window in 5 run(s)")
     assert short.startup_cost_s == 0.0 and short.steady_epoch_s is None
+
+
+def test_on_a_users_job_the_bound_is_named_after_the_jobs_own_stage() -> None:
+    """Issue 42: on a profiled job "fetch" is whatever its dataset's ``__getitem__`` did (a
+    hashing loop in memory, in the trial), read as storage I/O: the verdict names the job's
+    stage; a scenario's verdict keeps the scenario's word."""
+    epochs = {"full": [2.0, 2.02, 1.98], "no_fetch": [1.0, 1.01, 0.99],
+              "no_fetch_preprocess": [0.95, 0.96, 0.94],
+              "no_fetch_preprocess_transfer": [0.94, 0.95, 0.93], "compute_only": [0.9, 0.91, 0.89]}
+    a = differential.analyze(epochs, "chain")
+    assert a.bound_by == "fetch" and a.verdict.startswith("fetch-bound")
+    job = differential.verdict(a, on_job=True)
+    assert job.startswith("dataset __getitem__-bound (") and "fetch" not in job, job
+    assert "ideal dataset __getitem__ would give" in job, job

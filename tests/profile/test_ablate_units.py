@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 
+from stallbench.analysis import figures
 from stallbench.profile import ablate
 from stallbench.profile.launcher import HERE, JobRun
 
@@ -115,7 +116,7 @@ def test_a_part_whose_interval_spans_zero_prints_as_not_distinguishable_from_zer
     assert fetch.split()[3] == "~0" and f"{a.fetch_stall_s:.2f}" not in fetch.split("[")[0], fetch
     assert "  ~0: not distinguishable from 0 (its interval spans 0)" in out
     prep = next(x for x in out if x.lstrip().startswith("preprocess"))
-    assert f"{a.preprocess_stall_s:8.2f} s" in prep
+    assert f"{figures.seconds_cell(a.preprocess_stall_s):>8} s" in prep    # analysis.figures' rule
 
 
 def test_views_of_one_big_storage_record_what_they_reference(tmp_path) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,21 @@ def test_minimal_result_from_json_with_nulls(tmp_path: Path, make_result: Any) -
     assert "Nothing emulated" in html
     assert "does not carry the scenario text" in html
     assert "No machine metadata" in html
-    assert "No dataset description recorded" in html
+    assert ">Dataset</h3>" not in html     # a card shows what the result holds or is absent
+
+
+def test_a_profile_results_dataset_shows_only_what_it_holds(tmp_path: Path, make_result: Any,
+                                                             write_result: Any) -> None:
+    """Issue 42: a profile result's dataset is the job's own loaders: no files, rows or bytes
+    measured, so none is shown as 0."""
+    from stallbench.results import DatasetInfo
+
+    r = make_result(timeline=False, resources=False)
+    r.dataset = DatasetInfo(source="the job's own loaders")
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    card = html[html.index(">Dataset</h3>"):]
+    card = card[:card.index("</table>")]
+    assert "the job" in card and "files" not in card and "rows" not in card and "bytes" not in card
 
 
 def test_two_runs_of_one_scenario_side_by_side(tmp_path: Path, make_result: Any,
@@ -702,3 +717,62 @@ def test_a_start_up_dominated_wait_is_split_on_the_card(tmp_path: Path, make_res
     base.phases.startup_stall_s = Summary.of([0.01 * stall])
     html = _html(render([write_result(r)], tmp_path / "out2.html"))
     assert 'data-figure="wait-split"' not in html
+
+
+def test_thread_budget_and_busy_share_beside_the_throughput(tmp_path: Path, make_result: Any,
+                                                            write_result: Any) -> None:
+    """Issue 42: the thread budget (a 10x difference between two runs of one job) and the
+    machine's busy share appear in the throughput table, from the result's own fields."""
+    from stallbench.results import ForeignLoad, ThreadBudget
+
+    r = make_result(timeline=False, resources=False)
+    v = r.variants[0]
+    v.threads = ThreadBudget(producer_threads=1, trainer_threads=4, local_producers=2, cores=8)
+    for i, rep in enumerate(v.repeats):
+        rep.load = ForeignLoad(wall_s=10.0, busy_cpu_s=0.0, own_cpu_s=0.0, foreign_cpu_s=0.0,
+                               foreign_cores=[1.0, 2.0, 3.0][i % 3], steal_cores=None, cores=8.0)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    threads = re.findall(r'<span data-figure="threads">([^<]*)<', html)
+    busy = re.findall(r'<span data-figure="machine-busy">([^<]*)<', html)
+    assert threads[0] == "trainer 4 · producers 1 × 2 producers · 8 cores", threads
+    want = f"{statistics.median([1.0, 2.0, 3.0][i % 3] for i in range(len(v.repeats))):.2f} of 8 cores"
+    assert busy[0].startswith(want), busy
+
+
+def test_a_profiled_jobs_parts_are_named_after_its_own_stages(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """Issue 42: on a user's job "fetch" is whatever its dataset's ``__getitem__`` did: the
+    attribution's columns say so; a scenario's result keeps the scenario's words."""
+    from stallbench.results import ProfileVariant
+
+    r = make_result(timeline=False, resources=False, whatif=False)
+    for v in r.variants:
+        v.profile = ProfileVariant(loaders=[])
+    html = _html(render([write_result(r)], tmp_path / "job.html"))
+    head = html[html.index('<table class="data attribution">'):]
+    head = head[:head.index("</thead>")]
+    assert all(x in head for x in ("dataset __getitem__", "collate_fn", "pin_memory",
+                                   "loader hand-off")), head
+    plain = _html(render([write_result(make_result(timeline=False, resources=False,
+                                                   whatif=False), "s.json")],
+                         tmp_path / "scenario.html"))
+    head = plain[plain.index('<table class="data attribution">'):]
+    head = head[:head.index("</thead>")]
+    assert "__getitem__" not in head and ">fetch<" in head and ">loader overhead<" in head
+
+
+def test_both_ideal_speedups_shown_each_from_its_one_figure(
+        tmp_path: Path, make_result: Any, write_result: Any) -> None:
+    """Issue 42: "ideal speedup 1.52x" sat beside the verdict's "no data stall would give
+    1.56x" unlabelled: the cell gives both, each from ``analysis.figures``."""
+    from stallbench.analysis import figures
+    from stallbench.report.render import format_x
+
+    r = make_result(timeline=False, resources=False, whatif=False)
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    cells = re.findall(r'<td class="num" data-figure="ideal-speedup">([^<]*)<span class="ci" '
+                       r'data-figure="data-ideal-speedup">all data work ([^<]*)<', html)
+    want = [(format_x(v.attribution.ideal_speedup),
+             format_x(figures.data_ideal_speedup(v.attribution)))
+            for v in r.variants if v.attribution is not None]
+    assert cells == want and want, (cells, want)

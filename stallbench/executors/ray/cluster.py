@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ... import interrupts
-from ...errors import ScenarioError, UserError
+from ...errors import ScenarioError, UserError, need_extra
 from ...ray_setup import RUNTIME_ENV, avoid_fsspec_import_race, job_config
 from ...scenario import ExecutorSpec
 from .lost import REFUSED, RayLog, Vital, port_answer
@@ -79,15 +79,9 @@ _UNEXPECTED_EXITS = (0, 2, 4)        # WorkerExitType: SYSTEM_ERROR, USER_ERROR,
 
 
 def import_ray(scenario_file: str = "<scenario>") -> Any:
-    """``ray`` (with ``ray.data``), or one clear ``UserError`` when it is not installed."""
-    try:
-        import ray
-        import ray.data  # noqa: F401 - the executor needs Ray Data, not just Ray core
-    except ImportError as exc:
-        what = getattr(exc, "name", None) or str(exc)
-        raise UserError(f"{scenario_file}: executor.kind = \"ray\" needs Ray Data, which is not "
-                        f"installed here (cannot import {what}); install it with: "
-                        f"pip install \"ray[data]\"") from None
+    """``ray`` (with ``ray.data``), or one clear ``MissingExtra`` naming the [ray] extra."""
+    need_extra("ray", f'{scenario_file}: executor.kind = "ray"')
+    import ray
     avoid_fsspec_import_race()
     return ray
 
