@@ -37,7 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import figures, waits
+from ..analysis import differential, figures, waits
 from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
