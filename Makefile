@@ -46,7 +46,8 @@ browser:
 # runs in tests/gate/test_ab_e2e.py) so that CI stays well under its time limit; `make test-all`
 # runs every test.
 # Two passes (tests/run_suite.sh): every test that does not read a verdict off timings, in
-# TEST_WORKERS pytest-xdist workers; then the tests whose verdicts are read off timings
+# TEST_WORKERS pytest-xdist workers (the `waits` tests beside them, in a process of their own);
+# then the tests whose verdicts are read off timings
 # (markers groundtruth, e2e, abgate), alone. It ends with the 15 slowest tests.
 TEST_WORKERS ?= 2
 test: setup browser

@@ -52,11 +52,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # The longest scope first: xdist hands scopes out in this order, and the one lane
         # that cannot be split (``_worker_group``) would otherwise start last and end alone.
-        # Then the files that say they wait long (``SCHEDULE_FIRST = True``: minutes of
-        # waits in one test), so that they overlap the rest instead of ending the pass alone.
-        lane = ([i for i in items if _worker_group(Path(str(i.path))) == RAYSTART]
-                + [i for i in items if _worker_group(Path(str(i.path))) != RAYSTART
-                   and getattr(getattr(i, "module", None), "SCHEDULE_FIRST", False)])
+        lane = [i for i in items if _worker_group(Path(str(i.path))) == RAYSTART]
         if lane:
             moved, n = {id(i) for i in lane}, len(items)
             items[:] = lane + [i for i in items if id(i) not in moved]

@@ -8,6 +8,10 @@
 #    the files that start multi-process Ray clusters share one scope, handed out first.
 #    Most of this pass waits on subprocesses (Ray, Flight servers, signal cases, profiled
 #    jobs), so two workers overlap those waits on two cores.
+#    Beside it, from its start, the tests marked `waits` in a pytest process of their own: minutes
+#    of waits on other processes at ~10% of a core (the README block's two demo runs). In an
+#    xdist worker such a test holds a worker that could run others; beside the pass it costs
+#    only its CPU. They read no verdict off timings, as every test of this pass.
 # 2. Timing tests, alone, after it: ground truth recovered from timings (groundtruth), real
 #    scenarios whose verdicts the test reads (e2e), the same-job A/B gate (abgate). Their
 #    tolerances hold beside one busy process, and running them beside other tests would
@@ -29,18 +33,28 @@ trap 'rm -rf "$reports"' EXIT
 parallel=()
 if [ "$workers" -gt 1 ]; then parallel=(-p xdist -n "$workers" --dist loadscope); fi
 t0=$SECONDS
+"$PY" -m pytest -q -rs --junitxml="$reports/waits.xml" \
+  -m "waits and not ($timing)$and_only" > "$reports/waits.log" 2>&1 &
+lane=$!
+trap 'kill "$lane" 2>/dev/null; rm -rf "$reports"' EXIT
 "$PY" -m pytest -q -rs ${parallel[@]+"${parallel[@]}"} --junitxml="$reports/parallel.xml" \
-  -m "not ($timing)$and_only"
+  -m "not ($timing) and not waits$and_only"
 first=$?
+wait "$lane"
+beside=$?
 t1=$SECONDS
+echo "tests marked waits, run beside the parallel pass:"
+cat "$reports/waits.log"
+[ "$beside" -eq 5 ] && beside=0     # none selected (a marker expression that leaves them out)
 "$PY" -m pytest -q -rs --junitxml="$reports/timing.xml" -m "($timing)$and_only"
 second=$?
 t2=$SECONDS
 "$PY" tests/slowest.py --top 15 \
   "parallel pass ($workers worker(s))=$reports/parallel.xml=$((t1 - t0))" \
+  "waits lane (beside the parallel pass)=$reports/waits.xml=beside" \
   "timing pass (alone)=$reports/timing.xml=$((t2 - t1))"
 for rc in $first $second; do
   if [ "$rc" -eq 5 ]; then echo "pytest collected no tests in one of the two passes: the suite is broken"; exit 1; fi
 done
-echo "test passes: the rest ($workers worker(s)) rc $first, timing tests rc $second"
-[ "$first" -eq 0 ] && [ "$second" -eq 0 ]
+echo "test passes: the rest ($workers worker(s)) rc $first, waits lane rc $beside, timing tests rc $second"
+[ "$first" -eq 0 ] && [ "$beside" -eq 0 ] && [ "$second" -eq 0 ]

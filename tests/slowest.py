@@ -5,6 +5,9 @@ test that makes the suite slow is seen the day it lands. Usage::
 
     python tests/slowest.py [--top N] "LABEL=REPORT.xml=WALL_SECONDS" ...
 
+``WALL_SECONDS`` is ``beside`` for a pass that ran beside another (``run_suite.sh``'s waits
+lane): its wall time is pytest's own session time from its report, not added to the total.
+
 A test's time is pytest's for that test: setup, call and teardown together (a module
 fixture's setup is charged to the first test that uses it). A report that is missing (a pass
 that crashed before writing it) is said, not an error: the suite's own exit says what failed.
@@ -37,7 +40,15 @@ def cases(report: Path) -> list[Case]:
     return out
 
 
-def summary(passes: list[tuple[str, Path, float]], top: int) -> str:
+def session_seconds(report: Path) -> float:
+    """pytest's own wall time of the session that wrote ``report``."""
+    root = ET.parse(report).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    return float(suite.get("time", 0) or 0) if suite is not None else 0.0
+
+
+def summary(passes: list[tuple[str, Path, float | None]], top: int) -> str:
+    """``passes``: (label, report, wall seconds, or None for a pass run beside another)."""
     lines, every = [], []
     for label, report, _ in passes:
         if report.exists():
@@ -49,13 +60,14 @@ def summary(passes: list[tuple[str, Path, float]], top: int) -> str:
                      f"{', ' + c.outcome if c.outcome != 'passed' else ''}]")
     total = 0.0
     for label, report, wall in passes:
-        total += wall
+        total += wall or 0.0
         if not report.exists():
-            lines.append(f"{label}: {wall:.0f} s, no report written")
+            lines.append(f"{label}: {wall or 0:.0f} s, no report written")
             continue
         cs = cases(report)
-        lines.append(f"{label}: {wall:.0f} s wall, {len(cs)} tests, "
-                     f"{sum(c.seconds for c in cs):.0f} s of test time")
+        took = session_seconds(report) if wall is None else wall
+        lines.append(f"{label}: {took:.0f} s wall{' (not in the total)' if wall is None else ''}"
+                     f", {len(cs)} tests, {sum(c.seconds for c in cs):.0f} s of test time")
     lines.append(f"tests in all: {total:.0f} s ({total / 60:.1f} min)")
     return "\n".join(lines)
 
@@ -68,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     passes = []
     for spec in args.passes:
         label, report, wall = spec.rsplit("=", 2)
-        passes.append((label, Path(report), float(wall)))
+        passes.append((label, Path(report), None if wall == "beside" else float(wall)))
     print(summary(passes, args.top))
     return 0
 

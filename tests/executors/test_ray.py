@@ -555,7 +555,8 @@ def test_cli_without_ray_one_line_exit_2(tmp_path: Path, cli_env: dict) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "needs Ray" in lines[0] and "pip install" in lines[0], r.stderr
+    assert len(lines) == 1 and "needs the [ray] extra" in lines[0], r.stderr
+    assert "pip install 'stallbench[ray]'" in lines[0], r.stderr
     assert not (tmp_path / "results").exists()
 
 
