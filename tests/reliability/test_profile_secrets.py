@@ -19,9 +19,8 @@ The job runs once (a module fixture); each form is a test of its own, so a leak 
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import os
 import random
 import subprocess
