@@ -49,7 +49,7 @@ browser:
 # TEST_WORKERS pytest-xdist workers (the `waits` tests beside them, in a process of their own);
 # then the tests whose verdicts are read off timings
 # (markers groundtruth, e2e, abgate), alone. It ends with the 15 slowest tests.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: setup browser
 	@sync; TEST_WORKERS=$(TEST_WORKERS) bash tests/run_suite.sh "not slow"
 

@@ -3,11 +3,12 @@
 #   TEST_WORKERS=N bash tests/run_suite.sh ["MARKER EXPRESSION"]   (e.g. "not slow")
 #
 # 1. Every test that does not read a verdict off timings, in TEST_WORKERS pytest-xdist workers
-#    (default 2; 1 runs it in one process). Scheduled by a scope per test file
+#    (default 3; 1 runs it in one process). Scheduled by a scope per test file
 #    (conftest.py's pytest_xdist_make_scheduler), so a file's module fixtures are made once;
 #    the files that start multi-process Ray clusters share one scope, handed out first.
-#    Most of this pass waits on subprocesses (Ray, Flight servers, signal cases, profiled
-#    jobs), so two workers overlap those waits on two cores.
+#    Much of this pass waits on subprocesses (Ray, Flight servers, signal cases, profiled
+#    jobs): with two workers on two cores it kept the CPU 91% busy (a fresh-clone CI run,
+#    2026-11-28), so a third worker fills what the waits leave idle.
 #    Beside it, from its start, the tests marked `waits` in a pytest process of their own: minutes
 #    of waits on other processes at ~10% of a core (the README block's two demo runs). In an
 #    xdist worker such a test holds a worker that could run others; beside the pass it costs
@@ -27,7 +28,7 @@ PY=${PY:-.venv/bin/python}
 only=${1:-}
 timing="groundtruth or e2e or abgate"
 and_only=${only:+ and ($only)}
-workers=${TEST_WORKERS:-2}
+workers=${TEST_WORKERS:-3}
 reports=$(mktemp -d "${TMPDIR:-/tmp}/stallbench-suite-XXXXXX")
 trap 'rm -rf "$reports"' EXIT
 parallel=()
