@@ -71,8 +71,14 @@ def test_compute_stage_and_bound_read_the_same_on_every_surface(surfaces: dict[s
                         (v.recommendation.text if v.recommendation else "") for v in r.variants)
     seen = {s: COMPUTE.findall(text) for s, text in
             (("whatif", out), ("report", page), ("verdict", verdicts))}
-    assert seen["whatif"] and seen["report"], seen
-    assert {x for xs in seen.values() for x in xs} == {compute.group(1)}, (seen, fit_line)
+    wi = r.analysis.whatif
+    if any(not pt.not_predicted for pt in wi.points):
+        assert seen["whatif"] and seen["report"], seen
+    else:
+        # issue 39: a what-if whose back-test misses (a loaded machine) predicts no row, and
+        # so prints no row's compute; it says why instead
+        assert "not predicted" in out, out
+    assert {x for xs in seen.values() for x in xs} <= {compute.group(1)}, (seen, fit_line)
     # the bound stage's cost per producer, where a row says the workers cannot keep up
     for s, text in (("whatif", out), ("report", page), ("verdict", verdicts)):
         for stage, x in STAGE.findall(text):
