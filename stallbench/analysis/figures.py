@@ -161,6 +161,13 @@ def share(x: object, digits: int = 0, interval: object = None, missing: str = "-
     return ZERO + "%" if is_zero(v, interval, text) else text + "%"
 
 
+def _duration_is_zero(v: float, interval: object, signed: bool) -> bool:
+    """The one "~0" rule of ``seconds`` and ``seconds_cell``: an interval spanning 0, a
+    negative duration unless ``signed``, or less than 5 us."""
+    return ((interval is not None and spans_zero(interval)) or (v < 0 and not signed)
+            or abs(v) < 0.5e-5)
+
+
 def seconds(x: object, interval: object = None, missing: str = "-", signed: bool = False) -> str:
     """A duration: ``"1.23 s"`` from 1 s up, ``"158 ms"`` below, ``"4.20 ms"`` below 10 ms,
     ``"0 s"`` for exactly 0, ``"~0 s"`` when ``is_zero`` (an interval spanning 0; a negative
@@ -171,8 +178,7 @@ def seconds(x: object, interval: object = None, missing: str = "-", signed: bool
         return missing
     if v == 0:
         return "0 s"
-    if (interval is not None and spans_zero(interval)) or (v < 0 and not signed) \
-            or abs(v) < 0.5e-5:
+    if _duration_is_zero(v, interval, signed):
         return ZERO + " s"
     if abs(v) < 0.01:
         return f"{v * 1e3:.2f} ms"
@@ -190,8 +196,7 @@ def seconds_cell(x: object, interval: object = None, missing: str = "-",
         return missing
     if v == 0:
         return "0"
-    if (interval is not None and spans_zero(interval)) or (v < 0 and not signed) \
-            or abs(v) < 0.5e-5:
+    if _duration_is_zero(v, interval, signed):
         return ZERO
     if abs(v) >= 1:
         return f"{v:.2f}"
