@@ -89,10 +89,17 @@ def _worker_group(path: Path) -> str:
     return RAYSTART if _RAYSTART.search(path.read_text()) else str(path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session() -> Iterator[Any]:
+    """One in-process Ray runtime per test file that asks for it, stopped when the file ends.
+
+    Per file, not per session: an idle runtime (its GCS, raylet, agents, idle workers and Ray
+    Data's actors) takes ~6% of a core while the xdist worker that started it goes on with
+    other files for the rest of the pass (three workers: a sixth of a core for ten minutes,
+    more than the few starts it saves), and in the timing pass it would be a busy neighbour
+    of every later ground truth."""
     ray = pytest.importorskip("ray")
-    from stallbench.executors.ray.cluster import RUNTIME_ENV, import_ray
+    from stallbench.executors.ray.cluster import LEAN_SYSTEM_CONFIG, RUNTIME_ENV, import_ray
 
     import_ray()
     started = False
@@ -100,7 +107,8 @@ def ray_session() -> Iterator[Any]:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20,
                  include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                 namespace="stallbench-tests", runtime_env=RUNTIME_ENV)
+                 namespace="stallbench-tests", runtime_env=RUNTIME_ENV,
+                 _system_config=LEAN_SYSTEM_CONFIG)
         started = True
     try:
         yield ray
