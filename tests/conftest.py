@@ -1,10 +1,10 @@
 """Fixtures shared by every test directory.
 
-``ray_session``: ONE real local Ray per test session (2 CPUs, a 256 MB object store, no
-dashboard), started on first use and shut down at the end. Ray costs ~6-10 s to start here, so
-every Ray test shares it; stallbench's ``RayExecutor`` sees Ray already initialised and reuses
-it (and never shuts it down). Tests that need a runtime of their own (a simulated multi-node
-cluster, the CLI) run stallbench in a subprocess instead.
+``ray_session``: one real local Ray per test file that asks for it (2 CPUs, a 256 MB object
+store, no dashboard), started on first use and shut down when the file ends. Ray costs ~6-10 s
+to start here, so a file's Ray tests share it; stallbench's ``RayExecutor`` sees Ray already
+initialised and reuses it (and never shuts it down). Tests that need a runtime of their own (a
+simulated multi-node cluster, the CLI) run stallbench in a subprocess instead.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,6 +33,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return _worker_group(root / nodeid.split("::", 1)[0])
 
     return ByScope(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[None]:
+    """pytest's rewritten test modules cached (tests/**/__pycache__, ignored by git) even where
+    PYTHONDONTWRITEBYTECODE is set, as on this machine: without the cache every pytest process
+    of tests/run_suite.sh (five) rewrites them all again, ~4 s of CPU each. Only while the
+    test modules are collected: what the tests import or start afterwards keeps the
+    environment's setting."""
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,

@@ -188,7 +188,10 @@ def _phase_figures(workers: int, delay: float, cache_dir, monkeypatch) -> dict:
             "epoch_s": v.epoch_s.median, "verdict": a.verdict}
 
 
-@pytest.mark.parametrize("workers, bound", [(0, "fetch"), (1, "compute")])
+# With 1 worker (compute-bound) it is the same rule on a second path, ~18 s: `slow` (make
+# test-all); the default run keeps 0 workers here and the compute-bound start-up case below.
+@pytest.mark.parametrize("workers, bound", [
+    (0, "fetch"), pytest.param(1, "compute", marks=pytest.mark.slow)])
 def test_injected_startup_is_recovered_and_steady_state_does_not_move(
         workers: int, bound: str, cache_dir, monkeypatch) -> None:
     """Inject a known start-up cost (0.4 s before the first work item of every loader run):

@@ -117,5 +117,6 @@ def test_ray_injected_straggler_named_and_recovered(cache: Path, ray_session: An
 
 
 @pytest.mark.ray
+@pytest.mark.slow    # ~15 s; the rule's fast tests: the local ones above, test_straggler_bursty's
 def test_ray_no_injection_no_straggler(cache: Path, ray_session: Any) -> None:
     _attempts("ray none", 3, _none, cache, "ray", 2)
