@@ -161,6 +161,19 @@ def share(x: object, digits: int = 0, interval: object = None, missing: str = "-
     return ZERO + "%" if is_zero(v, interval, text) else text + "%"
 
 
+def signed(x: object, digits: int = 1, unit: str = "", missing: str = "-") -> str:
+    """A signed change: ``"+3.2"``, ``"-0.6"`` with ``unit`` after it (``" pt"``, ``"%"``);
+    a change that rounds to zero at ``digits`` is ``"0.0"``, with no sign: ``"-0.0 pt"``
+    reads as a small loss that nobody measured."""
+    v = _finite(x)
+    if v is None:
+        return missing
+    text = f"{v:+.{digits}f}"
+    if float(text) == 0:
+        text = f"{0:.{digits}f}"
+    return text + unit
+
+
 def _duration_is_zero(v: float, interval: object, signed: bool) -> bool:
     """The one "~0" rule of ``seconds`` and ``seconds_cell``: an interval spanning 0, a
     negative duration unless ``signed``, or less than 5 us."""

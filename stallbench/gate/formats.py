@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Callable
 
 from .. import outputs
+from ..analysis.figures import signed
 from .rows import GateReport, Row, exit_code
 from .rule import BUSY, FASTER, INCONCLUSIVE, SLOWER, TOO_FEW, VERDICTS
 
@@ -33,15 +34,15 @@ def format_change(r: Row) -> str:
     if not math.isfinite(r.change):
         return "-"
     if r.change_kind == "points":
-        return f"{r.change * 100:+.1f} pt"
-    return f"{r.change:.3f} ({(r.change - 1) * 100:+.1f}%)"
+        return signed(r.change * 100, 1, " pt")
+    return f"{r.change:.3f} ({signed((r.change - 1) * 100, 1, '%')})"
 
 
 def format_interval(r: Row) -> str:
     if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
         return "-"
     if r.change_kind == "points":
-        return f"[{r.ci_low * 100:+.1f}, {r.ci_high * 100:+.1f}] pt"
+        return f"[{signed(r.ci_low * 100)}, {signed(r.ci_high * 100)}] pt"
     return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
 
 

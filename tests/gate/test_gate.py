@@ -264,11 +264,11 @@ def test_cross_machine_single_variant_is_not_comparable() -> None:
 # ------------------------------------------------------------------------------ formats
 
 GOLDEN_TABLE = """\
-scenario  variant  metric       baseline  current  change          99% CI           p        test          verdict
-tiny      naive    throughput   1,000     1,000    1.000 (+0.0%)   [0.988, 1.011]   1        mann-whitney  same
-tiny      naive    stall_share  20.0%     20.0%    +0.0 pt         [+0.0, +0.0] pt  1        mann-whitney  same
-tiny      opt      throughput   3,000     2,100    0.700 (-30.0%)  [0.692, 0.708]   0.00794  mann-whitney  slower
-tiny      opt      stall_share  20.0%     20.0%    +0.0 pt         [+0.0, +0.0] pt  1        mann-whitney  same
+scenario  variant  metric       baseline  current  change          99% CI          p        test          verdict
+tiny      naive    throughput   1,000     1,000    1.000 (0.0%)    [0.988, 1.011]  1        mann-whitney  same
+tiny      naive    stall_share  20.0%     20.0%    0.0 pt          [0.0, 0.0] pt   1        mann-whitney  same
+tiny      opt      throughput   3,000     2,100    0.700 (-30.0%)  [0.692, 0.708]  0.00794  mann-whitney  slower
+tiny      opt      stall_share  20.0%     20.0%    0.0 pt          [0.0, 0.0] pt   1        mann-whitney  same
 gate FAIL: 1 slower, 0 faster, 0 inconclusive, 3 same, 0 not comparable (threshold 10%, alpha 0.01)
 """
 

@@ -83,3 +83,23 @@ def test_run_table_and_verdict_never_print_a_negative_share(make_result: Any) ->
     a.conclusive, a.bound_by = True, "fetch"
     text = differential.verdict(a)
     assert "(~0% of the epoch is attributed stall)" in text, text
+
+
+@pytest.mark.parametrize("x,digits,unit,want", [
+    (3.21, 1, " pt", "+3.2 pt"), (-0.6, 1, " pt", "-0.6 pt"), (-0.04, 1, " pt", "0.0 pt"),
+    (0.04, 1, "%", "0.0%"), (-0.0, 1, "%", "0.0%"), (-0.05, 2, "", "-0.05"),
+    (float("nan"), 1, "%", "-"), (None, 1, "%", "-")])
+def test_a_signed_change_that_rounds_to_zero_has_no_sign(x, digits, unit, want) -> None:
+    """Issue 42: the gate printed "-0.0 pt", a loss nobody measured."""
+    assert figures.signed(x, digits, unit) == want
+
+
+def test_the_gate_table_prints_no_negative_zero() -> None:
+    from stallbench.gate.formats import format_change, format_interval
+    from stallbench.gate.rows import Row
+
+    r = Row.__new__(Row)
+    r.change_kind, r.change, r.ci_low, r.ci_high = "points", -0.0004, -0.0003, 0.0172
+    assert format_change(r) == "0.0 pt" and format_interval(r) == "[0.0, +1.7] pt"
+    r.change_kind, r.change = "ratio", 0.9996
+    assert format_change(r) == "1.000 (0.0%)"
