@@ -340,10 +340,17 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
 
 
 def verdict(s: RankSummary) -> str:
+    """The ranks' line. Not naming a rank never hides what was measured: where the other
+    ranks waited for the candidate in the all-reduce, that measured wait is stated beside
+    the noise (issue 39: a bursty straggler's 0.68 s was printed as noise alone)."""
     if s.straggler is None:
+        waited = (f"; the other ranks waited {s.others_wait_s:.2f} s for it in the all-reduce "
+                  f"(measured), not enough evidence to name it from these runs"
+                  if s.others_wait_s >= 0.005 else "")
         return (f"no straggler: the {s.world} ranks' exposed stalls spread {s.spread_s:.2f} s "
                 f"(rank {s.candidate} slowest to the all-reduce, {s.straggler_excess_s:+.2f} s "
-                f"above the others' median), within the noise measured ({s.noise_s:.2f} s)")
+                f"above the others' median), within the noise measured ({s.noise_s:.2f} s)"
+                f"{waited}")
     r = s.ranks[s.straggler]
     bound = ""
     if r.attribution is not None and r.attribution.bound_by != "compute":

@@ -37,7 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import differential, figures, waits
+from ..analysis import differential, figures, knee, waits
 from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
@@ -499,84 +499,62 @@ def whatif_of(result) -> None:
     from ..analysis import whatif
 
     result.analysis.whatif = whatif.validate(result)
-
-
-def _finite(x) -> bool:
-    return x is not None and math.isfinite(x)
-
-
-def _measured_rate(c) -> tuple[float, str]:
-    """A measured point's steady rate and its label, else its whole-run rate said as such:
-    a run with no steady window has NaN there (``nan or whole`` kept the NaN)."""
-    if _finite(c.measured_steady_samples_s):
-        return c.measured_steady_samples_s, "steady samples/s"
-    return c.measured_samples_s, "samples/s over the whole run (no steady window)"
+    if result.analysis.whatif is not None:
+        result.analysis.whatif.advice = knee.decide(result.analysis.whatif)
 
 
 def knee_lines(result) -> list[str]:
-    """The knee and what to do, measured where a variant measured it, PREDICTED (with the
-    back-test's interval) only where none did."""
+    """The knee and what to do, as ``analysis.knee`` decided it (stored in
+    ``whatif.advice``; decided here only for results written before it was stored): measured
+    where a variant measured it, PREDICTED (with the back-test's interval) only where none did."""
     wi = result.analysis.whatif
     if wi is None:
         return []
-    measured = {c.n: c for c in wi.measured}
-    kn = wi.knee
+    adv = getattr(wi, "advice", None) or knee.decide(wi)
     out = [f"what-if ({wi.model.kind} model, {wi.note}):"]
     bt = wi.backtest
     if bt is not None and bt.max_abs_steady_error is not None:
         out.append(f"  back-test: leave-one-out steady error up to {bt.max_abs_steady_error:.0%}"
                    f" over {len(bt.points)} point(s)")
-    n = kn.n if kn.n is not None else kn.saturates_at
-    if n is None:
-        out.append(f"  knee: {kn.explanation}")
+    if adv.action == "none":
+        out.append(f"  knee: {adv.reason}")
         return out
+    n = adv.n
     point = next((p for p in wi.points if p.n == n), None)
-    if n in measured:
-        c = measured[n]
-        rate, what = _measured_rate(c)
-        out.append(f"  knee: {n} worker(s), MEASURED ({c.variant}): {rate:,.0f} {what};"
-                   f" {kn.explanation}")
-    elif point is not None and getattr(point, "not_predicted", ""):
-        # issue 39: a back-test that missed by more than its threshold gives no figure
+    unpredicted = point is not None and getattr(point, "not_predicted", "")
+    if adv.knee_variant:
+        out.append(f"  knee: {n} worker(s), MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
+                   f"{knee.measured_rate(next(c for c in wi.measured if c.n == n))[1]};"
+                   f" {wi.knee.explanation}")
+    elif unpredicted:
         out.append(f"  knee: {n} worker(s), not predicted ({point.not_predicted})")
-        out.append(f"  recommendation: none predicted; measure num_workers={n} with "
-                   f"--set dataloader.num_workers={','.join(str(c.n) for c in wi.measured)},{n}")
-        return out
     elif point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
         out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
-                   f"samples/s{band}; {kn.explanation}")
-    steady = [c for c in wi.measured if _finite(c.measured_steady_samples_s)]
-    best = max(steady or wi.measured, key=lambda c: _measured_rate(c)[0])
-    if n in measured:
-        pick = measured[n]
-        rate, what = _measured_rate(pick)
-        top, top_what = _measured_rate(best)
-        if best is not pick and what == top_what and top > rate:
-            out.append(f"  recommendation: keep {best.variant} (MEASURED {top:,.0f} {top_what}): "
-                       f"the knee's num_workers={n} MEASURED {rate / top:.2f}x of it")
-            return out
-        out.append(f"  recommendation: num_workers={pick.n} on your DataLoader (MEASURED "
-                   f"{rate:,.0f} {what}, variant {pick.variant})")
-    elif point is not None:
-        rate, what = _measured_rate(best)
-        if not steady:
-            out.append(f"  recommendation: none predicted: no variant had a steady rate to "
-                       f"compare the knee's with (best measured {best.variant}: {rate:,.0f} "
-                       f"{what}); measure num_workers={n} over more batches with "
-                       f"--set dataloader.num_workers={best.n},{n}")
-            return out
-        gain = point.predicted_samples_s / rate
-        if gain <= 1.0:
-            # one rule with the measured recommendation: what is predicted no faster than a
-            # measured variant is no reason to change it
-            out.append(f"  recommendation: keep {best.variant} (MEASURED {rate:,.0f} {what}): "
-                       f"the knee's num_workers={n} is PREDICTED {gain:.2f}x of it")
-            return out
-        band = (f" [{point.low_samples_s / rate:.2f}x, {point.high_samples_s / rate:.2f}x]"
-                if point.low_samples_s is not None else "")
+                   f"samples/s{band}; {wi.knee.explanation}")
+    rate, what = adv.best_rate, adv.rate_basis
+    if adv.action == "measure" and unpredicted:
+        out.append(f"  recommendation: none predicted; measure num_workers={n} with "
+                   f"--set dataloader.num_workers={','.join(str(c.n) for c in wi.measured)},{n}")
+    elif adv.action == "measure" and point is not None:
+        out.append(f"  recommendation: none predicted: no variant had a steady rate to "
+                   f"compare the knee's with (best measured {adv.best_variant}: {rate:,.0f} "
+                   f"{what}); measure num_workers={n} over more batches with "
+                   f"--set dataloader.num_workers={adv.best_n},{n}")
+    elif adv.action == "keep" and adv.knee_variant:
+        out.append(f"  recommendation: keep {adv.best_variant} (MEASURED {rate:,.0f} {what}): "
+                   f"the knee's num_workers={n} MEASURED {adv.knee_rate / rate:.2f}x of it")
+    elif adv.action == "keep":
+        out.append(f"  recommendation: keep {adv.best_variant} (MEASURED {rate:,.0f} {what}): "
+                   f"the knee's num_workers={n} is PREDICTED {adv.predicted_gain:.2f}x of it")
+    elif adv.action == "set":
+        out.append(f"  recommendation: num_workers={adv.best_n} on your DataLoader (MEASURED "
+                   f"{rate:,.0f} {what}, variant {adv.best_variant})")
+    elif adv.action == "try":
+        band = (f" [{adv.predicted_gain_low:.2f}x, {adv.predicted_gain_high:.2f}x]"
+                if math.isfinite(adv.predicted_gain_low) else "")
         out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
-                   f"{gain:.2f}x{band} the best measured ({best.variant}); measure it with "
-                   f"--set dataloader.num_workers={best.n},{n}")
+                   f"{adv.predicted_gain:.2f}x{band} the best measured ({adv.best_variant}); "
+                   f"measure it with --set dataloader.num_workers={adv.best_n},{n}")
     return out

@@ -92,6 +92,8 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   (``ProfileAnalysis``: the ablation runs by replay, each a ``ProfileAblation``, done or why
   not; the data stall full - compute-only with its interval); the first variant's
   ``attribution`` is filled as for scenarios.
+  Additive in version 3 (issue 39, one decider): ``analysis.whatif.advice`` (``KneeAdvice``:
+  profile's knee advice, decided in ``analysis.knee``; None in older files and for scenarios).
   Additive in version 3 (issue 39, predictions that cover or none):
   ``analysis.whatif.points[].not_predicted`` and ``analysis.whatif.knee.not_predicted`` (why
   the model's figure is not given: its back-test missed by more than the threshold or reaches
@@ -1049,6 +1051,28 @@ class Knee:
 
 
 @dataclass
+class KneeAdvice:
+    """What ``profile`` advises about the knee, decided once in ``analysis.knee`` (issue 39:
+    the printer used to decide it) and stored so every reader sees the same advice. ``action``:
+    "none" (no knee), "measure" (no figure to compare: the knee is not predicted or no
+    variant had a steady rate), "keep" (a measured variant is as fast or faster), "set" (the
+    knee was measured and is the best), "try" (PREDICTED faster, its back-test vouching)."""
+
+    action: str
+    n: int | None = None                # the knee's worker count
+    reason: str = ""                    # why, in words (the knee's explanation or what is missing)
+    best_variant: str = ""              # the best measured variant (steady rate where any had one)
+    best_n: int | None = None
+    best_rate: float = math.nan         # MEASURED, ``rate_basis`` says which rate
+    rate_basis: str = ""
+    knee_variant: str = ""              # where the knee itself was measured
+    knee_rate: float = math.nan         # MEASURED at the knee
+    predicted_gain: float = math.nan    # PREDICTED knee rate / best measured rate
+    predicted_gain_low: float = math.nan    # the back-test's interval of it
+    predicted_gain_high: float = math.nan
+
+
+@dataclass
 class WhatIfValidation:
     label: str                   # always "predicted"
     axis: str
@@ -1061,6 +1085,7 @@ class WhatIfValidation:
     max_abs_steady_error: float | None = None
     note: str = ""
     backtest: BackTest | None = None    # every measured point predicted without it
+    advice: KneeAdvice | None = None    # profile's knee advice (issue 39, ``analysis.knee``)
 
 
 @dataclass

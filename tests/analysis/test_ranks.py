@@ -182,3 +182,18 @@ def test_the_others_wait_in_their_steps_for_a_late_rank() -> None:
     assert others_wait_in_step([r0, r1], 1) == pytest.approx(0.09)
     assert others_wait_in_step([r0, r1], 0) == pytest.approx(-0.09)
     assert others_wait_in_step([r0], 0) == 0.0
+
+
+def test_the_verdict_states_the_measured_collective_wait_named_or_not() -> None:
+    """Issue 39's held-out case: rank 0 waited 0.68 s in the all-reduce for rank 1 and the
+    line said only 'noise'. Named or not, the measured wait for the candidate is printed;
+    a rank nobody waited for gets no such clause."""
+    base = dict(world=2, spread_s=0.7, candidate=1, straggler_excess_s=0.67, noise_s=0.70,
+                gain_if_median_pace_s=0.6, gain_speedup=1.2, straggler_evidence="")
+    quiet = ranks.verdict(SimpleNamespace(**base, straggler=None, others_wait_s=0.68))
+    assert quiet.startswith("no straggler") and "waited 0.68 s for it in the all-reduce" in quiet
+    none = ranks.verdict(SimpleNamespace(**base, straggler=None, others_wait_s=0.0))
+    assert "waited" not in none
+    stats = [SimpleNamespace(stall_s=0.1, last_step_share=0.5, attribution=None)] * 2
+    named = ranks.verdict(SimpleNamespace(**base, straggler=1, others_wait_s=0.68, ranks=stats))
+    assert named.startswith("rank 1 is the straggler") and "waited 0.68 s" in named

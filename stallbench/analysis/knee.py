@@ -1,0 +1,67 @@
+"""The knee advice of ``profile``: one decider (issue 39), stored as ``whatif.advice``.
+
+Before, ``profile/ablate.knee_lines`` decided what to advise while printing it, so the result
+never held the advice and nothing else could read it. The rules are unchanged: a knee that a
+variant measured is advised from that measurement (or "keep" a faster measured variant); a
+PREDICTED knee is advised only where its point carries a figure, i.e. where the back-test
+vouched for it (``backtest.vouch`` sets ``not_predicted`` otherwise), and only when it beats
+the best measured steady rate; with nothing measured steady there is nothing to compare.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..results import KneeAdvice, WhatIfValidation
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def measured_rate(c) -> tuple[float, str]:
+    """A measured point's steady rate and its label, else its whole-run rate said as such:
+    a run with no steady window has NaN there (``nan or whole`` kept the NaN)."""
+    if _finite(c.measured_steady_samples_s):
+        return c.measured_steady_samples_s, "steady samples/s"
+    return c.measured_samples_s, "samples/s over the whole run (no steady window)"
+
+
+def decide(wi: WhatIfValidation) -> KneeAdvice:
+    """The advice for the what-if ``wi`` (module doc)."""
+    kn = wi.knee
+    n = kn.n if kn.n is not None else kn.saturates_at
+    if n is None:
+        return KneeAdvice(action="none", reason=kn.explanation)
+    measured = {c.n: c for c in wi.measured}
+    point = next((p for p in wi.points if p.n == n), None)
+    steady = [c for c in wi.measured if _finite(c.measured_steady_samples_s)]
+    best = max(steady or wi.measured, key=lambda c: measured_rate(c)[0])
+    top, top_what = measured_rate(best)
+    out = KneeAdvice(action="measure", n=n, reason=kn.explanation, best_variant=best.variant,
+                     best_n=best.n, best_rate=top, rate_basis=top_what)
+    if n in measured:
+        pick = measured[n]
+        rate, what = measured_rate(pick)
+        out.knee_variant, out.knee_rate = pick.variant, rate
+        if best is not pick and what == top_what and top > rate:
+            out.action = "keep"
+        else:
+            out.action, out.best_variant, out.best_n = "set", pick.variant, pick.n
+            out.best_rate, out.rate_basis = rate, what
+        return out
+    if point is None:
+        return out
+    if getattr(point, "not_predicted", ""):
+        out.reason = point.not_predicted
+        return out
+    if not steady:
+        out.reason = "no variant had a steady rate to compare the knee's with"
+        return out
+    gain = point.predicted_samples_s / top
+    out.predicted_gain = gain
+    if point.low_samples_s is not None:
+        out.predicted_gain_low = point.low_samples_s / top
+        out.predicted_gain_high = point.high_samples_s / top
+    out.action = "keep" if gain <= 1.0 else "try"
+    return out
