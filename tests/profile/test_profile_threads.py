@@ -1,0 +1,72 @@
+"""Loaders whose batches reach the loop another way than its own ``next()`` (issue 40).
+
+A DataLoader iterated on a background thread that feeds the training loop through a
+``queue.Queue`` (tests/profile/scripts/user_thread_queue.py, importing nothing of stallbench):
+the exposed wait is what the *loop* waited in its ``get``, which the script times itself; the
+producer thread's time in ``__next__`` (always busy: ~100%) is production, and its loader
+row has no wait share (JSON null, never NaN) and a line saying it is a background thread.
+
+Samples are counted from the batch's structure, one rule for every door: a dict whose first
+value is a list of paths counts its paths (``stallbench.watch`` counted one per batch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import profile_helpers as helpers
+from stallbench.profile.launcher import HERE
+
+ITEM_MS, STEP_MS = 2.5, 8.5     # a batch of 4 costs ~10 ms to make, the loop's step 8.5 ms
+
+
+def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
+                          helpers.script("user_thread_queue.py"), str(ITEM_MS), str(STEP_MS)],
+                         cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    t = helpers.truth(cp.stdout)
+    truth_share = t["wait_s"] / (t["wait_s"] + t["step_s"])
+    r = helpers.load(out)
+    v = r.variants[0]
+    f = v.repeats[0]
+    head = next(lo for lo in v.profile.loaders if lo.headline)
+    assert head.name.endswith("(queue)"), [lo.name for lo in v.profile.loaders]
+    assert f.batches == t["batches"] and f.samples == t["samples"], (f, t)
+    share = f.stall_s / f.epoch_s
+    assert abs(share - truth_share) <= 0.10, (
+        f"profile {share:.1%} vs the loop's own {truth_share:.1%} (the producer's time would "
+        "read ~100%)")
+    producer = next(lo for lo in v.profile.loaders if not lo.headline)
+    assert producer.wait_share is None and producer.steady_wait_share is None
+    assert any("background thread" in n for n in producer.notes), producer.notes
+    raw = json.loads(helpers.result_files(out)[0].read_text())
+    rows = raw["variants"][0]["profile"]["loaders"]
+    assert [lo["wait_share"] for lo in rows if not lo["headline"]] == [None]
+    assert "background thread" in cp.stdout
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("_hooks_rows", HERE / "hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_samples_are_counted_from_the_batch_structure() -> None:
+    import numpy as np
+    h = _hooks()
+    batches = [{"path": ["a.jpg", "b.jpg", "c.jpg"], "label": [0, 1, 0]},     # watch's case
+               {"id": 7, "x": np.zeros((5, 2))},     # first value not countable: the next
+               [np.zeros(6), np.zeros(6)],      # columns
+               [(1, 2), (3, 4)],                    # identity collate: samples
+               [1, 2, 3, 4, 5, 6, 7],               # a column of plain values
+               "not a batch"]
+    assert [h._rows(b, 99) for b in batches] == [3, 5, 6, 2, 7, 99]
+    for _ in h.watch(batches[:1]):
+        pass
+    assert h.STREAMS[-1].epochs[-1].rows == [3]
+
