@@ -40,7 +40,7 @@ import time
 import types
 import weakref
 
-WRITTEN_FOR = {"torch": "2.13", "ray": "2.60"}
+WRITTEN_FOR = {"torch": "2.13", "ray": "2.60", "torchdata": "0.11"}
 ENV = "STALLBENCH_PROFILE"
 LOADER_ENV = "STALLBENCH_PROFILE_LOADER"   # "trainer pid:loader order", for spawned workers
 EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"     # the epoch spawned workers start for (replay)
@@ -1051,7 +1051,8 @@ def _version_check(lib: str, version: str) -> None:
     if not version.startswith(want + ".") and version != want:
         what = ("DataLoader.__init__/__iter__, _BaseDataLoaderIter.__next__, the map/iterable "
                 "fetchers, the worker loop and pin_memory" if lib == "torch" else
-                "DataIterator.iter_batches/iter_torch_batches")
+                "StatefulDataLoader.__iter__, nodes.Loader.__iter__ and LoaderIterator.__next__"
+                if lib == "torchdata" else "DataIterator.iter_batches/iter_torch_batches")
         _say(f"hooks written for {lib} {want}, this job has {lib} {version}: they patch {what}, "
              "which this version may have changed")
 
@@ -1206,7 +1207,7 @@ def patch_torch(dl_mod) -> None:
 _SERVING = None                 # in the trainer: the loader whose workers start now
 
 
-def _loader_stream(loader, notes: list):
+def _loader_stream(loader, notes: list, kind: str = "torch.DataLoader"):
     """The stream of a DataLoader, from its own ``__dict__`` (``_own``: no attribute access
     that reaches the user's class), kept in ``_LOADERS``, never in the loader. None, with the
     one line ``_unmeasured`` says, if that fails: the loader runs as without stallbench."""
@@ -1220,7 +1221,7 @@ def _loader_stream(loader, notes: list):
                     "persistent_workers": _own(loader, "persistent_workers", False) is True,
                     "batch_size": _own(loader, "batch_size"),
                     "dataset": str(t.__module__) + "." + str(t.__qualname__)}
-        st = Stream("torch.DataLoader", str(t.__name__), settings)
+        st = Stream(kind, str(t.__name__), settings)
         st.notes.extend(notes)
         if not _LOADERS.set(loader, st):
             st.switch_off("it cannot be tracked without storing into it")
@@ -1303,6 +1304,88 @@ def _patch_fetch(cls, functools) -> None:
     cls.fetch = fetch
 
 
+# -------------------------------------------------------------------- torchdata patches
+
+def _hook_passes(cls, make_stream, what: str) -> None:
+    """``cls.__iter__`` (a loader whose ``__iter__`` does not call ``DataLoader.__iter__``)
+    starts a measured pass on the iterator it returns; that iterator's ``__next__`` (torch's
+    ``_BaseDataLoaderIter.__next__``, or a ``next_cls``'s, see the callers) goes through
+    the stream's clocks. One stream per loader object; an iterator reused across epochs (a
+    persistent one) gets a new pass at each ``iter()``."""
+    import functools
+    orig_iter = cls.__dict__["__iter__"]
+
+    @functools.wraps(orig_iter)
+    def __iter__(self):
+        st = _LOADERS.get(self)
+        if st is None:
+            st = make_stream(self)
+            if st is not None and not _LOADERS.set(self, st):
+                st.switch_off("it cannot be tracked without storing into it")
+        if st is None or st.unmeasured:
+            return orig_iter(self)
+        t = _perf()
+        it = orig_iter(self)
+        try:
+            if not _ITERS.set(it, (st, st.new_epoch(t))):
+                st.switch_off("its iterator cannot be tracked")
+        except Exception:  # noqa: BLE001
+            st.switch_off(f"its passes could not be timed ({what})")
+        return it
+
+    cls.__iter__ = __iter__
+
+
+def _torchdata_version() -> None:
+    try:
+        from importlib.metadata import version
+        _version_check("torchdata", version("torchdata"))
+    except Exception:  # noqa: BLE001 - no metadata: nothing said
+        pass
+
+
+def patch_stateful(mod) -> None:
+    """torchdata's ``StatefulDataLoader`` (torchtitan's loader): its ``__init__`` and
+    ``__iter__`` do not call ``DataLoader``'s, so neither hook runs; its iterators are
+    ``_BaseDataLoaderIter`` subclasses whose ``__next__`` calls torch's (hooked in
+    ``patch_torch``). Hooked here: ``__iter__``. Its workers run torchdata's own worker
+    loop: their stage times are not attributed, and ``--set dataloader.*`` does not reach
+    it (kind ``torchdata.StatefulDataLoader``)."""
+    _torchdata_version()
+
+    def make(loader):
+        return _loader_stream(loader, [], "torchdata.StatefulDataLoader")
+    _hook_passes(mod.StatefulDataLoader, make, "StatefulDataLoader")
+
+
+def patch_nodes(mod) -> None:
+    """torchdata.nodes' ``Loader`` (no DataLoader at all): ``Loader.__iter__`` starts a pass,
+    ``LoaderIterator.__next__`` is the loop's wait; named by its root node's class. The
+    nodes' own threads (``ParallelMapper``, ``Prefetcher``) are not timed as stages."""
+    import functools
+    _torchdata_version()
+    LoaderIterator = mod.LoaderIterator
+    orig_next = LoaderIterator.__next__
+
+    def make(loader):
+        try:
+            root = _own(loader, "root")
+            return Stream("torchdata.nodes.Loader", str(type(root).__name__), {})
+        except Exception:  # noqa: BLE001
+            _unmeasured("torchdata.nodes.Loader", "its root could not be read")
+            return None
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        tag = _ITERS.get(self)
+        if tag is None:
+            return orig_next(self)
+        return tag[0].next_batch(tag[1], orig_next, self)
+
+    LoaderIterator.__next__ = __next__
+    _hook_passes(mod.Loader, make, "torchdata.nodes.Loader")
+
+
 # ------------------------------------------------------------------------- Ray patches
 
 _RAY_INSIDE = threading.local()
@@ -1366,7 +1449,9 @@ def _patch_ray_class(cls, methods) -> None:
 # ---------------------------------------------------------------------- post-import hook
 
 TARGETS = {"torch.utils.data.dataloader": patch_torch, "ray.data.iterator": patch_ray,
-           "ray.data.dataset": patch_ray_dataset}
+           "ray.data.dataset": patch_ray_dataset,
+           "torchdata.stateful_dataloader.stateful_dataloader": patch_stateful,
+           "torchdata.nodes.loader": patch_nodes}
 
 
 class _Loader(importlib.abc.Loader):
