@@ -464,7 +464,8 @@ class Stream:
                 ep.wait.append(t1 - ep.t_iter)
             ep.t_last = t1
             ep.rows.append(_rows(batch, self.default_rows))
-            _ACTIVE.produced = (self, id(batch), ep.rows[-1])   # a put of it: a feed
+            if me != _MAIN:         # a put of it into a queue.Queue: a feed (_fed); the
+                _ACTIVE.produced = (self, id(batch), ep.rows[-1])   # main thread never feeds
             if cuda is not None:
                 if ep.cuda is None:
                     ep.cuda = []
@@ -638,7 +639,9 @@ def _pass(st: "Stream", inner, inside):
 # or a list are not: the loader's stream is then what its own thread waited, noted).
 
 QUEUE_KIND = "thread.queue"
+_MAIN = threading.main_thread().ident
 _FEEDS = _IdMap()               # a queue.Queue a producer thread puts batches into -> _Feed
+_ALL_FEEDS: list = []           # every feed (kept past its queue: closed at exit)
 
 
 class _Feed:
@@ -730,6 +733,7 @@ def _fed(q, item, tag) -> None:
         feed = _Feed(st)
         if not _FEEDS.set(q, feed):
             return
+        _ALL_FEEDS.append(feed)
         if st.role != "producer":
             st.role = "producer"
             st.notes.append(
@@ -765,9 +769,18 @@ def patch_queue() -> None:
         if not STREAMS:             # no loader in this process: nothing can feed a queue
             return orig_get(self, *a, **k)
         # the loop's first get may start before the producer's first put made the queue a
-        # feed: its wait (the pipeline's start-up) runs from here
+        # feed: its wait (the pipeline's start-up) runs from here, or from its first try
+        # where it polls (``get(timeout=)`` tried again after ``Empty``)
         t0 = _perf()
-        item = orig_get(self, *a, **k)
+        asking = getattr(_ACTIVE, "asking", None)
+        if asking is not None and asking[0] == id(self):
+            t0 = asking[1]
+        try:
+            item = orig_get(self, *a, **k)
+        except BaseException:
+            _ACTIVE.asking = (id(self), t0)
+            raise
+        _ACTIVE.asking = None
         try:
             feed = _FEEDS.get(self)
             if feed is not None:
@@ -783,8 +796,8 @@ def patch_queue() -> None:
 
 def _close_feeds() -> None:
     try:
-        for e in list(_FEEDS._d.values()):
-            e[1].close()
+        for feed in list(_ALL_FEEDS):
+            feed.close()
     except Exception:  # noqa: BLE001
         pass
 
@@ -1019,6 +1032,7 @@ def _forked() -> None:
     _LOADERS.clear()
     _ITERS.clear()
     _FEEDS.clear()
+    _ALL_FEEDS.clear()
     _LOST[0] = 0
 
 

@@ -16,17 +16,22 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 import profile_helpers as helpers
 from stallbench.profile.launcher import HERE
 
 ITEM_MS, STEP_MS = 2.5, 8.5     # a batch of 4 costs ~10 ms to make, the loop's step 8.5 ms
 
 
-def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path) -> None:
+@pytest.mark.parametrize("end", ["marker", "count"])
+def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, end: str) -> None:
+    """``marker``: the loop stops at the producer's None; ``count``: it takes len(loader)
+    batches, polling with ``get(timeout=)`` (its waits run from its first try)."""
     out = tmp_path / "out"
     cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
-                          helpers.script("user_thread_queue.py"), str(ITEM_MS), str(STEP_MS)],
-                         cwd=tmp_path)
+                          helpers.script("user_thread_queue.py"), str(ITEM_MS), str(STEP_MS),
+                          "20", "2", end], cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
     t = helpers.truth(cp.stdout)
     truth_share = t["wait_s"] / (t["wait_s"] + t["step_s"])
@@ -47,6 +52,7 @@ def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path) -
     rows = raw["variants"][0]["profile"]["loaders"]
     assert [lo["wait_share"] for lo in rows if not lo["headline"]] == [None]
     assert "background thread" in cp.stdout
+    assert not v.profile.ended_early, v.profile.ended_early    # every epoch was taken whole
 
 
 def _hooks():
