@@ -373,6 +373,7 @@ class Stream:
         self.unmeasured = ""
         self.busy = 0               # the thread inside next_batch now (0: none)
         self.role = ""              # "producer": a thread that feeds the loop a queue
+        self.fed_by = ""            # a queue's stream: the name of the stream feeding it
         if len(_BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
             _BEAT["loaders"].append(self.name)
         beat(force=True)
@@ -498,6 +499,8 @@ class Stream:
             out["unmeasured"] = self.unmeasured
         if self.role:
             out["role"] = self.role
+        if self.fed_by:
+            out["fed_by"] = self.fed_by
         return out
 
     def pending_epochs(self, t0: float, all_: bool) -> tuple[list, int]:
@@ -679,7 +682,7 @@ class _Feed:
         if cons is None:
             p = self.producer
             cons = self.consumer = Stream(QUEUE_KIND, p.label, dict(p.settings))
-            cons.name = f"{p.name} (queue)"
+            cons.name, cons.fed_by = f"{p.name} (queue)", p.name
             cons.notes.append(f"the training loop's waits on the queue.Queue that {p.name}'s "
                               "producer thread fills: the exposed wait")
         if cons.unmeasured:
