@@ -76,3 +76,55 @@ def test_samples_are_counted_from_the_batch_structure() -> None:
         pass
     assert h.STREAMS[-1].epochs[-1].rows == [3]
 
+
+
+def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> None:
+    """In process (the rules, without a job): a loader iterated on a background thread whose
+    batches go into one queue makes that queue a feed (and the loader a producer); another
+    queue the same thread puts other things into is not one; a loader iterated on the main
+    thread never feeds; the job's own ``queue.Empty`` reaches it unchanged."""
+    import queue
+    import threading
+    h = _hooks()
+    saved = queue.Queue.put, queue.Queue.get
+    try:
+        h.patch_queue()
+        feed, other, mine = queue.Queue(), queue.Queue(), queue.Queue()
+        batches = [[1, 2], [3, 4], [5, 6]]
+
+        def produce() -> None:
+            for b in h.watch(batches, name="bg"):
+                other.put("a log line")
+                feed.put((0, b))
+            feed.put(None)
+        t = threading.Thread(target=produce)
+        t.start()
+        got = []
+        while True:
+            try:
+                item = feed.get(timeout=0.001)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            got.append(item[1])
+        t.join()
+        for b in h.watch(batches, name="main"):
+            mine.put(b)
+        try:
+            feed.get(timeout=0.001)
+        except queue.Empty:
+            pass
+        else:
+            raise AssertionError("an empty queue's get returned")
+        by = {s.name: s for s in h.STREAMS}
+        assert got == batches
+        assert by["bg#0"].role == "producer" and by["main#2"].role == ""
+        cons = by["bg#0 (queue)"]
+        assert cons.fed_by == "bg#0" and cons.kind == h.QUEUE_KIND
+        ep = cons.epochs[0]
+        assert ep.rows == [2, 2, 2] and len(ep.wait) == 3 and ep.t_end is not None
+        assert h._FEEDS.get(other) is None and h._FEEDS.get(mine) is None
+        assert other.qsize() == 3 and mine.qsize() == 3
+    finally:
+        queue.Queue.put, queue.Queue.get = saved

@@ -1,14 +1,14 @@
 """A training script as a user writes it (imports nothing of stallbench) that loads through
-torchdata instead of torch's DataLoader:
+torchdata instead of torch's DataLoader, two loops one after the other:
 
-    user_torchdata.py stateful|nodes ITEM_MS STEP_MS [BATCHES_PER_EPOCH] [EPOCHS]
+    user_torchdata.py ITEM_MS STEP_MS [BATCHES_PER_EPOCH] [EPOCHS]
 
 ``stateful``: a ``StatefulDataLoader`` (torchtitan's loader; its ``__iter__`` does not call
 DataLoader's), 0 workers, its ``state_dict()`` taken mid-epoch as a checkpoint would;
 ``nodes``: a torchdata.nodes ``Loader`` over ``Batcher(ParallelMapper(SamplerWrapper))``
 with 2 mapper threads. Items cost ITEM_MS (a sleep), the step STEP_MS. The last line
-printed is ``truth: {...}``: the loop's own seconds in ``iter()`` and ``next()`` (``next_s``) and between
-batches (``step_s``), batches and samples.
+printed is ``truth: {"stateful": {...}, "nodes": {...}}``: each loop's own seconds in
+``iter()`` and ``next()`` (``next_s``) and between batches (``step_s``), batches and samples.
 """
 
 import json
@@ -43,10 +43,7 @@ def make(kind, ds):
     return Loader(Batcher(node, batch_size=BATCH, drop_last=False))
 
 
-def main():
-    kind, item_s, step_s = sys.argv[1], float(sys.argv[2]) / 1e3, float(sys.argv[3]) / 1e3
-    per_epoch = int(sys.argv[4]) if len(sys.argv) > 4 else 20
-    epochs = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+def run(kind, item_s, step_s, per_epoch, epochs):
     loader = make(kind, Items(per_epoch * BATCH, item_s))
     next_s = step = 0.0
     batches = samples = 0
@@ -68,8 +65,16 @@ def main():
                 loader.state_dict()
             time.sleep(step_s)
             step += time.perf_counter() - t1
-    print("truth: " + json.dumps({"next_s": next_s, "step_s": step, "batches": batches,
-                                  "samples": samples}), flush=True)
+    return {"next_s": next_s, "step_s": step, "batches": batches, "samples": samples}
+
+
+def main():
+    item_s, step_s = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
+    per_epoch = int(sys.argv[3]) if len(sys.argv) > 3 else 20
+    epochs = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    truth = {kind: run(kind, item_s, step_s, per_epoch, epochs)
+             for kind in ("stateful", "nodes")}
+    print("truth: " + json.dumps(truth), flush=True)
 
 
 if __name__ == "__main__":
