@@ -841,11 +841,22 @@ def _beat_exit() -> None:
     beat(force=True)
 
 
+_WATCHED = _IdMap()             # a watched iterable -> its stream (one per object)
+
+
 def watch(iterable, name: str | None = None):
-    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass)."""
+    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass).
+    One stream per object: ``watch(loader)`` called again each epoch (inside the epoch loop,
+    as the docs show it) adds an epoch to the same stream, not a new loader per epoch (the
+    headline was the first epoch alone). A new object (a generator made each epoch) is a
+    new stream."""
     try:
-        label = name or type(iterable).__name__
-        return Passes(Stream("watch", str(label)), iterable)
+        label = str(name or type(iterable).__name__)
+        st = _WATCHED.get(iterable)
+        if st is None or st.label != label or st.unmeasured:
+            st = Stream("watch", label)
+            _WATCHED.set(iterable, st)
+        return Passes(st, iterable)
     except Exception:  # noqa: BLE001 - the job goes on with its own iterable
         _unmeasured(str(name or "watch"), "the watched iterable could not be hooked")
         return iterable
@@ -1036,6 +1047,7 @@ def _forked() -> None:
     _ITERS.clear()
     _FEEDS.clear()
     _ALL_FEEDS.clear()
+    _WATCHED.clear()
     _LOST[0] = 0
 
 

@@ -128,3 +128,21 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
         assert other.qsize() == 3 and mine.qsize() == 3
     finally:
         queue.Queue.put, queue.Queue.get = saved
+
+
+def test_watch_called_every_epoch_is_one_loader() -> None:
+    """``for epoch ...: for b in stallbench.watch(loader)`` (the docs' shape): one stream
+    with an epoch per call, not a loader per epoch whose first alone made the headline."""
+    h = _hooks()
+
+    class Loader:                   # any re-iterable object the job keeps across epochs
+        def __iter__(self):
+            return iter([[1, 2, 3]] * 4)
+    loader = Loader()
+    for _ in range(3):
+        for _ in h.watch(loader):
+            pass
+    for _ in h.watch(x for x in [[1]]):     # a new object: a stream of its own
+        pass
+    assert [(s.name, len(s.epochs)) for s in h.STREAMS] == [("Loader#0", 3), ("generator#1", 1)]
+    assert [ep.rows for ep in h.STREAMS[0].epochs] == [[3] * 4] * 3
