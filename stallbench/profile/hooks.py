@@ -22,7 +22,11 @@ Rules it keeps, and why:
   recorded batches from memory by swapping the source, and the records (epoch, index,
   request time, wait, step, rows) say which batch to serve.
 
-Written for torch 2.13 and Ray 2.60 (``WRITTEN_FOR``); with another version the job's stderr
+Doors beyond torch's DataLoader and Ray Data (issue 40): torchdata's ``StatefulDataLoader``
+and ``nodes.Loader`` (``patch_stateful``, ``patch_nodes``), and a loader thread feeding the
+loop through a ``queue.Queue`` (``_Feed``: the loop's ``get`` is the exposed wait).
+
+Written for torch 2.13, Ray 2.60 and torchdata 0.11 (``WRITTEN_FOR``); with another version the job's stderr
 gets one line saying what the hooks patch and that it may have changed.
 """
 
@@ -1337,10 +1341,11 @@ def _patch_fetch(cls, functools) -> None:
 
 def _hook_passes(cls, make_stream, what: str) -> None:
     """``cls.__iter__`` (a loader whose ``__iter__`` does not call ``DataLoader.__iter__``)
-    starts a measured pass on the iterator it returns; that iterator's ``__next__`` (torch's
-    ``_BaseDataLoaderIter.__next__``, or a ``next_cls``'s, see the callers) goes through
-    the stream's clocks. One stream per loader object; an iterator reused across epochs (a
-    persistent one) gets a new pass at each ``iter()``."""
+    starts a measured pass on the iterator it returns (tagged in ``_ITERS``); the hooked
+    ``__next__`` that finds the tag (torch's ``_BaseDataLoaderIter.__next__``, or
+    ``LoaderIterator.__next__`` in ``patch_nodes``) runs the batch through the stream's
+    clocks. One stream per loader object; an iterator reused across epochs (a persistent
+    one) gets a new pass at each ``iter()``."""
     import functools
     orig_iter = cls.__dict__["__iter__"]
 
