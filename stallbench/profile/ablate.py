@@ -113,19 +113,22 @@ def _served_problem(runs: list[JobRun], stage: str) -> str:
 def _compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, float, float] | None:
     """(epoch, step per batch, compute) of a compute-only run, extrapolated to ``batches``
     from the batches it served from memory (the worst rank's)."""
-    served_from: dict[int, list] = {}
+    served_from: dict[int, dict] = {}
     for p in _replay_parts(run):
-        served_from[int(p.get("pid", -1))] = (p.get("served_from") or {}).get(headline) or []
+        served_from[int(p.get("pid", -1))] = p.get("served_from") or {}
     best = None
     eps = merge.epochs_of(run.parts)
     for p in run.parts:
         if p.get("role") != "trainer":
             continue
-        marks = served_from.get(int(p.get("pid", -1)), [])
+        served = served_from.get(int(p.get("pid", -1)), {})
         mine = eps.get(merge.image_of(p), {})
         for s in p.get("streams", []):
             if s["name"] != headline:
                 continue
+            # a loop fed through a queue (hooks._Feed): its batches are those its producer's
+            # loader served, in order
+            marks = served.get(s.get("fed_by") or headline) or []
             per, steps = [], []
             for e, ep in enumerate(mine.get(s["key"], [])):
                 k = marks[e] if e < len(marks) else None

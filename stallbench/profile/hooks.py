@@ -22,7 +22,11 @@ Rules it keeps, and why:
   recorded batches from memory by swapping the source, and the records (epoch, index,
   request time, wait, step, rows) say which batch to serve.
 
-Written for torch 2.13 and Ray 2.60 (``WRITTEN_FOR``); with another version the job's stderr
+Doors beyond torch's DataLoader and Ray Data (issue 40): torchdata's ``StatefulDataLoader``
+and ``nodes.Loader`` (``patch_stateful``, ``patch_nodes``), and a loader thread feeding the
+loop through a ``queue.Queue`` (``_Feed``: the loop's ``get`` is the exposed wait).
+
+Written for torch 2.13, Ray 2.60 and torchdata 0.11 (``WRITTEN_FOR``); with another version the job's stderr
 gets one line saying what the hooks patch and that it may have changed.
 """
 
@@ -40,7 +44,7 @@ import time
 import types
 import weakref
 
-WRITTEN_FOR = {"torch": "2.13", "ray": "2.60"}
+WRITTEN_FOR = {"torch": "2.13", "ray": "2.60", "torchdata": "0.11"}
 ENV = "STALLBENCH_PROFILE"
 LOADER_ENV = "STALLBENCH_PROFILE_LOADER"   # "trainer pid:loader order", for spawned workers
 EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"     # the epoch spawned workers start for (replay)
@@ -227,38 +231,56 @@ class Stage:
 # ----------------------------------------------------------------------------- streams
 
 def _rows(batch, default: int) -> int:
-    """Samples in a batch: the leading dimension of its first tensor/array (dicts, tuples and
-    lists looked into once), else the loader's batch size. A list whose items are dicts or
-    tuples (its first and last read) is the list of the samples (an identity
-    ``collate_fn``; torch's default collate turns dict samples into one dict and tuple
-    samples into a list of columns): its length, not the first sample's first tensor.
+    """Samples in a batch, from its structure, one rule for every door (DataLoader, Ray,
+    ``watch``, a queue fed by a loader thread, torchdata): the leading dimension of a
+    tensor/array; the length of a sequence of values (``[path, path, ...]``, a list of
+    ints); a dict counts by its first value that is a tensor or a sequence (a batch
+    ``{"path": [...], "image": tensor}`` by its paths, not as one sample); a tuple/list of
+    columns by its first column. A list whose items are dicts or tuples (its first and last
+    read) is the list of the samples (an identity ``collate_fn``; torch's default collate
+    turns dict samples into one dict and tuple samples into a list of columns): its length.
+    Nothing countable (a scalar, a string, an object): the loader's batch size.
     Only the builtin containers' own methods and C-level ``shape`` descriptors (torch,
     numpy) are used: a batch class's ``__getattr__`` (a lookup that raises ``KeyError``),
     properties or overridden ``values()`` never run from here."""
     try:
-        b = batch
-        if issubclass(type(b), list) and list.__len__(b):   # first and last item: O(1)
-            ends = (list.__getitem__(b, 0), list.__getitem__(b, -1))
-            if (all(issubclass(type(x), dict) for x in ends)
-                    or all(type(x) is tuple for x in ends)):
-                return list.__len__(b)
-        for _ in range(3):
-            t = type(b)
-            if issubclass(t, dict):
-                b = next(iter(dict.values(b)), None)
-            elif issubclass(t, (list, tuple)) and _shape(b) is None:
-                seq = list if issubclass(t, list) else tuple
-                if not seq.__len__(b):
-                    break
-                b = seq.__getitem__(b, 0)
-            else:
-                break
-        shape = _shape(b)
-        if shape is not None and tuple.__len__(shape) > 0:
-            return int(tuple.__getitem__(shape, 0))
+        n = _count(batch, 4)
+        if n is not None:
+            return n
     except Exception:  # noqa: BLE001 - an odd batch is counted as a batch_size one
         pass
     return default
+
+
+def _count(b, depth: int) -> int | None:
+    """``_rows`` of one value; None where it holds nothing countable."""
+    t = type(b)
+    shape = _shape(b)
+    if shape is not None:
+        return int(tuple.__getitem__(shape, 0)) if tuple.__len__(shape) > 0 else None
+    if depth <= 0:
+        return None
+    if issubclass(t, dict):
+        for i, v in enumerate(dict.values(b)):
+            if i >= 8:
+                break
+            n = _count(v, depth - 1)
+            if n is not None:
+                return n
+        return None
+    if issubclass(t, (list, tuple)):
+        seq = list if issubclass(t, list) else tuple
+        size = seq.__len__(b)
+        if not size:
+            return None
+        first, last = seq.__getitem__(b, 0), seq.__getitem__(b, -1)
+        if seq is list and (all(issubclass(type(x), dict) for x in (first, last))
+                            or all(type(x) is tuple for x in (first, last))):
+            return size             # a list of samples (identity collate)
+        if _shape(first) is not None or issubclass(type(first), (list, tuple, dict)):
+            return _count(first, depth - 1)     # columns: the first one's length
+        return size                 # a column of plain values (paths, ids)
+    return None
 
 
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
@@ -354,6 +376,8 @@ class Stream:
         self.default_rows = int(self.settings.get("batch_size") or 1)
         self.unmeasured = ""
         self.busy = 0               # the thread inside next_batch now (0: none)
+        self.role = ""              # "producer": a thread that feeds the loop a queue
+        self.fed_by = ""            # a queue's stream: the name of the stream feeding it
         if len(_BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
             _BEAT["loaders"].append(self.name)
         beat(force=True)
@@ -445,6 +469,8 @@ class Stream:
                 ep.wait.append(t1 - ep.t_iter)
             ep.t_last = t1
             ep.rows.append(_rows(batch, self.default_rows))
+            if me != _MAIN:         # a put of it into a queue.Queue: a feed (_fed); the
+                _ACTIVE.produced = (self, id(batch), ep.rows[-1])   # main thread never feeds
             if cuda is not None:
                 if ep.cuda is None:
                     ep.cuda = []
@@ -475,6 +501,10 @@ class Stream:
                "settings": dict(self.settings), "notes": list(self.notes)}
         if self.unmeasured:
             out["unmeasured"] = self.unmeasured
+        if self.role:
+            out["role"] = self.role
+        if self.fed_by:
+            out["fed_by"] = self.fed_by
         return out
 
     def pending_epochs(self, t0: float, all_: bool) -> tuple[list, int]:
@@ -603,6 +633,182 @@ def _pass(st: "Stream", inner, inside):
         st.close_abandoned(ep)
 
 
+# ------------------------------------------------------------------------ thread loaders
+# A loader iterated on one thread whose batches the training loop takes from a
+# ``queue.Queue`` (MONAI's ThreadDataLoader, a hand-written prefetch thread): the time the
+# producer thread spends in the loader's ``__next__`` is production, not the loop's wait
+# (the traceml mistake: 98% "stalled" where the loop waited 15%). The hooks see a batch the
+# producer just took (``_ACTIVE.produced``) being put into a queue (itself, or inside a
+# tuple/list: ``q.put((i, batch))``); that queue is then a feed: the loader's stream is
+# marked ``producer`` and the queue's ``get`` is timed as the consumer's wait, in a stream
+# of its own (kind ``thread.queue``, named ``<loader> (queue)``) whose epochs follow the
+# producer's. Only ``queue.Queue`` and its subclasses are seen (``SimpleQueue``, a deque
+# or a list are not: the loader's stream is then what its own thread waited, noted).
+
+QUEUE_KIND = "thread.queue"
+_MAIN = threading.main_thread().ident
+_FEEDS = _IdMap()               # a queue.Queue a producer thread puts batches into -> _Feed
+_ALL_FEEDS: list = []           # every feed (kept past its queue: closed at exit)
+
+
+class _Feed:
+    """One queue fed by one loader stream's producer thread, and its consumer's clocks."""
+
+    __slots__ = ("producer", "consumer", "pending", "t_ask", "ep", "ep_of")
+
+    def __init__(self, producer: "Stream") -> None:
+        self.producer = producer
+        self.consumer: Stream | None = None
+        self.pending: dict = {}         # id(item put) -> (producer epoch number, rows)
+        self.t_ask: float | None = None     # the consumer's first get of the batch to come
+        self.ep: Epoch | None = None
+        self.ep_of = 0
+
+    def get(self, orig, q, a, k):
+        """``q.get``: the wait runs from the consumer's first try (a ``get(timeout=)``
+        that raised ``Empty`` and was tried again waited all along) to the item."""
+        t0 = _perf()
+        if self.t_ask is None:
+            self.t_ask = t0
+        item = orig(q, *a, **k)
+        t1 = _perf()
+        try:
+            self.took(item, t1)
+        except Exception:  # noqa: BLE001 - hook code failed: the consumer runs unmeasured
+            if self.consumer is not None:
+                self.consumer.switch_off("its queue's waits could not be timed")
+        return item
+
+    def took(self, item, t1: float) -> None:
+        t_ask, self.t_ask = self.t_ask, None
+        got = self.pending.pop(id(item), None)
+        cons = self.consumer
+        if cons is None:
+            p = self.producer
+            cons = self.consumer = Stream(QUEUE_KIND, p.label, dict(p.settings))
+            cons.name, cons.fed_by = f"{p.name} (queue)", p.name
+            cons.notes.append(f"the training loop's waits on the queue.Queue that {p.name}'s "
+                              "producer thread fills: the exposed wait")
+        if cons.unmeasured:
+            return
+        if got is None:             # not a batch (an end marker): the pass ended at the ask
+            if self.ep is not None:
+                cons.end_epoch(self.ep, t_ask)
+                self.ep = None
+            return
+        ep_of, rows = got
+        if self.ep is None or self.ep_of != ep_of:
+            if self.ep is not None:
+                cons.end_epoch(self.ep, t_ask)
+            self.ep, self.ep_of = cons.new_epoch(t_ask), ep_of
+        ep = self.ep
+        if ep.t_req:
+            ep.step.append(t_ask - ep.t_last)
+        ep.t_req.append(t_ask)
+        ep.wait.append(t1 - t_ask)
+        ep.t_last = t1
+        ep.rows.append(rows)
+        _BEAT["batches"] += 1
+        _BEAT["last"] = (cons.name, len(cons.epochs), len(ep.wait))
+        if t1 >= _next_periodic:
+            flush(force=False)
+
+    def close(self) -> None:
+        """At exit: a consumer pass that took every batch of an ended producer pass (a loop
+        that counts its batches and sends no end marker) ended at its last batch."""
+        ep, p = self.ep, self.producer
+        if ep is None or ep.t_end is not None or self.consumer is None:
+            return
+        if 0 < self.ep_of <= len(p.epochs):
+            pe = p.epochs[self.ep_of - 1]
+            if pe.t_end is not None and not pe.capped and len(pe.wait) == len(ep.wait):
+                ep.t_end = ep.t_last
+                ep.cpu1 = time.process_time()
+
+
+def _fed(q, item, tag) -> None:
+    """``q.put(item)`` on a thread that just took a batch: a feed when the item is that
+    batch (or holds it in a tuple/list); never raises (``_put``)."""
+    st, bid, rows = tag
+    t = type(item)
+    if id(item) != bid and not ((t is tuple or t is list) and
+                                any(id(x) == bid for x in item[:4])):
+        return
+    _ACTIVE.produced = None
+    feed = _FEEDS.get(q)
+    if feed is None:
+        feed = _Feed(st)
+        if not _FEEDS.set(q, feed):
+            return
+        _ALL_FEEDS.append(feed)
+        if st.role != "producer":
+            st.role = "producer"
+            st.notes.append(
+                f"iterated on a background thread ({threading.current_thread().name}) that "
+                "puts its batches into a queue.Queue: its waits are the producer's, not the "
+                "training loop's (no wait share: see its '(queue)' loader for the loop's)")
+    feed.pending[id(item)] = (len(st.epochs), rows)
+
+
+def patch_queue() -> None:
+    """``queue.Queue.put``/``get`` (standard library, patched at install): a put costs one
+    thread-local read, a get one dict lookup, unless the queue is a feed."""
+    import functools
+    import queue as queue_mod
+    Q = queue_mod.Queue
+    orig_put, orig_get = Q.put, Q.get
+
+    @functools.wraps(orig_put)
+    def put(self, item, *a, **k):
+        tag = getattr(_ACTIVE, "produced", None)
+        if tag is not None:
+            try:
+                _fed(self, item, tag)
+            except Exception:  # noqa: BLE001 - the put goes on as the job's own
+                pass
+        return orig_put(self, item, *a, **k)
+
+    @functools.wraps(orig_get)
+    def get(self, *a, **k):
+        feed = _FEEDS.get(self) if _FEEDS._d else None
+        if feed is not None:
+            return feed.get(orig_get, self, a, k)
+        if not STREAMS:             # no loader in this process: nothing can feed a queue
+            return orig_get(self, *a, **k)
+        # the loop's first get may start before the producer's first put made the queue a
+        # feed: its wait (the pipeline's start-up) runs from here, or from its first try
+        # where it polls (``get(timeout=)`` tried again after ``Empty``)
+        t0 = _perf()
+        asking = getattr(_ACTIVE, "asking", None)
+        if asking is not None and asking[0] == id(self):
+            t0 = asking[1]
+        try:
+            item = orig_get(self, *a, **k)
+        except BaseException:
+            _ACTIVE.asking = (id(self), t0)
+            raise
+        _ACTIVE.asking = None
+        try:
+            feed = _FEEDS.get(self)
+            if feed is not None:
+                if feed.t_ask is None:
+                    feed.t_ask = t0
+                feed.took(item, _perf())
+        except Exception:  # noqa: BLE001
+            pass
+        return item
+
+    Q.put, Q.get = put, get
+
+
+def _close_feeds() -> None:
+    try:
+        for feed in list(_ALL_FEEDS):
+            feed.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 # ------------------------------------------------------------------------------ beats
 # What the launcher reads while the job runs and when no figures came back (``--progress-
 # timeout``; "exited before its first batch", "an empty loader", "figures lost"): one small
@@ -639,11 +845,22 @@ def _beat_exit() -> None:
     beat(force=True)
 
 
+_WATCHED = _IdMap()             # a watched iterable -> its stream (one per object)
+
+
 def watch(iterable, name: str | None = None):
-    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass)."""
+    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass).
+    One stream per object: ``watch(loader)`` called again each epoch (inside the epoch loop,
+    as the docs show it) adds an epoch to the same stream, not a new loader per epoch (the
+    headline was the first epoch alone). A new object (a generator made each epoch) is a
+    new stream."""
     try:
-        label = name or type(iterable).__name__
-        return Passes(Stream("watch", str(label)), iterable)
+        label = str(name or type(iterable).__name__)
+        st = _WATCHED.get(iterable)
+        if st is None or st.label != label or st.unmeasured:
+            st = Stream("watch", label)
+            _WATCHED.set(iterable, st)
+        return Passes(st, iterable)
     except Exception:  # noqa: BLE001 - the job goes on with its own iterable
         _unmeasured(str(name or "watch"), "the watched iterable could not be hooked")
         return iterable
@@ -832,6 +1049,9 @@ def _forked() -> None:
     _STAGES.clear()
     _LOADERS.clear()
     _ITERS.clear()
+    _FEEDS.clear()
+    _ALL_FEEDS.clear()
+    _WATCHED.clear()
     _LOST[0] = 0
 
 
@@ -864,7 +1084,8 @@ def _version_check(lib: str, version: str) -> None:
     if not version.startswith(want + ".") and version != want:
         what = ("DataLoader.__init__/__iter__, _BaseDataLoaderIter.__next__, the map/iterable "
                 "fetchers, the worker loop and pin_memory" if lib == "torch" else
-                "DataIterator.iter_batches/iter_torch_batches")
+                "StatefulDataLoader.__iter__, nodes.Loader.__iter__ and LoaderIterator.__next__"
+                if lib == "torchdata" else "DataIterator.iter_batches/iter_torch_batches")
         _say(f"hooks written for {lib} {want}, this job has {lib} {version}: they patch {what}, "
              "which this version may have changed")
 
@@ -1019,7 +1240,7 @@ def patch_torch(dl_mod) -> None:
 _SERVING = None                 # in the trainer: the loader whose workers start now
 
 
-def _loader_stream(loader, notes: list):
+def _loader_stream(loader, notes: list, kind: str = "torch.DataLoader"):
     """The stream of a DataLoader, from its own ``__dict__`` (``_own``: no attribute access
     that reaches the user's class), kept in ``_LOADERS``, never in the loader. None, with the
     one line ``_unmeasured`` says, if that fails: the loader runs as without stallbench."""
@@ -1033,7 +1254,7 @@ def _loader_stream(loader, notes: list):
                     "persistent_workers": _own(loader, "persistent_workers", False) is True,
                     "batch_size": _own(loader, "batch_size"),
                     "dataset": str(t.__module__) + "." + str(t.__qualname__)}
-        st = Stream("torch.DataLoader", str(t.__name__), settings)
+        st = Stream(kind, str(t.__name__), settings)
         st.notes.extend(notes)
         if not _LOADERS.set(loader, st):
             st.switch_off("it cannot be tracked without storing into it")
@@ -1116,6 +1337,89 @@ def _patch_fetch(cls, functools) -> None:
     cls.fetch = fetch
 
 
+# -------------------------------------------------------------------- torchdata patches
+
+def _hook_passes(cls, make_stream, what: str) -> None:
+    """``cls.__iter__`` (a loader whose ``__iter__`` does not call ``DataLoader.__iter__``)
+    starts a measured pass on the iterator it returns (tagged in ``_ITERS``); the hooked
+    ``__next__`` that finds the tag (torch's ``_BaseDataLoaderIter.__next__``, or
+    ``LoaderIterator.__next__`` in ``patch_nodes``) runs the batch through the stream's
+    clocks. One stream per loader object; an iterator reused across epochs (a persistent
+    one) gets a new pass at each ``iter()``."""
+    import functools
+    orig_iter = cls.__dict__["__iter__"]
+
+    @functools.wraps(orig_iter)
+    def __iter__(self):
+        st = _LOADERS.get(self)
+        if st is None:
+            st = make_stream(self)
+            if st is not None and not _LOADERS.set(self, st):
+                st.switch_off("it cannot be tracked without storing into it")
+        if st is None or st.unmeasured:
+            return orig_iter(self)
+        t = _perf()
+        it = orig_iter(self)
+        try:
+            if not _ITERS.set(it, (st, st.new_epoch(t))):
+                st.switch_off("its iterator cannot be tracked")
+        except Exception:  # noqa: BLE001
+            st.switch_off(f"its passes could not be timed ({what})")
+        return it
+
+    cls.__iter__ = __iter__
+
+
+def _torchdata_version() -> None:
+    try:
+        from importlib.metadata import version
+        _version_check("torchdata", version("torchdata"))
+    except Exception:  # noqa: BLE001 - no metadata: nothing said
+        pass
+
+
+def patch_stateful(mod) -> None:
+    """torchdata's ``StatefulDataLoader`` (torchtitan's loader): its ``__init__`` and
+    ``__iter__`` do not call ``DataLoader``'s, so neither hook runs; its iterators are
+    ``_BaseDataLoaderIter`` subclasses whose ``__next__`` calls torch's (hooked in
+    ``patch_torch``). Hooked here: ``__iter__``. Its workers run torchdata's own worker
+    loop: their stage times are not attributed, and ``--set dataloader.*`` does not reach
+    it (kind ``torchdata.StatefulDataLoader``)."""
+    _torchdata_version()
+
+    def make(loader):
+        return _loader_stream(loader, [], "torchdata.StatefulDataLoader")
+    _hook_passes(mod.StatefulDataLoader, make, "StatefulDataLoader")
+
+
+def patch_nodes(mod) -> None:
+    """torchdata.nodes' ``Loader`` (no DataLoader at all): ``Loader.__iter__`` starts a pass,
+    ``LoaderIterator.__next__`` is the loop's wait; named by its root node's class. The
+    nodes' own threads (``ParallelMapper``, ``Prefetcher``) are not timed as stages."""
+    import functools
+    _torchdata_version()
+    LoaderIterator = mod.LoaderIterator
+    orig_next = LoaderIterator.__next__
+
+    def make(loader):
+        try:
+            root = _own(loader, "root")
+            return Stream("torchdata.nodes.Loader", str(type(root).__name__), {})
+        except Exception:  # noqa: BLE001
+            _unmeasured("torchdata.nodes.Loader", "its root could not be read")
+            return None
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        tag = _ITERS.get(self)
+        if tag is None:
+            return orig_next(self)
+        return tag[0].next_batch(tag[1], orig_next, self)
+
+    LoaderIterator.__next__ = __next__
+    _hook_passes(mod.Loader, make, "torchdata.nodes.Loader")
+
+
 # ------------------------------------------------------------------------- Ray patches
 
 _RAY_INSIDE = threading.local()
@@ -1179,7 +1483,9 @@ def _patch_ray_class(cls, methods) -> None:
 # ---------------------------------------------------------------------- post-import hook
 
 TARGETS = {"torch.utils.data.dataloader": patch_torch, "ray.data.iterator": patch_ray,
-           "ray.data.dataset": patch_ray_dataset}
+           "ray.data.dataset": patch_ray_dataset,
+           "torchdata.stateful_dataloader.stateful_dataloader": patch_stateful,
+           "torchdata.nodes.loader": patch_nodes}
 
 
 class _Loader(importlib.abc.Loader):
@@ -1251,6 +1557,12 @@ def install() -> None:
     sys.meta_path.insert(0, _PostImport())
     atexit.register(_beat_exit)     # atexit runs last-in first: after the final flush
     atexit.register(flush)
+    atexit.register(_close_feeds)   # before the final flush (atexit runs last-in first)
+    try:
+        patch_queue()
+    except Exception as exc:  # noqa: BLE001 - thread loaders go unseen, said once
+        _say(f"could not hook queue.Queue ({type(exc).__name__}: {exc}); a loader thread's "
+             "queue is not seen")
     beat(force=True)                # the launcher's sign that the hooks run in this process
     os.register_at_fork(after_in_child=_forked)
     _patch_exec()

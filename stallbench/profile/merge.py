@@ -65,6 +65,7 @@ class StreamRun:
     trainer_cpu_s: float = 0.0
     producer_cpu_s: float | None = None
     producer_processes: int = 0
+    role: str = ""          # "producer": a loader thread feeding the loop a queue (hooks)
 
     @property
     def batches(self) -> int:
@@ -202,7 +203,7 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                     settings={k: _label(v) if isinstance(v, str) else v
                               for k, v in s.get("settings", {}).items()},
                     notes=[_label(n) for n in s.get("notes", [])],
-                    trainer_cpu_s=0.0, host=proc[0])
+                    trainer_cpu_s=0.0, host=proc[0], role=str(s.get("role") or ""))
                 offsets[rk] = 0.0
             t0_wall = float(p.get("t0_wall", 0.0))
             mine_eps = mine.get(s["key"], [])
@@ -252,8 +253,12 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
 
 
 def headline_name(runs: list[StreamRun]) -> str | None:
+    """The loader with the most batches over the ranks. A loader iterated by a producer
+    thread (``role`` "producer") is never it while another stream exists: its waits are
+    production, the loop's are its queue's stream's (``hooks._Feed``)."""
     totals: dict[str, int] = {}
-    for s in runs:
+    loop = [s for s in runs if s.role != "producer"]
+    for s in loop or runs:
         totals[s.name] = totals.get(s.name, 0) + s.batches
     return max(totals, key=lambda n: (totals[n], -min(s.rank for s in runs if s.name == n)),
                default=None)
@@ -358,12 +363,19 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
                                cpu_s=float(v[2])) for n, v in first.stages.items()]
         ph_w = [f.phases.steady_wait_s / f.phases.steady_s for f in figs
                 if f.phases is not None and f.phases.has_steady and f.phases.steady_s > 0]
+        # a producer thread's waits are not the loop's: no wait share (null, its note says
+        # why), never its own time under the loop's name
+        producer = first.role == "producer"
+        share = None if producer else _med([f.wait_s / f.epoch_s for f in figs
+                                            if f.epoch_s > 0])
+        if producer:
+            ph_w = []
         out.append(ProfileLoader(
             name=name, kind=first.kind, rank=rank, headline=name == headline,
             settings=first.settings, epochs=first.epochs, batches=int(_med([f.batches for f in figs])),
             samples=int(_med([f.samples for f in figs])), epoch_s=_med([f.epoch_s for f in figs]),
             wait_s=_med([f.wait_s for f in figs]), step_s=_med([f.compute_s for f in figs]),
-            wait_share=_med([f.wait_s / f.epoch_s for f in figs if f.epoch_s > 0]),
+            wait_share=share,
             time_to_first_batch_s=_med([f.time_to_first_batch_s for f in figs]),
             batches_s=_med([f.batches / f.epoch_s for f in figs if f.epoch_s > 0]),
             samples_s=_med([f.throughput_samples_s for f in figs]),

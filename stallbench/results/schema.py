@@ -790,7 +790,7 @@ class ProfileLoader:
     epoch_s: float
     wait_s: float
     step_s: float
-    wait_share: float               # wait_s / epoch_s
+    wait_share: float | None        # wait_s / epoch_s; None: a producer thread's (no loop's)
     time_to_first_batch_s: float
     batches_s: float
     samples_s: float

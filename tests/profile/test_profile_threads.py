@@ -1,0 +1,148 @@
+"""Loaders whose batches reach the loop another way than its own ``next()`` (issue 40).
+
+A DataLoader iterated on a background thread that feeds the training loop through a
+``queue.Queue`` (tests/profile/scripts/user_thread_queue.py, importing nothing of stallbench):
+the exposed wait is what the *loop* waited in its ``get``, which the script times itself; the
+producer thread's time in ``__next__`` (always busy: ~100%) is production, and its loader
+row has no wait share (JSON null, never NaN) and a line saying it is a background thread.
+
+Samples are counted from the batch's structure, one rule for every door: a dict whose first
+value is a list of paths counts its paths (``stallbench.watch`` counted one per batch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import profile_helpers as helpers
+from stallbench.profile.launcher import HERE
+
+ITEM_MS, STEP_MS = 2.5, 8.5     # a batch of 4 costs ~10 ms to make, the loop's step 8.5 ms
+
+
+@pytest.mark.parametrize("end", ["marker", "count"])
+def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, end: str) -> None:
+    """``marker``: the loop stops at the producer's None; ``count``: it takes len(loader)
+    batches, polling with ``get(timeout=)`` (its waits run from its first try)."""
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
+                          helpers.script("user_thread_queue.py"), str(ITEM_MS), str(STEP_MS),
+                          "20", "2", end], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    t = helpers.truth(cp.stdout)
+    truth_share = t["wait_s"] / (t["wait_s"] + t["step_s"])
+    r = helpers.load(out)
+    v = r.variants[0]
+    f = v.repeats[0]
+    head = next(lo for lo in v.profile.loaders if lo.headline)
+    assert head.name.endswith("(queue)"), [lo.name for lo in v.profile.loaders]
+    assert f.batches == t["batches"] and f.samples == t["samples"], (f, t)
+    share = f.stall_s / f.epoch_s
+    assert abs(share - truth_share) <= 0.10, (
+        f"profile {share:.1%} vs the loop's own {truth_share:.1%} (the producer's time would "
+        "read ~100%)")
+    producer = next(lo for lo in v.profile.loaders if not lo.headline)
+    assert producer.wait_share is None and producer.steady_wait_share is None
+    assert any("background thread" in n for n in producer.notes), producer.notes
+    raw = json.loads(helpers.result_files(out)[0].read_text())
+    rows = raw["variants"][0]["profile"]["loaders"]
+    assert [lo["wait_share"] for lo in rows if not lo["headline"]] == [None]
+    assert "background thread" in cp.stdout
+    assert not v.profile.ended_early, v.profile.ended_early    # every epoch was taken whole
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("_hooks_rows", HERE / "hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_samples_are_counted_from_the_batch_structure() -> None:
+    import numpy as np
+    h = _hooks()
+    batches = [{"path": ["a.jpg", "b.jpg", "c.jpg"], "label": [0, 1, 0]},     # watch's case
+               {"id": 7, "x": np.zeros((5, 2))},     # first value not countable: the next
+               [np.zeros(6), np.zeros(6)],      # columns
+               [(1, 2), (3, 4)],                    # identity collate: samples
+               [1, 2, 3, 4, 5, 6, 7],               # a column of plain values
+               "not a batch"]
+    assert [h._rows(b, 99) for b in batches] == [3, 5, 6, 2, 7, 99]
+    for _ in h.watch(batches[:1]):
+        pass
+    assert h.STREAMS[-1].epochs[-1].rows == [3]
+
+
+
+def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> None:
+    """In process (the rules, without a job): a loader iterated on a background thread whose
+    batches go into one queue makes that queue a feed (and the loader a producer); another
+    queue the same thread puts other things into is not one; a loader iterated on the main
+    thread never feeds; the job's own ``queue.Empty`` reaches it unchanged."""
+    import queue
+    import threading
+    h = _hooks()
+    saved = queue.Queue.put, queue.Queue.get
+    try:
+        h.patch_queue()
+        feed, other, mine = queue.Queue(), queue.Queue(), queue.Queue()
+        batches = [[1, 2], [3, 4], [5, 6]]
+
+        def produce() -> None:
+            for b in h.watch(batches, name="bg"):
+                other.put("a log line")
+                feed.put((0, b))
+            feed.put(None)
+        t = threading.Thread(target=produce)
+        t.start()
+        got = []
+        while True:
+            try:
+                item = feed.get(timeout=0.001)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            got.append(item[1])
+        t.join()
+        for b in h.watch(batches, name="main"):
+            mine.put(b)
+        try:
+            feed.get(timeout=0.001)
+        except queue.Empty:
+            pass
+        else:
+            raise AssertionError("an empty queue's get returned")
+        by = {s.name: s for s in h.STREAMS}
+        assert got == batches
+        assert by["bg#0"].role == "producer" and by["main#2"].role == ""
+        cons = by["bg#0 (queue)"]
+        assert cons.fed_by == "bg#0" and cons.kind == h.QUEUE_KIND
+        ep = cons.epochs[0]
+        assert ep.rows == [2, 2, 2] and len(ep.wait) == 3 and ep.t_end is not None
+        assert h._FEEDS.get(other) is None and h._FEEDS.get(mine) is None
+        assert other.qsize() == 3 and mine.qsize() == 3
+    finally:
+        queue.Queue.put, queue.Queue.get = saved
+
+
+def test_watch_called_every_epoch_is_one_loader() -> None:
+    """``for epoch ...: for b in stallbench.watch(loader)`` (the docs' shape): one stream
+    with an epoch per call, not a loader per epoch whose first alone made the headline."""
+    h = _hooks()
+
+    class Loader:                   # any re-iterable object the job keeps across epochs
+        def __iter__(self):
+            return iter([[1, 2, 3]] * 4)
+    loader = Loader()
+    for _ in range(3):
+        for _ in h.watch(loader):
+            pass
+    for _ in h.watch(x for x in [[1]]):     # a new object: a stream of its own
+        pass
+    assert [(s.name, len(s.epochs)) for s in h.STREAMS] == [("Loader#0", 3), ("generator#1", 1)]
+    assert [ep.rows for ep in h.STREAMS[0].epochs] == [[3] * 4] * 3
