@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+import loadcheck
 import profile_helpers as helpers
 from stallbench.profile.launcher import HERE
 
 ITEM_MS, STEP_MS = 2.5, 8.5     # a batch of 4 costs ~10 ms to make, the loop's step 8.5 ms
 
 
-@pytest.mark.parametrize("end", ["marker", "count"])
-def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, end: str) -> None:
-    """``marker``: the loop stops at the producer's None; ``count``: it takes len(loader)
-    batches, polling with ``get(timeout=)`` (its waits run from its first try)."""
+def _queue_case(tmp_path: Path, end: str) -> list[str]:
     out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
     cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
                           helpers.script("user_thread_queue.py"), str(ITEM_MS), str(STEP_MS),
                           "20", "2", end], cwd=tmp_path)
@@ -42,9 +42,10 @@ def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, e
     assert head.name.endswith("(queue)"), [lo.name for lo in v.profile.loaders]
     assert f.batches == t["batches"] and f.samples == t["samples"], (f, t)
     share = f.stall_s / f.epoch_s
-    assert abs(share - truth_share) <= 0.10, (
-        f"profile {share:.1%} vs the loop's own {truth_share:.1%} (the producer's time would "
-        "read ~100%)")
+    problems = []
+    if abs(share - truth_share) > 0.10:
+        problems.append(f"profile {share:.1%} vs the loop's own {truth_share:.1%} (the "
+                        "producer's time would read ~100%)")
     producer = next(lo for lo in v.profile.loaders if not lo.headline)
     assert producer.wait_share is None and producer.steady_wait_share is None
     assert any("background thread" in n for n in producer.notes), producer.notes
@@ -53,6 +54,16 @@ def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, e
     assert [lo["wait_share"] for lo in rows if not lo["headline"]] == [None]
     assert "background thread" in cp.stdout
     assert not v.profile.ended_early, v.profile.ended_early    # every epoch was taken whole
+    return problems
+
+
+@pytest.mark.groundtruth     # a share read off timings: the timing pass (tests/run_suite.sh)
+@pytest.mark.parametrize("end", ["marker", "count"])
+def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, end: str) -> None:
+    """``marker``: the loop stops at the producer's None; ``count``: it takes len(loader)
+    batches, polling with ``get(timeout=)`` (its waits run from its first try). The costs are
+    sleeps: the job needs well under a core."""
+    loadcheck.attempts(f"thread queue[{end}]", lambda: _queue_case(tmp_path, end), 3, 1.0)
 
 
 def _hooks():

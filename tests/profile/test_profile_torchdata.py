@@ -11,10 +11,12 @@ torchdata is in the ``dev`` extra (pinned); without it these tests are skipped, 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
+import loadcheck
 import profile_helpers as helpers
 
 pytest.importorskip("torchdata", reason="torchdata is in the dev extra: pip install -e '.[dev]'")
@@ -23,8 +25,9 @@ ITEM_MS, STEP_MS = 3.0, 5.0
 KINDS = {"stateful": "torchdata.StatefulDataLoader", "nodes": "torchdata.nodes.Loader"}
 
 
-def test_torchdata_loops_are_measured(tmp_path: Path) -> None:
+def _case(tmp_path: Path) -> list[str]:
     out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
     cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
                           helpers.script("user_torchdata.py"), str(ITEM_MS), str(STEP_MS)],
                          cwd=tmp_path)
@@ -32,9 +35,20 @@ def test_torchdata_loops_are_measured(tmp_path: Path) -> None:
     truth = helpers.truth(cp.stdout)
     loaders = {lo.kind: lo for lo in helpers.load(out).variants[0].profile.loaders}
     assert sorted(loaders) == sorted(KINDS.values()), sorted(loaders)
+    problems = []
     for name, kind in KINDS.items():
         t, lo = truth[name], loaders[kind]
         assert (lo.batches, lo.samples) == (t["batches"], t["samples"]), (name, lo, t)
-        assert abs(lo.wait_s - t["next_s"]) <= 0.10 * t["next_s"] + 0.01, (name, lo.wait_s, t)
-        assert abs(lo.step_s - t["step_s"]) <= 0.10 * t["step_s"] + 0.01, (name, lo.step_s, t)
-        assert lo.wait_s > 0.2 * lo.epoch_s      # items cost more than the step: a stall
+        if abs(lo.wait_s - t["next_s"]) > 0.10 * t["next_s"] + 0.01:
+            problems.append(f"{name}: wait {lo.wait_s:.3f} s vs the loop's {t['next_s']:.3f} s")
+        if abs(lo.step_s - t["step_s"]) > 0.10 * t["step_s"] + 0.01:
+            problems.append(f"{name}: step {lo.step_s:.3f} s vs the loop's {t['step_s']:.3f} s")
+        if not lo.wait_s > 0.2 * lo.epoch_s:      # items cost more than the step: a stall
+            problems.append(f"{name}: wait {lo.wait_s:.3f} s of {lo.epoch_s:.3f} s, no stall")
+    return problems
+
+
+@pytest.mark.groundtruth     # figures read off timings: the timing pass (tests/run_suite.sh)
+def test_torchdata_loops_are_measured(tmp_path: Path) -> None:
+    # sleeps: the job and its threads need well under a core
+    loadcheck.attempts("torchdata", lambda: _case(tmp_path), 3, 1.0)
