@@ -264,11 +264,11 @@ def test_cross_machine_single_variant_is_not_comparable() -> None:
 # ------------------------------------------------------------------------------ formats
 
 GOLDEN_TABLE = """\
-scenario  variant  metric       baseline  current  change          99% CI           p        test          verdict
-tiny      naive    throughput   1,000     1,000    1.000 (+0.0%)   [0.988, 1.011]   1        mann-whitney  same
-tiny      naive    stall_share  20.0%     20.0%    +0.0 pt         [+0.0, +0.0] pt  1        mann-whitney  same
-tiny      opt      throughput   3,000     2,100    0.700 (-30.0%)  [0.692, 0.708]   0.00794  mann-whitney  slower
-tiny      opt      stall_share  20.0%     20.0%    +0.0 pt         [+0.0, +0.0] pt  1        mann-whitney  same
+scenario  variant  metric       baseline  current  change          99% CI          p        test          verdict
+tiny      naive    throughput   1,000     1,000    1.000 (0.0%)    [0.988, 1.011]  1        mann-whitney  same
+tiny      naive    stall_share  20.0%     20.0%    0.0 pt          [0.0, 0.0] pt   1        mann-whitney  same
+tiny      opt      throughput   3,000     2,100    0.700 (-30.0%)  [0.692, 0.708]  0.00794  mann-whitney  slower
+tiny      opt      stall_share  20.0%     20.0%    0.0 pt          [0.0, 0.0] pt   1        mann-whitney  same
 gate FAIL: 1 slower, 0 faster, 0 inconclusive, 3 same, 0 not comparable (threshold 10%, alpha 0.01)
 """
 
@@ -285,6 +285,22 @@ def test_table_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
                 "--threshold", "10%"])
     assert code == 1
     assert capsys.readouterr().out == GOLDEN_TABLE
+
+
+def test_a_change_that_rounds_to_zero_has_no_sign() -> None:
+    """A stall share 0.0004 lower and a throughput 0.04% lower print "0.0 pt" and "0.0%":
+    "-0.0 pt" beside "same" claims a direction the digits do not show (issue 42)."""
+    pts = rows.Row("s", "v", "stall_share", 0.2004, 0.2, -0.0004, "points", -0.0004, 0.0003,
+                   1.0, "mann-whitney", "same")
+    ratio = rows.Row("s", "v", "throughput", 1000.0, 999.6, 0.9996, "ratio", 0.9, 1.1, 1.0,
+                     "mann-whitney", "same")
+    assert formats.format_change(pts) == "0.0 pt"
+    assert formats.format_interval(pts) == "[0.0, 0.0] pt"
+    assert formats.format_change(ratio) == "1.000 (0.0%)"
+    worse = rows.Row("s", "v", "stall_share", 0.2, 0.28, 0.08, "points", 0.07, 0.09, 0.001,
+                     "mann-whitney", "slower")
+    assert formats.format_change(worse) == "+8.0 pt"    # a change that shows keeps its sign
+    assert formats.format_interval(worse) == "[+7.0, +9.0] pt"
 
 
 def test_json_markdown_github_formats() -> None:

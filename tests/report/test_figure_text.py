@@ -53,6 +53,21 @@ def test_digits_and_rounding_to_zero() -> None:
     assert figures.speedup(1.523) == "1.52x" and figures.speedup(None) == "-"
 
 
+@pytest.mark.parametrize("x, digits, text", [
+    (8.0, 1, "+8.0"), (-0.091, 1, "-0.1"), (-0.04, 1, "0.0"), (0.04, 1, "0.0"), (-0.0, 1, "0.0"),
+    (0.0, 0, "0"), (-0.4, 0, "0"), (0.6, 0, "+1"), (None, 1, "-"), (math.nan, 1, "-"),
+])
+def test_a_signed_figure_that_reads_zero_has_no_sign(x: float | None, digits: int,
+                                                     text: str) -> None:
+    """The one sign rule (issue 42): "-0.0" or "+0.0" claims a direction the digits do not
+    show; a figure that shows keeps its sign."""
+    assert figures.signed(x, digits) == text
+    scaled = None if x is None else x / 100
+    unit = "" if text == "-" else "%"
+    assert figures.signed_percent(scaled, digits) == text + unit
+    assert figures.signed_points(scaled, digits) == text + ("" if text == "-" else " pt")
+
+
 def test_every_surface_writes_a_value_the_same_way() -> None:
     """The terminal's share and the report's, the report's duration and the verdict's."""
     from stallbench.report import render
