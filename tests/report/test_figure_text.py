@@ -68,6 +68,25 @@ def test_a_signed_figure_that_reads_zero_has_no_sign(x: float | None, digits: in
     assert figures.signed_points(scaled, digits) == text + ("" if text == "-" else " pt")
 
 
+def test_every_signed_surface_writes_zero_without_a_sign() -> None:
+    """The terminal's errors (whatif's back-test, tune's confirmation), the report's and the
+    history's changes: one rule, so an error of -0.04% is "0.0%" on each, never "-0.0%"."""
+    from types import SimpleNamespace as NS
+
+    from stallbench.commands.whatif import backtest_lines
+    from stallbench.report import render
+
+    assert tables.format_percent(-0.0004, "+.1%") == "0.0%" == render.format_signed_pct(-0.0004)
+    assert render.format_signed_pct(0.052) == "+5.2%" and render.format_signed_pct(None) == "—"
+    bt = NS(points=[NS(n=2, error=-0.0004, steady_error=0.052, model="amdahl")],
+            max_abs_error=0.0004, mean_abs_error=0.0004, max_abs_steady_error=0.052,
+            mean_abs_steady_error=0.052, interval_log_half_width=1e-5, interval_level=0.9,
+            covered=1, checked=1)
+    per, _, interval = backtest_lines(bt)
+    assert per.endswith("2: 0.0% / +5.2% (amdahl)")
+    assert "(0.0% .. 0.0%," in interval and "-0.0" not in interval
+
+
 def test_every_surface_writes_a_value_the_same_way() -> None:
     """The terminal's share and the report's, the report's duration and the verdict's."""
     from stallbench.report import render
