@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..results import DatasetInfo, MachineInfo, RepeatFigures, VariantResult, WhatIfModel
-from . import whatif
+from . import figures, whatif
 from .stats import t_quantile
 from .whatif_models import (MODELS, ScalingModel, fit_points, measured, producer_counts, ranks,
                             reference)
@@ -105,11 +105,13 @@ def _say(what: str, sigma: float, s: Slope | None) -> str:
         return f"{what}: one busy-core count, no growth measurable"
     t = "" if s.t_stat is None else f", t = {s.t_stat:.1f}"
     if s.t_stat is None:
-        return f"{what} {sigma:+.2%} per busy core (one repeat per count: spread unknown)"
+        return (f"{what} {figures.signed_percent(sigma, 2)} per busy core (one repeat per "
+                "count: spread unknown)")
     if not s.kept:
-        return f"{what} {s.slope / s.intercept if s.intercept else 0:+.2%} per busy core, " \
+        rel = s.slope / s.intercept if s.intercept else 0.0
+        return f"{what} {figures.signed_percent(rel, 2)} per busy core, " \
                f"within the repeats' noise{t}: 0"
-    return f"{what} {sigma:+.2%} per busy core{t}"
+    return f"{what} {figures.signed_percent(sigma, 2)} per busy core{t}"
 
 
 def producer_cpu_per_sample(f: RepeatFigures) -> float:
@@ -161,7 +163,7 @@ class Contention(ScalingModel):
         per_worker = max(ss.slope, 0.0) if ss is not None and ss.kept else 0.0
         said = "; ".join([_say("producer CPU/sample", sigma_p, sp),
                           _say("trainer time/sample", sigma_t, st),
-                          f"start-up {per_worker * 1e3:+.1f} ms per worker"
+                          f"start-up {figures.signed(per_worker * 1e3)} ms per worker"
                           + ("" if ss is None or ss.kept or ss.t_stat is None
-                             else f" ({ss.slope * 1e3:+.1f} ms within the noise)")])
+                             else f" ({figures.signed(ss.slope * 1e3)} ms within the noise)")])
         return replace(m, startup_per_worker_s=per_worker, contention_fit=said)

@@ -133,6 +133,8 @@ ZERO_NOTE = "~0: not distinguishable from 0 (its interval spans 0)"
 # another). A figure that is not distinguishable from 0 is written "~0": its interval spans 0,
 # or it is a share (or a part of the epoch) below 0, which only noise makes, or it rounds to 0
 # at the precision shown without being 0. Exactly 0 stays "0". Missing figures are ``missing``.
+# A signed figure (a change, an error: ``signed``, ``signed_percent``, ``signed_points``) keeps
+# its sign where its digits show one, and has none where they read 0 ("0.0 pt", never "-0.0").
 
 ZERO = "~0"
 
@@ -159,19 +161,6 @@ def share(x: object, digits: int = 0, interval: object = None, missing: str = "-
         return missing
     text = f"{v * 100:.{digits}f}"
     return ZERO + "%" if is_zero(v, interval, text) else text + "%"
-
-
-def signed(x: object, digits: int = 1, unit: str = "", missing: str = "-") -> str:
-    """A signed change: ``"+3.2"``, ``"-0.6"`` with ``unit`` after it (``" pt"``, ``"%"``);
-    a change that rounds to zero at ``digits`` is ``"0.0"``, with no sign: ``"-0.0 pt"``
-    reads as a small loss that nobody measured."""
-    v = _finite(x)
-    if v is None:
-        return missing
-    text = f"{v:+.{digits}f}"
-    if float(text) == 0:
-        text = f"{0:.{digits}f}"
-    return text + unit
 
 
 def _duration_is_zero(v: float, interval: object, signed: bool) -> bool:
@@ -235,6 +224,31 @@ def speedup(x: object, missing: str = "-") -> str:
     """A speed-up factor: ``"1.52x"``."""
     v = _finite(x)
     return missing if v is None else f"{v:.2f}x"
+
+
+def signed(x: object, digits: int = 1, missing: str = "-") -> str:
+    """A signed number (a change, an error, an interval's end): ``"+8.0"``, ``"-9.1"``. One
+    that reads 0 at ``digits`` has no sign (``"0.0"``, never ``"-0.0"`` or ``"+0.0"``): a
+    sign on a zero claims a direction the digits do not show (issue 42)."""
+    v = _finite(x)
+    if v is None:
+        return missing
+    text = f"{v:+.{digits}f}"
+    return text[1:] if float(text) == 0 else text
+
+
+def signed_percent(x: object, digits: int = 1, missing: str = "-") -> str:
+    """A relative change or a prediction's error (a fraction: 0.05 is ``"+5.0%"``), signed by
+    ``signed``'s rule: a change that rounds to 0 is ``"0.0%"``."""
+    v = _finite(x)
+    return missing if v is None else signed(v * 100, digits) + "%"
+
+
+def signed_points(x: object, digits: int = 1, missing: str = "-") -> str:
+    """A change of a share in percentage points (a fraction of the whole: 0.08 is
+    ``"+8.0 pt"``), by ``signed``'s rule: no change is ``"0.0 pt"``."""
+    v = _finite(x)
+    return missing if v is None else signed(v * 100, digits) + " pt"
 
 
 def us(seconds: float) -> str:

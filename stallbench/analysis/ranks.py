@@ -72,7 +72,7 @@ import numpy as np
 from ..results import Attribution, ExactlyOnce, RankStats, RankSummary, Summary
 from ..stages.sizes import ceil_div
 from ..trainers.job import last_rank_per_step
-from . import differential
+from . import differential, figures
 from .stats import finite_median, t_quantile
 
 
@@ -348,7 +348,8 @@ def verdict(s: RankSummary) -> str:
                   f"(measured), not enough evidence to name it from these runs"
                   if s.others_wait_s >= 0.005 else "")
         return (f"no straggler: the {s.world} ranks' exposed stalls spread {s.spread_s:.2f} s "
-                f"(rank {s.candidate} slowest to the all-reduce, {s.straggler_excess_s:+.2f} s "
+                f"(rank {s.candidate} slowest to the all-reduce, "
+                f"{figures.signed(s.straggler_excess_s, 2)} s "
                 f"above the others' median), within the noise measured ({s.noise_s:.2f} s)"
                 f"{waited}")
     r = s.ranks[s.straggler]

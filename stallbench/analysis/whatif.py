@@ -218,19 +218,19 @@ def calibrate(m: Model, measured_steady: float) -> Model:
         total = producers(m, m.fit_workers, m.ranks)
         extra = max(total / measured_steady - m.p_wall, -0.5 * m.p_wall)
         return replace(m, p_extra=extra, calibration=(
-            f"producers {extra * 1e6:+.1f} us/sample outside the stage timers "
-            f"(model {gap:+.0%} vs measured steady rate at the fit)"))
+            f"producers {figures.signed(extra * 1e6)} us/sample outside the stage timers "
+            f"(model {figures.signed_percent(gap, 0)} vs measured steady rate at the fit)"))
     if p.binding == "trainer":
         extra = max(m.ranks / measured_steady - m.t_trainer, -0.5 * m.t_trainer)
         return replace(m, t_extra=extra, calibration=(
-            f"trainer {extra * 1e6:+.1f} us/sample outside its measured parts "
-            f"(model {gap:+.0%} vs measured steady rate at the fit)"))
+            f"trainer {figures.signed(extra * 1e6)} us/sample outside its measured parts "
+            f"(model {figures.signed_percent(gap, 0)} vs measured steady rate at the fit)"))
     if p.binding == "cores":
         budget = core_budget(m, m.fit_workers)
         scale = min(1.0, measured_steady * (m.p_cpu + m.t_cpu) / budget)
         return replace(m, cores_scale=scale, calibration=(
-            f"the CPU work got {scale:.0%} of the cores (model {gap:+.0%} vs measured steady "
-            f"rate at the fit)"))
+            f"the CPU work got {scale:.0%} of the cores (model "
+            f"{figures.signed_percent(gap, 0)} vs measured steady rate at the fit)"))
     return m
 
 
@@ -343,7 +343,8 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
                storage_cap_mb_s=storage_cap_mb_s, cores=cores, busy_cores=busy_cores,
                ranks=ranks)
     x, heaviest, stages, n_ranks = c.x, c.heaviest, c.stages, c.ranks
-    contended = f" ({c.f_p - 1:+.0%} contention)" if abs(c.f_p - 1) >= 0.005 else ""
+    contended = (f" ({figures.signed_percent(c.f_p - 1, 0)} contention)"
+                 if abs(c.f_p - 1) >= 0.005 else "")
     if workers == 0:
         source = ("measured in the trainer's process" if m.p_solo and m.p_wall > 0
                   else "measured in a worker")
@@ -500,11 +501,11 @@ def calibrate_run(m: Model, epoch_s: float, samples: float) -> Model:
         x = (a + b) / 2
     out = at(x)
     gap = epoch_s / before - 1.0 if before > 0 else math.nan   # replayed rate vs measured
-    said = f"(replayed run {gap:+.0%} vs the measured run at the fit)"
+    said = f"(replayed run {figures.signed_percent(gap, 0)} vs the measured run at the fit)"
     if field_ == "p_extra":
-        text = f"producers {x * scale:+.1f} us/sample outside the stage timers {said}"
+        text = f"producers {figures.signed(x * scale)} us/sample outside the stage timers {said}"
     elif field_ == "t_extra":
-        text = f"trainer {x * scale:+.1f} us/sample outside its measured parts {said}"
+        text = f"trainer {figures.signed(x * scale)} us/sample outside its measured parts {said}"
     else:
         text = f"the CPU work got {x:.0%} of the cores {said}"
     return replace(out, calibration=text)

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                           [longest_temp_name()])
     from ..run.tune import TuneOptions, tune  # heavy (torch): only when tuning
     from ..measure.load import HEAVY_CORES
+    from ..analysis import figures
     from ..report.tables import format_percent
     from ..run.preflight import check_scenario
 
@@ -98,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
         goal = "" if conf.within_goal is None else (" (within 10%)" if conf.within_goal
                                                      else " (NOT within 10%)")
         print(f"confirmation: measured {conf.measured.throughput_samples_s:,.0f} samples/s, "
-              f"steady stall {conf.measured.steady_stall_share:.1%} "
+              f"steady stall {format_percent(conf.measured.steady_stall_share, '.1%')} "
               f"({conf.measured.repeats} repeat(s)"
               + (f" that reused kept workers; {conf.measured.runs_not_counted} more forked them, "
                  f"not counted" if conf.measured.runs_not_counted else "")
-              + f") vs {pred}: error {format_percent(conf.error, '+.1%')}{goal}")
+              + f") vs {pred}: error {figures.signed_percent(conf.error)}{goal}")
         print(f"  confirmation result: {conf.result_path}")
     if r.foreign_cores is not None:
         print(f"conditions: other processes kept {r.foreign_cores:.1f} of {r.machine.cores:g} cores "

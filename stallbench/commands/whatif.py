@@ -240,8 +240,9 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
               f"{cheapest[1]:.6f} per run")
     check = stored.measured if stored and not group else []
     if check:
-        errs = [f"{x.n}: {x.error:+.0%}" for x in check if not x.is_fit and x.error is not None]
-        steady = [f"{x.n}: {x.steady_error:+.0%}" for x in check
+        errs = [f"{x.n}: {figures.signed_percent(x.error, 0)}" for x in check
+                if not x.is_fit and x.error is not None]
+        steady = [f"{x.n}: {figures.signed_percent(x.steady_error, 0)}" for x in check
                   if not x.is_fit and x.steady_error is not None]
         if errs:
             print(f"validation in this result (fitted on {stored.fit_variant}): prediction error "
@@ -254,13 +255,15 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
 
 def backtest_lines(bt: Any) -> list[str]:
     """The back-test as the result stores it: per point, then the summary."""
+    from ..analysis import figures
     from ..report.tables import format_percent
 
     def pct(x: float | None) -> str:
         return format_percent(x, ".1%")
 
     per = ", ".join(
-        f"{p.n}: {p.error:+.1%}" + (f" / {p.steady_error:+.1%}" if p.steady_error is not None else "")
+        f"{p.n}: {figures.signed_percent(p.error)}"
+        + (f" / {figures.signed_percent(p.steady_error)}" if p.steady_error is not None else "")
         + f" ({p.model})" for p in bt.points if p.error is not None)
     out = [f"back-test (each measured point predicted by a fit without it; whole run / steady): {per}",
            f"  error whole run: worst {pct(bt.max_abs_error)}, mean {pct(bt.mean_abs_error)}; "
@@ -268,7 +271,8 @@ def backtest_lines(bt: Any) -> list[str]:
     if bt.interval_log_half_width is not None:
         w = bt.interval_log_half_width
         out.append(f"  {bt.interval_level:.0%} prediction interval: predicted x/ "
-                   f"{math.exp(w):.3f} (-{1 - math.exp(-w):.1%} .. +{math.exp(w) - 1:.1%}, "
+                   f"{math.exp(w):.3f} ({figures.signed_percent(math.exp(-w) - 1)} .. "
+                   f"{figures.signed_percent(math.exp(w) - 1)}, "
                    f"jackknife or Student-t on the leave-one-out errors, the wider); "
                    + (f"covered {bt.covered} of {bt.checked} points when rebuilt without each"
                       if bt.checked else "coverage not checkable with one back-tested point"))

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Callable
 
 from .. import outputs
-from ..analysis.figures import signed
+from ..analysis import figures
 from .rows import GateReport, Row, exit_code
 from .rule import BUSY, FASTER, INCONCLUSIVE, SLOWER, TOO_FEW, VERDICTS
 
@@ -31,18 +31,20 @@ def format_value(r: Row, x: float) -> str:
 
 
 def format_change(r: Row) -> str:
+    """A change signed by ``figures.signed``'s rule: one that rounds to 0 has no sign
+    ("0.0 pt", never "-0.0 pt" beside a verdict of "same")."""
     if not math.isfinite(r.change):
         return "-"
     if r.change_kind == "points":
-        return signed(r.change * 100, 1, " pt")
-    return f"{r.change:.3f} ({signed((r.change - 1) * 100, 1, '%')})"
+        return figures.signed_points(r.change)
+    return f"{r.change:.3f} ({figures.signed_percent(r.change - 1)})"
 
 
 def format_interval(r: Row) -> str:
     if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
         return "-"
     if r.change_kind == "points":
-        return f"[{signed(r.ci_low * 100)}, {signed(r.ci_high * 100)}] pt"
+        return f"[{figures.signed(r.ci_low * 100)}, {figures.signed(r.ci_high * 100)}] pt"
     return f"[{r.ci_low:.3f}, {r.ci_high:.3f}]"
 
 

@@ -38,10 +38,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ..analysis import figures
 from . import metrics as metric_values
 from .rule import METRICS
 from ..results import Result
-from ..analysis.figures import signed
 
 DEFAULT_MAX_P = 0.05
 DEFAULT_PERMUTATIONS = 199
@@ -227,8 +227,8 @@ def format_history(series: Sequence[Series], *, max_p: float, permutations: int,
                 if s.dirty[i]:
                     commit += " (dirty)"
                 kind = METRICS[s.metric].kind
-                delta = (signed((cp.after - cp.before) * 100, 1, " pt") if kind == "points"
-                         else signed(cp.change * 100, 1, "%"))
+                delta = (figures.signed_points(cp.after - cp.before) if kind == "points"
+                         else figures.signed_percent(cp.change))
                 lines.append(f"    at result #{i + 1} ({s.created[i]}, commit {commit}): "
                              f"{_fmt(s.metric, cp.before)} -> {_fmt(s.metric, cp.after)} "
                              f"({delta}), p = {cp.p_value:.3f}")

@@ -444,12 +444,17 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
             out.append("  (one repeat per run: each interval is its point; --repeats 2 or more "
                        "gives intervals)")
         zero = False
+        # the parts by the job's own stages, the names the report and the verdict give them
+        # (figures.part_name: "dataset __getitem__", not "fetch", on a user's job)
         for label, part, i in (("compute", a.compute_s, ivs.compute_s),
-                               ("fetch (dataset item/iter)", a.fetch_stall_s, ivs.fetch_stall_s),
-                               ("preprocess (collate_fn)", a.preprocess_stall_s,
+                               (figures.part_name("fetch", True), a.fetch_stall_s,
+                                ivs.fetch_stall_s),
+                               (figures.part_name("preprocess", True), a.preprocess_stall_s,
                                 ivs.preprocess_stall_s),
-                               ("transfer (pin_memory)", a.transfer_stall_s, ivs.transfer_stall_s),
-                               ("loader hand-off (overhead)", a.overhead_s, ivs.overhead_s)):
+                               (figures.part_name("transfer", True), a.transfer_stall_s,
+                                ivs.transfer_stall_s),
+                               (figures.part_name("overhead", True), a.overhead_s,
+                                ivs.overhead_s)):
             # an interval spanning 0: not distinguishable from 0, never a negative stall
             head = f"{figures.seconds_cell(part, i, signed=True):>8}"
             zero = zero or figures.spans_zero(i)

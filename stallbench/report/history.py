@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..analysis import figures
 from ..gate import history
 from ..results import Result
 from . import plots
@@ -31,7 +32,7 @@ def plot(series: Sequence[history.Series]) -> str | None:
                 x = cp.index + 0.5
                 ax.axvline(x, color=color, ls="--", lw=1.0, alpha=0.8)
                 commit = (s.commits[cp.index] or "?")[:8]
-                ax.annotate(f"{commit} {cp.change * 100:+.0f}%", (x, 1.0),
+                ax.annotate(f"{commit} {figures.signed_percent(cp.change, 0)}", (x, 1.0),
                             xycoords=("data", "axes fraction"), rotation=90, va="top",
                             ha="right", fontsize=7.5, color=color)
         ax.yaxis.set_major_formatter(FuncFormatter(plots.format_rate))

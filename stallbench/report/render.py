@@ -85,6 +85,11 @@ def format_pct(x: Any) -> str:
     return figures.share(x, missing="—")
 
 
+def format_signed_pct(x: Any, digits: int = 1) -> str:
+    """A change or an error (``figures.signed_percent``: no sign where it reads 0)."""
+    return figures.signed_percent(x, digits, missing="—")
+
+
 def format_x(x: Any) -> str:
     return figures.speedup(x, missing="—").replace("x", "×")
 
@@ -311,7 +316,8 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
 def _attribution_notes(a: Attribution) -> list[str]:
     notes = []
     if _num(a.closure_error) is not None and abs(a.closure_error) > 0.05:
-        notes.append("the parts differ from the median epoch by %+.0f%%" % (a.closure_error * 100))
+        notes.append("the parts differ from the median epoch by "
+                     + figures.signed_percent(a.closure_error, 0))
     if not a.conclusive:
         notes.append("inconclusive" + (f" ({a.inconclusive_because.replace('_', ' ')})"
                                        if a.inconclusive_because else ""))
@@ -850,7 +856,8 @@ def _environment() -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(["html"]), extensions=["jinja2.ext.do"],
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(rate=format_rate, secs=format_s, pct=format_pct, times=format_x, mb=format_mb,
-                       bytes=format_bytes, interval=format_interval, value=format_value, us=format_us)
+                       bytes=format_bytes, interval=format_interval, value=format_value, us=format_us,
+                       signed_pct=format_signed_pct)
     env.globals["stage_color"] = plots.STAGE_COLORS
     env.globals.update(threads_text=threads_text, busy_text=busy_text, part_name=figures.part_name,
                        data_ideal=figures.data_ideal_speedup)

@@ -37,10 +37,12 @@ def spread(s: Summary, fmt: str = ",.0f") -> str:
 
 def format_percent(x: float | None, spec: str = ".0%") -> str:
     """A share (``figures.share``: never negative, "~0%" when it reads 0 without being 0); a
-    signed spec ("+.1%": an error, a change) keeps its sign."""
+    signed spec ("+.1%": an error, a change) is ``figures.signed_percent``: its sign where
+    the digits show one, none where they read 0."""
+    digits = int(spec.strip("+.%") or 0)
     if spec.startswith("+"):
-        return "-" if x is None or not math.isfinite(x) else format(x, spec)
-    return figures.share(x, int(spec.strip(".%") or 0))
+        return figures.signed_percent(x, digits)
+    return figures.share(x, digits)
 
 
 def run_table(result: Result) -> str:
@@ -237,8 +239,8 @@ def _loss_cost(with_loss: list[float], without: list[float]) -> str:
         return (f"{runs} {hit:.1f} s, no run without a loss to compare with "
                 f"(run.repeats > 1 gives one)")
     base = statistics.median(without)
-    return (f"{runs} {hit:.1f} s, {hit - base:+.1f} s against {base:.1f} s (median) of the "
-            f"{len(without)} run(s) without one")
+    return (f"{runs} {hit:.1f} s, {figures.signed(hit - base)} s against {base:.1f} s (median) "
+            f"of the {len(without)} run(s) without one")
 
 
 def faults_lines(result: Result) -> list[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import whatif
+from ..analysis import figures, whatif
 from ..analysis.stats import COMPUTE_BOUND_SHARE as STALL_FREE
 from ..analysis.stats import finite_median
 from ..analysis.whatif_models import fit_best
@@ -419,7 +419,8 @@ class Search:
         if prev is not None:
             step.outcome = "better" if self.best() is point else "not better"
         self.tried.add(vr.name)
-        pred = (f" vs {predicted:,.0f} PREDICTED ({predicted_by}), error {err:+.0%}"
+        pred = (f" vs {predicted:,.0f} PREDICTED ({predicted_by}), "
+                f"error {figures.signed_percent(err, 0)}"
                 if predicted and err is not None else "")
         kept = (f" (run {fig.runs_not_counted + 1} of {fig.runs_not_counted + fig.repeats}: the "
                  f"first forked the workers it keeps)" if fig.runs_not_counted else "")

@@ -287,6 +287,22 @@ def test_table_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().out == GOLDEN_TABLE
 
 
+def test_a_change_that_rounds_to_zero_has_no_sign() -> None:
+    """A stall share 0.0004 lower and a throughput 0.04% lower print "0.0 pt" and "0.0%":
+    "-0.0 pt" beside "same" claims a direction the digits do not show (issue 42)."""
+    pts = rows.Row("s", "v", "stall_share", 0.2004, 0.2, -0.0004, "points", -0.0004, 0.0003,
+                   1.0, "mann-whitney", "same")
+    ratio = rows.Row("s", "v", "throughput", 1000.0, 999.6, 0.9996, "ratio", 0.9, 1.1, 1.0,
+                     "mann-whitney", "same")
+    assert formats.format_change(pts) == "0.0 pt"
+    assert formats.format_interval(pts) == "[0.0, 0.0] pt"
+    assert formats.format_change(ratio) == "1.000 (0.0%)"
+    worse = rows.Row("s", "v", "stall_share", 0.2, 0.28, 0.08, "points", 0.07, 0.09, 0.001,
+                     "mann-whitney", "slower")
+    assert formats.format_change(worse) == "+8.0 pt"    # a change that shows keeps its sign
+    assert formats.format_interval(worse) == "[+7.0, +9.0] pt"
+
+
 def test_json_markdown_github_formats() -> None:
     report = cmp(*_golden_pair())
     data = json.loads(formats.format_json(report))

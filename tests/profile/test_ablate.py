@@ -84,7 +84,7 @@ def _case(tmp_path: Path) -> list[str]:
     if abs(a.preprocess_stall_s - served["collate_s"]) > 0.10 * served["collate_s"] + 0.01:
         problems.append(f"preprocess stall {a.preprocess_stall_s:.3f} s vs collate "
                         f"{served['collate_s']:.3f} s")
-    if "fetch (dataset item/iter)" not in cp.stdout or "knee:" not in cp.stdout:
+    if "  dataset __getitem__ " not in cp.stdout or "knee:" not in cp.stdout:
         problems.append("the attribution or the knee is not printed")
     p = full["items_s"] / full["items"] * BATCH + full["collate_s"] / full["collates"]
     c = full["step_s"] / full["batches"]
@@ -126,7 +126,7 @@ def _marked_case(tmp_path: Path) -> list[str]:
     line = next(x for x in cp.stdout.splitlines()
                 if x.startswith("cannot ablate the dataset's item/iter function"))
     assert "shuffles without a seed" in line, line
-    assert "fetch (dataset item/iter)" not in cp.stdout
+    assert "  dataset __getitem__ " not in cp.stdout
     decode = next(x for x in an.ablations if x.name == "stage:decode")
     augment = next(x for x in an.ablations if x.name == "stage:augment")
     assert decode.done and decode.part == "fetch", decode

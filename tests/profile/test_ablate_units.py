@@ -112,10 +112,12 @@ def test_a_part_whose_interval_spans_zero_prints_as_not_distinguishable_from_zer
     a = differential.analyze(epochs, "chain")
     assert a.fetch_stall_s < 0 and a.intervals.fetch_stall_s.low < 0 < a.intervals.fetch_stall_s.high
     out = ablate.lines(a, ProfileAnalysis(method="m", keep_batches=8, budget_mb=1.0))
-    fetch = next(x for x in out if x.lstrip().startswith("fetch"))
-    assert fetch.split()[3] == "~0" and f"{a.fetch_stall_s:.2f}" not in fetch.split("[")[0], fetch
+    # the job's own stage names, the report's (figures.part_name), never the scenario's words
+    assert not any(x.lstrip().startswith(("fetch", "preprocess", "transfer")) for x in out)
+    fetch = next(x for x in out if x.lstrip().startswith(figures.part_name("fetch", True)))
+    assert fetch.split()[2] == "~0" and f"{a.fetch_stall_s:.2f}" not in fetch.split("[")[0], fetch
     assert "  ~0: not distinguishable from 0 (its interval spans 0)" in out
-    prep = next(x for x in out if x.lstrip().startswith("preprocess"))
+    prep = next(x for x in out if x.lstrip().startswith("collate_fn"))
     assert f"{figures.seconds_cell(a.preprocess_stall_s):>8} s" in prep    # analysis.figures' rule
 
 

@@ -53,6 +53,40 @@ def test_digits_and_rounding_to_zero() -> None:
     assert figures.speedup(1.523) == "1.52x" and figures.speedup(None) == "-"
 
 
+@pytest.mark.parametrize("x, digits, text", [
+    (8.0, 1, "+8.0"), (-0.091, 1, "-0.1"), (-0.04, 1, "0.0"), (0.04, 1, "0.0"), (-0.0, 1, "0.0"),
+    (0.0, 0, "0"), (-0.4, 0, "0"), (0.6, 0, "+1"), (None, 1, "-"), (math.nan, 1, "-"),
+])
+def test_a_signed_figure_that_reads_zero_has_no_sign(x: float | None, digits: int,
+                                                     text: str) -> None:
+    """The one sign rule (issue 42): "-0.0" or "+0.0" claims a direction the digits do not
+    show; a figure that shows keeps its sign."""
+    assert figures.signed(x, digits) == text
+    scaled = None if x is None else x / 100
+    unit = "" if text == "-" else "%"
+    assert figures.signed_percent(scaled, digits) == text + unit
+    assert figures.signed_points(scaled, digits) == text + ("" if text == "-" else " pt")
+
+
+def test_every_signed_surface_writes_zero_without_a_sign() -> None:
+    """The terminal's errors (whatif's back-test, tune's confirmation), the report's and the
+    history's changes: one rule, so an error of -0.04% is "0.0%" on each, never "-0.0%"."""
+    from types import SimpleNamespace as NS
+
+    from stallbench.commands.whatif import backtest_lines
+    from stallbench.report import render
+
+    assert tables.format_percent(-0.0004, "+.1%") == "0.0%" == render.format_signed_pct(-0.0004)
+    assert render.format_signed_pct(0.052) == "+5.2%" and render.format_signed_pct(None) == "—"
+    bt = NS(points=[NS(n=2, error=-0.0004, steady_error=0.052, model="amdahl")],
+            max_abs_error=0.0004, mean_abs_error=0.0004, max_abs_steady_error=0.052,
+            mean_abs_steady_error=0.052, interval_log_half_width=1e-5, interval_level=0.9,
+            covered=1, checked=1)
+    per, _, interval = backtest_lines(bt)
+    assert per.endswith("2: 0.0% / +5.2% (amdahl)")
+    assert "(0.0% .. 0.0%," in interval and "-0.0" not in interval
+
+
 def test_every_surface_writes_a_value_the_same_way() -> None:
     """The terminal's share and the report's, the report's duration and the verdict's."""
     from stallbench.report import render
@@ -83,15 +117,6 @@ def test_run_table_and_verdict_never_print_a_negative_share(make_result: Any) ->
     a.conclusive, a.bound_by = True, "fetch"
     text = differential.verdict(a)
     assert "(~0% of the epoch is attributed stall)" in text, text
-
-
-@pytest.mark.parametrize("x,digits,unit,want", [
-    (3.21, 1, " pt", "+3.2 pt"), (-0.6, 1, " pt", "-0.6 pt"), (-0.04, 1, " pt", "0.0 pt"),
-    (0.04, 1, "%", "0.0%"), (-0.0, 1, "%", "0.0%"), (-0.05, 2, "", "-0.05"),
-    (float("nan"), 1, "%", "-"), (None, 1, "%", "-")])
-def test_a_signed_change_that_rounds_to_zero_has_no_sign(x, digits, unit, want) -> None:
-    """Issue 42: the gate printed "-0.0 pt", a loss nobody measured."""
-    assert figures.signed(x, digits, unit) == want
 
 
 def test_the_gate_table_prints_no_negative_zero() -> None:
