@@ -271,15 +271,17 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
 
 
 def verdict(a: Attribution, action: str | None = None, gain: float | None = None,
-            knob: str | None = None, on_job: bool = False) -> str:
+            knob: str | None = None, on_job: bool = False,
+            stage_map: Mapping[str, str] | None = None) -> str:
     """One line: the bound (on steady state when the basis is), its share, the next change
     to try (``action``, from ``analysis.advice``: it needs the executor and the what-if), the
     ablations' bound on its gain (``figures.ideal_bound``: the stage's ideal, or for more
     producers, ``knob``, the ideal of all data work), and start-up apart when it weighs in
     this run. ``on_job``: a user's job (``stallbench profile``), whose parts are named after
-    its own stages (``figures.part_name``: "dataset __getitem__", not "fetch")."""
+    its own stages (``figures.part_name`` by ``stage_map``: "dataset __getitem__", not
+    "fetch")."""
     if on_job and a.bound_by in STAGES:
-        name = figures.part_name(a.bound_by, True)
+        name = figures.part_name(a.bound_by, True, stage_map)
         text = verdict(a, action, gain, knob)
         for old in (f"{a.bound_by}-bound", f"ideal {a.bound_by} would"):
             text = text.replace(old, old.replace(a.bound_by, name), 1)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from ..results import Attribution, VariantResult
 from .stats import finite_median
@@ -214,10 +215,20 @@ SCENARIO_PART_NAMES = {"fetch": "fetch", "preprocess": "preprocess", "transfer":
                        "overhead": "loader overhead"}
 
 
-def part_name(part: str, on_job: bool) -> str:
+def part_name(part: str, on_job: bool, stage_map: Mapping[str, str] | None = None) -> str:
     """The name a surface gives an attribution part: the job's own stage on a profiled job
-    (``on_job``), the scenario's word otherwise."""
-    return (JOB_PART_NAMES if on_job else SCENARIO_PART_NAMES).get(part, part)
+    (``on_job``), the scenario's word otherwise. ``stage_map`` (``ProfileAnalysis.stage_map``:
+    each stage the job's loaders ran -> its part) names the part after what the job ran: an
+    iterable dataset's items come from ``__iter__``, not ``__getitem__``; without it, or for a
+    part no stage of the job maps to, the usual name of a map-style DataLoader job."""
+    if not on_job:
+        return SCENARIO_PART_NAMES.get(part, part)
+    ran = [name for name, p in (stage_map or {}).items() if p == part]
+    if {"dataset.__getitem__", "dataset.__iter__"} <= set(ran):
+        # both kinds: a result written before the map held only what ran (it listed every
+        # automatic stage), so which one ran is not known
+        ran = [n for n in ran if not n.startswith("dataset.")] + ["dataset.__getitem__/__iter__"]
+    return " + ".join(n.replace(".", " ", 1) for n in ran) if ran else JOB_PART_NAMES.get(part, part)
 
 
 def speedup(x: object, missing: str = "-") -> str:

@@ -7,7 +7,7 @@ stall from the waits each run measured (each run's step compared with the full r
 interference; issue 39):
 
     full (the variant's own runs)
-    -> dataset served        (``fetch``: the dataset's item/iter function, the user's transform
+    -> dataset served        (``fetch``: the dataset's ``__getitem__`` or ``__iter__``, the user's transform
                               inside it included, replayed from a warm recording run)
     -> dataset+collate served (``preprocess``: ``collate_fn`` as well)
     -> + pin served          (``transfer``: only where the job pins; otherwise the previous run
@@ -164,6 +164,20 @@ PART_WORDS = {"fetch": ("read", "load", "fetch", "decode", "open", "download", "
               "transfer": ("pin", "copy", "transfer", "to_device", "h2d")}
 
 
+# What each automatic stage of a DataLoader job is charged to (``ProfileAnalysis.stage_map``).
+STAGE_PARTS = {"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
+               "collate_fn": "preprocess", "pin_memory": "transfer"}
+
+
+def job_stage_map(streams: list) -> dict[str, str]:
+    """The automatic stages the headline loader's runs timed, each with its part: the job's
+    own names for the parts (``figures.part_name``), so an iterable dataset's part is
+    "dataset __iter__". Empty where none was timed (a Ray Data iterator, a watched iterable):
+    the parts then keep the usual names."""
+    ran = {name for s in streams for name in getattr(s, "stages", {})}
+    return {name: part for name, part in STAGE_PARTS.items() if name in ran}
+
+
 def part_of(name: str) -> str:
     """The scenario part a user's stage name maps to, or the name itself."""
     low = name.lower()
@@ -287,8 +301,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                 "compared with the full run's apart; bootstrap intervals over repeats"),
         keep_batches=keep, budget_mb=budget_mb, budget_basis=budget_basis,
         transfer_note=TRANSFER_NOTE,
-        stage_map={"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
-                   "collate_fn": "preprocess", "pin_memory": "transfer"})
+        stage_map=job_stage_map(hs))
+    items_fn = figures.part_name("fetch", True, an.stage_map)     # e.g. "dataset __iter__"
     full = [f for f in (_figures(r, headline) for r in full_runs) if f is not None]
     # one rank's batches (the rank whose figures the job's stall and compute are), not the
     # job's summed over ranks: the compute-only epoch is one rank's per-batch time x these
@@ -340,7 +354,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     if ray_why:
         # issue 39: a Ray Data iterator's stages run in Ray's tasks, outside torch's
         # fetchers: a recording run would record nothing, and costs a whole run of the job
-        for name, removes in ((ITEMS, "the dataset's item/iter function"),
+        for name, removes in ((ITEMS, items_fn),
                               (BATCH, "the dataset and collate_fn")):
             an.ablations.append(ProfileAblation(name, removes, False, ray_why))
     try:
@@ -361,7 +375,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             why = "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
         else:
             why = ""
-        for name, serve, removes in ((ITEMS, "items", "the dataset's item/iter function"),
+        for name, serve, removes in ((ITEMS, "items", items_fn),
                                      (BATCH, "batch", "the dataset and collate_fn")):
             if why:
                 an.ablations.append(ProfileAblation(name, removes, False, why))
@@ -390,7 +404,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     except _Skip:
         pass
     except Failed as exc:
-        an.ablations.append(ProfileAblation(ITEMS, "the dataset's item/iter function", False,
+        an.ablations.append(ProfileAblation(ITEMS, items_fn, False,
                                             f"recording run: {exc}"))
     finally:
         shutil.rmtree(rec_dir, ignore_errors=True)
@@ -420,7 +434,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     a = waits.attribute(full, served[ITEMS], served[BATCH], served[FREE],
                         [v[0] for v in done[ONLY]], [v[2] for v in done[ONLY]],
                         [v[1] for v in done[ONLY]], (FULL, ITEMS, BATCH, FREE, ONLY))
-    a.verdict = differential.verdict(a, on_job=True)    # the job's own stages' names
+    a.verdict = differential.verdict(a, on_job=True, stage_map=an.stage_map)   # its stages' names
     return a, an
 
 
@@ -447,13 +461,13 @@ def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
         # the parts by the job's own stages, the names the report and the verdict give them
         # (figures.part_name: "dataset __getitem__", not "fetch", on a user's job)
         for label, part, i in (("compute", a.compute_s, ivs.compute_s),
-                               (figures.part_name("fetch", True), a.fetch_stall_s,
+                               (figures.part_name("fetch", True, an.stage_map), a.fetch_stall_s,
                                 ivs.fetch_stall_s),
-                               (figures.part_name("preprocess", True), a.preprocess_stall_s,
+                               (figures.part_name("preprocess", True, an.stage_map), a.preprocess_stall_s,
                                 ivs.preprocess_stall_s),
-                               (figures.part_name("transfer", True), a.transfer_stall_s,
+                               (figures.part_name("transfer", True, an.stage_map), a.transfer_stall_s,
                                 ivs.transfer_stall_s),
-                               (figures.part_name("overhead", True), a.overhead_s,
+                               (figures.part_name("overhead", True, an.stage_map), a.overhead_s,
                                 ivs.overhead_s)):
             # an interval spanning 0: not distinguishable from 0, never a negative stall
             head = f"{figures.seconds_cell(part, i, signed=True):>8}"

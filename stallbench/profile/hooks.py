@@ -1141,16 +1141,7 @@ def patch_torch(dl_mod) -> None:
         # a loader made without our __init__ (a deepcopy, an unpickled one) gets its stream
         # at its first iter(): it is counted like any other
         st = _LOADERS.get(self) or _loader_stream(self, [])
-        if st is None or st.unmeasured:
-            return orig_iter(self)
-        t = _perf()
-        it = orig_iter(self)
-        try:
-            if not _ITERS.set(it, (st, st.new_epoch(t))):
-                st.switch_off("its iterator cannot be tracked")
-        except Exception:  # noqa: BLE001
-            st.switch_off("its passes could not be timed")
-        return it
+        return _begin_pass(st, orig_iter, self, "")
 
     DataLoader.__iter__ = __iter__
 
@@ -1337,6 +1328,26 @@ def _patch_fetch(cls, functools) -> None:
     cls.fetch = fetch
 
 
+def _begin_pass(st, orig_iter, loader, what: str):
+    """``iter(loader)`` through the loader's own ``__iter__``, as a measured pass of stream
+    ``st``: the pass's clock starts before the call (creating the iterator, forking workers,
+    is the pass's start-up), and the iterator is tagged in ``_ITERS`` so the hooked
+    ``__next__`` finds its stream and epoch. One rule for every door that starts passes at
+    ``iter()``: a stream that cannot tag its iterator, or time its pass, is switched off with
+    its reason (``what`` names the door), and the job's iterator is returned untouched."""
+    if st is None or st.unmeasured:
+        return orig_iter(loader)
+    t = _perf()
+    it = orig_iter(loader)
+    try:
+        if not _ITERS.set(it, (st, st.new_epoch(t))):
+            st.switch_off("its iterator cannot be tracked")
+    except Exception:  # noqa: BLE001
+        st.switch_off(f"its passes could not be timed ({what})" if what
+                      else "its passes could not be timed")
+    return it
+
+
 # -------------------------------------------------------------------- torchdata patches
 
 def _hook_passes(cls, make_stream, what: str) -> None:
@@ -1356,16 +1367,7 @@ def _hook_passes(cls, make_stream, what: str) -> None:
             st = make_stream(self)
             if st is not None and not _LOADERS.set(self, st):
                 st.switch_off("it cannot be tracked without storing into it")
-        if st is None or st.unmeasured:
-            return orig_iter(self)
-        t = _perf()
-        it = orig_iter(self)
-        try:
-            if not _ITERS.set(it, (st, st.new_epoch(t))):
-                st.switch_off("its iterator cannot be tracked")
-        except Exception:  # noqa: BLE001
-            st.switch_off(f"its passes could not be timed ({what})")
-        return it
+        return _begin_pass(st, orig_iter, self, what)
 
     cls.__iter__ = __iter__
 

@@ -20,8 +20,8 @@ stream it served. Here, per run:
   ``sync_s`` is 0: a user's step cannot be split into compute and all-reduce from outside,
   so a rank waiting for a slow peer shows it in its step, not its stall.
 
-Stage seconds map onto the scenario stages as: ``fetch`` = the dataset's item/iter function
-(reading *and* the user's transform inside it: they cannot be told apart without
+Stage seconds map onto the scenario stages as: ``fetch`` = the dataset's ``__getitem__``
+or ``__iter__`` (reading *and* the user's transform inside it: they cannot be told apart without
 ``stallbench.stage``), ``preprocess`` = ``collate_fn``, ``transfer_producer`` / trainer =
 ``pin_memory`` where it ran.
 """

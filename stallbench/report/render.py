@@ -284,14 +284,15 @@ def _pair(iv: Interval) -> tuple[float, float]:
 def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
     a = v.attribution
     on_job = v.profile is not None
+    stage_map = v.profile.analysis.stage_map if on_job and v.profile.analysis else None
     if a is not None and _num(a.compute_s) is not None:
         segs: list[Segment] = [("compute (compute-only run)", a.compute_s, _pair(a.intervals.compute_s))]
         for st in STAGES:
             x = _num(a.part_s(st))
-            segs.append((f"{figures.part_name(st, on_job)} stall (attributed)",
+            segs.append((f"{figures.part_name(st, on_job, stage_map)} stall (attributed)",
                          x if x is not None else 0.0, _pair(a.part_interval(st))))
         if _num(a.overhead_s) is not None:
-            segs.append((f"{figures.part_name('overhead', on_job)} (attributed)", a.overhead_s,
+            segs.append((f"{figures.part_name('overhead', on_job, stage_map)} (attributed)", a.overhead_s,
                          _pair(a.intervals.overhead_s)))
         if a.basis == "steady state" and _num(a.startup_cost_s) is not None:
             iv = a.startup_cost_interval

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from stallbench.analysis.differential import ablations_for, analyze, attribute
-from stallbench.analysis import differential
+from stallbench.analysis import differential, figures
 
 
 def chain_epochs(full=10.0, nf=7.0, nfp=4.0, free=3.5, compute=3.0, n=3, jitter=0.0):
@@ -196,3 +196,30 @@ def test_on_a_users_job_the_bound_is_named_after_the_jobs_own_stage() -> None:
     job = differential.verdict(a, on_job=True)
     assert job.startswith("dataset __getitem__-bound (") and "fetch" not in job, job
     assert "ideal dataset __getitem__ would give" in job, job
+    # an iterable dataset's items come from its __iter__: the job's stages name the part
+    it = differential.verdict(a, on_job=True, stage_map={"dataset.__iter__": "fetch",
+                                                          "collate_fn": "preprocess"})
+    assert it.startswith("dataset __iter__-bound (") and "__getitem__" not in it, it
+
+
+def test_part_names_come_from_the_stages_the_job_ran() -> None:
+    """Issue 42: ``ProfileAnalysis.stage_map`` holds the automatic stages the headline loader
+    timed (``ablate.job_stage_map``), and every surface names a part by them; a result of
+    before, whose map listed every automatic stage, says it cannot tell which dataset kind."""
+    from types import SimpleNamespace
+
+    from stallbench.profile.ablate import job_stage_map
+
+    iterable = [SimpleNamespace(stages={"dataset.__iter__": [8, 1.0, 0.9, "workers"],
+                                        "collate_fn": [8, 0.1, 0.1, "workers"],
+                                        "decode": [8, 0.5, 0.5, "workers"]})]
+    m = job_stage_map(iterable)
+    assert m == {"dataset.__iter__": "fetch", "collate_fn": "preprocess"}, m
+    assert figures.part_name("fetch", True, m) == "dataset __iter__"
+    assert figures.part_name("transfer", True, m) == "pin_memory"        # not run: usual name
+    assert figures.part_name("fetch", False, m) == "fetch"                # a scenario's word
+    assert job_stage_map([SimpleNamespace(stages={})]) == {}
+    old = {"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
+           "collate_fn": "preprocess", "pin_memory": "transfer"}
+    assert figures.part_name("fetch", True, old) == "dataset __getitem__/__iter__"
+    assert figures.part_name("fetch", True, None) == "dataset __getitem__"

@@ -124,7 +124,7 @@ def _marked_case(tmp_path: Path) -> list[str]:
         assert not ab.done and "shuffles without a seed" in ab.why, ab
         assert ab.epoch_s is None
     line = next(x for x in cp.stdout.splitlines()
-                if x.startswith("cannot ablate the dataset's item/iter function"))
+                if x.startswith("cannot ablate dataset __getitem__ "))   # a map-style dataset
     assert "shuffles without a seed" in line, line
     assert "  dataset __getitem__ " not in cp.stdout
     decode = next(x for x in an.ablations if x.name == "stage:decode")
