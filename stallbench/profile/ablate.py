@@ -52,9 +52,11 @@ ITEMS = Ablation(fetch=True).name
 BATCH = Ablation(fetch=True, preprocess=True).name
 FREE = Ablation(True, True, True).name
 ONLY = COMPUTE_ONLY.name
-TRANSFER_NOTE = ("the job copies its batches to the device in its own step (as in the full "
-                 "run): served batches are host batches it copies again, so the copy is "
-                 "counted in compute, not in transfer; transfer is pin_memory alone")
+# Said as a condition: the profile does not see whether the job uses a device (a CPU-only job
+# was told it "copies its batches to the device", issue 39).
+TRANSFER_NOTE = ("transfer is pin_memory alone: a copy to a device that the job makes in its "
+                 "own step (if it makes one) is counted in compute, in every run alike "
+                 "(served batches are host batches, copied again as in the full run)")
 
 
 class Failed(Exception):
