@@ -212,15 +212,37 @@ def test_ray_client_address_with_token(clusters: dict, cache: Path, tmp_path: Pa
         # Ray's proxier starts one server process per client connection on the next port of
         # its range; once in a whole-suite run (never alone) that process exited at start,
         # its log gone with the cluster. Ray's own start-up, not stallbench's: one more
-        # connection, and a failure then is a failure.
+        # connection, and a failure then is a failure. The server's own log (in the
+        # cluster's temp dir, gone with the cluster) goes into the failure's message.
+        first = err[-1500:] + _client_server_log(c, err)
         (tmp_path / "again").mkdir()
         rc, got, err = _run(tmp_path / "again", text, cache, c.client_env())
-    assert rc == 0, err[-3000:]
+        err = f"{err}\n--- first attempt:\n{first}"
+    assert rc == 0, err[-6000:]
     assert got["client"] is True and got["digests"] == want
     assert not set(got["figures"]["ray"]["producer_nodes"]) & _head_ids(got)
     # Ray Data's figures from the pump actor, read after the run (``RayExecutor._finish``)
     ops = got["figures"]["ray"]["operators"]
     assert any("MapBatches" in op["name"] and op["tasks"] > 0 for op in ops), ops
+
+
+def _client_server_log(c: RayStartCluster, err: str) -> str:
+    """The tail of the Ray Client server log that a "Starting Ray client server failed. See
+    ray_client_server_PORT.err" names, read from the head's session before the cluster goes."""
+    import re
+
+    m = re.search(r"ray_client_server_(\d+)\.err", err)
+    if not m:
+        return ""
+    logs = c.base / "ray" / "session_latest" / "logs"
+    out = []
+    for name in (f"ray_client_server_{m.group(1)}.err", f"ray_client_server_{m.group(1)}.out",
+                 "ray_client_server.err"):
+        try:
+            out.append(f"--- {name}:\n{(logs / name).read_text(errors='replace')[-2000:]}")
+        except OSError as exc:
+            out.append(f"--- {name}: {exc}")
+    return "\n".join(out)
 
 
 FROZEN = """
