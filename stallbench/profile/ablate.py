@@ -171,12 +171,12 @@ STAGE_PARTS = {"dataset.__getitem__": "fetch", "dataset.__iter__": "fetch",
                "collate_fn": "preprocess", "pin_memory": "transfer"}
 
 
-def job_stage_map(streams: list) -> dict[str, str]:
+def job_stage_map(streams: list[merge.StreamRun]) -> dict[str, str]:
     """The automatic stages the headline loader's runs timed, each with its part: the job's
     own names for the parts (``figures.part_name``), so an iterable dataset's part is
     "dataset __iter__". Empty where none was timed (a Ray Data iterator, a watched iterable):
     the parts then keep the usual names."""
-    ran = {name for s in streams for name in getattr(s, "stages", {})}
+    ran = {name for s in streams for name in s.stages}
     return {name: part for name, part in STAGE_PARTS.items() if name in ran}
 
 
