@@ -944,6 +944,17 @@ def _launched() -> bool:
     return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or _dist() is not None
 
 
+def _torch_threads(torch) -> int | None:
+    """torch's intra-op threads in this process as it runs now (``OMP_NUM_THREADS``, the
+    job's ``torch.set_num_threads``, 1 in a DataLoader worker): the budget that explains a
+    10x difference between two runs of one job (issue 42). Read, never set; None where torch
+    is not (or not yet fully) imported: the hooks never import it."""
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # noqa: BLE001 - a half-imported or torn-down torch: not read
+        return None
+
+
 def _header() -> dict:
     torch = sys.modules.get("torch")
     ray = sys.modules.get("ray")
@@ -951,7 +962,7 @@ def _header() -> dict:
             "image": _IMAGE, "launched": _launched(),
             "t0_wall": _T0_WALL, "t0_perf": _T0_PERF, **_rank(),
             "torch": getattr(torch, "__version__", None), "ray": getattr(ray, "__version__", None),
-            "cpu_s": time.process_time()}
+            "torch_threads": _torch_threads(torch), "cpu_s": time.process_time()}
 
 
 _seq = 0

@@ -66,6 +66,8 @@ class StreamRun:
     producer_cpu_s: float | None = None
     producer_processes: int = 0
     role: str = ""          # "producer": a loader thread feeding the loop a queue (hooks)
+    torch_threads: int | None = None          # torch's threads in the stream's process, read
+    worker_torch_threads: int | None = None   # the most read in one of its loader workers
 
     @property
     def batches(self) -> int:
@@ -170,6 +172,13 @@ def unmeasured(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
             if p.get("role") == "trainer" for s in p.get("streams", []) if s.get("unmeasured")]
 
 
+def _count(value: Any, default: int | None = None) -> int | None:
+    """A thread count from a part file (a positive int), else ``default``: files written by
+    older hooks, or a process where torch was not imported, have none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else default
+
+
 def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
     """Every measured stream of a run, with the stages its workers (or its own process)
     timed. The streams of a process's images (an ``os.execv`` into a second training) with
@@ -205,6 +214,7 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                     notes=[_label(n) for n in s.get("notes", [])],
                     trainer_cpu_s=0.0, host=proc[0], role=str(s.get("role") or ""))
                 offsets[rk] = 0.0
+            sr.torch_threads = _count(p.get("torch_threads"), sr.torch_threads)  # latest flush
             t0_wall = float(p.get("t0_wall", 0.0))
             mine_eps = mine.get(s["key"], [])
             op = (p.get("open") or {}).get(s["key"])
@@ -246,6 +256,9 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                 sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(
                     float(w.get("cpu_s", 0.0)) for w in ws)
                 sr.producer_processes += len(ws)
+                read = [n for n in (_count(w.get("torch_threads")) for w in ws) if n is not None]
+                if read:
+                    sr.worker_torch_threads = max(read + [sr.worker_torch_threads or 0])
             # pin time lands in the loader's own bucket (its pin thread is tagged with the
             # loader's key in hooks.py), so nothing from the process's "trainer" bucket is
             # added here: it would count one loader's pinning on every loader of the process

@@ -40,7 +40,7 @@ from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        RepeatFigures,
                        Recommendation, Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
-                       Summary, ToolInfo, VariantResult, now_utc)
+                       Summary, ThreadBudget, ToolInfo, VariantResult, now_utc)
 from . import knobs as knobs_mod
 from . import merge, redact
 from .launcher import JobRun, exit_status, progress_limit, run_once
@@ -424,11 +424,24 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         timeline=merge.timeline(first) if first else merge.Timeline(),
         resources=res,
         phases=phases_mod.summarize(reps, producers, None),
+        threads=_thread_budget(first, producers),
         profile=ProfileVariant(loaders=merge.loaders(per_run, headline), exit_code=0,
                                ended_early=ended_early, capped=capped))
     if reps and reps[0].ranks:
         vr.ranks = rank_summary(reps, vr.epoch_s.median, per_run, headline)
     return vr
+
+
+def _thread_budget(s: merge.StreamRun | None, producers: int) -> ThreadBudget | None:
+    """The budget the headline loader's process and its workers ran with, as read inside
+    the job (``hooks._torch_threads``), so that the report shows it beside the throughput it
+    explains. None where the hooks read nothing (torch never imported in the job)."""
+    if s is None or (s.torch_threads is None and s.worker_torch_threads is None):
+        return None
+    from .. import threads
+    return ThreadBudget(producer_threads=s.worker_torch_threads if producers else None,
+                        trainer_threads=None, local_producers=producers,
+                        cores=threads.machine_cores(), trainer_torch_threads=s.torch_threads)
 
 
 def rank_summary(reps, epoch_s: float, per_run, headline):

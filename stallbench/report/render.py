@@ -834,10 +834,20 @@ def threads_text(v: VariantResult) -> str:
     t = v.threads
     if t is None:
         return "—"
-    trainer = "library default" if t.trainer_threads is None else str(t.trainer_threads)
+    torch_n = "" if t.trainer_torch_threads is None else f"torch {t.trainer_torch_threads}"
+    if v.executor.kind == "profile":
+        # read inside the user's job: torch's threads in its process and in its loader
+        # workers (the job's pyarrow pool is not read, so it is not shown)
+        work = ("no loader workers" if not t.local_producers
+                else f"{t.local_producers} loader worker{'s' if t.local_producers != 1 else ''}"
+                     + ("" if t.producer_threads is None else f" × torch {t.producer_threads}"))
+        return " · ".join(x for x in (f"job {torch_n}" if torch_n else "", work,
+                                      f"{t.cores} cores") if x)
+    arrow = "library default" if t.trainer_threads is None else str(t.trainer_threads)
     prod = ("—" if t.producer_threads is None
             else f"{t.producer_threads} × {t.local_producers} producer"
                  f"{'s' if t.local_producers != 1 else ''}")
+    trainer = f"arrow {arrow}" + (f", {torch_n}" if torch_n else "")
     return f"trainer {trainer} · producers {prod} · {t.cores} cores"
 
 

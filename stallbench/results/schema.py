@@ -101,6 +101,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``analysis.whatif.backtest.repeat_log_half_width`` (the floor of every interval: how far
   one point's repeats spread); ``variants[].profile.analysis.budget_basis`` (how the
   recording budget followed the machine's available memory).
+  Additive in version 3 (issue 42, the thread budget shown): ``variants[].threads.
+  trainer_torch_threads`` (torch's threads read in the trainer); ``profile`` results now
+  carry ``variants[].threads`` too, read inside the job (``producer_threads``: torch's threads
+  read in its loader workers; ``trainer_threads`` None: the job's pyarrow pool is not read).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -441,6 +445,10 @@ class ThreadBudget:
     trainer_threads: int | None     # pyarrow's CPU pool in the trainer; None: library default
     local_producers: int            # producer processes sharing this machine's cores
     cores: int                      # this machine's cores (the default budget splits them)
+    # torch's intra-op threads in the trainer process, read there with torch.get_num_threads()
+    # (a profiled job's own, set by OMP_NUM_THREADS or the job; a scenario's model.torch_threads
+    # or torch's default). None: not read (torch not imported; results written before)
+    trainer_torch_threads: int | None = None
 
 
 @dataclass

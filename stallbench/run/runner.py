@@ -150,6 +150,7 @@ def run_variant(variant: Variant, plan: Plan, repeats: int, analyze: bool, scena
         prepare_watched(executor, plan, caches)   # e.g. caches into Ray's object store, untimed
         started = startup_figures(startup, executor.startup_figures())
         compute = plan.build_compute(scenario_file)
+        budget.trainer_torch_threads = threads.torch_threads()   # as the model set it
         for r in range(repeats):
             for ablation in [FULL, *extra_runs]:
                 p = plan.with_ablation(ablation, caches)

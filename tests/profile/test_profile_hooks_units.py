@@ -50,3 +50,20 @@ def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("cannot write its figures") == 1, err
     assert st.key in part["streams"][0]["key"]
+
+
+def test_torch_threads_are_read_never_imported_and_never_raise() -> None:
+    """Issue 42: the part header carries torch's threads as the job runs; a process without
+    torch, or with a torch that fails the call (half-imported, torn down at exit), gets None."""
+    import torch
+
+    h = _hooks()
+
+    class Broken:
+        def get_num_threads(self) -> int:
+            raise RuntimeError("torn down")
+
+    assert h._torch_threads(None) is None
+    assert h._torch_threads(Broken()) is None
+    assert h._torch_threads(torch) == torch.get_num_threads()
+    assert h._header()["torch_threads"] == torch.get_num_threads()

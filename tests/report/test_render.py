@@ -734,9 +734,33 @@ def test_thread_budget_and_busy_share_beside_the_throughput(tmp_path: Path, make
     html = _html(render([write_result(r)], tmp_path / "out.html"))
     threads = re.findall(r'<span data-figure="threads">([^<]*)<', html)
     busy = re.findall(r'<span data-figure="machine-busy">([^<]*)<', html)
-    assert threads[0] == "trainer 4 · producers 1 × 2 producers · 8 cores", threads
+    assert threads[0] == "trainer arrow 4 · producers 1 × 2 producers · 8 cores", threads
     want = f"{statistics.median([1.0, 2.0, 3.0][i % 3] for i in range(len(v.repeats))):.2f} of 8 cores"
     assert busy[0].startswith(want), busy
+
+
+@pytest.mark.parametrize("kind, budget, want", [
+    ("local", dict(producer_threads=None, trainer_threads=None, local_producers=0,
+                   trainer_torch_threads=2),
+     "trainer arrow library default, torch 2 · producers — · 8 cores"),
+    ("profile", dict(producer_threads=1, trainer_threads=None, local_producers=2,
+                     trainer_torch_threads=3),
+     "job torch 3 · 2 loader workers × torch 1 · 8 cores"),
+    ("profile", dict(producer_threads=None, trainer_threads=None, local_producers=0,
+                     trainer_torch_threads=16),
+     "job torch 16 · no loader workers · 8 cores"),
+])
+def test_thread_budget_says_what_was_read(tmp_path: Path, make_result: Any, write_result: Any,
+                                          kind: str, budget: dict, want: str) -> None:
+    """Issue 42: a profiled job's budget is what the hooks read in it (torch's threads in its
+    process and its loader workers), never a scenario's pyarrow budget it did not have."""
+    from stallbench.results import ThreadBudget
+
+    r = make_result(timeline=False, resources=False, whatif=False)
+    r.variants[0].threads = ThreadBudget(cores=8, **budget)
+    r.variants[0].executor.kind = kind
+    html = _html(render([write_result(r)], tmp_path / "out.html"))
+    assert re.findall(r'<span data-figure="threads">([^<]*)<', html)[0] == want
 
 
 def test_a_profiled_jobs_parts_are_named_after_its_own_stages(
