@@ -126,7 +126,15 @@ ATTEMPTS = 3
 NEED_CORES = 1.25    # the trainer's thread (0 workers) plus pyarrow's decode threads and the sampler
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# Cases whose every injected cost is a wait (emulated storage, link or step: measured at
+# 0.15-0.25 of a core over their run) are marked ``waits``: tests/run_suite.sh runs them beside
+# the CPU-bound timing tests, each of which leaves them the ~0.5 core they need. The cases
+# with a CPU burn run alone.
+WAIT_ONLY = {"compute_bound", "fetch_bound", "transfer_bound"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.waits) if c in WAIT_ONLY
+                                  else c for c in CASES])
 def test_attribution_matches_injected_costs(case: str, cache_dir) -> None:
     # A CPU burn spins on its thread's CPU clock, so CPU taken by anything else (other
     # processes, the hypervisor's steal on this VM) stretches its wall time. Bursts of that
@@ -191,7 +199,8 @@ def _phase_figures(workers: int, delay: float, cache_dir, monkeypatch) -> dict:
 # With 1 worker (compute-bound) it is the same rule on a second path, ~18 s: `slow` (make
 # test-all); the default run keeps 0 workers here and the compute-bound start-up case below.
 @pytest.mark.parametrize("workers, bound", [
-    (0, "fetch"), pytest.param(1, "compute", marks=pytest.mark.slow)])
+    pytest.param(0, "fetch", marks=pytest.mark.waits),          # 0.08 of a core
+    pytest.param(1, "compute", marks=pytest.mark.slow)])
 def test_injected_startup_is_recovered_and_steady_state_does_not_move(
         workers: int, bound: str, cache_dir, monkeypatch) -> None:
     """Inject a known start-up cost (0.4 s before the first work item of every loader run):
@@ -225,6 +234,7 @@ def test_injected_startup_is_recovered_and_steady_state_does_not_move(
     loadcheck.attempts(f"startup[{workers}]", check, 2, NEED_CORES + workers)
 
 
+@pytest.mark.waits                   # waits: 0.10 of a core over its run
 def test_compute_bound_pipeline_is_compute_bound_despite_its_startup(cache_dir, monkeypatch) -> None:
     """The issue's case: an emulated 40 ms step, 1 worker that keeps up easily, 1024-row
     batches, 47 batches, and 0.25 s to the first batch (injected: the run it was seen in had
