@@ -80,6 +80,23 @@ print(len(names) - len(skip), "modules;", "leaked:", leaked)
     assert n > 100 and cp.stdout.rstrip().endswith("leaked: []"), cp.stdout
 
 
+def test_no_module_imports_what_nothing_needs() -> None:
+    """pandas and scipy are no dependency at all: no module of stallbench imports them, not
+    even lazily inside a function (a lazy ``from scipy.special import stdtrit`` in the what-if
+    back-test crashed `profile --set dataloader.num_workers=0,2` in a core install, which
+    importing every module could not see)."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "stallbench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] in ("pandas", "scipy")]
+    assert not found, found
+
+
 def test_report_says_which_extra_it_needs(tmp_path: Path) -> None:
     (tmp_path / "results").mkdir()
     cp = slim(["-m", "stallbench", "report", "results", "-o", "r.html"], tmp_path)
@@ -118,13 +135,14 @@ def test_extras_hold_what_the_core_leaves_out() -> None:
 
 def test_profile_and_gate_without_the_extras(tmp_path: Path) -> None:
     """The issue's "done when": `profile -- python examples/train_parquet.py` and `gate` on
-    its result, in an environment without Ray, pandas, scipy, matplotlib or jinja2. It reads
-    no verdict off timings (the gate compares a result with itself), so it runs in the
-    parallel pass."""
+    its result, in an environment without Ray, pandas, scipy, matplotlib or jinja2, with the
+    example's own `--set dataloader.num_workers=0,2` (two variants: the what-if and its
+    back-test run too). It reads no verdict off timings (the gate compares a result with
+    itself), so it runs in the parallel pass."""
     out = tmp_path / "results"
     data = str(tmp_path / "data")
-    cp = slim(["-m", "stallbench", "profile", "--no-analyze", "--repeats", "3", "--out", str(out),
-               "--", sys.executable,
+    cp = slim(["-m", "stallbench", "profile", "--no-analyze", "--repeats", "2", "--out", str(out),
+               "--set", "dataloader.num_workers=0,2", "--", sys.executable,
                str(ROOT / "examples" / "train_parquet.py")], tmp_path, TRAIN_PARQUET_DATA=data)
     assert cp.returncode == 0, cp.stderr
     assert any(x.startswith("result: ") for x in cp.stdout.splitlines()), cp.stdout

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from ..results import (BackTest, BackTestPoint, DatasetInfo, MachineInfo, VariantResult,
                        WhatIfModel)
 from . import whatif_models
-from .stats import finite_median
+from .stats import finite_median, t_quantile
 
 LEVEL = 0.9
 # the one threshold: a what-if prediction is not given as a figure where the back-test rows
@@ -77,11 +77,8 @@ def half_width(abs_log_errors: Sequence[float], level: float = LEVEL) -> tuple[f
         return None
     k = math.ceil((n + 1) * level - 1e-12)
     rank = errs[min(k, n) - 1]
-    # lazy: scipy.special costs start-up time (see stats.t_interval)
-    from scipy.special import stdtrit
-
     rms = math.sqrt(sum(e * e for e in errs) / n)
-    return max(rank, float(stdtrit(n, 0.5 + level / 2)) * rms), level
+    return max(rank, t_quantile(n, 0.5 + level / 2) * rms), level
 
 
 def coverage(log_errors: Sequence[float], level: float = LEVEL) -> list[bool | None]:
