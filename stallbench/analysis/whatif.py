@@ -582,6 +582,25 @@ def vouched_point(p: Prediction, bt: Any, m: Model, fit_counts: Sequence[int],
     return _point(p, v.log_half_width, v.not_predicted)
 
 
+def points_at(preds: Sequence[Prediction], bt: Any, m: Model,
+              fit_counts: Sequence[int]) -> list[WhatIfPoint]:
+    """Predicted points, each vouched for by the back-test ``bt`` (``vouched_point``), or,
+    without a back-test (one variant fitted, a model the user chose), plain predictions with
+    no interval: there is nothing to withhold them by."""
+    if bt is None:
+        return [_point(p) for p in preds]
+    return [vouched_point(p, bt, m, fit_counts) for p in preds]
+
+
+def cheapest(points: Sequence[WhatIfPoint], costs: Sequence[float]) -> int | None:
+    """Index of the cheapest configuration PREDICTED without a data stall (stall share under
+    ``COMPUTE_BOUND_SHARE``, the one rule for "compute-bound") whose figure is given; None
+    when no configuration qualifies. ``costs``: each point's price per run."""
+    ok = [i for i, (p, c) in enumerate(zip(points, costs))
+          if not p.not_predicted and p.stall_share < COMPUTE_BOUND_SHARE and math.isfinite(c)]
+    return min(ok, key=lambda i: costs[i], default=None)
+
+
 def knee_withheld(kn: Knee, points: Sequence[WhatIfPoint], measured_counts: Iterable[int]) -> Knee:
     """The knee with ``not_predicted`` set where its count was not measured and its point's
     prediction is not given: no advice is made from a figure the back-test does not vouch for."""

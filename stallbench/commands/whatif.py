@@ -4,6 +4,7 @@ storage bandwidth, from the rates one measured configuration gave (every figure 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from typing import Any
 
@@ -121,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
 def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     from ..report import tables
     from ..analysis import backtest, figures, whatif, whatif_models
-    from ..analysis.stats import COMPUTE_BOUND_SHARE
 
     stored = r.analysis.whatif
     group = [] if args.variant else whatif.scaling_group(r)
@@ -175,36 +175,35 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
     # the back-test is recomputed from the measured variants (results written before it
     # existed get one too); it always fits the richest model the other points allow
     bt = backtest.backtest(group, r.machine, r.dataset) if group and args.model == "auto" else None
-    width = bt.interval_log_half_width if bt else None
     named = {x.name: x for x in group}
     fit_counts = [whatif.workers_of(named[f]) for f in m.fit_variants if f in named]
-    rows, cheapest = [], None
-    for n, c, p in zip(nodes, counts, preds):
-        # issue 39: each figure carries the interval of the back-test rows that vouch for it,
-        # or is not predicted where they missed by more than the threshold
-        said = backtest.vouch(bt, m.kind, c, fit_counts) if width is not None else None
-        if said is not None and said.not_predicted:
-            rows.append([n, "not predicted", "-", "-", "-", p.model]
-                        + (["-"] if priced else []) + [f"not predicted ({said.not_predicted})"])
+    # issue 39: each figure carries the interval of the back-test rows that vouch for it, or
+    # is not predicted where they missed by more than the threshold (analysis decides)
+    points = whatif.points_at(preds, bt, m, fit_counts)
+    costs = []
+    for n, p in zip(nodes, preds):
+        hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
+        cpu_nodes = n if unit == "node" else 0
+        costs.append(hours * ((a["cpu_node_cost"] or 0) * cpu_nodes + (a["gpu_node_cost"] or 0)))
+    rows = []
+    for n, pt, cost in zip(nodes, points, costs):
+        if pt.not_predicted:
+            rows.append([n, "not predicted", "-", "-", "-", pt.model]
+                        + (["-"] if priced else []) + [f"not predicted ({pt.not_predicted})"])
             continue
-        row = [n, tables.format_number(p.throughput_samples_s)]
-        if said is not None:
-            x, w = p.throughput_samples_s, said.log_half_width or 0.0
-            lo, hi = tables.format_number(x * math.exp(-w)), tables.format_number(x * math.exp(w))
-            row.append(f"{lo}..{hi}")
-        row += [tables.format_percent(p.stall_share), p.bound_by, p.model]
+        row = [n, tables.format_number(pt.predicted_samples_s)]
+        if bt is not None:
+            row.append(f"{tables.format_number(pt.low_samples_s)}.."
+                       f"{tables.format_number(pt.high_samples_s)}"
+                       if pt.low_samples_s is not None else "-")
+        row += [tables.format_percent(pt.stall_share), pt.bound_by, pt.model]
         if priced:
-            hours = samples / p.throughput_samples_s / 3600 if p.throughput_samples_s else math.inf
-            cpu_nodes = n if unit == "node" else 0
-            cost = hours * ((a["cpu_node_cost"] or 0) * cpu_nodes + (a["gpu_node_cost"] or 0))
             row.append(f"{cost:.6f}")
-            if p.stall_share < COMPUTE_BOUND_SHARE and (cheapest is None or cost < cheapest[1]):
-                cheapest = (n, cost)
-        rows.append(row + [p.why])
+        rows.append(row + [pt.why])
     per_rank = unit == "worker" and (a["ranks"] or m.ranks) > 1 and m.producers_per_rank
     axis = "workers per rank" if per_rank else f"{unit}s"
-    level = f"{bt.interval_level:.0%} interval" if bt and bt.interval_level else ""
-    head = ([axis, "PREDICTED samples/s"] + ([level] if width is not None else [])
+    level = f"{bt.interval_level:.0%} interval" if bt and bt.interval_level else "interval"
+    head = ([axis, "PREDICTED samples/s"] + ([level] if bt is not None else [])
             + ["stall %", "bound by", "model"] + (["cost/run"] if priced else []))
     fitted = (f"{m.kind} model fitted on {', '.join(m.fit_variants) or v.name}"
               if group else f"{m.kind} model fitted on this variant's measured rates")
@@ -222,22 +221,22 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
         print(f"contention: {m.contention_fit}")
     for x in group or [v]:     # MEASURED, the figures the verdict and the report print
         print(f"measured {figures.measured_line(x)}")
-    right = set(range(1, 3 if width is None else 4)) | ({len(head) - 1} if priced else set())
+    right = set(range(1, 3 if bt is None else 4)) | ({len(head) - 1} if priced else set())
     print(tables.table(head + ["why"], collapse_rows(rows), right=right))
     candidates = [(n, c) for n, c in zip(nodes, counts) if c > 0]
-    k = whatif.knee(m, [c for _, c in candidates], cores_for=cores, unit=unit,
-                    shown=dict((c, n) for n, c in candidates), **kw)
+    shown = dict((c, n) for n, c in candidates)
+    k = whatif.knee(m, [c for _, c in candidates], cores_for=cores, unit=unit, shown=shown, **kw)
+    # withheld where its count was not measured and its point is not predicted (the rule
+    # ``validate`` stores for the profile's and the report's knee), on the axis shown
+    k = whatif.knee_withheld(k, [dataclasses.replace(pt, n=n) for n, pt in zip(nodes, points)],
+                             [shown[c] for c in map(whatif.workers_of, group or [v]) if c in shown])
     at = k.n if k.n is not None else k.saturates_at
-    knee_count = next((c for n, c in candidates if n == at), None)
-    knee_said = (backtest.vouch(bt, m.kind, knee_count, fit_counts)
-                 if width is not None and knee_count is not None else None)
-    if knee_said is not None and knee_said.not_predicted:
-        print(f"knee: {at} {unit}(s), not predicted ({knee_said.not_predicted})")
-    else:
-        print(f"knee: {k.explanation}")
-    if cheapest:
-        print(f"cheapest configuration without stall: {cheapest[0]} {unit}(s), "
-              f"{cheapest[1]:.6f} per run")
+    print(f"knee: {at} {unit}(s), not predicted ({k.not_predicted})" if k.not_predicted
+          else f"knee: {k.explanation}")
+    pick = whatif.cheapest(points, costs) if priced else None
+    if pick is not None:
+        print(f"cheapest configuration without stall: {nodes[pick]} {unit}(s), "
+              f"{costs[pick]:.6f} per run")
     check = stored.measured if stored and not group else []
     if check:
         errs = [f"{x.n}: {figures.signed_percent(x.error, 0)}" for x in check

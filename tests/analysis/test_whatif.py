@@ -298,3 +298,21 @@ def test_busy_cores_count_every_ranks_producers_and_a_real_nodes_own() -> None:
     assert busy_of(replace(m, producer_cores="own", cpus_per_node=2), 8) == 2
     # fitted at 1 worker, 1 rank: 4 busy producers cost 1 + 0.1 x 3 of one
     assert contention_factor(m, 0.1, 2, ranks=2) == pytest.approx(1.3)
+
+
+def test_cheapest_is_the_lowest_cost_given_figure_without_a_stall() -> None:
+    """One rule for "cheapest configuration without stall" (issue 39: the whatif command
+    decided it while printing): a point not predicted or still stalled is never it."""
+    from stallbench.analysis.stats import COMPUTE_BOUND_SHARE
+    from stallbench.analysis.whatif import cheapest
+    from stallbench.results import WhatIfPoint
+
+    def pt(stall: float, why_not: str = "") -> WhatIfPoint:
+        return WhatIfPoint(n=0, predicted_samples_s=1.0, stall_share=stall, bound_by="x", why="",
+                           not_predicted=why_not)
+
+    free, stalled = COMPUTE_BOUND_SHARE / 2, COMPUTE_BOUND_SHARE * 2
+    assert cheapest([pt(stalled), pt(free), pt(free)], [1.0, 3.0, 2.0]) == 2
+    assert cheapest([pt(free, "back-test missed"), pt(free)], [1.0, 5.0]) == 1
+    assert cheapest([pt(free), pt(free)], [math.inf, 4.0]) == 1
+    assert cheapest([pt(stalled), pt(free, "no")], [1.0, 1.0]) is None

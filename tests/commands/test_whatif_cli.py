@@ -70,3 +70,4 @@ def test_every_prediction_names_its_model_and_the_back_test_is_printed() -> None
     bad = whatif(str(EXAMPLES / "schema-v2.json"), "--variant", "num_workers=1,ranks=1", "--model",
                  "contention")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--model" in bad.stderr
+

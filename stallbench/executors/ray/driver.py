@@ -46,7 +46,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ... import threads
+from ... import interrupts, threads
 from ...errors import ScenarioError, UserCodeError, UserError, describe_exception
 from ...measure.watchdog import excused, tick
 from ...pipeline import Plan, ShardOutput, StageCaches, StageTimes
@@ -684,6 +684,11 @@ class RayExecutor(Executor):
         if not state or any(v["alive"] for v in state.values()):
             return
         lost = [f"{k[:8]} ({v['reason'] or 'dead'})" for k, v in state.items()]
+        # The driver's core worker still holds connections to the lost nodes: ending the
+        # process through C's exit handlers then crashed it once after this line (rc -11
+        # instead of 2, a fresh-clone CI run of 2026-11-28; Ray's destructors, not ours), so
+        # the command ends through ``interrupts.end_process`` once its clean-up has run.
+        interrupts.runtime_left()
         raise UserError(f"{self.scenario_file}: executor.ray_address: the Ray cluster at "
                         f"{self.runtime.address} has no live producer node left (lost: "
                         f"{', '.join(lost)}); the run cannot finish and no result is written")
