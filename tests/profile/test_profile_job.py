@@ -98,8 +98,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], line: str
 
 def test_refused_combination_is_skipped_with_one_line(tmp_path: Path) -> None:
     """Also (issue 42): the thread budget the job ran with is read inside it: torch's threads
-    in the job's process (OMP_NUM_THREADS=1 here, not torch's default on a machine of 2+
-    cores) and in its loader worker (torch sets 1 there)."""
+    in the job's process, as the job itself reads them at its end (OMP_NUM_THREADS=1 asked
+    here), and in its loader worker (torch sets 1 there)."""
     out = tmp_path / "out"
     cp = helpers.profile(["--out", str(out), "--set", "dataloader.num_workers=0,1",
                           "--set", "dataloader.prefetch_factor=2", "--", PY,
@@ -113,7 +113,9 @@ def test_refused_combination_is_skipped_with_one_line(tmp_path: Path) -> None:
     assert r.variants[0].profile.loaders[0].settings["num_workers"] == 1
     assert r.variants[0].profile.loaders[0].settings["prefetch_factor"] == 2
     t = r.variants[0].threads
-    assert (t.trainer_torch_threads, t.local_producers, t.producer_threads) == (1, 1, 1), t
+    own = helpers.truth(cp.stdout)["torch_threads"]
+    assert (t.trainer_torch_threads, t.local_producers, t.producer_threads) == (own, 1, 1), \
+        (t, own)
 
 
 def test_secrets_are_redacted_and_fingerprint_ignores_them(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ from stallbench.pipeline import FULL, Plan, dataset_for
 from stallbench.trainers import job
 from stallbench.trainers.rank import row_hashes
 
+import loadcheck
+
 # 7 row groups (6 x 450 rows + 1 x 400): 3 + 3 + ... + 2 batches of 200, uneven over 2 or 3 ranks
 BASE = """
 name = "ranks"
@@ -155,17 +157,30 @@ def test_ranks_and_their_workers_carry_the_distributed_environment(cache: Path,
     assert all(r.producer_pids and r.pid not in r.producer_pids for r in runs)
 
 
+@pytest.mark.groundtruth
 def test_a_slow_rank_slows_every_rank(cache: Path) -> None:
     """The step is synchronous: rank 1 gets 40 ms per row group (EMULATED) and rank 0, with
-    nothing injected, spends that time waiting in the all-reduce and ends with it."""
+    nothing injected, spends that time waiting in the all-reduce and ends with it. Read off
+    timings, so it runs in the timing pass and is measured again under load: beside three
+    xdist workers and a busy core its epochs differed by 61 ms against a 37 ms tolerance
+    (fresh-clone CI, 2026-11-28, 1.87 cores taken by others)."""
     text = BASE.format(ranks=2, workers=0) + "straggler_rank = 1\nstraggler_delay_ms = 40\n"
-    (runs,) = _run(_plan(cache, text)).rank_runs["full"]
-    r0, r1 = runs
-    injected = r1.straggler_delay_s
-    assert injected >= 3 * 0.040 and r0.straggler_delay_s == 0.0
-    # rank 0 waited for rank 1 in the all-reduce (both also pay the collective itself)
-    assert r0.sync_s - r1.sync_s > 0.6 * injected
-    assert abs(r0.figures.epoch_s - r1.figures.epoch_s) < 0.3 * injected
+
+    def check() -> list[str]:
+        (runs,) = _run(_plan(cache, text)).rank_runs["full"]
+        r0, r1 = runs
+        injected = r1.straggler_delay_s
+        problems = []
+        if not (injected >= 3 * 0.040 and r0.straggler_delay_s == 0.0):
+            problems.append(f"injected {injected:.3f} s on rank 1, {r0.straggler_delay_s} on 0")
+        # rank 0 waited for rank 1 in the all-reduce (both also pay the collective itself)
+        if not r0.sync_s - r1.sync_s > 0.6 * injected:
+            problems.append(f"rank 0 synced {r0.sync_s:.3f} s, rank 1 {r1.sync_s:.3f} s")
+        if not abs(r0.figures.epoch_s - r1.figures.epoch_s) < 0.3 * injected:
+            problems.append(f"epochs {r0.figures.epoch_s:.3f} / {r1.figures.epoch_s:.3f} s")
+        return problems
+
+    loadcheck.attempts("slow rank", check, 2, 2.0)     # two rank processes
 
 
 def test_real_gradients_are_all_reduced(cache: Path) -> None:

@@ -90,7 +90,8 @@ def main():
             if n == exit_after:
                 print("exiting early", flush=True)
                 sys.exit(exit_code)
-    print("truth: " + json.dumps({"batches": n, "step_s": step_s, "next_s": next_s}), flush=True)
+    print("truth: " + json.dumps({"batches": n, "step_s": step_s, "next_s": next_s,
+                                  "torch_threads": torch.get_num_threads()}), flush=True)
 
 
 if __name__ == "__main__":
