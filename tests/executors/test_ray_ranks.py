@@ -173,3 +173,41 @@ def test_cli_ctrl_c_stops_every_rank_actor_and_ray(tmp_path: Path) -> None:
         time.sleep(0.3)
     left = tagged()
     assert not left, f"processes left behind: {kill_left(left)}"
+
+
+def test_a_collective_failed_by_a_dead_peer_names_the_dead_peer(ray_session: Any) -> None:
+    """Rank 0's collective fails because rank 1's actor died (gloo raises at once; Ray may
+    report the death later, and on a busy core it did, so the run ended with rank 0's gloo
+    traceback and exit 1): ``_dead_peer`` finds rank 1's death; with no dead peer (the other
+    rank finished, or failed otherwise) it answers None: rank 0's own error is the cause."""
+    import os
+    import time
+
+    import ray
+
+    from stallbench.executors.ray.ranks import RayRankLauncher
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def fail(self, after: float) -> None:
+            time.sleep(after)
+            raise RuntimeError("gloo: a remote worker hanging or bugs in the application")
+
+        def die(self, after: float) -> None:
+            time.sleep(after)
+            os._exit(7)
+
+        def ok(self) -> int:
+            return 1
+
+    a, b, c = Rank.remote(), Rank.remote(), Rank.remote()
+    refs = [a.fail.remote(0.0), b.die.remote(0.5)]
+    with pytest.raises(RuntimeError):
+        ray.get(refs[0])
+    got = RayRankLauncher._dead_peer(None, refs, 0)
+    assert got is not None and got[0] == 1
+    assert isinstance(got[1], ray.exceptions.RayActorError)
+    assert RayRankLauncher._dead_peer(None, [c.fail.remote(0.0), c.ok.remote()], 0) is None
+    assert RayRankLauncher._dead_peer(None, [c.ok.remote(), c.fail.remote(0.0)], 0) is None
+    for x in (a, c):
+        ray.kill(x)

@@ -416,7 +416,10 @@ def test_a_flight_server_stopped_while_it_builds_the_ablation_caches_ends_the_ru
     _project(tmp_path, TINY.replace("differential = false", "differential = true")
              + '[preprocess]\ntransforms = ["usercode:prep_mark"]\n'
                '[executor]\nkind = "flight"\nflight_local_servers = 1\n'
-               '[run]\nprogress_timeout_s = 2\n')
+               # 5 s, not 2: beside three xdist workers and a busy core, the server's own
+               # start-up got no CPU for 2 s and the start-up watch fired first (CI,
+               # 2026-11-28); the stall this test makes is a SIGSTOP, as long as it waits
+               '[run]\nprogress_timeout_s = 5\n')
     w = Watched(["run", "s.toml", "--out", "out", "--no-progress"],
                 {**env, "TMPDIR": str(tmp), "SLOW_MARK": str(mark)}, tmp_path)
     assert w.wait_for(lambda kids: mark.exists() and mark.read_text().endswith("\n"),
@@ -424,10 +427,10 @@ def test_a_flight_server_stopped_while_it_builds_the_ablation_caches_ends_the_ru
     pid = int(mark.read_text().split()[0])
     os.kill(pid, signal.SIGSTOP)             # the first row group's caches: 0.3 s each
     code, out, err = w.finish(timeout=120)
-    # The progress watchdog ("no producer completed any work for 2 s") or the call's own
-    # deadline ("a call did not finish within 2 s"): whichever fires first, one line
+    # The progress watchdog ("no producer completed any work for 5 s") or the call's own
+    # deadline ("a call did not finish within 5 s"): whichever fires first, one line
     one_error_line(type("R", (), {"returncode": code, "stderr": err})(),
-                   "s.toml: run.progress_timeout_s:", " 2 s",
+                   "s.toml: run.progress_timeout_s:", " 5 s",
                    f"the flight executor was waiting on the Flight server grpc://127.0.0.1:",
                    f"(pid {pid}): the ablation caches of row group 0", "no result written")
     assert no_files(tmp_path / "out")

@@ -196,6 +196,9 @@ def slot_count(world: int) -> int:
     return 2 * (world + 1)
 
 
+PEER_GRACE_S = 5.0      # how long a rank's failed collective waits for a peer's death
+
+
 def actor_died(rank: int, exc: BaseException) -> str:
     """A rank actor's death in one line: its pid and how it ended as far as Ray knows. The
     actor is Ray's worker, a child of the raylet, so its exit status reaches stallbench only
@@ -352,11 +355,42 @@ class RayRankLauncher(RankLauncher):
                     if isinstance(exc, ray.exceptions.RayActorError):   # the actor died
                         interrupts.check()
                         raise ProcessDied(actor_died(r, exc)) from None
+                    dead = self._dead_peer(refs, r)
+                    if dead is not None:            # its collective failed for a dead peer
+                        interrupts.check()
+                        raise ProcessDied(actor_died(*dead)) from None
                     raise RankError(f"trainer rank {r} (Ray actor) failed: "
                                     f"{type(exc).__name__}: {exc}") from None
             if deadline is not None and time.monotonic() > deadline:
                 raise RuntimeError(f"trainer ranks did not answer within {timeout_s:g} s")
         return ray.get(refs)
+
+    def _dead_peer(self, refs: list[Any], failed: int) -> tuple[int, BaseException] | None:
+        """The rank whose death made rank ``failed``'s collective fail, if one died: its
+        gloo all-reduce raises ("... a remote worker hanging or bugs in the application")
+        as soon as the peer's socket closes, and on a busy machine that error can reach the
+        launcher before Ray reports the peer's actor dead (a fresh-clone CI run beside a busy
+        core, 2026-11-28: a traceback and exit 1 instead of the one line naming the dead
+        rank). The other ranks' results are awaited up to ``PEER_GRACE_S``; the first that
+        is an actor's death is the cause. None: no peer died within it (rank ``failed``'s
+        own error is the cause)."""
+        import ray
+
+        others = [x for i, x in enumerate(refs) if i != failed]
+        deadline = time.monotonic() + PEER_GRACE_S
+        while others:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            done, others = ray.wait(others, num_returns=1, timeout=left)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    return refs.index(ref), exc
+                except Exception:  # noqa: BLE001 - another consequence, not a death
+                    pass
+        return None
 
     def _check_progress(self, pending: list[int], since: float) -> None:
         """The job's progress watchdog (``trainers.base.stalled``): ranks waiting for their
