@@ -68,6 +68,20 @@ def dash_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     return out
 
 
+COMMAND_VERBS = ("tune",)      # verbs that take a scenario, or ``-- COMMAND [ARGS...]``
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``tune [options] -- python train.py ...``: the words before ``--`` for argparse, the
+    user's command after it untouched (``profile`` takes its command by REMAINDER instead,
+    having no positional of its own; ``tune`` keeps its scenario positional)."""
+    verb = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if verb is None or argv[verb] not in COMMAND_VERBS or "--" not in argv[verb:]:
+        return argv, None
+    k = argv.index("--", verb)
+    return argv[:k], argv[k + 1:]
+
+
 def _say_error(exc: UserError, debug: bool) -> None:
     if isinstance(exc, UserCodeError) and not exc.where:
         exc.located("the trainer" if exc.pid == os.getpid() else f"process {exc.pid}")
@@ -119,7 +133,10 @@ def _main(argv: list[str] | None) -> int:
         interrupts.adopt_orphans()
         before = interrupts.children()
         parser = build_parser()
-        args = parser.parse_args(dash_values(parser, sys.argv[1:] if argv is None else argv))
+        words, command = split_command(sys.argv[1:] if argv is None else argv)
+        args = parser.parse_args(dash_values(parser, words))
+        if command is not None:
+            args.cmd = command
         # (argparse exits 2 on bad usage, as we do)
         debug = args.debug
         nothing = ("no result written" if args.command in ("run", "tune", "profile")

@@ -33,7 +33,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1,V2",
                    help="try these values on the job (repeatable): dataloader.num_workers, "
                         "dataloader.pin_memory, dataloader.prefetch_factor, "
-                        "dataloader.persistent_workers, ray.prefetch_batches")
+                        "dataloader.persistent_workers, ray.prefetch_batches, "
+                        "torch.num_threads (the trainer's intra-op threads)")
     p.add_argument("--max-batches", default=None, metavar="N",
                    help="end each hooked epoch after N batches (the script sees a shorter epoch)")
     g = p.add_mutually_exclusive_group()
@@ -121,7 +122,7 @@ def _command(cmd: list[str]) -> list[str]:
     return cmd
 
 
-def _name(given: str | None, default: str) -> str:
+def result_name(given: str | None, default: str, verb: str = "profile") -> str:
     """The result's name, by the rule scenario names follow (``scenario.name_problem``: it
     names the result file and starts printed lines): refused at entry, exit 2, never escaped
     later by each reader."""
@@ -132,7 +133,7 @@ def _name(given: str | None, default: str) -> str:
     if problem:
         where = ("--name" if given is not None else
                  "the result name (the script's stem; give one with --name)")
-        raise UserError(f"profile: {where}: {problem}")
+        raise UserError(f"{verb}: {where}: {problem}")
     return name
 
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
     max_batches = numbers.integer(args.max_batches, "--max-batches", 1, MAX_BATCHES)
     axes = knobs.parse(args.sets)
-    name = _name(args.name, session.default_name(argv))
+    name = result_name(args.name, session.default_name(argv))
     out = Path(args.out)
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
     progress = numbers.number(args.progress_timeout, "--progress-timeout", MIN_PROGRESS_S,

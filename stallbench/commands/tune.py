@@ -11,16 +11,42 @@ from .. import interrupts, outputs
 from . import numbers
 
 MAX_BUDGET_MINUTES = 24 * 60
+MAX_REPEATS = 100
+MAX_BATCHES = 10**9
 MAX_COST = 1e9                 # the same bound as ``stallbench whatif``'s prices
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
-    p = sub.add_parser("tune", help="find the cheapest stall-free configuration and confirm it",
-                       description="Measure the base scenario, remove what bounds it one knob at a "
-                                   "time (guided by the attribution and the what-if), write the "
-                                   "best configuration as a scenario file and confirm it with a "
-                                   "measured run. Time-boxed by --budget-minutes.")
-    p.add_argument("scenario", metavar="SCENARIO.toml", help="the scenario to tune (its matrix is ignored)")
+    p = sub.add_parser("tune", help="find the loader settings that remove the stall, and confirm them",
+                       usage="stallbench tune [options] SCENARIO.toml\n"
+                             "       stallbench tune [options] -- COMMAND [ARGS...]",
+                       description="SCENARIO.toml: measure the base scenario, remove what bounds "
+                                   "it one knob at a time (guided by the attribution and the "
+                                   "what-if), write the best configuration as a scenario file and "
+                                   "confirm it with a measured run. -- COMMAND: the same on your "
+                                   "own training job, unchanged: the job as written, its "
+                                   "compute-only ceiling, then one trial of its loader settings "
+                                   "at a time, each chosen from what the last measured; the best "
+                                   "confirmed against the job as written. Time-boxed by "
+                                   "--budget-minutes.")
+    p.add_argument("scenario", metavar="SCENARIO.toml", nargs="?",
+                   help="the scenario to tune (its matrix is ignored); or -- COMMAND")
+    p.add_argument("--name", default=None, help="-- COMMAND: result name (default: the script's stem)")
+    p.add_argument("--repeats", default="1", metavar="N",
+                   help=f"-- COMMAND: confirmation rounds, the best and the job as written "
+                        f"interleaved, 1..{MAX_REPEATS} (default 1)")
+    p.add_argument("--trial-batches", default=None, metavar="N",
+                   help="-- COMMAND: end a trial after N batches (default: once its steady rate "
+                        "is known within +-5%%, or at the job's end)")
+    p.add_argument("--keys", default=None, metavar="K1,K2",
+                   help="-- COMMAND: the settings it may change (default all it knows: "
+                        "dataloader.num_workers, dataloader.persistent_workers, "
+                        "dataloader.prefetch_factor, dataloader.pin_memory, torch.num_threads, "
+                        "ray.prefetch_batches)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="-- COMMAND: write a Chrome trace-event JSON of every run's batches")
+    p.add_argument("--progress-timeout", default=None, metavar="S",
+                   help="-- COMMAND: end the job (exit 2) when no batch came for S seconds")
     p.add_argument("--budget-minutes", default="10", metavar="MINUTES",
                    help=f"time for the search and the confirmation, in (0, {MAX_BUDGET_MINUTES}] "
                         "(default 10)")
@@ -49,6 +75,23 @@ def _parse(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    cmd = getattr(args, "cmd", None)
+    if cmd is not None:
+        return run_job(args, cmd)
+    from ..errors import UserError
+    if args.scenario is None:
+        raise UserError("tune: expected SCENARIO.toml, or -- and your command: stallbench tune "
+                        "-- python train.py [ARGS...]")
+    only = [f for f, v in (("--name", args.name), ("--trial-batches", args.trial_batches),
+                           ("--keys", args.keys), ("--trace", args.trace),
+                           ("--progress-timeout", args.progress_timeout)) if v is not None]
+    if only or args.repeats != "1":
+        raise UserError(f"tune: {(only or ['--repeats'])[0]} applies to -- COMMAND, not to a "
+                        "scenario")
+    return run_scenario(args)
+
+
+def run_scenario(args: argparse.Namespace) -> int:
     from .. import results, scenario
     from .run import default_cache_dir
 
@@ -113,3 +156,115 @@ def run(args: argparse.Namespace) -> int:
     print(f"tune result: {path} ({r.wall_s:.0f} s of a {r.budget_s:.0f} s budget; stopped: "
           f"{r.stopped_because})")
     return 0
+
+
+def _keys(text: str | None) -> list[str]:
+    from ..errors import UserError
+    from ..profile import tune as job_tune
+    if text is None:
+        return []
+    known = job_tune.TORCH_KEYS + job_tune.RAY_KEYS
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in keys if k not in known]
+    if bad or not keys:
+        raise UserError(f"tune: --keys {bad[0] if bad else text!r}: expected a comma-separated "
+                        f"list of {', '.join(known)}")
+    return keys
+
+
+def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
+    """``stallbench tune -- COMMAND``: the search on the user's job (``profile.tune``)."""
+    from .. import results
+    from ..errors import UserError
+    from ..outputs import one_line
+    from ..profile import redact, session
+    from ..profile import tune as job_tune
+    from .profile import MAX_PROGRESS_S, MIN_PROGRESS_S, publish, result_name
+
+    if args.scenario is not None:
+        raise UserError(f"tune: give a scenario or -- COMMAND, not both (got {args.scenario!r} "
+                        "and a command)")
+    scenario_only = [f for f, v in (("--cpu-node-cost", args.cpu_node_cost),
+                                    ("--gpu-node-cost", args.gpu_node_cost),
+                                    ("--cache-dir", args.cache_dir)) if v is not None]
+    if scenario_only:
+        raise UserError(f"tune: {scenario_only[0]} applies to a scenario, not to -- COMMAND")
+    if not cmd:
+        raise UserError("tune: expected the command after --: stallbench tune [options] -- "
+                        "python train.py [ARGS...]")
+    minutes = numbers.number(args.budget_minutes, "--budget-minutes", 0, MAX_BUDGET_MINUTES,
+                             lo_open=True)
+    repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
+    trial_batches = numbers.integer(args.trial_batches, "--trial-batches", 2, MAX_BATCHES)
+    progress = numbers.number(args.progress_timeout, "--progress-timeout", MIN_PROGRESS_S,
+                              MAX_PROGRESS_S)
+    keys = _keys(args.keys)
+    name = result_name(args.name, session.default_name(cmd), "tune")
+    out = Path(args.out)
+    outputs.check_dir(out, "--out", [results.store.longest_name(name)])
+    trace = outputs.check_file(args.trace, outputs.TRACE, "--trace") if args.trace else None
+    opts = job_tune.Options(argv=cmd, name=name, out=out, budget_s=minutes * 60.0,
+                            repeats=repeats, trial_batches=trial_batches, keys=keys,
+                            progress_timeout=progress, trace=[] if trace is not None else None)
+    print(f"tune -- {redact.shown(cmd)}: budget {minutes:g} min; the job as written, its "
+          "compute-only ceiling, then one trial at a time", flush=True)
+    with outputs.made_here(out):
+        try:
+            result = job_tune.tune(opts, say=lambda s: print(f"stallbench: {s}",
+                                                             file=sys.stderr, flush=True))
+        except session.JobFailed as exc:
+            print(f"stallbench: {exc}", file=sys.stderr)
+            return exc.code
+        path = publish(result, out, trace, opts.trace)
+    print()
+    for line in answer_lines(result):
+        print(line)
+    print(f"result: {one_line(path)}")
+    return 0
+
+
+def answer_lines(result) -> list[str]:
+    """The search, then the answer a user applies (issue 41's last lines)."""
+    t = result.tune
+    out = ["trials (steady samples/s from the second epoch on, each epoch's start-up "
+           "included; measured):"]
+    ceiling = t.ceiling_samples_s
+    for i, tr in enumerate(t.trials, 1):
+        if tr.outcome != "measured":
+            out.append(f"  {i}. {tr.name}: the job exited with code {tr.exit_code} (a finding; "
+                       "the search went on)")
+            continue
+        share = f", {tr.steady_samples_s / ceiling:.0%} of the ceiling" if ceiling else ""
+        pred = (f"; PREDICTED {tr.predicted_samples_s:,.0f}" if tr.predicted_samples_s else "")
+        out.append(f"  {i}. {tr.name}: {tr.steady_samples_s:,.0f} samples/s{share} "
+                   f"(wait {tr.steady_wait_share:.0%}; {tr.rate_basis}{pred})"
+                   + (f" [ended by tune: {tr.ended_by_tune}]" if tr.ended_by_tune else ""))
+        if i > 1:
+            out.append(f"     why: {tr.why}")
+    out.append(f"ceiling: {t.ceiling_note}")
+    b = t.best
+    if b is None:
+        return out
+    out.append(f"stopped: {b.stop_reason}: {b.stop_text}")
+    if not b.settings:
+        out.append(f"answer: keep the job as written ({b.steady_samples_s:,.0f} steady "
+                   "samples/s" + (f", {b.ceiling_share:.0%} of the compute-only ceiling"
+                                  if b.ceiling_share is not None else "") + ")")
+    else:
+        iv = (f" [{b.speedup_low:.2f}, {b.speedup_high:.2f}] over the side-by-side pairs"
+              if b.speedup_low is not None else " (one pair: no interval)")
+        out.append(f"answer: {b.apply}")
+        out.append(f"  measured {b.speedup:.2f}x{iv} the job as written, steady state "
+                   f"({b.steady_samples_s:,.0f} samples/s; confirmed over {b.confirm_runs} "
+                   "interleaved run(s) of each)")
+        if b.ceiling_share is not None:
+            out.append(f"  {b.ceiling_share:.0%} of the compute-only ceiling")
+    out.append(f"  still binds: {b.still_binds}")
+    searched = len(t.trials) - 1
+    what = ["the job as written", "its ceiling"] if t.ceiling_samples_s is not None else \
+        ["the job as written", "a ceiling run"]
+    what.insert(1, f"{searched} trial(s)")
+    if b.confirm_runs:
+        what.append(f"{2 * b.confirm_runs} confirmation run(s)")
+    out.append(f"  runs: {t.runs} ({', '.join(what)})")
+    return out

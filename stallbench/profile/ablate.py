@@ -63,7 +63,7 @@ class Failed(Exception):
     """The job failed under an ablation: the ablation is void, the profile goes on."""
 
 
-def _counts(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
+def batch_counts(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Batches per epoch per stream name, as the full run's trainer (lowest rank) saw them."""
     out: dict[str, list[int]] = {}
     eps = merge.epochs_of(parts)
@@ -112,7 +112,7 @@ def _served_problem(runs: list[JobRun], stage: str) -> str:
     return ""
 
 
-def _compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, float, float] | None:
+def compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, float, float] | None:
     """(epoch, step per batch, compute) of a compute-only run, extrapolated to ``batches``
     from the batches it served from memory (the worst rank's)."""
     served_from: dict[int, dict] = {}
@@ -286,7 +286,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     memory shared by the headline loader's workers (``budget.machine_budget``, stated)."""
     streams0 = [s for r in full_runs for s in merge.streams(r.parts)]
     headline = merge.headline_name(streams0)
-    counts = _counts(full_runs[0].parts)
+    counts = batch_counts(full_runs[0].parts)
     hs = [s for s in streams0 if s.name == headline]
     settings = hs[0].settings if hs else {}
     if budget_mb is None:
@@ -331,7 +331,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         only_runs = runs_of("compute-only, loader replaced by its first batches from memory",
                             {"mode": "compute_only", "keep": keep, "budget_mb": budget_mb,
                              "counts": counts}, repeats)
-        vals = [_compute_only(r, headline, batches) for r in only_runs]
+        vals = [compute_only(r, headline, batches) for r in only_runs]
         if any(v is None for v in vals):
             why = (f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve "
                    f"after the {keep} kept")

@@ -1101,6 +1101,28 @@ def _version_check(lib: str, version: str) -> None:
              "which this version may have changed")
 
 
+def _set_threads(torch) -> None:
+    """``--set torch.num_threads=N`` (a tune trial, issue 41): the trainer's intra-op threads,
+    set when the job imports torch, before its first op. The job's own
+    ``torch.set_num_threads(k)`` later is kept at N (said once): otherwise the trial would
+    measure the job as written. A loader worker sets its own (torch sets 1 in each)."""
+    n = SETTINGS.get("overrides", {}).get("torch", {}).get("num_threads")
+    if not n or os.getpid() != _PID:
+        return
+    import functools
+    orig = torch.set_num_threads
+    orig(int(n))
+
+    @functools.wraps(orig)
+    def set_num_threads(k):
+        if int(k) != int(n):
+            _say(f"the job's torch.set_num_threads({int(k)}) kept at {int(n)} "
+                 "(--set torch.num_threads)")
+        return orig(int(n))
+
+    torch.set_num_threads = set_num_threads
+
+
 def patch_torch(dl_mod) -> None:
     import functools
     import inspect
@@ -1111,6 +1133,7 @@ def patch_torch(dl_mod) -> None:
     BaseIter = dl_mod._BaseDataLoaderIter
     MultiIter = dl_mod._MultiProcessingDataLoaderIter
     overrides = SETTINGS.get("overrides", {}).get("dataloader", {})
+    _set_threads(torch)
 
     orig_init = DataLoader.__init__
     sig = inspect.signature(orig_init)

@@ -19,6 +19,7 @@ KEYS: dict[str, tuple[type, int, int]] = {     # key -> (type, min, max) for num
     "dataloader.prefetch_factor": (int, 1, 1024),
     "dataloader.persistent_workers": (bool, 0, 1),
     "ray.prefetch_batches": (int, 0, 1024),
+    "torch.num_threads": (int, 1, 1024),      # the trainer's intra-op threads (issue 41)
 }
 
 

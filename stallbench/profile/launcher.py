@@ -119,6 +119,7 @@ class JobRun:
     beats: list[dict[str, Any]] = field(default_factory=list)   # hooks.beat, one per process
     run_dir: Path | None = None
     pid: int = 0                    # the job's leader
+    stopped: str = ""               # why stallbench ended the job early (tune's trials)
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
@@ -279,9 +280,17 @@ def _processes(pid: int) -> str:
     return ", ".join(names) + more
 
 
+STOP_POLL_S = 1.0       # how often ``run_once``'s ``stop`` rule is asked
+
+
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
-             max_batches: int | None, replay: dict[str, Any] | None = None) -> JobRun:
+             max_batches: int | None, replay: dict[str, Any] | None = None,
+             stop: Callable[[Path], str] | None = None) -> JobRun:
     """``replay``: the ablation this run is (``replay.py``; None: the job as it is).
+    ``stop``: asked every ``STOP_POLL_S`` with the run directory; a non-empty answer ends
+    the job (SIGTERM to its process group, then SIGKILL: ``_stop``) and is the run's
+    ``stopped`` (``stallbench tune``'s trials end a long job once its rate is known: what its
+    processes flushed, epoch ends and the open epoch, is what the run measured).
 
     The run directory reaches the hooks as an absolute path, fixed now: a job that changes
     its working directory (Hydra before 1.2 does) still writes its parts there."""
@@ -299,6 +308,7 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
             raise UserError(f"cannot start {word(argv[0])!r}: {exc.strerror or exc}") from None
         guard = _Guard(proc.pid)
         progress = _Progress(run_dir, timeout) if timeout else None
+        stopped, next_stop = "", time.monotonic() + STOP_POLL_S
         try:
             while True:
                 try:
@@ -306,6 +316,14 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
                     break
                 except subprocess.TimeoutExpired:
                     interrupts.check()
+                    if stop is not None and time.monotonic() >= next_stop:
+                        next_stop = time.monotonic() + STOP_POLL_S
+                        stopped = stop(run_dir)
+                        if stopped:
+                            with interrupts.deferred():
+                                _stop(proc, signal.SIGTERM)
+                            rc = proc.wait()
+                            break
                     if progress is not None and progress.stalled():
                         procs = _processes(proc.pid)
                         with interrupts.deferred():
@@ -328,4 +346,5 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
         guard.release()
     return JobRun(exit_code=rc, wall_s=wall, parts=read_parts(run_dir),
                   peak_pss_mb=sampler.peak_pss_mb, resources=sampler.resources(),
-                  load=meter.load, beats=read_beats(run_dir), run_dir=run_dir, pid=proc.pid)
+                  load=meter.load, beats=read_beats(run_dir), run_dir=run_dir, pid=proc.pid,
+                  stopped=stopped)

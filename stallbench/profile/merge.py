@@ -68,6 +68,9 @@ class StreamRun:
     role: str = ""          # "producer": a loader thread feeding the loop a queue (hooks)
     torch_threads: int | None = None          # torch's threads in the stream's process, read
     worker_torch_threads: int | None = None   # the most read in one of its loader workers
+    # per epoch in order: (iter() and end, Unix time; its batches, rows; whether it ended):
+    # the tune's rate from the second epoch on, each epoch's start-up included
+    spans: list[tuple[float, float, int, int, bool]] = field(default_factory=list)
 
     @property
     def batches(self) -> int:
@@ -234,6 +237,8 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
                     sr.t_start.append(offset + (t - t_iter))
                     sr.t_wall.append(t0_wall + t)
                 n = len(ep["wait"])
+                sr.spans.append((t0_wall + float(ep["t_iter"]), t0_wall + float(ep["t_end"]), n,
+                                 int(sum(ep["rows"])), bool(ep["ended"])))
                 steps = list(ep["step"])[:n] + [0.0] * max(0, n - len(ep["step"]))
                 sr.wait.extend(ep["wait"])
                 sr.step.extend(steps)

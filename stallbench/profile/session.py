@@ -515,8 +515,8 @@ def _reaches(key: str, v: VariantResult) -> bool:
     """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
     ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
     takes neither). Without a profile record (a unit's stand-in) it is taken as reached."""
-    if getattr(v, "profile", None) is None:
-        return True
+    if getattr(v, "profile", None) is None or key.startswith("torch."):
+        return True             # the trainer's threads: the process, not a loader
     want = "torch.DataLoader" if key.startswith("dataloader.") else "ray."
     return any(ld.kind.startswith(want) for ld in v.profile.loaders)
 
@@ -598,7 +598,9 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
                               action="keep", predicted_from="measured", text=text)
     changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
-    where = "Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else "DataLoader"
+    where = ("Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else
+             "trainer (torch.set_num_threads before its first op)"
+             if all(k.startswith("torch.") for k in best.knobs) else "DataLoader")
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
     # issue 39: a measured ratio is the knob's gain only where the wait can explain it
     from ..analysis import waits
@@ -750,6 +752,15 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     if nodes > 1 and node_rank != 0:
         raise NodePartsLeft(f"node rank {node_rank} of {nodes}: its parts are in {run_root} for "
                             "node rank 0 to merge; the result is written there")
+    return assemble(opts, results, all_runs, machine, created, nodes)
+
+
+def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun],
+             machine, created: str, nodes: int = 1) -> Result:
+    """The profile ``Result`` of measured variants (``profile``'s and ``tune``'s): the
+    command redacted, the per-variant headlines and the recommendation decided and stored,
+    the what-if fitted where the variants differ by a knob that reached a loader."""
+    from .hooks import WRITTEN_FOR
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or

@@ -288,6 +288,42 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
         return png(fig)
 
 
+def tune_search(trials: Sequence[Any], ceiling: float | None, best: str | None) -> str | None:
+    """``stallbench tune -- CMD``: each trial's measured steady rate in the order run, against
+    the compute-only ceiling (a dashed line, measured by replay); the answer outlined. A
+    trial the job failed under is a gap with its label."""
+    rates = [(i, t) for i, t in enumerate(trials, 1)]
+    vals = [t.steady_samples_s for _, t in rates if _finite(t.steady_samples_s)]
+    if not vals:
+        return None
+    with style():
+        fig = figure(0.9 + 0.34 * len(rates))
+        ax = fig.add_subplot()
+        top = max(vals + ([ceiling] if ceiling and _finite(ceiling) else []))
+        for k, (i, t) in enumerate(rates):
+            y = len(rates) - 1 - k
+            if not _finite(t.steady_samples_s):
+                ax.text(0, y, f"  failed (exit {t.exit_code})", va="center", fontsize=8.5,
+                        color=INK)
+                continue
+            chosen = t.name == best
+            ax.barh(y, t.steady_samples_s, height=0.62, color=RUN_COLORS[1 if k else 0],
+                    alpha=0.9, edgecolor=INK if chosen else "none", linewidth=1.6 if chosen else 0)
+            ax.text(t.steady_samples_s, y, f"  {_human_rate(t.steady_samples_s)}/s"
+                    + ("  (answer)" if chosen else ""), va="center", ha="left", fontsize=8.5,
+                    color=INK)
+        if ceiling and _finite(ceiling):
+            ax.axvline(ceiling, color=INK, lw=1.2, ls="--")
+            ax.text(ceiling, len(rates) - 0.45, " compute-only ceiling", fontsize=8, color=INK,
+                    ha="left", va="bottom")
+        ax.set_yticks(range(len(rates))[::-1], [f"{i}. {t.name}" for i, t in rates])
+        ax.set_xlim(0, top * 1.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(format_rate))
+        ax.set_xlabel("steady samples / s, from the 2nd epoch on (measured; trials in order)")
+        ax.grid(axis="y", visible=False)
+        return png(fig)
+
+
 # ---------------------------------------------------------------------------------- what-if
 
 def whatif(points: Sequence[WhatIfPoint], measured: Sequence[WhatIfCheck] = (),

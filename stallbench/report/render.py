@@ -275,6 +275,7 @@ class RunView:
     has_ranks: bool = False         # a variant ran data-parallel ranks (trainers.ranks > 1)
     device_rows: list[dict[str, Any]] = field(default_factory=list)   # H2D copies, per variant
     au_note: str = ""               # how AU's step time was measured, for this run's variants
+    tune_fig: Figure | None = None  # ``stallbench tune -- CMD``: the search (issue 41)
 
 
 def _pair(iv: Interval) -> tuple[float, float]:
@@ -618,7 +619,14 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
         predicted.append("The attributed stall per stage (" + (", ".join(methods) or "ablations")
                          + ") is derived from ablation runs, as differences of their epochs"
                          + (f"; intervals are {', '.join(intervals)}" if intervals else "") + ".")
+    tune_fig = None
+    if r.tune is not None:
+        tune_fig = _draw(plots.tune_search, r.tune.trials, r.tune.ceiling_samples_s,
+                         r.tune.best.name if r.tune.best else None,
+                         alt="tune: each trial's steady rate against the compute-only ceiling",
+                         missing="No trial of this tune measured a rate.")
     return RunView(result=r, path=path, label=label, color=color, variants=views, headline=head,
+                   tune_fig=tune_fig,
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
                    whatif=wi, whatif_rows=_whatif_rows(wi) if wi is not None else [],
                    stage_rates=_stage_rate_rows(r.variants),

@@ -105,6 +105,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   trainer_torch_threads`` (torch's threads read in the trainer); ``profile`` results now
   carry ``variants[].threads`` too, read inside the job (``producer_threads``: torch's threads
   read in its loader workers; ``trainer_threads`` None: the job's pyarrow pool is not read).
+  Additive in version 3 (issue 41, ``stallbench tune -- CMD``): ``Result.tune`` (``JobTune``:
+  the trials on the user's job, each a ``JobTrial``, its compute-only ceiling and the
+  confirmed answer ``JobTuneBest``); None in every other result.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -1184,6 +1187,78 @@ class DatasetInfo:
     dataset_key: str | None = None
 
 
+# ------------------------------------------------------- tune of the user's job (issue 41)
+
+@dataclass
+class JobTrial:
+    """One configuration ``stallbench tune -- CMD`` ran: the job as written (first), then each
+    searched configuration once. ``settings``: what the trial set on the job, as the user
+    writes it (bare loader keywords, ``{"num_workers": 2, "persistent_workers": true}``;
+    other knobs prefixed, ``torch.num_threads``); ``{}`` for the job as written.
+
+    ``steady_samples_s``: samples/s of the headline loader from the start of its second epoch
+    to the end of the trial, each epoch's start-up included (a worker forked per epoch pays
+    it every epoch); where the trial saw one epoch only, the rate of its steady window
+    (``rate_basis`` says which). Measured, never a whole-run time a shortened job distorts."""
+
+    name: str                    # the variant's name in ``variants`` ("default" as written)
+    settings: dict[str, Any]
+    why: str                     # the figure, measured in an earlier trial, that chose it
+    outcome: str                 # "measured", "failed" (the job exited non-zero under it)
+    steady_samples_s: float = math.nan
+    rate_basis: str = ""         # "epochs 2-5 (4 epochs, start-up included)" or "steady window"
+    steady_wait_share: float = math.nan    # the loop's wait over the same span
+    step_s: float = math.nan     # the loop's median step over the same span
+    batches: int = 0             # batches of the headline loader the trial ran
+    epochs: int = 0              # its epochs that ended
+    ended_by_tune: str = ""      # why tune ended the job early ("" it ran to its end)
+    exit_code: int = 0
+    wall_s: float = 0.0
+    predicted_samples_s: float | None = None   # PREDICTED before it ran (the what-if's knee)
+    foreign_cores: float | None = None    # cores other processes kept busy meanwhile
+
+
+@dataclass
+class JobTuneBest:
+    """The answer: the best trial, measured again interleaved with the job as written.
+    ``speedup`` = its steady rate over the job as written (medians of every run of both);
+    ``speedup_low``/``speedup_high``: its interval over the pairs run side by side (none from one pair);
+    ``ceiling_share`` = its steady rate / the compute-only steady rate (the most a loader
+    setting can buy, by replay)."""
+
+    name: str
+    settings: dict[str, Any]
+    steady_samples_s: float
+    speedup: float
+    ceiling_share: float | None
+    stop_reason: str             # "at_ceiling", "no_gain_predicted", "budget", "baseline_failed"
+    stop_text: str               # the reason in words, with its figures
+    speedup_low: float | None = None       # the interval over the side-by-side pairs
+    speedup_high: float | None = None
+    confirm_runs: int = 0        # runs of each side in the confirmation
+    still_binds: str = ""        # what still binds, from the last evidence
+    apply: str = ""              # the settings as the user writes them in code
+
+
+@dataclass
+class JobTune:
+    """``stallbench tune -- CMD``: the search on the user's job, its ceiling and its answer."""
+
+    budget_s: float
+    wall_s: float
+    loader_kind: str             # the headline loader's kind ("torch.DataLoader", ...)
+    loader_name: str
+    as_written: dict[str, Any]   # the headline loader's own settings as the job made it
+    cores: float                 # the machine's cores the search budgeted workers within
+    ceiling_samples_s: float | None   # compute-only steady rate (replay), None: not measured
+    ceiling_note: str            # how the ceiling was measured, or why not
+    trials: list[JobTrial]
+    best: JobTuneBest | None
+    runs: int                    # every run of the job the tune made (ceiling, confirmation)
+    trial_batches: int | None = None
+    keys: list[str] = field(default_factory=list)   # the settings it was allowed to change
+
+
 @dataclass
 class Result:
     schema_version: int
@@ -1197,6 +1272,7 @@ class Result:
     analysis: ScenarioAnalysis = field(default_factory=ScenarioAnalysis)
     status: str = "complete"
     profile: ProfileCommand | None = None    # stallbench profile: the command (issue 23)
+    tune: JobTune | None = None     # stallbench tune -- CMD: the search on the job (issue 41)
 
     def variant(self, name: str) -> VariantResult:
         for v in self.variants:

@@ -1,0 +1,329 @@
+"""Which loader setting ``stallbench tune -- CMD`` measures next, and when it stops (issue 41).
+
+One decider for the search on the user's job: the driver (``profile/tune.py``) measures, this
+module reads the measured trials and chooses. No grid and no fixed answer ("always 2
+persistent workers" is wrong on a job whose knee is 1 worker, or one already at its ceiling):
+each next trial is the change that the evidence of the best trial so far calls for, with the
+figure that called for it (``Choice.why``):
+
+- **workers**: a producer model refitted on every measured trial: one producer needs ``L``
+  seconds per batch (``L`` = the loop's own fetch wait per batch at 0 workers; ``n`` x the
+  batch period where ``n`` workers left the loop waiting ``SHORT`` of a batch or more). The
+  knee ``ceil(L / step)`` is the worker count that stops the wait, bounded by the machine's
+  cores (``IO_WORKERS_PER_CORE`` per core where the stages mostly wait); its rate is
+  PREDICTED (``min(ceiling, rows / (max(step, L / n) + hand-off))``, the hand-off being
+  what the loop waits per batch where workers keep up) and stored as such;
+- **persistent_workers**: a worker pool forked again at each epoch whose start-up (each
+  epoch's first wait beyond its steady wait) is a measured share of the span;
+- **torch.num_threads**: a step computed on the CPU that slowed with workers beside it while
+  the trainer's threads plus the workers exceed the cores (the "thread storm");
+- **prefetch_factor**: steady waits in bursts (the 90th percentile wait several times the
+  mean) where the model says the workers keep up on average;
+- **pin_memory**: only where the loop copies to a CUDA device;
+- **ray.prefetch_batches**: a Ray Data iterator still waiting, doubled while it pays.
+
+A direction whose last trial did not beat the best by ``BETTER`` is not pushed further. The
+search stops at the ceiling (``AT_CEILING`` of the compute-only rate), when no untried change
+is predicted to give ``BETTER`` or more, or at the budget (the driver's).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+AT_CEILING = 0.95        # the best within 5% of the compute-only steady rate: nothing to buy
+BETTER = 0.03            # a change predicted (or measured) to give less than 3% is not one
+WAITS = 0.05             # a steady wait share below 5%: the loop is not waiting for data
+STARTUP = 0.03           # epoch start-ups beyond the steady wait: 3% of the span pays a trial
+STEP_SLOWED = 1.15       # the step 15% slower than with fewer workers: interference
+BURSTY = 3.0             # p90 wait / mean wait: waits in bursts
+SHORT = 0.20             # workers that leave the loop waiting 20% of a steady batch are too
+                         # few (below it: the hand-off of a batch from a worker, not its rate)
+MAX_PREFETCH = 16
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What one measured trial showed (the driver reads it from the job's own clocks)."""
+
+    settings: dict[str, Any]      # the dotted keys it set ({} for the job as written)
+    rate: float                   # steady samples/s (``JobTrial.steady_samples_s``)
+    wait_share: float             # the loop's wait over the same span
+    step_s: float                 # median step per batch
+    wait_s: float                 # mean wait per batch in steady state (first batches apart)
+    wait_p90_s: float
+    startup_share: float          # each epoch's first wait beyond the steady wait / the span
+    rows: float                   # samples per batch
+    workers: int                  # as the loader ran (recorded by the hooks)
+    persistent: bool
+    prefetch_factor: int | None
+    pin_memory: bool
+    cuda: bool                    # the loop's batches reach a CUDA device
+    threads: int | None           # torch's intra-op threads read in the trainer
+    epochs: int
+    ok: bool = True               # False: the job failed under it (a finding, not a rate)
+    producer_cpu_share: float = math.nan   # CPU / wall of the loader's stages (nan: unread)
+
+    @property
+    def steady_wait(self) -> float:
+        """The wait's share of a steady batch (each epoch's first batch apart): the loop
+        left waiting by its producers, start-ups aside."""
+        whole = self.wait_s + self.step_s
+        return self.wait_s / whole if whole > 0 and math.isfinite(whole) else 0.0
+
+
+@dataclass(frozen=True)
+class Context:
+    kind: str                     # "torch" (a DataLoader) or "ray" (a Ray Data iterator)
+    cores: float
+    ceiling: float | None         # compute-only steady samples/s
+    keys: frozenset[str]          # the dotted keys the search may change
+    prefetch_batches: int = 1     # the Ray iterator's as written
+
+
+@dataclass
+class Choice:
+    settings: dict[str, Any]      # every dotted key the trial sets (the best's, changed)
+    change: str
+    why: str
+    predicted: float | None = None       # PREDICTED steady samples/s, where a model gives one
+    gain: float = 0.0                    # predicted / best - 1 (ordering only)
+
+
+@dataclass
+class Decision:
+    choice: Choice | None
+    stop_reason: str = ""         # "at_ceiling", "no_gain_predicted" when choice is None
+    stop_text: str = ""
+    model: dict[str, float] = field(default_factory=dict)   # the refitted producer model
+
+
+def best(trials: list[Trial]) -> Trial:
+    return max((t for t in trials if t.ok), key=lambda t: t.rate)
+
+
+def producer_load(trials: list[Trial]) -> float | None:
+    """``L``: one producer's seconds per batch, the median of every trial's estimate (refitted
+    on each measured point): at 0 workers the loop fetches itself, its wait per batch is L;
+    ``n`` workers that leave the loop waiting deliver a batch per ``L / n`` seconds."""
+    est = []
+    for t in trials:
+        if not t.ok or not (t.rows > 0 and t.rate > 0):
+            continue
+        if t.workers == 0 and t.wait_s > 0:
+            est.append(t.wait_s)
+        elif t.workers > 0 and t.steady_wait >= SHORT:
+            est.append(t.workers * (t.wait_s + t.step_s))
+    return statistics.median(est) if est else None
+
+
+def handoff(trials: list[Trial], L: float | None) -> float:
+    """What the loop waits per batch where its workers keep up (``L / n`` under the step):
+    the hand-off of a batch from a worker process (its unpickling), measured in the worker
+    trials, which more workers do not remove; 0 before any was measured."""
+    est = [t.wait_s for t in trials if t.ok and t.workers > 0 and L is not None
+           and L / t.workers < t.step_s and math.isfinite(t.wait_s)]
+    return statistics.median(est) if est else 0.0
+
+
+def _step(trials: list[Trial]) -> float:
+    """The loop's own step without the data path's interference: the fastest measured."""
+    steps = [t.step_s for t in trials if t.ok and t.step_s > 0 and math.isfinite(t.step_s)]
+    return min(steps) if steps else math.nan
+
+
+IO_BOUND = 0.5           # stages that spend under half their wall on CPU: waits (storage)
+IO_WORKERS_PER_CORE = 4  # workers that mostly wait share a core: up to 4 per core
+MAX_WORKERS = 64
+
+
+def _worker_cap(cores: float, trials: list[Trial]) -> int:
+    """The most workers a trial may ask for: the machine's cores where the loader's stages
+    burn CPU; ``IO_WORKERS_PER_CORE`` per core where they mostly wait (storage, network),
+    measured as their CPU over their wall time."""
+    shares = [t.producer_cpu_share for t in trials if t.ok and math.isfinite(t.producer_cpu_share)]
+    if shares and statistics.median(shares) < IO_BOUND:
+        return max(1, min(MAX_WORKERS, int(cores * IO_WORKERS_PER_CORE)))
+    return max(1, int(cores))
+
+
+def _fmt(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def _with(b: Trial, **changes: Any) -> dict[str, Any]:
+    out = dict(b.settings)
+    out.update(changes)
+    return out
+
+
+def _pushed_in_vain(trials: list[Trial], key: str, b: Trial) -> bool:
+    """A trial that changed ``key`` away from the best's value and was not better by
+    ``BETTER``: that direction is spent."""
+    return any(t.settings.get(key) is not None and t.settings.get(key) != b.settings.get(key)
+               and (not t.ok or t.rate < b.rate * (1 + BETTER)) and t is not b for t in trials)
+
+
+def _spent(trials: list[Trial], key: str, b: Trial) -> bool:
+    """The best's value of ``key`` bought under ``BETTER`` over every other value measured:
+    going further that way is not predicted to pay either."""
+    others = [t.rate for t in trials if t.ok and t is not b
+              and t.settings.get(key) != b.settings.get(key)]
+    return bool(others) and b.rate < max(others) * (1 + BETTER)
+
+
+def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> Decision:
+    """The next trial from the trials measured so far (the first is the job as written), or
+    why the search stops."""
+    b = best(trials)
+    seen = [dict(s) for s in tried]
+    L = producer_load(trials)
+    step = _step(trials)
+    model = {"producer_s_per_batch": L or math.nan, "step_s": step,
+             "handoff_s": handoff(trials, L)}
+    if ctx.ceiling and b.rate >= AT_CEILING * ctx.ceiling:
+        return Decision(None, "at_ceiling",
+                        f"the best measured steady rate ({b.rate:,.0f} samples/s) is "
+                        f"{b.rate / ctx.ceiling:.0%} of the compute-only ceiling "
+                        f"({ctx.ceiling:,.0f}, measured by replay): no loader setting can buy "
+                        f"more than {ctx.ceiling / b.rate - 1:.0%}", model)
+    cands: list[Choice] = []
+
+    def add(settings: dict[str, Any], change: str, why: str, predicted: float | None,
+            gain: float) -> None:
+        if settings in seen or any(c.settings == settings for c in cands):
+            return
+        if predicted is not None and ctx.ceiling:
+            predicted = min(predicted, ctx.ceiling)
+            gain = predicted / b.rate - 1
+        if gain >= BETTER:
+            cands.append(Choice(settings, change, why, predicted, gain))
+
+    room = (ctx.ceiling / b.rate - 1) if ctx.ceiling else math.inf
+    hand = handoff(trials, L)
+
+    def capped(pred: float) -> float:
+        """A predicted rate never above the measured ceiling."""
+        return min(pred, ctx.ceiling) if ctx.ceiling else pred
+
+    if ctx.kind == "torch":
+        if "dataloader.num_workers" in ctx.keys and L and math.isfinite(step) and step > 0 \
+                and b.steady_wait >= WAITS:
+            cap = _worker_cap(ctx.cores, trials)
+            knee = max(1, math.ceil(L / step - 1e-9))
+            n = min(knee, cap)
+            if n == b.workers and n < cap and b.steady_wait >= SHORT \
+                    and not _pushed_in_vain(trials, "dataloader.num_workers", b):
+                n = b.workers + 1           # the model's knee measured and still too few
+            if n != b.workers:
+                pred = capped(b.rows / (max(step, L / n) + hand))
+                beyond = (f"; the knee ({knee}) is beyond the {cap} workers the machine's "
+                          f"{ctx.cores:g} cores allow" if knee > cap else "")
+                add(_with(b, **{"dataloader.num_workers": n}),
+                    f"num_workers: {b.workers} -> {n}",
+                    f"the loop waited {b.wait_share:.0%} of its steady state; one producer "
+                    f"needs {L * 1e3:.1f} ms per batch (fitted on {len(trials)} trial(s)) "
+                    f"against a {step * 1e3:.1f} ms step: the knee is {knee} worker(s), "
+                    f"PREDICTED {pred:,.0f} samples/s{beyond}", pred, pred / b.rate - 1)
+        for t in trials:        # any trial whose workers were forked again each epoch
+            if "dataloader.persistent_workers" in ctx.keys and t.ok and t.workers > 0 \
+                    and not t.persistent and t.epochs >= 2 and t.startup_share >= STARTUP:
+                pred = capped(t.rate / max(1e-9, 1 - t.startup_share))
+                add(_with(t, **{"dataloader.persistent_workers": True}),
+                    f"persistent_workers: false -> true (at num_workers={t.workers})",
+                    f"at num_workers={t.workers} each epoch's start-up (its workers forked "
+                    f"again) took {t.startup_share:.0%} of the span over {t.epochs} epochs; "
+                    f"kept workers pay it once: PREDICTED {pred:,.0f} samples/s", pred,
+                    pred / b.rate - 1)
+        base0 = next((t for t in trials if t.ok and t.workers == 0), None)
+        for t in trials:        # any worker trial whose step slowed beside its workers
+            if not ("torch.num_threads" in ctx.keys and t.ok and not t.cuda and t.threads
+                    and t.workers > 0 and t.threads + t.workers > ctx.cores
+                    and base0 is not None and t.step_s > STEP_SLOWED * base0.step_s):
+                continue
+            n = max(1, int(ctx.cores) - t.workers)
+            if n < t.threads:
+                pred = capped(t.rows / max(base0.step_s, (L / t.workers) if L else 0.0,
+                                           t.rows / t.rate - (t.step_s - base0.step_s)))
+                add(_with(t, **{"torch.num_threads": n}),
+                    f"torch.num_threads: {t.threads} -> {n} (at num_workers={t.workers})",
+                    f"the step took {t.step_s * 1e3:.1f} ms with {t.workers} worker(s) beside "
+                    f"the trainer's {t.threads} torch threads on {ctx.cores:g} cores, "
+                    f"{t.step_s / base0.step_s:.2f}x its {base0.step_s * 1e3:.1f} ms without: "
+                    f"threads oversubscribe the cores; PREDICTED {pred:,.0f} samples/s",
+                    pred, pred / b.rate - 1)
+        if "dataloader.prefetch_factor" in ctx.keys and b.workers > 0 \
+                and b.wait_share >= WAITS and b.wait_s > 0 \
+                and b.wait_p90_s >= BURSTY * b.wait_s and L is not None \
+                and L / b.workers < step:
+            pf = min(MAX_PREFETCH, 2 * (b.prefetch_factor or 2))
+            if pf != (b.prefetch_factor or 2):
+                gain = min(room, b.wait_share / max(1e-9, 1 - b.wait_share)) / 2
+                add(_with(b, **{"dataloader.prefetch_factor": pf}),
+                    f"prefetch_factor: {b.prefetch_factor or 2} -> {pf}",
+                    f"the steady waits come in bursts (90th percentile {b.wait_p90_s * 1e3:.1f} "
+                    f"ms, {b.wait_p90_s / b.wait_s:.1f}x the mean) while {b.workers} worker(s) "
+                    "keep up on average: a deeper queue absorbs them", None, gain)
+        if "dataloader.pin_memory" in ctx.keys and b.cuda and not b.pin_memory \
+                and b.wait_share >= WAITS:
+            add(_with(b, **{"dataloader.pin_memory": True}), "pin_memory: false -> true",
+                f"the loop copies its batches to a CUDA device and waited {b.wait_share:.0%}: "
+                "pinned batches copy without a staging copy", None,
+                min(room, b.wait_share / 2))
+    elif ctx.kind == "ray" and "ray.prefetch_batches" in ctx.keys and b.wait_share >= WAITS:
+        cur = int(b.settings.get("ray.prefetch_batches", ctx.prefetch_batches) or 1)
+        nxt = min(MAX_PREFETCH, max(2, 2 * cur))
+        if nxt != cur and not _spent(trials, "ray.prefetch_batches", b):
+            gain = min(room, b.wait_share / max(1e-9, 1 - b.wait_share))
+            add(_with(b, **{"ray.prefetch_batches": nxt}), f"prefetch_batches: {cur} -> {nxt}",
+                f"the loop waited {b.wait_share:.0%} of its steady state on Ray Data's "
+                f"iterator at prefetch_batches={cur}", None, gain)
+    if not cands:
+        why = (f"the loop waits {b.wait_share:.0%} of its steady state"
+               if b.wait_share < WAITS else
+               f"every change the evidence calls for was measured or is predicted to give "
+               f"under {BETTER:.0%} (the loop still waits {b.wait_share:.0%})")
+        return Decision(None, "no_gain_predicted",
+                        f"no untried setting is predicted to give {BETTER:.0%} or more: {why}",
+                        model)
+    cands.sort(key=lambda c: -c.gain)
+    return Decision(cands[0], model=model)
+
+
+def apply_text(kind: str, settings: dict[str, Any]) -> str:
+    """The settings as the user writes them in code."""
+    if not settings:
+        return "keep the job as written"
+    parts = []
+    dl = {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith("dataloader.")}
+    if dl:
+        parts.append("DataLoader(..., " + ", ".join(
+            f"{k}={v!r}" for k, v in dl.items()) + ")")
+    ray = {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith("ray.")}
+    if ray:
+        parts.append("iter_torch_batches(..., " + ", ".join(
+            f"{k}={v!r}" for k, v in ray.items()) + ")")
+    if "torch.num_threads" in settings:
+        parts.append(f"torch.set_num_threads({settings['torch.num_threads']}) before the first "
+                     "op (or OMP_NUM_THREADS)")
+    return "; ".join(parts)
+
+
+def bare(settings: dict[str, Any]) -> dict[str, Any]:
+    """The result's ``settings``: loader keywords bare, other knobs prefixed."""
+    return {(k.split(".", 1)[1] if k.startswith(("dataloader.", "ray.")) else k): v
+            for k, v in settings.items()}
+
+
+def still_binds(ctx: Context, b: Trial) -> str:
+    if ctx.ceiling and b.rate >= AT_CEILING * ctx.ceiling:
+        return "the step (compute): the loop runs at its compute-only ceiling"
+    if b.wait_share >= WAITS:
+        return f"the data path: the loop still waits {b.wait_share:.0%} of its steady state"
+    if ctx.ceiling:
+        return (f"the step as slowed beside the data path: {b.rate / ctx.ceiling:.0%} of the "
+                "compute-only ceiling while the loop barely waits (interference)")
+    return "the step (compute): the loop barely waits"

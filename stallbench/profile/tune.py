@@ -1,0 +1,396 @@
+"""``stallbench tune -- CMD``: from the measured stall to a confirmed fix on the user's own job
+(issue 41).
+
+The order of runs: the job as written (trial 1); its compute-only ceiling (the same job with
+its loader served from memory by ``replay``: the most any loader setting can buy); then one
+trial at a time, each chosen by ``analysis.loader_search`` from the trials measured so far;
+then the best measured again, interleaved with the job as written (the confirmation). Every
+rate is the job's own clocks (the hooks), from its second epoch on with each epoch's start-up
+included; a trial ends the job once that rate is known within +-5% (``Enough``), or at
+``--trial-batches``, and says so. A setting the job fails under is recorded as a finding and
+the search goes on. The result is a profile ``Result`` with a ``tune`` object.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..analysis import loader_search as search
+from ..analysis.stats import t_quantile
+from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
+from . import budget, knobs, merge, session
+from .launcher import JobRun, exit_status, read_beats, read_parts, run_once
+
+KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
+MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)
+KEEP_BATCHES = 8            # batches a compute-only run serves from memory (ablate's)
+
+TORCH_KEYS = ("dataloader.num_workers", "dataloader.persistent_workers",
+              "dataloader.prefetch_factor", "dataloader.pin_memory", "torch.num_threads")
+RAY_KEYS = ("ray.prefetch_batches",)
+
+
+@dataclass
+class Options:
+    argv: list[str]
+    name: str
+    out: Path
+    budget_s: float = 600.0
+    repeats: int = 1              # confirmation rounds (the best and the job, interleaved)
+    trial_batches: int | None = None
+    keys: list[str] = field(default_factory=list)    # dotted keys; [] = every key it knows
+    progress_timeout: float | None = None
+    trace: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class Measured:
+    """One run's rate and the evidence the decider reads (``loader_search.Trial``)."""
+
+    trial: search.Trial
+    basis: str
+    batches: int
+    epochs: int
+    kind: str
+    name: str
+    settings: dict[str, Any]
+
+
+def _headline(parts: list[dict[str, Any]]) -> merge.StreamRun | None:
+    streams = merge.streams(parts)
+    name = merge.headline_name(streams)
+    hs = sorted((s for s in streams if s.name == name), key=lambda s: s.rank)
+    return hs[0] if hs else None
+
+
+def _per_epoch_rates(s: merge.StreamRun) -> list[float]:
+    """Samples/s of each ended epoch after the first, its start-up included."""
+    return [rows / (t1 - t0) for (t0, t1, n, rows, ended) in s.spans[1:]
+            if ended and n and t1 > t0]
+
+
+class Enough:
+    """``run_once``'s ``stop`` rule for a trial: the headline loader's per-epoch rate after
+    the first epoch known within ``KNOWN_WITHIN`` (90% t interval of their mean, at least
+    ``MIN_EPOCHS`` epochs), or ``trial_batches`` batches run. The part files are read only
+    when the beats show a new epoch (cheap between)."""
+
+    def __init__(self, trial_batches: int | None) -> None:
+        self.trial_batches = trial_batches
+        self.epoch = 0
+
+    def __call__(self, run_dir: Path) -> str:
+        beats = read_beats(run_dir)
+        batches = sum(int(b.get("batches") or 0) for b in beats)
+        if self.trial_batches and batches >= self.trial_batches:
+            return f"--trial-batches {self.trial_batches} reached"
+        epoch = max((int(b["last"][1]) for b in beats
+                     if isinstance(b.get("last"), list) and len(b["last"]) > 1), default=0)
+        if epoch <= self.epoch:
+            return ""
+        self.epoch = epoch
+        s = _headline(read_parts(run_dir))
+        if s is None:
+            return ""
+        rates = _per_epoch_rates(s)
+        if len(rates) < MIN_EPOCHS:
+            return ""
+        m = statistics.fmean(rates)
+        half = t_quantile(len(rates) - 1, 0.95) * statistics.stdev(rates) / math.sqrt(len(rates))
+        if m > 0 and half <= KNOWN_WITHIN * m:
+            return (f"its steady rate was known within +-{half / m:.1%} after {len(rates) + 1} "
+                    "epochs")
+        return ""
+
+
+def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
+    """The trial's rate (module doc) and its evidence; None when no batch was measured."""
+    s = _headline(run.parts)
+    if s is None or not s.batches:
+        return None
+    spans = [sp for sp in s.spans if sp[2]]
+    if len(spans) >= 2:
+        first = spans[0][2]
+        t = spans[-1][1] - spans[1][0]
+        rows = sum(sp[3] for sp in spans[1:])
+        n = sum(sp[2] for sp in spans[1:])
+        rate = rows / t if t > 0 else math.nan
+        basis = (f"epochs 2-{len(spans)} ({n} batches; each epoch's start-up included)")
+        lo = first
+        starts = []
+        i = first
+        for sp in spans[1:]:
+            starts.append(i)
+            i += sp[2]
+    else:                           # one long epoch: its steady window, said
+        f = merge.figures(s)
+        k = f.phases.startup_batches if f.phases is not None else 0
+        lo = k if 0 < k < s.batches - 1 else s.batches // 2
+        n = s.batches - lo
+        t = sum(s.wait[lo:]) + sum(s.step[lo:])
+        rows = sum(s.rows[lo:])
+        rate = rows / t if t > 0 else math.nan
+        basis = f"the steady window of its one epoch (batches {lo + 1}-{s.batches})"
+        starts = []
+    waits = s.wait[lo:]
+    first_waits = [s.wait[i] for i in starts]
+    steady = [w for j, w in enumerate(waits) if lo + j not in set(starts)] or waits
+    wait_s = statistics.fmean(steady) if steady else 0.0
+    p90 = sorted(steady)[int(0.9 * (len(steady) - 1))] if steady else 0.0
+    startup = sum(max(0.0, w - wait_s) for w in first_waits)
+    steps = [x for x in s.step[lo:] if x > 0]
+    st = s.settings
+    stage_wall = sum(float(r[1]) for r in s.stages.values())
+    stage_cpu = sum(float(r[2]) for r in s.stages.values())
+    trial = search.Trial(
+        settings=dict(settings), rate=rate,
+        wait_share=(sum(waits) / t) if t > 0 else math.nan,
+        step_s=statistics.median(steps) if steps else math.nan,
+        wait_s=wait_s, wait_p90_s=p90, startup_share=startup / t if t > 0 else 0.0,
+        rows=rows / n if n else math.nan, workers=int(st.get("num_workers") or 0),
+        persistent=bool(st.get("persistent_workers")),
+        prefetch_factor=st.get("prefetch_factor") if isinstance(st.get("prefetch_factor"), int)
+        else None,
+        pin_memory=bool(st.get("pin_memory")), cuda=bool(s.gpu_wait),
+        threads=s.torch_threads, epochs=len(spans),
+        producer_cpu_share=stage_cpu / stage_wall if stage_wall > 0 else math.nan)
+    return Measured(trial, basis, s.batches, sum(1 for sp in spans if sp[4]), s.kind, s.name,
+                    dict(st))
+
+
+class _Budget:
+    def __init__(self, seconds: float) -> None:
+        self.t0 = time.monotonic()
+        self.seconds = seconds
+        self.longest = 0.0
+
+    def ran(self, wall: float) -> None:
+        self.longest = max(self.longest, wall)
+
+    def fits(self, runs: int) -> bool:
+        return time.monotonic() - self.t0 + runs * self.longest * 1.15 <= self.seconds
+
+    @property
+    def spent(self) -> float:
+        return time.monotonic() - self.t0
+
+
+def _keys(opts: Options, kind: str) -> frozenset[str]:
+    known = TORCH_KEYS if kind == "torch" else RAY_KEYS
+    if not opts.keys:
+        return frozenset(known)
+    return frozenset(k for k in opts.keys if k in known)
+
+
+def tune(opts: Options, say: Callable[[str], None]) -> Result:
+    from .launcher import progress_limit
+    with progress_limit(opts.progress_timeout):
+        return _tune(opts, say)
+
+
+def _tune(opts: Options, say: Callable[[str], None]) -> Result:
+    from ..measure.machine import metadata
+
+    machine = metadata()
+    created = now_utc()
+    clock = _Budget(opts.budget_s)
+    run_root = opts.out / f"{session.SCRATCH}{uuid.uuid4().hex[:12]}"
+    for d in session.sweep_scratch(opts.out):
+        say(f"removed {d}, left by a profile that was killed")
+    owner = session.claim_scratch(run_root)
+    tag = [0]
+    every: list[JobRun] = []
+
+    def one(settings: dict[str, Any], label: str, replay: dict[str, Any] | None = None
+            ) -> JobRun:
+        tag[0] += 1
+        say(f"run {tag[0]}: {label}")
+        v = knobs.Variant(knobs.name_of(settings), settings)
+        run = run_once(opts.argv, run_root / f"t{tag[0]}", v.overrides(), None, replay,
+                       stop=Enough(opts.trial_batches))
+        clock.ran(run.wall_s)
+        if run.stopped:
+            say(f"run {tag[0]}: ended by tune: {run.stopped}")
+        return run
+
+    def ok(run: JobRun) -> bool:
+        return run.exit_code == 0 or bool(run.stopped)
+
+    try:
+        # 1. the job as written
+        base_run = one({}, "the job as written")
+        if not ok(base_run):
+            raise session.JobFailed(exit_status(base_run.exit_code), "the job as written")
+        session.check_parts(base_run.run_dir or run_root, "the job as written")
+        base = measure(base_run, {})
+        if base is None:
+            raise session.NoLoader(session.why_no_figures([base_run], opts.argv, "default"))
+        every.append(base_run)
+        kind = "ray" if base.kind.startswith("ray") else "torch"
+        keys = _keys(opts, kind)
+        trials: list[tuple[JobTrial, search.Trial | None, list[JobRun]]] = []
+        trials.append((_record("default", {}, "the job as written", base_run, base),
+                       base.trial, [base_run]))
+        # 2. its compute-only ceiling
+        ceiling, ceiling_note = _ceiling(base_run, base, one, clock)
+        say(f"ceiling: {ceiling_note}")
+        ctx = search.Context(kind=kind, cores=machine.cores, ceiling=ceiling, keys=keys,
+                             prefetch_batches=int(base.settings.get("prefetch_batches") or 1))
+        # 3. the search
+        stop_reason, stop_text = "", ""
+        while True:
+            done = [t for _, t, _ in trials if t is not None]
+            failed = [t for t, tt, _ in trials if tt is None]
+            tried = [_dotted(t.settings, kind) for t, _, _ in trials]
+            d = search.decide(ctx, done + [_failed_trial(f, kind) for f in failed], tried)
+            if d.choice is None:
+                stop_reason, stop_text = d.stop_reason, d.stop_text
+                break
+            if not clock.fits(1 + 2 * max(1, opts.repeats)):
+                stop_reason = "budget"
+                stop_text = (f"the budget ({opts.budget_s / 60:g} min) leaves no room for "
+                             f"another trial and the confirmation (runs take up to "
+                             f"{clock.longest:.0f} s); next would have been {d.choice.change}")
+                break
+            c = d.choice
+            run = one(c.settings, f"trial {len(trials) + 1}: {c.change} ({c.why})")
+            m = measure(run, c.settings) if ok(run) else None
+            name = knobs.name_of(c.settings)
+            if m is None:
+                code = exit_status(run.exit_code)
+                say(f"trial {name}: the job exited with code {code}: recorded, the search "
+                    "goes on")
+                jt = JobTrial(name=name, settings=search.bare(c.settings), why=c.why,
+                              outcome="failed", exit_code=code, wall_s=run.wall_s,
+                              predicted_samples_s=c.predicted)
+                trials.append((jt, None, [run]))
+                continue
+            every.append(run)
+            jt = _record(name, c.settings, c.why, run, m, c.predicted)
+            say(f"trial {name}: {m.trial.rate:,.0f} steady samples/s "
+                f"({m.trial.rate / base.trial.rate:.2f}x as written)")
+            trials.append((jt, m.trial, [run]))
+        # 4. the confirmation: the best again, interleaved with the job as written
+        measured = [(jt, t, rs) for jt, t, rs in trials if t is not None]
+        bj, bt, bruns = max(measured, key=lambda x: x[1].rate)
+        base_rates, best_rates = [base.trial.rate], [bt.rate]
+        pairs: list[float] = []
+        if bj is not trials[0][0]:
+            pairs.append(bt.rate / base.trial.rate)
+            for r in range(max(1, opts.repeats)):
+                a = one({}, f"confirmation {r + 1}: the job as written")
+                b = one(_dotted(bj.settings, kind), f"confirmation {r + 1}: {bj.name}")
+                ma = measure(a, {}) if ok(a) else None
+                mb = measure(b, _dotted(bj.settings, kind)) if ok(b) else None
+                if ma is not None:
+                    base_rates.append(ma.trial.rate)
+                    trials[0][2].append(a)
+                if mb is not None:
+                    best_rates.append(mb.trial.rate)
+                    bruns.append(b)
+                if ma is not None and mb is not None:
+                    pairs.append(mb.trial.rate / ma.trial.rate)
+        b_med, a_med = statistics.median(best_rates), statistics.median(base_rates)
+        speed = b_med / a_med if a_med > 0 else math.nan
+        best = JobTuneBest(
+            name=bj.name, settings=dict(bj.settings), steady_samples_s=b_med, speedup=speed,
+            ceiling_share=(b_med / ceiling) if ceiling else None, stop_reason=stop_reason,
+            stop_text=stop_text,
+            speedup_low=min(pairs) if len(pairs) >= 2 else None,
+            speedup_high=max(pairs) if len(pairs) >= 2 else None,
+            confirm_runs=len(best_rates) - 1 if bj is not trials[0][0] else 0,
+            still_binds=search.still_binds(ctx, bt),
+            apply=search.apply_text(kind, _dotted(bj.settings, kind)))
+        # the result: one variant per measured trial, the job as written first
+        sopts = session.Options(argv=opts.argv, name=opts.name, out=opts.out,
+                                repeats=1, axes={}, trace=opts.trace)
+        variants: list[VariantResult] = []
+        for jt, t, rs in trials:
+            if t is None:
+                continue
+            vr = session.variant_result(knobs.Variant(jt.name, _dotted(jt.settings, kind)), rs)
+            if any(r.stopped for r in rs) and vr.profile is not None:
+                vr.profile.ended_early = ""
+                vr.notes["ended by tune"] = "; ".join(dict.fromkeys(
+                    r.stopped for r in rs if r.stopped))
+            variants.append(vr)
+        result = session.assemble(sopts, variants, every, machine, created)
+        result.tune = JobTune(
+            budget_s=opts.budget_s, wall_s=clock.spent, loader_kind=base.kind,
+            loader_name=base.name, as_written=_plain(base.settings), cores=machine.cores,
+            ceiling_samples_s=ceiling, ceiling_note=ceiling_note,
+            trials=[jt for jt, _, _ in trials], best=best, runs=tag[0],
+            trial_batches=opts.trial_batches, keys=sorted(keys))
+        return result
+    finally:
+        shutil.rmtree(run_root, ignore_errors=True)
+        os.close(owner)
+
+
+def _plain(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if isinstance(v, (int, float, str, bool))
+            or v is None}
+
+
+def _dotted(settings: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A trial's bare settings back as ``--set`` keys."""
+    out = {}
+    for k, v in settings.items():
+        if "." in k:
+            out[k] = v
+        else:
+            out[("ray." if kind == "ray" else "dataloader.") + k] = v
+    return out
+
+
+def _failed_trial(jt: JobTrial, kind: str) -> search.Trial:
+    return search.Trial(settings=_dotted(jt.settings, kind), rate=0.0, wait_share=math.nan,
+                        step_s=math.nan, wait_s=0.0, wait_p90_s=0.0, startup_share=0.0,
+                        rows=math.nan, workers=0, persistent=False, prefetch_factor=None,
+                        pin_memory=False, cuda=False, threads=None, epochs=0, ok=False)
+
+
+def _record(name: str, settings: dict[str, Any], why: str, run: JobRun, m: Measured,
+            predicted: float | None = None) -> JobTrial:
+    return JobTrial(name=name, settings=search.bare(settings), why=why, outcome="measured",
+                    steady_samples_s=m.trial.rate, rate_basis=m.basis,
+                    steady_wait_share=m.trial.wait_share, step_s=m.trial.step_s,
+                    batches=m.batches, epochs=m.epochs, ended_by_tune=run.stopped,
+                    exit_code=exit_status(run.exit_code) if not run.stopped else 0,
+                    wall_s=run.wall_s, predicted_samples_s=predicted,
+                    foreign_cores=run.load.foreign_cores if run.load is not None else None)
+
+
+def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
+             ) -> tuple[float | None, str]:
+    """The compute-only steady rate: the job with its headline loader served from memory
+    (its first batches kept, then served again: ``replay``), per batch the loop's own wait
+    + step over the served batches (``ablate.compute_only``)."""
+    from .ablate import batch_counts, compute_only
+    if base.kind == "watch":
+        return None, ("not measured: the headline loader is a stallbench.watch'ed iterable, "
+                      "which is not served from memory")
+    counts = batch_counts(base_run.parts)
+    first = (counts.get(base.name) or [0])[0]
+    keep = max(1, min(KEEP_BATCHES, first // 4))
+    rule = budget.machine_budget(max(base.trial.workers, 1))
+    run = one({}, "the compute-only ceiling (the loader served from memory)",
+              {"mode": "compute_only", "keep": keep, "budget_mb": rule.mb, "counts": counts})
+    if run.exit_code != 0 and not run.stopped:
+        return None, (f"not measured: the job exited with code {exit_status(run.exit_code)} "
+                      "with its loader served from memory")
+    got = compute_only(run, base.name, 1)
+    if got is None or not (got[0] > 0 and base.trial.rows > 0):
+        return None, ("not measured: the compute-only run served fewer than 2 batches from "
+                      "memory")
+    rate = base.trial.rows / got[0]
+    return rate, (f"{rate:,.0f} samples/s compute-only (the loop's wait + step per batch "
+                  f"with batches served from memory: {got[0] * 1e3:.2f} ms; measured)")

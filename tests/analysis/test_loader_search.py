@@ -1,0 +1,143 @@
+"""The decider of ``stallbench tune -- CMD`` (``analysis.loader_search``): each next trial is
+what the measured evidence calls for, with the figure that chose it; no fixed answer."""
+
+from __future__ import annotations
+
+import math
+
+from stallbench.analysis import loader_search as ls
+
+ROWS = 8.0
+
+
+def trial(settings=None, *, rate, wait_s, step_s=0.020, workers=0, persistent=False,
+          startup_share=0.0, p90=None, cuda=False, threads=1, epochs=6, pin=False,
+          cpu_share=1.0, prefetch=None, ok=True) -> ls.Trial:
+    """A trial whose whole-span wait share follows from its per-batch wait and step."""
+    per = wait_s + step_s
+    return ls.Trial(settings=dict(settings or {}), rate=rate, wait_share=wait_s / per,
+                    step_s=step_s, wait_s=wait_s, wait_p90_s=p90 if p90 is not None else wait_s,
+                    startup_share=startup_share, rows=ROWS, workers=workers,
+                    persistent=persistent, prefetch_factor=prefetch, pin_memory=pin, cuda=cuda,
+                    threads=threads, epochs=epochs, ok=ok, producer_cpu_share=cpu_share)
+
+
+def ctx(ceiling=400.0, cores=2.0, kind="torch", keys=None) -> ls.Context:
+    return ls.Context(kind=kind, cores=cores, ceiling=ceiling,
+                      keys=frozenset(keys or ("dataloader.num_workers",
+                                              "dataloader.persistent_workers",
+                                              "dataloader.prefetch_factor",
+                                              "dataloader.pin_memory", "torch.num_threads",
+                                              "ray.prefetch_batches")))
+
+
+def test_a_job_at_its_ceiling_stops_after_the_baseline() -> None:
+    d = ls.decide(ctx(ceiling=400.0), [trial(rate=390.0, wait_s=0.0005)], [{}])
+    assert d.choice is None and d.stop_reason == "at_ceiling"
+    assert "98% of the compute-only ceiling" in d.stop_text
+
+
+def test_the_knee_from_the_loops_own_fetch_wait() -> None:
+    """0 workers, 16 ms of fetch per batch against a 20 ms step: one worker is the knee,
+    not two (a fixed "2 workers" rule would be wrong here)."""
+    base = trial(rate=ROWS / 0.036, wait_s=0.016)
+    d = ls.decide(ctx(), [base], [{}])
+    assert d.choice is not None
+    assert d.choice.settings == {"dataloader.num_workers": 1}
+    assert d.choice.predicted == 400.0          # capped at the measured ceiling
+    assert "16.0 ms per batch" in d.choice.why and "knee is 1" in d.choice.why
+
+
+def test_the_knee_is_bounded_by_the_cores_where_the_stages_burn_cpu() -> None:
+    base = trial(rate=ROWS / 0.1, wait_s=0.080, cpu_share=0.98)
+    d = ls.decide(ctx(ceiling=None), [base], [{}])
+    assert d.choice.settings == {"dataloader.num_workers": 2}
+    assert "beyond the 2 workers" in d.choice.why
+    io = trial(rate=ROWS / 0.1, wait_s=0.080, cpu_share=0.05)    # storage waits: 4 per core
+    d = ls.decide(ctx(ceiling=None), [io], [{}])
+    assert d.choice.settings == {"dataloader.num_workers": 4}
+
+
+def test_workers_forked_every_epoch_call_for_persistent_workers() -> None:
+    """The worker trial lost to the job as written (its workers' start-up each epoch): the
+    next trial keeps them, at the same worker count, predicted from the start-up share."""
+    base = trial(rate=ROWS / 0.036, wait_s=0.016)
+    w1 = trial({"dataloader.num_workers": 1}, rate=120.0, wait_s=0.001, workers=1,
+               startup_share=0.6)
+    d = ls.decide(ctx(), [base, w1], [{}, {"dataloader.num_workers": 1}])
+    assert d.choice.settings == {"dataloader.num_workers": 1,
+                                 "dataloader.persistent_workers": True}
+    assert math.isclose(d.choice.predicted, 300.0)
+    assert "60%" in d.choice.why
+
+
+def test_a_hand_off_wait_is_not_taken_for_too_few_workers() -> None:
+    """1 worker that keeps up leaves the loop waiting ~1.3 ms per batch (unpickling): not a
+    reason for a second worker."""
+    base = trial(rate=ROWS / 0.040, wait_s=0.010, step_s=0.030)
+    w1 = trial({"dataloader.num_workers": 1}, rate=ROWS / 0.0313, wait_s=0.0013, step_s=0.030,
+               workers=1, persistent=True)
+    d = ls.decide(ctx(ceiling=ROWS / 0.030), [base, w1],
+                  [{}, {"dataloader.num_workers": 1}])
+    assert d.choice is None or d.choice.settings.get("dataloader.num_workers") != 2
+
+
+def test_a_thread_storm_calls_for_the_trainers_threads() -> None:
+    base = trial(rate=ROWS / 0.05, wait_s=0.030, step_s=0.020, threads=2)
+    w2 = trial({"dataloader.num_workers": 2}, rate=ROWS / 0.06, wait_s=0.0, step_s=0.060,
+               workers=2, persistent=True, threads=2)
+    d = ls.decide(ctx(ceiling=ROWS / 0.02), [base, w2], [{}, {"dataloader.num_workers": 2}])
+    assert d.choice.settings["torch.num_threads"] == 1
+    assert "oversubscribe" in d.choice.why
+    # on a CUDA job the step is the GPU's: never the thread budget
+    w2c = trial({"dataloader.num_workers": 2}, rate=ROWS / 0.06, wait_s=0.0, step_s=0.060,
+                workers=2, persistent=True, threads=2, cuda=True)
+    d = ls.decide(ctx(ceiling=ROWS / 0.02), [base, w2c], [{}, {"dataloader.num_workers": 2}])
+    assert d.choice is None or "torch.num_threads" not in d.choice.settings
+
+
+def test_pin_memory_only_where_batches_reach_a_cuda_device() -> None:
+    kw = dict(rate=ROWS / 0.03, wait_s=0.010, workers=2, persistent=True, p90=0.010)
+    cpu = ls.decide(ctx(ceiling=None), [trial({"dataloader.num_workers": 2}, **kw)],
+                    [{"dataloader.num_workers": 2}])
+    assert cpu.choice is None or "dataloader.pin_memory" not in cpu.choice.settings
+    gpu = ls.decide(ctx(ceiling=None, keys=("dataloader.pin_memory",)),
+                    [trial({"dataloader.num_workers": 2}, cuda=True, **kw)],
+                    [{"dataloader.num_workers": 2}])
+    assert gpu.choice.settings["dataloader.pin_memory"] is True
+
+
+def test_ray_prefetch_doubles_while_it_pays_and_stops_when_it_does_not() -> None:
+    c = ctx(kind="ray", ceiling=None)
+    base = trial(rate=100.0, wait_s=0.02)
+    d = ls.decide(c, [base], [{}])
+    assert d.choice.settings == {"ray.prefetch_batches": 2}
+    p2 = trial({"ray.prefetch_batches": 2}, rate=101.0, wait_s=0.02)    # +1%: spent
+    d = ls.decide(c, [base, p2], [{}, {"ray.prefetch_batches": 2}])
+    assert d.choice is None and d.stop_reason == "no_gain_predicted"
+
+
+def test_a_failed_setting_is_never_tried_again_and_the_search_goes_on() -> None:
+    base = trial(rate=ROWS / 0.1, wait_s=0.080, cpu_share=0.98)
+    failed = ls.Trial(settings={"dataloader.num_workers": 2}, rate=0.0, wait_share=math.nan,
+                      step_s=math.nan, wait_s=0.0, wait_p90_s=0.0, startup_share=0.0,
+                      rows=math.nan, workers=0, persistent=False, prefetch_factor=None,
+                      pin_memory=False, cuda=False, threads=None, epochs=0, ok=False)
+    d = ls.decide(ctx(ceiling=None), [base, failed], [{}, {"dataloader.num_workers": 2}])
+    assert d.choice is None or d.choice.settings != {"dataloader.num_workers": 2}
+
+
+def test_keys_limit_what_it_may_change() -> None:
+    base = trial(rate=ROWS / 0.036, wait_s=0.016)
+    d = ls.decide(ctx(keys=("torch.num_threads",)), [base], [{}])
+    assert d.choice is None and d.stop_reason == "no_gain_predicted"
+
+
+def test_the_answer_as_the_user_writes_it() -> None:
+    s = {"dataloader.num_workers": 2, "dataloader.persistent_workers": True}
+    assert ls.apply_text("torch", s) == "DataLoader(..., num_workers=2, persistent_workers=True)"
+    assert ls.bare(s) == {"num_workers": 2, "persistent_workers": True}
+    assert ls.bare({"torch.num_threads": 1, "ray.prefetch_batches": 4}) == \
+        {"torch.num_threads": 1, "prefetch_batches": 4}
+    assert ls.apply_text("ray", {"ray.prefetch_batches": 4}) == \
+        "iter_torch_batches(..., prefetch_batches=4)"
