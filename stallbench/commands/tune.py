@@ -251,7 +251,8 @@ def answer_lines(result) -> list[str]:
                    "samples/s" + (f", {b.ceiling_share:.0%} of the compute-only ceiling"
                                   if b.ceiling_share is not None else "") + ")")
     else:
-        iv = (f" [{b.speedup_low:.2f}, {b.speedup_high:.2f}] over the side-by-side pairs"
+        iv = (f" (range {b.speedup_low:.2f}-{b.speedup_high:.2f} over the search's pair and "
+              "the confirmation's)"
               if b.speedup_low is not None else " (one pair: no interval)")
         out.append(f"answer: {b.apply}")
         out.append(f"  measured {b.speedup:.2f}x{iv} the job as written, steady state "

@@ -13,6 +13,7 @@ the search goes on. The result is a profile ``Result`` with a ``tune`` object.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -64,11 +65,41 @@ class Measured:
     settings: dict[str, Any]
 
 
+def _base(name: str) -> str:
+    return name.rsplit("#", 1)[0]
+
+
 def _headline(parts: list[dict[str, Any]]) -> merge.StreamRun | None:
+    """The loop the tune judges: the headline loader of the lowest rank, with the loaders of
+    the same kind and class that the same process made one after another (a Ray Data loop
+    calls ``ds.iter_torch_batches()`` each epoch: one iterator, so one stream, per epoch) as
+    its later epochs, in time order; a loader whose passes overlap another's is not one of
+    them (two loops at once)."""
     streams = merge.streams(parts)
     name = merge.headline_name(streams)
     hs = sorted((s for s in streams if s.name == name), key=lambda s: s.rank)
-    return hs[0] if hs else None
+    if not hs:
+        return None
+    head = hs[0]
+    kin = sorted((s for s in streams if s.rank == head.rank and s.host == head.host
+                  and s.kind == head.kind and _base(s.name) == _base(head.name)
+                  and s.spans and s.role == head.role),
+                 key=lambda s: s.spans[0][0])
+    if len(kin) < 2:
+        return head
+    for a, b in zip(kin, kin[1:]):
+        if b.spans[0][0] < a.spans[-1][1]:
+            return head                 # overlapping passes: not one loop's epochs
+    out = dataclasses.replace(head, name=head.name, spans=[], wait=[], step=[], rows=[],
+                              gpu_wait=[], epochs=0)
+    for k in kin:
+        out.spans.extend(k.spans)
+        out.wait.extend(k.wait)
+        out.step.extend(k.step)
+        out.rows.extend(k.rows)
+        out.gpu_wait.extend(k.gpu_wait)
+        out.epochs += k.epochs
+    return out
 
 
 def _per_epoch_rates(s: merge.StreamRun) -> list[float]:
@@ -83,20 +114,27 @@ class Enough:
     ``MIN_EPOCHS`` epochs), or ``trial_batches`` batches run. The part files are read only
     when the beats show a new epoch (cheap between)."""
 
+    READ_S = 2.0            # the part files at most this often (while batches come)
+
     def __init__(self, trial_batches: int | None) -> None:
         self.trial_batches = trial_batches
-        self.epoch = 0
+        self.last = ("", 0)
+        self.next_read = 0.0
 
     def __call__(self, run_dir: Path) -> str:
         beats = read_beats(run_dir)
         batches = sum(int(b.get("batches") or 0) for b in beats)
         if self.trial_batches and batches >= self.trial_batches:
             return f"--trial-batches {self.trial_batches} reached"
-        epoch = max((int(b["last"][1]) for b in beats
-                     if isinstance(b.get("last"), list) and len(b["last"]) > 1), default=0)
-        if epoch <= self.epoch:
+        where = max((tuple(b["last"][:2]) for b in beats
+                     if isinstance(b.get("last"), list) and len(b["last"]) > 1),
+                    key=lambda x: x[1], default=("", 0))
+        now = time.monotonic()
+        # a new epoch (a pass of the same loader, or a new loader: a Ray loop's next
+        # iterator), or batches since the last read
+        if where == self.last and now < self.next_read:
             return ""
-        self.epoch = epoch
+        self.last, self.next_read = where, now + self.READ_S
         s = _headline(read_parts(run_dir))
         if s is None:
             return ""
@@ -300,6 +338,19 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                     pairs.append(mb.trial.rate / ma.trial.rate)
         b_med, a_med = statistics.median(best_rates), statistics.median(base_rates)
         speed = b_med / a_med if a_med > 0 else math.nan
+        if bj is not trials[0][0] and not (speed >= 1 + search.BETTER and min(pairs) > 1):
+            # not confirmed: measured again beside the job as written, the gain is within
+            # the noise the search ranks by (or a pair went the other way)
+            say(f"confirmation: {bj.name} measured {speed:.2f}x the job as written over "
+                f"{len(pairs)} pair(s) (range {min(pairs):.2f}-{max(pairs):.2f}): not "
+                f"confirmed; the answer is the job as written")
+            stop_text += (f"; the best trial, {bj.name}, was not confirmed: {speed:.2f}x the "
+                          f"job as written over {len(pairs)} side-by-side pair(s), range "
+                          f"{min(pairs):.2f}-{max(pairs):.2f} (under {search.BETTER:.0%}, or "
+                          "a pair slower)")
+            bj, bt = trials[0][0], base.trial
+            b_med = a_med = statistics.median(base_rates)
+            speed, pairs, best_rates = 1.0, [], base_rates
         best = JobTuneBest(
             name=bj.name, settings=dict(bj.settings), steady_samples_s=b_med, speedup=speed,
             ceiling_share=(b_med / ceiling) if ceiling else None, stop_reason=stop_reason,

@@ -1222,7 +1222,10 @@ class JobTrial:
 class JobTuneBest:
     """The answer: the best trial, measured again interleaved with the job as written.
     ``speedup`` = its steady rate over the job as written (medians of every run of both);
-    ``speedup_low``/``speedup_high``: its interval over the pairs run side by side (none from one pair);
+    ``speedup_low``/``speedup_high``: the range of its ratio over the pairs (its search trial
+    with the job as written's, then each confirmation round's, run side by side); none from
+    one pair. A best that the confirmation does not hold up (under 3%, or a pair slower) is
+    not the answer: ``settings`` fall back to the job as written and ``stop_text`` says so;
     ``ceiling_share`` = its steady rate / the compute-only steady rate (the most a loader
     setting can buy, by replay)."""
 
@@ -1233,7 +1236,7 @@ class JobTuneBest:
     ceiling_share: float | None
     stop_reason: str             # "at_ceiling", "no_gain_predicted", "budget", "baseline_failed"
     stop_text: str               # the reason in words, with its figures
-    speedup_low: float | None = None       # the interval over the side-by-side pairs
+    speedup_low: float | None = None       # the range over the pairs
     speedup_high: float | None = None
     confirm_runs: int = 0        # runs of each side in the confirmation
     still_binds: str = ""        # what still binds, from the last evidence

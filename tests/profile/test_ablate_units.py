@@ -50,14 +50,14 @@ def test_compute_only_extrapolates_the_served_batches() -> None:
     epochs = {"host": "h", "pid": 7, "seq": 0, "streams": {"7:0": [{
         "wait": [0.5, 0.1, 0.001, 0.003], "step": [0.01, 0.01, 0.020, 0.020]}]}}
     replay = {"role": "replay", "pid": 7, "served_from": {"D#0": [2]}}
-    epoch, step, compute = ablate._compute_only(_run([trainer, epochs, replay]), "D#0", 10)
+    epoch, step, compute = ablate.compute_only(_run([trainer, epochs, replay]), "D#0", 10)
     assert epoch == pytest.approx(10 * (0.021 + 0.023) / 2)
     assert step == pytest.approx(0.020)
     assert compute == pytest.approx(0.2)
     # nothing served (the epoch ended within the kept batches): no figure, not a guess
-    assert ablate._compute_only(_run([trainer, epochs, {**replay, "served_from": {}}]),
+    assert ablate.compute_only(_run([trainer, epochs, {**replay, "served_from": {}}]),
                                 "D#0", 10) is None
-    assert ablate._counts([trainer, epochs]) == {"D#0": [4]}
+    assert ablate.batch_counts([trainer, epochs]) == {"D#0": [4]}
 
 
 def test_unmatched_calls_void_the_ablation_with_the_reason() -> None:

@@ -209,3 +209,28 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
     if os.environ.get("STALLBENCH_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
+
+
+@pytest.mark.slow       # ~7 runs of a job that starts its own Ray (~20 s each here)
+@pytest.mark.ray
+def test_a_ray_data_loop_is_tuned_by_its_prefetch_and_judged_on_its_epochs(
+        tmp_path: Path) -> None:
+    """A Ray Data loop makes one iterator per epoch: the tune's rate joins them as the loop's
+    epochs (the job's own meter agrees within 10%), tries ``prefetch_batches`` only, and
+    answers with a setting of the iterator or the job as written."""
+    out = tmp_path / "out"
+    cp = tune(["--out", str(out), "--", PY, helpers.script("ray_epochs.py"), "--epochs", "5"],
+              cwd=tmp_path, timeout=900)
+    assert cp.returncode == 0, cp.stderr
+    t = helpers.load(out).tune
+    assert t.loader_kind.startswith("ray.")
+    assert all(set(x.settings) <= {"prefetch_batches"} for x in t.trials), t.trials
+    bare = subprocess.run([PY, helpers.script("ray_epochs.py"), "--epochs", "5"],
+                          cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
+                          timeout=300)
+    own = [json.loads(x[len("rate: "):])["steady_samples_s"] for x in bare.stdout.splitlines()
+           if x.startswith("rate: ")]
+    first = t.trials[0]
+    assert "epochs 2-" in first.rate_basis, first.rate_basis
+    assert abs(first.steady_samples_s / own[0] - 1) < 0.15, (first.steady_samples_s, own)
+    assert t.best.settings == {} or "iter_torch_batches(..., prefetch_batches=" in t.best.apply

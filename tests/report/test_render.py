@@ -800,3 +800,44 @@ def test_both_ideal_speedups_shown_each_from_its_one_figure(
              format_x(figures.data_ideal_speedup(v.attribution)))
             for v in r.variants if v.attribution is not None]
     assert cells == want and want, (cells, want)
+
+
+def test_a_tune_of_the_users_job_draws_its_search(tmp_path: Path, make_result: Any,
+                                                   write_result: Any) -> None:
+    """Issue 41: a ``stallbench tune -- CMD`` result shows each trial's measured rate against
+    the compute-only ceiling, in order, the predicted figure badged, a failed trial as
+    failed, and the answer with its speedup and ceiling share."""
+    from stallbench.results import JobTrial, JobTune, JobTuneBest
+
+    r = make_result(**LIGHT)
+    trials = [JobTrial("default", {}, "the job as written", "measured", 206.0,
+                       "epochs 2-5", 0.46, 0.021, 32, 4),
+              JobTrial("num_workers=1", {"num_workers": 1}, "the loop waited 46%", "measured",
+                       119.0, "epochs 2-5", 0.66, 0.021, 32, 4, predicted_samples_s=375.0),
+              JobTrial("num_workers=2", {"num_workers": 2}, "the knee", "failed",
+                       exit_code=1),
+              JobTrial("num_workers=1,persistent_workers=true",
+                       {"num_workers": 1, "persistent_workers": True}, "start-up 63%",
+                       "measured", 326.0, "epochs 2-7", 0.14, 0.021, 48, 6)]
+    r.tune = JobTune(budget_s=600.0, wall_s=40.0, loader_kind="torch.DataLoader",
+                     loader_name="Items#0", as_written={"num_workers": 0}, cores=2.0,
+                     ceiling_samples_s=375.0, ceiling_note="375 samples/s compute-only",
+                     trials=trials,
+                     best=JobTuneBest("num_workers=1,persistent_workers=true",
+                                      {"num_workers": 1, "persistent_workers": True}, 325.0,
+                                      1.57, 0.87, "no_gain_predicted", "nothing left",
+                                      speedup_low=1.56, speedup_high=1.58, confirm_runs=1,
+                                      still_binds="the data path",
+                                      apply="DataLoader(..., num_workers=1, "
+                                            "persistent_workers=True)"),
+                     runs=7)
+    path = write_result(r)
+    assert results.load(path).tune.trials[2].outcome == "failed"     # the contract round-trips
+    html = _html(render([path], tmp_path / "out.html"))
+    card = html[html.index('data-figure="tune"'):]
+    card = card[:card.index("</div>")]
+    assert card.count('data-figure="tune-trial"') == 4
+    assert "failed (exit 1)" in card and "PREDICTED" in card
+    assert "1.57x the job as written [1.56, 1.58]" in card and "87% of the ceiling" in card
+    assert 'alt="tune: each trial' in card and _imgs(card)     # drawn, not its fallback line
+    _assert_self_contained(html)
