@@ -293,6 +293,17 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
     return Decision(cands[0], model=model)
 
 
+def not_confirmed(name: str, speedup: float, pairs: list[float]) -> str:
+    """Why the best trial is not the answer ("" when it is): measured again beside the job as
+    written, its gain is under ``BETTER`` (the noise the search ranks by), or one of its
+    pairs (the search's, each confirmation round's) ran slower than the job as written."""
+    if speedup >= 1 + BETTER and pairs and min(pairs) > 1:
+        return ""
+    spread = (f", range {min(pairs):.2f}-{max(pairs):.2f}" if pairs else "")
+    return (f"the best trial, {name}, was not confirmed: {speedup:.2f}x the job as written "
+            f"over {len(pairs)} pair(s){spread} (under {BETTER:.0%}, or a pair slower)")
+
+
 def apply_text(kind: str, settings: dict[str, Any]) -> str:
     """The settings as the user writes them in code."""
     if not settings:

@@ -821,9 +821,16 @@ _BEAT: dict = {"loaders": [], "batches": 0, "last": None, "empty": 0, "exited": 
 _next_beat = 0.0
 
 
+FLUSH_MARK = "flush-now"       # the launcher asks for a flush before it ends the job (tune)
+_flush_asked = False
+
+
 def beat(force: bool = False) -> None:
-    """Rewrite this process's beat file; never raises (a lost beat is a lost hint)."""
-    global _next_beat
+    """Rewrite this process's beat file; never raises (a lost beat is a lost hint). Also
+    where a launcher's ``FLUSH_MARK`` is seen (one stat per beat): the next batch then
+    flushes its part, the open epoch with it, so a trial that ``stallbench tune`` ends keeps
+    its batches up to now (``launcher.run_once``'s ``stop``)."""
+    global _next_beat, _next_periodic, _flush_asked
     now = _perf()
     if not force and now < _next_beat:
         return
@@ -831,6 +838,12 @@ def beat(force: bool = False) -> None:
     run_dir = SETTINGS.get("run_dir")
     if not run_dir:
         return
+    try:
+        if not _flush_asked and os.path.exists(os.path.join(run_dir, FLUSH_MARK)):
+            _flush_asked = True
+            _next_periodic = 0.0
+    except Exception:  # noqa: BLE001 - a hint
+        pass
     try:
         path = os.path.join(run_dir, f"beat-{socket.gethostname()}-{os.getpid()}")
         with open(path + ".tmp", "w") as fh:

@@ -281,6 +281,29 @@ def _processes(pid: int) -> str:
 
 
 STOP_POLL_S = 1.0       # how often ``run_once``'s ``stop`` rule is asked
+FLUSH_WAIT_S = 3.0      # how long a job asked to flush (``hooks.FLUSH_MARK``) is waited for
+
+
+def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Before ``stop`` ends the job: the hooks' flush marker, then up to ``FLUSH_WAIT_S``
+    for a trainer part written after it (the next batch writes one: ``hooks.beat``), so
+    the batches since the last periodic flush are kept. A job that makes no batch meanwhile
+    is ended with what it wrote."""
+    from .hooks import FLUSH_MARK
+    mark = run_dir / FLUSH_MARK
+    try:
+        mark.write_bytes(b"")
+        asked = mark.stat().st_mtime
+    except OSError:
+        return
+    deadline = time.monotonic() + FLUSH_WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if any(p.stat().st_mtime > asked for p in run_dir.glob("part-*.json")):
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
 
 
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
@@ -320,6 +343,7 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
                         next_stop = time.monotonic() + STOP_POLL_S
                         stopped = stop(run_dir)
                         if stopped:
+                            _ask_flush(run_dir, proc)
                             with interrupts.deferred():
                                 _stop(proc, signal.SIGTERM)
                             rc = proc.wait()

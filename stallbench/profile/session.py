@@ -491,7 +491,7 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
     return s
 
 
-def _by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
+def by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
     out: dict[int, list[merge.StreamRun]] = {}
     for s in streams:
         out.setdefault(s.rank, []).append(s)
@@ -701,7 +701,7 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                 runs.append(run)
                 if opts.trace is not None and (nodes == 1 or node_rank == 0):
                     from . import trace
-                    for rank_streams in _by_rank(merge.streams(run.parts)):
+                    for rank_streams in by_rank(merge.streams(run.parts)):
                         pid = len([e for e in opts.trace if e.get("name") == "process_name"])
                         opts.trace.extend(trace.events(
                             f"{v.name} repeat {r + 1} rank {rank_streams[0].rank}", pid,

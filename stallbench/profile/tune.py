@@ -255,6 +255,13 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         run = run_once(opts.argv, run_root / f"t{tag[0]}", v.overrides(), None, replay,
                        stop=Enough(opts.trial_batches))
         clock.ran(run.wall_s)
+        if opts.trace is not None:          # --trace: every run's batches, as profile's
+            from . import trace
+            for rank_streams in session.by_rank(merge.streams(run.parts)):
+                pid = len([e for e in opts.trace if e.get("name") == "process_name"])
+                opts.trace.extend(trace.events(
+                    f"run {tag[0]} ({label.split(':')[0]}) rank {rank_streams[0].rank}", pid,
+                    rank_streams))
         if run.stopped:
             say(f"run {tag[0]}: ended by tune: {run.stopped}")
         return run
@@ -338,16 +345,10 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                     pairs.append(mb.trial.rate / ma.trial.rate)
         b_med, a_med = statistics.median(best_rates), statistics.median(base_rates)
         speed = b_med / a_med if a_med > 0 else math.nan
-        if bj is not trials[0][0] and not (speed >= 1 + search.BETTER and min(pairs) > 1):
-            # not confirmed: measured again beside the job as written, the gain is within
-            # the noise the search ranks by (or a pair went the other way)
-            say(f"confirmation: {bj.name} measured {speed:.2f}x the job as written over "
-                f"{len(pairs)} pair(s) (range {min(pairs):.2f}-{max(pairs):.2f}): not "
-                f"confirmed; the answer is the job as written")
-            stop_text += (f"; the best trial, {bj.name}, was not confirmed: {speed:.2f}x the "
-                          f"job as written over {len(pairs)} side-by-side pair(s), range "
-                          f"{min(pairs):.2f}-{max(pairs):.2f} (under {search.BETTER:.0%}, or "
-                          "a pair slower)")
+        why_not = search.not_confirmed(bj.name, speed, pairs) if bj is not trials[0][0] else ""
+        if why_not:
+            say(f"confirmation: {why_not}; the answer is the job as written")
+            stop_text += f"; {why_not}"
             bj, bt = trials[0][0], base.trial
             b_med = a_med = statistics.median(base_rates)
             speed, pairs, best_rates = 1.0, [], base_rates

@@ -141,3 +141,9 @@ def test_the_answer_as_the_user_writes_it() -> None:
         {"torch.num_threads": 1, "prefetch_batches": 4}
     assert ls.apply_text("ray", {"ray.prefetch_batches": 4}) == \
         "iter_torch_batches(..., prefetch_batches=4)"
+
+
+def test_a_best_is_the_answer_only_when_its_confirmation_holds() -> None:
+    assert ls.not_confirmed("nw=2", 1.57, [1.58, 1.56]) == ""
+    assert "under 3%" in ls.not_confirmed("nw=2", 1.02, [1.03, 1.01])
+    assert "range 0.98-1.20" in ls.not_confirmed("nw=2", 1.09, [1.20, 0.98])

@@ -169,19 +169,26 @@ def test_a_setting_the_job_fails_under_is_a_finding(tmp_path: Path) -> None:
 
 def test_trial_batches_end_a_long_epoch_and_say_so(tmp_path: Path) -> None:
     """One long epoch: the trial ends at --trial-batches, its rate is its steady window's
-    (said), and the job's processes are gone when the command returns."""
+    (said), the job's processes are gone when the command returns, and --trace holds every
+    run's batches (the job as written and its ceiling)."""
     out = tmp_path / "out"
+    trace = tmp_path / "tune.trace.json"
     cp = tune(["--out", str(out), "--trial-batches", "40", "--keys", "torch.num_threads",
-               "--", PY, EXAMPLE, "--epochs", "1", "--items", "4000", "--item-ms", "0.1",
+               "--trace", str(trace), "--", PY, EXAMPLE, "--epochs", "1", "--items", "4000", "--item-ms", "0.1",
                "--step-ms", "5", "--worker-init-ms", "0"], cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
     t = helpers.load(out).tune
     base = t.trials[0]
     assert base.ended_by_tune == "--trial-batches 40 reached", base
-    assert "steady window" in base.rate_basis and base.batches < 500
+    assert "steady window" in base.rate_basis and 40 <= base.batches < 500, base   # flushed first
     assert base.steady_samples_s > 0 and t.best.stop_reason == "no_gain_predicted"
     assert "rate: " not in cp.stdout          # the job never reached its own end
     assert not list(out.glob(".stallbench-profile-*"))
+    events = json.loads(trace.read_text())["traceEvents"]       # every run's batches
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert any(n.startswith("run 1 ") for n in names) and any(n.startswith("run 2 ")
+                                                               for n in names), names
+    assert sum(e["name"] == "wait" for e in events) >= 2 * 40
 
 
 GOLDEN = helpers.ROOT / "tests" / "golden" / "tune_errors.txt"
