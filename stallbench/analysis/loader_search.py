@@ -34,6 +34,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..results import Recommendation, VariantResult
+from ..scenario import format_value
+
 AT_CEILING = 0.95        # the best within 5% of the compute-only steady rate: nothing to buy
 BETTER = 0.03            # a change predicted (or measured) to give less than 3% is not one
 WAITS = 0.05             # a steady wait share below 5%: the loop is not waiting for data
@@ -338,3 +341,136 @@ def still_binds(ctx: Context, b: Trial) -> str:
         return (f"the step as slowed beside the data path: {b.rate / ctx.ceiling:.0%} of the "
                 "compute-only ceiling while the loop barely waits (interference)")
     return "the step (compute): the loop barely waits"
+
+
+# ------------------------------------------------ profile's recommendation (issue 39's decider)
+# ``stallbench profile --set`` measures the values the user listed; which of them to advise is
+# decided here, beside the search ``tune`` runs, so that the two never decide apart.
+
+def steady_rate(v: VariantResult) -> float:
+    """The variant's median steady rate; NaN when its runs had no steady window (never the
+    whole-run rate in its place: start-up would be compared as if it were steady)."""
+    if v.phases is not None and math.isfinite(v.phases.steady_samples_s.median):
+        return v.phases.steady_samples_s.median
+    return math.nan
+
+
+def steady_or_zero(v: VariantResult) -> float:
+    r = steady_rate(v)
+    return r if math.isfinite(r) else 0.0
+
+
+def _reaches(key: str, v: VariantResult) -> bool:
+    """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
+    ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
+    takes neither). Without a profile record (a unit's stand-in) it is taken as reached."""
+    if getattr(v, "profile", None) is None or key.startswith("torch."):
+        return True             # the trainer's threads: the process, not a loader
+    want = "torch.DataLoader" if key.startswith("dataloader.") else "ray."
+    return any(ld.kind.startswith(want) for ld in v.profile.loaders)
+
+
+def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
+    """The ``--set`` keys the variants differ by, when none of them reached a loader (a
+    watched generator takes no DataLoader setting): the variants then ran the same job, and
+    which measured faster is noise, never advice. Empty when any differing key reached one."""
+    changed = {k for v in variants for k in v.knobs
+               if len({format_value(w.knobs.get(k)) for w in variants}) > 1}
+    unreached = sorted(k for k in changed if not any(_reaches(k, v) for v in variants))
+    return unreached if changed and len(unreached) == len(changed) else []
+
+
+def not_applied(v: VariantResult) -> dict[str, str]:
+    """The variant's ``--set`` values that its loaders did not run with, and why (issue 38,
+    class 11: ``persistent_workers=true`` on a job at ``num_workers=0`` is dropped by the hooks,
+    since torch refuses it; advising it would break the job). Read from what the headline
+    torch DataLoader recorded it ran with (the figures compared are its); a key no loader
+    records (Ray's) counts as applied."""
+    if getattr(v, "profile", None) is None:
+        return {}
+    out: dict[str, str] = {}
+    # the headline loader's (the figures compared are its); every loader's without one
+    lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
+    for key, value in v.knobs.items():
+        if not key.startswith("dataloader."):
+            continue
+        arg = key.split(".", 1)[1]
+        for ld in lds:
+            if ld.kind != "torch.DataLoader" or arg not in ld.settings:
+                continue
+            if format_value(ld.settings[arg]) != format_value(value):
+                why = next((n for n in ld.notes if n.startswith(f"{arg} not applied")),
+                           f"{ld.name} ran with {arg}={format_value(ld.settings[arg])}")
+                out[f"{arg}={format_value(value)}"] = why
+                break
+    return out
+
+
+def advisable(variants: list[VariantResult]) -> list[VariantResult]:
+    """The variants advice may name: the first (the comparison's base) and every other whose
+    ``--set`` values all ran."""
+    return [v for i, v in enumerate(variants) if i == 0 or not not_applied(v)]
+
+
+def recommend(variants: list[VariantResult]) -> Recommendation | None:
+    """Measured: the best variant in steady state against the first one; none when a side
+    of the comparison had no steady window (too short a run to compare steady rates)."""
+    if len(variants) < 2:
+        return None
+    base = variants[0]
+    unreached = knobs_reached_nothing(variants)
+    if unreached:
+        kinds = sorted({ld.kind for v in variants if v.profile for ld in v.profile.loaders})
+        text = (f"recommendation: none: {', '.join(unreached)} reached no loader of "
+                f"the job (its loaders: {', '.join(kinds) or 'none'}), so the variants ran the "
+                f"same job and their differences are noise; measured {base.name} "
+                f"{base.throughput_samples_s.median:,.0f} samples/s over the whole run")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured", text=text)
+    short = [v.name for v in variants if not math.isfinite(steady_rate(v))]
+    if short:
+        whole = ", ".join(f"{v.name} {v.throughput_samples_s.median:,.0f}" for v in variants)
+        text = (f"recommendation: none: {', '.join(short)} too short for a steady state "
+                f"(profile more batches to compare steady rates); whole-run samples/s, "
+                f"start-up included: {whole} (measured)")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured", text=text)
+    best = max(advisable(variants), key=steady_rate)
+    b, x = steady_rate(base), steady_rate(best)
+    dropped = {k: why for v in variants[1:] for k, why in not_applied(v).items()}
+    unrun = ("; not advised, never applied: " + "; ".join(f"{k} ({why})" for k, why in
+                                                          dropped.items())) if dropped else ""
+    if best is base or not (b > 0 and x > 0):
+        text = (f"recommendation: keep {base.name}: no variant was faster in steady state "
+                f"({b:,.0f} samples/s; measured){unrun}")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured", text=text)
+    changes = ", ".join(f"{k.split('.', 1)[1]}={format_value(val)}"
+                        for k, val in best.knobs.items() if base.knobs.get(k) != val)
+    where = ("Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else
+             "trainer (torch.set_num_threads before its first op)"
+             if all(k.startswith("torch.") for k in best.knobs) else "DataLoader")
+    key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
+    # issue 39: a measured ratio is the knob's gain only where the wait can explain it
+    from . import waits
+    chk = waits.check_gain(base, best, x / b)
+    iv = (f" [{chk.interval[0]:.2f}, {chk.interval[1]:.2f}] over {chk.repeats} repeats"
+          if chk.interval else " (one repeat: no interval; --repeats 2 or more gives one)")
+    if chk.why_not:
+        text = (f"recommendation: none measured: {best.name} ran {x / b:.2f}x{iv} {base.name} "
+                f"in steady state, but that is not the gain of {changes}: {chk.why_not}; "
+                f"measure again on a quiet machine (--repeats 3){unrun}")
+        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
+                              measured_speedup=x / b, measured_variant=best.name,
+                              action="keep", knob=key, conclusive=False,
+                              not_the_knobs_gain=chk.why_not,
+                              predicted_from="measured", text=text)
+    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x{iv} "
+            f"{base.name} ({b:,.0f}; measured, steady state; the baseline's wait allows "
+            f"{chk.bound:.2f}x); set {changes} on your {where}{unrun}")
+    return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
+                          measured_speedup=x / b, measured_variant=best.name,
+                          action=f"set {changes} on your {where}", knob=key,
+                          value=best.knobs.get(key) if key else None,
+                          predicted_speedup=None, predicted_from="measured",
+                          text=text)

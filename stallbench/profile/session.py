@@ -13,7 +13,8 @@ result says so. A job in which no loader iteration was seen gives no result (``N
 
 The recommendation is measured, never predicted: the variant with the highest steady-state
 samples/s of the headline loader (median over repeats) against the first variant, by how
-much; "keep" when no variant beats it.
+much; "keep" when no variant beats it. Decided in ``analysis.loader_search`` (``recommend``),
+beside ``stallbench tune``'s search: one decider for the loader settings of the user's job.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from ..analysis.stats import finite_median, finite_summary
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        RepeatFigures,
-                       Recommendation, Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
+                       Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
                        Summary, ThreadBudget, ToolInfo, VariantResult, now_utc)
+from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_applied,  # noqa: F401
+                                      recommend, steady_or_zero, steady_rate)
 from . import knobs as knobs_mod
 from . import merge, redact
 from .launcher import JobRun, exit_status, progress_limit, run_once
@@ -498,135 +501,6 @@ def by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
     return [out[k] for k in sorted(out)]
 
 
-def steady_rate(v: VariantResult) -> float:
-    """The variant's median steady rate; NaN when its runs had no steady window (never the
-    whole-run rate in its place: start-up would be compared as if it were steady)."""
-    if v.phases is not None and math.isfinite(v.phases.steady_samples_s.median):
-        return v.phases.steady_samples_s.median
-    return math.nan
-
-
-def _steady_or_zero(v: VariantResult) -> float:
-    r = steady_rate(v)
-    return r if math.isfinite(r) else 0.0
-
-
-def _reaches(key: str, v: VariantResult) -> bool:
-    """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
-    ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
-    takes neither). Without a profile record (a unit's stand-in) it is taken as reached."""
-    if getattr(v, "profile", None) is None or key.startswith("torch."):
-        return True             # the trainer's threads: the process, not a loader
-    want = "torch.DataLoader" if key.startswith("dataloader.") else "ray."
-    return any(ld.kind.startswith(want) for ld in v.profile.loaders)
-
-
-def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
-    """The ``--set`` keys the variants differ by, when none of them reached a loader (a
-    watched generator takes no DataLoader setting): the variants then ran the same job, and
-    which measured faster is noise, never advice. Empty when any differing key reached one."""
-    changed = {k for v in variants for k in v.knobs
-               if len({knobs_mod.format_value(w.knobs.get(k)) for w in variants}) > 1}
-    unreached = sorted(k for k in changed if not any(_reaches(k, v) for v in variants))
-    return unreached if changed and len(unreached) == len(changed) else []
-
-
-def not_applied(v: VariantResult) -> dict[str, str]:
-    """The variant's ``--set`` values that its loaders did not run with, and why (issue 38,
-    class 11: ``persistent_workers=true`` on a job at ``num_workers=0`` is dropped by the hooks,
-    since torch refuses it; advising it would break the job). Read from what the headline
-    torch DataLoader recorded it ran with (the figures compared are its); a key no loader
-    records (Ray's) counts as applied."""
-    if getattr(v, "profile", None) is None:
-        return {}
-    out: dict[str, str] = {}
-    # the headline loader's (the figures compared are its); every loader's without one
-    lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
-    for key, value in v.knobs.items():
-        if not key.startswith("dataloader."):
-            continue
-        arg = key.split(".", 1)[1]
-        for ld in lds:
-            if ld.kind != "torch.DataLoader" or arg not in ld.settings:
-                continue
-            if knobs_mod.format_value(ld.settings[arg]) != knobs_mod.format_value(value):
-                why = next((n for n in ld.notes if n.startswith(f"{arg} not applied")),
-                           f"{ld.name} ran with {arg}={knobs_mod.format_value(ld.settings[arg])}")
-                out[f"{arg}={knobs_mod.format_value(value)}"] = why
-                break
-    return out
-
-
-def advisable(variants: list[VariantResult]) -> list[VariantResult]:
-    """The variants advice may name: the first (the comparison's base) and every other whose
-    ``--set`` values all ran."""
-    return [v for i, v in enumerate(variants) if i == 0 or not not_applied(v)]
-
-
-def recommend(variants: list[VariantResult]) -> Recommendation | None:
-    """Measured: the best variant in steady state against the first one; none when a side
-    of the comparison had no steady window (too short a run to compare steady rates)."""
-    if len(variants) < 2:
-        return None
-    base = variants[0]
-    unreached = knobs_reached_nothing(variants)
-    if unreached:
-        kinds = sorted({ld.kind for v in variants if v.profile for ld in v.profile.loaders})
-        text = (f"recommendation: none: {', '.join(unreached)} reached no loader of "
-                f"the job (its loaders: {', '.join(kinds) or 'none'}), so the variants ran the "
-                f"same job and their differences are noise; measured {base.name} "
-                f"{base.throughput_samples_s.median:,.0f} samples/s over the whole run")
-        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
-                              action="keep", predicted_from="measured", text=text)
-    short = [v.name for v in variants if not math.isfinite(steady_rate(v))]
-    if short:
-        whole = ", ".join(f"{v.name} {v.throughput_samples_s.median:,.0f}" for v in variants)
-        text = (f"recommendation: none: {', '.join(short)} too short for a steady state "
-                f"(profile more batches to compare steady rates); whole-run samples/s, "
-                f"start-up included: {whole} (measured)")
-        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
-                              action="keep", predicted_from="measured", text=text)
-    best = max(advisable(variants), key=steady_rate)
-    b, x = steady_rate(base), steady_rate(best)
-    dropped = {k: why for v in variants[1:] for k, why in not_applied(v).items()}
-    unrun = ("; not advised, never applied: " + "; ".join(f"{k} ({why})" for k, why in
-                                                          dropped.items())) if dropped else ""
-    if best is base or not (b > 0 and x > 0):
-        text = (f"recommendation: keep {base.name}: no variant was faster in steady state "
-                f"({b:,.0f} samples/s; measured){unrun}")
-        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
-                              action="keep", predicted_from="measured", text=text)
-    changes = ", ".join(f"{k.split('.', 1)[1]}={knobs_mod.format_value(val)}"
-                        for k, val in best.knobs.items() if base.knobs.get(k) != val)
-    where = ("Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else
-             "trainer (torch.set_num_threads before its first op)"
-             if all(k.startswith("torch.") for k in best.knobs) else "DataLoader")
-    key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
-    # issue 39: a measured ratio is the knob's gain only where the wait can explain it
-    from ..analysis import waits
-    chk = waits.check_gain(base, best, x / b)
-    iv = (f" [{chk.interval[0]:.2f}, {chk.interval[1]:.2f}] over {chk.repeats} repeats"
-          if chk.interval else " (one repeat: no interval; --repeats 2 or more gives one)")
-    if chk.why_not:
-        text = (f"recommendation: none measured: {best.name} ran {x / b:.2f}x{iv} {base.name} "
-                f"in steady state, but that is not the gain of {changes}: {chk.why_not}; "
-                f"measure again on a quiet machine (--repeats 3){unrun}")
-        return Recommendation(variant=base.name, bound_by="", steady_attributed_stall_share=None,
-                              measured_speedup=x / b, measured_variant=best.name,
-                              action="keep", knob=key, conclusive=False,
-                              not_the_knobs_gain=chk.why_not,
-                              predicted_from="measured", text=text)
-    text = (f"recommendation: {best.name}: {x:,.0f} steady samples/s, {x / b:.2f}x{iv} "
-            f"{base.name} ({b:,.0f}; measured, steady state; the baseline's wait allows "
-            f"{chk.bound:.2f}x); set {changes} on your {where}{unrun}")
-    return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
-                          measured_speedup=x / b, measured_variant=best.name,
-                          action=f"set {changes} on your {where}", knob=key,
-                          value=best.knobs.get(key) if key else None,
-                          predicted_speedup=None, predicted_from="measured",
-                          text=text)
-
-
 def _versions(runs: list[JobRun]) -> tuple[str | None, str | None]:
     torch = next((p.get("torch") for r in runs for p in r.parts if p.get("torch")), None)
     ray = next((p.get("ray") for r in runs for p in r.parts if p.get("ray")), None)
@@ -779,13 +653,13 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
                 vr.notes[key] = line
     rec = recommend(results)
     unreached = knobs_reached_nothing(results)     # once: the best variant and the what-if
-    best = (max(advisable(results), key=_steady_or_zero)
+    best = (max(advisable(results), key=steady_or_zero)
             if len(results) > 1 and not unreached else None)
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
         best_variant=best.name if best else None,
         best_speedup=(steady_rate(best) / steady_rate(results[0])
-                      if best and _steady_or_zero(best) > 0 and _steady_or_zero(results[0]) > 0
+                      if best and steady_or_zero(best) > 0 and steady_or_zero(results[0]) > 0
                       else None),
         verdict=rec.text if rec else "", recommendation=rec)
     result = Result(

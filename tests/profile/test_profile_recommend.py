@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace as NS
 
-from stallbench.profile import merge, session
+from stallbench.analysis import loader_search
+from stallbench.profile import merge
 
 
 def _variant(name: str, knobs: dict, steady: float, whole: float, wait_share: float = 0.7,
@@ -23,13 +24,13 @@ def _variant(name: str, knobs: dict, steady: float, whole: float, wait_share: fl
 def test_no_steady_window_gives_no_steady_ratio() -> None:
     base = _variant("num_workers=0", {"dataloader.num_workers": 0}, math.nan, 900.0)
     other = _variant("num_workers=2", {"dataloader.num_workers": 2}, 3000.0, 1200.0)
-    assert math.isnan(session.steady_rate(base))
+    assert math.isnan(loader_search.steady_rate(base))
     for vs in ([base, other], [other, base]):
-        rec = session.recommend(vs)
+        rec = loader_search.recommend(vs)
         assert "too short for a steady state" in rec.text
         assert "num_workers=0" in rec.text.split("too short")[0]
         assert rec.measured_speedup is None and rec.action == "keep"
-    rec = session.recommend([_variant("a", {"dataloader.num_workers": 0}, 1000.0, 900.0),
+    rec = loader_search.recommend([_variant("a", {"dataloader.num_workers": 0}, 1000.0, 900.0),
                              _variant("b", {"dataloader.num_workers": 2}, 3000.0, 1200.0)])
     assert rec.measured_speedup == 3.0 and "3.00x" in rec.text
     assert "one repeat: no interval" in rec.text
@@ -42,18 +43,18 @@ def test_a_measured_gain_the_wait_cannot_explain_is_not_the_knobs() -> None:
                     repeats=2)
     fast = _variant("b", {"dataloader.num_workers": 2}, 2470.0, 2000.0, wait_share=0.01,
                     repeats=2)
-    rec = session.recommend([base, fast])
+    rec = loader_search.recommend([base, fast])
     assert rec.action == "keep" and rec.conclusive is False
     assert "more than the baseline's wait allows (1.16x" in rec.text, rec.text
     assert "model step changed" not in rec.text
     halved = _variant("b", {"dataloader.num_workers": 2}, 1150.0, 1100.0, wait_share=0.01,
                       step_ms=5.0, repeats=2)
-    rec = session.recommend([base, halved])
+    rec = loader_search.recommend([base, halved])
     assert rec.action == "keep" and "model step changed" in rec.text, rec.text
     # within the bound and the same step: the knob's gain, measured, with its interval
     ok = _variant("b", {"dataloader.num_workers": 2}, 1150.0, 1100.0, wait_share=0.01,
                   repeats=2)
-    rec = session.recommend([base, ok])
+    rec = loader_search.recommend([base, ok])
     assert rec.conclusive and rec.measured_speedup == 1.15 and "over 2 repeats" in rec.text
 
 

@@ -273,7 +273,7 @@ def test_advice_counts_only_values_the_loaders_ran_with(monkeypatch: pytest.Monk
     is the knob's (the wait explains it: issue 39's ``waits.check_gain``, tested in
     tests/analysis/test_waits.py) is taken as yes here: these fakes measured no wait."""
     from stallbench.analysis import waits
-    from stallbench.profile import session
+    from stallbench.analysis import loader_search
 
     monkeypatch.setattr(waits, "check_gain", lambda base, other, gain: waits.GainCheck(
         gain=gain, bound=math.inf, step_ratio=1.0, step_noise_share=0.05))
@@ -283,12 +283,12 @@ def test_advice_counts_only_values_the_loaders_ran_with(monkeypatch: pytest.Monk
                     1000.0, {"num_workers": 0, "persistent_workers": False}, [])
     dropped = _variant("persistent_workers=true", {"dataloader.persistent_workers": True},
                        5000.0, {"num_workers": 0, "persistent_workers": False}, [why])
-    rec = session.recommend([base, dropped])
+    rec = loader_search.recommend([base, dropped])
     assert rec.action == "keep" and "set persistent_workers" not in rec.text
     assert "never applied: persistent_workers=true (" + why in rec.text
     pinned = _variant("pin_memory=true", {"dataloader.pin_memory": True}, 2000.0,
                       {"num_workers": 0, "pin_memory": True}, [])
-    rec = session.recommend([base, dropped, pinned])
+    rec = loader_search.recommend([base, dropped, pinned])
     assert rec.variant == "pin_memory=true" and "set pin_memory=true" in rec.text
 
 
