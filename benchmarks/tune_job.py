@@ -1,11 +1,12 @@
 """``stallbench tune -- CMD`` against an exhaustive bare grid, side by side (issue 41).
 
-    .venv/bin/python benchmarks/tune_job.py                  # every case (~6 min on 2 cores)
+    .venv/bin/python benchmarks/tune_job.py                  # every case (~11 min on 2 cores)
     .venv/bin/python benchmarks/tune_job.py --case knee-1    # one case
 
-For each case of ``examples/tune_loader.py`` (its best setting known by construction), this
-measures the job bare (no stallbench) under every setting of the grid (``num_workers`` x
-``persistent_workers``), then runs ``stallbench tune`` on it, and prints, per case: the grid's
+For each case of ``examples/tune_loader.py`` (its best setting known by construction) and the
+Ray Data loop of ``examples/tune_ray.py``, this measures the job bare (no stallbench) under
+every setting of the grid (``num_workers`` x ``persistent_workers``; ``prefetch_batches`` 1, 2,
+4, 8 for Ray), then runs ``stallbench tune`` on it, and prints, per case: the grid's
 best and its rate, the setting tune chose and its bare rate, the share of the grid's best it
 reached (goal >= 90%), the trials it took beside the job as written and the ceiling (goal
 <= 6), the trials until its best reached 90% of the grid's best (each trial's setting
@@ -43,8 +44,12 @@ CASES = {
 }
 
 
-def bare(job: list[str], setting: tuple) -> float:
-    cp = subprocess.run([sys.executable, EXAMPLE, *job, *flags(setting)], capture_output=True,
+RAY_EXAMPLE = str(ROOT / "examples" / "tune_ray.py")
+RAY_CASE = ["--epochs", "5"]      # a Ray Data loop: prefetch_batches is its one setting
+
+
+def bare(job: list[str], setting: tuple, script: str = EXAMPLE) -> float:
+    cp = subprocess.run([sys.executable, script, *job, *flags(setting)], capture_output=True,
                         text=True, timeout=600)
     if cp.returncode != 0:
         raise SystemExit(f"bare run failed: {cp.stderr[-400:]}")
@@ -53,24 +58,34 @@ def bare(job: list[str], setting: tuple) -> float:
 
 
 def flags(setting: tuple) -> list[str]:
+    if setting and setting[0] == "prefetch":
+        return ["--prefetch-batches", str(setting[1])]
     workers, persistent = setting
     out = ["--num-workers", str(workers)] if workers else []
     return out + (["--persistent-workers"] if persistent and workers else [])
 
 
-def setting_of(settings: dict) -> tuple:
+def setting_of(settings: dict, ray: bool = False) -> tuple:
+    if ray:
+        return ("prefetch", int(settings.get("prefetch_batches") or 1))
     return (int(settings.get("num_workers") or 0), bool(settings.get("persistent_workers")))
 
 
 def run_case(name: str, job: list[str], workers: list[int]) -> dict:
-    grid = [(0, False)] + [(w, p) for w in workers if w for p in (False, True)]
-    rates = {g: bare(job, g) for g in grid}
+    ray = name == "ray"
+    script = RAY_EXAMPLE if ray else EXAMPLE
+    if ray:
+        grid = [("prefetch", p) for p in (1, 2, 4, 8)]
+        keys = "ray.prefetch_batches"
+    else:
+        grid = [(0, False)] + [(w, p) for w in workers if w for p in (False, True)]
+        keys = "dataloader.num_workers,dataloader.persistent_workers"
+    rates = {g: bare(job, g, script) for g in grid}
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         cp = subprocess.run([sys.executable, "-m", "stallbench", "tune", "--out", out, "--keys",
-                             "dataloader.num_workers,dataloader.persistent_workers", "--",
-                             sys.executable, EXAMPLE, *job], capture_output=True, text=True,
-                            timeout=1800, cwd=ROOT)
+                             keys, "--", sys.executable, script, *job], capture_output=True,
+                            text=True, timeout=1800, cwd=ROOT)
         wall = time.perf_counter() - t0
         if cp.returncode != 0:
             raise SystemExit(f"{name}: tune failed: {cp.stderr[-600:]}")
@@ -78,16 +93,16 @@ def run_case(name: str, job: list[str], workers: list[int]) -> dict:
     tune = data["tune"]
     top = max(rates.values())
     best = max(rates, key=rates.get)
-    chosen = setting_of(tune["best"]["settings"])
+    chosen = setting_of(tune["best"]["settings"], ray)
     if chosen not in rates:
-        rates[chosen] = bare(job, chosen)
+        rates[chosen] = bare(job, chosen, script)
     to90, so_far = None, 0.0
     for i, tr in enumerate(tune["trials"]):
         if tr["outcome"] != "measured":
             continue
-        s = setting_of(tr["settings"])
+        s = setting_of(tr["settings"], ray)
         if s not in rates:
-            rates[s] = bare(job, s)
+            rates[s] = bare(job, s, script)
         so_far = max(so_far, rates[s])
         if to90 is None and so_far >= 0.9 * top:
             to90 = i          # trials beside the job as written (0: the job as written)
@@ -100,19 +115,21 @@ def run_case(name: str, job: list[str], workers: list[int]) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--case", choices=sorted(CASES), action="append")
+    p.add_argument("--case", choices=sorted(CASES) + ["ray"], action="append",
+                   help="default: every case, the Ray Data loop (ray, ~5 min) last")
     p.add_argument("--workers", default="1,2", help="worker counts of the grid (default 1,2)")
     a = p.parse_args()
     workers = [int(w) for w in a.workers.split(",")]
     print(f"machine: {os.cpu_count()} cores; load average at start "
           f"{os.getloadavg()[0]:.2f}; grid: num_workers 0,{a.workers} x persistent_workers")
     rows, ok = [], True
-    for name in a.case or list(CASES):
-        r = run_case(name, CASES[name], workers)
+    for name in a.case or [*CASES, "ray"]:
+        r = run_case(name, RAY_CASE if name == "ray" else CASES[name], workers)
         rows.append(r)
         good = r["reached"] >= 0.9 and r["trials"] <= 6
         ok = ok and good
-        fmt = lambda s: f"nw={s[0]}{',persistent' if s[1] else ''}"   # noqa: E731
+        fmt = (lambda s: f"prefetch_batches={s[1]}" if s[0] == "prefetch" else  # noqa: E731
+               f"nw={s[0]}{',persistent' if s[1] else ''}")
         print(f"{name:10s} grid best {fmt(r['grid_best'])} {r['grid_best_rate']:,.0f}/s; tune "
               f"chose {fmt(r['chosen'])} {r['chosen_rate']:,.0f}/s bare = {r['reached']:.0%} "
               f"of it; {r['trials']} trial(s), 90% reached after {r['to90']}; {r['runs']} runs "

@@ -52,12 +52,20 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--worker-init-ms", type=float, default=300.0)
     p.add_argument("--burn", action="store_true", help="items cost CPU, not a wait")
+    p.add_argument("--hidden", type=int, default=0,
+                   help="an MLP of this width computed on the CPU as the step (torch's "
+                        "intra-op threads), instead of the sleep")
     p.add_argument("--num-workers", type=int, default=0)
     p.add_argument("--persistent-workers", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
-    model = torch.nn.Linear(16, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if a.hidden:
+        model = torch.nn.Sequential(torch.nn.Linear(16, a.hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(a.hidden, 1))
+    else:
+        model = torch.nn.Linear(16, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     init_ms = a.worker_init_ms
 
     def worker_init(_: int) -> None:
@@ -74,7 +82,8 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            time.sleep(a.step_ms / 1e3)       # the rest of the step (a GPU's time, say)
+            if not a.hidden:
+                time.sleep(a.step_ms / 1e3)   # the rest of the step (a GPU's time, say)
             if epoch >= 1:
                 samples += len(x)
     end = time.perf_counter()

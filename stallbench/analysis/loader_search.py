@@ -80,7 +80,8 @@ class Trial:
 
 @dataclass(frozen=True)
 class Context:
-    kind: str                     # "torch" (a DataLoader) or "ray" (a Ray Data iterator)
+    kind: str                     # "torch" (a DataLoader), "ray" (a Ray Data iterator) or
+                                  # "other" (a loader no setting reaches: threads only)
     cores: float
     ceiling: float | None         # compute-only steady samples/s
     keys: frozenset[str]          # the dotted keys the search may change
@@ -212,7 +213,7 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
         """A predicted rate never above the measured ceiling."""
         return min(pred, ctx.ceiling) if ctx.ceiling else pred
 
-    if ctx.kind == "torch":
+    if ctx.kind in ("torch", "other"):
         if "dataloader.num_workers" in ctx.keys and L and math.isfinite(step) and step > 0 \
                 and b.steady_wait >= WAITS:
             cap = _worker_cap(ctx.cores, trials)

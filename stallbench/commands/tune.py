@@ -235,7 +235,9 @@ def answer_lines(result) -> list[str]:
                        "the search went on)")
             continue
         share = f", {tr.steady_samples_s / ceiling:.0%} of the ceiling" if ceiling else ""
-        pred = (f"; PREDICTED {tr.predicted_samples_s:,.0f}" if tr.predicted_samples_s else "")
+        pred = (f"; PREDICTED {tr.predicted_samples_s:,.0f}, measured "
+                f"{tr.steady_samples_s / tr.predicted_samples_s - 1:+.0%} of it"
+                if tr.predicted_samples_s else "")
         out.append(f"  {i}. {tr.name}: {tr.steady_samples_s:,.0f} samples/s{share} "
                    f"(wait {tr.steady_wait_share:.0%}; {tr.rate_basis}{pred})"
                    + (f" [ended by tune: {tr.ended_by_tune}]" if tr.ended_by_tune else ""))

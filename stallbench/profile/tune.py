@@ -222,7 +222,8 @@ class _Budget:
 
 
 def _keys(opts: Options, kind: str) -> frozenset[str]:
-    known = TORCH_KEYS if kind == "torch" else RAY_KEYS
+    known = (TORCH_KEYS if kind == "torch" else RAY_KEYS if kind == "ray" else
+             ("torch.num_threads",))
     if not opts.keys:
         return frozenset(known)
     return frozenset(k for k in opts.keys if k in known)
@@ -279,8 +280,13 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         if base is None:
             raise session.NoLoader(session.why_no_figures([base_run], opts.argv, "default"))
         every.append(base_run)
-        kind = "ray" if base.kind.startswith("ray") else "torch"
+        kind = ("torch" if base.kind == "torch.DataLoader" else
+                "ray" if base.kind.startswith("ray.") else "other")
         keys = _keys(opts, kind)
+        if kind == "other":
+            say(f"the headline loader {base.name} is a {base.kind}: no loader setting of "
+                "tune reaches it (--set dataloader.* reaches torch's DataLoader, ray.* Ray "
+                "Data's iterators); only the trainer's threads are searched")
         trials: list[tuple[JobTrial, search.Trial | None, list[JobRun]]] = []
         trials.append((_record("default", {}, "the job as written", base_run, base),
                        base.trial, [base_run]))

@@ -26,6 +26,7 @@ import profile_helpers as helpers
 from stallbench import results
 
 EXAMPLE = str(helpers.ROOT / "examples" / "tune_loader.py")
+RAY_EXAMPLE = str(helpers.ROOT / "examples" / "tune_ray.py")
 PY = sys.executable
 PERSISTENT = ["--item-ms", "2", "--step-ms", "20", "--worker-init-ms", "300", "--epochs", "8"]
 KNEE_1 = ["--item-ms", "1", "--step-ms", "30", "--worker-init-ms", "0", "--epochs", "8",
@@ -226,13 +227,13 @@ def test_a_ray_data_loop_is_tuned_by_its_prefetch_and_judged_on_its_epochs(
     epochs (the job's own meter agrees within 10%), tries ``prefetch_batches`` only, and
     answers with a setting of the iterator or the job as written."""
     out = tmp_path / "out"
-    cp = tune(["--out", str(out), "--", PY, helpers.script("ray_epochs.py"), "--epochs", "5"],
+    cp = tune(["--out", str(out), "--", PY, RAY_EXAMPLE, "--epochs", "5"],
               cwd=tmp_path, timeout=900)
     assert cp.returncode == 0, cp.stderr
     t = helpers.load(out).tune
     assert t.loader_kind.startswith("ray.")
     assert all(set(x.settings) <= {"prefetch_batches"} for x in t.trials), t.trials
-    bare = subprocess.run([PY, helpers.script("ray_epochs.py"), "--epochs", "5"],
+    bare = subprocess.run([PY, RAY_EXAMPLE, "--epochs", "5"],
                           cwd=tmp_path, env=helpers.env(), capture_output=True, text=True,
                           timeout=300)
     own = [json.loads(x[len("rate: "):])["steady_samples_s"] for x in bare.stdout.splitlines()

@@ -1,7 +1,11 @@
 """A Ray Data training loop over several epochs, as a user writes it (imports nothing of
 stallbench): ``ds.iter_torch_batches(prefetch_batches=P)`` called again each epoch (one
-iterator per epoch), a map of MAP_MS per block (a sleep), a step of STEP_MS. Its own meter,
-last line: ``rate: {"steady_samples_s": ...}`` from its second epoch on."""
+iterator per epoch), a map of ``--map-ms`` per block (a sleep), a step of ``--step-ms``.
+Starts its own local Ray (4 CPUs). Its own meter, last line:
+``rate: {"steady_samples_s": ...}`` from its second epoch on.
+
+    stallbench tune -- python examples/tune_ray.py
+"""
 import argparse, json, time
 import numpy as np
 import ray
