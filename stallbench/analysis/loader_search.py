@@ -390,6 +390,11 @@ def not_applied(v: VariantResult) -> dict[str, str]:
     if getattr(v, "profile", None) is None:
         return {}
     out: dict[str, str] = {}
+    want = v.knobs.get("torch.num_threads")
+    ran = getattr(getattr(v, "threads", None), "trainer_torch_threads", None)
+    if want is not None and ran is not None and int(ran) != int(want):
+        out[f"num_threads={want}"] = (f"the trainer ran with {ran} torch threads (the job sets "
+                                      "its own after importing torch)")
     # the headline loader's (the figures compared are its); every loader's without one
     lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
     for key, value in v.knobs.items():

@@ -230,9 +230,12 @@ def answer_lines(result) -> list[str]:
            "included; measured):"]
     ceiling = t.ceiling_samples_s
     for i, tr in enumerate(t.trials, 1):
-        if tr.outcome != "measured":
+        if tr.outcome == "failed":
             out.append(f"  {i}. {tr.name}: the job exited with code {tr.exit_code} (a finding; "
                        "the search went on)")
+            continue
+        if tr.outcome == "not_applied":
+            out.append(f"  {i}. {tr.name}: not applied ({tr.why.rsplit('; not applied: ', 1)[-1]})")
             continue
         share = f", {tr.steady_samples_s / ceiling:.0%} of the ceiling" if ceiling else ""
         pred = (f"; PREDICTED {tr.predicted_samples_s:,.0f}, measured "

@@ -1116,24 +1116,19 @@ def _version_check(lib: str, version: str) -> None:
 
 def _set_threads(torch) -> None:
     """``--set torch.num_threads=N`` (a tune trial, issue 41): the trainer's intra-op threads,
-    set when the job imports torch, before its first op. The job's own
-    ``torch.set_num_threads(k)`` later is kept at N (said once): otherwise the trial would
-    measure the job as written. A loader worker sets its own (torch sets 1 in each)."""
+    set while the job imports torch, before its first op. A job that sets its own later
+    (``torch.set_num_threads(k)``) keeps its choice: the part records the threads it ran with
+    (``_torch_threads`` at each flush), and the launcher side says the value was not applied
+    (``analysis.loader_search.not_applied``). torch's own functions are never replaced: torch
+    is still importing here (its docstrings are added to them after this runs). A loader
+    worker sets its own (torch sets 1 in each)."""
     n = SETTINGS.get("overrides", {}).get("torch", {}).get("num_threads")
     if not n or os.getpid() != _PID:
         return
-    import functools
-    orig = torch.set_num_threads
-    orig(int(n))
-
-    @functools.wraps(orig)
-    def set_num_threads(k):
-        if int(k) != int(n):
-            _say(f"the job's torch.set_num_threads({int(k)}) kept at {int(n)} "
-                 "(--set torch.num_threads)")
-        return orig(int(n))
-
-    torch.set_num_threads = set_num_threads
+    try:
+        torch.set_num_threads(int(n))
+    except Exception as exc:  # noqa: BLE001 - the job runs with its own threads, said
+        _say(f"torch.num_threads={n} not applied ({type(exc).__name__}: {exc})")
 
 
 def patch_torch(dl_mod) -> None:

@@ -326,6 +326,15 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                 continue
             every.append(run)
             jt = _record(name, c.settings, c.why, run, m, c.predicted)
+            want = c.settings.get("torch.num_threads")
+            if want is not None and m.trial.threads is not None and m.trial.threads != want:
+                # the job set its own threads after importing torch: the same job again
+                jt.outcome = "not_applied"
+                jt.why += (f"; not applied: the trainer ran with {m.trial.threads} torch "
+                           "threads (the job sets its own)")
+                say(f"trial {name}: not applied (the job sets its own threads)")
+                trials.append((jt, None, [run]))
+                continue
             say(f"trial {name}: {m.trial.rate:,.0f} steady samples/s "
                 f"({m.trial.rate / base.trial.rate:.2f}x as written)")
             trials.append((jt, m.trial, [run]))

@@ -291,9 +291,10 @@ def throughput(variants: Sequence[str], runs: Sequence[Mapping[str, Any]]) -> st
 def tune_search(trials: Sequence[Any], ceiling: float | None, best: str | None) -> str | None:
     """``stallbench tune -- CMD``: each trial's measured steady rate in the order run, against
     the compute-only ceiling (a dashed line, measured by replay); the answer outlined. A
-    trial the job failed under is a gap with its label."""
+    trial the job failed under, or one it overrode, is a gap with its label."""
     rates = [(i, t) for i, t in enumerate(trials, 1)]
-    vals = [t.steady_samples_s for _, t in rates if _finite(t.steady_samples_s)]
+    vals = [t.steady_samples_s for _, t in rates
+            if t.outcome == "measured" and _finite(t.steady_samples_s)]
     if not vals:
         return None
     with style():
@@ -302,9 +303,10 @@ def tune_search(trials: Sequence[Any], ceiling: float | None, best: str | None) 
         top = max(vals + ([ceiling] if ceiling and _finite(ceiling) else []))
         for k, (i, t) in enumerate(rates):
             y = len(rates) - 1 - k
-            if not _finite(t.steady_samples_s):
-                ax.text(0, y, f"  failed (exit {t.exit_code})", va="center", fontsize=8.5,
-                        color=INK)
+            if t.outcome != "measured" or not _finite(t.steady_samples_s):
+                ax.text(0, y, "  not applied (the job overrode it)" if t.outcome ==
+                        "not_applied" else f"  failed (exit {t.exit_code})", va="center",
+                        fontsize=8.5, color=INK)
                 continue
             chosen = t.name == best
             ax.barh(y, t.steady_samples_s, height=0.62, color=RUN_COLORS[1 if k else 0],

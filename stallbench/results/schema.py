@@ -1204,7 +1204,8 @@ class JobTrial:
     name: str                    # the variant's name in ``variants`` ("default" as written)
     settings: dict[str, Any]
     why: str                     # the figure, measured in an earlier trial, that chose it
-    outcome: str                 # "measured", "failed" (the job exited non-zero under it)
+    outcome: str                 # "measured"; "failed" (the job exited non-zero under it);
+                                 # "not_applied" (the job overrode it: torch's threads)
     steady_samples_s: float = math.nan
     rate_basis: str = ""         # "epochs 2-5 (4 epochs, start-up included)" or "steady window"
     steady_wait_share: float = math.nan    # the loop's wait over the same span

@@ -118,6 +118,45 @@ def test_refused_combination_is_skipped_with_one_line(tmp_path: Path) -> None:
         (t, own)
 
 
+THREADS_JOB = """\
+import os, sys, torch
+from torch.utils.data import DataLoader
+if os.environ.get("OWN_THREADS"):
+    torch.set_num_threads(int(os.environ["OWN_THREADS"]))     # the job's own choice
+for x in DataLoader(list(range(8)), batch_size=4):
+    torch.ones(4) * x
+print("threads", torch.get_num_threads())
+"""
+
+
+def test_set_torch_num_threads_sets_the_trainers_threads_before_its_first_op(
+        tmp_path: Path) -> None:
+    """Issue 41: ``--set torch.num_threads=1,3`` gives the trainer that many intra-op threads
+    from its import of torch on; a job that sets its own afterwards keeps its choice (torch's
+    functions are never replaced), and the value is then said not applied, never advised."""
+    script = tmp_path / "threads_job.py"
+    script.write_text(THREADS_JOB)
+    for own, ran in (("", [1, 3]), ("2", [2, 2])):
+        out = tmp_path / f"out{own}"
+        cp = helpers.profile(["--out", str(out), "--set", "torch.num_threads=1,3", "--", PY,
+                              str(script)], cwd=tmp_path, OWN_THREADS=own)
+        assert cp.returncode == 0, cp.stderr
+        assert [x for x in cp.stdout.splitlines() if x.startswith("threads")] == \
+            [f"threads {n}" for n in ran]
+        r = helpers.load(out)
+        assert [v.threads.trainer_torch_threads for v in r.variants] == ran
+        assert "reached no loader" not in cp.stdout
+        from stallbench.analysis.loader_search import not_applied
+        said = [not_applied(v) for v in r.variants]
+        if own:             # never advised (loader_search.advisable leaves such variants out)
+            assert said == [{"num_threads=1": "the trainer ran with 2 torch threads (the job "
+                                              "sets its own after importing torch)"},
+                            {"num_threads=3": "the trainer ran with 2 torch threads (the job "
+                                              "sets its own after importing torch)"}], said
+        else:
+            assert said == [{}, {}]
+
+
 def test_secrets_are_redacted_and_fingerprint_ignores_them(tmp_path: Path) -> None:
     """Both runs also exit 0 after 5 batches, before their epoch ends (CI time: the early
     exit's own test was a third run of the same job): what ran is kept and said."""
