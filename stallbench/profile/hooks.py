@@ -303,10 +303,11 @@ class Epoch:
     """One pass over a stream (one ``iter()``): per-batch request time, wait and step."""
 
     __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "t_last", "t_end", "capped",
-                 "cuda", "cpu0", "cpu1", "abandoned", "past_cap")
+                 "cuda", "cpu0", "cpu1", "abandoned", "past_cap", "expected")
 
     def __init__(self, t: float) -> None:
         self.t_iter = t
+        self.expected: int | None = None    # len(loader) at iter(): the batches a pass yields
         self.abandoned = False      # closed because a later pass began
         self.past_cap = False       # capped inside a next(it) loop: served unmeasured after
         self.t_req: list = []
@@ -799,6 +800,40 @@ def patch_queue() -> None:
         return item
 
     Q.put, Q.get = put, get
+
+
+def _length(loader) -> int | None:
+    """``len(loader)`` of a DataLoader over a map-style dataset (the batches one pass yields,
+    its sampler and ``drop_last`` counted), None for anything else (an IterableDataset's
+    length is a hint) or when it cannot be read; never raises."""
+    try:
+        data = sys.modules.get("torch.utils.data")
+        ds = getattr(loader, "dataset", None)
+        if data is None or ds is None or isinstance(ds, data.IterableDataset):
+            return None
+        n = len(loader)
+        return n if type(n) is int and n > 0 else None
+    except Exception:  # noqa: BLE001 - unsized: the pass ends when the loop says
+        return None
+
+
+def _close_complete() -> None:
+    """At exit: a pass that yielded exactly ``len(loader)`` batches ended, though the loop
+    never asked for the final StopIteration (Lightning reads ``len(loader)`` batches and
+    stops): it ended at its last batch, and the job did not exit mid-epoch (issue 40)."""
+    try:
+        with _LOCK:
+            streams = list(STREAMS)
+        for st in streams:
+            if not st.epochs:
+                continue
+            ep = st.epochs[-1]
+            if ep.t_end is None and not ep.capped and ep.expected is not None \
+                    and len(ep.wait) == ep.expected:
+                ep.t_end = ep.t_last
+                ep.cpu1 = time.process_time()
+    except Exception:  # noqa: BLE001 - the pass stays open, as the job left it
+        pass
 
 
 def _close_feeds() -> None:
@@ -1382,7 +1417,9 @@ def _begin_pass(st, orig_iter, loader, what: str):
     t = _perf()
     it = orig_iter(loader)
     try:
-        if not _ITERS.set(it, (st, st.new_epoch(t))):
+        ep = st.new_epoch(t)
+        ep.expected = _length(loader)
+        if not _ITERS.set(it, (st, ep)):
             st.switch_off("its iterator cannot be tracked")
     except Exception:  # noqa: BLE001
         st.switch_off(f"its passes could not be timed ({what})" if what
@@ -1602,6 +1639,7 @@ def install() -> None:
     atexit.register(_beat_exit)     # atexit runs last-in first: after the final flush
     atexit.register(flush)
     atexit.register(_close_feeds)   # before the final flush (atexit runs last-in first)
+    atexit.register(_close_complete)
     try:
         patch_queue()
     except Exception as exc:  # noqa: BLE001 - thread loaders go unseen, said once

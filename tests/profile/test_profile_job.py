@@ -118,6 +118,37 @@ def test_refused_combination_is_skipped_with_one_line(tmp_path: Path) -> None:
         (t, own)
 
 
+COUNTED_JOB = """\
+import sys, time
+from torch.utils.data import DataLoader
+loader = DataLoader(list(range(40)), batch_size=4)
+for epoch in range(2):
+    it = iter(loader)
+    for _ in range(len(loader) - int(sys.argv[1])):    # as Lightning reads: len(loader) batches,
+        next(it)                                        # never the final StopIteration
+        time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("short", [0, 3])
+def test_a_loop_that_reads_exactly_len_batches_ended_its_epochs(tmp_path: Path,
+                                                                short: int) -> None:
+    """Issue 40: a loop that takes exactly ``len(loader)`` batches and never asks for the
+    final StopIteration (Lightning's ``_DataFetcher``) ended its epoch: no "exited 0 before
+    ... ended its epoch"; one that stops 3 batches short of it at exit is still said."""
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED_JOB)
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", PY, str(script), str(short)], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    v = helpers.load(out).variants[0]
+    assert v.repeats[0].batches == 2 * (10 - short)
+    if short:
+        assert "ended its epoch, after 14 batches" in v.profile.ended_early, v.profile
+    else:
+        assert not v.profile.ended_early and "ended its epoch" not in cp.stdout, cp.stdout
+
+
 THREADS_JOB = """\
 import os, sys, torch
 from torch.utils.data import DataLoader
