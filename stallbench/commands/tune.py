@@ -262,7 +262,7 @@ def answer_lines(result) -> list[str]:
         out.append(f"answer: {b.apply}")
         out.append(f"  measured {b.speedup:.2f}x{iv} the job as written, steady state "
                    f"({b.steady_samples_s:,.0f} samples/s; confirmed over {b.confirm_runs} "
-                   "interleaved run(s) of each)")
+                   "interleaved round(s) of both)")
         if b.ceiling_share is not None:
             out.append(f"  {b.ceiling_share:.0%} of the compute-only ceiling")
     out.append(f"  still binds: {b.still_binds}")

@@ -358,6 +358,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                     bruns.append(b)
                 if ma is not None and mb is not None:
                     pairs.append(mb.trial.rate / ma.trial.rate)
+        rounds = len(pairs) - 1 if pairs else 0       # confirmation rounds that measured both
         b_med, a_med = statistics.median(best_rates), statistics.median(base_rates)
         speed = b_med / a_med if a_med > 0 else math.nan
         why_not = search.not_confirmed(bj.name, speed, pairs) if bj is not trials[0][0] else ""
@@ -373,7 +374,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             stop_text=stop_text,
             speedup_low=min(pairs) if len(pairs) >= 2 else None,
             speedup_high=max(pairs) if len(pairs) >= 2 else None,
-            confirm_runs=len(best_rates) - 1 if bj is not trials[0][0] else 0,
+            confirm_runs=rounds,
             still_binds=search.still_binds(ctx, bt),
             apply=search.apply_text(kind, _dotted(bj.settings, kind)))
         # the result: one variant per measured trial, the job as written first

@@ -1239,7 +1239,8 @@ class JobTuneBest:
     stop_text: str               # the reason in words, with its figures
     speedup_low: float | None = None       # the range over the pairs
     speedup_high: float | None = None
-    confirm_runs: int = 0        # runs of each side in the confirmation
+    confirm_runs: int = 0        # confirmation rounds that measured both sides (also when
+                                 # the best was not confirmed and the answer fell back)
     still_binds: str = ""        # what still binds, from the last evidence
     apply: str = ""              # the settings as the user writes them in code
 
