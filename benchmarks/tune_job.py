@@ -5,8 +5,8 @@
 
 For each case of ``examples/tune_loader.py`` (its best setting known by construction) and the
 Ray Data loop of ``examples/tune_ray.py``, this measures the job bare (no stallbench) under
-every setting of the grid (``num_workers`` x ``persistent_workers``; ``prefetch_batches`` 1, 2,
-4, 8 for Ray), then runs ``stallbench tune`` on it, and prints, per case: the grid's
+every setting of the grid (``num_workers`` x ``persistent_workers``; with the trainer's threads at 1 too for the
+thread-storm case; ``prefetch_batches`` 1, 2, 4, 8 for Ray), then runs ``stallbench tune`` on it, and prints, per case: the grid's
 best and its rate, the setting tune chose and its bare rate, the share of the grid's best it
 reached (goal >= 90%), the trials it took beside the job as written and the ceiling (goal
 <= 6), the trials until its best reached 90% of the grid's best (each trial's setting
@@ -41,7 +41,12 @@ CASES = {
     # CPU-bound items (a busy loop) on this machine's cores, workers forked every epoch
     "cpu-bound": ["--burn", "--item-ms", "3", "--step-ms", "10", "--worker-init-ms", "100",
                   "--epochs", "10"],
+    # a step computed on the CPU (an MLP, torch's intra-op threads) beside CPU-bound workers:
+    # the thread storm, where the trainer's threads must shrink for the workers to pay
+    "threads": ["--hidden", "1024", "--batch", "64", "--items", "1024", "--burn",
+                "--item-ms", "0.3", "--worker-init-ms", "0", "--epochs", "6"],
 }
+THREAD_CASES = {"threads"}      # their grid adds the trainer's threads (OMP_NUM_THREADS=1)
 
 
 RAY_EXAMPLE = str(ROOT / "examples" / "tune_ray.py")
@@ -49,8 +54,11 @@ RAY_CASE = ["--epochs", "5"]      # a Ray Data loop: prefetch_batches is its one
 
 
 def bare(job: list[str], setting: tuple, script: str = EXAMPLE) -> float:
+    env = dict(os.environ)
+    if len(setting) > 2 and setting[2]:
+        env["OMP_NUM_THREADS"] = str(setting[2])
     cp = subprocess.run([sys.executable, script, *job, *flags(setting)], capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=600, env=env)
     if cp.returncode != 0:
         raise SystemExit(f"bare run failed: {cp.stderr[-400:]}")
     line = [x for x in cp.stdout.splitlines() if x.startswith("rate: ")][-1]
@@ -60,15 +68,16 @@ def bare(job: list[str], setting: tuple, script: str = EXAMPLE) -> float:
 def flags(setting: tuple) -> list[str]:
     if setting and setting[0] == "prefetch":
         return ["--prefetch-batches", str(setting[1])]
-    workers, persistent = setting
+    workers, persistent = setting[:2]
     out = ["--num-workers", str(workers)] if workers else []
     return out + (["--persistent-workers"] if persistent and workers else [])
 
 
-def setting_of(settings: dict, ray: bool = False) -> tuple:
+def setting_of(settings: dict, ray: bool = False, threads: bool = False) -> tuple:
     if ray:
         return ("prefetch", int(settings.get("prefetch_batches") or 1))
-    return (int(settings.get("num_workers") or 0), bool(settings.get("persistent_workers")))
+    out = (int(settings.get("num_workers") or 0), bool(settings.get("persistent_workers")))
+    return out + (int(settings.get("torch.num_threads") or 0),) if threads else out
 
 
 def run_case(name: str, job: list[str], workers: list[int]) -> dict:
@@ -77,6 +86,10 @@ def run_case(name: str, job: list[str], workers: list[int]) -> dict:
     if ray:
         grid = [("prefetch", p) for p in (1, 2, 4, 8)]
         keys = "ray.prefetch_batches"
+    elif name in THREAD_CASES:
+        grid = [(0, False, 0)] + [(w, p, t) for w in workers if w for p in (False, True)
+                                  for t in (0, 1)]
+        keys = "dataloader.num_workers,dataloader.persistent_workers,torch.num_threads"
     else:
         grid = [(0, False)] + [(w, p) for w in workers if w for p in (False, True)]
         keys = "dataloader.num_workers,dataloader.persistent_workers"
@@ -93,14 +106,14 @@ def run_case(name: str, job: list[str], workers: list[int]) -> dict:
     tune = data["tune"]
     top = max(rates.values())
     best = max(rates, key=rates.get)
-    chosen = setting_of(tune["best"]["settings"], ray)
+    chosen = setting_of(tune["best"]["settings"], ray, name in THREAD_CASES)
     if chosen not in rates:
         rates[chosen] = bare(job, chosen, script)
     to90, so_far = None, 0.0
     for i, tr in enumerate(tune["trials"]):
         if tr["outcome"] != "measured":
             continue
-        s = setting_of(tr["settings"], ray)
+        s = setting_of(tr["settings"], ray, name in THREAD_CASES)
         if s not in rates:
             rates[s] = bare(job, s, script)
         so_far = max(so_far, rates[s])
@@ -129,7 +142,8 @@ def main() -> int:
         good = r["reached"] >= 0.9 and r["trials"] <= 6
         ok = ok and good
         fmt = (lambda s: f"prefetch_batches={s[1]}" if s[0] == "prefetch" else  # noqa: E731
-               f"nw={s[0]}{',persistent' if s[1] else ''}")
+               f"nw={s[0]}{',persistent' if s[1] else ''}"
+               f"{f',threads={s[2]}' if len(s) > 2 and s[2] else ''}")
         print(f"{name:10s} grid best {fmt(r['grid_best'])} {r['grid_best_rate']:,.0f}/s; tune "
               f"chose {fmt(r['chosen'])} {r['chosen_rate']:,.0f}/s bare = {r['reached']:.0%} "
               f"of it; {r['trials']} trial(s), 90% reached after {r['to90']}; {r['runs']} runs "
