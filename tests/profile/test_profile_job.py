@@ -80,7 +80,7 @@ def test_no_loader_says_so_and_shows_watch(tmp_path: Path) -> None:
     (["--set", "dataloader.workers=2"],
      "stallbench: error: --set dataloader.workers: unknown key; valid keys: "
      "dataloader.num_workers, dataloader.pin_memory, dataloader.prefetch_factor, "
-     "dataloader.persistent_workers, ray.prefetch_batches\n"),
+     "dataloader.persistent_workers, ray.prefetch_batches, torch.num_threads\n"),
     (["--set", "dataloader.num_workers=two"],
      "stallbench: error: --set dataloader.num_workers: expected an integer 0..1024, got 'two'\n"),
     (["--set", "dataloader.pin_memory=maybe"],
