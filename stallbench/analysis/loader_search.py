@@ -242,23 +242,34 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
                     f"again) took {t.startup_share:.0%} of the span over {t.epochs} epochs; "
                     f"kept workers pay it once: PREDICTED {pred:,.0f} samples/s", pred,
                     pred / b.rate - 1)
-        base0 = next((t for t in trials if t.ok and t.workers == 0), None)
-        for t in trials:        # any worker trial whose step slowed beside its workers
+        for t in trials:        # a trial whose step computes on the CPU beside its workers
             if not ("torch.num_threads" in ctx.keys and t.ok and not t.cuda and t.threads
-                    and t.workers > 0 and t.threads + t.workers > ctx.cores
-                    and base0 is not None and t.step_s > STEP_SLOWED * base0.step_s):
+                    and t.threads + t.workers > ctx.cores
+                    and "torch.num_threads" not in t.settings):
                 continue
             n = max(1, int(ctx.cores) - t.workers)
-            if n < t.threads:
-                pred = capped(t.rows / max(base0.step_s, (L / t.workers) if L else 0.0,
-                                           t.rows / t.rate - (t.step_s - base0.step_s)))
+            if n >= t.threads:
+                continue
+            ref = min((u for u in trials if u.ok and u.workers < t.workers
+                       and math.isfinite(u.step_s)), key=lambda u: u.workers, default=None)
+            if ref is not None and t.step_s > STEP_SLOWED * ref.step_s:
+                pred = capped(t.rows / max(ref.step_s, (L / t.workers) if L else 0.0,
+                                           t.rows / t.rate - (t.step_s - ref.step_s)))
                 add(_with(t, **{"torch.num_threads": n}),
                     f"torch.num_threads: {t.threads} -> {n} (at num_workers={t.workers})",
                     f"the step took {t.step_s * 1e3:.1f} ms with {t.workers} worker(s) beside "
                     f"the trainer's {t.threads} torch threads on {ctx.cores:g} cores, "
-                    f"{t.step_s / base0.step_s:.2f}x its {base0.step_s * 1e3:.1f} ms without: "
-                    f"threads oversubscribe the cores; PREDICTED {pred:,.0f} samples/s",
-                    pred, pred / b.rate - 1)
+                    f"{t.step_s / ref.step_s:.2f}x its {ref.step_s * 1e3:.1f} ms with "
+                    f"{ref.workers}: threads oversubscribe the cores; PREDICTED "
+                    f"{pred:,.0f} samples/s", pred, pred / b.rate - 1)
+            elif ref is None and t.workers >= ctx.cores:
+                # no trial with fewer workers to compare the step with: the oversubscription
+                # read in the job is the evidence; no figure is predicted
+                add(_with(t, **{"torch.num_threads": n}),
+                    f"torch.num_threads: {t.threads} -> {n} (at num_workers={t.workers})",
+                    f"the trainer's {t.threads} torch threads and {t.workers} worker(s) share "
+                    f"{ctx.cores:g} cores (read in the job): threads oversubscribe the cores",
+                    None, BETTER)
         if "dataloader.prefetch_factor" in ctx.keys and b.workers > 0 \
                 and b.wait_share >= WAITS and b.wait_s > 0 \
                 and b.wait_p90_s >= BURSTY * b.wait_s and L is not None \
@@ -297,15 +308,36 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
     return Decision(cands[0], model=model)
 
 
-def not_confirmed(name: str, speedup: float, pairs: list[float]) -> str:
+def not_confirmed(name: str, speedup: float, pairs: list[float],
+                  lost: list[str] | None = None) -> str:
     """Why the best trial is not the answer ("" when it is): measured again beside the job as
-    written, its gain is under ``BETTER`` (the noise the search ranks by), or one of its
-    pairs (the search's, each confirmation round's) ran slower than the job as written."""
-    if speedup >= 1 + BETTER and pairs and min(pairs) > 1:
+    written, its gain is under ``BETTER`` (the noise the search ranks by), one of its
+    pairs (the search's, each confirmation round's) ran slower than the job as written, or
+    the job failed under it in a confirmation round (``lost``)."""
+    if lost:
+        return f"the best trial, {name}, was not confirmed: {'; '.join(lost)}"
+    if speedup >= 1 + BETTER and len(pairs) >= 2 and min(pairs) > 1:
         return ""
     spread = (f", range {min(pairs):.2f}-{max(pairs):.2f}" if pairs else "")
     return (f"the best trial, {name}, was not confirmed: {speedup:.2f}x the job as written "
             f"over {len(pairs)} pair(s){spread} (under {BETTER:.0%}, or a pair slower)")
+
+
+def recommendation(best, kind: str, settings: dict[str, Any]) -> Recommendation:
+    """The result's ``analysis.recommendation`` of a tune: its confirmed answer (``best``, a
+    ``JobTuneBest``), so that report, gate and history read the one answer printed."""
+    if not settings:
+        return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured",
+                              text=f"recommendation: keep the job as written ({best.stop_text})")
+    where = apply_text(kind, settings)
+    text = (f"recommendation: {where}: {best.speedup:.2f}x the job as written in steady state "
+            f"(measured, confirmed interleaved)")
+    key = next(iter(settings))
+    return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
+                          measured_speedup=best.speedup, measured_variant=best.name,
+                          action=f"set {where}", knob=key, value=settings[key],
+                          predicted_from="measured", text=text)
 
 
 def apply_text(kind: str, settings: dict[str, Any]) -> str:

@@ -379,6 +379,7 @@ class Stream:
         self.busy = 0               # the thread inside next_batch now (0: none)
         self.role = ""              # "producer": a thread that feeds the loop a queue
         self.fed_by = ""            # a queue's stream: the name of the stream feeding it
+        self.length = _UNREAD       # len(loader) read at its first pass (``_length``)
         if len(_BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
             _BEAT["loaders"].append(self.name)
         beat(force=True)
@@ -800,6 +801,9 @@ def patch_queue() -> None:
         return item
 
     Q.put, Q.get = put, get
+
+
+_UNREAD = object()
 
 
 def _length(loader) -> int | None:
@@ -1418,7 +1422,9 @@ def _begin_pass(st, orig_iter, loader, what: str):
     it = orig_iter(loader)
     try:
         ep = st.new_epoch(t)
-        ep.expected = _length(loader)
+        if st.length is _UNREAD:        # read once per loader: len() may run user code
+            st.length = _length(loader)
+        ep.expected = st.length
         if not _ITERS.set(it, (st, ep)):
             st.switch_off("its iterator cannot be tracked")
     except Exception:  # noqa: BLE001

@@ -296,13 +296,20 @@ def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
         asked = mark.stat().st_mtime
     except OSError:
         return
+    # every process that ran batches (its beat says so) writes its part again: one rank's
+    # alone would leave the others' last batches out
+    pids = {str(b["pid"]) for b in read_beats(run_dir) if b.get("batches")}
     deadline = time.monotonic() + FLUSH_WAIT_S
     while time.monotonic() < deadline and proc.poll() is None:
+        fresh = set()
         try:
-            if any(p.stat().st_mtime > asked for p in run_dir.glob("part-*.json")):
-                return
+            for p in run_dir.glob("part-*.json"):
+                if p.stat().st_mtime > asked:
+                    fresh.add(p.name.split("-")[-2] if p.name.count("-") >= 3 else "")
         except OSError:
             pass
+        if pids <= fresh or (not pids and fresh):
+            return
         time.sleep(0.05)
 
 
@@ -344,6 +351,10 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
                         stopped = stop(run_dir)
                         if stopped:
                             _ask_flush(run_dir, proc)
+                            if proc.poll() is not None:     # it ended on its own meanwhile
+                                stopped = ""
+                                rc = proc.returncode
+                                break
                             with interrupts.deferred():
                                 _stop(proc, signal.SIGTERM)
                             rc = proc.wait()

@@ -28,7 +28,7 @@ from ..analysis import loader_search as search
 from ..analysis.stats import t_quantile
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
 from . import budget, knobs, merge, session
-from .launcher import JobRun, exit_status, read_beats, read_parts, run_once
+from .launcher import JobRun, NoProgress, exit_status, read_beats, read_parts, run_once
 
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
 MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)
@@ -70,28 +70,32 @@ def _base(name: str) -> str:
 
 
 def _headline(parts: list[dict[str, Any]]) -> merge.StreamRun | None:
-    """The loop the tune judges: the headline loader of the lowest rank, with the loaders of
-    the same kind and class that the same process made one after another (a Ray Data loop
-    calls ``ds.iter_torch_batches()`` each epoch: one iterator, so one stream, per epoch) as
-    its later epochs, in time order; a loader whose passes overlap another's is not one of
-    them (two loops at once)."""
+    """The loop the tune judges: the headline loader of the lowest rank. A Ray Data loop
+    calls ``ds.iter_torch_batches()`` each epoch (one iterator, so one stream, per epoch):
+    the Ray iterators of the same process, class and settings, one after another, with
+    about as many batches each (a validation iterator between them has its own count), are
+    its epochs, in time order. Torch DataLoaders are never joined (a train and a test loader
+    share a class name)."""
     streams = merge.streams(parts)
     name = merge.headline_name(streams)
     hs = sorted((s for s in streams if s.name == name), key=lambda s: s.rank)
     if not hs:
         return None
     head = hs[0]
+    if not head.kind.startswith("ray.") or not head.spans:
+        return head
+    per = head.batches / max(1, len(head.spans))
     kin = sorted((s for s in streams if s.rank == head.rank and s.host == head.host
                   and s.kind == head.kind and _base(s.name) == _base(head.name)
-                  and s.spans and s.role == head.role),
+                  and s.spans and s.role == head.role and s.settings == head.settings
+                  and abs(s.batches / len(s.spans) - per) <= 0.1 * per + 1),
                  key=lambda s: s.spans[0][0])
     if len(kin) < 2:
         return head
-    for a, b in zip(kin, kin[1:]):
-        if b.spans[0][0] < a.spans[-1][1]:
+    for x, y in zip(kin, kin[1:]):
+        if y.spans[0][0] < x.spans[-1][1]:
             return head                 # overlapping passes: not one loop's epochs
-    out = dataclasses.replace(head, name=head.name, spans=[], wait=[], step=[], rows=[],
-                              gpu_wait=[], epochs=0)
+    out = dataclasses.replace(head, spans=[], wait=[], step=[], rows=[], gpu_wait=[], epochs=0)
     for k in kin:
         out.spans.extend(k.spans)
         out.wait.extend(k.wait)
@@ -108,90 +112,143 @@ def _per_epoch_rates(s: merge.StreamRun) -> list[float]:
             if ended and n and t1 > t0]
 
 
+def _known(rates: list[float]) -> float | None:
+    """The half-width of the 90% t interval of the rates' mean, as a share of it, when
+    within ``KNOWN_WITHIN``; None otherwise."""
+    if len(rates) < 2:
+        return None
+    m = statistics.fmean(rates)
+    half = t_quantile(len(rates) - 1, 0.95) * statistics.stdev(rates) / math.sqrt(len(rates))
+    return half / m if m > 0 and half <= KNOWN_WITHIN * m else None
+
+
+WINDOW_CHUNKS = 4           # one long epoch: its steady window in this many chunks
+WINDOW_BATCHES = 10         # of at least this many batches each
+
+
+def _window_rates(s: merge.StreamRun) -> list[float]:
+    """One epoch still running: its batches after the first tenth in ``WINDOW_CHUNKS``
+    chunks, each chunk's samples over its own wait + step (the steady window's rate)."""
+    lo = max(1, s.batches // 10)
+    n = (s.batches - lo) // WINDOW_CHUNKS
+    if n < WINDOW_BATCHES:
+        return []
+    out = []
+    for c in range(WINDOW_CHUNKS):
+        i, j = lo + c * n, lo + (c + 1) * n
+        t = sum(s.wait[i:j]) + sum(s.step[i:j])
+        if t > 0:
+            out.append(sum(s.rows[i:j]) / t)
+    return out
+
+
 class Enough:
-    """``run_once``'s ``stop`` rule for a trial: the headline loader's per-epoch rate after
-    the first epoch known within ``KNOWN_WITHIN`` (90% t interval of their mean, at least
-    ``MIN_EPOCHS`` epochs), or ``trial_batches`` batches run. The part files are read only
-    when the beats show a new epoch (cheap between)."""
+    """``run_once``'s ``stop`` rule for a trial, read from the job's part files:
 
-    READ_S = 2.0            # the part files at most this often (while batches come)
+    - the headline loop's per-epoch rate after its first epoch known within
+      ``KNOWN_WITHIN`` (90% t interval of their mean, at least ``MIN_EPOCHS`` epochs);
+    - a job still in its first epoch after ``window_after_s`` (one long epoch): its steady
+      window's rate known as well (``_window_rates``);
+    - ``trial_batches`` batches of one process (a rank), or the tune's ``deadline``.
 
-    def __init__(self, trial_batches: int | None) -> None:
+    The part files are read when the beats show a new epoch or a new loader, else at most
+    every ``READ_S`` (or ten times the last read's cost), so that the reading stays small
+    beside the job it times."""
+
+    READ_S = 2.0
+
+    def __init__(self, trial_batches: int | None, deadline: float | None = None,
+                 window_after_s: float = math.inf) -> None:
         self.trial_batches = trial_batches
+        self.deadline = deadline
+        self.window_after_s = window_after_s
+        self.t0 = time.monotonic()
         self.last = ("", 0)
         self.next_read = 0.0
 
     def __call__(self, run_dir: Path) -> str:
         beats = read_beats(run_dir)
-        batches = sum(int(b.get("batches") or 0) for b in beats)
+        batches = max((int(b.get("batches") or 0) for b in beats), default=0)
         if self.trial_batches and batches >= self.trial_batches:
             return f"--trial-batches {self.trial_batches} reached"
+        now = time.monotonic()
+        if self.deadline is not None and now >= self.deadline and batches:
+            return "the tune's budget ran out"
         where = max((tuple(b["last"][:2]) for b in beats
                      if isinstance(b.get("last"), list) and len(b["last"]) > 1),
                     key=lambda x: x[1], default=("", 0))
-        now = time.monotonic()
-        # a new epoch (a pass of the same loader, or a new loader: a Ray loop's next
-        # iterator), or batches since the last read
         if where == self.last and now < self.next_read:
             return ""
-        self.last, self.next_read = where, now + self.READ_S
+        self.last = where
         s = _headline(read_parts(run_dir))
+        self.next_read = now + max(self.READ_S, 10 * (time.monotonic() - now))
         if s is None:
             return ""
-        rates = _per_epoch_rates(s)
-        if len(rates) < MIN_EPOCHS:
-            return ""
-        m = statistics.fmean(rates)
-        half = t_quantile(len(rates) - 1, 0.95) * statistics.stdev(rates) / math.sqrt(len(rates))
-        if m > 0 and half <= KNOWN_WITHIN * m:
-            return (f"its steady rate was known within +-{half / m:.1%} after {len(rates) + 1} "
-                    "epochs")
+        within = _known(_per_epoch_rates(s))
+        if within is not None:
+            return (f"its steady rate was known within +-{within:.1%} after "
+                    f"{len(_per_epoch_rates(s)) + 1} epochs")
+        if len(s.spans) == 1 and now - self.t0 >= self.window_after_s:
+            within = _known(_window_rates(s))
+            if within is not None:
+                return (f"one epoch still running after {now - self.t0:.0f} s: its steady "
+                        f"window's rate was known within +-{within:.1%}")
         return ""
 
 
 def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
-    """The trial's rate (module doc) and its evidence; None when no batch was measured."""
+    """The trial's rate (module doc) and its evidence; None when no batch was measured.
+    With two epochs or more: from the start of the second to the end of the last that
+    ended (an epoch the tune cut short adds its start-up and only its first batches: it is
+    left out where an ended one follows the first), else to the trial's last batch."""
     s = _headline(run.parts)
     if s is None or not s.batches:
         return None
     spans = [sp for sp in s.spans if sp[2]]
     if len(spans) >= 2:
+        last = max((i for i, sp in enumerate(spans) if sp[4]), default=0)
+        use = spans[1:last + 1] if last >= 1 else spans[1:]
         first = spans[0][2]
-        t = spans[-1][1] - spans[1][0]
-        rows = sum(sp[3] for sp in spans[1:])
-        n = sum(sp[2] for sp in spans[1:])
+        t = use[-1][1] - use[0][0]
+        rows = sum(sp[3] for sp in use)
+        n = sum(sp[2] for sp in use)
         rate = rows / t if t > 0 else math.nan
-        basis = (f"epochs 2-{len(spans)} ({n} batches; each epoch's start-up included)")
-        lo = first
-        starts = []
-        i = first
-        for sp in spans[1:]:
+        basis = (f"epochs 2-{len(use) + 1} ({n} batches; each epoch's start-up included)")
+        lo, hi = first, first + n
+        starts, i = [], first
+        for sp in use:
             starts.append(i)
             i += sp[2]
     else:                           # one long epoch: its steady window, said
         f = merge.figures(s)
         k = f.phases.startup_batches if f.phases is not None else 0
         lo = k if 0 < k < s.batches - 1 else s.batches // 2
-        n = s.batches - lo
+        hi = s.batches
+        n = hi - lo
         t = sum(s.wait[lo:]) + sum(s.step[lo:])
         rows = sum(s.rows[lo:])
         rate = rows / t if t > 0 else math.nan
         basis = f"the steady window of its one epoch (batches {lo + 1}-{s.batches})"
         starts = []
-    waits = s.wait[lo:]
-    first_waits = [s.wait[i] for i in starts]
-    steady = [w for j, w in enumerate(waits) if lo + j not in set(starts)] or waits
+        use = []
+    waits = s.wait[lo:hi]
+    first_set = set(starts)
+    steady = [w for j, w in enumerate(waits) if lo + j not in first_set] or waits
     wait_s = statistics.fmean(steady) if steady else 0.0
     p90 = sorted(steady)[int(0.9 * (len(steady) - 1))] if steady else 0.0
-    startup = sum(max(0.0, w - wait_s) for w in first_waits)
-    steps = [x for x in s.step[lo:] if x > 0]
+    steps = [x for x in s.step[lo:hi] if x > 0]
+    step_med = statistics.median(steps) if steps else 0.0
+    # each epoch's start-up: its span beyond its batches at the steady pace (the fork at
+    # iter(), the first batch's wait beyond the steady wait, the workers' shutdown)
+    startup = sum(max(0.0, (t1 - t0) - nb * (wait_s + step_med))
+                  for (t0, t1, nb, _, _) in use)
     st = s.settings
     stage_wall = sum(float(r[1]) for r in s.stages.values())
     stage_cpu = sum(float(r[2]) for r in s.stages.values())
     trial = search.Trial(
         settings=dict(settings), rate=rate,
         wait_share=(sum(waits) / t) if t > 0 else math.nan,
-        step_s=statistics.median(steps) if steps else math.nan,
+        step_s=step_med if steps else math.nan,
         wait_s=wait_s, wait_p90_s=p90, startup_share=startup / t if t > 0 else 0.0,
         rows=rows / n if n else math.nan, workers=int(st.get("num_workers") or 0),
         persistent=bool(st.get("persistent_workers")),
@@ -254,7 +311,8 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         say(f"run {tag[0]}: {label}")
         v = knobs.Variant(knobs.name_of(settings), settings)
         run = run_once(opts.argv, run_root / f"t{tag[0]}", v.overrides(), None, replay,
-                       stop=Enough(opts.trial_batches))
+                       stop=Enough(opts.trial_batches, clock.t0 + opts.budget_s,
+                                   opts.budget_s / 8))
         clock.ran(run.wall_s)
         if opts.trace is not None:          # --trace: every run's batches, as profile's
             from . import trace
@@ -286,7 +344,8 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         if kind == "other":
             say(f"the headline loader {base.name} is a {base.kind}: no loader setting of "
                 "tune reaches it (--set dataloader.* reaches torch's DataLoader, ray.* Ray "
-                "Data's iterators); only the trainer's threads are searched")
+                "Data's iterators); only the trainer's threads can be searched, where they "
+                "oversubscribe the cores")
         trials: list[tuple[JobTrial, search.Trial | None, list[JobRun]]] = []
         trials.append((_record("default", {}, "the job as written", base_run, base),
                        base.trial, [base_run]))
@@ -312,16 +371,25 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                              f"{clock.longest:.0f} s); next would have been {d.choice.change}")
                 break
             c = d.choice
-            run = one(c.settings, f"trial {len(trials) + 1}: {c.change} ({c.why})")
-            m = measure(run, c.settings) if ok(run) else None
             name = knobs.name_of(c.settings)
+            try:
+                run = one(c.settings, f"trial {len(trials) + 1}: {c.change} ({c.why})")
+            except NoProgress as exc:       # --progress-timeout: this setting hangs the job
+                say(f"trial {name}: {exc}: recorded, the search goes on")
+                trials.append((JobTrial(name=name, settings=search.bare(c.settings),
+                                        why=c.why + f"; {exc}", outcome="failed",
+                                        exit_code=2, predicted_samples_s=c.predicted),
+                               None, []))
+                continue
+            m = measure(run, c.settings) if ok(run) else None
             if m is None:
                 code = exit_status(run.exit_code)
-                say(f"trial {name}: the job exited with code {code}: recorded, the search "
-                    "goes on")
-                jt = JobTrial(name=name, settings=search.bare(c.settings), why=c.why,
-                              outcome="failed", exit_code=code, wall_s=run.wall_s,
-                              predicted_samples_s=c.predicted)
+                what = (f"the job exited with code {code}" if code else
+                        "the job ran no batch of its loader under it")
+                say(f"trial {name}: {what}: recorded, the search goes on")
+                jt = JobTrial(name=name, settings=search.bare(c.settings),
+                              why=c.why + f"; {what}", outcome="failed", exit_code=code,
+                              wall_s=run.wall_s, predicted_samples_s=c.predicted)
                 trials.append((jt, None, [run]))
                 continue
             every.append(run)
@@ -343,6 +411,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         bj, bt, bruns = max(measured, key=lambda x: x[1].rate)
         base_rates, best_rates = [base.trial.rate], [bt.rate]
         pairs: list[float] = []
+        lost: list[str] = []            # the best failing where it ran before: a finding
         if bj is not trials[0][0]:
             pairs.append(bt.rate / base.trial.rate)
             for r in range(max(1, opts.repeats)):
@@ -358,10 +427,14 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                     bruns.append(b)
                 if ma is not None and mb is not None:
                     pairs.append(mb.trial.rate / ma.trial.rate)
+                if mb is None:
+                    lost.append(f"confirmation {r + 1}: the job exited with code "
+                                f"{exit_status(b.exit_code)} under {bj.name}")
         rounds = len(pairs) - 1 if pairs else 0       # confirmation rounds that measured both
         b_med, a_med = statistics.median(best_rates), statistics.median(base_rates)
         speed = b_med / a_med if a_med > 0 else math.nan
-        why_not = search.not_confirmed(bj.name, speed, pairs) if bj is not trials[0][0] else ""
+        why_not = search.not_confirmed(bj.name, speed, pairs, lost) \
+            if bj is not trials[0][0] else ""
         if why_not:
             say(f"confirmation: {why_not}; the answer is the job as written")
             stop_text += f"; {why_not}"
@@ -391,6 +464,13 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                     r.stopped for r in rs if r.stopped))
             variants.append(vr)
         result = session.assemble(sopts, variants, every, machine, created)
+        # one answer: the result's recommendation is the tune's (profile's, from the same
+        # variants, could name a trial the confirmation rejected)
+        rec = search.recommendation(best, kind, _dotted(best.settings, kind))
+        result.analysis.recommendation = rec
+        result.analysis.verdict = rec.text
+        result.analysis.best_variant = best.name
+        result.analysis.best_speedup = best.speedup
         result.tune = JobTune(
             budget_s=opts.budget_s, wall_s=clock.spent, loader_kind=base.kind,
             loader_name=base.name, as_written=_plain(base.settings), cores=machine.cores,
@@ -459,6 +539,14 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
     if got is None or not (got[0] > 0 and base.trial.rows > 0):
         return None, ("not measured: the compute-only run served fewer than 2 batches from "
                       "memory")
+    m = measure(run, {})
+    if m is not None and m.epochs >= 2 and base.kind == "torch.DataLoader" \
+            and math.isfinite(m.trial.rate):
+        # the trials' own basis: from the second epoch on, the job's time between epochs
+        # (validation, checkpoints) included, every batch of those epochs served
+        return m.trial.rate, (f"{m.trial.rate:,.0f} samples/s compute-only, {m.basis} "
+                              f"with every batch served from memory (the loop's wait + step "
+                              f"{got[0] * 1e3:.2f} ms per batch); measured")
     rate = base.trial.rows / got[0]
     return rate, (f"{rate:,.0f} samples/s compute-only (the loop's wait + step per batch "
                   f"with batches served from memory: {got[0] * 1e3:.2f} ms; measured)")

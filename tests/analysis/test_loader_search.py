@@ -147,3 +147,19 @@ def test_a_best_is_the_answer_only_when_its_confirmation_holds() -> None:
     assert ls.not_confirmed("nw=2", 1.57, [1.58, 1.56]) == ""
     assert "under 3%" in ls.not_confirmed("nw=2", 1.02, [1.03, 1.01])
     assert "range 0.98-1.20" in ls.not_confirmed("nw=2", 1.09, [1.20, 0.98])
+
+
+def test_a_best_that_failed_in_its_confirmation_is_not_the_answer() -> None:
+    why = ls.not_confirmed("nw=2", 1.6, [1.6], ["confirmation 1: the job exited with code 1"])
+    assert "exited with code 1" in why
+    assert "pair" in ls.not_confirmed("nw=2", 1.6, [1.6])       # no confirmation pair measured
+
+
+def test_threads_without_a_fewer_worker_trial_from_the_oversubscription_read() -> None:
+    """The job as written runs 2 workers beside 2 torch threads on 2 cores: no trial with
+    fewer workers to compare its step with, so the oversubscription read in the job calls
+    for the trainer's threads, with no predicted figure."""
+    w2 = trial(rate=300.0, wait_s=0.001, workers=2, persistent=True, threads=2)
+    d = ls.decide(ctx(ceiling=None, keys=("torch.num_threads",)), [w2], [{}])
+    assert d.choice.settings == {"torch.num_threads": 1} and d.choice.predicted is None
+    assert "read in the job" in d.choice.why
