@@ -211,3 +211,30 @@ def test_a_collective_failed_by_a_dead_peer_names_the_dead_peer(ray_session: Any
     assert RayRankLauncher._dead_peer(None, [c.ok.remote(), c.fail.remote(0.0)], 0) is None
     for x in (a, c):
         ray.kill(x)
+
+
+def test_a_store_port_taken_before_rank_0_binds_it_is_chosen_again() -> None:
+    """The port ``free_port`` read can be taken before rank 0's store binds it (EADDRINUSE,
+    once in a CI run): the ranks are set up again on a new port, at most PORT_ATTEMPTS
+    times; any other failure is raised as it came."""
+    from types import SimpleNamespace
+
+    from stallbench.executors.ray import ranks
+    from stallbench.trainers.base import RankError
+
+    cls = ranks.RayRankLauncher
+    ports: list[int] = []
+
+    def flaky(port: int) -> None:
+        ports.append(port)
+        if len(ports) == 1:
+            raise RankError("trainer rank 0 (Ray actor) failed: DistNetworkError: The server "
+                            "socket has failed to listen ... EADDRINUSE, address already in use")
+
+    fake = SimpleNamespace(PORT_ATTEMPTS=cls.PORT_ATTEMPTS, _start=flaky)
+    cls.start(fake)
+    assert len(ports) == 2
+    other = SimpleNamespace(PORT_ATTEMPTS=3, _start=lambda port: (_ for _ in ()).throw(
+        RankError("trainer rank 1 failed: ValueError")))
+    with pytest.raises(RankError, match="ValueError"):
+        cls.start(other)

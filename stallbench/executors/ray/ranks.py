@@ -249,12 +249,26 @@ class RayRankLauncher(RankLauncher):
         self._shared: SharedSlots | None = None   # each rank's progress and state (``watchdog``)
         self._watched = False
 
+    PORT_ATTEMPTS = 3
+
     def start(self) -> None:
+        """The rank actors, set up; their store's port chosen again when another process took
+        it between ``free_port`` and rank 0's bind (EADDRINUSE, seen once in a full CI run
+        beside Ray's own servers), at most ``PORT_ATTEMPTS`` times."""
+        for attempt in range(self.PORT_ATTEMPTS):
+            try:
+                self._start(free_port())
+                return
+            except BaseException as exc:
+                taken = "EADDRINUSE" in str(exc) or "address already in use" in str(exc)
+                if not taken or attempt == self.PORT_ATTEMPTS - 1:
+                    raise
+
+    def _start(self, port: int) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node = ray.get_runtime_context().get_node_id()
-        port = free_port()
         tr = self.plan.config.trainers
         remote = ray.remote(RankActor)
         plan = dataclasses.replace(self.plan, caches=None)
