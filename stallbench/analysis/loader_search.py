@@ -396,11 +396,13 @@ def steady_or_zero(v: VariantResult) -> float:
 def _reaches(key: str, v: VariantResult) -> bool:
     """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
     ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
-    takes neither). Without a profile record (a unit's stand-in) it is taken as reached."""
+    takes neither: each kind's door says, ``profile.doors``). Without a profile record (a
+    unit's stand-in) it is taken as reached."""
     if getattr(v, "profile", None) is None or key.startswith("torch."):
         return True             # the trainer's threads: the process, not a loader
-    want = "torch.DataLoader" if key.startswith("dataloader.") else "ray."
-    return any(ld.kind.startswith(want) for ld in v.profile.loaders)
+    from ..profile import doors     # the loader kinds' one table: which --set groups reach
+    group = key.split(".", 1)[0]
+    return any(doors.of(ld.kind).reaches(group) for ld in v.profile.loaders)
 
 
 def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
@@ -429,12 +431,13 @@ def not_applied(v: VariantResult) -> dict[str, str]:
                                       "its own after importing torch)")
     # the headline loader's (the figures compared are its); every loader's without one
     lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
+    from ..profile import doors
     for key, value in v.knobs.items():
         if not key.startswith("dataloader."):
             continue
         arg = key.split(".", 1)[1]
         for ld in lds:
-            if ld.kind != "torch.DataLoader" or arg not in ld.settings:
+            if not doors.of(ld.kind).reaches("dataloader") or arg not in ld.settings:
                 continue
             if format_value(ld.settings[arg]) != format_value(value):
                 why = next((n for n in ld.notes if n.startswith(f"{arg} not applied")),

@@ -43,7 +43,7 @@ from ..analysis.stats import bootstrap_medians, finite_summary, percentile_inter
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
                        Summary)
-from . import budget, merge
+from . import budget, doors, merge
 from .launcher import JobRun, exit_status, run_once
 
 KEEP_BATCHES = 8
@@ -128,7 +128,7 @@ def compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, flo
         for s in p.get("streams", []):
             if s["name"] != headline:
                 continue
-            # a loop fed through a queue (hooks._Feed): its batches are those its producer's
+            # a loop fed through a queue (doors/thread_queue): its batches are its producer's
             # loader served, in order
             marks = served.get(s.get("fed_by") or headline) or []
             per, steps = [], []
@@ -190,23 +190,20 @@ def part_of(name: str) -> str:
 
 
 class _Skip(Exception):
-    """No recording run for this job (``_ray_no_recording`` says why)."""
+    """No recording run for this job (``_no_recording`` says why)."""
 
 
-RAY_NO_RECORDING = ("a Ray Data iterator: its stages run in Ray's tasks, outside torch's "
-                    "fetchers, so a recording run would record nothing; none is made (the "
-                    "split from Ray's own iterator stats is not built yet)")
-
-
-def _ray_no_recording(head, streams0: list, headline: str | None) -> str:
-    """Why the headline loader gets no recording run ("" where it does): a Ray Data
-    iterator with no ``stallbench.stage`` marked in the loop's process (those the
+def _no_recording(head, streams0: list, headline: str | None) -> str:
+    """Why the headline loader gets no recording run ("" where it does): its door says its
+    stages are not recorded (``STAGES``: a Ray Data iterator's run in Ray's tasks, outside
+    torch's fetchers) and no ``stallbench.stage`` is marked in the loop's process (those the
     recording would still keep)."""
-    if head is None or not str(head.kind).startswith("ray."):
+    why = doors.of(head.kind).stages if head is not None else ""
+    if not why:
         return ""
     marked = {n for st in streams0 if st.name == headline for n in st.stages
               if n not in AUTOMATIC}
-    return "" if marked else RAY_NO_RECORDING
+    return "" if marked else why
 
 
 def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
@@ -335,9 +332,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         if any(v is None for v in vals):
             why = (f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve "
                    f"after the {keep} kept")
-            if hs and hs[0].kind == "watch":    # replay.source serves hooked loaders only
-                why = ("the headline loader is a stallbench.watch'ed iterable, which is not "
-                       "served from memory (only torch DataLoaders and Ray iterators are)")
+            if hs and doors.of(hs[0].kind).served:     # replay.source asks the door
+                why = doors.of(hs[0].kind).served
             an.ablations.append(ProfileAblation(
                 ONLY, "the whole data path", False, why, runs=len(only_runs)))
         else:
@@ -352,15 +348,15 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
 
     # stage ablations: a warm recording run, then the served runs
     served: dict[str, list[RepeatFigures]] = {}
-    ray_why = _ray_no_recording(hs[0] if hs else None, streams0, headline)
-    if ray_why:
+    no_rec_why = _no_recording(hs[0] if hs else None, streams0, headline)
+    if no_rec_why:
         # issue 39: a Ray Data iterator's stages run in Ray's tasks, outside torch's
         # fetchers: a recording run would record nothing, and costs a whole run of the job
         for name, removes in ((ITEMS, items_fn),
                               (BATCH, "the dataset and collate_fn")):
-            an.ablations.append(ProfileAblation(name, removes, False, ray_why))
+            an.ablations.append(ProfileAblation(name, removes, False, no_rec_why))
     try:
-        if ray_why:
+        if no_rec_why:
             raise _Skip
         rec_dir.mkdir(parents=True, exist_ok=True)
         rec = runs_of("recording every fetch call's items and batch", {

@@ -22,12 +22,15 @@ Rules it keeps, and why:
   recorded batches from memory by swapping the source, and the records (epoch, index,
   request time, wait, step, rows) say which batch to serve.
 
-Doors beyond torch's DataLoader and Ray Data (issue 40): torchdata's ``StatefulDataLoader``
-and ``nodes.Loader`` (``patch_stateful``, ``patch_nodes``), and a loader thread feeding the
-loop through a ``queue.Queue`` (``_Feed``: the loop's ``get`` is the exposed wait).
+- **One module per loader kind** (issue 40): what each loader library needs patched lives in
+  its door under ``doors/`` (``load_doors`` loads them by path; each declares the modules it
+  patches and gets this core through ``bind``). This file is the core every door uses: the
+  stream and epoch clocks, the part files, the beats, the post-import finder. It names no
+  loader kind. The doors use its public names only (``Stream``, ``begin_pass``, ``Passes``,
+  ``LOADERS``, ``PROC``, ...); nothing of theirs is read from here but their declarations.
 
-Written for torch 2.13, Ray 2.60 and torchdata 0.11 (``WRITTEN_FOR``); with another version the job's stderr
-gets one line saying what the hooks patch and that it may have changed.
+Each door says which library version it was written for; with another version the job's
+stderr gets one line saying what that door patches and that it may have changed.
 """
 
 from __future__ import annotations
@@ -44,32 +47,34 @@ import time
 import types
 import weakref
 
-WRITTEN_FOR = {"torch": "2.13", "ray": "2.60", "torchdata": "0.11"}
 ENV = "STALLBENCH_PROFILE"
 LOADER_ENV = "STALLBENCH_PROFILE_LOADER"   # "trainer pid:loader order", for spawned workers
 EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"     # the epoch spawned workers start for (replay)
 FLUSH_S = 1.0
 
-_perf = time.perf_counter
-_tcpu = time.thread_time
+perf = time.perf_counter
+tcpu = time.thread_time
 
 SETTINGS: dict = {}
 STREAMS: list = []              # this process's streams, in creation order
 _LOCK = threading.Lock()
-_ACTIVE = threading.local()     # the stream whose batch this thread is fetching (0 workers)
-_WORKER_LOADER: str | None = None   # in a loader worker: "trainer pid:order" it works for
-_STAGES: dict = {}              # key -> name -> a record (stage_add)
+ACTIVE = threading.local()     # the stream whose batch this thread is fetching (0 workers)
+STAGE_RECORDS: dict = {}              # key -> name -> a record (stage_add)
 _next_flush = 0.0
 _said: set = set()
-_REPLAY = None                  # replay.py (issue 28), loaded only for an ablation run
-_SERVING_EPOCH: int | None = None   # in a loader worker: the epoch it was started for
+REPLAY = None                   # replay.py (issue 28), loaded only for an ablation run
+# which loader a process serves, set by the DataLoader door: in the trainer, ``serving`` (the
+# loader whose workers start now); in a loader worker, ``worker_loader`` ("trainer pid:order")
+# and ``serving_epoch`` (the epoch it was started for: replay)
+MAIN = threading.main_thread().ident
+PROC = types.SimpleNamespace(serving=None, worker_loader=None, serving_epoch=None)
 _IMAGE = os.urandom(4).hex()    # this process image: an exec'd image or a forked child gets
                                 # its own, so its part files never overwrite the last image's
 _PID = os.getpid()
 _LOST = [0]                     # part writes that failed and were not written again since
 
 
-class _IdMap:
+class IdMap:
     """Object -> value, never stored in the object (issue 38, class 2): keyed by ``id`` with a
     weak reference that drops the entry when the object goes. Not a ``WeakKeyDictionary``:
     that hashes and compares the key, which runs a user's ``__hash__``/``__eq__``; nothing
@@ -102,12 +107,15 @@ class _IdMap:
     def clear(self) -> None:
         self._d.clear()
 
+    def __len__(self) -> int:
+        return len(self._d)
 
-_LOADERS = _IdMap()             # a DataLoader / Ray iterator -> its Stream
-_ITERS = _IdMap()               # a torch loader iterator -> (Stream, Epoch)
+
+LOADERS = IdMap()             # a DataLoader / Ray iterator -> its Stream
+ITERS = IdMap()               # a torch loader iterator -> (Stream, Epoch)
 
 
-def _own(obj, name: str, default=None):
+def own(obj, name: str, default=None):
     """An attribute from the object's own ``__dict__``: no ``getattr``, so no property,
     ``__getattr__`` or ``__getattribute__`` of the user's runs from hook code (a loader
     subclass whose ``__getattr__`` forwards to its dataset recursed before its ``__init__``)."""
@@ -118,7 +126,7 @@ def _own(obj, name: str, default=None):
         return default
 
 
-def _unmeasured(label: str, what: str) -> None:
+def unmeasured(label: str, what: str) -> None:
     """The last resort for an exception inside hook code: one line naming the loader and
     what was not done (never the exception's class: the user did nothing wrong)."""
     line = f"stallbench: {label}: not measured ({what})"
@@ -130,13 +138,13 @@ def _unmeasured(label: str, what: str) -> None:
             pass
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     if line not in _said:
         _said.add(line)
         print(f"stallbench profile: {line}", file=sys.stderr, flush=True)
 
 
-def _rank() -> dict:
+def rank() -> dict:
     env = os.environ
 
     def num(name: str, default: int) -> int:
@@ -172,27 +180,27 @@ def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: 
     is [calls, wall, cpu, where, calls whose CPU was read, cold cpu, cold calls]; ``cpu``
     None: not read. ``cold``: the process's first fetch, whose CPU (a lazy open, imports)
     is kept apart: the merge scales it to the unread calls only when no warm call was read."""
-    if _WORKER_LOADER is not None:
-        key = _WORKER_LOADER
+    if PROC.worker_loader is not None:
+        key = PROC.worker_loader
         where = where or "workers"
     else:
-        st = getattr(_ACTIVE, "stream", None)
+        st = getattr(ACTIVE, "stream", None)
         key = (st.key if st is not None else
-               getattr(_ACTIVE, "pin_key", None) or f"{os.getpid()}:trainer")
+               getattr(ACTIVE, "pin_key", None) or f"{os.getpid()}:trainer")
         where = where or "trainer"
     # under the lock: the pin thread and the user's threads add here while a flush copies
     # (an unlocked += loses updates; a dict changing size under json.dump raises)
     with _LOCK:
-        rec = _STAGES.setdefault(key, {}).get(name)
+        rec = STAGE_RECORDS.setdefault(key, {}).get(name)
         if rec is None:
-            rec = _STAGES[key][name] = [0, 0.0, 0.0, where, 0, 0.0, 0]
+            rec = STAGE_RECORDS[key][name] = [0, 0.0, 0.0, where, 0, 0.0, 0]
         rec[0] += calls
         rec[1] += wall
         if cpu is not None:
             cpu_at, calls_at = (5, 6) if cold else (2, 4)
             rec[cpu_at] += cpu
             rec[calls_at] += calls
-    if _WORKER_LOADER is not None and _perf() >= _next_flush:
+    if PROC.worker_loader is not None and perf() >= _next_flush:
         flush_worker()
 
 
@@ -206,11 +214,11 @@ class Stage:
         self.name = str(name)
 
     def __enter__(self) -> "Stage":
-        self._w, self._c = _perf(), _tcpu()
+        self._w, self._c = perf(), tcpu()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stage_add(self.name, _perf() - self._w, _tcpu() - self._c)
+        stage_add(self.name, perf() - self._w, tcpu() - self._c)
 
     def __call__(self, fn):
         import functools
@@ -218,13 +226,13 @@ class Stage:
 
         @functools.wraps(fn)
         def timed(*a, **k):
-            w, c = _perf(), _tcpu()
+            w, c = perf(), tcpu()
             try:
-                if _REPLAY is not None:     # an ablation run: recorded, or served (replay.py)
-                    return _REPLAY.stage_call(name, fn, a, k)
+                if REPLAY is not None:     # an ablation run: recorded, or served (replay.py)
+                    return REPLAY.stage_call(name, fn, a, k)
                 return fn(*a, **k)
             finally:
-                stage_add(name, _perf() - w, _tcpu() - c)
+                stage_add(name, perf() - w, tcpu() - c)
         return timed
 
 
@@ -379,16 +387,16 @@ class Stream:
         self.busy = 0               # the thread inside next_batch now (0: none)
         self.role = ""              # "producer": a thread that feeds the loop a queue
         self.fed_by = ""            # a queue's stream: the name of the stream feeding it
-        self.length = _UNREAD       # len(loader) read at its first pass (``_length``)
-        if len(_BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
-            _BEAT["loaders"].append(self.name)
+        self.length = _UNREAD       # len(loader) read at its first pass (``length``)
+        if len(BEAT["loaders"]) < 8:     # names for the launcher's lines, a few
+            BEAT["loaders"].append(self.name)
         beat(force=True)
 
     def switch_off(self, what: str) -> None:
         """Hooks off for this loader: it runs on exactly as without stallbench."""
         if not self.unmeasured:
             self.unmeasured = what
-            _unmeasured(self.name, what)
+            unmeasured(self.name, what)
 
     def new_epoch(self, t: float) -> Epoch:
         """A new pass; a previous pass the loop left with ``break`` (never ended) is closed
@@ -418,7 +426,7 @@ class Stream:
             return source(it)
         measured = False            # decided inside the guard; the batch is made outside it,
         try:                        # so the job's own exceptions are never taken for ours
-            t0 = _perf()
+            t0 = perf()
             me = threading.get_ident()
             if self.busy or ep.abandoned:
                 # another thread inside now, or a pass resumed after a later one began: two
@@ -436,9 +444,9 @@ class Stream:
                 ep.past_cap = True
             else:
                 cuda = _cuda_event() if ep.cuda is not None or _cuda_on() else None
-                if _REPLAY is not None:
-                    source = _REPLAY.source(self, ep, source, it)
-                prev = getattr(_ACTIVE, "stream", None)
+                if REPLAY is not None:
+                    source = REPLAY.source(self, ep, source, it)
+                prev = getattr(ACTIVE, "stream", None)
                 measured = True
         except StopIteration:
             raise
@@ -446,22 +454,22 @@ class Stream:
             self.switch_off("its batches could not be timed")
         if not measured:
             return source(it)
-        _ACTIVE.stream = self
+        ACTIVE.stream = self
         self.busy = me
         try:
             batch = source(it)
         except StopIteration:
             self.busy = 0
             if not ep.t_req:        # a pass that yielded nothing: an empty loader
-                _BEAT["empty"] += 1
+                BEAT["empty"] += 1
                 beat(force=True)
             self.end_epoch(ep, t0)
             raise
         finally:
             self.busy = 0
-            _ACTIVE.stream = prev
+            ACTIVE.stream = prev
         try:
-            t1 = _perf()
+            t1 = perf()
             if ep.t_req:
                 ep.step.append(t0 - ep.t_last)
                 ep.t_req.append(t0)
@@ -471,15 +479,15 @@ class Stream:
                 ep.wait.append(t1 - ep.t_iter)
             ep.t_last = t1
             ep.rows.append(_rows(batch, self.default_rows))
-            if me != _MAIN:         # a put of it into a queue.Queue: a feed (_fed); the
-                _ACTIVE.produced = (self, id(batch), ep.rows[-1])   # main thread never feeds
+            if me != MAIN:         # a put of it into a queue.Queue: a feed (_fed); the
+                ACTIVE.produced = (self, id(batch), ep.rows[-1])   # main thread never feeds
             if cuda is not None:
                 if ep.cuda is None:
                     ep.cuda = []
                 ep.cuda.append((cuda, _cuda_event()))
-            _BEAT["batches"] += 1
-            _BEAT["last"] = (self.name, len(self.epochs), len(ep.wait))
-            if t1 >= _next_beat or _BEAT["batches"] == 1:
+            BEAT["batches"] += 1
+            BEAT["last"] = (self.name, len(self.epochs), len(ep.wait))
+            if t1 >= _next_beat or BEAT["batches"] == 1:
                 beat(force=True)
             if t1 >= _next_periodic:
                 flush(force=False)
@@ -606,7 +614,7 @@ class Passes:
 def _pass(st: "Stream", inner, inside):
     """One pass over ``inner`` through the stream's clocks (``inside``: Ray's flag that a
     nested iteration is not counted twice)."""
-    ep = st.new_epoch(_perf())
+    ep = st.new_epoch(perf())
     if inside is not None:
         inside.on = True
     try:
@@ -635,178 +643,10 @@ def _pass(st: "Stream", inner, inside):
         st.close_abandoned(ep)
 
 
-# ------------------------------------------------------------------------ thread loaders
-# A loader iterated on one thread whose batches the training loop takes from a
-# ``queue.Queue`` (MONAI's ThreadDataLoader, a hand-written prefetch thread): the time the
-# producer thread spends in the loader's ``__next__`` is production, not the loop's wait
-# (the traceml mistake: 98% "stalled" where the loop waited 15%). The hooks see a batch the
-# producer just took (``_ACTIVE.produced``) being put into a queue (itself, or inside a
-# tuple/list: ``q.put((i, batch))``); that queue is then a feed: the loader's stream is
-# marked ``producer`` and the queue's ``get`` is timed as the consumer's wait, in a stream
-# of its own (kind ``thread.queue``, named ``<loader> (queue)``) whose epochs follow the
-# producer's. Only ``queue.Queue`` and its subclasses are seen (``SimpleQueue``, a deque
-# or a list are not: the loader's stream is then what its own thread waited, noted).
-
-QUEUE_KIND = "thread.queue"
-_MAIN = threading.main_thread().ident
-_FEEDS = _IdMap()               # a queue.Queue a producer thread puts batches into -> _Feed
-_ALL_FEEDS: list = []           # every feed (kept past its queue: closed at exit)
-
-
-class _Feed:
-    """One queue fed by one loader stream's producer thread, and its consumer's clocks."""
-
-    __slots__ = ("producer", "consumer", "pending", "t_ask", "ep", "ep_of")
-
-    def __init__(self, producer: "Stream") -> None:
-        self.producer = producer
-        self.consumer: Stream | None = None
-        self.pending: dict = {}         # id(item put) -> (producer epoch number, rows)
-        self.t_ask: float | None = None     # the consumer's first get of the batch to come
-        self.ep: Epoch | None = None
-        self.ep_of = 0
-
-    def get(self, orig, q, a, k):
-        """``q.get``: the wait runs from the consumer's first try (a ``get(timeout=)``
-        that raised ``Empty`` and was tried again waited all along) to the item."""
-        t0 = _perf()
-        if self.t_ask is None:
-            self.t_ask = t0
-        item = orig(q, *a, **k)
-        t1 = _perf()
-        try:
-            self.took(item, t1)
-        except Exception:  # noqa: BLE001 - hook code failed: the consumer runs unmeasured
-            if self.consumer is not None:
-                self.consumer.switch_off("its queue's waits could not be timed")
-        return item
-
-    def took(self, item, t1: float) -> None:
-        t_ask, self.t_ask = self.t_ask, None
-        got = self.pending.pop(id(item), None)
-        cons = self.consumer
-        if cons is None:
-            p = self.producer
-            cons = self.consumer = Stream(QUEUE_KIND, p.label, dict(p.settings))
-            cons.name, cons.fed_by = f"{p.name} (queue)", p.name
-            cons.notes.append(f"the training loop's waits on the queue.Queue that {p.name}'s "
-                              "producer thread fills: the exposed wait")
-        if cons.unmeasured:
-            return
-        if got is None:             # not a batch (an end marker): the pass ended at the ask
-            if self.ep is not None:
-                cons.end_epoch(self.ep, t_ask)
-                self.ep = None
-            return
-        ep_of, rows = got
-        if self.ep is None or self.ep_of != ep_of:
-            if self.ep is not None:
-                cons.end_epoch(self.ep, t_ask)
-            self.ep, self.ep_of = cons.new_epoch(t_ask), ep_of
-        ep = self.ep
-        if ep.t_req:
-            ep.step.append(t_ask - ep.t_last)
-        ep.t_req.append(t_ask)
-        ep.wait.append(t1 - t_ask)
-        ep.t_last = t1
-        ep.rows.append(rows)
-        _BEAT["batches"] += 1
-        _BEAT["last"] = (cons.name, len(cons.epochs), len(ep.wait))
-        if t1 >= _next_periodic:
-            flush(force=False)
-
-    def close(self) -> None:
-        """At exit: a consumer pass that took every batch of an ended producer pass (a loop
-        that counts its batches and sends no end marker) ended at its last batch."""
-        ep, p = self.ep, self.producer
-        if ep is None or ep.t_end is not None or self.consumer is None:
-            return
-        if 0 < self.ep_of <= len(p.epochs):
-            pe = p.epochs[self.ep_of - 1]
-            if pe.t_end is not None and not pe.capped and len(pe.wait) == len(ep.wait):
-                ep.t_end = ep.t_last
-                ep.cpu1 = time.process_time()
-
-
-def _fed(q, item, tag) -> None:
-    """``q.put(item)`` on a thread that just took a batch: a feed when the item is that
-    batch (or holds it in a tuple/list); never raises (``_put``)."""
-    st, bid, rows = tag
-    t = type(item)
-    if id(item) != bid and not ((t is tuple or t is list) and
-                                any(id(x) == bid for x in item[:4])):
-        return
-    _ACTIVE.produced = None
-    feed = _FEEDS.get(q)
-    if feed is None:
-        feed = _Feed(st)
-        if not _FEEDS.set(q, feed):
-            return
-        _ALL_FEEDS.append(feed)
-        if st.role != "producer":
-            st.role = "producer"
-            st.notes.append(
-                f"iterated on a background thread ({threading.current_thread().name}) that "
-                "puts its batches into a queue.Queue: its waits are the producer's, not the "
-                "training loop's (no wait share: see its '(queue)' loader for the loop's)")
-    feed.pending[id(item)] = (len(st.epochs), rows)
-
-
-def patch_queue() -> None:
-    """``queue.Queue.put``/``get`` (standard library, patched at install): a put costs one
-    thread-local read, a get one dict lookup, unless the queue is a feed."""
-    import functools
-    import queue as queue_mod
-    Q = queue_mod.Queue
-    orig_put, orig_get = Q.put, Q.get
-
-    @functools.wraps(orig_put)
-    def put(self, item, *a, **k):
-        tag = getattr(_ACTIVE, "produced", None)
-        if tag is not None:
-            try:
-                _fed(self, item, tag)
-            except Exception:  # noqa: BLE001 - the put goes on as the job's own
-                pass
-        return orig_put(self, item, *a, **k)
-
-    @functools.wraps(orig_get)
-    def get(self, *a, **k):
-        feed = _FEEDS.get(self) if _FEEDS._d else None
-        if feed is not None:
-            return feed.get(orig_get, self, a, k)
-        if not STREAMS:             # no loader in this process: nothing can feed a queue
-            return orig_get(self, *a, **k)
-        # the loop's first get may start before the producer's first put made the queue a
-        # feed: its wait (the pipeline's start-up) runs from here, or from its first try
-        # where it polls (``get(timeout=)`` tried again after ``Empty``)
-        t0 = _perf()
-        asking = getattr(_ACTIVE, "asking", None)
-        if asking is not None and asking[0] == id(self):
-            t0 = asking[1]
-        try:
-            item = orig_get(self, *a, **k)
-        except BaseException:
-            _ACTIVE.asking = (id(self), t0)
-            raise
-        _ACTIVE.asking = None
-        try:
-            feed = _FEEDS.get(self)
-            if feed is not None:
-                if feed.t_ask is None:
-                    feed.t_ask = t0
-                feed.took(item, _perf())
-        except Exception:  # noqa: BLE001
-            pass
-        return item
-
-    Q.put, Q.get = put, get
-
-
 _UNREAD = object()
 
 
-def _length(loader) -> int | None:
+def length(loader) -> int | None:
     """``len(loader)`` of a DataLoader over a map-style dataset (the batches one pass yields,
     its sampler and ``drop_last`` counted), None for anything else (an IterableDataset's
     length is a hint) or when it cannot be read; never raises."""
@@ -840,14 +680,6 @@ def _close_complete() -> None:
         pass
 
 
-def _close_feeds() -> None:
-    try:
-        for feed in list(_ALL_FEEDS):
-            feed.close()
-    except Exception:  # noqa: BLE001
-        pass
-
-
 # ------------------------------------------------------------------------------ beats
 # What the launcher reads while the job runs and when no figures came back (``--progress-
 # timeout``; "exited before its first batch", "an empty loader", "figures lost"): one small
@@ -856,7 +688,7 @@ def _close_feeds() -> None:
 # batches come, and at exit. Counts only: the names are the streams' own.
 
 BEAT_S = 0.5
-_BEAT: dict = {"loaders": [], "batches": 0, "last": None, "empty": 0, "exited": False}
+BEAT: dict = {"loaders": [], "batches": 0, "last": None, "empty": 0, "exited": False}
 _next_beat = 0.0
 
 
@@ -870,7 +702,7 @@ def beat(force: bool = False) -> None:
     flushes its part, the open epoch with it, so a trial that ``stallbench tune`` ends keeps
     its batches up to now (``launcher.run_once``'s ``stop``)."""
     global _next_beat, _next_periodic, _flush_asked
-    now = _perf()
+    now = perf()
     if not force and now < _next_beat:
         return
     _next_beat = now + BEAT_S
@@ -886,41 +718,20 @@ def beat(force: bool = False) -> None:
     try:
         path = os.path.join(run_dir, f"beat-{socket.gethostname()}-{os.getpid()}")
         with open(path + ".tmp", "w") as fh:
-            fh.write(json.dumps(_BEAT))
+            fh.write(json.dumps(BEAT))
         os.replace(path + ".tmp", path)
     except Exception:  # noqa: BLE001 - never fail the job for a hint
         pass
 
 
 def _beat_exit() -> None:
-    _BEAT["exited"] = True
+    BEAT["exited"] = True
     beat(force=True)
-
-
-_WATCHED = _IdMap()             # a watched iterable -> its stream (one per object)
-
-
-def watch(iterable, name: str | None = None):
-    """``stallbench.watch``: the same items, through a stream's clocks (one epoch per pass).
-    One stream per object: ``watch(loader)`` called again each epoch (inside the epoch loop,
-    as the docs show it) adds an epoch to the same stream, not a new loader per epoch (the
-    headline was the first epoch alone). A new object (a generator made each epoch) is a
-    new stream."""
-    try:
-        label = str(name or type(iterable).__name__)
-        st = _WATCHED.get(iterable)
-        if st is None or st.label != label or st.unmeasured:
-            st = Stream("watch", label)
-            _WATCHED.set(iterable, st)
-        return Passes(st, iterable)
-    except Exception:  # noqa: BLE001 - the job goes on with its own iterable
-        _unmeasured(str(name or "watch"), "the watched iterable could not be hooked")
-        return iterable
 
 
 # ------------------------------------------------------------------------------- parts
 
-_T0_PERF = _perf()
+_T0_PERF = perf()
 _T0_WALL = time.time()
 FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writing parts
 _next_periodic = 0.0        # the next mid-epoch flush (FLUSH_S, or more if writes are slow)
@@ -942,7 +753,7 @@ def _write(name: str, payload: dict) -> bool:
         os.replace(tmp, path)
         return True
     except Exception as exc:  # noqa: BLE001 - a lost part must never fail the user's job
-        _say(f"cannot write its figures to {run_dir} ({type(exc).__name__}: {exc})")
+        say(f"cannot write its figures to {run_dir} ({type(exc).__name__}: {exc})")
         try:
             os.unlink(tmp)
         except OSError:
@@ -984,9 +795,9 @@ def _plain(o: object) -> object:
 
 
 def _stages_copy() -> dict:
-    """``_STAGES`` copied under the lock (other threads add to it while a flush dumps)."""
+    """``STAGE_RECORDS`` copied under the lock (other threads add to it while a flush dumps)."""
     with _LOCK:
-        return {k: {n: list(r) for n, r in v.items()} for k, v in _STAGES.items()}
+        return {k: {n: list(r) for n, r in v.items()} for k, v in STAGE_RECORDS.items()}
 
 
 def _launched() -> bool:
@@ -1012,7 +823,7 @@ def _header() -> dict:
     ray = sys.modules.get("ray")
     return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid(),
             "image": _IMAGE, "launched": _launched(),
-            "t0_wall": _T0_WALL, "t0_perf": _T0_PERF, **_rank(),
+            "t0_wall": _T0_WALL, "t0_perf": _T0_PERF, **rank(),
             "torch": getattr(torch, "__version__", None), "ray": getattr(ray, "__version__", None),
             "torch_threads": _torch_threads(torch), "cpu_s": time.process_time()}
 
@@ -1029,7 +840,7 @@ def flush(force: bool = True, epoch_end: str = "") -> None:
     try:
         _flush(force, epoch_end)
     except Exception as exc:  # noqa: BLE001 - the user's job must not fail for a lost flush
-        _say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
+        say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
              "this process's figures may be incomplete")
 
 
@@ -1039,7 +850,7 @@ def _flush(force: bool, epoch_end: str) -> None:
     ``FLUSH_S`` (or longer, by the same budget). A pending epoch end is written by the next
     periodic flush."""
     global _seq, _next_periodic, _next_epoch_flush, _last_end_key
-    now = _perf()
+    now = perf()
     if not force:
         if epoch_end:
             if epoch_end == _last_end_key and now < _next_epoch_flush:
@@ -1048,7 +859,7 @@ def _flush(force: bool, epoch_end: str) -> None:
             return
     if os.getpid() != _PID:         # a forked child that kept the parent's streams
         return
-    if not STREAMS and not _STAGES:
+    if not STREAMS and not STAGE_RECORDS:
         return
     with _LOCK:
         streams = list(STREAMS)
@@ -1077,9 +888,9 @@ def _flush(force: bool, epoch_end: str) -> None:
     ok = _write(f"part-{host}-{pid}-{_IMAGE}.json", part) and ok
     if ok:
         _recovered()
-    if _REPLAY is not None:
-        _REPLAY.flush()
-    done = _perf()
+    if REPLAY is not None:
+        REPLAY.flush()
+    done = perf()
     cost = done - now
     if epoch_end:
         _last_end_key = epoch_end
@@ -1090,16 +901,16 @@ def _flush(force: bool, epoch_end: str) -> None:
 def flush_worker() -> None:
     """A loader worker's part; runs in a fetch's ``finally``: never raises (see ``flush``)."""
     global _next_flush
-    _next_flush = _perf() + FLUSH_S
+    _next_flush = perf() + FLUSH_S
     try:
-        part = {"role": "worker", **_header(), "loader": _WORKER_LOADER,
+        part = {"role": "worker", **_header(), "loader": PROC.worker_loader,
                 "stages": _stages_copy()}
         if _write(f"stage-{socket.gethostname()}-{os.getpid()}-{_IMAGE}.json", part):
             _recovered()
-        if _REPLAY is not None:
-            _REPLAY.flush()
+        if REPLAY is not None:
+            REPLAY.flush()
     except Exception as exc:  # noqa: BLE001
-        _say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
+        say(f"a flush of its figures failed ({type(exc).__name__}: {exc}); "
              "this process's figures may be incomplete")
 
 
@@ -1109,13 +920,17 @@ def _forked() -> None:
     global _IMAGE, _PID, _seq
     _IMAGE, _PID, _seq = os.urandom(4).hex(), os.getpid(), 0
     STREAMS.clear()
-    _STAGES.clear()
-    _LOADERS.clear()
-    _ITERS.clear()
-    _FEEDS.clear()
-    _ALL_FEEDS.clear()
-    _WATCHED.clear()
+    STAGE_RECORDS.clear()
+    LOADERS.clear()
+    ITERS.clear()
     _LOST[0] = 0
+    for mod in DOORS:               # the doors' own tables (a queue's feed, a watched object)
+        fn = getattr(mod, "at_fork", None)
+        if fn is not None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def _patch_exec() -> None:
@@ -1137,295 +952,74 @@ def _patch_exec() -> None:
         setattr(os, name, make(orig))
 
 
-# ----------------------------------------------------------------------- torch patches
+# ------------------------------------------------------------------- for the doors
 
-OVERRIDABLE = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
-
-
-def _version_check(lib: str, version: str) -> None:
-    want = WRITTEN_FOR[lib]
-    if not version.startswith(want + ".") and version != want:
-        what = ("DataLoader.__init__/__iter__, _BaseDataLoaderIter.__next__, the map/iterable "
-                "fetchers, the worker loop and pin_memory" if lib == "torch" else
-                "StatefulDataLoader.__iter__, nodes.Loader.__iter__ and LoaderIterator.__next__"
-                if lib == "torchdata" else "DataIterator.iter_batches/iter_torch_batches")
-        _say(f"hooks written for {lib} {want}, this job has {lib} {version}: they patch {what}, "
-             "which this version may have changed")
+def own_process() -> bool:
+    """Whether this is the process the hooks were installed in (not a fork that kept them)."""
+    return os.getpid() == _PID
 
 
-def _set_threads(torch) -> None:
-    """``--set torch.num_threads=N`` (a tune trial, issue 41): the trainer's intra-op threads,
-    set while the job imports torch, before its first op. A job that sets its own later
-    (``torch.set_num_threads(k)``) keeps its choice: the part records the threads it ran with
-    (``_torch_threads`` at each flush), and the launcher side says the value was not applied
-    (``analysis.loader_search.not_applied``). torch's own functions are never replaced: torch
-    is still importing here (its docstrings are added to them after this runs). A loader
-    worker sets its own (torch sets 1 in each)."""
-    n = SETTINGS.get("overrides", {}).get("torch", {}).get("num_threads")
-    if not n or os.getpid() != _PID:
-        return
+def dist_version(dist: str) -> str:
+    """An installed distribution's version ("?" when its metadata cannot be read)."""
     try:
-        torch.set_num_threads(int(n))
-    except Exception as exc:  # noqa: BLE001 - the job runs with its own threads, said
-        _say(f"torch.num_threads={n} not applied ({type(exc).__name__}: {exc})")
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:  # noqa: BLE001 - no metadata: nothing to compare
+        return "?"
 
 
-def patch_torch(dl_mod) -> None:
-    import functools
-    import inspect
-    torch = sys.modules["torch"]
-    _version_check("torch", torch.__version__)
-    utils = sys.modules["torch.utils.data._utils"]
-    DataLoader = dl_mod.DataLoader
-    BaseIter = dl_mod._BaseDataLoaderIter
-    MultiIter = dl_mod._MultiProcessingDataLoaderIter
-    overrides = SETTINGS.get("overrides", {}).get("dataloader", {})
-    _set_threads(torch)
-
-    orig_init = DataLoader.__init__
-    sig = inspect.signature(orig_init)
-
-    @functools.wraps(orig_init)
-    def __init__(self, *args, **kwargs):
-        if _LOADERS.get(self) is not None:      # a subclass's second init
-            return orig_init(self, *args, **kwargs)
-        notes: list = []
-        if overrides:
-            try:
-                bound = sig.bind(self, *args, **kwargs)
-            except TypeError:
-                bound = None        # torch raises its own error below
-            if bound is not None:
-                bound.apply_defaults()
-                a = bound.arguments
-                for k, v in overrides.items():
-                    a[k] = v
-                if not a.get("num_workers"):
-                    if a.get("prefetch_factor") is not None:
-                        notes.append("prefetch_factor not applied: torch refuses it with "
-                                     "num_workers=0")
-                        a["prefetch_factor"] = None
-                    if a.get("persistent_workers"):
-                        notes.append("persistent_workers not applied: torch refuses it with "
-                                     "num_workers=0")
-                        a["persistent_workers"] = False
-                args, kwargs = bound.args[1:], bound.kwargs
-        orig_init(self, *args, **kwargs)
-        _loader_stream(self, notes)
-
-    DataLoader.__init__ = __init__
-
-    orig_iter = DataLoader.__iter__
-
-    @functools.wraps(orig_iter)
-    def __iter__(self):
-        # a loader made without our __init__ (a deepcopy, an unpickled one) gets its stream
-        # at its first iter(): it is counted like any other
-        st = _LOADERS.get(self) or _loader_stream(self, [])
-        return _begin_pass(st, orig_iter, self, "")
-
-    DataLoader.__iter__ = __iter__
-
-    orig_next = BaseIter.__next__
-
-    @functools.wraps(orig_next)
-    def __next__(self):
-        tag = _ITERS.get(self)
-        if tag is None:
-            return orig_next(self)
-        return tag[0].next_batch(tag[1], orig_next, self)
-
-    BaseIter.__next__ = __next__
-
-    orig_multi_init = MultiIter.__init__
-
-    @functools.wraps(orig_multi_init)
-    def multi_init(self, loader, *a, **k):
-        # Workers start in here: they learn which loader they serve from a global (fork) or
-        # the environment (spawn copies os.environ when it starts them).
-        global _SERVING, _SERVING_EPOCH
-        st = _LOADERS.get(loader)
-        prev, prev_env = _SERVING, os.environ.get(LOADER_ENV)
-        if st is not None:
-            _SERVING = st.key
-            os.environ[LOADER_ENV] = st.key
-            _SERVING_EPOCH = len(st.epochs)     # the epoch these workers start for (replay)
-            os.environ[EPOCH_ENV] = str(_SERVING_EPOCH)
-        # the pin thread starts in here too: its target, looked up on the module now, is
-        # tagged with this loader's key, so its pin_memory time goes to this loader only
-        pin_loop = pin_mod._pin_memory_loop
-        if st is not None:
-            pin_mod._pin_memory_loop = functools.partial(_keyed_pin_loop, pin_loop, st.key)
-        try:
-            orig_multi_init(self, loader, *a, **k)
-        finally:
-            pin_mod._pin_memory_loop = pin_loop
-            _SERVING = prev
-            if prev_env is None:
-                os.environ.pop(LOADER_ENV, None)
-            else:
-                os.environ[LOADER_ENV] = prev_env
-
-    MultiIter.__init__ = multi_init
-    pin_mod = utils.pin_memory
-
-    worker_mod = utils.worker
-    orig_loop = worker_mod._worker_loop
-
-    @functools.wraps(orig_loop)
-    def _worker_loop(*a, **k):
-        global _WORKER_LOADER
-        _WORKER_LOADER = _SERVING or os.environ.get(LOADER_ENV) or f"{os.getppid()}:?"
-        STREAMS.clear()             # forked: the trainer's streams are not this process's
-        _STAGES.clear()
-        _fetches[0] = 0             # this worker's first fetch is its own cold one
-        try:
-            return orig_loop(*a, **k)
-        finally:
-            flush_worker()
-
-    worker_mod._worker_loop = _worker_loop
-
-    fetch_mod = utils.fetch
-    for cls in (fetch_mod._MapDatasetFetcher, fetch_mod._IterableDatasetFetcher):
-        _patch_fetch(cls, functools)
-
-    pin_mod = utils.pin_memory
-    orig_pin = pin_mod.pin_memory
-    depth = threading.local()
-
-    @functools.wraps(orig_pin)
-    def pin_memory(data, *a, **k):
-        if getattr(depth, "n", 0):
-            return orig_pin(data, *a, **k)
-        depth.n = 1
-        w, c = _perf(), _tcpu()
-        try:
-            return orig_pin(data, *a, **k)
-        finally:
-            depth.n = 0
-            stage_add("pin_memory", _perf() - w, _tcpu() - c, where="trainer")
-
-    pin_mod.pin_memory = pin_memory
+def version_check(written_for, version: str) -> None:
+    """One line on stderr where the job's library is not the version a door was written for
+    (``written_for``: the door's ``(library, version, what it patches)``)."""
+    lib, want, what = written_for
+    if version != "?" and not version.startswith(want + ".") and version != want:
+        say(f"hooks written for {lib} {want}, this job has {lib} {version}: they patch {what}, "
+            "which this version may have changed")
 
 
-_SERVING = None                 # in the trainer: the loader whose workers start now
-
-
-def _loader_stream(loader, notes: list, kind: str = "torch.DataLoader"):
-    """The stream of a DataLoader, from its own ``__dict__`` (``_own``: no attribute access
-    that reaches the user's class), kept in ``_LOADERS``, never in the loader. None, with the
-    one line ``_unmeasured`` says, if that fails: the loader runs as without stallbench."""
+def loader_stream(loader, notes: list, kind: str):
+    """The stream of a DataLoader (or a loader with its attributes: torchdata's
+    ``StatefulDataLoader``) of kind ``kind``, from its own ``__dict__`` (``own``: no attribute
+    access that reaches the user's class), kept in ``LOADERS``, never in the loader. None, with the
+    one line ``unmeasured`` says, if that fails: the loader runs as without stallbench."""
     try:
-        ds = _own(loader, "dataset")
+        ds = own(loader, "dataset")
         t = type(ds)
-        pf = _own(loader, "prefetch_factor")
-        settings = {"num_workers": _own(loader, "num_workers", 0),
-                    "pin_memory": _own(loader, "pin_memory", False) is True,
+        pf = own(loader, "prefetch_factor")
+        settings = {"num_workers": own(loader, "num_workers", 0),
+                    "pin_memory": own(loader, "pin_memory", False) is True,
                     "prefetch_factor": pf,
-                    "persistent_workers": _own(loader, "persistent_workers", False) is True,
-                    "batch_size": _own(loader, "batch_size"),
+                    "persistent_workers": own(loader, "persistent_workers", False) is True,
+                    "batch_size": own(loader, "batch_size"),
                     "dataset": str(t.__module__) + "." + str(t.__qualname__)}
         st = Stream(kind, str(t.__name__), settings)
         st.notes.extend(notes)
-        if not _LOADERS.set(loader, st):
+        if not LOADERS.set(loader, st):
             st.switch_off("it cannot be tracked without storing into it")
         return st
     except Exception:  # noqa: BLE001 - the loader runs unhooked, said once
-        _unmeasured(f"DataLoader of {type(_own(loader, 'dataset')).__name__}",
+        unmeasured(f"DataLoader of {type(own(loader, 'dataset')).__name__}",
                     "its settings could not be read")
         return None
 
 
-def _keyed_pin_loop(loop, key: str, *a, **k):
-    """A loader's pin thread: its ``stage_add`` calls go to that loader's bucket."""
-    _ACTIVE.pin_key = key
-    return loop(*a, **k)
-
-
-class _TimedCollate:
-    """A fetcher's ``collate_fn``, timed (wall and thread CPU of its last call kept)."""
-
-    __slots__ = ("fn", "wall", "cpu", "sample")
-
-    def __init__(self, fn) -> None:
-        self.fn, self.wall, self.cpu, self.sample = fn, 0.0, 0.0, True
-
-    def __call__(self, data):
-        if not self.sample:
-            w = _perf()
-            try:
-                return self.fn(data)
-            finally:
-                self.wall += _perf() - w
-        w, c = _perf(), _tcpu()
-        try:
-            return self.fn(data)
-        finally:
-            self.wall += _perf() - w
-            self.cpu += _tcpu() - c
-
-
-CPU_EVERY = 8       # fetches per thread-CPU reading (see _patch_fetch)
-_fetches = [0]
-
-
-def _patch_fetch(cls, functools) -> None:
-    """Wall time of every fetch; the thread's CPU clock on one fetch in ``CPU_EVERY``: a
-    CPU-clock read is a system call (several us where the VM has no vDSO for it), four per
-    batch would cost more than the overhead target at a 1 ms step. The merge scales the
-    sampled CPU by calls / sampled calls (``cpu_calls`` says how many were read). The
-    process's first fetch is read but kept apart (``cold``): it pays one-off costs (a
-    dataset that opens its files lazily, imports, first page faults) that, scaled by
-    ``CPU_EVERY``, were counted for every unread fetch: 8x a 300 ms open made a thread's
-    CPU 8x its wall and refused a real steady rate as faster than the cores allow."""
-    orig = cls.fetch
-    item = "dataset.__getitem__" if "Map" in cls.__name__ else "dataset.__iter__"
-
-    @functools.wraps(orig)
-    def fetch(self, index):
-        col = self.collate_fn
-        if type(col) is not _TimedCollate:
-            col = self.collate_fn = _TimedCollate(col)
-        _fetches[0] += 1
-        cold = _fetches[0] == 1
-        sample = cold or _fetches[0] % CPU_EVERY == 2
-        col.sample = sample
-        cw0, cc0 = col.wall, col.cpu
-        w = _perf()
-        c = _tcpu() if sample else 0.0
-        try:
-            if _REPLAY is not None:
-                return _REPLAY.fetch(self, index, orig, col)
-            return orig(self, index)
-        finally:
-            wall = _perf() - w
-            cpu = _tcpu() - c if sample else None
-            cw, cc = col.wall - cw0, col.cpu - cc0
-            n = len(index) if self.auto_collation else 1
-            stage_add(item, wall - cw, None if cpu is None else cpu - cc, n, cold=cold)
-            stage_add("collate_fn", cw, None if cpu is None else cc, cold=cold)
-
-    cls.fetch = fetch
-
-
-def _begin_pass(st, orig_iter, loader, what: str):
+def begin_pass(st, orig_iter, loader, what: str):
     """``iter(loader)`` through the loader's own ``__iter__``, as a measured pass of stream
     ``st``: the pass's clock starts before the call (creating the iterator, forking workers,
-    is the pass's start-up), and the iterator is tagged in ``_ITERS`` so the hooked
+    is the pass's start-up), and the iterator is tagged in ``ITERS`` so the hooked
     ``__next__`` finds its stream and epoch. One rule for every door that starts passes at
     ``iter()``: a stream that cannot tag its iterator, or time its pass, is switched off with
     its reason (``what`` names the door), and the job's iterator is returned untouched."""
     if st is None or st.unmeasured:
         return orig_iter(loader)
-    t = _perf()
+    t = perf()
     it = orig_iter(loader)
     try:
         ep = st.new_epoch(t)
         if st.length is _UNREAD:        # read once per loader: len() may run user code
-            st.length = _length(loader)
+            st.length = length(loader)
         ep.expected = st.length
-        if not _ITERS.set(it, (st, ep)):
+        if not ITERS.set(it, (st, ep)):
             st.switch_off("its iterator cannot be tracked")
     except Exception:  # noqa: BLE001
         st.switch_off(f"its passes could not be timed ({what})" if what
@@ -1433,146 +1027,95 @@ def _begin_pass(st, orig_iter, loader, what: str):
     return it
 
 
-# -------------------------------------------------------------------- torchdata patches
-
-def _hook_passes(cls, make_stream, what: str) -> None:
+def hook_passes(cls, make_stream, what: str) -> None:
     """``cls.__iter__`` (a loader whose ``__iter__`` does not call ``DataLoader.__iter__``)
-    starts a measured pass on the iterator it returns (tagged in ``_ITERS``); the hooked
-    ``__next__`` that finds the tag (torch's ``_BaseDataLoaderIter.__next__``, or
-    ``LoaderIterator.__next__`` in ``patch_nodes``) runs the batch through the stream's
-    clocks. One stream per loader object; an iterator reused across epochs (a persistent
+    starts a measured pass on the iterator it returns (tagged in ``ITERS``); the door's
+    hooked ``__next__`` that finds the tag runs the batch through the stream's clocks. One
+    stream per loader object; an iterator reused across epochs (a persistent
     one) gets a new pass at each ``iter()``."""
     import functools
     orig_iter = cls.__dict__["__iter__"]
 
     @functools.wraps(orig_iter)
     def __iter__(self):
-        st = _LOADERS.get(self)
+        st = LOADERS.get(self)
         if st is None:
             st = make_stream(self)
-            if st is not None and not _LOADERS.set(self, st):
+            if st is not None and not LOADERS.set(self, st):
                 st.switch_off("it cannot be tracked without storing into it")
-        return _begin_pass(st, orig_iter, self, what)
+        return begin_pass(st, orig_iter, self, what)
 
     cls.__iter__ = __iter__
 
 
-def _torchdata_version() -> None:
-    try:
-        from importlib.metadata import version
-        _version_check("torchdata", version("torchdata"))
-    except Exception:  # noqa: BLE001 - no metadata: nothing said
-        pass
-
-
-def patch_stateful(mod) -> None:
-    """torchdata's ``StatefulDataLoader`` (torchtitan's loader): its ``__init__`` and
-    ``__iter__`` do not call ``DataLoader``'s, so neither hook runs; its iterators are
-    ``_BaseDataLoaderIter`` subclasses whose ``__next__`` calls torch's (hooked in
-    ``patch_torch``). Hooked here: ``__iter__``. Its workers run torchdata's own worker
-    loop: their stage times are not attributed, and ``--set dataloader.*`` does not reach
-    it (kind ``torchdata.StatefulDataLoader``)."""
-    _torchdata_version()
-
-    def make(loader):
-        return _loader_stream(loader, [], "torchdata.StatefulDataLoader")
-    _hook_passes(mod.StatefulDataLoader, make, "StatefulDataLoader")
-
-
-def patch_nodes(mod) -> None:
-    """torchdata.nodes' ``Loader`` (no DataLoader at all): ``Loader.__iter__`` starts a pass,
-    ``LoaderIterator.__next__`` is the loop's wait; named by its root node's class. The
-    nodes' own threads (``ParallelMapper``, ``Prefetcher``) are not timed as stages."""
-    import functools
-    _torchdata_version()
-    LoaderIterator = mod.LoaderIterator
-    orig_next = LoaderIterator.__next__
-
-    def make(loader):
-        try:
-            root = _own(loader, "root")
-            return Stream("torchdata.nodes.Loader", str(type(root).__name__), {})
-        except Exception:  # noqa: BLE001
-            _unmeasured("torchdata.nodes.Loader", "its root could not be read")
-            return None
-
-    @functools.wraps(orig_next)
-    def __next__(self):
-        tag = _ITERS.get(self)
-        if tag is None:
-            return orig_next(self)
-        return tag[0].next_batch(tag[1], orig_next, self)
-
-    LoaderIterator.__next__ = __next__
-    _hook_passes(mod.Loader, make, "torchdata.nodes.Loader")
-
-
-# ------------------------------------------------------------------------- Ray patches
-
-_RAY_INSIDE = threading.local()
-
-
-def patch_ray(it_mod) -> None:
-    """Ray Data's iterators: ``DataIterator.iter_batches`` / ``iter_torch_batches`` (what
-    ``Dataset.iter_torch_batches`` and Ray Train's ``get_dataset_shard`` give) and
-    ``Dataset.iter_batches`` (which goes around ``DataIterator.iter_batches``). One stream per
-    iterator or dataset object, one epoch per call; a call made inside another's iteration
-    is not counted twice."""
-    ray = sys.modules.get("ray")
-    _version_check("ray", getattr(ray, "__version__", "?"))
-    _patch_ray_class(it_mod.DataIterator, ("iter_batches", "iter_torch_batches"))
-
-
-def patch_ray_dataset(ds_mod) -> None:
-    _patch_ray_class(ds_mod.Dataset, ("iter_batches",))
-
-
-def _patch_ray_class(cls, methods) -> None:
-    import functools
-    prefetch = SETTINGS.get("overrides", {}).get("ray", {}).get("prefetch_batches")
-    inside = _RAY_INSIDE
-    for meth in methods:
-        orig = cls.__dict__.get(meth)
-        if orig is None:
-            continue
-
-        def make(orig, meth):
-            @functools.wraps(orig)
-            def wrapped(self, *a, **k):
-                if getattr(inside, "on", False):
-                    return orig(self, *a, **k)
-                if prefetch is not None:
-                    k["prefetch_batches"] = prefetch
-                inside.on = True
-                try:
-                    inner = orig(self, *a, **k)
-                finally:
-                    inside.on = False
-                try:
-                    st = _LOADERS.get(self)
-                    if st is None:
-                        st = Stream(f"ray.{meth}", type(self).__name__,
-                                    {"batch_size": k.get("batch_size", 256),
-                                     "prefetch_batches": k.get("prefetch_batches", 1)})
-                        _LOADERS.set(self, st)
-                    if st.unmeasured:
-                        return inner
-                    # what Ray returns is re-iterable (made once, looped every epoch): so
-                    # is what the hook returns, one measured epoch per pass
-                    return Passes(st, inner, inside)
-                except Exception:  # noqa: BLE001 - Ray's own iterable, unmeasured
-                    _unmeasured(f"ray.{meth}", "its batches could not be timed")
-                    return inner
-            return wrapped
-        setattr(cls, meth, make(orig, meth))
-
-
 # ---------------------------------------------------------------------- post-import hook
 
-TARGETS = {"torch.utils.data.dataloader": patch_torch, "ray.data.iterator": patch_ray,
-           "ray.data.dataset": patch_ray_dataset,
-           "torchdata.stateful_dataloader.stateful_dataloader": patch_stateful,
-           "torchdata.nodes.loader": patch_nodes}
+DOORS: list = []        # the door modules, loaded by path (``load_doors``)
+TARGETS: dict = {}      # a module the job imports -> the door function patching it
+DOOR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doors")
+
+
+def load_doors() -> list:
+    """Every door module of ``doors/`` (the order of ``doors.names``: sorted file names),
+    loaded by path as ``_stallbench_profile_door_<name>`` (the job's Python may not have
+    stallbench installed), bound to this core, its ``PATCHES`` added to ``TARGETS``. Once per
+    process; a door that fails to load is said once and left out (its loaders go unseen)."""
+    if DOORS:
+        return DOORS
+    try:
+        files = sorted(f[:-3] for f in os.listdir(DOOR_DIR)
+                       if f.endswith(".py") and not f.startswith("_"))
+    except OSError as exc:
+        say(f"no loader doors ({exc}); nothing is hooked")
+        return DOORS
+    me = sys.modules.get(__name__)     # the bootstrap registers this module before install
+    if me is None:
+        say("the hooks' module is not registered: no loader doors")
+        return DOORS
+    for name in files:
+        try:
+            spec = importlib.util.spec_from_file_location(
+                f"_stallbench_profile_door_{name}", os.path.join(DOOR_DIR, name + ".py"))
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            mod.bind(me)
+            for target, fn in dict(getattr(mod, "PATCHES", {})).items():
+                TARGETS[target] = getattr(mod, fn)
+            DOORS.append(mod)
+        except Exception as exc:  # noqa: BLE001 - that door's loaders go unseen, said
+            say(f"the {name} door did not load ({type(exc).__name__}: {exc}); its loaders "
+                "are not seen")
+    return DOORS
+
+
+def door_of(kind: str):
+    """The loaded door module that makes streams of ``kind`` (None: none does)."""
+    for mod in load_doors():
+        if kind in getattr(mod, "KINDS", ()):
+            return mod
+    return None
+
+
+def watch(iterable, name: str | None = None):
+    """``stallbench.watch`` (``markers.watch`` calls this): the door that defines ``watch``
+    wraps the iterable; the iterable itself where none does."""
+    for mod in load_doors():
+        fn = getattr(mod, "watch", None)
+        if fn is not None:
+            return fn(iterable, name)
+    return iterable
+
+
+def _at_exit() -> None:
+    """Each door's ``at_exit`` (before the final flush: atexit runs last-in first)."""
+    for mod in DOORS:
+        fn = getattr(mod, "at_exit", None)
+        if fn is not None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 class _Loader(importlib.abc.Loader):
@@ -1587,7 +1130,7 @@ class _Loader(importlib.abc.Loader):
         try:
             self.then(module)
         except Exception as exc:  # noqa: BLE001 - a hook that fails leaves the job unhooked
-            _say(f"could not hook {module.__name__} ({type(exc).__name__}: {exc}); "
+            say(f"could not hook {module.__name__} ({type(exc).__name__}: {exc}); "
                  "the job runs unmeasured there")
 
 
@@ -1613,7 +1156,7 @@ class _PostImport(importlib.abc.MetaPathFinder):
 
 def _load_replay(cfg: dict) -> None:
     """replay.py beside this file, by path (as the bootstrap loads this one)."""
-    global _REPLAY
+    global REPLAY
     try:
         spec = importlib.util.spec_from_file_location(
             "_stallbench_profile_replay", os.path.join(os.path.dirname(__file__), "replay.py"))
@@ -1621,9 +1164,9 @@ def _load_replay(cfg: dict) -> None:
         sys.modules[spec.name] = mod
         spec.loader.exec_module(mod)
         mod.setup(cfg)
-        _REPLAY = mod
+        REPLAY = mod
     except Exception as exc:  # noqa: BLE001 - the run goes on unablated, and says so
-        _say(f"replay not loaded ({type(exc).__name__}: {exc}); this ablation run is void")
+        say(f"replay not loaded ({type(exc).__name__}: {exc}); this ablation run is void")
 
 
 def install() -> None:
@@ -1637,20 +1180,20 @@ def install() -> None:
         return
     if SETTINGS.get("replay"):
         _load_replay(SETTINGS["replay"])
+    load_doors()
     for name, patch in TARGETS.items():
         mod = sys.modules.get(name)
         if mod is not None:
-            patch(mod)
+            try:
+                patch(mod)
+            except Exception as exc:  # noqa: BLE001 - as ``_Loader.exec_module`` says it
+                say(f"could not hook {name} ({type(exc).__name__}: {exc}); "
+                    "the job runs unmeasured there")
     sys.meta_path.insert(0, _PostImport())
     atexit.register(_beat_exit)     # atexit runs last-in first: after the final flush
     atexit.register(flush)
-    atexit.register(_close_feeds)   # before the final flush (atexit runs last-in first)
+    atexit.register(_at_exit)       # before the final flush (atexit runs last-in first)
     atexit.register(_close_complete)
-    try:
-        patch_queue()
-    except Exception as exc:  # noqa: BLE001 - thread loaders go unseen, said once
-        _say(f"could not hook queue.Queue ({type(exc).__name__}: {exc}); a loader thread's "
-             "queue is not seen")
     beat(force=True)                # the launcher's sign that the hooks run in this process
     os.register_at_fork(after_in_child=_forked)
     _patch_exec()

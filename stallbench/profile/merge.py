@@ -83,10 +83,10 @@ class StreamRun:
 
 def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> None:
     """Sum stage records [calls, wall, cpu, where, cpu_calls, cold_cpu, cold_calls]; the CPU
-    of calls whose clock was not read (``hooks._patch_fetch`` samples it) is scaled from
-    those whose was: cpu x calls / cpu_calls per process, before summing. The process's
+    of calls whose clock was not read (the DataLoader door's ``_patch_fetch`` samples it) is
+    scaled from those whose was: cpu x calls / cpu_calls per process, before summing. The process's
     first (cold) fetch stands for the rest only where no warm fetch was read: its one-off
-    costs are not the per-call cost (``hooks._patch_fetch``)."""
+    costs are not the per-call cost (``doors/torch_dataloader._patch_fetch``)."""
     for name, rec_in in stages.items():
         calls, wall, cpu, where = rec_in[:4]
         cpu_calls = rec_in[4] if len(rec_in) > 4 else calls
@@ -273,7 +273,7 @@ def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
 def headline_name(runs: list[StreamRun]) -> str | None:
     """The loader with the most batches over the ranks. A loader iterated by a producer
     thread (``role`` "producer") is never it while another stream exists: its waits are
-    production, the loop's are its queue's stream's (``hooks._Feed``)."""
+    production, the loop's are its queue's stream's (``doors/thread_queue._Feed``)."""
     totals: dict[str, int] = {}
     loop = [s for s in runs if s.role != "producer"]
     for s in loop or runs:

@@ -100,11 +100,17 @@ def _expected(stream, it, epoch: int) -> int | None:
         return None
 
 
+def _not_served(kind: str) -> bool:
+    """Whether a stream's door says its batches are not served from memory (``SERVED``)."""
+    door = H.door_of(kind)
+    return door is None or bool(getattr(door, "SERVED", ""))
+
+
 def source(stream, ep, source_fn, it):
     """``Stream.next_batch``'s seam in a compute-only run: the real loader for the first
     batches of the run (kept), the kept batches afterwards, StopIteration where the full
     run's epoch ended."""
-    if MODE != "compute_only" or stream.kind == "watch":
+    if MODE != "compute_only" or _not_served(stream.kind):
         return source_fn
     kept = _KEPT.setdefault(stream.key, [])
     epoch = len(stream.epochs) - 1
@@ -141,18 +147,18 @@ def source(stream, ep, source_fn, it):
 
 def _where() -> tuple[int, int, int]:
     """(loader order, worker id or -1, epoch) of the fetch running in this thread."""
-    if H._WORKER_LOADER is not None:
-        order = H._WORKER_LOADER.rsplit(":", 1)[-1]
+    if H.PROC.worker_loader is not None:
+        order = H.PROC.worker_loader.rsplit(":", 1)[-1]
         torch = sys.modules.get("torch")
         info = torch.utils.data.get_worker_info() if torch is not None else None
         wid = info.id if info is not None else 0
-        epoch = int(os.environ.get(EPOCH_ENV, "0") if H._SERVING_EPOCH is None
-                    else H._SERVING_EPOCH)
+        epoch = int(os.environ.get(EPOCH_ENV, "0") if H.PROC.serving_epoch is None
+                    else H.PROC.serving_epoch)
         try:
             return int(order), wid, epoch
         except ValueError:
             return -1, wid, epoch
-    st = getattr(H._ACTIVE, "stream", None)
+    st = getattr(H.ACTIVE, "stream", None)
     if st is None:
         return -1, -1, 0
     return st.order, -1, max(len(st.epochs) - 1, 0)
@@ -164,7 +170,7 @@ EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"
 def _rec_path(where: tuple[int, int, int], pid: int | None = None) -> str:
     o, w, e = where
     tail = f"-p{pid}" if pid is not None else "-p*"
-    rank = H._rank()["rank"]        # torchrun: each rank has its own loader and sampler shard
+    rank = H.rank()["rank"]        # torchrun: each rank has its own loader and sampler shard
     return os.path.join(CFG["dir"], f"rec-r{rank}-o{o}-w{w}-e{e}{tail}.pkl")
 
 
@@ -302,8 +308,8 @@ def _index_key(index):
 
 
 def fetch(fetcher, index, orig, col):
-    """A fetcher's ``fetch`` under ``record`` or ``serve`` (``hooks._patch_fetch`` calls this
-    inside its timers; ``col`` is the fetcher's timed ``collate_fn``)."""
+    """A fetcher's ``fetch`` under ``record`` or ``serve`` (the DataLoader door's
+    ``_patch_fetch`` calls this inside its timers; ``col`` is the fetcher's timed ``collate_fn``)."""
     if MODE not in ("record", "serve") or (MODE == "serve" and
                                            CFG.get("serve") not in ("items", "batch")):
         return orig(fetcher, index)
@@ -378,7 +384,7 @@ def flush() -> None:
             pass
     with _LOCK:
         payload = {"role": "replay", "mode": MODE, "serve": CFG.get("serve"),
-                   "pid": os.getpid(), "worker": H._WORKER_LOADER is not None,
+                   "pid": os.getpid(), "worker": H.PROC.worker_loader is not None,
                    **json.loads(json.dumps(_STAT, default=str)),   # deep, under the lock
                    "served_from": json.loads(json.dumps(_SERVED_FROM, default=str)),
                    "kept": {k: len(v) for k, v in _KEPT.items()},
@@ -394,7 +400,7 @@ def flush() -> None:
             json.dump(payload, fh, default=str)
         os.replace(tmp, path)
     except Exception as exc:  # noqa: BLE001 - a lost replay part must never fail the job
-        H._say(f"cannot write its replay figures ({type(exc).__name__}: {exc})")
+        H.say(f"cannot write its replay figures ({type(exc).__name__}: {exc})")
 
 
 # ------------------------------------------------------ stallbench.stage (the decorator)

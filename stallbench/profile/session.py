@@ -515,8 +515,6 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
 
 def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     from ..measure.machine import metadata
-    from .hooks import WRITTEN_FOR
-
     variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
     nodes, node_rank = torchrun_nodes(opts.argv)
     fp = fingerprint(opts.argv, opts.axes, opts.max_batches)
@@ -634,7 +632,7 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
     """The profile ``Result`` of measured variants (``profile``'s and ``tune``'s): the
     command redacted, the per-variant headlines and the recommendation decided and stored,
     the what-if fitted where the variants differ by a knob that reached a loader."""
-    from .hooks import WRITTEN_FOR
+    from .doors import written_for
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or
@@ -676,7 +674,7 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
         dataset=DatasetInfo(source="the job's own loaders"),
         variants=results, analysis=analysis,
         profile=ProfileCommand(argv=argv, cwd=os.getcwd(), environment=redact.env(env),
-                               torch=torch_v, ray=ray_v, hooks_written_for=dict(WRITTEN_FOR),
+                               torch=torch_v, ray=ray_v, hooks_written_for=written_for(),
                                world_size=world, nodes=nodes))
     from . import ablate
     if not unreached:                              # a what-if fitted on one job run N times: no

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..analysis import loader_search as search
 from ..analysis.stats import t_quantile
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
-from . import budget, knobs, merge, session
+from . import budget, doors, knobs, merge, session
 from .launcher import JobRun, NoProgress, exit_status, read_beats, read_parts, run_once
 
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
@@ -82,7 +82,7 @@ def _headline(parts: list[dict[str, Any]]) -> merge.StreamRun | None:
     if not hs:
         return None
     head = hs[0]
-    if not head.kind.startswith("ray.") or not head.spans:
+    if not doors.of(head.kind).pass_per_call or not head.spans:
         return head
     per = head.batches / max(1, len(head.spans))
     kin = sorted((s for s in streams if s.rank == head.rank and s.host == head.host
@@ -338,8 +338,9 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         if base is None:
             raise session.NoLoader(session.why_no_figures([base_run], opts.argv, "default"))
         every.append(base_run)
-        kind = ("torch" if base.kind == "torch.DataLoader" else
-                "ray" if base.kind.startswith("ray.") else "other")
+        door = doors.of(base.kind)
+        kind = ("torch" if door.reaches("dataloader") else
+                "ray" if door.reaches("ray") else "other")
         keys = _keys(opts, kind)
         if kind == "other":
             say(f"the headline loader {base.name} is a {base.kind}: no loader setting of "
@@ -523,9 +524,9 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
     (its first batches kept, then served again: ``replay``), per batch the loop's own wait
     + step over the served batches (``ablate.compute_only``)."""
     from .ablate import batch_counts, compute_only
-    if base.kind == "watch":
-        return None, ("not measured: the headline loader is a stallbench.watch'ed iterable, "
-                      "which is not served from memory")
+    why = doors.of(base.kind).served
+    if why:
+        return None, f"not measured: {why}"
     counts = batch_counts(base_run.parts)
     first = (counts.get(base.name) or [0])[0]
     keep = max(1, min(KEEP_BATCHES, first // 4))
@@ -540,7 +541,7 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
         return None, ("not measured: the compute-only run served fewer than 2 batches from "
                       "memory")
     m = measure(run, {})
-    if m is not None and m.epochs >= 2 and base.kind == "torch.DataLoader" \
+    if m is not None and m.epochs >= 2 and not doors.of(base.kind).pass_per_call \
             and math.isfinite(m.trial.rate):
         # the trials' own basis: from the second epoch on, the job's time between epochs
         # (validation, checkpoints) included, every batch of those epochs served

@@ -56,3 +56,18 @@ def item_seconds(data: Path) -> list[float]:
     for f in sorted((data / "truth").glob("items-*.txt")):
         out.extend(float(x) for x in f.read_text().split())
     return out
+
+
+def load_hooks(name: str):
+    """The in-process hooks, loaded as the bootstrap loads them (by path, registered under
+    ``name``), with their doors, without installing anything: for tests of their rules."""
+    import importlib.util
+
+    from stallbench.profile.launcher import HOOKS
+
+    spec = importlib.util.spec_from_file_location(name, HOOKS)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    mod.load_doors()
+    return mod

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from stallbench.analysis import figures
-from stallbench.profile import ablate
+from stallbench.profile import ablate, doors
 from stallbench.profile.launcher import HERE, JobRun
 
 
@@ -133,7 +133,7 @@ def test_views_of_one_big_storage_record_what_they_reference(tmp_path) -> None:
 
     rp = _replay_module()
     rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
-    rp.H = SimpleNamespace(_rank=lambda: {"rank": 0})
+    rp.H = SimpleNamespace(rank=lambda: {"rank": 0})
     rows = torch.arange(4_000_000, dtype=torch.float32).view(-1, 1000)   # 16 MB, 4 KB a row
     calls, per = 40, 8
     for n in range(calls):
@@ -203,9 +203,9 @@ def test_a_ray_data_headline_gets_no_recording_run_unless_it_marks_stages() -> N
     from types import SimpleNamespace as NS
 
     ray = NS(name="ray.iter_torch_batches#0", kind="ray.iter_torch_batches", stages={})
-    assert ablate._ray_no_recording(ray, [ray], ray.name) == ablate.RAY_NO_RECORDING
+    assert ablate._no_recording(ray, [ray], ray.name) == doors.of(ray.kind).stages != ""
     marked = NS(name=ray.name, kind=ray.kind, stages={"decode": [1, 0.1, 0.1, "trainer"]})
-    assert ablate._ray_no_recording(marked, [marked], ray.name) == ""
+    assert ablate._no_recording(marked, [marked], ray.name) == ""
     torch_dl = NS(name="DataLoader#0", kind="torch.DataLoader", stages={"collate_fn": [1]})
-    assert ablate._ray_no_recording(torch_dl, [torch_dl], torch_dl.name) == ""
-    assert ablate._ray_no_recording(None, [], None) == ""
+    assert ablate._no_recording(torch_dl, [torch_dl], torch_dl.name) == ""
+    assert ablate._no_recording(None, [], None) == ""

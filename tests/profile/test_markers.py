@@ -31,7 +31,7 @@ def test_stage_in_workers_and_watch_are_measured(tmp_path: Path) -> None:
     assert abs(decode.cpu_s - 64 * DECODE_MS / 1e3) <= 0.10 * 64 * DECODE_MS / 1e3, decode
     assert decode.wall_s >= decode.cpu_s * 0.99
     watched = loaders["slow_items#1"]
-    assert watched.kind == "watch" and watched.batches == 20
+    assert watched.kind == "stallbench.watch" and watched.batches == 20
     want = 20 * GEN_MS / 1e3
     assert want <= watched.wait_s <= want * 1.5, watched.wait_s
     # the headline is the stream with most batches: the watched generator (20 > 8)

@@ -4,19 +4,15 @@ cannot write says so on stderr instead of raising inside the job's loop."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 from pathlib import Path
 
-from stallbench.profile.launcher import HERE
+import profile_helpers as helpers
 
 
 def _hooks():
-    spec = importlib.util.spec_from_file_location("_hooks_under_test", HERE / "hooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return helpers.load_hooks("_hooks_under_test")
 
 
 def test_pin_thread_time_goes_to_its_own_loader() -> None:
@@ -25,12 +21,13 @@ def test_pin_thread_time_goes_to_its_own_loader() -> None:
     def loop():
         h.stage_add("pin_memory", 0.25, 0.01, where="trainer")
     for key in ("9:0", "9:1"):
-        t = threading.Thread(target=h._keyed_pin_loop, args=(loop, key))
+        pin_loop = h.door_of("torch.DataLoader")._keyed_pin_loop
+        t = threading.Thread(target=pin_loop, args=(loop, key))
         t.start()
         t.join()
-    assert h._STAGES["9:0"]["pin_memory"][:2] == [1, 0.25]
-    assert h._STAGES["9:1"]["pin_memory"][:2] == [1, 0.25]
-    assert not any(k.endswith(":trainer") for k in h._STAGES)
+    assert h.STAGE_RECORDS["9:0"]["pin_memory"][:2] == [1, 0.25]
+    assert h.STAGE_RECORDS["9:1"]["pin_memory"][:2] == [1, 0.25]
+    assert not any(k.endswith(":trainer") for k in h.STAGE_RECORDS)
 
 
 def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
@@ -40,7 +37,7 @@ def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
     class Odd:                      # neither JSON nor a scalar: written as its type's name
         def __str__(self) -> str:   # (never its __str__: no user code runs in hook code)
             raise KeyError("user code ran")
-    st = h.Stream("watch", "x", {"batch_size": 4, "odd": Odd()})
+    st = h.Stream("stallbench.watch", "x", {"batch_size": 4, "odd": Odd()})
     h.flush()
     part = json.loads(next(tmp_path.glob("part-*.json")).read_text())
     assert part["streams"][0]["settings"]["odd"].endswith(".Odd>")

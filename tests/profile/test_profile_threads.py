@@ -12,7 +12,6 @@ value is a list of paths counts its paths (``stallbench.watch`` counted one per 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +20,6 @@ import pytest
 
 import loadcheck
 import profile_helpers as helpers
-from stallbench.profile.launcher import HERE
 
 ITEM_MS, STEP_MS = 2.5, 8.5     # a batch of 4 costs ~10 ms to make, the loop's step 8.5 ms
 
@@ -67,10 +65,7 @@ def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, e
 
 
 def _hooks():
-    spec = importlib.util.spec_from_file_location("_hooks_rows", HERE / "hooks.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return helpers.load_hooks("_hooks_rows")
 
 
 def test_samples_are_counted_from_the_batch_structure() -> None:
@@ -99,7 +94,8 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
     h = _hooks()
     saved = queue.Queue.put, queue.Queue.get
     try:
-        h.patch_queue()
+        door = h.door_of("thread.queue")
+        door.patch_queue(queue)
         feed, other, mine = queue.Queue(), queue.Queue(), queue.Queue()
         batches = [[1, 2], [3, 4], [5, 6]]
 
@@ -132,10 +128,10 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
         assert got == batches
         assert by["bg#0"].role == "producer" and by["main#2"].role == ""
         cons = by["bg#0 (queue)"]
-        assert cons.fed_by == "bg#0" and cons.kind == h.QUEUE_KIND
+        assert cons.fed_by == "bg#0" and cons.kind == "thread.queue"
         ep = cons.epochs[0]
         assert ep.rows == [2, 2, 2] and len(ep.wait) == 3 and ep.t_end is not None
-        assert h._FEEDS.get(other) is None and h._FEEDS.get(mine) is None
+        assert door._FEEDS.get(other) is None and door._FEEDS.get(mine) is None
         assert other.qsize() == 3 and mine.qsize() == 3
     finally:
         queue.Queue.put, queue.Queue.get = saved

@@ -1,0 +1,103 @@
+"""The loaders ``stallbench profile`` sees, one module per loader kind (a *door*), and the one
+table the launcher side reads about them.
+
+Why one module per kind: each door patches a different library (torch's DataLoader, torchdata,
+Ray Data, a ``queue.Queue`` a loader thread fills, ``stallbench.watch``) and answers different
+questions (which ``--set`` keys reach its loaders, whether compute-only can serve its batches
+from memory, whether its stages are recorded). Spread over the hooks, the launcher, the
+ablation and the tune, a kind was spelled in five files; here a new kind is one new module in
+this folder and its tests, and nothing else names it (``tests/profile/test_doors.py`` checks).
+
+A door module is loaded two ways, so it imports only the standard library at its top:
+
+- inside the user's processes, by path, by the hooks (``hooks.load_doors``): its ``patch_*``
+  functions get the job's module once the job imported it, and the hooks' public core
+  (``core``: ``Stream``, ``begin_pass``, ``Passes``, ...) through ``bind(core)``;
+- on the launcher side, as ``stallbench.profile.doors.<name>``, for its declarations only
+  (``table``): nothing of it runs there.
+
+What a door module declares (module-level constants; ``Door`` below holds them):
+
+``KINDS``          the stream kinds it makes (a result's ``loaders[].kind``)
+``PATCHES``        ``{module the job imports: name of this module's function}``; the function
+                   runs right after the job's own import of that module executed
+``SET_KEYS``       the ``--set`` groups that reach its loaders (``dataloader``, ``ray``, ``torch``)
+``SERVED``         "" when a compute-only run can serve its batches from memory, else why not
+``STAGES``         "" when the stages behind its batches are recorded, else why not
+``PASS_PER_CALL``  True when the job makes a new iterable per epoch (Ray's ``iter_batches(...)``
+                   each epoch): one loop's epochs are then several streams, joined by the tune
+``WRITTEN_FOR``    ``(library, version, what is patched)``: a job with another version gets one
+                   line on stderr saying what may have changed
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def names(folder: str = HERE) -> list[str]:
+    """The door modules of a folder (every ``*.py`` but ``__init__``), in a fixed order: the
+    hooks load them by path from this list, the table imports them from it."""
+    return sorted(f[:-3] for f in os.listdir(folder)
+                  if f.endswith(".py") and not f.startswith("_"))
+
+
+@dataclass(frozen=True)
+class Door:
+    """One loader kind as its module declares it (see the module docstring)."""
+
+    module: str
+    kinds: tuple[str, ...]
+    patches: tuple[tuple[str, str], ...]
+    set_keys: tuple[str, ...]
+    served: str
+    stages: str
+    pass_per_call: bool
+    written_for: tuple[str, str, str] | None
+
+    def reaches(self, group: str) -> bool:
+        """Whether ``--set GROUP.key=...`` reaches this door's loaders."""
+        return group in self.set_keys
+
+
+@lru_cache(maxsize=1)
+def table() -> dict[str, Door]:
+    """Kind -> its door, for every door module here."""
+    out: dict[str, Door] = {}
+    for name in names():
+        mod = importlib.import_module(f"{__name__}.{name}")
+        door = Door(module=name, kinds=tuple(mod.KINDS),
+                    patches=tuple(dict(getattr(mod, "PATCHES", {})).items()),
+                    set_keys=tuple(getattr(mod, "SET_KEYS", ())),
+                    served=str(getattr(mod, "SERVED", "")),
+                    stages=str(getattr(mod, "STAGES", "")),
+                    pass_per_call=bool(getattr(mod, "PASS_PER_CALL", False)),
+                    written_for=getattr(mod, "WRITTEN_FOR", None))
+        for kind in door.kinds:
+            if kind in out:
+                raise ValueError(f"loader kind {kind!r} declared by doors {out[kind].module} "
+                                 f"and {name}")
+            out[kind] = door
+    return out
+
+
+UNKNOWN = Door(module="", kinds=(), patches=(), set_keys=(),
+               served="a loader of a kind this stallbench does not know (a newer part file)",
+               stages="a loader of a kind this stallbench does not know", pass_per_call=False,
+               written_for=None)
+
+
+def of(kind: str) -> Door:
+    """The door of a stream's kind; ``UNKNOWN`` (nothing reaches it, nothing served) for a
+    kind no door here declares."""
+    return table().get(str(kind), UNKNOWN)
+
+
+def written_for() -> dict[str, str]:
+    """Library -> the version its doors were written for (a result's ``hooks_written_for``)."""
+    return {d.written_for[0]: d.written_for[1] for d in table().values() if d.written_for}
