@@ -396,13 +396,12 @@ def steady_or_zero(v: VariantResult) -> float:
 def _reaches(key: str, v: VariantResult) -> bool:
     """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
     ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
-    takes neither: each kind's door says, ``profile.doors``). Without a profile record (a
+    takes neither: its door says, and the result's ``set_keys`` carries it). Without a profile record (a
     unit's stand-in) it is taken as reached."""
     if getattr(v, "profile", None) is None or key.startswith("torch."):
         return True             # the trainer's threads: the process, not a loader
-    from ..profile import doors     # the loader kinds' one table: which --set groups reach
-    group = key.split(".", 1)[0]
-    return any(doors.of(ld.kind).reaches(group) for ld in v.profile.loaders)
+    group = key.split(".", 1)[0]    # each loader's door says which groups reach it
+    return any(group in ld.set_keys for ld in v.profile.loaders)
 
 
 def knobs_reached_nothing(variants: list[VariantResult]) -> list[str]:
@@ -431,13 +430,12 @@ def not_applied(v: VariantResult) -> dict[str, str]:
                                       "its own after importing torch)")
     # the headline loader's (the figures compared are its); every loader's without one
     lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
-    from ..profile import doors
     for key, value in v.knobs.items():
         if not key.startswith("dataloader."):
             continue
         arg = key.split(".", 1)[1]
         for ld in lds:
-            if not doors.of(ld.kind).reaches("dataloader") or arg not in ld.settings:
+            if "dataloader" not in ld.set_keys or arg not in ld.settings:
                 continue
             if format_value(ld.settings[arg]) != format_value(value):
                 why = next((n for n in ld.notes if n.startswith(f"{arg} not applied")),

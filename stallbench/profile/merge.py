@@ -35,6 +35,7 @@ from typing import Any
 
 from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
+from . import doors
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
 
@@ -401,5 +402,6 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
             steady_wait_share=_med(ph_w) if ph_w else None, stages=stages,
             notes=list(dict.fromkeys(n for s in ss for n in s.notes)),
             gpu_wait_s=sum(first.gpu_wait) if first.gpu_wait else None,
-            gpu_step_s=sum(first.gpu_step) if first.gpu_step else None))
+            gpu_step_s=sum(first.gpu_step) if first.gpu_step else None,
+            set_keys=list(doors.of(first.kind).set_keys)))
     return out

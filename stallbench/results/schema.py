@@ -791,7 +791,7 @@ class ProfileLoader:
     loader's)."""
 
     name: str
-    kind: str                       # "torch.DataLoader", "ray.iter_torch_batches", "watch", ...
+    kind: str                       # its door's kind (profile/doors): "torch.DataLoader", ...
     rank: int
     headline: bool                  # the loader that yielded the most batches
     settings: dict[str, Any]        # as the job's loader ran (overrides applied)
@@ -811,6 +811,9 @@ class ProfileLoader:
     notes: list[str] = field(default_factory=list)
     gpu_wait_s: float | None = None     # CUDA events: the GPU idle between the batch boundaries
     gpu_step_s: float | None = None
+    # the ``--set`` groups that reach it ("dataloader", "ray", "torch"), as its door declares:
+    # what analysis asks (a knob that reached no loader is never advice) without the table
+    set_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
