@@ -45,6 +45,7 @@ from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, 
                        Summary)
 from . import budget, doors, merge
 from .launcher import JobRun, exit_status, run_once
+from .parts import Parts, Replay
 
 KEEP_BATCHES = 8
 FULL = "full"
@@ -63,15 +64,14 @@ class Failed(Exception):
     """The job failed under an ablation: the ablation is void, the profile goes on."""
 
 
-def batch_counts(parts: list[dict[str, Any]]) -> dict[str, list[int]]:
+def batch_counts(parts: Parts) -> dict[str, list[int]]:
     """Batches per epoch per stream name, as the full run's trainer (lowest rank) saw them."""
     out: dict[str, list[int]] = {}
-    eps = merge.epochs_of(parts)
-    for p in sorted((p for p in parts if p.get("role") == "trainer"),
-                    key=lambda p: p.get("rank", 0)):
-        mine = eps.get(merge.image_of(p), {})
-        for s in p.get("streams", []):
-            out.setdefault(s["name"], [len(e["wait"]) for e in mine.get(s["key"], [])])
+    eps = parts.epochs_by_image()
+    for p in sorted(parts.trainers, key=lambda p: p.header.rank):
+        mine = eps.get(p.header.image_key, {})
+        for s in p.streams:
+            out.setdefault(s.name, [len(e.wait) for e in mine.get(s.key, [])])
     return out
 
 
@@ -87,27 +87,27 @@ def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
 _rank_batches = waits.rank_batches
 
 
-def _replay_parts(run: JobRun) -> list[dict[str, Any]]:
-    return [p for p in run.parts if p.get("role") == "replay"]
+def _replay_parts(run: JobRun) -> tuple[Replay, ...]:
+    return run.parts.replays
 
 
 def _served_problem(runs: list[JobRun], stage: str) -> str:
     """Why these serve runs are not an ablation of ``stage`` ("" when every call was served)."""
     for r in runs:
         for p in _replay_parts(r):
-            if p.get("mismatch"):
-                m = p["mismatch"]
+            if p.mismatch:
+                m = p.mismatch
                 return (f"the loader asked for other items than in the recording run (worker "
                         f"{m['where'][1]}, epoch {m['where'][2]}, call {m['call']}: recorded "
                         f"{m['recorded']}, asked {m['asked']}), so {stage}'s outputs cannot be "
                         f"matched between runs: a sampler that shuffles without a seed does "
                         f"this (seed it: torch.manual_seed, or DataLoader(generator=...))")
-            if p.get("missing"):
-                m = p["missing"]
+            if p.missing:
+                m = p.missing
                 return (f"the recording holds {m['recorded']} calls of worker {m['where'][1]}, "
                         f"epoch {m['where'][2]}; the run made more (the memory budget ended "
                         f"the recording, or calls differ between runs)")
-        if not any(p.get("served") for p in _replay_parts(r)):
+        if not any(p.served for p in _replay_parts(r)):
             return f"no fetch call was served ({stage}: the loader's fetchers were not reached)"
     return ""
 
@@ -117,31 +117,29 @@ def compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, flo
     from the batches it served from memory (the worst rank's)."""
     served_from: dict[int, dict] = {}
     for p in _replay_parts(run):
-        served_from[int(p.get("pid", -1))] = p.get("served_from") or {}
+        served_from[p.pid] = p.served_from
     best = None
-    eps = merge.epochs_of(run.parts)
-    for p in run.parts:
-        if p.get("role") != "trainer":
-            continue
-        served = served_from.get(int(p.get("pid", -1)), {})
-        mine = eps.get(merge.image_of(p), {})
-        for s in p.get("streams", []):
-            if s["name"] != headline:
+    eps = run.parts.epochs_by_image()
+    for p in run.parts.trainers:
+        served = served_from.get(p.header.pid, {})
+        mine = eps.get(p.header.image_key, {})
+        for s in p.streams:
+            if s.name != headline:
                 continue
             # a loop fed through a queue (doors/thread_queue): its batches are its producer's
             # loader served, in order
-            marks = served.get(s.get("fed_by") or headline) or []
+            marks = served.get(s.fed_by or headline) or []
             per, steps = [], []
-            for e, ep in enumerate(mine.get(s["key"], [])):
+            for e, ep in enumerate(mine.get(s.key, [])):
                 k = marks[e] if e < len(marks) else None
                 if k is None:
                     continue
-                n = len(ep["wait"])
+                n = len(ep.wait)
                 for i in range(k, n):
-                    st = ep["step"][i] if i < len(ep["step"]) else None
+                    st = ep.step[i] if i < len(ep.step) else None
                     if st is None:
                         continue
-                    per.append(ep["wait"][i] + st)
+                    per.append(ep.wait[i] + st)
                     steps.append(st)
             if len(per) >= 2:
                 cand = (statistics.fmean(per) * batches, statistics.fmean(steps),
@@ -214,7 +212,7 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
     seen: dict[str, dict[str, int]] = {}
     for r in rec:
         for p in _replay_parts(r):
-            for name, d in (p.get("stages") or {}).items():
+            for name, d in p.stages.items():
                 acc = seen.setdefault(name, {})
                 for k, n in d.items():
                     acc[k] = acc.get(k, 0) + int(n)
@@ -247,7 +245,7 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, str(exc),
                                                 part=part_of(name)))
             continue
-        computed = sum(((p.get("stages") or {}).get(name) or {}).get("computed", 0)
+        computed = sum((p.stages.get(name) or {}).get("computed", 0)
                        for r in rs for p in _replay_parts(r))
         if computed:
             an.ablations.append(ProfileAblation(
@@ -361,9 +359,9 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         rec_dir.mkdir(parents=True, exist_ok=True)
         rec = runs_of("recording every fetch call's items and batch", {
             "mode": "record", "dir": str(rec_dir), "budget_mb": budget_mb}, 1)
-        stop = next((p["budget_stop"] for r in rec for p in _replay_parts(r)
-                     if p.get("budget_stop")), None)
-        recorded = sum(int(p.get("recorded", 0)) for r in rec for p in _replay_parts(r))
+        stop = next((p.budget_stop for r in rec for p in _replay_parts(r)
+                     if p.budget_stop), None)
+        recorded = sum(p.recorded for r in rec for p in _replay_parts(r))
         if stop is not None and stop.get("error"):
             why = f"the recording run could not keep the outputs: {stop['error']}"
         elif stop is not None:

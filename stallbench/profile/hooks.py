@@ -58,6 +58,23 @@ tcpu = time.thread_time
 SETTINGS: dict = {}
 STREAMS: list = []              # this process's streams, in creation order
 _LOCK = threading.Lock()
+
+
+def _sibling(name: str):
+    """A module beside this file, loaded by path as ``_stallbench_profile_<name>`` (the job's
+    Python may not have stallbench installed): ``parts`` (the part files' records)."""
+    import importlib.util as iu
+    full = f"_stallbench_profile_{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    spec = iu.spec_from_file_location(full, os.path.join(os.path.dirname(__file__), name + ".py"))
+    mod = iu.module_from_spec(spec)
+    sys.modules[full] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PARTS = _sibling("parts")       # what crosses the process wall: written with its records
 ACTIVE = threading.local()     # the stream whose batch this thread is fetching (0 workers)
 STAGE_RECORDS: dict = {}              # key -> name -> a record (stage_add)
 _next_flush = 0.0
@@ -331,19 +348,20 @@ class Epoch:
         self.cpu0 = time.process_time()
         self.cpu1: float | None = None
 
-    def to_json(self, t0: float) -> dict:
+    def record(self, t0: float):
+        """This pass as the part files carry it (``parts.Epoch``), times from ``t0``."""
         steps = list(self.step)
         if self.t_end is not None and self.t_req:
             steps.append(self.t_end - self.t_last)   # the last batch's step ends at the end call
-        out = {"t_iter": self.t_iter - t0, "t_req": [t - t0 for t in self.t_req],
-               "wait": self.wait, "step": steps,
-               "rows": self.rows, "ended": self.t_end is not None, "capped": self.capped,
-               "t_end": (self.t_end if self.t_end is not None else self.t_last) - t0,
-               "cpu_s": (self.cpu1 if self.cpu1 is not None else time.process_time())
-               - self.cpu0}
-        if self.cuda:
-            out["gpu"] = _cuda_times(self.cuda)
-        return out
+        gpu = _cuda_times(self.cuda) if self.cuda else {}
+        return PARTS.Epoch(
+            t_iter=self.t_iter - t0, t_req=tuple(t - t0 for t in self.t_req),
+            wait=tuple(self.wait), step=tuple(steps), rows=tuple(self.rows),
+            ended=self.t_end is not None, capped=self.capped,
+            t_end=(self.t_end if self.t_end is not None else self.t_last) - t0,
+            cpu_s=(self.cpu1 if self.cpu1 is not None else time.process_time()) - self.cpu0,
+            gpu_wait=tuple(gpu.get("wait", ())), gpu_step=tuple(gpu.get("step", ())),
+            gpu_error=str(gpu.get("error", "")))
 
 
 def _cuda_times(events: list) -> dict:
@@ -506,16 +524,11 @@ class Stream:
             ep.cpu1 = time.process_time()
             flush(force=False, epoch_end=self.key)
 
-    def to_json(self) -> dict:
-        out = {"kind": self.kind, "name": self.name, "order": self.order, "key": self.key,
-               "settings": dict(self.settings), "notes": list(self.notes)}
-        if self.unmeasured:
-            out["unmeasured"] = self.unmeasured
-        if self.role:
-            out["role"] = self.role
-        if self.fed_by:
-            out["fed_by"] = self.fed_by
-        return out
+    def record(self):
+        """This stream as the part files carry it (``parts.Stream``)."""
+        return PARTS.Stream(kind=self.kind, name=self.name, order=self.order, key=self.key,
+                            settings=dict(self.settings), notes=tuple(self.notes),
+                            unmeasured=self.unmeasured, role=self.role, fed_by=self.fed_by)
 
     def pending_epochs(self, t0: float, all_: bool) -> tuple[list, int]:
         """The epochs not written yet: the finished ones (every one at exit), in order, and
@@ -528,7 +541,7 @@ class Stream:
             if ep.t_end is None and not all_:
                 break
             if ep.t_req:
-                out.append(ep.to_json(t0))
+                out.append(ep.record(t0))
             n += 1
         return out, n
 
@@ -818,14 +831,16 @@ def _torch_threads(torch) -> int | None:
         return None
 
 
-def _header() -> dict:
+def _header():
+    """Who writes this part, as ``parts.Header``."""
     torch = sys.modules.get("torch")
     ray = sys.modules.get("ray")
-    return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid(),
-            "image": _IMAGE, "launched": _launched(),
-            "t0_wall": _T0_WALL, "t0_perf": _T0_PERF, **rank(),
-            "torch": getattr(torch, "__version__", None), "ray": getattr(ray, "__version__", None),
-            "torch_threads": _torch_threads(torch), "cpu_s": time.process_time()}
+    return PARTS.Header(host=socket.gethostname(), pid=os.getpid(), ppid=os.getppid(),
+                        image=_IMAGE, launched=_launched(), t0_wall=_T0_WALL,
+                        t0_perf=_T0_PERF, **rank(),
+                        torch=getattr(torch, "__version__", None),
+                        ray=getattr(ray, "__version__", None),
+                        torch_threads=_torch_threads(torch), cpu_s=time.process_time())
 
 
 _seq = 0
@@ -864,12 +879,12 @@ def _flush(force: bool, epoch_end: str) -> None:
     with _LOCK:
         streams = list(STREAMS)
     pending = {s.key: (s, *s.pending_epochs(_T0_PERF, force)) for s in streams}
-    new = {k: v[1] for k, v in pending.items() if v[1]}
+    new = {k: tuple(v[1]) for k, v in pending.items() if v[1]}
     host, pid = socket.gethostname(), os.getpid()
     ok = True
     if new:
-        ok = _write(f"epochs-{host}-{pid}-{_IMAGE}-{_seq:06d}.json",
-                    {"pid": pid, "host": host, "image": _IMAGE, "streams": new})
+        rec = PARTS.Epochs(host=host, pid=pid, image=_IMAGE, seq=_seq, streams=new)
+        ok = _write(f"{rec.PREFIX}-{host}-{pid}-{_IMAGE}-{_seq:06d}.json", rec.to_json())
         if ok:
             _seq += 1
     if ok:
@@ -880,12 +895,12 @@ def _flush(force: bool, epoch_end: str) -> None:
     # epochs the files hold, so the merge adds them only to exactly those
     open_ = {}
     for s in streams:
-        eps = [ep.to_json(_T0_PERF) for ep in s.epochs[s.written:] if ep.t_req]
+        eps = tuple(ep.record(_T0_PERF) for ep in s.epochs[s.written:] if ep.t_req)
         if eps:
-            open_[s.key] = {"from": s.written, "epochs": eps}
-    part = {"role": "trainer", **_header(), "streams": [s.to_json() for s in streams],
-            "stages": _stages_copy(), "exiting": force, "open": open_}
-    ok = _write(f"part-{host}-{pid}-{_IMAGE}.json", part) and ok
+            open_[s.key] = (s.written, eps)
+    part = PARTS.Trainer(header=_header(), streams=tuple(s.record() for s in streams),
+                         stages=_stages_copy(), exiting=force, open=open_)
+    ok = _write(f"{part.PREFIX}-{host}-{pid}-{_IMAGE}.json", part.to_json()) and ok
     if ok:
         _recovered()
     if REPLAY is not None:
@@ -903,9 +918,10 @@ def flush_worker() -> None:
     global _next_flush
     _next_flush = perf() + FLUSH_S
     try:
-        part = {"role": "worker", **_header(), "loader": PROC.worker_loader,
-                "stages": _stages_copy()}
-        if _write(f"stage-{socket.gethostname()}-{os.getpid()}-{_IMAGE}.json", part):
+        part = PARTS.Worker(header=_header(), loader=str(PROC.worker_loader),
+                            stages=_stages_copy())
+        if _write(f"{part.PREFIX}-{socket.gethostname()}-{os.getpid()}-{_IMAGE}.json",
+                  part.to_json()):
             _recovered()
         if REPLAY is not None:
             REPLAY.flush()

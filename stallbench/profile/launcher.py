@@ -48,6 +48,8 @@ from ..errors import UserError
 from ..measure.load import LoadMeter
 from ..measure.sampler import Sampler
 from ..results import ForeignLoad, Resources
+from . import parts as parts_mod
+from .parts import Parts
 
 HERE = Path(__file__).resolve().parent
 BOOTSTRAP = HERE / "bootstrap"
@@ -112,7 +114,7 @@ class JobRun:
 
     exit_code: int
     wall_s: float
-    parts: list[dict[str, Any]] = field(default_factory=list)
+    parts: Parts = field(default_factory=Parts)     # its part files, parsed once
     peak_pss_mb: float = 0.0
     resources: Resources = field(default_factory=Resources)
     load: ForeignLoad | None = None
@@ -154,17 +156,9 @@ def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
         return
 
 
-def read_parts(run_dir: Path) -> list[dict[str, Any]]:
-    parts = []
-    for p in sorted(run_dir.glob("*.json")):
-        try:
-            part = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue                # a part caught mid-write by a kill: its process's loss
-        if p.name.startswith("epochs-"):    # epochs-<host>-<pid>-<seq>.json: order them
-            part["seq"] = int(p.stem.rsplit("-", 1)[1])
-        parts.append(part)
-    return parts
+def read_parts(run_dir: Path) -> Parts:
+    """The run's part files, typed (``parts.read``)."""
+    return parts_mod.read(run_dir)
 
 
 class _Guard:

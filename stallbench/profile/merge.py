@@ -36,6 +36,7 @@ from typing import Any
 from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
 from . import doors
+from .parts import Header, Parts, Worker
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
 
@@ -104,22 +105,6 @@ def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> Non
         rec[2] += cpu
 
 
-def image_of(p: dict[str, Any]) -> tuple[str, int, str]:
-    """(host, pid, image) of a part: an exec'd image keeps its pid and has a new image."""
-    return (str(p.get("host", "")), int(p.get("pid", 0)), str(p.get("image", "")))
-
-
-def epochs_of(parts: list[dict[str, Any]]
-              ) -> dict[tuple[str, int, str], dict[str, list[dict[str, Any]]]]:
-    """(host, pid, image) -> stream key -> its epochs in order, from the epoch files."""
-    epochs: dict[tuple[str, int, str], dict[str, list[dict[str, Any]]]] = {}
-    for p in sorted((p for p in parts if p.get("role") is None and "streams" in p
-                     and "seq" in p), key=lambda p: p["seq"]):
-        for key, eps in p["streams"].items():
-            epochs.setdefault(image_of(p), {}).setdefault(key, []).extend(eps)
-    return epochs
-
-
 def _label(text: Any) -> str:
     """A name the job made (its Dataset class's name, a stage's file, a note quoting either)
     as every sink shows it: controls escaped, a leading ``::`` defused (``errors.escape_controls``,
@@ -131,13 +116,7 @@ def _label(text: Any) -> str:
     return escape_controls(str(text))
 
 
-def _launched(p: dict[str, Any]) -> bool:
-    """A rank of a launcher (torchrun, Ray Train: RANK and WORLD_SIZE in its environment);
-    parts written before the hooks said so: a world of more than one."""
-    return bool(p.get("launched", int(p.get("world_size", 1) or 1) > 1))
-
-
-def process_roles(parts: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[int, int]]:
+def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
     """(host, pid) of each trainer process -> (rank, helper number; 0 for the rank itself).
 
     Ranks are processes of a launcher, not any process that iterates a loader: per rank
@@ -145,17 +124,16 @@ def process_roles(parts: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[in
     that started first is the rank, every other one is a helper (a process the job spawned
     that iterates its own loader, with or without the parent's RANK in its environment),
     numbered 1, 2, ... by start. The images of one process (``os.execv``) are one process."""
-    first: dict[tuple[str, int], dict[str, Any]] = {}
-    for p in parts:
-        if p.get("role") != "trainer":
-            continue
-        k = (str(p.get("host", "")), int(p.get("pid", 0)))
-        if k not in first or float(p.get("t0_wall", 0.0)) < float(first[k].get("t0_wall", 0.0)):
-            first[k] = p
-    any_launched = any(_launched(p) for p in first.values())
+    first: dict[tuple[str, int], Header] = {}
+    for p in parts.trainers:
+        h = p.header
+        k = (h.host, h.pid)
+        if k not in first or h.t0_wall < first[k].t0_wall:
+            first[k] = h
+    any_launched = any(h.launched for h in first.values())
     by_rank: dict[int, list[tuple[str, int]]] = {}
-    for k, p in sorted(first.items(), key=lambda kv: float(kv[1].get("t0_wall", 0.0))):
-        rank = int(p.get("rank", 0)) if _launched(p) or not any_launched else -1
+    for k, h in sorted(first.items(), key=lambda kv: kv[1].t0_wall):
+        rank = h.rank if h.launched or not any_launched else -1
         by_rank.setdefault(rank, []).append(k)
     roles: dict[tuple[str, int], tuple[int, int]] = {}
     helpers = 0
@@ -170,104 +148,99 @@ def process_roles(parts: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[in
     return roles
 
 
-def unmeasured(parts: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def unmeasured(parts: Parts) -> list[tuple[str, str]]:
     """(loader name, why) for each stream whose hooks switched off (``hooks.Stream``)."""
-    return [(str(s.get("name")), str(s["unmeasured"])) for p in parts
-            if p.get("role") == "trainer" for s in p.get("streams", []) if s.get("unmeasured")]
+    return [(s.name, s.unmeasured) for p in parts.trainers for s in p.streams if s.unmeasured]
 
 
-def _count(value: Any, default: int | None = None) -> int | None:
-    """A thread count from a part file (a positive int), else ``default``: files written by
-    older hooks, or a process where torch was not imported, have none."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
-        else default
-
-
-def streams(parts: list[dict[str, Any]]) -> list[StreamRun]:
+def streams(parts: Parts) -> list[StreamRun]:
     """Every measured stream of a run, with the stages its workers (or its own process)
-    timed. The streams of a process's images (an ``os.execv`` into a second training) with
+    timed; merged once per run (kept in ``parts.cache``: merge, ablate, session and tune all
+    ask). The streams of a process's images (an ``os.execv`` into a second training) with
     the same name are one stream, their epochs in order; a helper process's loaders are
     named for it (``X#0 (helper process 1)``), never a rank of their own."""
-    workers: dict[str, list[dict[str, Any]]] = {}
-    for p in parts:
-        if p.get("role") == "worker":
-            workers.setdefault(str(p.get("loader")), []).append(p)
-    epochs = epochs_of(parts)
+    got = parts.cache.get("streams")
+    if got is None:
+        got = parts.cache["streams"] = _streams(parts)
+    return list(got)
+
+
+def _streams(parts: Parts) -> list[StreamRun]:
+    workers: dict[str, list[Worker]] = {}
+    for w in parts.workers:
+        workers.setdefault(w.loader, []).append(w)
+    epochs = parts.epochs_by_image()
     roles = process_roles(parts)
-    trainers = sorted((p for p in parts if p.get("role") == "trainer"),
-                      key=lambda p: (str(p.get("host", "")), int(p.get("pid", 0)),
-                                     float(p.get("t0_wall", 0.0))))
+    trainers = sorted(parts.trainers,
+                      key=lambda p: (p.header.host, p.header.pid, p.header.t0_wall))
     runs: dict[tuple[str, int, str], StreamRun] = {}
     offsets: dict[tuple[str, int, str], float] = {}
     for p in trainers:
-        proc = (str(p.get("host", "")), int(p.get("pid", 0)))
-        rank, helper = roles.get(proc, (int(p.get("rank", 0)), 0))
-        mine = epochs.get(image_of(p), {})
-        for s in p.get("streams", []):
-            if s.get("unmeasured"):
+        h = p.header
+        proc = (h.host, h.pid)
+        rank, helper = roles.get(proc, (h.rank, 0))
+        mine = epochs.get(h.image_key, {})
+        for s in p.streams:
+            if s.unmeasured:
                 continue
-            name = _label(s["name"])
+            name = _label(s.name)
             name = name if not helper else f"{name} (helper process {helper})"
             rk = (*proc, name)
             sr = runs.get(rk)
             if sr is None:
                 sr = runs[rk] = StreamRun(
-                    name=name, kind=_label(s["kind"]), rank=rank, key=s["key"],
+                    name=name, kind=_label(s.kind), rank=rank, key=s.key,
                     settings={k: _label(v) if isinstance(v, str) else v
-                              for k, v in s.get("settings", {}).items()},
-                    notes=[_label(n) for n in s.get("notes", [])],
-                    trainer_cpu_s=0.0, host=proc[0], role=str(s.get("role") or ""))
+                              for k, v in s.settings.items()},
+                    notes=[_label(n) for n in s.notes],
+                    trainer_cpu_s=0.0, host=proc[0], role=s.role)
                 offsets[rk] = 0.0
-            sr.torch_threads = _count(p.get("torch_threads"), sr.torch_threads)  # latest flush
-            t0_wall = float(p.get("t0_wall", 0.0))
-            mine_eps = mine.get(s["key"], [])
-            op = (p.get("open") or {}).get(s["key"])
-            if op and int(op.get("from", -1)) == len(mine_eps):
+            sr.torch_threads = h.torch_threads or sr.torch_threads      # the latest flush
+            mine_eps = list(mine.get(s.key, []))
+            op = p.open.get(s.key)
+            if op and op[0] == len(mine_eps):
                 # the epochs its process had not finished (or not written) at its last flush:
                 # it ended without atexit (killed by Ray, os._exit); they end early
-                mine_eps = mine_eps + list(op.get("epochs", []))
-            if all("cpu_s" in ep for ep in mine_eps):
+                mine_eps += list(op[1])
+            if all(ep.cpu_s is not None for ep in mine_eps):
                 # the process's CPU over this stream's epochs, not its start-up (imports)
-                sr.trainer_cpu_s += sum(float(ep["cpu_s"]) for ep in mine_eps)
+                sr.trainer_cpu_s += sum(float(ep.cpu_s or 0.0) for ep in mine_eps)
             else:
-                sr.trainer_cpu_s += float(p.get("cpu_s", 0.0))
+                sr.trainer_cpu_s += h.cpu_s
             offset = offsets[rk]
             for ep in mine_eps:
-                t_iter = ep["t_iter"]
-                for t in ep["t_req"]:
-                    sr.t_start.append(offset + (t - t_iter))
-                    sr.t_wall.append(t0_wall + t)
-                n = len(ep["wait"])
-                sr.spans.append((t0_wall + float(ep["t_iter"]), t0_wall + float(ep["t_end"]), n,
-                                 int(sum(ep["rows"])), bool(ep["ended"])))
-                steps = list(ep["step"])[:n] + [0.0] * max(0, n - len(ep["step"]))
-                sr.wait.extend(ep["wait"])
+                for t in ep.t_req:
+                    sr.t_start.append(offset + (t - ep.t_iter))
+                    sr.t_wall.append(h.t0_wall + t)
+                n = len(ep.wait)
+                sr.spans.append((h.t0_wall + ep.t_iter, h.t0_wall + ep.t_end, n,
+                                 int(sum(ep.rows)), ep.ended))
+                steps = list(ep.step)[:n] + [0.0] * max(0, n - len(ep.step))
+                sr.wait.extend(ep.wait)
                 sr.step.extend(steps)
-                sr.rows.extend(ep["rows"])
-                dur = sum(ep["wait"]) + sum(steps)
+                sr.rows.extend(ep.rows)
+                dur = sum(ep.wait) + sum(steps)
                 offset += dur
                 sr.epoch_s += dur
                 sr.epochs += 1
-                sr.ended = sr.ended and bool(ep["ended"])
-                sr.capped = sr.capped or bool(ep.get("capped"))
-                gpu = ep.get("gpu") or {}
-                sr.gpu_wait.extend(gpu.get("wait", []))
-                sr.gpu_step.extend(gpu.get("step", []))
+                sr.ended = sr.ended and ep.ended
+                sr.capped = sr.capped or ep.capped
+                sr.gpu_wait.extend(ep.gpu_wait)
+                sr.gpu_step.extend(ep.gpu_step)
             offsets[rk] = offset
-            _add_stages(sr.stages, p.get("stages", {}).get(s["key"], {}))
-            ws = workers.get(s["key"], [])
+            _add_stages(sr.stages, p.stages.get(s.key, {}))
+            ws = workers.get(s.key, [])
             for w in ws:
-                _add_stages(sr.stages, w.get("stages", {}).get(s["key"], {}))
+                _add_stages(sr.stages, w.stages.get(s.key, {}))
             if ws:
-                sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(
-                    float(w.get("cpu_s", 0.0)) for w in ws)
+                sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(w.header.cpu_s for w in ws)
                 sr.producer_processes += len(ws)
-                read = [n for n in (_count(w.get("torch_threads")) for w in ws) if n is not None]
+                read = [w.header.torch_threads for w in ws if w.header.torch_threads]
                 if read:
                     sr.worker_torch_threads = max(read + [sr.worker_torch_threads or 0])
             # pin time lands in the loader's own bucket (its pin thread is tagged with the
-            # loader's key in hooks.py), so nothing from the process's "trainer" bucket is
-            # added here: it would count one loader's pinning on every loader of the process
+            # loader's key in the DataLoader door), so nothing from the process's "trainer"
+            # bucket is added here: it would count one loader's pinning on every loader
     return [sr for sr in runs.values() if sr.batches]
 
 

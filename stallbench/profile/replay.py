@@ -383,21 +383,20 @@ def flush() -> None:
         except (OSError, ValueError):
             pass
     with _LOCK:
-        payload = {"role": "replay", "mode": MODE, "serve": CFG.get("serve"),
-                   "pid": os.getpid(), "worker": H.PROC.worker_loader is not None,
-                   **json.loads(json.dumps(_STAT, default=str)),   # deep, under the lock
-                   "served_from": json.loads(json.dumps(_SERVED_FROM, default=str)),
-                   "kept": {k: len(v) for k, v in _KEPT.items()},
-                   "kept_bytes": dict(_KEPT_BYTES)}
-    if not (payload["served"] or payload["computed"] or payload["recorded"]
-            or payload.get("stages")
-            or payload["budget_stop"] or payload["unserved_batches"]):
+        stat = json.loads(json.dumps(_STAT, default=str))     # deep, under the lock
+        rec = H.PARTS.Replay(
+            pid=os.getpid(), mode=MODE, serve=CFG.get("serve"),
+            worker=H.PROC.worker_loader is not None, **stat,
+            served_from=json.loads(json.dumps(_SERVED_FROM, default=str)),
+            kept={k: len(v) for k, v in _KEPT.items()}, kept_bytes=dict(_KEPT_BYTES))
+    if not (rec.served or rec.computed or rec.recorded or rec.stages or rec.budget_stop
+            or rec.unserved_batches):
         return
-    path = os.path.join(run_dir, f"replay-{socket.gethostname()}-{os.getpid()}.json")
+    path = os.path.join(run_dir, f"{rec.PREFIX}-{socket.gethostname()}-{os.getpid()}.json")
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as fh:
-            json.dump(payload, fh, default=str)
+            json.dump(rec.to_json(), fh, default=str)
         os.replace(tmp, path)
     except Exception as exc:  # noqa: BLE001 - a lost replay part must never fail the job
         H.say(f"cannot write its replay figures ({type(exc).__name__}: {exc})")

@@ -47,6 +47,7 @@ from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_appl
 from . import knobs as knobs_mod
 from . import merge, redact
 from .launcher import JobRun, exit_status, progress_limit, run_once
+from .parts import Parts
 
 ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
                 "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
@@ -223,13 +224,13 @@ def _node_done(d: Path, started: float, rc: int) -> None:
 
 
 def _gather_nodes(root: Path, nodes: int, started: float, ended: float,
-                  say: Callable[[str], None]) -> list[dict[str, Any]]:
+                  say: Callable[[str], None]) -> Parts:
     """Node rank 0: the other nodes' parts of this run, once each says it is done. A marker
     counts only if its job started while ours ran (torchrun's rendezvous starts them
     together), so a stale directory of an earlier profile is never merged."""
     import time
     from .launcher import read_parts
-    parts: list[dict[str, Any]] = []
+    parts = Parts()
     deadline = time.monotonic() + NODE_WAIT_S
     for k in range(1, nodes):
         d = root / f"node{k}"
@@ -249,7 +250,7 @@ def _gather_nodes(root: Path, nodes: int, started: float, ended: float,
             time.sleep(0.5)
         if int(m.get("exit_code", 0)) != 0:
             raise JobFailed(int(m["exit_code"]), f"node rank {k}")
-        parts.extend(read_parts(d))
+        parts = parts + read_parts(d)
     say(f"merged the parts of {nodes} nodes")
     return parts
 
@@ -502,8 +503,9 @@ def by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
 
 
 def _versions(runs: list[JobRun]) -> tuple[str | None, str | None]:
-    torch = next((p.get("torch") for r in runs for p in r.parts if p.get("torch")), None)
-    ray = next((p.get("ray") for r in runs for p in r.parts if p.get("ray")), None)
+    heads = [p.header for r in runs for p in (*r.parts.trainers, *r.parts.workers)]
+    torch = next((h.torch for h in heads if h.torch), None)
+    ray = next((h.ray for h in heads if h.ray), None)
     return torch, ray
 
 
@@ -569,7 +571,8 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                     raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
                 check_parts(node_dir, f"variant {v.name}, repeat {r + 1}")
                 if nodes > 1 and node_rank == 0:
-                    run.parts.extend(_gather_nodes(run_dir, nodes, started, time.time(), say))
+                    run.parts = run.parts + _gather_nodes(run_dir, nodes, started, time.time(),
+                                                          say)
                 runs.append(run)
                 if opts.trace is not None and (nodes == 1 or node_rank == 0):
                     from . import trace

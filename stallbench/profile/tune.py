@@ -29,6 +29,7 @@ from ..analysis.stats import t_quantile
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
 from . import budget, doors, knobs, merge, session
 from .launcher import JobRun, NoProgress, exit_status, read_beats, read_parts, run_once
+from .parts import Parts
 
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
 MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)
@@ -69,7 +70,7 @@ def _base(name: str) -> str:
     return name.rsplit("#", 1)[0]
 
 
-def _headline(parts: list[dict[str, Any]]) -> merge.StreamRun | None:
+def _headline(parts: Parts) -> merge.StreamRun | None:
     """The loop the tune judges: the headline loader of the lowest rank. A Ray Data loop
     calls ``ds.iter_torch_batches()`` each epoch (one iterator, so one stream, per epoch):
     the Ray iterators of the same process, class and settings, one after another, with

@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 
 from stallbench.analysis import figures
-from stallbench.profile import ablate, doors
+from stallbench.profile import ablate, doors, parts
+from stallbench.profile.parts import Parts
 from stallbench.profile.launcher import HERE, JobRun
 
 
@@ -40,8 +41,22 @@ def test_calls_keyed_by_their_hashable_arguments() -> None:
     assert rp._arg_key((ds, [1, 2]), {}) is None
 
 
-def _run(parts: list[dict]) -> JobRun:
-    return JobRun(exit_code=0, wall_s=1.0, parts=parts)
+def _parts(dicts: list[dict]) -> Parts:
+    """Part files as the hooks write them (the keys ``parts`` reads), typed."""
+    kinds = {"trainer": parts.Trainer, "replay": parts.Replay, "worker": parts.Worker}
+    got: dict = {"trainer": [], "replay": [], "worker": [], "epochs": []}
+    for d in dicts:
+        role = d.get("role")
+        if role is None:
+            got["epochs"].append(parts.Epochs.from_json(d, d.get("seq", 0)))
+        else:
+            got[role].append(kinds[role].from_json(d))
+    return Parts(tuple(got["trainer"]), tuple(got["epochs"]), tuple(got["worker"]),
+                 tuple(got["replay"]))
+
+
+def _run(dicts: list[dict]) -> JobRun:
+    return JobRun(exit_code=0, wall_s=1.0, parts=_parts(dicts))
 
 
 def test_compute_only_extrapolates_the_served_batches() -> None:
@@ -57,7 +72,7 @@ def test_compute_only_extrapolates_the_served_batches() -> None:
     # nothing served (the epoch ended within the kept batches): no figure, not a guess
     assert ablate.compute_only(_run([trainer, epochs, {**replay, "served_from": {}}]),
                                 "D#0", 10) is None
-    assert ablate.batch_counts([trainer, epochs]) == {"D#0": [4]}
+    assert ablate.batch_counts(_parts([trainer, epochs])) == {"D#0": [4]}
 
 
 def test_unmatched_calls_void_the_ablation_with_the_reason() -> None:

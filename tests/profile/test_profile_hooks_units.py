@@ -63,4 +63,4 @@ def test_torch_threads_are_read_never_imported_and_never_raise() -> None:
     assert h._torch_threads(None) is None
     assert h._torch_threads(Broken()) is None
     assert h._torch_threads(torch) == torch.get_num_threads()
-    assert h._header()["torch_threads"] == torch.get_num_threads()
+    assert h._header().torch_threads == torch.get_num_threads()

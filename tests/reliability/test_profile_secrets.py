@@ -262,7 +262,8 @@ def test_a_setting_that_did_not_run_is_never_advised(job: NS) -> None:
 
 
 def _variant(name: str, knobs: dict, steady: float, ran_with: dict, notes: list[str]) -> NS:
-    loader = NS(kind="torch.DataLoader", name="Items#0", settings=ran_with, notes=notes)
+    loader = NS(kind="torch.DataLoader", name="Items#0", settings=ran_with, notes=notes,
+                set_keys=["dataloader", "torch"])
     return NS(name=name, knobs=knobs, phases=NS(steady_samples_s=NS(median=steady)),
               throughput_samples_s=NS(median=steady), profile=NS(loaders=[loader]))
 

@@ -1,0 +1,378 @@
+"""What crosses the process wall of ``stallbench profile``: the part files, typed, versioned,
+written and read here and nowhere else.
+
+Each process of the job writes its own files into the run directory (``hooks``: the trainer's
+``part-*.json``, its finished epochs in ``epochs-*-<seq>.json``, a loader worker's
+``stage-*.json``, an ablation's ``replay-*.json``). The launcher side reads a run's files once
+(``read``) into one ``Parts``: frozen records that merge, ablate, session and tune take, so no
+module reads a key of another's dict, and a field renamed here is renamed for both sides.
+
+This module is loaded two ways, so it imports only the standard library: by the in-process
+hooks by path (``_stallbench_profile_parts``), which build the records and write their
+``to_json``; and as ``stallbench.profile.parts`` on the launcher side. ``VERSION`` is written
+into every file; a file of another version (a job that ran another stallbench's hooks, a
+stale directory) is not read as this one: ``Parts.skipped`` counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List   # Dict, List: a helper may run Python 3.7
+
+VERSION = 1
+
+
+def _f(v: Any, default: float = 0.0) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def _i(v: Any, default: int = 0) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def _floats(v: Any) -> tuple[float, ...]:
+    return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else ()
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else ()
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One pass of a loader stream: per batch the request time, wait and step (from the
+    process's start, seconds), rows; whether it ended (``StopIteration``, or exactly
+    ``len(loader)`` batches) or was capped; its trainer CPU; the GPU's view where CUDA ran."""
+
+    t_iter: float
+    t_req: tuple[float, ...]
+    wait: tuple[float, ...]
+    step: tuple[float, ...]
+    rows: tuple[int, ...]
+    ended: bool
+    capped: bool
+    t_end: float
+    cpu_s: float | None = None
+    gpu_wait: tuple[float, ...] = ()
+    gpu_step: tuple[float, ...] = ()
+    gpu_error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"t_iter": self.t_iter, "t_req": list(self.t_req),
+                               "wait": list(self.wait), "step": list(self.step),
+                               "rows": list(self.rows), "ended": self.ended,
+                               "capped": self.capped, "t_end": self.t_end, "cpu_s": self.cpu_s}
+        if self.gpu_wait or self.gpu_step or self.gpu_error:
+            out["gpu"] = ({"error": self.gpu_error} if self.gpu_error else
+                          {"wait": list(self.gpu_wait), "step": list(self.gpu_step)})
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Epoch":
+        gpu = d.get("gpu") or {}
+        cpu = d.get("cpu_s")
+        return cls(t_iter=_f(d.get("t_iter")), t_req=_floats(d.get("t_req")),
+                   wait=_floats(d.get("wait")), step=_floats(d.get("step")),
+                   rows=_ints(d.get("rows")), ended=bool(d.get("ended")),
+                   capped=bool(d.get("capped")), t_end=_f(d.get("t_end")),
+                   cpu_s=None if cpu is None else _f(cpu),
+                   gpu_wait=_floats(gpu.get("wait")), gpu_step=_floats(gpu.get("step")),
+                   gpu_error=str(gpu.get("error") or ""))
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One loader of a process as its door made it (``hooks.Stream``): kind, name (label and
+    creation order), key (process image and order), settings it ran with, notes; why it was
+    switched off (``unmeasured``); ``role`` "producer" for a loader thread feeding a queue,
+    whose consumer stream is ``fed_by`` it."""
+
+    kind: str
+    name: str
+    order: int
+    key: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    unmeasured: str = ""
+    role: str = ""
+    fed_by: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name, "order": self.order,
+                               "key": self.key, "settings": dict(self.settings),
+                               "notes": list(self.notes)}
+        for k in ("unmeasured", "role", "fed_by"):
+            if getattr(self, k):
+                out[k] = getattr(self, k)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Stream":
+        s = d.get("settings")
+        return cls(kind=str(d.get("kind", "")), name=str(d.get("name", "")),
+                   order=_i(d.get("order")), key=str(d.get("key", "")),
+                   settings=dict(s) if isinstance(s, dict) else {},
+                   notes=tuple(str(n) for n in d.get("notes") or ()),
+                   unmeasured=str(d.get("unmeasured") or ""), role=str(d.get("role") or ""),
+                   fed_by=str(d.get("fed_by") or ""))
+
+
+@dataclass(frozen=True)
+class Header:
+    """Who wrote a part: the process (host, pid, parent, image: an exec'd image or a fork has
+    its own), its rank as its launcher set it, its clocks' origin, the libraries and torch
+    threads it ran with, its CPU so far."""
+
+    host: str
+    pid: int
+    image: str
+    ppid: int = 0
+    launched: bool = False
+    t0_wall: float = 0.0
+    t0_perf: float = 0.0
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    torch: str | None = None
+    ray: str | None = None
+    torch_threads: int | None = None
+    cpu_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Header":
+        tt = d.get("torch_threads")
+        world = _i(d.get("world_size"), 1)
+        return cls(host=str(d.get("host", "")), pid=_i(d.get("pid")),
+                   image=str(d.get("image", "")), ppid=_i(d.get("ppid")),
+                   launched=bool(d.get("launched", world > 1)),
+                   t0_wall=_f(d.get("t0_wall")), t0_perf=_f(d.get("t0_perf")),
+                   rank=_i(d.get("rank")), local_rank=_i(d.get("local_rank")),
+                   world_size=world, node_rank=_i(d.get("node_rank")),
+                   torch=d.get("torch") if isinstance(d.get("torch"), str) else None,
+                   ray=d.get("ray") if isinstance(d.get("ray"), str) else None,
+                   torch_threads=tt if isinstance(tt, int) and not isinstance(tt, bool)
+                   and tt > 0 else None,
+                   cpu_s=_f(d.get("cpu_s")))
+
+    @property
+    def image_key(self) -> tuple[str, int, str]:
+        """(host, pid, image): an exec'd image keeps its pid and has a new image."""
+        return (self.host, self.pid, self.image)
+
+
+Stages = Dict[str, Dict[str, List[Any]]]    # stream key -> stage name -> record (stage_add)
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A trainer process's part, rewritten at each flush: its streams, the stages it timed
+    itself, and the epochs not yet in an epochs file (``open``: stream key -> (how many
+    epochs the files hold, the rest as of this flush); a process killed without ``atexit``
+    keeps them up to its last flush)."""
+
+    header: Header
+    streams: tuple[Stream, ...] = ()
+    stages: Stages = field(default_factory=dict)
+    exiting: bool = False
+    open: dict[str, tuple[int, tuple[Epoch, ...]]] = field(default_factory=dict)
+
+    PREFIX = "part"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "role": "trainer", **self.header.to_json(),
+                "streams": [s.to_json() for s in self.streams], "stages": self.stages,
+                "exiting": self.exiting,
+                "open": {k: {"from": n, "epochs": [e.to_json() for e in eps]}
+                         for k, (n, eps) in self.open.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Trainer":
+        op = d.get("open") or {}
+        return cls(header=Header.from_json(d),
+                   streams=tuple(Stream.from_json(s) for s in d.get("streams") or ()),
+                   stages=d.get("stages") or {}, exiting=bool(d.get("exiting")),
+                   open={str(k): (_i(v.get("from"), -1),
+                                  tuple(Epoch.from_json(e) for e in v.get("epochs") or ()))
+                         for k, v in op.items() if isinstance(v, dict)})
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """Epochs a trainer process finished since its last epochs file (``seq``: the order of
+    its files), per stream key."""
+
+    host: str
+    pid: int
+    image: str
+    seq: int
+    streams: dict[str, tuple[Epoch, ...]] = field(default_factory=dict)
+
+    PREFIX = "epochs"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "host": self.host, "pid": self.pid, "image": self.image,
+                "streams": {k: [e.to_json() for e in eps] for k, eps in self.streams.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], seq: int = 0) -> "Epochs":
+        return cls(host=str(d.get("host", "")), pid=_i(d.get("pid")),
+                   image=str(d.get("image", "")), seq=seq,
+                   streams={str(k): tuple(Epoch.from_json(e) for e in eps)
+                            for k, eps in (d.get("streams") or {}).items()})
+
+    @property
+    def image_key(self) -> tuple[str, int, str]:
+        return (self.host, self.pid, self.image)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A loader worker's part: the stages it timed for the loader it serves (``loader``: that
+    loader's stream key)."""
+
+    header: Header
+    loader: str
+    stages: Stages = field(default_factory=dict)
+
+    PREFIX = "stage"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "role": "worker", **self.header.to_json(), "loader": self.loader,
+                "stages": self.stages}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Worker":
+        return cls(header=Header.from_json(d), loader=str(d.get("loader")),
+                   stages=d.get("stages") or {})
+
+
+@dataclass(frozen=True)
+class Replay:
+    """An ablation run's replay part (``replay.py``): what it recorded, served or computed,
+    and why it stopped or could not serve (``mismatch``, ``missing``, ``budget_stop``:
+    dicts as replay wrote them)."""
+
+    pid: int
+    mode: str = ""
+    serve: str | None = None
+    worker: bool = False
+    served: int = 0
+    computed: int = 0
+    recorded: int = 0
+    recorded_bytes: int = 0
+    unserved_batches: int = 0
+    budget_stop: dict[str, Any] | None = None
+    mismatch: dict[str, Any] | None = None
+    missing: dict[str, Any] | None = None
+    served_from: dict[str, list[int | None]] = field(default_factory=dict)
+    kept: dict[str, int] = field(default_factory=dict)
+    kept_bytes: dict[str, int] = field(default_factory=dict)
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    PREFIX = "replay"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": VERSION, "role": "replay",
+                **{k: getattr(self, k) for k in self.__dataclass_fields__}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Replay":
+        def dct(k: str) -> dict[str, Any] | None:
+            v = d.get(k)
+            return v if isinstance(v, dict) and v else None
+        return cls(pid=_i(d.get("pid"), -1), mode=str(d.get("mode") or ""),
+                   serve=d.get("serve"), worker=bool(d.get("worker")),
+                   served=_i(d.get("served")), computed=_i(d.get("computed")),
+                   recorded=_i(d.get("recorded")), recorded_bytes=_i(d.get("recorded_bytes")),
+                   unserved_batches=_i(d.get("unserved_batches")),
+                   budget_stop=dct("budget_stop"), mismatch=dct("mismatch"),
+                   missing=dct("missing"), served_from=dct("served_from") or {},
+                   kept=dct("kept") or {}, kept_bytes=dct("kept_bytes") or {},
+                   stages=dct("stages") or {})
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Every part of one run (or of several nodes' runs, ``+``), parsed once. ``cache``: what
+    the launcher side derives from them (``merge.streams``), kept with them so a run's parts
+    are merged once however many modules ask."""
+
+    trainers: tuple[Trainer, ...] = ()
+    epochs: tuple[Epochs, ...] = ()
+    workers: tuple[Worker, ...] = ()
+    replays: tuple[Replay, ...] = ()
+    skipped: int = 0            # files of another VERSION, not read as this one's
+    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __add__(self, other: "Parts") -> "Parts":
+        return Parts(self.trainers + other.trainers, self.epochs + other.epochs,
+                     self.workers + other.workers, self.replays + other.replays,
+                     self.skipped + other.skipped)
+
+    def __bool__(self) -> bool:
+        return bool(self.trainers or self.epochs or self.workers or self.replays)
+
+    def epochs_by_image(self) -> dict[tuple[str, int, str], dict[str, list[Epoch]]]:
+        """(host, pid, image) -> stream key -> its epochs in order, from the epoch files."""
+        got = self.cache.get("epochs_by_image")
+        if got is None:
+            got = {}
+            for p in sorted(self.epochs, key=lambda p: p.seq):
+                for key, eps in p.streams.items():
+                    got.setdefault(p.image_key, {}).setdefault(key, []).extend(eps)
+            self.cache["epochs_by_image"] = got
+        return got
+
+
+_KINDS = {c.PREFIX: c for c in (Trainer, Epochs, Worker, Replay)}
+
+
+def parse(name: str, d: dict[str, Any]) -> Trainer | Epochs | Worker | Replay | None:
+    """One file's record by its name (``<prefix>-...json``); None for a file that is not a
+    part of this version."""
+    if not isinstance(d, dict) or d.get("v", VERSION) != VERSION:
+        return None
+    prefix = name.split("-", 1)[0]
+    cls = _KINDS.get(prefix)
+    if cls is Epochs:
+        stem = name[:-5] if name.endswith(".json") else name
+        return Epochs.from_json(d, _i(stem.rsplit("-", 1)[-1]))
+    return cls.from_json(d) if cls is not None else None
+
+
+def read(run_dir: str | os.PathLike[str]) -> Parts:
+    """A run directory's part files, each parsed once. A file caught mid-write by a kill (it
+    is written whole and renamed, so only a foreign one) is its process's loss."""
+    got: dict[type, list[Any]] = {c: [] for c in _KINDS.values()}
+    skipped = 0
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        names = []
+    for name in names:
+        if not name.endswith(".json") or name.split("-", 1)[0] not in _KINDS:
+            continue
+        try:
+            with open(os.path.join(run_dir, name)) as fh:
+                d = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        rec = parse(name, d)
+        if rec is None:
+            skipped += 1
+            continue
+        got[type(rec)].append(rec)
+    return Parts(tuple(got[Trainer]), tuple(got[Epochs]), tuple(got[Worker]),
+                 tuple(got[Replay]), skipped)
