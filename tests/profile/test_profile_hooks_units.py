@@ -64,3 +64,49 @@ def test_torch_threads_are_read_never_imported_and_never_raise() -> None:
     assert h._torch_threads(Broken()) is None
     assert h._torch_threads(torch) == torch.get_num_threads()
     assert h._header().torch_threads == torch.get_num_threads()
+
+
+def _written_epochs(run_dir: Path, key: str) -> list[dict]:
+    out = []
+    for f in sorted(run_dir.glob("epochs-*.json")):
+        out.extend(json.loads(f.read_text())["streams"].get(key, []))
+    return out
+
+
+def test_a_ray_train_worker_writes_its_last_epoch_at_shutdown(tmp_path: Path) -> None:
+    """Ray Train ends a worker with ``ray.kill`` right after ``RayTrainWorker.shutdown``: no
+    ``atexit``. A last epoch whose end-of-epoch write the flush budget deferred (a mid-epoch
+    write just before it) was lost with the process (a 2-worker job read 14 of each rank's 16
+    batches, in about one run in two). The Ray door's ``shutdown`` writes it, after Ray's own
+    shutdown ran, and also when that raised."""
+    import types
+
+    h = _hooks()
+    h.SETTINGS = {"run_dir": str(tmp_path)}
+    door = h.door_of("ray.iter_torch_batches")
+    st = h.Stream("ray.iter_torch_batches", "StreamSplitDataIterator", {"batch_size": 4})
+    for epoch in range(2):
+        assert sum(1 for _ in h.Passes(st, [[1, 2, 3, 4]] * 3)) == 3
+        if epoch == 0:      # as a mid-epoch write would: the next epoch end is deferred
+            h._next_epoch_flush = h.perf() + 3600.0
+    assert len(_written_epochs(tmp_path, st.key)) == 1      # what a killed worker kept
+
+    class RayTrainWorker:
+        calls: list = []
+
+        def shutdown(self) -> None:
+            self.calls.append(len(_written_epochs(tmp_path, st.key)))
+            raise RuntimeError("Ray's own")
+
+    mod = types.ModuleType("ray.train.v2._internal.execution.worker_group.worker")
+    mod.RayTrainWorker = RayTrainWorker
+    door.patch_ray_train_worker(mod)
+    try:
+        RayTrainWorker().shutdown()
+    except RuntimeError as exc:
+        assert str(exc) == "Ray's own"
+    else:
+        raise AssertionError("Ray's exception was swallowed")
+    assert RayTrainWorker.calls == [1]                       # written after Ray's shutdown
+    eps = _written_epochs(tmp_path, st.key)
+    assert [(len(e["wait"]), e["ended"]) for e in eps] == [(3, True), (3, True)]
