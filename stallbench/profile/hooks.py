@@ -557,12 +557,15 @@ def _in_for_loop() -> bool:
     comprehension, ``zip`` inside a ``for`` too), or a library's (a trainer framework's
     ``next(iterator)`` handles the end of an epoch: it meets one every epoch). A ``next(it)``
     in the user's own code gets no StopIteration: it would fail the job. Frames of this file
-    (the torch ``__next__`` wrapper, a watched pass's generator) are skipped. Not CPython, or
+    (a watched pass's generator) and of the door modules (the torch ``__next__`` wrapper, any
+    door's hooked method: loaded by path from ``DOOR_DIR``) are skipped. Not CPython, or
     no frame to read: taken as a loop (the behaviour before issue 38)."""
     try:
         import dis
         f = sys._getframe(2)
-        while f is not None and f.f_code.co_filename == __file__:
+        doors = DOOR_DIR + os.sep
+        while f is not None and (f.f_code.co_filename == __file__
+                                 or f.f_code.co_filename.startswith(doors)):
             f = f.f_back
         if f is None:
             return True
