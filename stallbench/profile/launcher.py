@@ -64,17 +64,21 @@ class NoProgress(UserError):
 
 
 _progress_timeout_s: float | None = None
+_progress_why = "--progress-timeout"
 
 
 @contextlib.contextmanager
-def progress_limit(seconds: float | None) -> Iterator[None]:
-    """``--progress-timeout`` for every run of the job inside (profile and ablation runs)."""
-    global _progress_timeout_s
-    before, _progress_timeout_s = _progress_timeout_s, seconds
+def progress_limit(seconds: float | None, why: str = "--progress-timeout") -> Iterator[None]:
+    """A limit on the time without a batch for every run of the job inside (profile and
+    ablation runs: ``--progress-timeout``; a tune's trials: its hang limit); ``why`` names
+    the limit in the line a stopped job gets."""
+    global _progress_timeout_s, _progress_why
+    before = _progress_timeout_s, _progress_why
+    _progress_timeout_s, _progress_why = seconds, why
     try:
         yield
     finally:
-        _progress_timeout_s = before
+        _progress_timeout_s, _progress_why = before
 
 
 def _libc() -> Any:
@@ -229,8 +233,9 @@ class _Progress:
     """``--progress-timeout``: the time since the batch count the beats report last changed,
     counted from the job's start (a job that never makes a loader times out too)."""
 
-    def __init__(self, run_dir: Path, timeout_s: float) -> None:
-        self.run_dir, self.timeout_s = run_dir, timeout_s
+    def __init__(self, run_dir: Path, timeout_s: float, why: str = "--progress-timeout"
+                 ) -> None:
+        self.run_dir, self.timeout_s, self.why = run_dir, timeout_s, why
         self.since = self.next_read = time.monotonic()
         self.total = 0
         self.beats: list[dict[str, Any]] = []
@@ -251,7 +256,7 @@ class _Progress:
                 "none came since the job started" + (
                     " (its loaders were made)" if any(b.get("loaders") for b in self.beats)
                     else ""))
-        return (f"profile: no batch for {self.timeout_s:g} s (--progress-timeout): {what}; "
+        return (f"profile: no batch for {self.timeout_s:g} s ({self.why}): {what}; "
                 f"stopped the job's processes: {procs}; no result written")
 
 
@@ -331,7 +336,7 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
             from .redact import word     # the word may be API_KEY=X: never quoted as given
             raise UserError(f"cannot start {word(argv[0])!r}: {exc.strerror or exc}") from None
         guard = _Guard(proc.pid)
-        progress = _Progress(run_dir, timeout) if timeout else None
+        progress = _Progress(run_dir, timeout, _progress_why) if timeout else None
         stopped, next_stop = "", time.monotonic() + STOP_POLL_S
         try:
             while True:

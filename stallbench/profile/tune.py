@@ -13,6 +13,7 @@ the search goes on. The result is a profile ``Result`` with a ``tune`` object.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -28,7 +29,8 @@ from ..analysis import loader_search as search
 from ..analysis.stats import t_quantile
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
 from . import budget, doors, knobs, merge, session
-from .launcher import JobRun, NoProgress, exit_status, read_beats, read_parts, run_once
+from .launcher import (JobRun, NoProgress, exit_status, progress_limit, read_beats, read_parts,
+                       run_once)
 from .parts import Parts
 
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
@@ -288,7 +290,6 @@ def _keys(opts: Options, kind: str) -> frozenset[str]:
 
 
 def tune(opts: Options, say: Callable[[str], None]) -> Result:
-    from .launcher import progress_limit
     with progress_limit(opts.progress_timeout):
         return _tune(opts, say)
 
@@ -356,7 +357,8 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         say(f"ceiling: {ceiling_note}")
         ctx = search.Context(kind=kind, cores=machine.cores, ceiling=ceiling, keys=keys,
                              prefetch_batches=int(base.settings.get("prefetch_batches") or 1))
-        # 3. the search
+        # 3. the search; a trial whose setting hangs the job is stopped and recorded
+        hang = _hang_limit(base_run, opts.progress_timeout)
         stop_reason, stop_text = "", ""
         while True:
             done = [t for _, t, _ in trials if t is not None]
@@ -375,8 +377,9 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             c = d.choice
             name = knobs.name_of(c.settings)
             try:
-                run = one(c.settings, f"trial {len(trials) + 1}: {c.change} ({c.why})")
-            except NoProgress as exc:       # --progress-timeout: this setting hangs the job
+                with (progress_limit(*hang) if hang else contextlib.nullcontext()):
+                    run = one(c.settings, f"trial {len(trials) + 1}: {c.change} ({c.why})")
+            except NoProgress as exc:       # this setting hangs the job: a finding
                 say(f"trial {name}: {exc}: recorded, the search goes on")
                 trials.append((JobTrial(name=name, settings=search.bare(c.settings),
                                         why=c.why + f"; {exc}", outcome="failed",
@@ -488,6 +491,35 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
 def _plain(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if isinstance(v, (int, float, str, bool))
             or v is None}
+
+
+HANG_FACTOR = 10.0     # a trial with no batch for this many times the job's longest gap ...
+HANG_MIN_S = 60.0      # ... and at least this long hangs (without --progress-timeout)
+
+
+def hang_seconds(parts: Parts) -> float | None:
+    """The job as written's longest time without a batch of any loader (from its first
+    process's start: its start-up too), in seconds; None where it made no batch."""
+    starts = [p.header.t0_wall for p in parts.trainers]
+    got = sorted(t + w for s in merge.streams(parts) for t, w in zip(s.t_wall, s.wait))
+    if not got or not starts:
+        return None
+    times = [min(starts), *got]
+    return max(b - a for a, b in zip(times, times[1:]))
+
+
+def _hang_limit(base_run: JobRun, given: float | None) -> tuple[float, str] | None:
+    """Where ``--progress-timeout`` was not given, a trial still cannot block the tune: a
+    setting that deadlocks the job (a worker count its dataset cannot fork with, a prefetch
+    that exhausts memory) makes no batch for ``HANG_FACTOR`` times the longest gap the job
+    as written had (start-up included), at least ``HANG_MIN_S``: it is stopped and recorded
+    as a finding, the search goes on. Given, ``--progress-timeout`` rules every run."""
+    gap = hang_seconds(base_run.parts)
+    if given is not None or gap is None:
+        return None
+    limit = max(HANG_MIN_S, HANG_FACTOR * gap)
+    return limit, (f"tune's hang limit for a trial: {HANG_FACTOR:g}x the job's longest time "
+                   f"without a batch as written, {gap:.1f} s, at least {HANG_MIN_S:g} s")
 
 
 def _dotted(settings: dict[str, Any], kind: str) -> dict[str, Any]:
