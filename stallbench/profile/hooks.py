@@ -943,13 +943,7 @@ def _forked() -> None:
     LOADERS.clear()
     ITERS.clear()
     _LOST[0] = 0
-    for mod in DOORS:               # the doors' own tables (a queue's feed, a watched object)
-        fn = getattr(mod, "at_fork", None)
-        if fn is not None:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001
-                pass
+    _each_door("at_fork")           # the doors' own tables (a queue's feed, a watched object)
 
 
 def _patch_exec() -> None:
@@ -1126,15 +1120,36 @@ def watch(iterable, name: str | None = None):
     return iterable
 
 
-def _at_exit() -> None:
-    """Each door's ``at_exit`` (before the final flush: atexit runs last-in first)."""
+def _each_door(hook: str) -> None:
+    """Each loaded door's ``hook`` (``at_fork``, ``at_exit``), where it has one; one that
+    fails is left: the others still run, and nothing reaches the job."""
     for mod in DOORS:
-        fn = getattr(mod, "at_exit", None)
+        fn = getattr(mod, hook, None)
         if fn is not None:
             try:
                 fn()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _at_exit() -> None:
+    """Each door's ``at_exit`` (before the final flush: atexit runs last-in first)."""
+    _each_door("at_exit")
+
+
+def tagged_next(orig_next):
+    """An iterator class's ``__next__`` for a door that tags its iterators in ``ITERS`` at
+    ``iter()`` (``begin_pass``): a tagged iterator's batch goes through its stream's clocks,
+    any other iterator of the class runs as it would."""
+    import functools
+
+    @functools.wraps(orig_next)
+    def __next__(self):
+        tag = ITERS.get(self)
+        if tag is None:
+            return orig_next(self)
+        return tag[0].next_batch(tag[1], orig_next, self)
+    return __next__
 
 
 class _Loader(importlib.abc.Loader):

@@ -105,16 +105,7 @@ def patch_torch(dl_mod) -> None:
 
     DataLoader.__iter__ = __iter__
 
-    orig_next = BaseIter.__next__
-
-    @functools.wraps(orig_next)
-    def __next__(self):
-        tag = H.ITERS.get(self)
-        if tag is None:
-            return orig_next(self)
-        return tag[0].next_batch(tag[1], orig_next, self)
-
-    BaseIter.__next__ = __next__
+    BaseIter.__next__ = H.tagged_next(BaseIter.__next__)
 
     orig_multi_init = MultiIter.__init__
 

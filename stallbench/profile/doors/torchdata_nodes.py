@@ -24,7 +24,6 @@ def bind(core) -> None:
 
 
 def patch_nodes(mod) -> None:
-    import functools
     H.version_check(WRITTEN_FOR, H.dist_version("torchdata"))
     LoaderIterator = mod.LoaderIterator
     orig_next = LoaderIterator.__next__
@@ -37,12 +36,5 @@ def patch_nodes(mod) -> None:
             H.unmeasured(KINDS[0], "its root could not be read")
             return None
 
-    @functools.wraps(orig_next)
-    def __next__(self):
-        tag = H.ITERS.get(self)
-        if tag is None:
-            return orig_next(self)
-        return tag[0].next_batch(tag[1], orig_next, self)
-
-    LoaderIterator.__next__ = __next__
+    LoaderIterator.__next__ = H.tagged_next(orig_next)
     H.hook_passes(mod.Loader, make, KINDS[0])
