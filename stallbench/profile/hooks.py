@@ -385,7 +385,11 @@ class Stream:
     inside hook code, or two passes or threads over it at once, whose waits and steps are
     not one loop's); the merge leaves such a stream out and the launcher says why."""
 
-    def __init__(self, kind: str, label: str, settings: dict | None = None) -> None:
+    def __init__(self, kind: str, label: str, settings: dict | None = None,
+                 named: str = "") -> None:
+        """``named``: what the job's framework calls the loader (``framework_name``): the
+        stream's name as it stands (``val_dataloader``), ``#order`` added only where this
+        process already has a stream of that name; else ``<label>#<order>``."""
         settings = settings or {}
         rows = settings.get("batch_size")
         self.default_rows = int(rows) if type(rows) is int and rows > 0 else 1
@@ -395,6 +399,10 @@ class Stream:
         self.kind = kind
         self.label = label
         self.name = f"{label}#{self.order}"
+        if named:
+            with _LOCK:
+                taken = any(s.name == named for s in STREAMS if s is not self)
+            self.name = f"{named}#{self.order}" if taken else named
         self.key = f"{os.getpid()}-{_IMAGE}:{self.order}"
         self.settings = settings
         self.notes: list = []
@@ -990,6 +998,32 @@ def version_check(written_for, version: str) -> None:
             "which this version may have changed")
 
 
+NAMING_FRAMES = 40      # how far up the stack ``framework_name`` looks
+
+
+def framework_name() -> str:
+    """What the job's framework calls the loader being made: the name of the nearest
+    function of the job's own code (not a library's, not stallbench's) on the stack whose
+    name ends with ``dataloader`` (Lightning's ``train_dataloader`` / ``val_dataloader`` hooks,
+    a data module's ``test_dataloader``): the validation loader is ``val_dataloader``, not
+    ``Items#1``. "" where none is (a loader made in a plain script keeps its dataset class's
+    name). Read once per loader, at its creation; never raises."""
+    try:
+        f = sys._getframe(1)
+        here = os.path.dirname(os.path.abspath(__file__))
+        for _ in range(NAMING_FRAMES):
+            if f is None:
+                return ""
+            name, path = f.f_code.co_name, f.f_code.co_filename
+            if name.endswith("dataloader") and name.isidentifier() \
+                    and not path.startswith(here) and not _library_file(path):
+                return name
+            f = f.f_back
+    except Exception:  # noqa: BLE001 - unnamed: the dataset class names it
+        pass
+    return ""
+
+
 def loader_stream(loader, notes: list, kind: str):
     """The stream of a DataLoader (or a loader with its attributes: torchdata's
     ``StatefulDataLoader``) of kind ``kind``, from its own ``__dict__`` (``own``: no attribute
@@ -1005,7 +1039,7 @@ def loader_stream(loader, notes: list, kind: str):
                     "persistent_workers": own(loader, "persistent_workers", False) is True,
                     "batch_size": own(loader, "batch_size"),
                     "dataset": str(t.__module__) + "." + str(t.__qualname__)}
-        st = Stream(kind, str(t.__name__), settings)
+        st = Stream(kind, str(t.__name__), settings, named=framework_name())
         st.notes.extend(notes)
         if not LOADERS.set(loader, st):
             st.switch_off("it cannot be tracked without storing into it")

@@ -1,0 +1,65 @@
+"""The framework doors (issue 40), each as a user runs it (tests/profile/scripts/, importing
+nothing of stallbench): a PyTorch Lightning ``Trainer.fit`` (its ``_DataFetcher`` asks for
+exactly ``len(loader)`` batches and prefetches one ahead on the loop's thread) against
+Lightning's own ``train_dataloader_next`` total from ``profiler="simple"`` in the same run, its
+loaders named by the data module's hooks (``train_dataloader``, ``val_dataloader``); and a
+Hugging Face Accelerate loop over ``accelerator.prepare``'s ``DataLoaderShard`` against the
+loop's own clocks. Wait within 10% + 20 ms of the framework's or loop's own figure, batches
+and samples exact. Lightning and Accelerate are in the ``dev`` extra (pinned)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import loadcheck
+import profile_helpers as helpers
+
+ITEM_MS, STEP_MS = 5.0, 5.0
+
+
+def _profile(tmp_path: Path, script: str) -> tuple[dict, dict, str]:
+    out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
+                          helpers.script(script), str(ITEM_MS), str(STEP_MS)], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    loaders = {lo.name: lo for lo in helpers.load(out).variants[0].profile.loaders}
+    return helpers.truth(cp.stdout), loaders, cp.stderr
+
+
+def _lightning(tmp_path: Path) -> list[str]:
+    truth, loaders, err = _profile(tmp_path, "user_lightning.py")
+    assert sorted(loaders) == ["train_dataloader", "val_dataloader"], sorted(loaders)
+    lo = loaders["train_dataloader"]
+    assert lo.headline and (lo.batches, lo.samples) == (truth["batches"], truth["samples"])
+    assert "ended its epoch" not in err, err    # len(loader) batches: every epoch whole
+    if abs(lo.wait_s - truth["next_s"]) > 0.10 * truth["next_s"] + 0.02:
+        return [f"wait {lo.wait_s:.3f} s vs Lightning's train_dataloader_next "
+                f"{truth['next_s']:.3f} s"]
+    return []
+
+
+def _accelerate(tmp_path: Path) -> list[str]:
+    truth, loaders, _ = _profile(tmp_path, "user_accelerate.py")
+    (lo,) = [x for x in loaders.values() if x.headline]
+    assert (lo.batches, lo.samples) == (truth["batches"], truth["samples"]), (lo, truth)
+    problems = []
+    for mine, theirs in ((lo.wait_s, truth["next_s"]), (lo.step_s, truth["step_s"])):
+        if abs(mine - theirs) > 0.10 * theirs + 0.02:
+            problems.append(f"{mine:.3f} s vs the loop's {theirs:.3f} s")
+    return problems
+
+
+@pytest.mark.groundtruth     # figures read off timings: the timing pass (tests/run_suite.sh)
+def test_lightning_fit_is_measured_as_lightning_times_it(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning", reason="in the dev extra: pip install -e '.[dev]'")
+    loadcheck.attempts("lightning", lambda: _lightning(tmp_path), 3, 1.0)
+
+
+@pytest.mark.groundtruth
+def test_an_accelerate_loop_is_measured_as_it_waits(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate", reason="in the dev extra: pip install -e '.[dev]'")
+    loadcheck.attempts("accelerate", lambda: _accelerate(tmp_path), 3, 1.0)
