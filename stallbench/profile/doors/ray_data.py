@@ -98,8 +98,6 @@ def _patch_ray_class(cls, methods) -> None:
         setattr(cls, meth, make(orig, meth))
 
 
-
-
 def patch_ray_train_worker(worker_mod) -> None:
     """Ray Train (v2, the default since 2.51) ends each worker actor with ``ray.kill`` once
     its ``RayTrainWorker.shutdown`` returned (``worker_group.state._shutdown_workers``, 5 s
