@@ -5,8 +5,8 @@ Lightning's own ``train_dataloader_next`` total from ``profiler="simple"`` in th
 loaders named by the data module's hooks (``train_dataloader``, ``val_dataloader``); and a
 Hugging Face Accelerate loop over ``accelerator.prepare``'s ``DataLoaderShard`` against the
 loop's own clocks. Wait within 10% + 20 ms of the framework's or loop's own figure, batches
-and samples exact. Lightning and Accelerate are the ``frameworks`` extra (pinned; not yet in
-``dev``: see pyproject.toml); without them these tests are skipped, saying so."""
+and samples exact. Lightning and Accelerate are the ``frameworks`` extra (pinned, part of
+``dev``); an environment without them skips these tests, saying so."""
 
 from __future__ import annotations
 
