@@ -120,6 +120,20 @@ class _CheckedForkContext(multiprocessing.context.ForkContext):
     Process = _CheckedForkProcess
 
 
+def _warm_record_function() -> None:
+    """Import what the loader's first ``next()`` imports lazily, before its workers start.
+
+    torch's ``record_function`` (around every DataLoader ``__next__``) imports
+    ``torch.profiler._cupti_monitor`` on its first use. A worker that dies at once sends
+    SIGCHLD, and torch's handler raises inside whatever the main thread runs: in that import,
+    torch logs a warning with a traceback (seen under load), and the run's one-line error
+    came after a page of torch's log. Imported here, nothing is left to interrupt."""
+    try:
+        import torch.profiler._cupti_monitor  # noqa: F401
+    except Exception:  # noqa: BLE001 - absent in this torch: nothing is imported lazily
+        pass
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -383,6 +397,7 @@ class LocalExecutor(Executor):
         it = self._kept_iterator(plan, pool) if keep else None
         self._reused = it is not None
         if it is None:
+            _warm_record_function()
             loader = DataLoader(
                 _Shards(plan, pool), batch_size=None, shuffle=False, num_workers=lc.num_workers,
                 sampler=_AblationOrder(plan.ablation, True, len(plan.items)) if keep else None,
