@@ -332,6 +332,37 @@ def wait_headline(v: VariantResult) -> str:
             f"first item), {steady:.2f} s in steady state: a longer run pays the start-up once")
 
 
+# ``ProfileStage.where`` of the stages a loader library timed itself as parts of the loop's
+# wait (the Ray Data door's ``ray <stage>``, from Ray's own iterator stats)
+LIBRARY_SPLIT = {"ray": "Ray Data's own split of the wait (its iterator stats: the part of "
+                        "each blocked next() each stage was active)"}
+
+
+def library_split_line(v: VariantResult) -> str:
+    """The headline loader's wait as its own library split it, with the part it left
+    unattributed ("" where the library split nothing). The library's figures, said as its:
+    Ray counts only the yielded batch's own spans, so its parts may sum to less than the
+    wait; the rest is said, never spread over the parts."""
+    lo = (next((x for x in v.profile.loaders if x.headline), None)
+          if v.profile is not None else None)
+    if lo is None:
+        return ""
+    for where, what in LIBRARY_SPLIT.items():
+        parts = sorted((s for s in lo.stages if s.where == where and s.wall_s > 0),
+                       key=lambda s: -s.wall_s)
+        if not parts:
+            continue
+        total = sum(s.wall_s for s in parts)
+        names = ", ".join(f"{s.name.split(' ', 1)[-1]} {s.wall_s:.3f} s" for s in parts)
+        rest = max(lo.wait_s - total, 0.0)
+        first = (f", {lo.time_to_first_batch_s:.2f} s of it before the first batch"
+                 if math.isfinite(lo.time_to_first_batch_s) and
+                 lo.time_to_first_batch_s > 0.1 * lo.wait_s else "")
+        return (f"{lo.name}: {what}: {names}; {total:.3f} s of the {lo.wait_s:.3f} s waited, "
+                f"{rest:.3f} s not attributed to a stage by it{first}")
+    return ""
+
+
 def interference_line(v: VariantResult) -> str:
     """The data path's measured cost on the model step, its own line ("" where not measured)."""
     a = v.attribution

@@ -157,7 +157,7 @@ def _difference_interval(a: list[float], b: list[float], confidence: float = 0.9
     return Interval(*percentile_interval(d["a"] - d["b"], confidence))
 
 
-AUTOMATIC = ("dataset.__getitem__", "dataset.__iter__", "collate_fn", "pin_memory")
+AUTOMATIC = doors.own_stages()     # the doors' own stages: never a job's marks
 PART_WORDS = {"fetch": ("read", "load", "fetch", "decode", "open", "download", "io"),
               "preprocess": ("transform", "augment", "preprocess", "tokeni", "resize", "crop",
                              "normali", "collate", "encode"),

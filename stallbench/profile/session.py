@@ -649,6 +649,7 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
     from ..analysis import waits
     for vr in results:      # decided in analysis, stored, printed from the result (issue 39)
         for key, line in (("measured wait", waits.wait_headline(vr)),
+                          ("wait split", waits.library_split_line(vr)),
                           ("interference", waits.interference_line(vr))):
             if line:
                 vr.notes[key] = line

@@ -28,6 +28,9 @@ What a door module declares (module-level constants; ``Door`` below holds them):
                    each epoch): one loop's epochs are then several streams, joined by the tune
 ``WRITTEN_FOR``    ``(library, version, what is patched)``: a job with another version gets one
                    line on stderr saying what may have changed
+``OWN_STAGES``     the stage names its hooks record themselves (``collate_fn``, Ray's
+                   ``ray production_wait``): figures of the door, never a ``stallbench.stage``
+                   mark the job made, so never ablated as one
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Door:
     stages: str
     pass_per_call: bool
     written_for: tuple[str, str, str] | None
+    own_stages: tuple[str, ...] = ()
 
     def reaches(self, group: str) -> bool:
         """Whether ``--set GROUP.key=...`` reaches this door's loaders."""
@@ -77,7 +81,8 @@ def table() -> dict[str, Door]:
                     served=str(getattr(mod, "SERVED", "")),
                     stages=str(getattr(mod, "STAGES", "")),
                     pass_per_call=bool(getattr(mod, "PASS_PER_CALL", False)),
-                    written_for=getattr(mod, "WRITTEN_FOR", None))
+                    written_for=getattr(mod, "WRITTEN_FOR", None),
+                    own_stages=tuple(getattr(mod, "OWN_STAGES", ())))
         for kind in door.kinds:
             if kind in out:
                 raise ValueError(f"loader kind {kind!r} declared by doors {out[kind].module} "
@@ -101,3 +106,9 @@ def of(kind: str) -> Door:
 def written_for() -> dict[str, str]:
     """Library -> the version its doors were written for (a result's ``hooks_written_for``)."""
     return {d.written_for[0]: d.written_for[1] for d in table().values() if d.written_for}
+
+
+def own_stages() -> frozenset[str]:
+    """Every stage name a door records itself (``OWN_STAGES``): the rest a job's stages
+    carry are its ``stallbench.stage`` marks."""
+    return frozenset(n for d in table().values() for n in d.own_stages)

@@ -8,6 +8,15 @@ iterable each epoch (``for epoch ...: for b in ds.iter_torch_batches(...)``): ea
 tasks, outside torch's fetchers: the stages are not recorded (unless ``stallbench.stage``
 marks them in the loop's process).
 
+The stages come from Ray's own iterator stats instead (issue 39): Ray Data times, for each
+batch the loop waited on, how much of that blocked window each stage of its iterator was
+active (``BatchIterator._attribute_blocked_time``: production wait, data transfer, batching,
+format, collate, finalize; ``DatasetStats.iter_blocked_*_s``). The door reads those timers
+around each batch's attribution, on the loop's thread, and adds the increments to the
+stream's stages as ``ray <stage>`` (where ``ray``): Ray's figures, parts of the loop's wait,
+not the stages' whole time. Ray counts only the yielded batch's own spans, so the parts may
+sum to less than the wait; they never double count.
+
 Ray Train: ``get_dataset_shard(...)`` gives each worker a ``DataIterator`` (a
 ``StreamSplitDataIterator``), one object for the whole run, so a worker's per-epoch calls
 are one stream's epochs, and its rank is the worker's world rank (Ray Train's torch backend
@@ -24,12 +33,19 @@ import threading
 
 KINDS = ("ray.iter_batches", "ray.iter_torch_batches")
 PATCHES = {"ray.data.iterator": "patch_ray", "ray.data.dataset": "patch_ray_dataset",
+           "ray.data._internal.block_batching.iter_batches": "patch_ray_blocked",
            "ray.train.v2._internal.execution.worker_group.worker": "patch_ray_train_worker"}
 SET_KEYS = ("ray",)
 SERVED = ""
 STAGES = ("a Ray Data iterator: its stages run in Ray's tasks, outside torch's fetchers, so a "
-          "recording run would record nothing; none is made (the split from Ray's own "
-          "iterator stats is not built yet)")
+          "recording run would record nothing; none is made: its wait is split by Ray's own "
+          "iterator stats instead (the `ray <stage>` rows)")
+# Ray's stages of the blocked time (ray.data._internal.stats.IterationStage) and their timers
+BLOCKED = (("production_wait", "iter_blocked_production_wait_s"),
+           ("data_transfer", "iter_blocked_data_transfer_s"),
+           ("batching", "iter_blocked_batching_s"), ("format", "iter_blocked_format_s"),
+           ("collate", "iter_blocked_collate_s"), ("finalize", "iter_blocked_finalize_s"))
+OWN_STAGES = tuple(f"ray {label}" for label, _ in BLOCKED)
 PASS_PER_CALL = True
 WRITTEN_FOR = ("ray", "2.60", "DataIterator.iter_batches/iter_torch_batches and Ray Train's "
                "RayTrainWorker.shutdown")
@@ -96,6 +112,52 @@ def _patch_ray_class(cls, methods) -> None:
                     return inner
             return wrapped
         setattr(cls, meth, make(orig, meth))
+
+
+def patch_ray_blocked(mod) -> None:
+    """Ray's split of the loop's blocked time, batch by batch, into the stream's stages.
+
+    Wraps ``BatchIterator._attribute_blocked_time`` (Ray calls it on the loop's thread right
+    after each ``next()`` it timed, before the batch is yielded): the ``iter_blocked_*``
+    timers are read before and after, and each increment is one call of stage
+    ``ray <stage>``. Only while a hooked stream is fetching on this thread (a Ray iteration
+    the hooks do not measure adds nothing). Ray's own result is returned untouched; a read
+    that fails is skipped, never raised."""
+    cls = getattr(mod, "BatchIterator", None)
+    orig = getattr(cls, "__dict__", {}).get("_attribute_blocked_time")
+    if orig is None:
+        H.say("Ray Data's BatchIterator._attribute_blocked_time was not found: a Ray loop's "
+              "wait is not split by Ray's stages")
+        return
+    import functools
+
+    @functools.wraps(orig)
+    def attributed(self, *a, **k):
+        before = _blocked(self)
+        try:
+            return orig(self, *a, **k)
+        finally:
+            if before is not None:
+                after = _blocked(self)
+                if after is not None:
+                    for (label, _), b, x in zip(BLOCKED, before, after):
+                        if x > b:
+                            H.stage_add(f"ray {label}", x - b, None, where="ray")
+    cls._attribute_blocked_time = attributed
+
+
+def _blocked(batch_iter) -> tuple[float, ...] | None:
+    """The ``iter_blocked_*`` timers of a ``BatchIterator``'s stats, or None where there is
+    nothing to read (no stats, no hooked stream fetching on this thread, another Ray)."""
+    try:
+        if getattr(H.ACTIVE, "stream", None) is None:
+            return None
+        stats = getattr(batch_iter, "_stats", None)
+        if stats is None:
+            return None
+        return tuple(float(getattr(stats, attr).get()) for _, attr in BLOCKED)
+    except Exception:  # noqa: BLE001 - Ray's stats changed shape: not split, never raised
+        return None
 
 
 def patch_ray_train_worker(worker_mod) -> None:

@@ -20,6 +20,7 @@ PATCHES = {"torch.utils.data.dataloader": "patch_torch"}
 SET_KEYS = ("dataloader", "torch")
 SERVED = ""
 STAGES = ""
+OWN_STAGES = ("dataset.__getitem__", "dataset.__iter__", "collate_fn", "pin_memory")
 WRITTEN_FOR = ("torch", "2.13", "DataLoader.__init__/__iter__, _BaseDataLoaderIter.__next__, "
                "the map/iterable fetchers, the worker loop and pin_memory")
 KIND = KINDS[0]
