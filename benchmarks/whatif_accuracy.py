@@ -12,6 +12,10 @@ Goals (issue 17): fitted on at most 2 worker counts, predictions up to 12 worker
 (whole run) and 5% (steady state) on a 16-core machine; within 10% for 0-2 workers on a 2-core
 machine. Default worker counts follow the cores: 0..2 on a small machine, 0..12 on >= 14 cores.
 
+A storage-latency curve (``--latency-ms 40 --row-group-rows 4096 --cpu-us 1``: the producers
+mostly wait, so the cores carry ``whatif_models.IO_PRODUCERS_PER_CORE`` of them each) gives
+the held-out check its points on a small machine too: 0..8 workers on 2 cores.
+
 Goal (issue 39, predictions that cover or none): each measured count held out of BOTH the fit
 and its interval (the model fitted on the others, the interval from the back-test of the others
 alone, ``backtest.vouch``), the interval holds the measured steady rate in >= 90% of the
@@ -54,6 +58,8 @@ sparse_features = 8
 sequence_features = 2
 sequence_max_len = 20
 seed = 3
+[storage]
+latency_ms = {latency_ms}
 [preprocess]
 transforms = ["log_dense", {{name = "hash_ids", buckets = 100000}}]
 cpu_cost_us_per_row = {cpu_us}
@@ -92,6 +98,7 @@ def measure(args: argparse.Namespace) -> tuple[Path, str]:
     from stallbench.run.runner import RunOptions, run_scenario
 
     text = TEXT.format(rows=args.rows, row_group_rows=args.row_group_rows, cpu_us=args.cpu_us,
+                       latency_ms=args.latency_ms,
                        step_ms=args.step_ms, batch=args.batch, repeats=args.repeats,
                        workers=", ".join(str(w) for w in args.workers))
     sc = scenario.parse(text, "benchmarks/whatif_accuracy.py")
@@ -121,6 +128,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=786_432)
     ap.add_argument("--row-group-rows", type=int, default=16_384)
     ap.add_argument("--cpu-us", type=float, default=15.0)
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="EMULATED storage latency per row group (a wait, no CPU): with it the "
+                         "producers mostly wait and the cores carry more of them")
     ap.add_argument("--step-ms", type=float, default=8.0)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=3)
@@ -131,7 +141,8 @@ def main() -> int:
     if args.workers:
         args.workers = [int(x) for x in args.workers.split(",")]
     else:
-        args.workers = [0, 1, 2, 4, 8, 12] if cores >= 14 else [0, 1, 2]
+        args.workers = ([0, 1, 2, 4, 8, 12] if cores >= 14 else
+                        [0, 1, 2, 3, 4, 6, 8] if args.latency_ms > 0 else [0, 1, 2])
     if args.src:
         path = Path(args.src)
         r = results.load(path)

@@ -136,8 +136,10 @@ def backtest(variants: Sequence[VariantResult], machine: MachineInfo,
     hw_steady = half_width([abs(e) for e in steady_r], level)
     hw_run = half_width([abs(e) for e in run_r], level)
     checked = [ok for ok in inside if ok is not None]
+    share = whatif_models.stage_cpu_share(pts)
     spreads = [s for s in (_repeat_spread(v) for v in pts
-                           if not whatif_models.oversubscribed(v, machine.cores)) if s is not None]
+                           if not whatif_models.oversubscribed(v, machine.cores, share))
+               if s is not None]
     return BackTest(
         method=METHOD, points=rows,
         max_abs_error=max(errs) if errs else None,
@@ -189,7 +191,8 @@ def _row(v: VariantResult, m: WhatIfModel, others: Sequence[VariantResult],
     steady = finite_median([f.steady_throughput_samples_s for f in v.repeats])
     return BackTestPoint(
         n=r if rank_axis else n, variant=v.name, model=m.kind, fitted_on=list(m.fit_variants),
-        ranks=r, oversubscribed=whatif_models.oversubscribed(v, machine.cores),
+        ranks=r, oversubscribed=whatif_models.oversubscribed(
+            v, machine.cores, whatif_models.stage_cpu_share([v, *others])),
         measured_samples_s=got, predicted_run_samples_s=run.whole_samples_s,
         error=run.whole_samples_s / got - 1.0 if got > 0 else None,
         measured_steady_samples_s=steady if math.isfinite(steady) else None,

@@ -10,7 +10,7 @@ figure that called for it (``Choice.why``):
   seconds per batch (``L`` = the loop's own fetch wait per batch at 0 workers; ``n`` x the
   batch period where ``n`` workers left the loop waiting ``SHORT`` of a batch or more). The
   knee ``ceil(L / step)`` is the worker count that stops the wait, bounded by the machine's
-  cores (``IO_WORKERS_PER_CORE`` per core where the stages mostly wait); its rate is
+  cores (``whatif_models.producer_budget``: more per core where the stages mostly wait); its rate is
   PREDICTED (``min(ceiling, rows / (max(step, L / n) + hand-off))``, the hand-off being
   what the loop waits per batch where workers keep up) and stored as such;
 - **persistent_workers**: a worker pool forked again at each epoch whose start-up (each
@@ -36,6 +36,7 @@ from typing import Any
 
 from ..results import Recommendation, VariantResult
 from ..scenario import format_value
+from .whatif_models import producer_budget
 
 AT_CEILING = 0.95        # the best within 5% of the compute-only steady rate: nothing to buy
 BETTER = 0.03            # a change predicted (or measured) to give less than 3% is not one
@@ -139,19 +140,12 @@ def _step(trials: list[Trial]) -> float:
     return min(steps) if steps else math.nan
 
 
-IO_BOUND = 0.5           # stages that spend under half their wall on CPU: waits (storage)
-IO_WORKERS_PER_CORE = 4  # workers that mostly wait share a core: up to 4 per core
-MAX_WORKERS = 64
-
-
 def _worker_cap(cores: float, trials: list[Trial]) -> int:
-    """The most workers a trial may ask for: the machine's cores where the loader's stages
-    burn CPU; ``IO_WORKERS_PER_CORE`` per core where they mostly wait (storage, network),
-    measured as their CPU over their wall time."""
+    """The most workers a trial may ask for: the producers the cores carry, by the one cores
+    rule (``whatif_models.producer_budget``: one per core where the loader's stages burn CPU,
+    more where they mostly wait), the share measured as their CPU over their wall time."""
     shares = [t.producer_cpu_share for t in trials if t.ok and math.isfinite(t.producer_cpu_share)]
-    if shares and statistics.median(shares) < IO_BOUND:
-        return max(1, min(MAX_WORKERS, int(cores * IO_WORKERS_PER_CORE)))
-    return max(1, int(cores))
+    return max(1, int(producer_budget(cores, statistics.median(shares) if shares else None)))
 
 
 def _fmt(v: Any) -> str:

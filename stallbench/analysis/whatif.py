@@ -74,7 +74,8 @@ from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, Wh
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
 from . import backtest, figures, schedule
 from .stats import COMPUTE_BOUND_SHARE, finite_median
-from .whatif_models import MODELS, ScalingModel, fit_best, fit_points, oversubscribed, reference
+from .whatif_models import (MODELS, ScalingModel, fit_best, fit_points, oversubscribed,
+                            producer_budget, reference, stage_cpu_share)
 
 
 # The fitted model is result data (stored with the validation): its fields live in the schema.
@@ -638,10 +639,11 @@ def by_ranks(group: Sequence[VariantResult]) -> bool:
 
 
 def check(m: Model, v: VariantResult, *, rank_axis: bool = False,
-          cores: float | None = None) -> WhatIfCheck:
+          cores: float | None = None, cpu_share: float | None = None) -> WhatIfCheck:
     """A measured variant against the model's prediction of its whole run and steady figure.
     ``rank_axis``: the curve's axis is ranks (``n`` is then the variant's ranks); ``cores``:
-    the machine's, to mark an oversubscribed point (default the model's)."""
+    the machine's, to mark an oversubscribed point (default the model's); ``cpu_share``: the
+    curve's ``stage_cpu_share`` (producers that mostly wait carry more per core)."""
     n, r = workers_of(v), ranks_of(v)
     p = predict(m, n, ranks=r)
     run = predict_run(m, n, finite_median(f.samples for f in v.repeats), ranks=r)
@@ -659,7 +661,7 @@ def check(m: Model, v: VariantResult, *, rank_axis: bool = False,
         steady_error=(run.steady_samples_s - steady) / steady
         if math.isfinite(steady) and steady else None,
         is_fit=v.name in m.fit_variants, bound_by=p.bound_by, ranks=r,
-        oversubscribed=oversubscribed(v, m.cores if cores is None else cores),
+        oversubscribed=oversubscribed(v, m.cores if cores is None else cores, cpu_share),
         model=m.kind, predicted_steady_samples_s=run.steady_samples_s)
 
 
@@ -686,7 +688,8 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
     cores = result.machine.cores
     simulated = any(v.executor.nodes_simulated for v in best)
     nodes = any(v.executor.producer_nodes for v in best)
-    measured = [check(m, v, rank_axis=rank_axis, cores=cores) for v in best]
+    share = stage_cpu_share(best)
+    measured = [check(m, v, rank_axis=rank_axis, cores=cores, cpu_share=share) for v in best]
     bt = backtest.backtest(best, result.machine, result.dataset)
     named = {v.name: v for v in best}
     fit_counts = [workers_of(named[f]) for f in m.fit_variants if f in named]
@@ -727,7 +730,11 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         kn = knee(m, ns[1:])
     kn = knee_withheld(kn, points, [x.n for x in measured])
     if any(x.oversubscribed for x in measured):
-        note += (f"; points with more producer slots than the {cores:g} cores they share are "
+        budget = producer_budget(cores, share)
+        carried = (f"the {cores:g} cores they share" if budget == cores else
+                   f"the {budget:g} the {cores:g} cores they share carry (their stages mostly "
+                   f"wait: {share:.0%} CPU)")
+        note += (f"; points with more producer slots than {carried} are "
                  f"oversubscribed: shown, left out of the fit and the error")
     return WhatIfValidation(
         label="predicted",

@@ -19,6 +19,8 @@ with one measured count still gets a prediction, and says which model made it.
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any, ClassVar, Sequence
 
 from ..registry import Registry
@@ -64,17 +66,59 @@ def measured(variants: Sequence[VariantResult]) -> list[VariantResult]:
                   key=lambda v: (ranks(v), producers(v)))
 
 
-def oversubscribed(v: VariantResult, cores: float) -> bool:
-    """More producer slots than the cores they share (issue 16): such a point measures
-    contention beyond the core budget; it is shown, but not fitted on or counted in errors."""
-    return bool(v.executor.producers_share_cores and producers(v) > cores)
+IO_BOUND = 0.5             # stages that spend under half their wall on CPU: they mostly wait
+IO_PRODUCERS_PER_CORE = 4  # producers that mostly wait (storage, network) share a core, 4 each
+MAX_PRODUCERS = 64
+
+
+def producer_budget(cores: float, cpu_share: float | None) -> float:
+    """How many producers the cores carry: the one cores rule (issue 39), behind the what-if's
+    oversubscribed points and the tune's worker cap alike.
+
+    Producers whose stages burn CPU: one per core; more measure contention beyond the core
+    budget. Producers whose stages mostly wait (their CPU under ``IO_BOUND`` of their wall:
+    storage latency, network): ``IO_PRODUCERS_PER_CORE`` per core, since a waiting producer
+    holds no core, and a loader that reads from object storage needs more workers than cores
+    to hide the latency (the model's cores term still bounds their CPU). ``cpu_share`` unknown:
+    one per core, the rule before the share was read."""
+    if cpu_share is not None and math.isfinite(cpu_share) and cpu_share < IO_BOUND:
+        return min(float(MAX_PRODUCERS), cores * IO_PRODUCERS_PER_CORE)
+    return cores
+
+
+def stage_cpu_share(variants: Sequence[VariantResult]) -> float | None:
+    """CPU over wall of the producers' stages (fetch, preprocess, producer-side transfer) at
+    the fewest producers measured (>= 1), median over its repeats: there they contend least,
+    so a stage's wall is its own work and waits, not time spent queued for a core. None
+    where no point has producers or their stages were not timed."""
+    pts = [v for v in measured(variants) if producers(v) >= 1]
+    if not pts:
+        return None
+    v = min(pts, key=producers)
+    shares = []
+    for f in v.repeats:
+        s = f.stage_s
+        wall = s.fetch + s.preprocess + s.transfer_producer
+        cpu = s.fetch_cpu + s.preprocess_cpu + s.transfer_producer_cpu
+        if wall > 0 and math.isfinite(wall) and math.isfinite(cpu):
+            shares.append(cpu / wall)
+    return statistics.median(shares) if shares else None
+
+
+def oversubscribed(v: VariantResult, cores: float, cpu_share: float | None = None) -> bool:
+    """More producer slots than the cores they share carry (``producer_budget``; issue 16):
+    such a point measures contention beyond the core budget; it is shown, but not fitted on
+    or counted in errors. ``cpu_share``: ``stage_cpu_share`` of the curve it belongs to."""
+    return bool(v.executor.producers_share_cores
+                and producers(v) > producer_budget(cores, cpu_share))
 
 
 def fit_points(variants: Sequence[VariantResult], machine: MachineInfo) -> list[VariantResult]:
     """The points a model may fit on: every measured one but the oversubscribed, unless that
     leaves no point with producers (then all of them, as before issue 16)."""
     pts = measured(variants)
-    ok = [v for v in pts if not oversubscribed(v, machine.cores)]
+    share = stage_cpu_share(pts)
+    ok = [v for v in pts if not oversubscribed(v, machine.cores, share)]
     return ok if any(producers(v) >= 1 for v in ok) else pts
 
 
