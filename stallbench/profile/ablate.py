@@ -41,8 +41,7 @@ from ..analysis import differential, figures, knee, waits
 from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
-from ..results import (Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures,
-                       Summary)
+from ..results import Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures
 from . import budget, doors, merge
 from .launcher import JobRun, exit_status, run_once
 from .parts import Parts, Replay
