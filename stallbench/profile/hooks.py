@@ -1006,22 +1006,28 @@ def framework_name() -> str:
     function of the job's own code (not a library's, not stallbench's) on the stack whose
     name ends with ``dataloader`` (Lightning's ``train_dataloader`` / ``val_dataloader`` hooks,
     a data module's ``test_dataloader``): the validation loader is ``val_dataloader``, not
-    ``Items#1``. "" where none is (a loader made in a plain script keeps its dataset class's
-    name). Read once per loader, at its creation; never raises."""
+    ``Items#1``. Where the job's code has none, a library's public function of that form
+    names it, ``get_`` dropped (Hugging Face ``Trainer.get_train_dataloader`` /
+    ``get_eval_dataloader``: ``train_dataloader``, ``eval_dataloader``); the job's own name
+    wins over a library helper it calls. "" where none is (a loader made in a plain script
+    keeps its dataset class's name). Read once per loader, at its creation; never raises."""
     try:
         f = sys._getframe(1)
         here = os.path.dirname(os.path.abspath(__file__))
+        lib = ""
         for _ in range(NAMING_FRAMES):
             if f is None:
-                return ""
+                break
             name, path = f.f_code.co_name, f.f_code.co_filename
-            if name.endswith("dataloader") and name.isidentifier() \
-                    and not path.startswith(here) and not _library_file(path):
-                return name
+            if name.endswith("dataloader") and name.isidentifier() and not path.startswith(here):
+                if not _library_file(path):
+                    return name
+                if not lib and not name.startswith("_"):
+                    lib = name[len("get_"):] if name.startswith("get_") else name
             f = f.f_back
+        return lib
     except Exception:  # noqa: BLE001 - unnamed: the dataset class names it
-        pass
-    return ""
+        return ""
 
 
 def loader_stream(loader, notes: list, kind: str):

@@ -110,3 +110,32 @@ def test_a_ray_train_worker_writes_its_last_epoch_at_shutdown(tmp_path: Path) ->
     assert RayTrainWorker.calls == [1]                       # written after Ray's shutdown
     eps = _written_epochs(tmp_path, st.key)
     assert [(len(e["wait"]), e["ended"]) for e in eps] == [(3, True), (3, True)]
+
+
+def _frames(path: str, src: str) -> dict:
+    """Functions compiled as if they lived in ``path`` (their frames carry that file)."""
+    ns: dict = {}
+    exec(compile(src, path, "exec"), ns)
+    return ns
+
+
+def test_a_loader_is_named_by_the_jobs_hook_else_by_its_frameworks() -> None:
+    """``framework_name``: the job's own ``*dataloader`` function first (Lightning's hooks),
+    then a library's public one with ``get_`` dropped (Hugging Face's Trainer makes its
+    loaders in ``get_train_dataloader``); a library's private helper and a plain script name
+    nothing."""
+    h = _hooks()
+    lib = _frames("/venv/lib/python3.11/site-packages/fw/trainer.py", (
+        "def get_train_dataloader(make):\n    return make()\n"
+        "def _request_dataloader(make):\n    return make()\n"
+        "def build_dataloader(make):\n    return make()\n"))
+    job = _frames("/home/me/train.py", (
+        "def val_dataloader(call, make):\n    return call(make)\n"
+        "def main(call, make):\n    return call(make)\n"))
+    name = h.framework_name
+    assert lib["get_train_dataloader"](name) == "train_dataloader"
+    assert lib["_request_dataloader"](name) == ""
+    # the job's hook wins over the library helper it calls
+    assert job["val_dataloader"](lib["build_dataloader"], name) == "val_dataloader"
+    assert job["val_dataloader"](lib["_request_dataloader"], name) == "val_dataloader"
+    assert job["main"](lambda make: make(), name) == ""
