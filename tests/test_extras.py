@@ -121,7 +121,7 @@ def test_a_ray_scenario_says_which_extra_it_needs(tmp_path: Path) -> None:
 
 def test_extras_hold_what_the_core_leaves_out() -> None:
     """The core dependencies hold none of the extras' packages; `dev` (what `make setup`
-    installs) pulls `all`, and `all` every other extra but the peers' own venv."""
+    installs) pulls `all` and `frameworks`, and `all` every other extra but the peers' own venv."""
     proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = " ".join(proj["dependencies"])
     for name in BLOCKED:
@@ -131,6 +131,8 @@ def test_extras_hold_what_the_core_leaves_out() -> None:
     assert {d.split(">")[0] for d in extras["report"]} == {"matplotlib", "jinja2"}
     assert extras["all"] == ["stallbench[ray,report]"]
     assert "stallbench[all]" in extras["dev"]
+    # the framework doors' tests (Lightning, Accelerate) run on a fresh clone (issue 40)
+    assert "stallbench[frameworks]" in extras["dev"]
 
 
 def test_profile_and_gate_without_the_extras(tmp_path: Path) -> None:
