@@ -388,8 +388,10 @@ class Stream:
     def __init__(self, kind: str, label: str, settings: dict | None = None,
                  named: str = "") -> None:
         """``named``: what the job's framework calls the loader (``framework_name``): the
-        stream's name as it stands (``val_dataloader``), ``#order`` added only where this
-        process already has a stream of that name; else ``<label>#<order>``."""
+        stream's name as it stands (``val_dataloader``), ``#order`` added only where another
+        stream of this process that was iterated has that name (decided at the first pass:
+        a Hugging Face ``Trainer`` makes a DataLoader it never iterates and the prepared copy
+        it does, both in ``get_train_dataloader``); else ``<label>#<order>``."""
         settings = settings or {}
         rows = settings.get("batch_size")
         self.default_rows = int(rows) if type(rows) is int and rows > 0 else 1
@@ -398,11 +400,8 @@ class Stream:
             STREAMS.append(self)
         self.kind = kind
         self.label = label
-        self.name = f"{label}#{self.order}"
-        if named:
-            with _LOCK:
-                taken = any(s.name == named for s in STREAMS if s is not self)
-            self.name = f"{named}#{self.order}" if taken else named
+        self.name = named or f"{label}#{self.order}"
+        self.named = named
         self.key = f"{os.getpid()}-{_IMAGE}:{self.order}"
         self.settings = settings
         self.notes: list = []
@@ -430,6 +429,11 @@ class Stream:
         every later epoch's, and the run would read as one that exited mid-epoch."""
         if self.epochs:
             self.close_abandoned(self.epochs[-1])
+        elif self.named:
+            with _LOCK:
+                taken = any(s.name == self.named and s.epochs for s in STREAMS if s is not self)
+            if taken:
+                self.name = f"{self.named}#{self.order}"
         ep = Epoch(t)
         self.epochs.append(ep)
         return ep

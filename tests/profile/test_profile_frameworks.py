@@ -2,11 +2,14 @@
 nothing of stallbench): a PyTorch Lightning ``Trainer.fit`` (its ``_DataFetcher`` asks for
 exactly ``len(loader)`` batches and prefetches one ahead on the loop's thread) against
 Lightning's own ``train_dataloader_next`` total from ``profiler="simple"`` in the same run, its
-loaders named by the data module's hooks (``train_dataloader``, ``val_dataloader``); and a
+loaders named by the data module's hooks (``train_dataloader``, ``val_dataloader``); a
 Hugging Face Accelerate loop over ``accelerator.prepare``'s ``DataLoaderShard`` against the
-loop's own clocks. Wait within 10% + 20 ms of the framework's or loop's own figure, batches
-and samples exact. Lightning and Accelerate are the ``frameworks`` extra (pinned, part of
-``dev``); an environment without them skips these tests, saying so."""
+loop's own clocks; a Hugging Face ``Trainer`` (which owns its loop: the truth is what its
+dataset paid on the loop's thread, 0 workers), its loader named ``train_dataloader`` after
+the Trainer's ``get_train_dataloader``. Wait within 10% + 20 ms of the framework's or loop's
+own figure, batches and samples exact. Lightning, Accelerate and transformers are the
+``frameworks`` extra (pinned, part of ``dev``); an environment without them skips these
+tests, saying so."""
 
 from __future__ import annotations
 
@@ -44,6 +47,19 @@ def _lightning(tmp_path: Path) -> list[str]:
     return []
 
 
+def _hf_trainer(tmp_path: Path) -> list[str]:
+    truth, loaders, _ = _profile(tmp_path, "user_hf_trainer.py")
+    # the Trainer makes a DataLoader it never iterates and the prepared copy it does, both
+    # in its get_train_dataloader: one row, named as the Trainer names it
+    assert sorted(loaders) == ["train_dataloader"], sorted(loaders)
+    lo = loaders["train_dataloader"]
+    assert (lo.batches, lo.samples) == (truth["batches"], truth["samples"]), (lo, truth)
+    # 0 workers: every item is paid in the loop's next(); the wait is that, plus collate
+    if abs(lo.wait_s - truth["item_s"]) > 0.10 * truth["item_s"] + 0.02:
+        return [f"wait {lo.wait_s:.3f} s vs the items' own {truth['item_s']:.3f} s"]
+    return []
+
+
 def _accelerate(tmp_path: Path) -> list[str]:
     truth, loaders, _ = _profile(tmp_path, "user_accelerate.py")
     (lo,) = [x for x in loaders.values() if x.headline]
@@ -59,6 +75,12 @@ def _accelerate(tmp_path: Path) -> list[str]:
 def test_lightning_fit_is_measured_as_lightning_times_it(tmp_path: Path) -> None:
     pytest.importorskip("pytorch_lightning", reason=SKIP)
     loadcheck.attempts("lightning", lambda: _lightning(tmp_path), 3, 1.0)
+
+
+@pytest.mark.groundtruth
+def test_a_hugging_face_trainer_is_measured_and_named(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason=SKIP)
+    loadcheck.attempts("hf trainer", lambda: _hf_trainer(tmp_path), 3, 1.0)
 
 
 @pytest.mark.groundtruth
