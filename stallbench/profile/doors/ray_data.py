@@ -138,12 +138,20 @@ def patch_ray_blocked(mod) -> None:
             return orig(self, *a, **k)
         finally:
             if before is not None:
-                after = _blocked(self)
-                if after is not None:
-                    for (label, _), b, x in zip(BLOCKED, before, after):
-                        if x > b:
-                            H.stage_add(f"ray {label}", x - b, None, where="ray")
+                _add(before, _blocked(self))
     cls._attribute_blocked_time = attributed
+
+
+def _add(before: tuple[float, ...], after: tuple[float, ...] | None) -> None:
+    """Each timer's increment as one call of its ``ray <stage>``; never raises."""
+    if after is None:
+        return
+    try:
+        for (label, _), b, x in zip(BLOCKED, before, after):
+            if x > b:
+                H.stage_add(f"ray {label}", x - b, None, where="ray")
+    except Exception:  # noqa: BLE001 - a lost split must never fail the job's loop
+        pass
 
 
 def _blocked(batch_iter) -> tuple[float, ...] | None:
