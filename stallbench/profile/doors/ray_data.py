@@ -114,6 +114,16 @@ def _patch_ray_class(cls, methods) -> None:
         setattr(cls, meth, make(orig, meth))
 
 
+def _own_method(mod, cls_name: str, meth: str, lost: str):
+    """(class, its own ``meth``) of ``mod``, or (class, None) with one stderr line saying
+    what is lost where this Ray version moved it."""
+    cls = getattr(mod, cls_name, None)
+    orig = getattr(cls, "__dict__", {}).get(meth)
+    if orig is None:
+        H.say(f"Ray's {cls_name}.{meth} was not found: {lost}")
+    return cls, orig
+
+
 def patch_ray_blocked(mod) -> None:
     """Ray's split of the loop's blocked time, batch by batch, into the stream's stages.
 
@@ -123,11 +133,9 @@ def patch_ray_blocked(mod) -> None:
     ``ray <stage>``. Only while a hooked stream is fetching on this thread (a Ray iteration
     the hooks do not measure adds nothing). Ray's own result is returned untouched; a read
     that fails is skipped, never raised."""
-    cls = getattr(mod, "BatchIterator", None)
-    orig = getattr(cls, "__dict__", {}).get("_attribute_blocked_time")
+    cls, orig = _own_method(mod, "BatchIterator", "_attribute_blocked_time",
+                            "a Ray loop's wait is not split by Ray's stages")
     if orig is None:
-        H.say("Ray Data's BatchIterator._attribute_blocked_time was not found: a Ray loop's "
-              "wait is not split by Ray's stages")
         return
     import functools
 
@@ -177,11 +185,9 @@ def patch_ray_train_worker(worker_mod) -> None:
     last batches (a 2-worker job read 14 of each rank's 16). So ``shutdown`` writes this
     process's figures as its exit would, after Ray's own shutdown callbacks ran. Nothing is
     written into Ray's objects; a failed write is said by ``flush`` and never raised."""
-    cls = getattr(worker_mod, "RayTrainWorker", None)
-    orig = getattr(cls, "__dict__", {}).get("shutdown")
+    cls, orig = _own_method(worker_mod, "RayTrainWorker", "shutdown",
+                            "a Ray Train worker's last epoch may be cut short in its figures")
     if orig is None:
-        H.say("Ray Train's RayTrainWorker.shutdown was not found: a Ray Train worker's last "
-              "epoch may be cut short in its figures")
         return
     import functools
 
