@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stallbench.results import (SCHEMA_VERSION, ExecutorFacts, MachineInfo, RepeatFigures, Result,
                                 RunSettings, ScenarioInfo, Summary, ToolInfo, VariantResult,
-                                DatasetInfo)
+                                DatasetInfo, WhatIfModel)
 
 FP = "0123456789abcdef"
 
@@ -78,3 +78,18 @@ repeats = 2
 [matrix]
 "loader.num_workers" = [0, 2]
 """
+
+
+def whatif_model(fetch: float = 1.0, prep: float = 1.0, xfer: float = 1.0, compute: float = 10.0,
+                 trainer_xfer: float = 0.0, cores: float = 64.0, io: float = 0.0,
+                 cpu_scale: float = 1.0, io_bytes: float = 0.0) -> WhatIfModel:
+    """A what-if model fitted at 1 worker from per-sample stage times in microseconds: the
+    producers' CPU is their wall less the storage wait (``io``), times ``cpu_scale``."""
+    us = 1e-6
+    p_wall = (fetch + prep + xfer) * us
+    return WhatIfModel(
+        p_wall=p_wall, p_cpu=(p_wall - io * us) * cpu_scale,
+        t_trainer=(compute + trainer_xfer) * us, t_cpu=trainer_xfer * us, cores=cores,
+        stage_wall={"fetch": fetch * us, "preprocess": prep * us, "transfer": xfer * us,
+                    "transfer_trainer": trainer_xfer * us, "overhead": 0.0},
+        io_wait=io * us, io_bytes=io_bytes, compute=compute * us, fit_workers=1, fit_variant="v")

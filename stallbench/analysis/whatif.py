@@ -19,7 +19,8 @@ Predicted throughput with N producer workers (N = 0: the trainer does everything
     N = 0:  X = 1 / (p_solo + t_trainer - overhead)   # no loader; p_solo: the data work
                                                        # measured in the trainer's process
                                                        # (p_wall where not measured)
-    N >= 1: X = min(N / p_wall,                 # the workers' own pace
+    N >= 1: X = min(N / p_wall,                 # the workers' own pace (less their
+                                                #   waits for a core: ``queueing``)
                     cores / (p_cpu + t_cpu),    # all CPU work shares the cores
                     1 / t_trainer,              # the trainer: compute + its share of data work
                     storage_MB_s / MB_per_sample)   # optional aggregate storage cap
@@ -72,7 +73,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
-from . import backtest, figures, schedule
+from . import backtest, figures, queueing, schedule
 from .stats import COMPUTE_BOUND_SHARE, finite_median
 from .whatif_models import (MODELS, ScalingModel, fit_best, fit_points, oversubscribed,
                             producer_budget, reference, stage_cpu_share)
@@ -277,6 +278,7 @@ class _Costs:
     cores: float
     ranks: int = 1
     total: int = 0               # producers working in parallel (all ranks)
+    waiting: float = 0.0         # share longer per sample a producer takes waiting for a core
 
 
 def _costs(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
@@ -330,9 +332,47 @@ def _costs(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float 
     }
     if storage_cap_mb_s and m.io_bytes:
         terms["storage"] = storage_cap_mb_s * 1e6 / (m.io_bytes * (1 - cache) or 1e-12)
+    waiting = 0.0
+    if m.producer_cores == "shared" and math.isfinite(terms["workers"]):
+        cap = min(v for k, v in terms.items() if k != "workers")
+        queued = _queued_workers(total, p_wall, p_cpu, cores, m.t_cpu * f_t, cap)
+        if queued >= terms["cores"] * (1 - 1e-6):
+            # producers that never leave the CPU: the cores term's own case, it binds there
+            queued = max(queued, terms["cores"] * (1 + 1e-9))
+        if queued < terms["workers"]:
+            waiting = terms["workers"] / queued - 1.0 if queued > 0 else math.inf
+            terms["workers"] = queued
     binding = min(terms, key=terms.get)
     return _Costs(terms[binding], terms, binding, math.nan, t, p_wall, p_cpu, stages, heaviest,
-                  f_p, cores, n_ranks, total)
+                  f_p, cores, n_ranks, total, waiting)
+
+
+def _queued_workers(total: int, p_wall: float, p_cpu: float, cores: float, t_cpu: float,
+                    cap: float) -> float:
+    """The workers term with producers waiting for a core (``queueing``): each producer's
+    wall per sample is its CPU burst (``p_cpu``, at most its wall) and the rest off the CPU;
+    the cores they share are the machine's less what the trainer's own CPU work takes at the
+    rate the run goes, ``X * t_cpu``: X is the fixed point of X = min(rate(X), cap), where
+    ``cap`` is the other terms' bound (a trainer-bound run keeps the trainer's share)."""
+    service = min(p_cpu, p_wall)
+    if not (total >= 1 and service > 0 and p_wall > 0):
+        return total / p_wall if p_wall > 0 else math.inf
+
+    def rate(x: float) -> float:
+        left = max(cores - x * t_cpu, 0.02 * cores)
+        return queueing.queued_rate(total, p_wall - service, service, left)
+
+    top = min(total / p_wall, cap)
+    if rate(top) >= top:
+        return rate(top)
+    lo, hi = 0.0, top              # rate(x) - x falls as x grows: bisect its zero
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if rate(mid) >= mid:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float | None = None,
@@ -367,7 +407,9 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
             why = f"{n_ranks} ranks in parallel; " + why
     elif c.binding == "workers":
         bound = heaviest
-        why = (f"{c.total} worker(s) at {c.p_wall * 1e6:.1f} us/sample each{contended} "
+        queued = (f", {figures.signed_percent(c.waiting, 0)} waiting for a core (PREDICTED)"
+                  if c.waiting >= 0.005 else "")
+        why = (f"{c.total} worker(s) at {c.p_wall * 1e6:.1f} us/sample each{contended}{queued} "
                f"({heaviest} {figures.us(stages[heaviest])}) cannot keep up")
     elif c.binding == "cores":
         bound = heaviest
