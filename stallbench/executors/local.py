@@ -39,6 +39,7 @@ from .. import interrupts, threads
 from ..errors import ProcessDied, UserCodeError, UserError, exit_status
 from ..measure.watchdog import tick
 from ..pipeline import Fetched, Plan, ShardOutput
+from ..scenario import Config
 from ..stages.buffers import BufferPool
 from ..stages.sizes import ceil_div
 from .base import EXECUTORS, Executor, ProducerKnob

@@ -8,7 +8,6 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import psutil
 

@@ -85,8 +85,8 @@ def window(items: Sequence[int], producers: int, warmup_batches: int = 0
     s = max(producers, 1)
     k = next((i for i, it in enumerate(items) if it >= s), None)
     if k is None:
-        return None, (f"too short for a steady state: the run ended before a producer made "
-                      f"its second work item")
+        return None, ("too short for a steady state: the run ended before a producer made "
+                      "its second work item")
     k = max(k, warmup_batches)
     if len(items) - k < MIN_STEADY_BATCHES:
         return None, "too short for a steady state: fewer than 2 batches after start-up"

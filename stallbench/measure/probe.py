@@ -248,7 +248,9 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     totals = StageTotals()
     max_batches = plan.max_batches
     depth = plan.transfer.receive_thread_depth
-    sampler = Sampler(sample_interval_s, executor.worker_pids, executor.sample_object_store_mb)
+    meter = LoadMeter(executor.worker_pids)
+    sampler = Sampler(sample_interval_s, executor.worker_pids, executor.sample_object_store_mb,
+                      on_tree=meter.observe)
     perf = time.perf_counter
     n = samples = 0
     ttfb = math.nan
@@ -258,7 +260,6 @@ def measured_run(plan: Plan, executor: Any, compute: Compute, *, warmup_batches:
     # A stand-in without ``kind`` (a test's hashing step) is timed by the host clock.
     clock = DeviceClock(api, getattr(compute, "kind", "cpu"), tr.device_prefetch)
     producers = executor.producer_slots()
-    meter = LoadMeter(executor.worker_pids)
     meter.__enter__()
     with sampler:
         t0 = perf()

@@ -211,6 +211,7 @@ class TreeMemory:
         self.exact_sweeps = 0
         self.sweep_s = 0.0
         self._procs: list[psutil.Process] = []
+        self.procs: list[psutil.Process] = []     # the tree at the latest sample
         self._extra: tuple[int, ...] = ()
         self._next_tree = 0.0
 
@@ -225,7 +226,7 @@ class TreeMemory:
 
     def sample(self, extra_pids: Iterable[int] = ()) -> tuple[float, float]:
         """(PSS-sum estimate in MB, RSS sum in MB) of the tree now."""
-        procs = self._current_tree(extra_pids)
+        procs = self.procs = self._current_tree(extra_pids)
         rss = sum(_rss(p) for p in procs)
         pids = frozenset(p.pid for p in procs)
         now = time.perf_counter()
@@ -245,10 +246,14 @@ class TreeMemory:
 class Sampler:
     def __init__(self, interval_s: float = 0.1,
                  extra_pids: Callable[[], list[int]] | None = None,
-                 object_store_mb: Callable[[], float | None] | None = None) -> None:
+                 object_store_mb: Callable[[], float | None] | None = None,
+                 on_tree: Callable[[list[psutil.Process]], None] | None = None) -> None:
+        """``on_tree``: given the tree each tick (``measure.load.LoadMeter.observe``: the tree
+        is walked once, for both)."""
         self.interval = interval_s
         self.extra_pids = extra_pids or (lambda: [])
         self.object_store = object_store_mb or (lambda: None)
+        self.on_tree = on_tree
         self.proc = psutil.Process()
         self.gpu = _Gpu()
         self.memory = TreeMemory(self.proc)
@@ -263,6 +268,8 @@ class Sampler:
         s["t_s"].append(round(time.perf_counter() - self._t0, 4))
         s["cpu_percent_per_core"].append(psutil.cpu_percent(percpu=True))
         pss, rss = self.memory.sample(self.extra_pids())
+        if self.on_tree is not None:
+            self.on_tree(self.memory.procs)
         s["pss_mb"].append(round(pss, 1))
         s["rss_sum_mb"].append(round(rss, 1))
         store = self.object_store()

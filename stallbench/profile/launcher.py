@@ -327,7 +327,8 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
     run_dir.mkdir(parents=True, exist_ok=True)
     env = job_env(dict(os.environ), run_dir, overrides, max_batches, replay)
     timeout = _progress_timeout_s
-    with LoadMeter() as meter, Sampler(interval_s=0.2) as sampler:
+    meter = LoadMeter()
+    with meter, Sampler(interval_s=0.2, on_tree=meter.observe) as sampler:
         t0 = time.perf_counter()
         try:
             proc = subprocess.Popen(argv, env=env, start_new_session=True,

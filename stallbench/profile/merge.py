@@ -29,7 +29,6 @@ or ``__iter__`` (reading *and* the user's transform inside it: they cannot be to
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -39,7 +39,6 @@ from ..errors import UserError
 from ..analysis.stats import finite_median, finite_summary
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
-                       RepeatFigures,
                        Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
                        Summary, ThreadBudget, ToolInfo, VariantResult, now_utc)
 from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_applied,  # noqa: F401

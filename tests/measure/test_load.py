@@ -63,6 +63,43 @@ def test_a_burner_outside_the_tree_is_foreign() -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+_AUTO_REAPED = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from stallbench.stages.costs import burn_cpu
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)      # as Ray's raylet: children auto-reaped
+pid = os.fork()
+if pid == 0:
+    burn_cpu(0.6)
+    os._exit(0)
+while True:                                        # until the kernel has reaped it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.02)
+"""
+
+
+def test_a_child_reaped_by_the_kernel_is_still_the_runs_when_observed() -> None:
+    # A grandchild whose parent ignores SIGCHLD (Ray's raylet does) is reaped by the kernel:
+    # its CPU reaches nobody's children clock, and the readings before and after alone miss
+    # it. Observed as the run goes (the sampler's tick), its last reading is kept.
+    from pathlib import Path
+    from stallbench.measure.sampler import Sampler
+    code = _AUTO_REAPED.format(root=str(Path(__file__).resolve().parents[2]))
+    runs = {}
+    for observed in (False, True):
+        m = LoadMeter()
+        with m, Sampler(interval_s=0.05, on_tree=m.observe if observed else None):
+            subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        runs[observed] = m.load
+    # both runs start the same Python; only the observed one keeps the 0.6 s burn (its last
+    # tick up to 50 ms before the end, and a tick of start-up noise)
+    gained = runs[True].own_cpu_s - runs[False].own_cpu_s
+    assert gained >= 0.6 - 0.05 - 2 * TICK, runs
+
+
 def test_own_cpu_counts_extra_pids_once() -> None:
     me = os.getpid()
     assert own_cpu_s([me, me]) == pytest.approx(own_cpu_s(), abs=TICK)

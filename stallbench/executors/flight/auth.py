@@ -79,8 +79,8 @@ def serve_token(env_name: str | None, file: Path | None) -> str | None:
     neither is given); a UserError naming the flag, never quoting the token, otherwise."""
     if env_name is not None:
         if not valid_env_name(env_name):
-            raise UserError(f"--token-env: expected the name of an environment variable "
-                            f"(letters, digits, _), not the token itself")
+            raise UserError("--token-env: expected the name of an environment variable "
+                            "(letters, digits, _), not the token itself")
         token = token_from_env(env_name)
         if token is None:
             raise UserError(f"--token-env {env_name}: the environment variable is not set "

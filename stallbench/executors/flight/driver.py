@@ -217,7 +217,7 @@ class FlightExecutor(Executor):
 
     # ---------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        flight = import_flight(self.scenario_file)
+        import_flight(self.scenario_file)    # a clear error before anything starts
         t0 = time.perf_counter()
         if self.attach is not None:
             self.locations = list(self.attach)
