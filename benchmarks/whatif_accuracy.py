@@ -35,6 +35,7 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,11 @@ def measure(args: argparse.Namespace) -> tuple[Path, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--from", dest="src", default=None, help="evaluate a saved result, measure nothing")
+    ap.add_argument("--from", dest="src", nargs="+", default=None,
+                    help="evaluate saved results, measure nothing (several: coverage pooled)")
+    ap.add_argument("--curve", action="append", default=[], metavar="LATENCY_MS:CPU_US",
+                    help="measure this storage-latency curve (repeatable: each measured in "
+                         "turn, the held-out coverage pooled over them)")
     ap.add_argument("--workers", default=None, help="worker counts, e.g. 0,1,2,4,8,12")
     ap.add_argument("--fit", default=None, help="the (at most 2) worker counts to fit on")
     ap.add_argument("--rows", type=int, default=786_432)
@@ -138,24 +143,47 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args()
     cores = _cores()
+    given_workers = bool(args.workers)
     if args.workers:
         args.workers = [int(x) for x in args.workers.split(",")]
     else:
         args.workers = ([0, 1, 2, 4, 8, 12] if cores >= 14 else
                         [0, 1, 2, 3, 4, 6, 8] if args.latency_ms > 0 else [0, 1, 2])
+    curves: list[tuple[Path, str]] = []
     if args.src:
-        path = Path(args.src)
-        r = results.load(path)
-        cond = (f"saved result measured on {r.machine.cores:g} cores ({r.machine.cpu_model}); load "
-                f"average at start {r.machine.load_avg_at_start}")
+        for src in args.src:
+            r = results.load(src)
+            curves.append((Path(src), f"saved result measured on {r.machine.cores:g} cores "
+                           f"({r.machine.cpu_model}); load average at start "
+                           f"{r.machine.load_avg_at_start}"))
+    elif args.curve:
+        for c in args.curve:
+            lat, _, cpu = c.partition(":")
+            args.latency_ms, args.cpu_us = float(lat), float(cpu or args.cpu_us)
+            if not given_workers:
+                args.workers = [0, 1, 2, 4, 8, 12] if cores >= 14 else [0, 1, 2, 3, 4, 6, 8]
+            print(f"curve: storage latency {args.latency_ms:g} ms, {args.cpu_us:g} us/row CPU",
+                  flush=True)
+            curves.append(measure(args))
     else:
-        path, cond = measure(args)
+        curves.append(measure(args))
+    status, pooled = 0, HeldOut()
+    for path, cond in curves:
         r = results.load(path)
-    print(f"result: {path}")
-    print(cond)
-    cores = r.machine.cores
-    fit = [int(x) for x in args.fit.split(",")] if args.fit else ([1, 4] if cores >= 14 else [1, 2])
-    return evaluate(r, fit)
+        print(f"\nresult: {path}")
+        print(cond)
+        cores = r.machine.cores
+        fit = ([int(x) for x in args.fit.split(",")] if args.fit
+               else ([1, 4] if cores >= 14 else [1, 2]))
+        ok, held = evaluate(r, fit)
+        status |= 0 if ok else 1
+        pooled = pooled.add(held)
+    if len(curves) > 1:
+        passed = pooled.passed()
+        print(f"\npooled over {len(curves)} curves: {pooled.line()}: "
+              f"{'PASS' if passed else 'FAIL'}")
+        return 0 if passed and status == 0 else 1
+    return status
 
 
 def _pct(x: float | None) -> str:
@@ -185,7 +213,32 @@ def errors(rows: list[tuple[int, float, float, float, float]], fit: list[int],
     return (max((e for e, _ in out), default=math.nan), max((e for _, e in out), default=math.nan))
 
 
-def evaluate(r: Any, fit: list[int]) -> int:
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out check's tally of one curve, or of several pooled (a 90% interval is
+    expected to miss about one point in ten: one curve of 7 points cannot show 90%)."""
+
+    covered: int = 0
+    predicted: int = 0
+    not_predicted: int = 0
+    worst: float = 0.0
+
+    def add(self, o: "HeldOut") -> "HeldOut":
+        return HeldOut(self.covered + o.covered, self.predicted + o.predicted,
+                       self.not_predicted + o.not_predicted, max(self.worst, o.worst))
+
+    def passed(self) -> bool:
+        return self.predicted > 0 and self.covered / self.predicted >= 0.9 and self.worst <= 0.10
+
+    def line(self) -> str:
+        if not self.predicted:
+            return "coverage: no held-out point was predicted"
+        return (f"coverage {self.covered} of {self.predicted} predicted held-out points "
+                f"({self.covered / self.predicted:.0%}, goal >= 90%); worst point error "
+                f"{self.worst:.1%} (goal <= 10%); {self.not_predicted} not predicted")
+
+
+def evaluate(r: Any, fit: list[int]) -> tuple[bool, HeldOut]:
     from stallbench.report.tables import table
 
     cores = r.machine.cores
@@ -215,7 +268,8 @@ def evaluate(r: Any, fit: list[int]) -> int:
         pm, prow = predict_all(r, [1])
         w, st = errors(prow, [1], 12)
         print(f"  (1,) alone: {pm.kind}, worst {w:.1%} whole, {st:.1%} steady")
-    ok &= heldout(r)
+    held = heldout(r)
+    ok &= held.passed()
     bt = backtest.backtest(r.variants, r.machine, r.dataset)
     if bt is not None:
         print("\nback-test (each measured count predicted by a fit on all the others):")
@@ -234,13 +288,13 @@ def evaluate(r: Any, fit: list[int]) -> int:
             ok &= passed
             print(f"goal (small machine): 0-2 workers, each predicted without it, within 10% "
                   f"(whole run): worst {worst:.1%}: {'PASS' if passed else 'FAIL'}")
-    return 0 if ok else 1
+    return ok, held
 
 
-def heldout(r: Any) -> bool:
+def heldout(r: Any) -> HeldOut:
     """Issue 39's goal: every measured count predicted by the model fitted on the others, its
     interval from the back-test of the others alone (the point enters neither); prints each
-    point, the coverage of the predicted ones and the worst point error; True on PASS."""
+    point, the coverage of the predicted ones and the worst point error."""
     from stallbench.report.tables import table
 
     pts = whatif_models.measured(r.variants)
@@ -276,15 +330,9 @@ def heldout(r: Any) -> bool:
     print("\nheld out of the fit AND of its interval (issue 39), steady state:")
     print(table(["workers", "model", "measured", "PREDICTED [interval]", "error", "covered", "or"],
                 rows, right={2, 4}))
-    if not predicted:
-        print("coverage: no held-out point was predicted (each not predicted, reasons above): FAIL")
-        return False
-    cov = covered / predicted
-    passed = cov >= 0.9 and worst <= 0.10
-    print(f"coverage {covered} of {predicted} predicted held-out points ({cov:.0%}, goal >= 90%); "
-          f"worst point error {worst:.1%} (goal <= 10%); {len(rows) - predicted} not predicted: "
-          f"{'PASS' if passed else 'FAIL'}")
-    return passed
+    held = HeldOut(covered, predicted, len(rows) - predicted, worst)
+    print(f"{held.line()}: {'PASS' if held.passed() else 'FAIL'}")
+    return held
 
 
 if __name__ == "__main__":

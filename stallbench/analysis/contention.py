@@ -4,8 +4,9 @@ Measured on a 16-core machine (issue 17): each loader worker slowed as workers w
 (about 51k samples/s alone, 46k each at 8), and the one-point model, which keeps every
 per-sample cost at its fit value, over-predicted 8 workers by 12%. This model keeps the
 one-point model's structure and calibration (fitted at the fewest producers, N_ref) and adds
-the contention term of the universal scalability law (Gunther): with b = min(N, cores) busy
-producer cores,
+the contention term of the universal scalability law (Gunther): with b = min(N * s, cores)
+busy producer cores (s: the share of its wall a producer is on a core, ``whatif.on_cpu_share``;
+1 for producers that burn CPU, so b = min(N, cores) there),
 
     cost(b) = cost(1) * (1 + sigma * (b - 1))
 

@@ -50,8 +50,10 @@ measured producer counts, zero for the "one-point" model): each producer's CPU c
 and the trainer's time per sample, grow with the cores that are busy, as in the contention term
 of the universal scalability law (Gunther), relative to the fit point N_fit:
 
-    b(N) = min(P(N), cores)          # busy producer cores; P(N): the producers (R x N with
-                                     # a loader per rank); real nodes ("own"): min(P, cpus_per_node)
+    b(N) = min(P(N) * s, cores)      # busy producer cores; P(N): the producers (R x N with
+                                     # a loader per rank); s: the share of its wall a producer
+                                     # is on a core (p_cpu / p_wall, at most 1: ``on_cpu_share``);
+                                     # real nodes ("own"): min(P * s, cpus_per_node)
     f(N) = (1 + sigma * (b(N) - 1)) / (1 + sigma * (b(N_fit) - 1))
     p_wall(N) = io_wait + (p_wall - io_wait + p_extra) * f_p(N);  p_cpu(N) = p_cpu * f_p(N)
     t_trainer(N) = (t_trainer + t_extra) * f_t(N)
@@ -242,12 +244,27 @@ def core_budget(m: Model, workers: int) -> float:
     return m.cores + workers if m.producer_cores == "own" else m.cores
 
 
-def busy_of(m: Model, workers: float, ranks: int | None = None) -> float:
-    """Busy producer cores that contend, b(N) of the module docstring: the producers at
-    ``workers`` (per rank with a loader per rank), capped by the cores they share; producers
-    on real nodes contend only with their own node's."""
-    total = producers(m, workers, ranks or m.ranks)
-    return min(total, m.cpus_per_node if m.producer_cores == "own" else m.cores)
+def on_cpu_share(m: Model) -> float:
+    """The share of its wall a producer spends on a core at the fit: its CPU over its wall per
+    sample, at most 1 (1 where either is unknown: the rule before issue 39)."""
+    wall = m.p_wall + m.p_extra
+    if not (wall > 0 and m.p_cpu > 0 and math.isfinite(m.p_cpu)):
+        return 1.0
+    return min(m.p_cpu / wall, 1.0)
+
+
+def busy_of(m: Model, workers: float, ranks: int | None = None,
+            cap: float | None = None) -> float:
+    """Busy producer cores that contend, b(N) of the module docstring: the cores the producers
+    at ``workers`` (per rank with a loader per rank) keep busy, each its ``on_cpu_share``,
+    capped by the cores they share (``cap``; default: the machine's, or a real node's own).
+    Producers that mostly wait keep fewer cores busy than they are: on 2 cores, 8 workers at
+    25% CPU keep 2 busy, not 2 from the second worker on, so their contention grows with N
+    (issue 39: the trainer's time grew 6-8% from 4 to 8 such workers)."""
+    total = producers(m, workers, ranks or m.ranks) * on_cpu_share(m)
+    if cap is None:
+        cap = m.cpus_per_node if m.producer_cores == "own" else m.cores
+    return min(total, cap)
 
 
 def contention_factor(m: Model, sigma: float, workers: float, busy: float | None = None,
@@ -258,7 +275,7 @@ def contention_factor(m: Model, sigma: float, workers: float, busy: float | None
         return 1.0
     b = busy_of(m, workers, ranks) if busy is None else busy
     ref = busy_of(m, m.fit_workers, m.ranks)
-    return (1.0 + sigma * (max(b, 1.0) - 1.0)) / (1.0 + sigma * (max(ref, 1.0) - 1.0))
+    return (1.0 + sigma * (max(b, 0.0) - 1.0)) / (1.0 + sigma * (max(ref, 0.0) - 1.0))
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,7 @@ def _one(args: argparse.Namespace, a: dict, path: Any, r: Any) -> None:
         # real nodes bring their own cores; the trainer keeps the measured machine's
         cores = lambda c: (a["cores"] or m.cores) + c  # noqa: E731
         # and their producers contend only with their own node's
-        busy = lambda c: min(c, cpn)  # noqa: E731
+        busy = lambda c: whatif.busy_of(m, c, cap=cpn)  # noqa: E731
     else:
         nodes = a["workers"]
         counts = nodes

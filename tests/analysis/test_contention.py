@@ -70,3 +70,21 @@ def test_start_up_growth_is_fitted_per_worker() -> None:
     want_x, _ = rate(8, p1=20 * US, sigma=0.02, t=1 * US, cores=16)
     assert run.whole_samples_s == pytest.approx(1e6 / (0.58 + 1e6 / want_x), rel=1e-6)
     assert not run.replayed and math.isfinite(run.steady_samples_s)
+
+
+def test_busy_cores_are_what_the_producers_keep_busy() -> None:
+    # a producer on a core 25% of its wall (the rest storage wait): 4 of them keep one core
+    # busy, 8 keep both of 2; a producer on a core all the time keeps one each (capped)
+    from factories import whatif_model
+    io_bound = whatif_model(fetch=90, prep=30, xfer=0, io=90, cores=2)     # 30 of 120 us on CPU
+    assert whatif.on_cpu_share(io_bound) == pytest.approx(0.25)
+    assert whatif.busy_of(io_bound, 4) == pytest.approx(1.0)
+    assert whatif.busy_of(io_bound, 8) == pytest.approx(2.0)
+    assert whatif.busy_of(io_bound, 16) == pytest.approx(2.0)
+    assert whatif.busy_of(io_bound, 16, cap=3) == pytest.approx(3.0)
+    cpu_bound = whatif_model(fetch=0, prep=100, xfer=0, cores=16)
+    assert [whatif.busy_of(cpu_bound, n) for n in (1, 4, 32)] == [1.0, 4.0, 16.0]
+    # a growth fitted on those busy cores extrapolates along them: twice the busy cores
+    # beyond one, twice the growth
+    grown = whatif.contention_factor(io_bound, 0.1, 8)          # b = 2 against b = 0.25
+    assert grown == pytest.approx((1 + 0.1 * 1) / (1 + 0.1 * -0.75))
