@@ -20,7 +20,14 @@ Goal (issue 39, predictions that cover or none): each measured count held out of
 and its interval (the model fitted on the others, the interval from the back-test of the others
 alone, ``backtest.vouch``), the interval holds the measured steady rate in >= 90% of the
 held-out points it predicts, and the worst point error is <= 10%; a count the back-test of
-the others does not vouch for is "not predicted" (counted apart, with its reason).
+the others does not vouch for is "not predicted" (counted apart, with its reason). A 90%
+interval misses about one point in ten, so one curve of 7 points cannot show it: several
+curves, measured in turn in one run and pooled, can::
+
+    python3 benchmarks/whatif_accuracy.py --curve 40:1 --curve 20:2 --curve 30:1.5
+    python3 benchmarks/whatif_accuracy.py --from a.json b.json c.json     # pooled again
+
+(``--curve LATENCY_MS:CPU_US``: a storage-latency curve, 4,096-row items by default.)
 Run on demand, not in CI.
 """
 
