@@ -380,8 +380,9 @@ def _queued_workers(total: int, p_wall: float, p_cpu: float, cores: float, t_cpu
         return queueing.queued_rate(total, p_wall - service, service, left)
 
     top = min(total / p_wall, cap)
-    if rate(top) >= top:
-        return rate(top)
+    at_top = rate(top)
+    if at_top >= top:
+        return at_top
     lo, hi = 0.0, top              # rate(x) - x falls as x grows: bisect its zero
     for _ in range(60):
         mid = (lo + hi) / 2
