@@ -51,7 +51,8 @@ repeats = 2
 def _check(tmp_path) -> list[str]:
     """One measurement of the validation; what disagrees with the model's claims."""
     sc = scenario.parse(TEXT, "whatif-gt.toml")
-    w = run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False)).analysis.whatif
+    result = run_scenario(sc, RunOptions(cache_dir=tmp_path, progress=False))
+    w = result.analysis.whatif
     problems = []
     if w.fit_variant != "num_workers=1":
         problems.append(f"fitted on {w.fit_variant}")
@@ -67,6 +68,12 @@ def _check(tmp_path) -> list[str]:
         problems.append(f"the fit point is off by {one.error:+.0%}")
     if not (w.knee.n in (None, 7, 8) or w.knee.bound_by == "preprocess"):
         problems.append(f"knee {w.knee}")
+    if problems:   # what each run did, to tell a slow machine from a wrong model
+        problems += [f"{v.name}: " + "; ".join(
+            f"epoch {f.epoch_s:.3f} s, first batch {f.time_to_first_batch_s:.3f} s, steady "
+            f"{f.steady_throughput_samples_s:,.0f}/s, trainer CPU {f.trainer_cpu_s:.2f} s, "
+            f"producers' CPU {f.producer_cpu_s or 0:.2f} s" for f in v.repeats)
+            for v in result.variants]
     return problems
 
 
