@@ -267,6 +267,21 @@ def us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us/sample"
 
 
+def named_stage(v: VariantResult) -> tuple[str, bool] | None:
+    """The data stage every surface names for ``v`` and whether it is the bound one: the
+    stage a conclusive attribution names bound, else the heaviest by the stage timers (where
+    producers ran or the attribution leans on one); None where no stage cost was measured.
+    One rule, so the what-if's "cannot keep up" and the verdict never name two stages."""
+    a = v.attribution
+    bound = a.bound_by if a is not None and a.conclusive and a.bound_by in STAGE_KEYS else None
+    costs = {s: stage_s_per_sample(v, s) for s in STAGE_KEYS}
+    leaning = a is not None and a.bound_by in STAGE_KEYS
+    if not (v.executor.has_producers or leaning):
+        return None
+    named = bound or max(costs, key=lambda s: costs[s] if math.isfinite(costs[s]) else -1.0)
+    return (named, bound is not None) if math.isfinite(costs[named]) else None
+
+
 def measured_line(v: VariantResult) -> str:
     """The three figures of ``v`` in the words every surface uses (``stallbench whatif`` and
     the report print this line; the verdict and the what-if's explanations quote the same
@@ -275,15 +290,14 @@ def measured_line(v: VariantResult) -> str:
     compute = compute_s_per_sample(v)
     parts = [f"compute {us(compute.value)} ({compute.source})"]
     a = v.attribution
-    stage = a.bound_by if a is not None and a.bound_by in STAGE_KEYS else None
-    costs = {s: stage_s_per_sample(v, s) for s in STAGE_KEYS}
-    if v.executor.has_producers or stage is not None:
-        named = stage or max(costs, key=lambda s: costs[s] if math.isfinite(costs[s]) else -1.0)
-        if math.isfinite(costs[named]):
-            what = "bound stage" if stage else "heaviest stage"
-            where = "per producer" if v.executor.has_producers else "in the trainer's loop"
-            parts.append(f"{named} {us(costs[named])} {where} ({what})")
-    if a is not None and stage is not None and a.conclusive:
+    named = named_stage(v)
+    if named is not None:
+        stage, bound = named
+        what = "bound stage" if bound else "heaviest stage"
+        where = "per producer" if v.executor.has_producers else "in the trainer's loop"
+        parts.append(f"{stage} {us(stage_s_per_sample(v, stage))} {where} ({what})")
+    stage = named[0] if named is not None and named[1] else None
+    if a is not None and stage is not None:
         parts.append(f"ideal {stage} would give {a.ideal_speedup:.2f}x, no data stall "
                      f"{data_ideal_speedup(a):.2f}x (ablations)")
     return f"{v.name}: " + "; ".join(parts)

@@ -127,6 +127,11 @@ def compute_on_cpu(v: VariantResult, machine: MachineInfo) -> bool:
     return "model.step_ms" not in v.emulated and not machine.gpu
 
 
+def _bound_stage(v: VariantResult) -> str:
+    named = figures.named_stage(v)
+    return named[0] if named is not None and named[1] else ""
+
+
 def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = None) -> Model:
     """Per-sample costs from the variant's full runs (medians over repeats). ``dataset`` (the
     result's) gives the work items' size, so whole runs are replayed item by item and the fit
@@ -178,6 +183,7 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
                        and math.isfinite(alone.value) else {})},
         io_wait=s("fetch_io_wait"), io_bytes=io_bytes, compute=compute,
         fit_workers=workers_of(v), fit_variant=v.name,
+        bound_stage=_bound_stage(v),
         cpus_per_node=max(cpus_per_node, 1),
         startup_s=finite_median(f.time_to_first_batch_s for f in reps) if reps else 0.0,
         p_solo=v.trainer_solo.data_s_per_sample if v.trainer_solo else None,
@@ -424,6 +430,10 @@ def predict(m: Model, workers: int, *, cache: float = 0.0, bandwidth_mb_s: float
         if n_ranks > 1:
             why = f"{n_ranks} ranks in parallel; " + why
     elif c.binding == "workers":
+        # the stage the fit's ablations name bound where they name one and the stages are
+        # as measured (one story with the verdict); else the heaviest by the stage timers
+        if m.bound_stage in stages and not cache and not bandwidth_mb_s:
+            heaviest = m.bound_stage
         bound = heaviest
         queued = (f", {figures.signed_percent(c.waiting, 0)} waiting for a core (PREDICTED)"
                   if c.waiting >= 0.005 else "")

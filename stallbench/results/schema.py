@@ -108,6 +108,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 41, ``stallbench tune -- CMD``): ``Result.tune`` (``JobTune``:
   the trials on the user's job, each a ``JobTrial``, its compute-only ceiling and the
   confirmed answer ``JobTuneBest``); None in every other result.
+  Additive in version 3 (issue 39, one story): ``analysis.whatif.model.bound_stage`` (the data
+  stage the fit variant's conclusive attribution names bound, which the what-if's "cannot
+  keep up" then names; "" in older files and where none is named).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -957,6 +960,9 @@ class WhatIfModel:
     batch_rows: float = 0.0      # samples per batch
     start_fixed_s: float = 0.0   # start-up before the first item begins (forks, runtime)
     contention_fit: str = ""     # how the contention terms were fitted, in words
+    # the data stage the fit variant's conclusive attribution names bound ("": none; the
+    # explanations then name the heaviest by the stage timers): ``figures.named_stage``
+    bound_stage: str = ""
 
 
 @dataclass

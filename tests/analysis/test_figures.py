@@ -127,3 +127,51 @@ def test_an_interval_spanning_zero_is_never_a_negative_stall(surfaces: dict[str,
                 if tables.spans_zero(v.attribution.part_interval(p))]
     cells = re.findall(r'data-figure="zero">([^<]*)<', page_html)
     assert len(cells) == len(spanning) and set(cells) <= {"~0"}, (cells, spanning)
+
+
+def _fetch_named_over_heavier_preprocess(conclusive: bool) -> Any:
+    """Two loader workers whose stage timers say preprocess (60 us/sample) outweighs fetch
+    (10 us/sample) while the ablations name fetch bound (as epoch differences taken under a
+    changing load can)."""
+    import dataclasses
+
+    from factories import variant
+
+    from stallbench.analysis import differential
+    from stallbench.results import ExecutorFacts, StageSeconds
+
+    ab = {"full": [2.0, 2.0], "no_fetch": [1.2, 1.2], "no_fetch_preprocess": [1.1, 1.1],
+          "no_fetch_preprocess_transfer": [1.05, 1.05], "compute_only": [1.0, 1.0]}
+    a = differential.analyze(ab, "chain", 0.9)
+    assert a.bound_by == "fetch" and a.conclusive
+    if not conclusive:
+        a = dataclasses.replace(a, conclusive=False, inconclusive_because="compute_noise")
+    v = variant("num_workers=2", [20_000.0, 20_000.0], [0.5, 0.5], attribution=a)
+    v.executor = ExecutorFacts(kind="local", producer_slots=2, has_producers=True,
+                               scaling_knobs=["loader.num_workers"])
+    for f in v.repeats:
+        f.stage_s = StageSeconds(fetch=10e-6 * f.samples, preprocess=60e-6 * f.samples)
+    return v
+
+
+@pytest.mark.parametrize("conclusive", [True, False])
+def test_the_what_if_and_the_measured_line_name_one_stage(conclusive: bool) -> None:
+    """Issue 39, one story: the what-if's "cannot keep up" names the stage the measured line
+    names: the bound one where the attribution is conclusive, the heaviest by the timers where
+    it is not (an inconclusive lean is never called "bound stage")."""
+    from stallbench.analysis import whatif
+    from stallbench.results import MachineInfo
+
+    v = _fetch_named_over_heavier_preprocess(conclusive)
+    stage = "fetch" if conclusive else "preprocess"
+    line = figures.measured_line(v)
+    assert (f"{stage} {figures.us(figures.stage_s_per_sample(v, stage))} per producer "
+            f"({'bound' if conclusive else 'heaviest'} stage)") in line, line
+    m = whatif.fit(v, MachineInfo(cpu_model="Test CPU", cores_logical=64))
+    assert m.bound_stage == ("fetch" if conclusive else "")
+    p = whatif.predict(m, 1)       # one worker at 70 us/sample: the workers bind
+    assert p.binding == "workers", p
+    got = STAGE.findall(p.why)
+    assert got and all(f"{s} {x} us/sample per producer" in line for s, x in got), (p.why, line)
+    # with the stages changed (a cache), the heaviest of the changed stages is named
+    assert "(preprocess " in whatif.predict(m, 1, cache=0.5).why
