@@ -4,8 +4,10 @@ exists)."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,43 @@ def test_parallel_receive_keeps_order_and_leaves_the_trainer_thread(
     assert parallel == serial
     assert threading.main_thread().name not in where
     assert all(name.startswith("stallbench-receive") for name in where) and len(where) >= 2
+
+
+class _Keeps(Hash):
+    """A step that keeps 3,000 new lists per batch (a model's growing state, a metrics log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+        self.kept: list[list[list[int]]] = []
+
+    def step(self, batch: dict[str, torch.Tensor]) -> None:
+        self.times.append(time.perf_counter())
+        self.kept.append([[] for _ in range(3000)])
+        super().step(batch)
+
+
+def test_the_callers_heap_is_collected_before_the_clock(tmp_path: Path) -> None:
+    """The trainer runs in the caller's process. 400,000 objects it made just before (a test
+    session's, a notebook's) make Python's next full collection due; the run collects once
+    before its clock, so that collection is not inside the measured batches (without it: one
+    full collection there, every time)."""
+    cfg = scenario.parse(TEXT.format(fmt="single_buffer", prefetch=0), "p.toml").base
+    plan = Plan.create(cfg, dataset_for(cfg, tmp_path, "p.toml"), scenario_file="p.toml")
+    full: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(time.perf_counter())
+
+    held = [[] for _ in range(400_000)]
+    step = _Keeps()
+    gc.callbacks.append(on_gc)
+    try:
+        with EXECUTORS.get("local")(cfg, "p.toml") as ex:
+            measured_run(plan, ex, step)
+    finally:
+        gc.callbacks.remove(on_gc)
+    assert len(held) and step.times
+    inside = [t for t in full if step.times[0] <= t <= step.times[-1]]
+    assert not inside, f"{len(inside)} full collection(s) inside the measured batches"
