@@ -270,6 +270,17 @@ def _bound(point: Mapping[str, float], epoch: float, stage_share: float) -> tupl
     return stage, epoch / rest if rest > 0 else math.inf
 
 
+def _job_negative_names(text: str, a: Attribution, stage_map: Mapping[str, str] | None) -> str:
+    """A user's job's verdict names a part that came out negative as its table does
+    ("collate_fn part came out below 0", not "preprocess part ...")."""
+    for part in a.negative_parts:
+        name = figures.part_name(part, True, stage_map)
+        for old in (f"{part} part came out below 0", f"{part} came out negative"):
+            text = text.replace(old, old.replace(part, name, 1))
+        text = text.replace(f": {part}, ", f": {name}, ").replace(f", {part} came", f", {name} came")
+    return text
+
+
 def verdict(a: Attribution, action: str | None = None, gain: float | None = None,
             knob: str | None = None, on_job: bool = False,
             stage_map: Mapping[str, str] | None = None) -> str:
@@ -285,7 +296,9 @@ def verdict(a: Attribution, action: str | None = None, gain: float | None = None
         text = verdict(a, action, gain, knob)
         for old in (f"{a.bound_by}-bound", f"ideal {a.bound_by} would"):
             text = text.replace(old, old.replace(a.bound_by, name), 1)
-        return text
+        return _job_negative_names(text, a, stage_map)
+    if on_job:
+        return _job_negative_names(verdict(a, action, gain, knob), a, stage_map)
     steady = a.basis == "steady state"
     share = (a.steady_attributed_stall_share if steady and a.steady_attributed_stall_share
              is not None else a.attributed_stall_share)

@@ -65,3 +65,17 @@ def decide(wi: WhatIfValidation) -> KneeAdvice:
         out.predicted_gain_high = point.high_samples_s / top
     out.action = "keep" if gain <= 1.0 else "try"
     return out
+
+
+def measured_knee_explanation(explanation: str, steady_wait_share: float | None) -> str:
+    """The knee's explanation beside a MEASURED knee: the model's "N worker(s) remove the data
+    stall" is a prediction, and where that variant still measured a steady wait of at least
+    ``COMPUTE_BOUND_SHARE`` the line says so instead of contradicting the table."""
+    from .stats import COMPUTE_BOUND_SHARE
+
+    if (" remove the data stall" in explanation and _finite(steady_wait_share)
+            and steady_wait_share >= COMPUTE_BOUND_SHARE):   # type: ignore[operator]
+        head, _, why = explanation.partition(": ")
+        return (f"PREDICTED to remove the data stall, but it measured a steady wait of "
+                f"{steady_wait_share:.0%} there ({why})")
+    return explanation

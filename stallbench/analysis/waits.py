@@ -125,6 +125,12 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
     def iv(d: object) -> Interval:
         return Interval(*percentile_interval(d, confidence))
 
+    def part_iv(d: object) -> Interval:
+        # a part's interval is stored no lower than 0, as the part is (issue 39: no negative
+        # part printed or stored as a figure; ``negative_parts`` says which came out below)
+        i = iv(d)
+        return Interval(max(i.low, 0.0), max(i.high, 0.0))
+
     negative = [p for p in PARTS if raw[p] < 0]       # type: ignore[operator]
     part = {p: max(float(raw[p]), 0.0) for p in PARTS}   # type: ignore[arg-type]
     attributed = sum(part.values())
@@ -181,10 +187,10 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
         overhead_share=part["overhead"] / total if total > 0 else math.nan,
         bound_by=bound_by, ideal_speedup=speedup,
         intervals=PartIntervals(compute_s=Interval(min(only_compute_s), max(only_compute_s)),
-                                fetch_stall_s=iv(draws["fetch"]),
-                                preprocess_stall_s=iv(draws["preprocess"]),
-                                transfer_stall_s=iv(draws["transfer"]),
-                                overhead_s=iv(draws["overhead"])),
+                                fetch_stall_s=part_iv(draws["fetch"]),
+                                preprocess_stall_s=part_iv(draws["preprocess"]),
+                                transfer_stall_s=part_iv(draws["transfer"]),
+                                overhead_s=part_iv(draws["overhead"])),
         closure_error=(parts_sum - epoch) / epoch if epoch > 0 else math.nan,
         ablation_epoch_s={k: _med([f.epoch_s for f in fs]) for k, fs in runs.items()},
         negative_parts=negative, basis=basis, startup_cost_s=startup,

@@ -528,7 +528,8 @@ def knee_lines(result) -> list[str]:
     if wi is None:
         return []
     adv = getattr(wi, "advice", None) or knee.decide(wi)
-    out = [f"what-if ({wi.model.kind} model, {wi.note}):"]
+    said = wi.note if wi.note.startswith(f"{wi.model.kind} model") else f"{wi.model.kind} model, {wi.note}"
+    out = [f"what-if ({said}):"]
     bt = wi.backtest
     if bt is not None and bt.max_abs_steady_error is not None:
         out.append(f"  back-test: leave-one-out steady error up to {bt.max_abs_steady_error:.0%}"
@@ -540,9 +541,13 @@ def knee_lines(result) -> list[str]:
     point = next((p for p in wi.points if p.n == n), None)
     unpredicted = point is not None and getattr(point, "not_predicted", "")
     if adv.knee_variant:
+        kv = next((v for v in getattr(result, "variants", ()) if v.name == adv.knee_variant),
+                  None)
+        ph = getattr(kv, "phases", None)
+        share = ph.steady_stall_share.median if ph is not None else None
         out.append(f"  knee: {n} worker(s), MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
                    f"{knee.measured_rate(next(c for c in wi.measured if c.n == n))[1]};"
-                   f" {wi.knee.explanation}")
+                   f" {knee.measured_knee_explanation(wi.knee.explanation, share)}")
     elif unpredicted:
         out.append(f"  knee: {n} worker(s), not predicted ({point.not_predicted})")
     elif point is not None:

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from .. import __version__
 from ..errors import UserError
 from ..analysis.stats import finite_median, finite_summary
+from ..analysis.summary import whole_run_speedup
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
@@ -659,9 +660,7 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
         best_variant=best.name if best else None,
-        best_speedup=(steady_rate(best) / steady_rate(results[0])
-                      if best and steady_or_zero(best) > 0 and steady_or_zero(results[0]) > 0
-                      else None),
+        best_speedup=whole_run_speedup(best, results[0]) if best else None,
         verdict=rec.text if rec else "", recommendation=rec)
     result = Result(
         schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..analysis import loader_search as search
+from ..analysis import summary
 from ..analysis.stats import t_quantile
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
 from . import budget, doors, knobs, merge, session
@@ -475,7 +476,9 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         result.analysis.recommendation = rec
         result.analysis.verdict = rec.text
         result.analysis.best_variant = best.name
-        result.analysis.best_speedup = best.speedup
+        named = [v for v in result.variants if v.name == best.name]
+        result.analysis.best_speedup = (summary.whole_run_speedup(named[0], result.variants[0])
+                                        if named else None)
         result.tune = JobTune(
             budget_s=opts.budget_s, wall_s=clock.spent, loader_kind=base.kind,
             loader_name=base.name, as_written=_plain(base.settings), cores=machine.cores,

@@ -1112,6 +1112,8 @@ class WhatIfValidation:
 class ScenarioAnalysis:
     baseline_variant: str | None = None
     best_variant: str | None = None
+    # the best variant's median whole-run samples/s over the baseline's (``analysis.summary.
+    # whole_run_speedup``); the steady ratio is the variants' ``phases``
     best_speedup: float | None = None
     verdict: str = ""
     whatif: WhatIfValidation | None = None

@@ -52,3 +52,19 @@ def test_the_advice_survives_the_result_file() -> None:
     back = codec.from_json(KneeAdvice, codec.to_json(adv), "r.json:")
     assert isinstance(back, KneeAdvice) and codec.to_json(back) == codec.to_json(adv)
     assert back.action == "try" and math.isnan(back.knee_rate)
+
+
+def test_a_measured_knee_that_still_waits_does_not_say_the_stall_is_gone() -> None:
+    """Issue 39: the model's "2 worker(s) remove the data stall" beside a MEASURED knee whose
+    variant still waited 12% of its steady state is a prediction the measurement contradicts:
+    said as such; under 5% (compute-bound by the verdicts' rule) it stands."""
+    from stallbench.analysis.knee import measured_knee_explanation
+
+    text = "2 worker(s) remove the data stall: the trainer binds: 30.0 us/sample compute"
+    got = measured_knee_explanation(text, 0.12)
+    assert got.startswith("PREDICTED to remove the data stall") and "12%" in got, got
+    assert "the trainer binds" in got
+    assert measured_knee_explanation(text, 0.03) == text
+    assert measured_knee_explanation(text, None) == text
+    other = "no worker count removes the stall; from 2 worker(s) on, CPU-bound"
+    assert measured_knee_explanation(other, 0.5) == other

@@ -85,6 +85,13 @@ def test_a_negative_part_is_stored_as_zero_and_named() -> None:
     # the clamped part breaks the sum beyond the stall's interval: not conclusive, said why
     assert not a.conclusive and a.inconclusive_because == "closure"
     assert not re.search(r"-\d", a.verdict), a.verdict     # no negative figure printed
+    # nor stored as an interval below zero, and a job's verdict names the part as its
+    # table does (an iterable dataset's items: "dataset __iter__", never "fetch")
+    iv = a.part_interval("fetch")
+    assert 0.0 <= iv.low <= iv.high, iv
+    job = differential.verdict(a, on_job=True, stage_map={"dataset.__iter__": "fetch"})
+    assert "dataset __iter__ came out negative" in job, job
+    assert not re.search(r"\bfetch\b", job) and not re.search(r"-\d", job), job
 
 
 def test_a_loop_waiting_30_percent_on_a_quiet_machine_is_conclusive() -> None:

@@ -31,6 +31,12 @@ def test_example_profiled_end_to_end(tmp_path: Path) -> None:
     r = helpers.load(out)
     assert [v.name for v in r.variants] == ["num_workers=0", "num_workers=2"]
     assert all(len(v.repeats) == 2 and v.repeats[0].batches == 64 for v in r.variants)
+    # the stored best speedup is the whole runs' ratio (the report prints it as "whole run"
+    # beside the steady one); a profile once stored the steady ratio under that name
+    if r.analysis.best_variant:
+        best, base = r.variant(r.analysis.best_variant), r.variants[0]
+        assert r.analysis.best_speedup == pytest.approx(
+            best.throughput_samples_s.median / base.throughput_samples_s.median)
     assert r.profile.torch and r.profile.argv[-1].endswith("train_parquet.py")
     rep = subprocess.run([sys.executable, "-m", "stallbench", "report", str(out), "-o",
                           str(tmp_path / "r.html")], cwd=tmp_path, env=helpers.env(),
