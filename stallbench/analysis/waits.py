@@ -334,8 +334,27 @@ def wait_headline(v: VariantResult) -> str:
     steady = stall - start
     ahead = (f"{first:.2f} s before the first batch, " if math.isfinite(first)
              and 0 < first <= start else "")
+    reforks = _reforked_epochs(v)
+    tail = ("a longer run pays the start-up once" if not reforks else
+            f"the steady figure holds {reforks} later epoch(s)' start-up too: the loader's "
+            f"workers are not persistent (persistent_workers=False), so every epoch forks "
+            f"them again and pays it again")
     return (f"{head}: {start:.2f} s in start-up ({ahead}until every producer delivered its "
-            f"first item), {steady:.2f} s in steady state: a longer run pays the start-up once")
+            f"first item), {steady:.2f} s in steady state: {tail}")
+
+
+def _reforked_epochs(v: VariantResult) -> int:
+    """Epochs after the first whose loader workers the headline DataLoader forked again (it
+    has workers, they are not persistent): each pays the start-up, inside the steady window
+    of ``Phases`` (which splits off the run's first start-up only). 0 where none did."""
+    prof = getattr(v, "profile", None)
+    lo = next((x for x in prof.loaders if x.headline), None) if prof is not None else None
+    if lo is None or lo.kind != "torch.DataLoader":
+        return 0
+    st = lo.settings or {}
+    if not int(st.get("num_workers") or 0) or st.get("persistent_workers"):
+        return 0
+    return max(int(lo.epochs) - 1, 0)
 
 
 # ``ProfileStage.where`` of the stages a loader library timed itself as parts of the loop's

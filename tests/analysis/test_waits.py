@@ -128,6 +128,26 @@ def test_the_headline_puts_a_start_up_dominated_wait_before_the_first_batch() ->
     assert "start-up" not in waits.wait_headline(_v(2.0, 10.0, 0.1, 0.05))
 
 
+def test_workers_forked_every_epoch_pay_the_start_up_every_epoch() -> None:
+    """Two epochs of a DataLoader with 2 workers that are not persistent: the second epoch
+    forks them again, so its start-up sits in the steady window; the headline says so and
+    never that a longer run pays the start-up once (persistent workers: it does)."""
+    from types import SimpleNamespace as NS
+
+    def job(persistent: bool, epochs: int = 2):
+        v = _v(6.2, 9.3, 3.03, 3.0)
+        v.profile = NS(loaders=[NS(headline=True, kind="torch.DataLoader", epochs=epochs,
+                                   settings={"num_workers": 2,
+                                             "persistent_workers": persistent})])
+        return waits.wait_headline(v)
+
+    line = job(False)
+    assert "1 later epoch(s)' start-up" in line and "persistent_workers=False" in line, line
+    assert "pays the start-up once" not in line
+    for same in (job(True), job(False, epochs=1)):
+        assert "a longer run pays the start-up once" in same, same
+
+
 def test_an_unpinned_job_has_transfer_zero_with_a_zero_interval() -> None:
     full, items, batch = ([run(w, 0.01) for _ in range(3)] for w in (0.004, 0.002, 0.001))
     a = waits.attribute(full, items, batch, batch, [2.0] * 3, [2.0] * 3, [0.01] * 3, NAMES)
