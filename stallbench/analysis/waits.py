@@ -349,7 +349,9 @@ def _reforked_epochs(v: VariantResult) -> int:
     of ``Phases`` (which splits off the run's first start-up only). 0 where none did."""
     prof = getattr(v, "profile", None)
     lo = next((x for x in prof.loaders if x.headline), None) if prof is not None else None
-    if lo is None or lo.kind != "torch.DataLoader":
+    # a loader ``--set dataloader.*`` reaches (its door says: a DataLoader of torch's kind,
+    # whose ``persistent_workers`` decides whether each epoch forks its workers again)
+    if lo is None or "dataloader" not in (getattr(lo, "set_keys", None) or ()):
         return 0
     st = lo.settings or {}
     if not int(st.get("num_workers") or 0) or st.get("persistent_workers"):

@@ -136,7 +136,7 @@ def test_workers_forked_every_epoch_pay_the_start_up_every_epoch() -> None:
 
     def job(persistent: bool, epochs: int = 2):
         v = _v(6.2, 9.3, 3.03, 3.0)
-        v.profile = NS(loaders=[NS(headline=True, kind="torch.DataLoader", epochs=epochs,
+        v.profile = NS(loaders=[NS(headline=True, set_keys=["dataloader", "torch"], epochs=epochs,
                                    settings={"num_workers": 2,
                                              "persistent_workers": persistent})])
         return waits.wait_headline(v)
