@@ -75,7 +75,7 @@ def measured_knee_explanation(explanation: str, steady_wait_share: float | None)
 
     if (" remove the data stall" in explanation and _finite(steady_wait_share)
             and steady_wait_share >= COMPUTE_BOUND_SHARE):   # type: ignore[operator]
-        head, _, why = explanation.partition(": ")
+        why = explanation.partition(": ")[2]
         return (f"PREDICTED to remove the data stall, but it measured a steady wait of "
                 f"{steady_wait_share:.0%} there ({why})")
     return explanation
