@@ -224,3 +224,31 @@ def test_a_ray_data_headline_gets_no_recording_run_unless_it_marks_stages() -> N
     torch_dl = NS(name="DataLoader#0", kind="torch.DataLoader", stages={"collate_fn": [1]})
     assert ablate._no_recording(torch_dl, [torch_dl], torch_dl.name) == ""
     assert ablate._no_recording(None, [], None) == ""
+
+
+def test_every_epochs_recording_is_read_at_the_first_serving_call(tmp_path) -> None:
+    """A served run read each epoch's recording at that epoch's first call: the second and
+    later epochs paid the read and its collection inside the steady window, and a 3-epoch
+    job at 0 workers read 0.8 s of "loader hand-off" that no hand-off made. All epochs are
+    read at the first call now (start-up), each epoch's calls kept apart."""
+    from types import SimpleNamespace
+
+    rp = _replay_module()
+    rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
+    rp.H = SimpleNamespace(rank=lambda: {"rank": 0})
+    for epoch in range(3):
+        for n in range(4):
+            rp._record((0, -1, epoch), (n, [epoch, n], None, f"batch {epoch}.{n}", ""))
+    for fh in rp._REC_FILES.values():
+        fh.close()
+    reads = []
+    real = rp._loaded
+    rp._loaded = lambda files, keep, collect=True: (reads.append(list(files)),
+                                                    real(files, keep, collect))[1]
+    first = rp._load((0, -1, 0))
+    assert [r[3] for r in first] == [f"batch 0.{n}" for n in range(4)]
+    assert len(reads) == 3                       # every epoch's file, at the first call
+    assert [r[3] for r in rp._load((0, -1, 2))] == [f"batch 2.{n}" for n in range(4)]
+    assert [r[3] for r in rp._load((0, -1, 1))][0] == "batch 1.0"
+    assert len(reads) == 3                       # nothing read in a later epoch
+    assert rp._load((0, -1, 7)) == [] and len(reads) == 3   # no recording: computed, no read
