@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import __version__
+from .. import __version__, interrupts
 from ..errors import UserError
 from ..analysis.stats import finite_median, finite_summary
 from ..analysis.summary import whole_run_speedup
@@ -614,10 +614,13 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                     if not ab.done:
                         results[0].notes[f"--analyze {ab.name}"] = f"cannot ablate: {ab.why}"
     finally:
-        if nodes == 1 or node_rank == 0:
-            shutil.rmtree(run_root, ignore_errors=True)
-        if owner is not None:
-            os.close(owner)
+        # a signal that lands inside the removal (SIGTERM as the job ends) would stop it half
+        # way and leave the scratch behind: the removal finishes, the signal is raised after
+        with interrupts.deferred():
+            if nodes == 1 or node_rank == 0:
+                shutil.rmtree(run_root, ignore_errors=True)
+            if owner is not None:
+                os.close(owner)
     if failed and not results:
         raise JobFailed(failed[0][1], f"variant {failed[0][0]}, and every other variant failed")
     for name, code in failed:
