@@ -321,7 +321,7 @@ def _load(where) -> list:
     worker reads its epoch's file alone, as a worker forked again each epoch (not persistent)
     would otherwise read every epoch's at every fork."""
     recs = _RECORDS.get(where)
-    o, w, e = where
+    o, w, _ = where
     if recs is None and w >= 0:
         recs = _RECORDS[where] = []
         _loaded(sorted(glob.glob(_rec_path(where)))[:1], recs.append)

@@ -245,7 +245,6 @@ def _gather_nodes(root: Path, nodes: int, started: float, ended: float,
                 raise UserError(f"profile: node rank {k} left no finished parts in {d} within "
                                 f"{NODE_WAIT_S:.0f} s; every node's --out must be the same "
                                 "shared directory (docs/profile.md)")
-            from .. import interrupts
             interrupts.check()
             time.sleep(0.5)
         if int(m.get("exit_code", 0)) != 0:
