@@ -369,14 +369,19 @@ class RankWorker:
         inner = self.make_source(source_arg)
         src = RankSource(inner, self.ctx, step, self.job_item)
         cfg = p.config
-        with collective():
-            dist.barrier()             # every rank starts its clock together
-        if ablation.compute_only:      # (after the barrier: going idle is a collective)
-            n = sum(len(p.caches.final[s.index]) for s in p.items)   # what _cached will yield
-            step.set_limit(min(n, cap) if cap is not None else n)
+
+        def start_together() -> None:
+            """Every rank starts its clock together, after its own set-up of the run."""
+            with collective():
+                dist.barrier()
+            if ablation.compute_only:      # (after the barrier: going idle is a collective)
+                n = sum(len(p.caches.final[s.index]) for s in p.items)  # what _cached yields
+                step.set_limit(min(n, cap) if cap is not None else n)
+
         # On an error the rank does not wait for the others: the launcher stops them all.
         fig, tl, res = measured_run(p, src, step, warmup_batches=cfg.run.warmup_batches,
-                                    sample_interval_s=cfg.run.sample_interval_s)
+                                    sample_interval_s=cfg.run.sample_interval_s,
+                                    start_together=start_together)
         step.finish()
         sync = step.sync_per_step[:fig.batches]
         sync_s = sum(sync)

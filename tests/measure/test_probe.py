@@ -122,3 +122,28 @@ def test_the_callers_heap_is_collected_before_the_clock(tmp_path: Path) -> None:
     assert len(held) and step.times
     inside = [t for t in full if step.times[0] <= t <= step.times[-1]]
     assert not inside, f"{len(inside)} full collection(s) inside the measured batches"
+
+
+def test_the_ranks_start_together_after_every_set_up_of_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``start_together`` (the ranks' barrier) is the last thing before the clock: a set-up
+    that takes 0.3 s (here the heap's collection, slowed by construction) happens before it,
+    and none of it is in the epoch. Before, a rank's collection after the barrier started its
+    epoch earlier than the others' by the difference of their collections."""
+    import stallbench.measure.probe as probe
+
+    cfg = scenario.parse(TEXT.format(fmt="single_buffer", prefetch=0), "p.toml").base
+    plan = Plan.create(cfg, dataset_for(cfg, tmp_path, "p.toml"), scenario_file="p.toml")
+    order: list[tuple[str, float]] = []
+    monkeypatch.setattr(probe.gc, "collect",
+                        lambda *a: (time.sleep(0.3), order.append(("set-up", time.perf_counter()))))
+    step = _Keeps()
+    with EXECUTORS.get("local")(cfg, "p.toml") as ex:
+        fig, _, _ = measured_run(plan, ex, step,
+                                 start_together=lambda: order.append(("start",
+                                                                      time.perf_counter())))
+    assert [k for k, _ in order] == ["set-up", "start"]
+    # the epoch is counted from the start: it ends at the last batch, not 0.3 s later
+    started = order[1][1]
+    assert fig.epoch_s < (step.times[-1] - started) + 0.25
+    assert step.times[0] >= started
