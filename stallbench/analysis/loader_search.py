@@ -25,6 +25,12 @@ figure that called for it (``Choice.why``):
 A direction whose last trial did not beat the best by ``BETTER`` is not pushed further. The
 search stops at the ceiling (``AT_CEILING`` of the compute-only rate), when no untried change
 is predicted to give ``BETTER`` or more, or at the budget (the driver's).
+
+The knobs are the rows of ``knob_table``: each names the rule above that searches it
+(``RULES``, run in that order), the step it takes, and how its advice is written
+(``apply_text``); which of them reach the job's loader the driver reads from the loader's door
+(``Context.keys``), so nothing here names a loader kind or spells a key. A new knob is its row,
+and a rule here only where none of these fits it.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..results import Recommendation, VariantResult
 from ..scenario import format_value
+from . import knob_table
 from .whatif_models import producer_budget
 
 AT_CEILING = 0.95        # the best within 5% of the compute-only steady rate: nothing to buy
@@ -46,7 +53,6 @@ STEP_SLOWED = 1.15       # the step 15% slower than with fewer workers: interfer
 BURSTY = 3.0             # p90 wait / mean wait: waits in bursts
 SHORT = 0.20             # workers that leave the loop waiting 20% of a steady batch are too
                          # few (below it: the hand-off of a batch from a worker, not its rate)
-MAX_PREFETCH = 16
 
 
 @dataclass(frozen=True)
@@ -81,12 +87,15 @@ class Trial:
 
 @dataclass(frozen=True)
 class Context:
-    kind: str                     # "torch" (a DataLoader), "ray" (a Ray Data iterator) or
-                                  # "other" (a loader no setting reaches: threads only)
+    """What the search may change and against what. Which knobs reach the job's loader is
+    the driver's to say (its door's groups: ``knob_table.searched_for``), so ``keys`` holds
+    only those; nothing here names a loader kind."""
+
     cores: float
     ceiling: float | None         # compute-only steady samples/s
     keys: frozenset[str]          # the dotted keys the search may change
-    prefetch_batches: int = 1     # the Ray iterator's as written
+    as_written: dict[str, Any] = field(default_factory=dict)   # the loader's recorded
+                                  # settings as written (a knob's value where no trial set it)
 
 
 @dataclass
@@ -173,11 +182,160 @@ def _spent(trials: list[Trial], key: str, b: Trial) -> bool:
     return bool(others) and b.rate < max(others) * (1 + BETTER)
 
 
+@dataclass
+class _Round:
+    """One decision's evidence, shared by the rules (``RULES``): the trials, the best so
+    far, the producer model refitted on them, and the candidates the rules add."""
+
+    ctx: Context
+    trials: list[Trial]
+    seen: list[dict[str, Any]]
+    b: Trial
+    L: float | None
+    step: float
+    hand: float
+    cands: list[Choice] = field(default_factory=list)
+
+    @property
+    def room(self) -> float:
+        return (self.ctx.ceiling / self.b.rate - 1) if self.ctx.ceiling else math.inf
+
+    def capped(self, pred: float) -> float:
+        """A predicted rate never above the measured ceiling."""
+        return min(pred, self.ctx.ceiling) if self.ctx.ceiling else pred
+
+    def add(self, settings: dict[str, Any], change: str, why: str, predicted: float | None,
+            gain: float) -> None:
+        if settings in self.seen or any(c.settings == settings for c in self.cands):
+            return
+        if predicted is not None and self.ctx.ceiling:
+            predicted = min(predicted, self.ctx.ceiling)
+            gain = predicted / self.b.rate - 1
+        if gain >= BETTER:
+            self.cands.append(Choice(settings, change, why, predicted, gain))
+
+
+def _workers_knee(r: _Round, k: knob_table.Knob) -> None:
+    """The producer model's knee, bounded by the cores (module doc, *workers*)."""
+    b, ctx, L, step, trials = r.b, r.ctx, r.L, r.step, r.trials
+    if not (L and math.isfinite(step) and step > 0 and b.steady_wait >= WAITS):
+        return
+    cap = _worker_cap(ctx.cores, trials)
+    knee = max(1, math.ceil(L / step - 1e-9))
+    n = min(knee, cap)
+    if n == b.workers and n < cap and b.steady_wait >= SHORT \
+            and not _pushed_in_vain(trials, k.key, b):
+        n = b.workers + 1           # the model's knee measured and still too few
+    if n != b.workers:
+        pred = r.capped(b.rows / (max(step, L / n) + r.hand))
+        beyond = (f"; the knee ({knee}) is beyond the {cap} workers the machine's "
+                  f"{ctx.cores:g} cores allow" if knee > cap else "")
+        r.add(_with(b, **{k.key: n}), f"{k.name}: {b.workers} -> {n}",
+              f"the loop waited {b.wait_share:.0%} of its steady state; one producer "
+              f"needs {L * 1e3:.1f} ms per batch (fitted on {len(trials)} trial(s)) "
+              f"against a {step * 1e3:.1f} ms step: the knee is {knee} worker(s), "
+              f"PREDICTED {pred:,.0f} samples/s{beyond}", pred, pred / b.rate - 1)
+
+
+def _startup(r: _Round, k: knob_table.Knob) -> None:
+    """Any trial whose workers were forked again each epoch, with a start-up that weighs."""
+    for t in r.trials:
+        if t.ok and t.workers > 0 and not t.persistent and t.epochs >= 2 \
+                and t.startup_share >= STARTUP:
+            pred = r.capped(t.rate / max(1e-9, 1 - t.startup_share))
+            r.add(_with(t, **{k.key: True}),
+                  f"{k.name}: false -> true (at num_workers={t.workers})",
+                  f"at num_workers={t.workers} each epoch's start-up (its workers forked "
+                  f"again) took {t.startup_share:.0%} of the span over {t.epochs} epochs; "
+                  f"kept workers pay it once: PREDICTED {pred:,.0f} samples/s", pred,
+                  pred / r.b.rate - 1)
+
+
+def _thread_storm(r: _Round, k: knob_table.Knob) -> None:
+    """A trial whose step computes on the CPU beside its workers, threads over the cores."""
+    ctx, L, trials = r.ctx, r.L, r.trials
+    for t in trials:
+        if not (t.ok and not t.cuda and t.threads and t.threads + t.workers > ctx.cores
+                and k.key not in t.settings):
+            continue
+        n = max(1, int(ctx.cores) - t.workers)
+        if n >= t.threads:
+            continue
+        ref = min((u for u in trials if u.ok and u.workers < t.workers
+                   and math.isfinite(u.step_s)), key=lambda u: u.workers, default=None)
+        if ref is not None and t.step_s > STEP_SLOWED * ref.step_s:
+            pred = r.capped(t.rows / max(ref.step_s, (L / t.workers) if L else 0.0,
+                                         t.rows / t.rate - (t.step_s - ref.step_s)))
+            r.add(_with(t, **{k.key: n}),
+                  f"{k.key}: {t.threads} -> {n} (at num_workers={t.workers})",
+                  f"the step took {t.step_s * 1e3:.1f} ms with {t.workers} worker(s) beside "
+                  f"the trainer's {t.threads} torch threads on {ctx.cores:g} cores, "
+                  f"{t.step_s / ref.step_s:.2f}x its {ref.step_s * 1e3:.1f} ms with "
+                  f"{ref.workers}: threads oversubscribe the cores; PREDICTED "
+                  f"{pred:,.0f} samples/s", pred, pred / r.b.rate - 1)
+        elif ref is None and t.workers >= ctx.cores:
+            # no trial with fewer workers to compare the step with: the oversubscription
+            # read in the job is the evidence; no figure is predicted
+            r.add(_with(t, **{k.key: n}),
+                  f"{k.key}: {t.threads} -> {n} (at num_workers={t.workers})",
+                  f"the trainer's {t.threads} torch threads and {t.workers} worker(s) share "
+                  f"{ctx.cores:g} cores (read in the job): threads oversubscribe the cores",
+                  None, BETTER)
+
+
+def _bursts(r: _Round, k: knob_table.Knob) -> None:
+    """Steady waits in bursts while the workers keep up on average: a deeper queue."""
+    b, L = r.b, r.L
+    if not (b.workers > 0 and b.wait_share >= WAITS and b.wait_s > 0
+            and b.wait_p90_s >= BURSTY * b.wait_s and L is not None and L / b.workers < r.step):
+        return
+    cur = b.prefetch_factor or k.search.start
+    pf = min(k.search.most, 2 * cur)
+    if pf != cur:
+        gain = min(r.room, b.wait_share / max(1e-9, 1 - b.wait_share)) / 2
+        r.add(_with(b, **{k.key: pf}), f"{k.name}: {cur} -> {pf}",
+              f"the steady waits come in bursts (90th percentile {b.wait_p90_s * 1e3:.1f} "
+              f"ms, {b.wait_p90_s / b.wait_s:.1f}x the mean) while {b.workers} worker(s) "
+              "keep up on average: a deeper queue absorbs them", None, gain)
+
+
+def _cuda_copy(r: _Round, k: knob_table.Knob) -> None:
+    """Batches copied to a CUDA device from unpinned memory while the loop waits."""
+    b = r.b
+    if b.cuda and not b.pin_memory and b.wait_share >= WAITS:
+        r.add(_with(b, **{k.key: True}), f"{k.name}: false -> true",
+              f"the loop copies its batches to a CUDA device and waited {b.wait_share:.0%}: "
+              "pinned batches copy without a staging copy", None,
+              min(r.room, b.wait_share / 2))
+
+
+def _waiting(r: _Round, k: knob_table.Knob) -> None:
+    """The loop still waiting on its loader: the knob's value doubled (from the loader's own,
+    as recorded, or ``Search.start``), while a doubling pays (``_spent``). The rule of a
+    queue depth whose gain no figure of the trials predicts (Ray's ``prefetch_batches``)."""
+    b = r.b
+    if b.wait_share < WAITS:
+        return
+    cur = int(b.settings.get(k.key, r.ctx.as_written.get(k.recorded or "")) or k.search.start)
+    nxt = min(k.search.most, max(2, 2 * cur))
+    if nxt != cur and not _spent(r.trials, k.key, b):
+        gain = min(r.room, b.wait_share / max(1e-9, 1 - b.wait_share))
+        r.add(_with(b, **{k.key: nxt}), f"{k.name}: {cur} -> {nxt}",
+              f"the loop waited {b.wait_share:.0%} of its steady state on "
+              f"{k.advice.where} at {k.name}={cur}", None, gain)
+
+
+# ``Search.rule`` -> the rule that reads the evidence for a knob and adds its trial; run in
+# this order (a tie in predicted gain goes to the earlier rule)
+RULES: dict[str, Callable[[_Round, knob_table.Knob], None]] = {
+    "workers_knee": _workers_knee, "startup": _startup, "thread_storm": _thread_storm,
+    "bursts": _bursts, "cuda_copy": _cuda_copy, "waiting": _waiting}
+
+
 def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> Decision:
     """The next trial from the trials measured so far (the first is the job as written), or
-    why the search stops."""
+    why the search stops. Each knob of ``ctx.keys`` is searched by its table row's rule."""
     b = best(trials)
-    seen = [dict(s) for s in tried]
     L = producer_load(trials)
     step = _step(trials)
     model = {"producer_s_per_batch": L or math.nan, "step_s": step,
@@ -188,109 +346,13 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
                         f"{b.rate / ctx.ceiling:.0%} of the compute-only ceiling "
                         f"({ctx.ceiling:,.0f}, measured by replay): no loader setting can buy "
                         f"more than {ctx.ceiling / b.rate - 1:.0%}", model)
-    cands: list[Choice] = []
-
-    def add(settings: dict[str, Any], change: str, why: str, predicted: float | None,
-            gain: float) -> None:
-        if settings in seen or any(c.settings == settings for c in cands):
-            return
-        if predicted is not None and ctx.ceiling:
-            predicted = min(predicted, ctx.ceiling)
-            gain = predicted / b.rate - 1
-        if gain >= BETTER:
-            cands.append(Choice(settings, change, why, predicted, gain))
-
-    room = (ctx.ceiling / b.rate - 1) if ctx.ceiling else math.inf
-    hand = handoff(trials, L)
-
-    def capped(pred: float) -> float:
-        """A predicted rate never above the measured ceiling."""
-        return min(pred, ctx.ceiling) if ctx.ceiling else pred
-
-    if ctx.kind in ("torch", "other"):
-        if "dataloader.num_workers" in ctx.keys and L and math.isfinite(step) and step > 0 \
-                and b.steady_wait >= WAITS:
-            cap = _worker_cap(ctx.cores, trials)
-            knee = max(1, math.ceil(L / step - 1e-9))
-            n = min(knee, cap)
-            if n == b.workers and n < cap and b.steady_wait >= SHORT \
-                    and not _pushed_in_vain(trials, "dataloader.num_workers", b):
-                n = b.workers + 1           # the model's knee measured and still too few
-            if n != b.workers:
-                pred = capped(b.rows / (max(step, L / n) + hand))
-                beyond = (f"; the knee ({knee}) is beyond the {cap} workers the machine's "
-                          f"{ctx.cores:g} cores allow" if knee > cap else "")
-                add(_with(b, **{"dataloader.num_workers": n}),
-                    f"num_workers: {b.workers} -> {n}",
-                    f"the loop waited {b.wait_share:.0%} of its steady state; one producer "
-                    f"needs {L * 1e3:.1f} ms per batch (fitted on {len(trials)} trial(s)) "
-                    f"against a {step * 1e3:.1f} ms step: the knee is {knee} worker(s), "
-                    f"PREDICTED {pred:,.0f} samples/s{beyond}", pred, pred / b.rate - 1)
-        for t in trials:        # any trial whose workers were forked again each epoch
-            if "dataloader.persistent_workers" in ctx.keys and t.ok and t.workers > 0 \
-                    and not t.persistent and t.epochs >= 2 and t.startup_share >= STARTUP:
-                pred = capped(t.rate / max(1e-9, 1 - t.startup_share))
-                add(_with(t, **{"dataloader.persistent_workers": True}),
-                    f"persistent_workers: false -> true (at num_workers={t.workers})",
-                    f"at num_workers={t.workers} each epoch's start-up (its workers forked "
-                    f"again) took {t.startup_share:.0%} of the span over {t.epochs} epochs; "
-                    f"kept workers pay it once: PREDICTED {pred:,.0f} samples/s", pred,
-                    pred / b.rate - 1)
-        for t in trials:        # a trial whose step computes on the CPU beside its workers
-            if not ("torch.num_threads" in ctx.keys and t.ok and not t.cuda and t.threads
-                    and t.threads + t.workers > ctx.cores
-                    and "torch.num_threads" not in t.settings):
-                continue
-            n = max(1, int(ctx.cores) - t.workers)
-            if n >= t.threads:
-                continue
-            ref = min((u for u in trials if u.ok and u.workers < t.workers
-                       and math.isfinite(u.step_s)), key=lambda u: u.workers, default=None)
-            if ref is not None and t.step_s > STEP_SLOWED * ref.step_s:
-                pred = capped(t.rows / max(ref.step_s, (L / t.workers) if L else 0.0,
-                                           t.rows / t.rate - (t.step_s - ref.step_s)))
-                add(_with(t, **{"torch.num_threads": n}),
-                    f"torch.num_threads: {t.threads} -> {n} (at num_workers={t.workers})",
-                    f"the step took {t.step_s * 1e3:.1f} ms with {t.workers} worker(s) beside "
-                    f"the trainer's {t.threads} torch threads on {ctx.cores:g} cores, "
-                    f"{t.step_s / ref.step_s:.2f}x its {ref.step_s * 1e3:.1f} ms with "
-                    f"{ref.workers}: threads oversubscribe the cores; PREDICTED "
-                    f"{pred:,.0f} samples/s", pred, pred / b.rate - 1)
-            elif ref is None and t.workers >= ctx.cores:
-                # no trial with fewer workers to compare the step with: the oversubscription
-                # read in the job is the evidence; no figure is predicted
-                add(_with(t, **{"torch.num_threads": n}),
-                    f"torch.num_threads: {t.threads} -> {n} (at num_workers={t.workers})",
-                    f"the trainer's {t.threads} torch threads and {t.workers} worker(s) share "
-                    f"{ctx.cores:g} cores (read in the job): threads oversubscribe the cores",
-                    None, BETTER)
-        if "dataloader.prefetch_factor" in ctx.keys and b.workers > 0 \
-                and b.wait_share >= WAITS and b.wait_s > 0 \
-                and b.wait_p90_s >= BURSTY * b.wait_s and L is not None \
-                and L / b.workers < step:
-            pf = min(MAX_PREFETCH, 2 * (b.prefetch_factor or 2))
-            if pf != (b.prefetch_factor or 2):
-                gain = min(room, b.wait_share / max(1e-9, 1 - b.wait_share)) / 2
-                add(_with(b, **{"dataloader.prefetch_factor": pf}),
-                    f"prefetch_factor: {b.prefetch_factor or 2} -> {pf}",
-                    f"the steady waits come in bursts (90th percentile {b.wait_p90_s * 1e3:.1f} "
-                    f"ms, {b.wait_p90_s / b.wait_s:.1f}x the mean) while {b.workers} worker(s) "
-                    "keep up on average: a deeper queue absorbs them", None, gain)
-        if "dataloader.pin_memory" in ctx.keys and b.cuda and not b.pin_memory \
-                and b.wait_share >= WAITS:
-            add(_with(b, **{"dataloader.pin_memory": True}), "pin_memory: false -> true",
-                f"the loop copies its batches to a CUDA device and waited {b.wait_share:.0%}: "
-                "pinned batches copy without a staging copy", None,
-                min(room, b.wait_share / 2))
-    elif ctx.kind == "ray" and "ray.prefetch_batches" in ctx.keys and b.wait_share >= WAITS:
-        cur = int(b.settings.get("ray.prefetch_batches", ctx.prefetch_batches) or 1)
-        nxt = min(MAX_PREFETCH, max(2, 2 * cur))
-        if nxt != cur and not _spent(trials, "ray.prefetch_batches", b):
-            gain = min(room, b.wait_share / max(1e-9, 1 - b.wait_share))
-            add(_with(b, **{"ray.prefetch_batches": nxt}), f"prefetch_batches: {cur} -> {nxt}",
-                f"the loop waited {b.wait_share:.0%} of its steady state on Ray Data's "
-                f"iterator at prefetch_batches={cur}", None, gain)
-    if not cands:
+    r = _Round(ctx, trials, [dict(s) for s in tried], b, L, step, handoff(trials, L))
+    knobs = [k for k in knob_table.rows() if k.search is not None and k.key in ctx.keys]
+    for rule, fn in RULES.items():
+        for k in knobs:
+            if k.search.rule == rule:
+                fn(r, k)
+    if not r.cands:
         why = (f"the loop waits {b.wait_share:.0%} of its steady state"
                if b.wait_share < WAITS else
                f"every change the evidence calls for was measured or is predicted to give "
@@ -298,8 +360,8 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
         return Decision(None, "no_gain_predicted",
                         f"no untried setting is predicted to give {BETTER:.0%} or more: {why}",
                         model)
-    cands.sort(key=lambda c: -c.gain)
-    return Decision(cands[0], model=model)
+    r.cands.sort(key=lambda c: -c.gain)
+    return Decision(r.cands[0], model=model)
 
 
 def not_confirmed(name: str, speedup: float, pairs: list[float],
@@ -317,14 +379,14 @@ def not_confirmed(name: str, speedup: float, pairs: list[float],
             f"over {len(pairs)} pair(s){spread} (under {BETTER:.0%}, or a pair slower)")
 
 
-def recommendation(best, kind: str, settings: dict[str, Any]) -> Recommendation:
+def recommendation(best, settings: dict[str, Any]) -> Recommendation:
     """The result's ``analysis.recommendation`` of a tune: its confirmed answer (``best``, a
     ``JobTuneBest``), so that report, gate and history read the one answer printed."""
     if not settings:
         return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
                               action="keep", predicted_from="measured",
                               text=f"recommendation: keep the job as written ({best.stop_text})")
-    where = apply_text(kind, settings)
+    where = apply_text(settings)
     text = (f"recommendation: {where}: {best.speedup:.2f}x the job as written in steady state "
             f"(measured, confirmed interleaved)")
     key = next(iter(settings))
@@ -334,29 +396,23 @@ def recommendation(best, kind: str, settings: dict[str, Any]) -> Recommendation:
                           predicted_from="measured", text=text)
 
 
-def apply_text(kind: str, settings: dict[str, Any]) -> str:
-    """The settings as the user writes them in code."""
+def apply_text(settings: dict[str, Any]) -> str:
+    """The settings as the user writes them in code (each knob's ``Advice``)."""
     if not settings:
         return "keep the job as written"
-    parts = []
-    dl = {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith("dataloader.")}
-    if dl:
-        parts.append("DataLoader(..., " + ", ".join(
-            f"{k}={v!r}" for k, v in dl.items()) + ")")
-    ray = {k.split(".", 1)[1]: v for k, v in settings.items() if k.startswith("ray.")}
-    if ray:
-        parts.append("iter_torch_batches(..., " + ", ".join(
-            f"{k}={v!r}" for k, v in ray.items()) + ")")
-    if "torch.num_threads" in settings:
-        parts.append(f"torch.set_num_threads({settings['torch.num_threads']}) before the first "
-                     "op (or OMP_NUM_THREADS)")
-    return "; ".join(parts)
+    return knob_table.advice_text(settings)
 
 
 def bare(settings: dict[str, Any]) -> dict[str, Any]:
     """The result's ``settings``: loader keywords bare, other knobs prefixed."""
-    return {(k.split(".", 1)[1] if k.startswith(("dataloader.", "ray.")) else k): v
-            for k, v in settings.items()}
+    return {knob_table.bare_name(k): v for k, v in settings.items()}
+
+
+def dotted(settings: dict[str, Any], groups: frozenset[str] | tuple[str, ...]
+           ) -> dict[str, Any]:
+    """``bare``'s inverse: a trial's recorded settings back as ``--set`` keys, for a loader
+    whose door honours ``groups``."""
+    return {knob_table.dotted_key(k, groups): v for k, v in settings.items()}
 
 
 def still_binds(ctx: Context, b: Trial) -> str:
@@ -388,13 +444,15 @@ def steady_or_zero(v: VariantResult) -> float:
 
 
 def _reaches(key: str, v: VariantResult) -> bool:
-    """Whether a ``--set`` key's wing had a loader in this variant's job to apply to:
-    ``dataloader.*`` a torch DataLoader, ``ray.*`` a Ray Data iterator (a watched iterable
-    takes neither: its door says, and the result's ``set_keys`` carries it). Without a profile record (a
-    unit's stand-in) it is taken as reached."""
-    if getattr(v, "profile", None) is None or key.startswith("torch."):
+    """Whether a ``--set`` key's group had a loader in this variant's job to apply to: a
+    loader whose door honours the group (``dataloader`` a torch DataLoader, ``ray`` a Ray
+    Data iterator; a watched iterable takes neither: its door says, and the result's
+    ``set_keys`` carries it). Without a profile record (a unit's stand-in) it is taken as
+    reached."""
+    k = knob_table.by_key(key)
+    if getattr(v, "profile", None) is None or (k is not None and k.process):
         return True             # the trainer's threads: the process, not a loader
-    group = key.split(".", 1)[0]    # each loader's door says which groups reach it
+    group = knob_table.group_of(key)    # each loader's door says which groups reach it
     return any(group in ld.set_keys for ld in v.profile.loaders)
 
 
@@ -412,24 +470,27 @@ def not_applied(v: VariantResult) -> dict[str, str]:
     """The variant's ``--set`` values that its loaders did not run with, and why (issue 38,
     class 11: ``persistent_workers=true`` on a job at ``num_workers=0`` is dropped by the hooks,
     since torch refuses it; advising it would break the job). Read from what the headline
-    torch DataLoader recorded it ran with (the figures compared are its); a key no loader
-    records (Ray's) counts as applied."""
+    loader recorded it ran with (the figures compared are its: the knob's ``recorded``
+    field, where its door honours the knob's group); a key no loader records counts as
+    applied."""
     if getattr(v, "profile", None) is None:
         return {}
     out: dict[str, str] = {}
-    want = v.knobs.get("torch.num_threads")
+    threads = knob_table.THREADS
+    want = v.knobs.get(threads.key)
     ran = getattr(getattr(v, "threads", None), "trainer_torch_threads", None)
     if want is not None and ran is not None and int(ran) != int(want):
-        out[f"num_threads={want}"] = (f"the trainer ran with {ran} torch threads (the job sets "
-                                      "its own after importing torch)")
+        out[f"{threads.name}={want}"] = (f"the trainer ran with {ran} torch threads (the job "
+                                         "sets its own after importing torch)")
     # the headline loader's (the figures compared are its); every loader's without one
     lds = [ld for ld in v.profile.loaders if getattr(ld, "headline", False)] or v.profile.loaders
     for key, value in v.knobs.items():
-        if not key.startswith("dataloader."):
+        k = knob_table.by_key(key)
+        if k is None or k.recorded is None:
             continue
-        arg = key.split(".", 1)[1]
+        arg = k.recorded
         for ld in lds:
-            if "dataloader" not in ld.set_keys or arg not in ld.settings:
+            if k.group not in ld.set_keys or arg not in ld.settings:
                 continue
             if format_value(ld.settings[arg]) != format_value(value):
                 why = next((n for n in ld.notes if n.startswith(f"{arg} not applied")),
@@ -480,9 +541,7 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
                               action="keep", predicted_from="measured", text=text)
     changes = ", ".join(f"{k.split('.', 1)[1]}={format_value(val)}"
                         for k, val in best.knobs.items() if base.knobs.get(k) != val)
-    where = ("Ray Data's iterator" if all(k.startswith("ray.") for k in best.knobs) else
-             "trainer (torch.set_num_threads before its first op)"
-             if all(k.startswith("torch.") for k in best.knobs) else "DataLoader")
+    where = knob_table.where(list(best.knobs))
     key = next((k for k in best.knobs if base.knobs.get(k) != best.knobs[k]), None)
     # issue 39: a measured ratio is the knob's gain only where the wait can explain it
     from . import waits

@@ -41,7 +41,7 @@ from typing import Mapping, Sequence
 
 from ..measure.load import heavy
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures, VariantResult
-from . import differential
+from . import differential, knob_table
 from .figures import wait_bound
 from .stats import COMPUTE_BOUND_SHARE, bootstrap_medians, finite_median, percentile_interval
 
@@ -349,12 +349,14 @@ def _reforked_epochs(v: VariantResult) -> int:
     of ``Phases`` (which splits off the run's first start-up only). 0 where none did."""
     prof = getattr(v, "profile", None)
     lo = next((x for x in prof.loaders if x.headline), None) if prof is not None else None
-    # a loader ``--set dataloader.*`` reaches (its door says: a DataLoader of torch's kind,
-    # whose ``persistent_workers`` decides whether each epoch forks its workers again)
-    if lo is None or "dataloader" not in (getattr(lo, "set_keys", None) or ()):
+    # a loader the ``persistent_workers`` knob reaches (its door honours the knob's group:
+    # a DataLoader of torch's kind, whose setting decides whether each epoch forks its
+    # workers again)
+    kept, workers = knob_table.PERSISTENT_WORKERS, knob_table.WORKERS
+    if lo is None or kept.group not in (getattr(lo, "set_keys", None) or ()):
         return 0
     st = lo.settings or {}
-    if not int(st.get("num_workers") or 0) or st.get("persistent_workers"):
+    if not int(st.get(workers.recorded) or 0) or st.get(kept.recorded):
         return 0
     return max(int(lo.epochs) - 1, 0)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .. import interrupts, outputs, results
-from ..analysis import figures
+from ..analysis import figures, knob_table
 from ..outputs import one_line
 from ..report import tables
 from ..errors import UserError
@@ -31,10 +31,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--repeats", default="1", metavar="N",
                    help=f"runs per variant, 1..{MAX_REPEATS} (default 1; the gate needs 2)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V1,V2",
-                   help="try these values on the job (repeatable): dataloader.num_workers, "
-                        "dataloader.pin_memory, dataloader.prefetch_factor, "
-                        "dataloader.persistent_workers, ray.prefetch_batches, "
-                        "torch.num_threads (the trainer's intra-op threads)")
+                   help="try these values on the job (repeatable): " + knob_table.listed())
     p.add_argument("--max-batches", default=None, metavar="N",
                    help="end each hooked epoch after N batches (the script sees a shorter epoch)")
     g = p.add_mutually_exclusive_group()

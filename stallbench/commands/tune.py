@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .. import interrupts, outputs
+from ..analysis import knob_table
 from . import numbers
 
 MAX_BUDGET_MINUTES = 24 * 60
@@ -40,9 +41,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                         "is known within +-5%%, or at the job's end)")
     p.add_argument("--keys", default=None, metavar="K1,K2",
                    help="-- COMMAND: the settings it may change (default all it knows: "
-                        "dataloader.num_workers, dataloader.persistent_workers, "
-                        "dataloader.prefetch_factor, dataloader.pin_memory, torch.num_threads, "
-                        "ray.prefetch_batches)")
+                        + knob_table.listed(knob_table.searched(), notes=False) + ")")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="-- COMMAND: write a Chrome trace-event JSON of every run's batches")
     p.add_argument("--progress-timeout", default=None, metavar="S",
@@ -160,10 +159,9 @@ def run_scenario(args: argparse.Namespace) -> int:
 
 def _keys(text: str | None) -> list[str]:
     from ..errors import UserError
-    from ..profile import tune as job_tune
     if text is None:
         return []
-    known = job_tune.TORCH_KEYS + job_tune.RAY_KEYS
+    known = [k.key for k in knob_table.searched()]
     keys = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in keys if k not in known]
     if bad or not keys:

@@ -37,7 +37,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import differential, figures, knee, waits
+from ..analysis import differential, figures, knee, knob_table, waits
 from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
@@ -556,14 +556,15 @@ def knee_lines(result) -> list[str]:
         out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
                    f"samples/s{band}; {wi.knee.explanation}")
     rate, what = adv.best_rate, adv.rate_basis
+    workers = knob_table.WORKERS        # the knob the knee is a value of (its --set key)
     if adv.action == "measure" and unpredicted:
         out.append(f"  recommendation: none predicted; measure num_workers={n} with "
-                   f"--set dataloader.num_workers={','.join(str(c.n) for c in wi.measured)},{n}")
+                   f"--set {workers.key}={','.join(str(c.n) for c in wi.measured)},{n}")
     elif adv.action == "measure" and point is not None:
         out.append(f"  recommendation: none predicted: no variant had a steady rate to "
                    f"compare the knee's with (best measured {adv.best_variant}: {rate:,.0f} "
                    f"{what}); measure num_workers={n} over more batches with "
-                   f"--set dataloader.num_workers={adv.best_n},{n}")
+                   f"--set {workers.key}={adv.best_n},{n}")
     elif adv.action == "keep" and adv.knee_variant:
         out.append(f"  recommendation: keep {adv.best_variant} (MEASURED {rate:,.0f} {what}): "
                    f"the knee's num_workers={n} MEASURED {adv.knee_rate / rate:.2f}x of it")
@@ -578,5 +579,5 @@ def knee_lines(result) -> list[str]:
                 if math.isfinite(adv.predicted_gain_low) else "")
         out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
                    f"{adv.predicted_gain:.2f}x{band} the best measured ({adv.best_variant}); "
-                   f"measure it with --set dataloader.num_workers={adv.best_n},{n}")
+                   f"measure it with --set {workers.key}={adv.best_n},{n}")
     return out

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from .. import __version__, interrupts
 from ..errors import UserError
 from ..analysis.stats import finite_median, finite_summary
+from ..analysis import knob_table
 from ..analysis.summary import whole_run_speedup
 from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
@@ -416,7 +417,7 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         name=v.name, knobs=dict(v.knobs), config={"set": dict(v.knobs)}, emulated=[],
         executor=ExecutorFacts(kind="profile", producer_slots=producers,
                                has_producers=producers > 0,
-                               scaling_knobs=["dataloader.num_workers"]),
+                               scaling_knobs=[knob_table.WORKERS.key]),
         throughput_samples_s=_summary([f.throughput_samples_s for f in reps]),
         epoch_s=_summary([f.epoch_s for f in reps]),
         stall_s=_summary([f.stall_s for f in reps]),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..analysis import knob_table
 from ..analysis import loader_search as search
 from ..analysis import summary
 from ..analysis.stats import t_quantile
@@ -37,10 +38,6 @@ from .parts import Parts
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
 MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)
 KEEP_BATCHES = 8            # batches a compute-only run serves from memory (ablate's)
-
-TORCH_KEYS = ("dataloader.num_workers", "dataloader.persistent_workers",
-              "dataloader.prefetch_factor", "dataloader.pin_memory", "torch.num_threads")
-RAY_KEYS = ("ray.prefetch_batches",)
 
 
 @dataclass
@@ -247,6 +244,7 @@ def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
     startup = sum(max(0.0, (t1 - t0) - nb * (wait_s + step_med))
                   for (t0, t1, nb, _, _) in use)
     st = s.settings
+    pf = _recorded(st, knob_table.PREFETCH_FACTOR)
     stage_wall = sum(float(r[1]) for r in s.stages.values())
     stage_cpu = sum(float(r[2]) for r in s.stages.values())
     trial = search.Trial(
@@ -254,15 +252,19 @@ def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
         wait_share=(sum(waits) / t) if t > 0 else math.nan,
         step_s=step_med if steps else math.nan,
         wait_s=wait_s, wait_p90_s=p90, startup_share=startup / t if t > 0 else 0.0,
-        rows=rows / n if n else math.nan, workers=int(st.get("num_workers") or 0),
-        persistent=bool(st.get("persistent_workers")),
-        prefetch_factor=st.get("prefetch_factor") if isinstance(st.get("prefetch_factor"), int)
-        else None,
-        pin_memory=bool(st.get("pin_memory")), cuda=bool(s.gpu_wait),
+        rows=rows / n if n else math.nan, workers=int(_recorded(st, knob_table.WORKERS) or 0),
+        persistent=bool(_recorded(st, knob_table.PERSISTENT_WORKERS)),
+        prefetch_factor=pf if isinstance(pf, int) else None,
+        pin_memory=bool(_recorded(st, knob_table.PIN_MEMORY)), cuda=bool(s.gpu_wait),
         threads=s.torch_threads, epochs=len(spans),
         producer_cpu_share=stage_cpu / stage_wall if stage_wall > 0 else math.nan)
     return Measured(trial, basis, s.batches, sum(1 for sp in spans if sp[4]), s.kind, s.name,
                     dict(st))
+
+
+def _recorded(settings: dict[str, Any], k: knob_table.Knob) -> Any:
+    """A loader's recorded value of knob ``k`` (None where its loader records none)."""
+    return settings.get(k.recorded) if k.recorded else None
 
 
 class _Budget:
@@ -282,9 +284,9 @@ class _Budget:
         return time.monotonic() - self.t0
 
 
-def _keys(opts: Options, kind: str) -> frozenset[str]:
-    known = (TORCH_KEYS if kind == "torch" else RAY_KEYS if kind == "ray" else
-             ("torch.num_threads",))
+def _keys(opts: Options, groups: frozenset[str]) -> frozenset[str]:
+    """The keys searched on a loader whose door honours ``groups`` (``--keys`` limits them)."""
+    known = [k.key for k in knob_table.searched_for(groups)]
     if not opts.keys:
         return frozenset(known)
     return frozenset(k for k in opts.keys if k in known)
@@ -341,11 +343,9 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         if base is None:
             raise session.NoLoader(session.why_no_figures([base_run], opts.argv, "default"))
         every.append(base_run)
-        door = doors.of(base.kind)
-        kind = ("torch" if door.reaches("dataloader") else
-                "ray" if door.reaches("ray") else "other")
-        keys = _keys(opts, kind)
-        if kind == "other":
+        groups = frozenset(doors.of(base.kind).set_keys)
+        keys = _keys(opts, groups)
+        if not knob_table.reaches_a_loader(groups):
             say(f"the headline loader {base.name} is a {base.kind}: no loader setting of "
                 "tune reaches it (--set dataloader.* reaches torch's DataLoader, ray.* Ray "
                 "Data's iterators); only the trainer's threads can be searched, where they "
@@ -356,16 +356,16 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         # 2. its compute-only ceiling
         ceiling, ceiling_note = _ceiling(base_run, base, one, clock)
         say(f"ceiling: {ceiling_note}")
-        ctx = search.Context(kind=kind, cores=machine.cores, ceiling=ceiling, keys=keys,
-                             prefetch_batches=int(base.settings.get("prefetch_batches") or 1))
+        ctx = search.Context(cores=machine.cores, ceiling=ceiling, keys=keys,
+                             as_written=dict(base.settings))
         # 3. the search; a trial whose setting hangs the job is stopped and recorded
         hang = _hang_limit(base_run, opts.progress_timeout)
         stop_reason, stop_text = "", ""
         while True:
             done = [t for _, t, _ in trials if t is not None]
             failed = [t for t, tt, _ in trials if tt is None]
-            tried = [_dotted(t.settings, kind) for t, _, _ in trials]
-            d = search.decide(ctx, done + [_failed_trial(f, kind) for f in failed], tried)
+            tried = [_dotted(t.settings, groups) for t, _, _ in trials]
+            d = search.decide(ctx, done + [_failed_trial(f, groups) for f in failed], tried)
             if d.choice is None:
                 stop_reason, stop_text = d.stop_reason, d.stop_text
                 break
@@ -400,7 +400,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                 continue
             every.append(run)
             jt = _record(name, c.settings, c.why, run, m, c.predicted)
-            want = c.settings.get("torch.num_threads")
+            want = c.settings.get(knob_table.THREADS.key)
             if want is not None and m.trial.threads is not None and m.trial.threads != want:
                 # the job set its own threads after importing torch: the same job again
                 jt.outcome = "not_applied"
@@ -422,9 +422,9 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             pairs.append(bt.rate / base.trial.rate)
             for r in range(max(1, opts.repeats)):
                 a = one({}, f"confirmation {r + 1}: the job as written")
-                b = one(_dotted(bj.settings, kind), f"confirmation {r + 1}: {bj.name}")
+                b = one(_dotted(bj.settings, groups), f"confirmation {r + 1}: {bj.name}")
                 ma = measure(a, {}) if ok(a) else None
-                mb = measure(b, _dotted(bj.settings, kind)) if ok(b) else None
+                mb = measure(b, _dotted(bj.settings, groups)) if ok(b) else None
                 if ma is not None:
                     base_rates.append(ma.trial.rate)
                     trials[0][2].append(a)
@@ -455,7 +455,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             speedup_high=max(pairs) if len(pairs) >= 2 else None,
             confirm_runs=rounds,
             still_binds=search.still_binds(ctx, bt),
-            apply=search.apply_text(kind, _dotted(bj.settings, kind)))
+            apply=search.apply_text(_dotted(bj.settings, groups)))
         # the result: one variant per measured trial, the job as written first
         sopts = session.Options(argv=opts.argv, name=opts.name, out=opts.out,
                                 repeats=1, axes={}, trace=opts.trace)
@@ -463,7 +463,8 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         for jt, t, rs in trials:
             if t is None:
                 continue
-            vr = session.variant_result(knobs.Variant(jt.name, _dotted(jt.settings, kind)), rs)
+            vr = session.variant_result(knobs.Variant(jt.name, _dotted(jt.settings, groups)),
+                                        rs)
             if any(r.stopped for r in rs) and vr.profile is not None:
                 vr.profile.ended_early = ""
                 vr.notes["ended by tune"] = "; ".join(dict.fromkeys(
@@ -472,7 +473,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         result = session.assemble(sopts, variants, every, machine, created)
         # one answer: the result's recommendation is the tune's (profile's, from the same
         # variants, could name a trial the confirmation rejected)
-        rec = search.recommendation(best, kind, _dotted(best.settings, kind))
+        rec = search.recommendation(best, _dotted(best.settings, groups))
         result.analysis.recommendation = rec
         result.analysis.verdict = rec.text
         result.analysis.best_variant = best.name
@@ -525,19 +526,13 @@ def _hang_limit(base_run: JobRun, given: float | None) -> tuple[float, str] | No
                    f"without a batch as written, {gap:.1f} s, at least {HANG_MIN_S:g} s")
 
 
-def _dotted(settings: dict[str, Any], kind: str) -> dict[str, Any]:
-    """A trial's bare settings back as ``--set`` keys."""
-    out = {}
-    for k, v in settings.items():
-        if "." in k:
-            out[k] = v
-        else:
-            out[("ray." if kind == "ray" else "dataloader.") + k] = v
-    return out
+def _dotted(settings: dict[str, Any], groups: frozenset[str]) -> dict[str, Any]:
+    """A trial's bare settings back as ``--set`` keys (its loader's door honours ``groups``)."""
+    return search.dotted(settings, groups)
 
 
-def _failed_trial(jt: JobTrial, kind: str) -> search.Trial:
-    return search.Trial(settings=_dotted(jt.settings, kind), rate=0.0, wait_share=math.nan,
+def _failed_trial(jt: JobTrial, groups: frozenset[str]) -> search.Trial:
+    return search.Trial(settings=_dotted(jt.settings, groups), rate=0.0, wait_share=math.nan,
                         step_s=math.nan, wait_s=0.0, wait_p90_s=0.0, startup_share=0.0,
                         rows=math.nan, workers=0, persistent=False, prefetch_factor=None,
                         pin_memory=False, cuda=False, threads=None, epochs=0, ok=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from stallbench.analysis import knob_table
 from stallbench.analysis import loader_search as ls
 
 ROWS = 8.0
@@ -22,13 +23,14 @@ def trial(settings=None, *, rate, wait_s, step_s=0.020, workers=0, persistent=Fa
                     threads=threads, epochs=epochs, ok=ok, producer_cpu_share=cpu_share)
 
 
-def ctx(ceiling=400.0, cores=2.0, kind="torch", keys=None) -> ls.Context:
-    return ls.Context(kind=kind, cores=cores, ceiling=ceiling,
-                      keys=frozenset(keys or ("dataloader.num_workers",
-                                              "dataloader.persistent_workers",
-                                              "dataloader.prefetch_factor",
-                                              "dataloader.pin_memory", "torch.num_threads",
-                                              "ray.prefetch_batches")))
+TORCH_DOOR = ("dataloader", "torch")      # the groups torch's DataLoader door honours
+
+
+def ctx(ceiling=400.0, cores=2.0, groups=TORCH_DOOR, keys=None) -> ls.Context:
+    """The tune's context for a loader whose door honours ``groups``: every key the table
+    searches there, unless ``keys`` limits them."""
+    known = [k.key for k in knob_table.searched_for(groups)]
+    return ls.Context(cores=cores, ceiling=ceiling, keys=frozenset(keys or known))
 
 
 def test_a_job_at_its_ceiling_stops_after_the_baseline() -> None:
@@ -108,7 +110,7 @@ def test_pin_memory_only_where_batches_reach_a_cuda_device() -> None:
 
 
 def test_ray_prefetch_doubles_while_it_pays_and_stops_when_it_does_not() -> None:
-    c = ctx(kind="ray", ceiling=None)
+    c = ctx(groups=("ray",), ceiling=None)
     base = trial(rate=100.0, wait_s=0.02)
     d = ls.decide(c, [base], [{}])
     assert d.choice.settings == {"ray.prefetch_batches": 2}
@@ -135,12 +137,18 @@ def test_keys_limit_what_it_may_change() -> None:
 
 def test_the_answer_as_the_user_writes_it() -> None:
     s = {"dataloader.num_workers": 2, "dataloader.persistent_workers": True}
-    assert ls.apply_text("torch", s) == "DataLoader(..., num_workers=2, persistent_workers=True)"
+    assert ls.apply_text(s) == "DataLoader(..., num_workers=2, persistent_workers=True)"
     assert ls.bare(s) == {"num_workers": 2, "persistent_workers": True}
     assert ls.bare({"torch.num_threads": 1, "ray.prefetch_batches": 4}) == \
         {"torch.num_threads": 1, "prefetch_batches": 4}
-    assert ls.apply_text("ray", {"ray.prefetch_batches": 4}) == \
+    assert ls.apply_text({"ray.prefetch_batches": 4}) == \
         "iter_torch_batches(..., prefetch_batches=4)"
+    assert ls.apply_text({"torch.num_threads": 1, "dataloader.num_workers": 2}) == \
+        ("DataLoader(..., num_workers=2); torch.set_num_threads(1) before the first op (or "
+         "OMP_NUM_THREADS)")
+    assert ls.dotted({"num_workers": 2, "torch.num_threads": 1}, TORCH_DOOR) == \
+        {"dataloader.num_workers": 2, "torch.num_threads": 1}
+    assert ls.dotted({"prefetch_batches": 4}, ("ray",)) == {"ray.prefetch_batches": 4}
 
 
 def test_a_best_is_the_answer_only_when_its_confirmation_holds() -> None:
