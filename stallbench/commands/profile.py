@@ -47,6 +47,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                    help="end the job (exit 2) when no batch came for S seconds, counted from "
                         f"its start ({MIN_PROGRESS_S:g}..{MAX_PROGRESS_S:.0e}; default: off, a "
                         "job may go long without a batch)")
+    p.add_argument("--record-argv", action="store_true",
+                   help="record and print every value of the command (secret-looking ones "
+                        "still redacted); by default only the program, the script, flag "
+                        "names and numeric, boolean or enumerated values are kept, every "
+                        "other value shown as <value>")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     p.set_defaults(func=run)
     return p
@@ -151,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
     opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
                            max_batches=max_batches, axes=axes, analyze=bool(args.analyze),
-                           trace=[] if trace is not None else None, progress_timeout=progress)
+                           trace=[] if trace is not None else None, progress_timeout=progress,
+                           record_argv=bool(args.record_argv))
     # --out is created by the first run's directory: one that profile made and left empty (an
     # error, a job that failed, Ctrl-C, SIGTERM) is removed on the way out (outputs.made_here).
     with outputs.made_here(out):

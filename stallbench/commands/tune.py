@@ -46,6 +46,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                    help="-- COMMAND: write a Chrome trace-event JSON of every run's batches")
     p.add_argument("--progress-timeout", default=None, metavar="S",
                    help="-- COMMAND: end the job (exit 2) when no batch came for S seconds")
+    p.add_argument("--record-argv", action="store_true",
+                   help="-- COMMAND: record every value of the command (secret-looking ones "
+                        "redacted), not only numbers, booleans and enumerations")
     p.add_argument("--budget-minutes", default="10", metavar="MINUTES",
                    help=f"time for the search and the confirmation, in (0, {MAX_BUDGET_MINUTES}] "
                         "(default 10)")
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                         "-- python train.py [ARGS...]")
     only = [f for f, v in (("--name", args.name), ("--trial-batches", args.trial_batches),
                            ("--keys", args.keys), ("--trace", args.trace),
-                           ("--progress-timeout", args.progress_timeout)) if v is not None]
+                           ("--progress-timeout", args.progress_timeout),
+                           ("--record-argv", args.record_argv or None)) if v is not None]
     if only or args.repeats != "1":
         raise UserError(f"tune: {(only or ['--repeats'])[0]} applies to -- COMMAND, not to a "
                         "scenario")
@@ -175,7 +179,7 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     from .. import results
     from ..errors import UserError
     from ..outputs import one_line
-    from ..profile import redact, session
+    from ..profile import record, session
     from ..profile import tune as job_tune
     from .profile import MAX_PROGRESS_S, MIN_PROGRESS_S, publish, result_name
 
@@ -203,8 +207,9 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     trace = outputs.check_file(args.trace, outputs.TRACE, "--trace") if args.trace else None
     opts = job_tune.Options(argv=cmd, name=name, out=out, budget_s=minutes * 60.0,
                             repeats=repeats, trial_batches=trial_batches, keys=keys,
-                            progress_timeout=progress, trace=[] if trace is not None else None)
-    print(f"tune -- {redact.shown(cmd)}: budget {minutes:g} min; the job as written, its "
+                            progress_timeout=progress, trace=[] if trace is not None else None,
+                            record_argv=bool(args.record_argv))
+    print(f"tune -- {record.shown(cmd, args.record_argv)}: budget {minutes:g} min; the job as written, its "
           "compute-only ceiling, then one trial at a time", flush=True)
     with outputs.made_here(out):
         try:

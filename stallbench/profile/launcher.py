@@ -334,7 +334,7 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
             proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                     preexec_fn=_die_with_us(os.getpid()))
         except OSError as exc:
-            from .redact import word     # the word may be API_KEY=X: never quoted as given
+            from .record import word     # the word may be API_KEY=X: never quoted as given
             raise UserError(f"cannot start {word(argv[0])!r}: {exc.strerror or exc}") from None
         guard = _Guard(proc.pid)
         progress = _Progress(run_dir, timeout, _progress_why) if timeout else None

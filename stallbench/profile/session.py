@@ -46,12 +46,10 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileComman
 from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_applied,  # noqa: F401
                                       recommend, steady_or_zero, steady_rate)
 from . import knobs as knobs_mod
-from . import merge, redact
+from . import merge, record, redact
 from .launcher import JobRun, exit_status, progress_limit, run_once
 from .parts import Parts
 
-ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
-                "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
 
 
 class JobFailed(Exception):
@@ -107,37 +105,22 @@ class Options:
     analyze: bool = False           # the ablation runs of the first variant (issue 28)
     trace: list[dict[str, Any]] | None = None      # filled with trace events when given
     progress_timeout: float | None = None   # --progress-timeout (launcher.NoProgress)
+    record_argv: bool = False       # --record-argv: every value of the command kept, redacted
 
 
 def default_name(argv: list[str]) -> str:
     """The script's stem (``python train.py`` -> ``train``; ``python -m pkg.train`` ->
     ``train``; ``torchrun ... train.py`` -> ``train``; ``bash -c "X=1 python train.py"`` ->
-    ``train``), else the program's name, else ``profile``. Only from a word that redaction
-    leaves as it is, so the file name never carries a secret (issue 38: the name came from
-    ``HF_TOKEN=hf_x python train.py`` whole)."""
-    words = _plain_words(argv)
-    for i, a in enumerate(words):
-        if a.endswith(".py") and Path(a).stem:
-            return Path(a).stem
-        if a == "-m" and i + 1 < len(words):
-            return words[i + 1].rsplit(".", 1)[-1]
-    name = Path(argv[0]).name if argv else ""
-    return name if name and not redact.needed(argv[0]) and argv[0] in words else "profile"
-
-
-def _plain_words(argv: list[str], depth: int = 0) -> list[str]:
-    """The command's words that hold no secret, shell strings split as a shell splits them
-    (a word after a secret-valued flag is its value, and left out too)."""
-    red = redact.argv(argv)
-    out: list[str] = []
-    for a, r in zip(argv, red):
-        if any(c.isspace() for c in a) and depth < redact.MAX_DEPTH:
-            words = redact.shell_words(a)
-            if words:
-                out.extend(_plain_words(words, depth + 1))
-        elif a == r and r != redact.REDACTED:
-            out.append(a)
-    return out
+    ``train``), else the program's name, else ``profile``: from the words the allow-list
+    records (``record``), so the file name never carries what the result would not show
+    (issue 38: the name came from ``HF_TOKEN=hf_x python train.py`` whole)."""
+    found = record.found(argv)
+    if found.script is not None and Path(found.script).stem:
+        return Path(found.script).stem
+    if found.module is not None:
+        return found.module.rsplit(".", 1)[-1]
+    kept = bool(argv) and record.command(argv[:1]) == argv[:1]     # recorded as it is
+    return (Path(argv[0]).name if kept else "") or "profile"
 
 
 def torchrun_nodes(argv: list[str]) -> tuple[int, int]:
@@ -549,7 +532,7 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                     continue
                 runs = by_variant[i]
                 say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
-                    f"{redact.shown(opts.argv)}")
+                    f"{record.shown(opts.argv, opts.record_argv)}")
                 run_dir = run_root / f"v{i}r{r}"
                 node_dir = run_dir / f"node{node_rank}" if nodes > 1 else run_dir
                 shutil.rmtree(node_dir, ignore_errors=True)
@@ -641,14 +624,14 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
     from .doors import written_for
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
-    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or
-           redact.secret_name(k)}
-    argv = redact.argv(opts.argv)
-    script = next((a for a in _plain_words(opts.argv) if a.endswith(".py") and os.path.isfile(a)),
-                  None)       # a word that held no secret: it is recorded as scenario.path
+    argv = record.command(opts.argv, keep_values=opts.record_argv)
+    shown = record.shown(opts.argv, opts.record_argv)
+    found = record.found(opts.argv)
+    script = found.script_given if found.script_given and os.path.isfile(found.script_given) \
+        else None       # read for its digest; recorded as the allow-list shows it
     # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
-    sha = hashlib.sha256(Path(script).read_bytes() if script
-                         else shlex.join(argv).encode("utf-8", "surrogateescape"))
+    sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(
+        redact.argv(opts.argv)).encode("utf-8", "surrogateescape"))
     from ..analysis import waits
     for vr in results:      # decided in analysis, stored, printed from the result (issue 39)
         for key, line in (("measured wait", waits.wait_headline(vr)),
@@ -667,18 +650,23 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
         verdict=rec.text if rec else "", recommendation=rec)
     result = Result(
         schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,
-        scenario=ScenarioInfo(name=opts.name, path=script or argv[0], sha256=sha.hexdigest(),
+        scenario=ScenarioInfo(name=opts.name,
+                              path=found.script if script and found.script else argv[0],
+                              sha256=sha.hexdigest(),
                               fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
-                              # one line, as every sink shows it (redact.shown); the
-                              # exact words, bytes included, are profile.argv
-                              text=redact.shown(opts.argv), matrix=dict(opts.axes),
-                              description=f"stallbench profile -- {redact.shown(opts.argv)}"),
+                              # one line, as every sink shows it (record.shown); the
+                              # words as recorded are profile.argv
+                              text=shown, matrix=dict(opts.axes),
+                              description=f"stallbench profile -- {shown}"),
         machine=machine,
-        settings=RunSettings(repeats=opts.repeats, argv=redact.argv(sys.argv),
+        settings=RunSettings(repeats=opts.repeats,
+                             argv=(redact.argv(sys.argv) if opts.record_argv
+                                   else record.own_argv(sys.argv)),
                              max_batches_override=opts.max_batches),
         dataset=DatasetInfo(source="the job's own loaders"),
         variants=results, analysis=analysis,
-        profile=ProfileCommand(argv=argv, cwd=os.getcwd(), environment=redact.env(env),
+        profile=ProfileCommand(argv=argv, cwd=record.workdir(),
+                               environment=record.environment(os.environ),
                                torch=torch_v, ray=ray_v, hooks_written_for=written_for(),
                                world_size=world, nodes=nodes))
     from . import ablate

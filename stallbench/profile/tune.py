@@ -51,6 +51,7 @@ class Options:
     keys: list[str] = field(default_factory=list)    # dotted keys; [] = every key it knows
     progress_timeout: float | None = None
     trace: list[dict[str, Any]] | None = None
+    record_argv: bool = False     # --record-argv (profile.record)
 
 
 @dataclass
@@ -458,7 +459,8 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             apply=search.apply_text(_dotted(bj.settings, groups)))
         # the result: one variant per measured trial, the job as written first
         sopts = session.Options(argv=opts.argv, name=opts.name, out=opts.out,
-                                repeats=1, axes={}, trace=opts.trace)
+                                repeats=1, axes={}, trace=opts.trace,
+                                record_argv=opts.record_argv)
         variants: list[VariantResult] = []
         for jt, t, rs in trials:
             if t is None:

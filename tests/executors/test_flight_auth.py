@@ -244,7 +244,10 @@ def test_the_token_key_leaves_the_fingerprint_unchanged() -> None:
     (["--host", "0.0.0.0"], "--host 0.0.0.0: serving beyond this machine needs a token"),
     (["--host", "::"], "--host ::: serving beyond this machine needs a token"),
     (["--host", "0.0.0.0", "--token-env", "SB_TEST_UNSET_VAR"],
-     "--token-env SB_TEST_UNSET_VAR: the environment variable is not set"),
+     "--token-env: no environment variable of the name given is set"),
+    # issue 59: a token pasted where the variable's name belongs is never repeated
+    (["--token-env", "Sq7hR2kP9xW4mZ1vB8nC3"],
+     "--token-env: no environment variable of the name given is set"),
     (["--token-env", "SB_TEST_SHORT_TOKEN"], "--token-env SB_TEST_SHORT_TOKEN: the token must be"),
     (["--token-env", TOKEN + "="], "--token-env: expected the name of an environment variable"),
     (["--token-file", "no-such-file"], "--token-file no-such-file: cannot read it"),
@@ -266,6 +269,7 @@ def test_serve_refuses_to_start_unsafely(tmp_path: Path, capsys: Any,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"stallbench: error: {says}"), err
     assert TOKEN not in err and "short\n" not in err.split(":", 2)[-1]
+    assert not any(a in err for a in args if a.startswith("Sq"))
     assert not (tmp_path / ".cache").exists()          # refused before the dataset
 
 

@@ -52,7 +52,7 @@ Items.__name__ = Items.__qualname__ = sys.argv[1]
 # what the job got, for the test to prove that every secret reached it (argv as bytes)
 with open(os.environ["SEEN_FILE"], "w") as fh:
     json.dump({"argv": [os.fsencode(a).hex() for a in sys.argv],
-               "env": dict(os.environ)}, fh)
+               "env": dict(os.environ), "cwd": os.getcwd()}, fh)
 for x in DataLoader(Items(), batch_size=8, num_workers=0):
     pass
 print("trained", flush=True)
@@ -92,9 +92,15 @@ def _plant(tmp: Path) -> NS:
              "flag_api_key_eq", "gen_flag_space", "gen_flag_eq", "gen_flag_colon",
              "gen_arg_assign", "nested_shell", "json_headers_arg", "env_master_addr",
              "env_ray_job_headers", "env_torch_hub_auth", "env_generated", "env_ray_address",
-             "issuer_token", "curl_user", "dataset_class"]
+             "issuer_token", "curl_user", "dataset_class",
+             # issue 59's shapes, which the deny-list did not know
+             "attached_p", "netrc_value", "aws_set", "json_apostrophe", "auth_object",
+             "token_one_arg", "url_slash", "url_query", "flag_pw", "flag_dash_pw",
+             "flag_hub_tok", "positional", "cwd_token"]
     s = {f: _secret(rng, i) for i, f in enumerate(forms)}
     s["issuer_token"] = "hf_" + (s["issuer_token"] * 3)[:34]     # a Hugging Face token's shape
+    s["url_slash"] = s["url_slash"][:6] + "/" + s["url_slash"][6:]  # URL passwords with / or ?
+    s["url_query"] = s["url_query"][:6] + "?" + s["url_query"][6:]
     script = tmp / "userjob.py"
     script.write_text(JOB)
     shell = (f"HF_TOKEN={s['shell_env']} {names['shell_assign']}={s['shell_generated']} "
@@ -120,6 +126,13 @@ def _plant(tmp: Path) -> NS:
         f"sh -c 'DB_PASSWORD={s['nested_shell']} true'",
         json.dumps({"Authorization": f"Bearer {s['json_headers_arg']}", "Accept": "json"}),
         s["issuer_token"], "-u", f"alice:{s['curl_user']}",
+        f"-p{s['attached_p']}", "--netrc", f"machine h login u password {s['netrc_value']}",
+        "aws", "configure", "set", "aws_secret_access_key", s["aws_set"],
+        json.dumps({"note": f"it's {s['json_apostrophe']}"}),
+        json.dumps({"auth": {"user": "u", "value": s["auth_object"]}}),
+        f"--token {s['token_one_arg']}", f"https://u:{s['url_slash']}@h/x",
+        f"https://u:{s['url_query']}@h/x", "--pw", s["flag_pw"], "-pw", s["flag_dash_pw"],
+        "--hub-tok", s["flag_hub_tok"], s["positional"],
         BAD_BYTES,
     ]
     env = {"MASTER_ADDR": f"ops:{s['env_master_addr']}@10.0.0.1",
@@ -127,8 +140,10 @@ def _plant(tmp: Path) -> NS:
            "TORCH_HUB_AUTH": s["env_torch_hub_auth"],
            names["env_named"]: s["env_generated"],
            "RAY_ADDRESS": f"ray://svc:{s['env_ray_address']}@head.internal:10001"}
+    cwd = tmp / s["cwd_token"]          # a working directory named like a token
+    cwd.mkdir()
     return NS(secrets=s, names=names, argv=["bash", "-c", shell, "bash", *args], env=env,
-              script=script)
+              script=script, cwd=cwd)
 
 
 def _run(args: list, env: dict, cwd: Path) -> subprocess.CompletedProcess:
@@ -149,7 +164,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> NS:
     # output paths not UTF-8 either (class 9): printed escaped, never a traceback
     out, trace = tmp / os.fsdecode(b"out-\xfe"), tmp / os.fsdecode(b"trace-\xff.json")
     cp = _run(["profile", "--no-analyze", "--out", str(out), "--trace", str(trace),
-               "--set", "dataloader.persistent_workers=false,true", "--", *p.argv], env, tmp)
+               "--set", "dataloader.persistent_workers=false,true", "--", *p.argv], env, p.cwd)
     files = sorted(out.iterdir()) if out.exists() else []
     rep = _run(["report", str(out), "-o", str(tmp / "report.html")], env, tmp)
     hist = _run(["history", str(out)], env, tmp)
@@ -166,7 +181,7 @@ def _outputs(job: NS) -> dict[str, str]:
            "history stdout+stderr": _text(job.hist.stdout + job.hist.stderr),
            "names under --out": "\n".join(str(f) for f in job.out.rglob("*")),
            "names beside --out": "\n".join(str(f) for f in job.tmp.iterdir()
-                                           if f.name != "seen.json")}
+                                           if f.name not in ("seen.json", job.cwd.name))}
     for f in [*job.files, job.trace, job.tmp / "report.html"]:
         if f.is_file():
             got[str(f)] = _text(f.read_bytes())
@@ -189,31 +204,41 @@ def test_the_job_ran_and_its_sinks_were_written(job: NS) -> None:
     "flag_access_key_id", "flag_api_key_colon", "flag_api_key_eq", "gen_flag_space",
     "gen_flag_eq", "gen_flag_colon", "gen_arg_assign", "nested_shell", "json_headers_arg",
     "env_master_addr", "env_ray_job_headers", "env_torch_hub_auth", "env_generated",
-    "env_ray_address", "issuer_token", "curl_user"])
+    "env_ray_address", "issuer_token", "curl_user", "attached_p", "netrc_value", "aws_set",
+    "json_apostrophe", "auth_object", "token_one_arg", "url_slash", "url_query", "flag_pw",
+    "flag_dash_pw", "flag_hub_tok", "positional", "cwd_token"])
 def test_a_planted_secret_reaches_no_output(job: NS, form: str) -> None:
     secret = job.secrets[form]
-    # it reached the job (so a leak could be seen): in its argv or its environment
+    # it reached the job (so a leak could be seen): in its argv, environment or directory
     seen = " ".join(bytes.fromhex(a).decode("utf-8", "replace") for a in job.seen["argv"]) + \
-        json.dumps(job.seen["env"])
+        json.dumps(job.seen["env"]) + job.seen.get("cwd", "")
     assert secret in seen, (form, job.names)
     for sink, text in _outputs(job).items():
         assert secret not in text, f"{form}: the secret is in {sink} (names: {job.names})"
 
 
-def test_what_is_not_secret_is_still_recorded(job: NS) -> None:
+def test_what_is_recorded_is_what_the_allow_list_keeps(job: NS) -> None:
+    """Issue 59: the program, the script (relative to the working directory, or its name),
+    flag names and plain values; every other value ``<value>``; the environment by names that
+    explain a run (a credential's name not at all); the working directory a fingerprint."""
     from stallbench import results
 
     r = results.load(job.files[0])
     text = r.scenario.text
-    for kept in ("HF_TOKEN=REDACTED", "postgres://admin:REDACTED@db.internal:5432/feats",
-                 "X-Amz-Algorithm=AWS4&X-Amz-Signature=REDACTED", "--auth REDACTED",
-                 "Authorization: Bearer REDACTED", f"{job.names['flag_space']} REDACTED",
-                 "userjob.py"):
+    for kept in ("bash -c", "HF_TOKEN=<value>", "--api-key=<value>", "--auth <value>",
+                 "-p <value>", "-H <value>", f"{job.names['flag_space']} <value>",
+                 "--hub-tok <value>", "--pw <value>", "-p<value>", "userjob.py"):
         assert kept in text, (kept, text)
-    assert r.profile.environment["MASTER_ADDR"] == "ops:REDACTED@10.0.0.1"
-    assert r.profile.environment[job.names["env_named"]] == "REDACTED"
+    assert str(job.tmp) not in text and str(job.tmp) not in json.dumps(r.profile.argv)
+    env = r.profile.environment
+    assert env["MASTER_ADDR"] == "<value>" and env["RAY_ADDRESS"] == "<value>"
+    assert job.names["env_named"] not in env and "TORCH_HUB_AUTH" not in env
+    assert "RAY_JOB_HEADERS" not in env or env["RAY_JOB_HEADERS"] == "<value>"
+    assert r.profile.cwd.startswith("sha256:")
     assert r.scenario.name == "userjob"
-    assert r.scenario.path == str(job.script)   # found inside the bash -c string
+    assert r.scenario.path == "userjob.py"   # found inside the bash -c string, outside the cwd
+    assert r.settings.argv[r.settings.argv.index("--set") + 1] == \
+        "dataloader.persistent_workers=false,true"
 
 
 def test_cannot_start_never_quotes_the_secret(tmp_path: Path) -> None:
@@ -223,20 +248,45 @@ def test_cannot_start_never_quotes_the_secret(tmp_path: Path) -> None:
     err = _text(cp.stderr)
     assert cp.returncode == 2
     last = err.splitlines()[-1]
-    assert last == "stallbench: error: cannot start 'API_KEY=REDACTED': No such file or directory"
+    assert last == "stallbench: error: cannot start 'API_KEY=<value>': No such file or directory"
     assert secret not in err + _text(cp.stdout)
 
 
-def test_non_utf8_argv_round_trips(job: NS) -> None:
-    """Class 9: the result keeps the bytes (surrogate escapes); report and history render."""
+def test_non_utf8_paths_print_escaped(job: NS) -> None:
+    """Class 9: output paths that are not UTF-8 print escaped; an argument that is not UTF-8
+    is a value like any other (``<value>``)."""
     from stallbench import results
 
     r = results.load(job.files[0])
-    assert os.fsencode(r.profile.argv[-1]) == BAD_BYTES
+    assert r.profile.argv[-1] == "<value>"
     assert bytes.fromhex(job.seen["argv"][-1]) == BAD_BYTES     # the job got them unchanged
-    assert "\\udcff\\udcfe" in (job.tmp / "report.html").read_text()
     assert "result: " + str(job.out).replace("\udcfe", "\\udcfe") in _text(job.cp.stdout)
     assert "trace: " + str(job.trace).replace("\udcff", "\\udcff") in _text(job.cp.stdout)
+
+
+def test_record_argv_keeps_values_and_non_utf8_bytes_round_trip(tmp_path: Path) -> None:
+    """``--record-argv``: every value recorded, redacted by the deny-list as before; bytes
+    that are not UTF-8 round-trip through the result (surrogate escapes), and the report and
+    ``history`` render them."""
+    from stallbench import results
+
+    script = tmp_path / "job.py"
+    script.write_text("import torch\nfrom torch.utils.data import DataLoader\n"
+                      "for _ in DataLoader(list(range(16)), batch_size=4): pass\n")
+    out = tmp_path / "out"
+    cp = _run(["profile", "--no-analyze", "--record-argv", "--out", str(out), "--", PY,
+               str(script), "/data/kept", "--token", "Sqrecordargv77", BAD_BYTES],
+              dict(os.environ), tmp_path)
+    assert cp.returncode == 0, _text(cp.stderr)
+    (f,) = sorted(out.glob("*.json"))
+    r = results.load(f)
+    assert r.profile.argv[2:5] == ["/data/kept", "--token", "REDACTED"]
+    assert os.fsencode(r.profile.argv[-1]) == BAD_BYTES
+    assert b"Sqrecordargv77" not in cp.stdout + cp.stderr + f.read_bytes()
+    rep = _run(["report", str(out), "-o", str(tmp_path / "r.html")], dict(os.environ), tmp_path)
+    hist = _run(["history", str(out)], dict(os.environ), tmp_path)
+    assert rep.returncode == 0 and hist.returncode == 0, _text(rep.stderr + hist.stderr)
+    assert "\\udcff\\udcfe" in (tmp_path / "r.html").read_text()
 
 
 def test_names_from_the_job_never_start_a_line(job: NS) -> None:

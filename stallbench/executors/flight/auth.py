@@ -83,8 +83,10 @@ def serve_token(env_name: str | None, file: Path | None) -> str | None:
                             "(letters, digits, _), not the token itself")
         token = token_from_env(env_name)
         if token is None:
-            raise UserError(f"--token-env {env_name}: the environment variable is not set "
-                            f"(or empty); it must hold the servers' token")
+            # the name is not repeated: a token pasted where the name belongs has a name's shape
+            raise UserError("--token-env: no environment variable of the name given is set "
+                            "(or it is empty); it must hold the servers' token, and the flag "
+                            "takes the variable's NAME, never the token itself")
         if not valid_token(token):
             raise UserError(f"--token-env {env_name}: the token must be {TOKEN_RULE}")
         return token
