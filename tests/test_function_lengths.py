@@ -39,8 +39,9 @@ def test_the_count_sees_what_it_counts(tmp_path: Path) -> None:
     pkg = tmp_path / "stallbench"
     pkg.mkdir()
     body = "\n".join(f"    x{i} = {i}" for i in range(59))
+    nested = body.replace("    ", "        ")
     (pkg / "a.py").write_text(f"def long():\n{body}\n\n\ndef short():\n    return 1\n\n\n"
-                              f"class C:\n    def method(self):\n{body.replace('    ', '        ')}\n")
+                              f"class C:\n    def method(self):\n{nested}\n")
     got = lengths(pkg)
     assert got == [(60, "stallbench/a.py:method"), (60, "stallbench/a.py:long"),
                    (2, "stallbench/a.py:short")]

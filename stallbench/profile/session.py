@@ -438,6 +438,12 @@ class _Matrix:
     gone: set[int] = field(default_factory=set)     # a --set variant whose job failed
     failed: list[tuple[str, int]] = field(default_factory=list)   # (variant, exit code)
 
+    @classmethod
+    def of(cls, variants: list[knobs_mod.Variant]) -> "_Matrix":
+        """The variants to run (numbered from 1 among all, skipped ones left out)."""
+        todo = [(i, v) for i, v in enumerate(variants, 1) if not v.skipped]
+        return cls(todo, len(variants), {i: [] for i, _ in todo})
+
 
 def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     """Run the matrix, measure what ran, then decide once (``analysis.loader_search``) and
@@ -455,8 +461,7 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
         for v in variants:
             if v.skipped:
                 say(f"variant {v.name}: skipped: {v.skipped}")
-        m = _Matrix([(i, v) for i, v in enumerate(variants, 1) if not v.skipped], len(variants))
-        m.runs = {i: [] for i, _ in m.todo}
+        m = _Matrix.of(variants)
         _run_matrix(opts, m, run_root, nodes, say)
         results, all_runs = _measured(opts, m, run_root, nodes, say)
     if m.failed and not results:
@@ -501,9 +506,10 @@ def _run_matrix(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
 def _run_one(opts: Options, v: knobs_mod.Variant, run_dir: Path, repeat: str,
              nodes: Nodes, matrix: bool, say: Callable[[str], None]) -> JobRun | int:
     """One run of one variant, checked: its exit code where a variant of a ``--set`` matrix
-    (``matrix``) failed on a single node (a finding), ``JobFailed`` where the job as profiled failed (the job's code wins),
-    ``PartsLost`` where a process could not write its figures; node rank 0 merges the other
-    nodes' parts of the same run."""
+    (``matrix``) failed on a single node (a finding: the other variants go on); else
+    ``JobFailed`` where the job failed (the job's code wins) and ``PartsLost`` where a
+    process could not write its figures. Node rank 0 merges the other nodes' parts of the
+    same run."""
     node_dir = run_dir / f"node{nodes.rank}" if nodes.count > 1 else run_dir
     shutil.rmtree(node_dir, ignore_errors=True)
     started = time.time()
