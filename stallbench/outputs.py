@@ -29,6 +29,12 @@ from typing import Callable, Iterable, Iterator
 from .errors import UserError
 
 FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def default_cache_dir() -> Path:
+    """Generated datasets live outside git: $STALLBENCH_CACHE or ./.cache/stallbench. One
+    rule for the runner and the verbs that check the cache before it runs (without torch)."""
+    return Path(os.environ.get("STALLBENCH_CACHE", Path.cwd() / ".cache" / "stallbench"))
 TEMP_EXTRA = len("..") + 8 + len(".tmp")      # ".{name}.XXXXXXXX.tmp" around a final name
 _HEAD_BYTES = 4096
 

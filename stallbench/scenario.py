@@ -843,6 +843,22 @@ MAX_SCENARIO_BYTES = 4 * 2**20   # scenarios are a few KB; a bigger file is not 
 MAX_TOML_DEPTH = 32              # nesting of arrays/tables; real scenarios need 3
 
 
+def expand_files(patterns: list[str]) -> list[str]:
+    """Scenario paths and globs, in the order given (a glob sorted); a glob that matches
+    nothing is bad input. Shared by every verb that runs scenario files (``run``, ``gate
+    --against``): a rule of scenario files, not of one verb."""
+    import glob
+
+    from .errors import UserError
+    out = []
+    for pat in patterns:
+        hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
+        if not hits:
+            raise UserError(f"{pat}: no scenario file matches")
+        out.extend(hits)
+    return out
+
+
 def load(path: str | Path) -> Scenario:
     p = Path(path)
     try:

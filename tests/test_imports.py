@@ -10,6 +10,7 @@ package's ``__init__`` (Python runs it first, but it is not a dependency the cod
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -340,6 +341,59 @@ def test_the_top_level_holds_only_the_ground_floor() -> None:
     stray = sorted(set(top_level()) - TOP_LEVEL_ALLOWED)
     assert not stray, (f"new top-level modules {stray}: a new capability is a wing (a package) "
                        "or joins one (docs/architecture.md, 'Where to put a new ...')")
+
+
+# --- No verb imports another verb (issue 55) ---------------------------------------------------
+# ``commands/`` holds one module per verb, parse and print only; what two verbs share lives in
+# a wing (``profile/jobrun.py`` for ``profile`` and ``tune -- CMD``), so that a verb's module
+# can change without another verb's. The shared flag parser is the one sibling a verb reads;
+# a verb of two modules (``gate``: ``gate.py`` and ``gate_ab.py``) is one verb, as the page's
+# table of verbs says.
+
+COMMANDS = f"{PACKAGE}.commands."
+SHARED_FLAGS = f"{PACKAGE}.commands.numbers"
+
+
+def verb_modules(doc: Path = DOC) -> dict[str, str]:
+    """``stallbench.commands.<module>`` -> its verb, from the table of verbs on the page."""
+    out = {}
+    for line in doc.read_text().splitlines():
+        m = re.match(r"\| `([\w-]+)` \| (.*?) \|", line)
+        if m:
+            for mod in re.findall(r"`commands/(\w+)\.py`", m.group(2)):
+                out[f"{COMMANDS}{mod}"] = m.group(1)
+    return out
+
+
+def verbs_importing_verbs(g: dict[str, set[str]], verb_of: dict[str, str]) -> list[str]:
+    """Each import from one verb's module of another verb's (a module the table does not
+    name is a verb of its own)."""
+    bad = []
+    for mod, deps in g.items():
+        if not mod.startswith(COMMANDS) or mod.endswith(".__init__"):
+            continue
+        for d in deps:
+            if (d.startswith(COMMANDS) and d != SHARED_FLAGS and not d.endswith(".__init__")
+                    and verb_of.get(d, d) != verb_of.get(mod, mod)):
+                bad.append(f"{mod} imports {d}")
+    return sorted(bad)
+
+
+def test_the_verb_check_sees_a_sibling() -> None:
+    c = COMMANDS
+    g = {f"{c}tune": {f"{c}profile", SHARED_FLAGS, f"{PACKAGE}.profile.jobrun"},
+         f"{c}gate": {f"{c}gate_ab"}, f"{c}gate_ab": {SHARED_FLAGS},
+         f"{c}profile": {SHARED_FLAGS}, f"{c}run": {f"{c}__init__"}}
+    verb_of = {f"{c}gate": "gate", f"{c}gate_ab": "gate"}
+    assert verbs_importing_verbs(g, verb_of) == [f"{c}tune imports {c}profile"]
+    table = verb_modules()
+    assert table[f"{c}gate_ab"] == table[f"{c}gate"] == "gate" and table[f"{c}tune"] == "tune"
+
+
+def test_no_verb_imports_another_verb() -> None:
+    bad = verbs_importing_verbs(graph(), verb_modules())
+    assert not bad, ("a verb imports another verb's module (what they share goes into a wing; "
+                     "only commands/numbers.py is shared):\n" + "\n".join(bad))
 
 
 if __name__ == "__main__":

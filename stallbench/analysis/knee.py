@@ -1,6 +1,7 @@
 """The knee advice of ``profile``: one decider (issue 39), stored as ``whatif.advice``.
 
-Before, ``profile/ablate.knee_lines`` decided what to advise while printing it, so the result
+Before, ``profile/ablate.knee_lines`` decided what to advise while printing it (printed now by
+``report/profile_lines.knee_lines``, from the stored advice), so the result
 never held the advice and nothing else could read it. The rules are unchanged: a knee that a
 variant measured is advised from that measurement (or "keep" a faster measured variant); a
 PREDICTED knee is advised only where its point carries a figure, i.e. where the back-test

@@ -566,3 +566,36 @@ def recommend(variants: list[VariantResult]) -> Recommendation | None:
                           value=best.knobs.get(key) if key else None,
                           predicted_speedup=None, predicted_from="measured",
                           text=text)
+
+
+# ------------------------------------------------ the answer a result stores (issue 55)
+# ``profile`` and ``tune`` each decide their result's answer here, once, and hand it to
+# ``profile.session.assemble``, which stores it as given (it was decided twice: ``assemble``
+# recommended from the variants, then ``tune`` overwrote it with its confirmed answer).
+
+@dataclass(frozen=True)
+class Answer:
+    """What a profile result says its variants showed: the recommendation, the variant it
+    names best (the headline's comparison; None: no comparison), and whether the variants
+    differ by a knob that reached a loader (else a what-if fitted on them would fit one job
+    run N times)."""
+
+    recommendation: Recommendation | None
+    best_variant: str | None
+    whatif: bool
+
+
+def profile_answer(variants: list[VariantResult]) -> Answer:
+    """``stallbench profile``: the measured recommendation among the ``--set`` variants
+    (``recommend``), and its best the fastest advisable variant in steady state."""
+    unreached = knobs_reached_nothing(variants)     # once: the best variant and the what-if
+    best = (max(advisable(variants), key=steady_or_zero)
+            if len(variants) > 1 and not unreached else None)
+    return Answer(recommend(variants), best.name if best else None, not unreached)
+
+
+def tune_answer(best, settings: dict[str, Any], variants: list[VariantResult]) -> Answer:
+    """``stallbench tune -- CMD``: its confirmed answer (``best``, a ``JobTuneBest``; a
+    trial the confirmation rejected is never named), ``settings`` its dotted keys."""
+    return Answer(recommendation(best, settings), best.name,
+                  not knobs_reached_nothing(variants))

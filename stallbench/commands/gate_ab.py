@@ -70,12 +70,11 @@ def _calibration_dir(args: argparse.Namespace) -> Path:
 
 def _scenario_files(args: argparse.Namespace) -> list[Path]:
     from .. import scenario
-    from .run import expand_scenario_files
 
     if not args.scenarios:
         raise UserError(f"gate {'--against' if args.against else '--calibrate'}: name the "
                         "scenario files to run (e.g. scenarios/ci/*.toml)")
-    files = [Path(p) for p in expand_scenario_files(args.scenarios)]
+    files = [Path(p) for p in scenario.expand_files(args.scenarios)]
     for f in files:
         scenario.load(f)             # bad input fails here, before any checkout or run
     return files

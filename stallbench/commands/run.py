@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
 from pathlib import Path
 
 from .. import interrupts, outputs, results, scenario
 from ..report import tables
-from ..errors import UserError
 from . import numbers
 
 MAX_REPEATS = 1000            # the same bound as run.repeats
@@ -39,23 +36,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     return p
 
 
-def expand_scenario_files(patterns: list[str]) -> list[str]:
-    """Scenario paths and globs, in the order given (a glob sorted); a glob that matches
-    nothing is bad input. Shared by every verb that runs scenario files."""
-    out = []
-    for pat in patterns:
-        hits = sorted(glob.glob(pat)) if any(c in pat for c in "*?[") else [pat]
-        if not hits:
-            raise UserError(f"{pat}: no scenario file matches")
-        out.extend(hits)
-    return out
-
-
-def default_cache_dir() -> Path:
-    """The runner's default (``runner.default_cache_dir``), without importing torch."""
-    return Path(os.environ.get("STALLBENCH_CACHE", Path.cwd() / ".cache" / "stallbench"))
-
-
 def _check_outputs(scenarios: list[scenario.Scenario], out: Path, cache: Path | None,
                    cache_flag: str) -> None:
     """Every place the run will write, checked before the first variant runs."""
@@ -73,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     # Check every scenario first: a typo in the third file fails before the first one runs,
     # and so does an output path that cannot be written or a variant this machine cannot hold
     # (the cheap checks before torch is imported).
-    scenarios = [scenario.load(p) for p in expand_scenario_files(args.scenarios)]
+    scenarios = [scenario.load(p) for p in scenario.expand_files(args.scenarios)]
     out = Path(args.out)
     cache_flag = "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)"
-    _check_outputs(scenarios, out, args.cache_dir or default_cache_dir(), cache_flag)
+    _check_outputs(scenarios, out, args.cache_dir or outputs.default_cache_dir(), cache_flag)
     from ..measure.load import busy_summary
     from ..run.runner import RunOptions, preflight, run_scenario  # heavy (torch)
 

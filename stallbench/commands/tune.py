@@ -96,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
 
 def run_scenario(args: argparse.Namespace) -> int:
     from .. import results, scenario
-    from .run import default_cache_dir
 
     a = _parse(args)
     b = a["budget_minutes"]
@@ -110,7 +109,7 @@ def run_scenario(args: argparse.Namespace) -> int:
     if sc.base.dataset.path is None:
         from ..data.synthetic import longest_temp_name
 
-        outputs.check_dir((args.cache_dir or default_cache_dir()) / "datasets",
+        outputs.check_dir((args.cache_dir or outputs.default_cache_dir()) / "datasets",
                           "--cache-dir" if args.cache_dir else "$STALLBENCH_CACHE (the dataset cache)",
                           [longest_temp_name()])
     from ..run.tune import TuneOptions, tune  # heavy (torch): only when tuning
@@ -179,9 +178,9 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     from .. import results
     from ..errors import UserError
     from ..outputs import one_line
-    from ..profile import record, session
+    from ..profile import jobrun, record, session
     from ..profile import tune as job_tune
-    from .profile import MAX_PROGRESS_S, MIN_PROGRESS_S, publish, result_name
+    from ..report import profile_lines
 
     if args.scenario is not None:
         raise UserError(f"tune: give a scenario or -- COMMAND, not both (got {args.scenario!r} "
@@ -198,10 +197,10 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
                              lo_open=True)
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
     trial_batches = numbers.integer(args.trial_batches, "--trial-batches", 2, MAX_BATCHES)
-    progress = numbers.number(args.progress_timeout, "--progress-timeout", MIN_PROGRESS_S,
-                              MAX_PROGRESS_S)
+    progress = numbers.number(args.progress_timeout, "--progress-timeout",
+                              jobrun.MIN_PROGRESS_S, jobrun.MAX_PROGRESS_S)
     keys = _keys(args.keys)
-    name = result_name(args.name, session.default_name(cmd), "tune")
+    name = jobrun.result_name(args.name, session.default_name(cmd), "tune")
     out = Path(args.out)
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
     trace = outputs.check_file(args.trace, outputs.TRACE, "--trace") if args.trace else None
@@ -211,69 +210,18 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
                             record_argv=bool(args.record_argv))
     print(f"tune -- {record.shown(cmd, args.record_argv)}: budget {minutes:g} min; the job as written, its "
           "compute-only ceiling, then one trial at a time", flush=True)
-    with outputs.made_here(out):
-        try:
-            result = job_tune.tune(opts, say=lambda s: print(f"stallbench: {s}",
-                                                             file=sys.stderr, flush=True))
-        except session.JobFailed as exc:
-            print(f"stallbench: {exc}", file=sys.stderr)
-            return exc.code
-        path = publish(result, out, trace, opts.trace)
+    done = jobrun.measure_and_publish(lambda: job_tune.tune(opts, say=_say), out, trace,
+                                      opts.trace)
+    if done.result is None:
+        print(f"stallbench: {done.line}", file=sys.stderr)
+        return done.code
     print()
-    for line in answer_lines(result):
+    for line in profile_lines.tune_lines(done.result):
         print(line)
-    print(f"result: {one_line(path)}")
+    print(f"result: {one_line(done.path)}")
     return 0
 
 
-def answer_lines(result) -> list[str]:
-    """The search, then the answer a user applies (issue 41's last lines)."""
-    t = result.tune
-    out = ["trials (steady samples/s from the second epoch on, each epoch's start-up "
-           "included; measured):"]
-    ceiling = t.ceiling_samples_s
-    for i, tr in enumerate(t.trials, 1):
-        if tr.outcome == "failed":
-            out.append(f"  {i}. {tr.name}: the job exited with code {tr.exit_code} (a finding; "
-                       "the search went on)")
-            continue
-        if tr.outcome == "not_applied":
-            out.append(f"  {i}. {tr.name}: not applied ({tr.why.rsplit('; not applied: ', 1)[-1]})")
-            continue
-        share = f", {tr.steady_samples_s / ceiling:.0%} of the ceiling" if ceiling else ""
-        pred = (f"; PREDICTED {tr.predicted_samples_s:,.0f}, measured "
-                f"{tr.steady_samples_s / tr.predicted_samples_s - 1:+.0%} of it"
-                if tr.predicted_samples_s else "")
-        out.append(f"  {i}. {tr.name}: {tr.steady_samples_s:,.0f} samples/s{share} "
-                   f"(wait {tr.steady_wait_share:.0%}; {tr.rate_basis}{pred})"
-                   + (f" [ended by tune: {tr.ended_by_tune}]" if tr.ended_by_tune else ""))
-        if i > 1:
-            out.append(f"     why: {tr.why}")
-    out.append(f"ceiling: {t.ceiling_note}")
-    b = t.best
-    if b is None:
-        return out
-    out.append(f"stopped: {b.stop_reason}: {b.stop_text}")
-    if not b.settings:
-        out.append(f"answer: keep the job as written ({b.steady_samples_s:,.0f} steady "
-                   "samples/s" + (f", {b.ceiling_share:.0%} of the compute-only ceiling"
-                                  if b.ceiling_share is not None else "") + ")")
-    else:
-        iv = (f" (range {b.speedup_low:.2f}-{b.speedup_high:.2f} over the search's pair and "
-              "the confirmation's)"
-              if b.speedup_low is not None else " (one pair: no interval)")
-        out.append(f"answer: {b.apply}")
-        out.append(f"  measured {b.speedup:.2f}x{iv} the job as written, steady state "
-                   f"({b.steady_samples_s:,.0f} samples/s; confirmed over {b.confirm_runs} "
-                   "interleaved round(s) of both)")
-        if b.ceiling_share is not None:
-            out.append(f"  {b.ceiling_share:.0%} of the compute-only ceiling")
-    out.append(f"  still binds: {b.still_binds}")
-    searched = len(t.trials) - 1
-    what = ["the job as written", "its ceiling"] if t.ceiling_samples_s is not None else \
-        ["the job as written", "a ceiling run"]
-    what.insert(1, f"{searched} trial(s)")
-    if b.confirm_runs:
-        what.append(f"{2 * b.confirm_runs} confirmation run(s)")
-    out.append(f"  runs: {t.runs} ({', '.join(what)})")
-    return out
+def _say(line: str) -> None:
+    """A progress line of the runs, on stderr (stdout is the search and its answer)."""
+    print(f"stallbench: {line}", file=sys.stderr, flush=True)

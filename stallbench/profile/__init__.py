@@ -10,6 +10,8 @@ Modules by concern:
 - ``launcher.py``: runs the command once per variant and repeat, streams its output, samples
   its process tree, keeps its exit code, stops it on a signal;
 - ``merge.py``: part files -> a typed ``Result`` (executor kind ``"profile"``);
+- ``jobrun.py``: the job-run layer ``profile`` and ``tune -- CMD`` share (the scratch
+  directory, the check of a run, its trace, the result published with its trace);
 - ``redact.py``: secrets (by name and by shape) out of everything recorded or printed.
 
 This face imports nothing, so ``stallbench.watch`` stays cheap in a training script.

@@ -31,13 +31,13 @@ run, so the host-to-device copy stays in compute, not in transfer (``transfer_no
 
 from __future__ import annotations
 
-import math
 import shutil
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..analysis import differential, figures, knee, knob_table, waits
+from ..analysis import differential, figures, knee, waits
 from ..analysis.stats import bootstrap_medians, finite_summary, percentile_interval
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
@@ -186,10 +186,6 @@ def part_of(name: str) -> str:
     return name
 
 
-class _Skip(Exception):
-    """No recording run for this job (``_no_recording`` says why)."""
-
-
 def _no_recording(head, streams0: list, headline: str | None) -> str:
     """Why the headline loader gets no recording run ("" where it does): its door says its
     stages are not recorded (``STAGES``: a Ray Data iterator's run in Ray's tasks, outside
@@ -203,11 +199,9 @@ def _no_recording(head, streams0: list, headline: str | None) -> str:
     return "" if marked else why
 
 
-def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
-            streams0: list, headline: str | None, runs_of, rec_dir: Path, budget_mb: float,
-            repeats: int) -> None:
-    """Each ``stallbench.stage`` of the headline loader served alone from the recording (by
-    its hashable arguments): its stall = full - that run, with its interval."""
+def _recorded_stages(rec: list[JobRun]) -> dict[str, dict[str, int]]:
+    """What the recording run kept of each ``stallbench.stage``, counted over its processes
+    (calls recorded, unkeyed, unpicklable, unwritable)."""
     seen: dict[str, dict[str, int]] = {}
     for r in rec:
         for p in _replay_parts(r):
@@ -215,37 +209,49 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
                 acc = seen.setdefault(name, {})
                 for k, n in d.items():
                     acc[k] = acc.get(k, 0) + int(n)
-    marked = sorted({n for s in streams0 if s.name == headline for n in s.stages
+    return seen
+
+
+def _unservable(d: dict[str, int], budget_mb: float) -> str:
+    """Why a marked stage's recording cannot be served ("" when it can)."""
+    if not d:
+        return ("a `with stallbench.stage(...)` block has no return value to serve; "
+                "decorate the function that computes it instead")
+    if d.get("unkeyed"):
+        return ("its calls have no hashable argument (a number, a string) to match them "
+                "between runs by")
+    if d.get("unpicklable") or d.get("unwritable"):
+        return "its outputs could not be kept (not picklable, or the disk refused them)"
+    if not d.get("recorded"):
+        return f"the memory budget ({budget_mb:g} MB) ran out before its calls were kept"
+    return ""
+
+
+def _marked(p: _Plan, rec: list[JobRun], runs_of: _Runs, repeats: int) -> None:
+    """Each ``stallbench.stage`` of the headline loader served alone from the recording (by
+    its hashable arguments): its stall = full - that run, with its interval."""
+    an, full = p.an, p.full
+    seen = _recorded_stages(rec)
+    marked = sorted({n for s in p.streams0 if s.name == p.headline for n in s.stages
                      if n not in AUTOMATIC} | set(seen))
     steady_ok = all(f.phases is not None and f.phases.has_steady for f in full)
     for name in marked:
-        d = seen.get(name, {})
         removes = f"stallbench.stage({name!r})"
-        why = ""
-        if not d:
-            why = ("a `with stallbench.stage(...)` block has no return value to serve; "
-                   "decorate the function that computes it instead")
-        elif d.get("unkeyed"):
-            why = ("its calls have no hashable argument (a number, a string) to match them "
-                   "between runs by")
-        elif d.get("unpicklable") or d.get("unwritable"):
-            why = "its outputs could not be kept (not picklable, or the disk refused them)"
-        elif not d.get("recorded"):
-            why = f"the memory budget ({budget_mb:g} MB) ran out before its calls were kept"
+        why = _unservable(seen.get(name, {}), p.budget_mb)
         if why:
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, why,
                                                 part=part_of(name)))
             continue
         try:
             rs = runs_of(f"{removes} served from the recording",
-                         {"mode": "serve", "serve": f"stage:{name}", "dir": str(rec_dir),
-                          "budget_mb": budget_mb}, repeats)
+                         {"mode": "serve", "serve": f"stage:{name}", "dir": str(p.rec_dir),
+                          "budget_mb": p.budget_mb}, repeats)
         except Failed as exc:
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, str(exc),
                                                 part=part_of(name)))
             continue
-        computed = sum((p.stages.get(name) or {}).get("computed", 0)
-                       for r in rs for p in _replay_parts(r))
+        computed = sum((rp.stages.get(name) or {}).get("computed", 0)
+                       for r in rs for rp in _replay_parts(r))
         if computed:
             an.ablations.append(ProfileAblation(
                 f"stage:{name}", removes, False,
@@ -253,7 +259,7 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
                 f"inputs differ between runs: a sampler that shuffles without a seed?)",
                 runs=len(rs), part=part_of(name)))
             continue
-        figs = [f for f in (_figures(r, headline) for r in rs) if f is not None]
+        figs = [f for f in (_figures(r, p.headline) for r in rs) if f is not None]
         ok = steady_ok and all(f.phases is not None and f.phases.has_steady for f in figs)
         # the stage's part from the measured waits (issue 39): full's stall - that run's
         full_t = [waits.stall_of(f, ok) for f in full]
@@ -278,11 +284,45 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     whole: the ``ProfileAnalysis`` then says which ablation is missing and why).
     ``budget_mb``: bytes of outputs one process may keep; None: from the machine's free
     memory shared by the headline loader's workers (``budget.machine_budget``, stated)."""
+    p = _plan(full_runs, run_root, keep, budget_mb)
+    runs_of = _Runs(argv, run_root, overrides, max_batches, say)
+    only = _compute_only(p, runs_of, repeats)
+    served = _served(p, runs_of, repeats)
+    _transfer(p, served)
+    return _attribute(p, only, served)
+
+
+@dataclass
+class _Plan:
+    """What every ablation run of one variant is planned and judged from: the full runs'
+    headline loader, its batches and settings, the recording budget, and the analysis the
+    runs fill in."""
+
+    streams0: list[merge.StreamRun]        # every stream of the full runs
+    headline: str | None
+    hs: list[merge.StreamRun]              # the headline loader's streams
+    counts: dict[str, list[int]]           # batches per epoch per stream (``batch_counts``)
+    first_epoch: int
+    budget_mb: float
+    an: ProfileAnalysis
+    full: list[RepeatFigures]              # the full runs' figures
+    batches: float                         # one rank's batches per full run
+    rec_dir: Path
+
+    @property
+    def items_fn(self) -> str:
+        """The dataset's part by the job's own stage name, e.g. "dataset __iter__"."""
+        return figures.part_name("fetch", True, self.an.stage_map)
+
+
+def _plan(full_runs: list[JobRun], run_root: Path, keep: int,
+          budget_mb: float | None) -> _Plan:
+    """The plan from the full runs: ``keep`` bounded by a quarter of the first epoch, the
+    recording budget given or from the machine (stated either way)."""
     streams0 = [s for r in full_runs for s in merge.streams(r.parts)]
     headline = merge.headline_name(streams0)
     counts = batch_counts(full_runs[0].parts)
     hs = [s for s in streams0 if s.name == headline]
-    settings = hs[0].settings if hs else {}
     if budget_mb is None:
         rule = budget.machine_budget(max(hs[0].producers if hs else 0, 1))
         budget_mb, budget_basis = rule.mb, rule.basis
@@ -298,111 +338,155 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         keep_batches=keep, budget_mb=budget_mb, budget_basis=budget_basis,
         transfer_note=TRANSFER_NOTE,
         stage_map=job_stage_map(hs))
-    items_fn = figures.part_name("fetch", True, an.stage_map)     # e.g. "dataset __iter__"
     full = [f for f in (_figures(r, headline) for r in full_runs) if f is not None]
     # one rank's batches (the rank whose figures the job's stall and compute are), not the
     # job's summed over ranks: the compute-only epoch is one rank's per-batch time x these
     batches = statistics.median(_rank_batches(f) for f in full) if full else 0
-    rec_dir = run_root / "replay-record"
-    tag = [0]
+    return _Plan(streams0, headline, hs, counts, first_epoch, budget_mb, an, full, batches,
+                 run_root / "replay-record")
 
-    def runs_of(label: str, replay: dict[str, Any], n: int) -> list[JobRun]:
+
+class _Runs:
+    """The ablation runs of the job, numbered under the scratch directory and said; a run
+    the job failed under voids its ablation (``Failed``), never the profile."""
+
+    def __init__(self, argv: list[str], run_root: Path, overrides: dict[str, Any],
+                 max_batches: int | None, say: Callable[[str], None]) -> None:
+        self.argv, self.run_root, self.overrides = argv, run_root, overrides
+        self.max_batches, self.say, self.tag = max_batches, say, 0
+
+    def __call__(self, label: str, replay: dict[str, Any], n: int) -> list[JobRun]:
         out = []
         for r in range(n):
-            say(f"analyze: {label} ({r + 1}/{n})")
-            tag[0] += 1
-            run = run_once(argv, run_root / f"a{tag[0]}", overrides, max_batches, replay)
+            self.say(f"analyze: {label} ({r + 1}/{n})")
+            self.tag += 1
+            run = run_once(self.argv, self.run_root / f"a{self.tag}", self.overrides,
+                           self.max_batches, replay)
             if run.exit_code != 0:
                 raise Failed(f"the job exited with code {exit_status(run.exit_code)} under "
                              "this ablation")
             out.append(run)
         return out
 
-    # compute-only
-    done: dict[str, list[tuple[float, float, float]]] = {}
-    only_runs: list[JobRun] = []
+
+def _compute_only(p: _Plan, runs_of: _Runs, repeats: int
+                  ) -> list[tuple[float, float, float]] | None:
+    """The compute-only runs (the loader replaced by its first batches from memory): each
+    run's (epoch, step per batch, compute), extrapolated to the full run's batches; None
+    where they could not serve (said in the analysis)."""
+    an = p.an
     try:
         only_runs = runs_of("compute-only, loader replaced by its first batches from memory",
-                            {"mode": "compute_only", "keep": keep, "budget_mb": budget_mb,
-                             "counts": counts}, repeats)
-        vals = [compute_only(r, headline, batches) for r in only_runs]
-        if any(v is None for v in vals):
-            why = (f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve "
-                   f"after the {keep} kept")
-            if hs and doors.of(hs[0].kind).served:     # replay.source asks the door
-                why = doors.of(hs[0].kind).served
-            an.ablations.append(ProfileAblation(
-                ONLY, "the whole data path", False, why, runs=len(only_runs)))
-        else:
-            done[ONLY] = vals       # type: ignore[assignment]
-            an.ablations.append(ProfileAblation(
-                ONLY, "the whole data path", True, runs=len(vals),
-                epoch_s=_summary([v[0] for v in vals]),
-                steady_epoch_s=_summary([v[0] for v in vals])))
-            an.compute_only_step_s = statistics.median(v[1] for v in vals)
+                            {"mode": "compute_only", "keep": an.keep_batches,
+                             "budget_mb": p.budget_mb, "counts": p.counts}, repeats)
     except Failed as exc:
         an.ablations.append(ProfileAblation(ONLY, "the whole data path", False, str(exc)))
+        return None
+    vals = [compute_only(r, p.headline, p.batches) for r in only_runs]
+    if any(v is None for v in vals):
+        why = (f"the epoch ({p.first_epoch} batches) left fewer than 2 batches to serve "
+               f"after the {an.keep_batches} kept")
+        if p.hs and doors.of(p.hs[0].kind).served:     # replay.source asks the door
+            why = doors.of(p.hs[0].kind).served
+        an.ablations.append(ProfileAblation(
+            ONLY, "the whole data path", False, why, runs=len(only_runs)))
+        return None
+    got = [v for v in vals if v is not None]
+    an.ablations.append(ProfileAblation(
+        ONLY, "the whole data path", True, runs=len(got),
+        epoch_s=_summary([v[0] for v in got]), steady_epoch_s=_summary([v[0] for v in got])))
+    an.compute_only_step_s = statistics.median(v[1] for v in got)
+    return got
 
-    # stage ablations: a warm recording run, then the served runs
+
+def _served(p: _Plan, runs_of: _Runs, repeats: int) -> dict[str, list[RepeatFigures]]:
+    """The stage ablations: a warm recording run, then the runs with the dataset (and then
+    collate_fn as well) served from it, then each ``stallbench.stage`` served alone; the
+    figures of each stage served, by ablation name."""
+    an, items_fn = p.an, p.items_fn
     served: dict[str, list[RepeatFigures]] = {}
-    no_rec_why = _no_recording(hs[0] if hs else None, streams0, headline)
+    no_rec_why = _no_recording(p.hs[0] if p.hs else None, p.streams0, p.headline)
     if no_rec_why:
         # issue 39: a Ray Data iterator's stages run in Ray's tasks, outside torch's
         # fetchers: a recording run would record nothing, and costs a whole run of the job
         for name, removes in ((ITEMS, items_fn),
                               (BATCH, "the dataset and collate_fn")):
             an.ablations.append(ProfileAblation(name, removes, False, no_rec_why))
+        return served
     try:
-        if no_rec_why:
-            raise _Skip
-        rec_dir.mkdir(parents=True, exist_ok=True)
+        p.rec_dir.mkdir(parents=True, exist_ok=True)
         rec = runs_of("recording every fetch call's items and batch", {
-            "mode": "record", "dir": str(rec_dir), "budget_mb": budget_mb}, 1)
-        stop = next((p.budget_stop for r in rec for p in _replay_parts(r)
-                     if p.budget_stop), None)
-        recorded = sum(p.recorded for r in rec for p in _replay_parts(r))
-        if stop is not None and stop.get("error"):
-            why = f"the recording run could not keep the outputs: {stop['error']}"
-        elif stop is not None:
-            why = (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls filled "
-                   f"the memory budget of one process before the run ended ({budget_basis})")
-        elif not recorded:
-            why = "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
-        else:
-            why = ""
+            "mode": "record", "dir": str(p.rec_dir), "budget_mb": p.budget_mb}, 1)
+        stop, why = _recording_problem(rec, an.budget_basis)
         for name, serve, removes in ((ITEMS, "items", items_fn),
                                      (BATCH, "batch", "the dataset and collate_fn")):
-            if why:
-                an.ablations.append(ProfileAblation(name, removes, False, why))
-                continue
-            try:
-                rs = runs_of(f"{removes} served from the recording",
-                             {"mode": "serve", "serve": serve, "dir": str(rec_dir),
-                              "budget_mb": budget_mb}, repeats)
-            except Failed as exc:
-                an.ablations.append(ProfileAblation(name, removes, False, str(exc)))
-                continue
-            problem = _served_problem(rs, removes)
-            if problem:
-                an.ablations.append(ProfileAblation(name, removes, False, problem, runs=len(rs)))
-                why = problem       # the next stage's runs would not match either
-                continue
-            figs = [f for f in (_figures(r, headline) for r in rs) if f is not None]
-            served[name] = figs
-            an.ablations.append(ProfileAblation(
-                name, removes, True, runs=len(figs),
-                epoch_s=_summary([f.epoch_s for f in figs]),
-                steady_epoch_s=_summary([f.phases.steady_epoch_s for f in figs
-                                         if f.phases is not None])))
+            why = _serve_stage(p, runs_of, repeats, (name, serve, removes), served, why)
         if stop is None:
-            _marked(an, rec, full, streams0, headline, runs_of, rec_dir, budget_mb, repeats)
-    except _Skip:
-        pass
+            _marked(p, rec, runs_of, repeats)
     except Failed as exc:
         an.ablations.append(ProfileAblation(ITEMS, items_fn, False,
                                             f"recording run: {exc}"))
     finally:
-        shutil.rmtree(rec_dir, ignore_errors=True)
+        shutil.rmtree(p.rec_dir, ignore_errors=True)
+    return served
+
+
+def _recording_problem(rec: list[JobRun], budget_basis: str) -> tuple[dict | None, str]:
+    """The recording run's budget stop (None: it kept every call) and why its outputs cannot
+    be served ("" when they can)."""
+    stop = next((p.budget_stop for r in rec for p in _replay_parts(r)
+                 if p.budget_stop), None)
+    recorded = sum(p.recorded for r in rec for p in _replay_parts(r))
+    if stop is not None and stop.get("error"):
+        return stop, f"the recording run could not keep the outputs: {stop['error']}"
+    if stop is not None:
+        return stop, (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls "
+                      f"filled the memory budget of one process before the run ended "
+                      f"({budget_basis})")
+    if not recorded:
+        return stop, "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
+    return stop, ""
+
+
+def _serve_stage(p: _Plan, runs_of: _Runs, repeats: int, stage: tuple[str, str, str],
+                 served: dict[str, list[RepeatFigures]], void: str) -> str:
+    """The runs with ``stage`` (its ablation name, what the recording serves: "items" or
+    "batch", what that removes) served from the recording, into ``served``; ``void``: why
+    no run of it can be an ablation (the recording's problem, or the previous stage's:
+    these runs would not match either), recorded instead. Returns why the next stage's runs
+    would not match ("" when they may)."""
+    an = p.an
+    name, serve, removes = stage
+    if void:
+        an.ablations.append(ProfileAblation(name, removes, False, void))
+        return void
+    try:
+        rs = runs_of(f"{removes} served from the recording",
+                     {"mode": "serve", "serve": serve, "dir": str(p.rec_dir),
+                      "budget_mb": p.budget_mb}, repeats)
+    except Failed as exc:
+        an.ablations.append(ProfileAblation(name, removes, False, str(exc)))
+        return ""
+    problem = _served_problem(rs, removes)
+    if problem:
+        an.ablations.append(ProfileAblation(name, removes, False, problem, runs=len(rs)))
+        return problem       # the next stage's runs would not match either
+    figs = [f for f in (_figures(r, p.headline) for r in rs) if f is not None]
+    served[name] = figs
+    an.ablations.append(ProfileAblation(
+        name, removes, True, runs=len(figs),
+        epoch_s=_summary([f.epoch_s for f in figs]),
+        steady_epoch_s=_summary([f.phases.steady_epoch_s for f in figs
+                                 if f.phases is not None])))
+    return ""
+
+
+def _transfer(p: _Plan, served: dict[str, list[RepeatFigures]]) -> None:
+    """The transfer part: pin_memory served is not built, so where the job pins its cost
+    stays in the loader hand-off and the chain's pin step is the batch step; where it does
+    not pin there is no pin stage, and the part is 0 by construction. Said either way."""
+    an = p.an
+    settings = p.hs[0].settings if p.hs else {}
     if settings.get("pin_memory"):
         an.ablations.append(ProfileAblation(
             FREE, "pin_memory", False,
@@ -416,98 +500,30 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         served[FREE] = served[BATCH]
         an.notes.append("transfer 0 by construction: the job does not pin (no pin stage)")
 
-    # data stall = full - compute-only, with its interval over repeats
+
+def _attribute(p: _Plan, only: list[tuple[float, float, float]] | None,
+               served: dict[str, list[RepeatFigures]]
+               ) -> tuple[Attribution | None, ProfileAnalysis]:
+    """The data stall (full - compute-only, with its interval over repeats) and, where the
+    chain is whole, the parts from the measured waits of each run, steps compared apart
+    (issue 39), with the verdict in the job's own stage names."""
+    an, full = p.an, p.full
     steady_ok = full and all(f.phases is not None and f.phases.has_steady for f in full)
     full_t = [f.phases.steady_epoch_s if steady_ok else f.epoch_s for f in full]
-    if ONLY in done and full_t:
-        only_t = [v[0] for v in done[ONLY]]
+    if only is not None and full_t:
+        only_t = [v[0] for v in only]
         an.data_stall_s = statistics.median(full_t) - statistics.median(only_t)
         an.data_stall_interval = _difference_interval(full_t, only_t)
-    if ONLY not in done or any(k not in served for k in (ITEMS, BATCH, FREE)):
+    if only is None or any(k not in served for k in (ITEMS, BATCH, FREE)):
         return None, an
-    # parts from the measured waits of each run, steps compared apart (issue 39)
     a = waits.attribute(full, served[ITEMS], served[BATCH], served[FREE],
-                        [v[0] for v in done[ONLY]], [v[2] for v in done[ONLY]],
-                        [v[1] for v in done[ONLY]], (FULL, ITEMS, BATCH, FREE, ONLY))
+                        [v[0] for v in only], [v[2] for v in only],
+                        [v[1] for v in only], (FULL, ITEMS, BATCH, FREE, ONLY))
     a.verdict = differential.verdict(a, on_job=True, stage_map=an.stage_map)   # its stages' names
     return a, an
 
 
-def lines(a: Attribution | None, an: ProfileAnalysis) -> list[str]:
-    """The attribution as printed at the end of a profile (and by ``report`` for profiles)."""
-    out = []
-    iv = an.data_stall_interval
-    if an.data_stall_s is not None and iv is not None:
-        # the epochs' difference holds the wait AND any change of the step between the two
-        # runs (issue 39): said as such, never as the data stall
-        out.append(f"full - compute-only epochs: {an.data_stall_s:.2f} s "
-                   f"[{iv.low:.2f}, {iv.high:.2f}] (the wait and any change of the step between "
-                   f"the runs); the loop's own step served from memory: "
-                   f"{(an.compute_only_step_s or math.nan) * 1e3:.1f} ms/batch "
-                   f"(compute-only, kept {an.keep_batches} batches per loader)")
-    if a is not None:
-        ivs = a.intervals
-        basis = a.basis
-        out.append(f"attribution ({basis}, {a.interval}):")
-        if "(1 per run)" in a.interval:
-            out.append("  (one repeat per run: each interval is its point; --repeats 2 or more "
-                       "gives intervals)")
-        zero = False
-        # the parts by the job's own stages, the names the report and the verdict give them
-        # (figures.part_name: "dataset __getitem__", not "fetch", on a user's job)
-        for label, part, i in (("compute", a.compute_s, ivs.compute_s),
-                               (figures.part_name("fetch", True, an.stage_map), a.fetch_stall_s,
-                                ivs.fetch_stall_s),
-                               (figures.part_name("preprocess", True, an.stage_map), a.preprocess_stall_s,
-                                ivs.preprocess_stall_s),
-                               (figures.part_name("transfer", True, an.stage_map), a.transfer_stall_s,
-                                ivs.transfer_stall_s),
-                               (figures.part_name("overhead", True, an.stage_map), a.overhead_s,
-                                ivs.overhead_s)):
-            # an interval spanning 0: not distinguishable from 0, never a negative stall
-            head = f"{figures.seconds_cell(part, i, signed=True):>8}"
-            zero = zero or figures.spans_zero(i)
-            out.append(f"  {label:<28} {head} s  [{i.low:.2f}, {i.high:.2f}]")
-        if zero:
-            out.append(f"  {figures.ZERO_NOTE}")
-        if a.startup_cost_s:
-            out.append(f"  {'start-up (apart)':<28} {figures.seconds_cell(a.startup_cost_s):>8} s")
-        if a.interference_s is not None:
-            out.append(f"  {'interference (own line)':<28} {figures.seconds_cell(a.interference_s):>8} s  the model "
-                       f"step took longer beside the data path than served from memory "
-                       f"(not a wait: not in the parts above)")
-        if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup):
-            out.append(f"  removing every wait gives at most {a.wait_bound_speedup:.2f}x "
-                       f"(1 / (1 - the measured wait share))")
-        moved = {k: r for k, r in a.step_ratio.items()
-                 if a.step_noise_share is not None and abs(r - 1) > a.step_noise_share}
-        if moved:
-            out.append("  step per batch vs the full run's: "
-                       + ", ".join(f"{k} {r:.2f}x" for k, r in moved.items())
-                       + f" (noise {a.step_noise_share:.0%})")
-        out.append(f"  verdict: {a.verdict}")
-    marked = [ab for ab in an.ablations
-              if ab.done and ab.stall_s is not None and ab.stall_interval is not None]
-    if marked:
-        out.append("your stallbench.stage functions, each served alone (full - that run; "
-                   "inside the parts above, not beside them):")
-    for ab in marked:
-        part = f" ({ab.part})" if ab.part != ab.name.split(":", 1)[-1] else ""
-        lo, hi = ab.stall_interval.low, ab.stall_interval.high  # type: ignore[union-attr]
-        head = f"{figures.seconds_cell(ab.stall_s, ab.stall_interval, signed=True):>8}"
-        out.append(f"  {ab.removes + part:<28} {head} s  [{lo:.2f}, {hi:.2f}]")
-    for ab in an.ablations:
-        if not ab.done:
-            out.append(f"cannot ablate {ab.removes} ({ab.name}): {ab.why}")
-    for n in an.notes:
-        out.append(f"  note: {n}")
-    out.append(f"  note: {an.transfer_note}")
-    if getattr(an, "budget_basis", ""):
-        out.append(f"  note: recording budget {an.budget_basis}")
-    return out
-
-
-# ------------------------------------------------------------------ what-if and the knee
+# ------------------------------------------------------------------ the what-if
 
 def whatif_of(result) -> None:
     """The scenario what-if on the profile's measured ``dataloader.num_workers`` variants
@@ -518,66 +534,3 @@ def whatif_of(result) -> None:
     result.analysis.whatif = whatif.validate(result)
     if result.analysis.whatif is not None:
         result.analysis.whatif.advice = knee.decide(result.analysis.whatif)
-
-
-def knee_lines(result) -> list[str]:
-    """The knee and what to do, as ``analysis.knee`` decided it (stored in
-    ``whatif.advice``; decided here only for results written before it was stored): measured
-    where a variant measured it, PREDICTED (with the back-test's interval) only where none did."""
-    wi = result.analysis.whatif
-    if wi is None:
-        return []
-    adv = getattr(wi, "advice", None) or knee.decide(wi)
-    said = wi.note if wi.note.startswith(f"{wi.model.kind} model") else f"{wi.model.kind} model, {wi.note}"
-    out = [f"what-if ({said}):"]
-    bt = wi.backtest
-    if bt is not None and bt.max_abs_steady_error is not None:
-        out.append(f"  back-test: leave-one-out steady error up to {bt.max_abs_steady_error:.0%}"
-                   f" over {len(bt.points)} point(s)")
-    if adv.action == "none":
-        out.append(f"  knee: {adv.reason}")
-        return out
-    n = adv.n
-    point = next((p for p in wi.points if p.n == n), None)
-    unpredicted = point is not None and getattr(point, "not_predicted", "")
-    if adv.knee_variant:
-        kv = next((v for v in getattr(result, "variants", ()) if v.name == adv.knee_variant),
-                  None)
-        ph = getattr(kv, "phases", None)
-        share = ph.steady_stall_share.median if ph is not None else None
-        out.append(f"  knee: {n} worker(s), MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
-                   f"{knee.measured_rate(next(c for c in wi.measured if c.n == n))[1]};"
-                   f" {knee.measured_knee_explanation(wi.knee.explanation, share)}")
-    elif unpredicted:
-        out.append(f"  knee: {n} worker(s), not predicted ({point.not_predicted})")
-    elif point is not None:
-        band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
-                if point.low_samples_s is not None else " (no back-test interval: one point)")
-        out.append(f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
-                   f"samples/s{band}; {wi.knee.explanation}")
-    rate, what = adv.best_rate, adv.rate_basis
-    workers = knob_table.WORKERS        # the knob the knee is a value of (its --set key)
-    if adv.action == "measure" and unpredicted:
-        out.append(f"  recommendation: none predicted; measure num_workers={n} with "
-                   f"--set {workers.key}={','.join(str(c.n) for c in wi.measured)},{n}")
-    elif adv.action == "measure" and point is not None:
-        out.append(f"  recommendation: none predicted: no variant had a steady rate to "
-                   f"compare the knee's with (best measured {adv.best_variant}: {rate:,.0f} "
-                   f"{what}); measure num_workers={n} over more batches with "
-                   f"--set {workers.key}={adv.best_n},{n}")
-    elif adv.action == "keep" and adv.knee_variant:
-        out.append(f"  recommendation: keep {adv.best_variant} (MEASURED {rate:,.0f} {what}): "
-                   f"the knee's num_workers={n} MEASURED {adv.knee_rate / rate:.2f}x of it")
-    elif adv.action == "keep":
-        out.append(f"  recommendation: keep {adv.best_variant} (MEASURED {rate:,.0f} {what}): "
-                   f"the knee's num_workers={n} is PREDICTED {adv.predicted_gain:.2f}x of it")
-    elif adv.action == "set":
-        out.append(f"  recommendation: num_workers={adv.best_n} on your DataLoader (MEASURED "
-                   f"{rate:,.0f} {what}, variant {adv.best_variant})")
-    elif adv.action == "try":
-        band = (f" [{adv.predicted_gain_low:.2f}x, {adv.predicted_gain_high:.2f}x]"
-                if math.isfinite(adv.predicted_gain_low) else "")
-        out.append(f"  recommendation: try num_workers={n} on your DataLoader: PREDICTED "
-                   f"{adv.predicted_gain:.2f}x{band} the best measured ({adv.best_variant}); "
-                   f"measure it with --set {workers.key}={adv.best_n},{n}")
-    return out

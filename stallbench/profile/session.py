@@ -19,17 +19,14 @@ beside ``stallbench tune``'s search: one decider for the loader settings of the 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,55 +40,18 @@ from ..measure import phases as phases_mod
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileCommand, ProfileVariant,
                        Result, RunSettings, ScenarioAnalysis, ScenarioInfo,
                        Summary, ThreadBudget, ToolInfo, VariantResult, now_utc)
-from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_applied,  # noqa: F401
-                                      recommend, steady_or_zero, steady_rate)
+from ..analysis.loader_search import Answer
+from . import jobrun
 from . import knobs as knobs_mod
 from . import merge, record, redact
+from .jobrun import JobFailed, NodePartsLeft
 from .launcher import JobRun, exit_status, progress_limit, run_once
 from .parts import Parts
 
 
 
-class JobFailed(Exception):
-    def __init__(self, code: int, where: str) -> None:
-        super().__init__(f"the job exited with code {code} ({where}); no result written")
-        self.code = code
-
-
 class NoLoader(UserError):
     pass
-
-
-class PartsLost(UserError):
-    """A process of the job could not write its figures: what is left is not the whole."""
-
-
-def check_parts(run_dir: Path, where: str) -> None:
-    """Refuse a run whose figures were not all written: a ``lost-*`` marker (``hooks._write``:
-    a write failed and was not made good by a later one), or a run directory that cannot be
-    written now (a part written at exit would have failed the same way)."""
-    lost = sorted(run_dir.glob("lost-*")) if run_dir.is_dir() else []
-    probe = run_dir / f".probe-{os.getpid()}"
-    writable = True
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError:
-        writable = False
-    if not run_dir.is_dir():
-        raise PartsLost(f"profile: {where}: the job removed stallbench's run directory "
-                        f"{run_dir} while it ran (did it delete its --out?), and the figures "
-                        "in it with it: give --out a directory the job leaves alone; no "
-                        "result written")
-    if lost or not writable:
-        n = f"{len(lost)} process(es)" if lost else "the job's processes"
-        raise PartsLost(f"profile: {where}: {n} could not write their figures to {run_dir} "
-                        "during the job (disk full, or not writable): what was written is "
-                        "not the whole run; no result written")
-
-
-class NodePartsLeft(Exception):
-    """Not node rank 0: this launcher's work ends with its parts left for rank 0 to merge."""
 
 
 @dataclass
@@ -144,58 +104,6 @@ def torchrun_nodes(argv: list[str]) -> tuple[int, int]:
         raise UserError("profile: torchrun --nnodes and --node-rank must be integers for "
                         "stallbench profile (an elastic range MIN:MAX is not supported)") from None
     return nodes, rank
-
-
-SCRATCH = ".stallbench-profile-"
-_OWN_SCRATCH = re.compile(r"\.stallbench-profile-[0-9a-f]{12}")
-OWNER = "owner.lock"
-UNOWNED_AGE_S = 60.0    # a scratch directory without its lock file yet: a profile starting
-
-
-def claim_scratch(run_root: Path) -> int:
-    """Make this profile's scratch directory and hold an exclusive ``flock`` on its lock file
-    while the profile lives: the kernel drops it however the profile ends (SIGKILL too), which
-    is how a later profile tells a directory left by a dead run from a running one's."""
-    run_root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_root / OWNER, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return fd
-
-
-def sweep_scratch(out: Path) -> list[Path]:
-    """Remove the scratch directories (``.stallbench-profile-<12 hex>``) that killed profiles
-    left in ``out``: their lock is free (the owner is gone), or, without a lock file, they are
-    older than ``UNOWNED_AGE_S``. A running profile's (lock held) is never touched; a
-    multi-node run's shared directory is named otherwise and left to its node rank 0."""
-    removed = []
-    try:
-        dirs = [d for d in out.iterdir() if _OWN_SCRATCH.fullmatch(d.name) and d.is_dir()]
-    except OSError:
-        return removed
-    for d in dirs:
-        try:
-            fd = os.open(d / OWNER, os.O_WRONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            try:
-                if time.time() - d.stat().st_mtime > UNOWNED_AGE_S:
-                    shutil.rmtree(d, ignore_errors=True)
-                    removed.append(d)
-            except OSError:
-                pass
-            continue
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:          # held: a running profile's
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(d)
-        finally:
-            os.close(fd)
-    return removed
 
 
 NODE_WAIT_S = 120.0     # how long node rank 0 waits for the other nodes' parts of a run
@@ -478,13 +386,6 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
     return s
 
 
-def by_rank(streams: list[merge.StreamRun]) -> list[list[merge.StreamRun]]:
-    out: dict[int, list[merge.StreamRun]] = {}
-    for s in streams:
-        out.setdefault(s.rank, []).append(s)
-    return [out[k] for k in sorted(out)]
-
-
 def _versions(runs: list[JobRun]) -> tuple[str | None, str | None]:
     heads = [p.header for r in runs for p in (*r.parts.trainers, *r.parts.workers)]
     torch = next((h.torch for h in heads if h.torch), None)
@@ -498,140 +399,185 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
         return _profile(opts, say)
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """The job's torchrun nodes as this launcher sees them (``torchrun_nodes``)."""
+
+    count: int = 1
+    rank: int = 0
+
+    @property
+    def merges(self) -> bool:
+        """This launcher writes the result (a single node, or node rank 0 of several)."""
+        return self.count == 1 or self.rank == 0
+
+
+@dataclass
+class _Matrix:
+    """The runs of a profile's variants, kept per variant index as the repeats interleave."""
+
+    todo: list[tuple[int, knobs_mod.Variant]]
+    total: int                                      # variants, skipped ones included
+    runs: dict[int, list[JobRun]] = field(default_factory=dict)
+    gone: set[int] = field(default_factory=set)     # a --set variant whose job failed
+    failed: list[tuple[str, int]] = field(default_factory=list)   # (variant, exit code)
+
+    @classmethod
+    def of(cls, variants: list[knobs_mod.Variant]) -> "_Matrix":
+        """The variants to run (numbered from 1 among all, skipped ones left out)."""
+        todo = [(i, v) for i, v in enumerate(variants, 1) if not v.skipped]
+        return cls(todo, len(variants), {i: [] for i, _ in todo})
+
+
 def _profile(opts: Options, say: Callable[[str], None]) -> Result:
+    """Run the matrix, measure what ran, then decide once (``analysis.loader_search``) and
+    assemble: the steps apart so that each says what it owns."""
+    from ..analysis import loader_search
     from ..measure.machine import metadata
     variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
-    nodes, node_rank = torchrun_nodes(opts.argv)
-    fp = fingerprint(opts.argv, opts.axes, opts.max_batches)
-    if nodes > 1:       # a directory every node's launcher finds: --out must be shared
-        run_root = opts.out / f".stallbench-profile-{opts.name}-{fp}"
-    else:
-        run_root = opts.out / f"{SCRATCH}{uuid.uuid4().hex[:12]}"
-    owner = None
-    if nodes == 1:
-        for d in sweep_scratch(opts.out):
-            say(f"removed {d}, left by a profile that was killed")
-        owner = claim_scratch(run_root)
-    results: list[VariantResult] = []
-    all_runs: list[JobRun] = []
-    failed: list[tuple[str, int]] = []     # (variant, exit code) of a --set matrix
-    machine = metadata()
-    created = now_utc()
-    try:
+    nodes = Nodes(*torchrun_nodes(opts.argv))
+    # a directory every node's launcher finds when there are several: --out must be shared
+    shared = (f"{jobrun.SCRATCH}{opts.name}-{fingerprint(opts.argv, opts.axes, opts.max_batches)}"
+              if nodes.count > 1 else None)
+    with jobrun.scratch(opts.out, say, shared, remove=nodes.merges) as run_root:
+        machine = metadata()
+        created = now_utc()
         for v in variants:
             if v.skipped:
                 say(f"variant {v.name}: skipped: {v.skipped}")
-        todo = [(i, v) for i, v in enumerate(variants, 1) if not v.skipped]
-        by_variant: dict[int, list[JobRun]] = {i: [] for i, _ in todo}
-        gone: set[int] = set()
-        # interleaved across repeats (issue 39): A, B, A, B, ..., so that a machine whose
-        # load drifts during the profile moves every variant alike, not the last one alone
-        for r in range(opts.repeats):
-            for i, v in todo:
-                if i in gone:
-                    continue
-                runs = by_variant[i]
-                say(f"variant {v.name} ({i}/{len(variants)}), repeat {r + 1}/{opts.repeats}: "
-                    f"{record.shown(opts.argv, opts.record_argv)}")
-                run_dir = run_root / f"v{i}r{r}"
-                node_dir = run_dir / f"node{node_rank}" if nodes > 1 else run_dir
-                shutil.rmtree(node_dir, ignore_errors=True)
-                started = time.time()
-                run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
-                code = exit_status(run.exit_code)
-                if nodes > 1 and node_rank != 0:
-                    _node_done(node_dir, started, code)
-                if code != 0 and len(variants) > 1 and nodes == 1:
-                    # one --set value the job cannot run with: that variant failed, the
-                    # others ran (and run) as measured
-                    say(f"variant {v.name}: the job exited with code {code} (repeat "
-                        f"{r + 1}): recorded as failed, not measured")
-                    failed.append((v.name, code))
-                    by_variant[i] = []
-                    gone.add(i)
-                    continue
-                if code != 0:
-                    raise JobFailed(code, f"variant {v.name}, repeat {r + 1}")
-                check_parts(node_dir, f"variant {v.name}, repeat {r + 1}")
-                if nodes > 1 and node_rank == 0:
-                    run.parts = run.parts + _gather_nodes(run_dir, nodes, started, time.time(),
-                                                          say)
-                runs.append(run)
-                if opts.trace is not None and (nodes == 1 or node_rank == 0):
-                    from . import trace
-                    for rank_streams in by_rank(merge.streams(run.parts)):
-                        pid = len([e for e in opts.trace if e.get("name") == "process_name"])
-                        opts.trace.extend(trace.events(
-                            f"{v.name} repeat {r + 1} rank {rank_streams[0].rank}", pid,
-                            rank_streams))
-        for i, v in todo:
-            runs = by_variant[i]
-            if not runs:
-                continue
-            all_runs.extend(runs)
-            if nodes > 1 and node_rank != 0:
-                continue
-            off = [n for r in runs for n, _ in merge.unmeasured(r.parts)]
-            if off and not any(merge.streams(r.parts) for r in runs):
-                raise NoLoader(f"no loader of the job was measured (variant {v.name}): "
-                               f"{', '.join(dict.fromkeys(off))} not measured (the lines "
-                               "above say why); no result written")
-            if not any(merge.streams(r.parts) for r in runs):
-                raise NoLoader(why_no_figures(runs, opts.argv, v.name))
-            results.append(variant_result(v, runs))
-            short = cut_short(runs)
-            if short:
-                say(f"variant {v.name}: {short}")
-                results[-1].notes["cut short"] = short
-            if opts.analyze and nodes > 1 and len(results) == 1:
-                say("--analyze: the ablation runs need every node's launcher to run them in "
-                    "step, which is not built: no attribution for a multi-node job")
-            elif opts.analyze and len(results) == 1:
-                from . import ablate
-                a, an = ablate.analyze(opts.argv, v.overrides(), opts.max_batches, runs,
-                                       opts.repeats, run_root, say)
-                results[0].attribution = a
-                if results[0].profile is not None:
-                    results[0].profile.analysis = an
-                for ab in an.ablations:     # the report shows them beside the run table
-                    if not ab.done:
-                        results[0].notes[f"--analyze {ab.name}"] = f"cannot ablate: {ab.why}"
-    finally:
-        # a signal that lands inside the removal (SIGTERM as the job ends) would stop it half
-        # way and leave the scratch behind: the removal finishes, the signal is raised after
-        with interrupts.deferred():
-            if nodes == 1 or node_rank == 0:
-                shutil.rmtree(run_root, ignore_errors=True)
-            if owner is not None:
-                os.close(owner)
-    if failed and not results:
-        raise JobFailed(failed[0][1], f"variant {failed[0][0]}, and every other variant failed")
-    for name, code in failed:
+        m = _Matrix.of(variants)
+        _run_matrix(opts, m, run_root, nodes, say)
+        results, all_runs = _measured(opts, m, run_root, nodes, say)
+    if m.failed and not results:
+        raise JobFailed(m.failed[0][1], f"variant {m.failed[0][0]}, and every other variant failed")
+    for name, code in m.failed:
         for vr in results:
             vr.notes[f"variant {name}"] = (f"the job exited with code {code} under variant "
                                            f"{name}: not measured")
-    if nodes > 1 and node_rank != 0:
-        raise NodePartsLeft(f"node rank {node_rank} of {nodes}: its parts are in {run_root} for "
-                            "node rank 0 to merge; the result is written there")
-    return assemble(opts, results, all_runs, machine, created, nodes)
+    if not nodes.merges:
+        raise NodePartsLeft(f"node rank {nodes.rank} of {nodes.count}: its parts are in "
+                            f"{run_root} for node rank 0 to merge; the result is written there")
+    return assemble(opts, results, all_runs, machine, created,
+                    loader_search.profile_answer(results), nodes.count)
+
+
+def _run_matrix(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
+                say: Callable[[str], None]) -> None:
+    """Every variant's repeats, interleaved (issue 39): A, B, A, B, ..., so that a machine
+    whose load drifts during the profile moves every variant alike, not the last one alone."""
+    for r in range(opts.repeats):
+        for i, v in m.todo:
+            if i in m.gone:
+                continue
+            say(f"variant {v.name} ({i}/{m.total}), repeat {r + 1}/{opts.repeats}: "
+                f"{record.shown(opts.argv, opts.record_argv)}")
+            run = _run_one(opts, v, run_root / f"v{i}r{r}", f"repeat {r + 1}", nodes,
+                           m.total > 1, say)
+            if isinstance(run, int):
+                # one --set value the job cannot run with: that variant failed, the others
+                # ran (and run) as measured
+                say(f"variant {v.name}: the job exited with code {run} (repeat "
+                    f"{r + 1}): recorded as failed, not measured")
+                m.failed.append((v.name, run))
+                m.runs[i] = []
+                m.gone.add(i)
+                continue
+            m.runs[i].append(run)
+            if nodes.merges:
+                jobrun.trace_run(opts.trace, f"{v.name} repeat {r + 1}", run.parts)
+
+
+def _run_one(opts: Options, v: knobs_mod.Variant, run_dir: Path, repeat: str,
+             nodes: Nodes, matrix: bool, say: Callable[[str], None]) -> JobRun | int:
+    """One run of one variant, checked: its exit code where a variant of a ``--set`` matrix
+    (``matrix``) failed on a single node (a finding: the other variants go on); else
+    ``JobFailed`` where the job failed (the job's code wins) and ``PartsLost`` where a
+    process could not write its figures. Node rank 0 merges the other nodes' parts of the
+    same run."""
+    node_dir = run_dir / f"node{nodes.rank}" if nodes.count > 1 else run_dir
+    shutil.rmtree(node_dir, ignore_errors=True)
+    started = time.time()
+    run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
+    code = exit_status(run.exit_code)
+    if nodes.count > 1 and nodes.rank != 0:
+        _node_done(node_dir, started, code)
+    if code != 0 and matrix and nodes.count == 1:
+        return code
+    if code != 0:
+        raise JobFailed(code, f"variant {v.name}, {repeat}")
+    jobrun.check_parts(node_dir, f"variant {v.name}, {repeat}")
+    if nodes.count > 1 and nodes.rank == 0:
+        run.parts = run.parts + _gather_nodes(run_dir, nodes.count, started, time.time(), say)
+    return run
+
+
+def _measured(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
+              say: Callable[[str], None]) -> tuple[list[VariantResult], list[JobRun]]:
+    """Each variant that ran, as figures (node rank 0 only: another node's runs are left for
+    it), and the first one's ablations under ``--analyze``."""
+    results: list[VariantResult] = []
+    all_runs: list[JobRun] = []
+    for i, v in m.todo:
+        runs = m.runs[i]
+        if not runs:
+            continue
+        all_runs.extend(runs)
+        if not nodes.merges:
+            continue
+        _refuse_unmeasured(runs, opts.argv, v.name)
+        results.append(variant_result(v, runs))
+        short = cut_short(runs)
+        if short:
+            say(f"variant {v.name}: {short}")
+            results[-1].notes["cut short"] = short
+        if opts.analyze and len(results) == 1:
+            _analyze_first(opts, v, runs, results[0], run_root, nodes, say)
+    return results, all_runs
+
+
+def _refuse_unmeasured(runs: list[JobRun], argv: list[str], variant: str) -> None:
+    """``NoLoader`` for runs that brought back no loader's figures: the loaders the hooks
+    could not measure, named, else what happened (``why_no_figures``)."""
+    off = [n for r in runs for n, _ in merge.unmeasured(r.parts)]
+    if off and not any(merge.streams(r.parts) for r in runs):
+        raise NoLoader(f"no loader of the job was measured (variant {variant}): "
+                       f"{', '.join(dict.fromkeys(off))} not measured (the lines "
+                       "above say why); no result written")
+    if not any(merge.streams(r.parts) for r in runs):
+        raise NoLoader(why_no_figures(runs, argv, variant))
+
+
+def _analyze_first(opts: Options, v: knobs_mod.Variant, runs: list[JobRun],
+                   vr: VariantResult, run_root: Path, nodes: Nodes,
+                   say: Callable[[str], None]) -> None:
+    """``--analyze``: the first variant's ablation runs and its attribution, stored on it; the
+    ablations it could not do as notes, which the report shows beside the run table."""
+    if nodes.count > 1:
+        say("--analyze: the ablation runs need every node's launcher to run them in "
+            "step, which is not built: no attribution for a multi-node job")
+        return
+    from . import ablate
+    a, an = ablate.analyze(opts.argv, v.overrides(), opts.max_batches, runs,
+                           opts.repeats, run_root, say)
+    vr.attribution = a
+    if vr.profile is not None:
+        vr.profile.analysis = an
+    for ab in an.ablations:
+        if not ab.done:
+            vr.notes[f"--analyze {ab.name}"] = f"cannot ablate: {ab.why}"
 
 
 def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun],
-             machine, created: str, nodes: int = 1) -> Result:
+             machine, created: str, answer: Answer, nodes: int = 1) -> Result:
     """The profile ``Result`` of measured variants (``profile``'s and ``tune``'s): the
-    command redacted, the per-variant headlines and the recommendation decided and stored,
-    the what-if fitted where the variants differ by a knob that reached a loader."""
+    command redacted, the per-variant headlines stored, and the caller's ``answer`` (its
+    recommendation and best variant, decided once in ``analysis.loader_search``) stored as
+    given; the what-if fitted where the answer says the variants differ by a knob that
+    reached a loader."""
     from .doors import written_for
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
     argv = record.command(opts.argv, keep_values=opts.record_argv)
-    shown = record.shown(opts.argv, opts.record_argv)
-    found = record.found(opts.argv)
-    script = found.script_given if found.script_given and os.path.isfile(found.script_given) \
-        else None       # read for its digest; recorded as the allow-list shows it
-    # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
-    sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(
-        redact.argv(opts.argv)).encode("utf-8", "surrogateescape"))
     from ..analysis import waits
     for vr in results:      # decided in analysis, stored, printed from the result (issue 39)
         for key, line in (("measured wait", waits.wait_headline(vr)),
@@ -639,26 +585,16 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
                           ("interference", waits.interference_line(vr))):
             if line:
                 vr.notes[key] = line
-    rec = recommend(results)
-    unreached = knobs_reached_nothing(results)     # once: the best variant and the what-if
-    best = (max(advisable(results), key=steady_or_zero)
-            if len(results) > 1 and not unreached else None)
+    rec = answer.recommendation
+    named = [v for v in results if v.name == answer.best_variant]
     analysis = ScenarioAnalysis(
         baseline_variant=results[0].name if results else None,
-        best_variant=best.name if best else None,
-        best_speedup=whole_run_speedup(best, results[0]) if best else None,
+        best_variant=answer.best_variant,
+        best_speedup=whole_run_speedup(named[0], results[0]) if named else None,
         verdict=rec.text if rec else "", recommendation=rec)
     result = Result(
         schema_version=SCHEMA_VERSION, tool=ToolInfo("stallbench", __version__), created_utc=created,
-        scenario=ScenarioInfo(name=opts.name,
-                              path=found.script if script and found.script else argv[0],
-                              sha256=sha.hexdigest(),
-                              fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
-                              # one line, as every sink shows it (record.shown); the
-                              # words as recorded are profile.argv
-                              text=shown, matrix=dict(opts.axes),
-                              description=f"stallbench profile -- {shown}"),
-        machine=machine,
+        scenario=_scenario_info(opts, argv), machine=machine,
         settings=RunSettings(repeats=opts.repeats,
                              argv=(redact.argv(sys.argv) if opts.record_argv
                                    else record.own_argv(sys.argv)),
@@ -670,6 +606,27 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
                                torch=torch_v, ray=ray_v, hooks_written_for=written_for(),
                                world_size=world, nodes=nodes))
     from . import ablate
-    if not unreached:                              # a what-if fitted on one job run N times: no
+    if answer.whatif:                         # a what-if fitted on one job run N times: no
         ablate.whatif_of(result)
     return result
+
+
+def _scenario_info(opts: Options, argv: list[str]) -> ScenarioInfo:
+    """The job as a result's scenario: the script as the allow-list records it (``record``)
+    as its path and its bytes as its hash, else the deny-list's redaction of the command (a
+    rotated token hashes alike; two data paths do not). ``argv``: the recorded command."""
+    found = record.found(opts.argv)
+    script = found.script_given if found.script_given and os.path.isfile(found.script_given) \
+        else None       # read for its digest; recorded as the allow-list shows it
+    # surrogateescape: argv's bytes that are not UTF-8 hash as the bytes they were (class 9)
+    sha = hashlib.sha256(Path(script).read_bytes() if script else shlex.join(
+        redact.argv(opts.argv)).encode("utf-8", "surrogateescape"))
+    shown = record.shown(opts.argv, opts.record_argv)
+    return ScenarioInfo(name=opts.name,
+                        path=found.script if script and found.script else argv[0],
+                        sha256=sha.hexdigest(),
+                        fingerprint=fingerprint(opts.argv, opts.axes, opts.max_batches),
+                        # one line, as every sink shows it (record.shown); the words as
+                        # recorded are profile.argv
+                        text=shown, matrix=dict(opts.axes),
+                        description=f"stallbench profile -- {shown}")

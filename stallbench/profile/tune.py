@@ -16,27 +16,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
-import shutil
 import statistics
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..analysis import knob_table
 from ..analysis import loader_search as search
-from ..analysis import summary
-from ..analysis.stats import t_quantile
+from ..analysis import trials as rules
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
-from . import budget, doors, knobs, merge, session
+from . import budget, doors, jobrun, knobs, merge, session
 from .launcher import (JobRun, NoProgress, exit_status, progress_limit, read_beats, read_parts,
                        run_once)
 from .parts import Parts
 
-KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
-MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)
 KEEP_BATCHES = 8            # batches a compute-only run serves from memory (ablate's)
 
 
@@ -108,49 +102,14 @@ def _headline(parts: Parts) -> merge.StreamRun | None:
     return out
 
 
-def _per_epoch_rates(s: merge.StreamRun) -> list[float]:
-    """Samples/s of each ended epoch after the first, its start-up included."""
-    return [rows / (t1 - t0) for (t0, t1, n, rows, ended) in s.spans[1:]
-            if ended and n and t1 > t0]
-
-
-def _known(rates: list[float]) -> float | None:
-    """The half-width of the 90% t interval of the rates' mean, as a share of it, when
-    within ``KNOWN_WITHIN``; None otherwise."""
-    if len(rates) < 2:
-        return None
-    m = statistics.fmean(rates)
-    half = t_quantile(len(rates) - 1, 0.95) * statistics.stdev(rates) / math.sqrt(len(rates))
-    return half / m if m > 0 and half <= KNOWN_WITHIN * m else None
-
-
-WINDOW_CHUNKS = 4           # one long epoch: its steady window in this many chunks
-WINDOW_BATCHES = 10         # of at least this many batches each
-
-
-def _window_rates(s: merge.StreamRun) -> list[float]:
-    """One epoch still running: its batches after the first tenth in ``WINDOW_CHUNKS``
-    chunks, each chunk's samples over its own wait + step (the steady window's rate)."""
-    lo = max(1, s.batches // 10)
-    n = (s.batches - lo) // WINDOW_CHUNKS
-    if n < WINDOW_BATCHES:
-        return []
-    out = []
-    for c in range(WINDOW_CHUNKS):
-        i, j = lo + c * n, lo + (c + 1) * n
-        t = sum(s.wait[i:j]) + sum(s.step[i:j])
-        if t > 0:
-            out.append(sum(s.rows[i:j]) / t)
-    return out
-
-
 class Enough:
-    """``run_once``'s ``stop`` rule for a trial, read from the job's part files:
+    """``run_once``'s ``stop`` for a trial: the job's beat and part files read here, the rule
+    decided in ``analysis.trials`` (``stop_by_count``, ``stop_by_rate``):
 
     - the headline loop's per-epoch rate after its first epoch known within
-      ``KNOWN_WITHIN`` (90% t interval of their mean, at least ``MIN_EPOCHS`` epochs);
+      ``trials.KNOWN_WITHIN`` (90% t interval of their mean, at least two epochs after it);
     - a job still in its first epoch after ``window_after_s`` (one long epoch): its steady
-      window's rate known as well (``_window_rates``);
+      window's rate known as well (``trials.window_rates``);
     - ``trial_batches`` batches of one process (a rank), or the tune's ``deadline``.
 
     The part files are read when the beats show a new epoch or a new loader, else at most
@@ -171,11 +130,11 @@ class Enough:
     def __call__(self, run_dir: Path) -> str:
         beats = read_beats(run_dir)
         batches = max((int(b.get("batches") or 0) for b in beats), default=0)
-        if self.trial_batches and batches >= self.trial_batches:
-            return f"--trial-batches {self.trial_batches} reached"
         now = time.monotonic()
-        if self.deadline is not None and now >= self.deadline and batches:
-            return "the tune's budget ran out"
+        why = rules.stop_by_count(batches, self.trial_batches,
+                                  self.deadline is not None and now >= self.deadline)
+        if why:
+            return why
         where = max((tuple(b["last"][:2]) for b in beats
                      if isinstance(b.get("last"), list) and len(b["last"]) > 1),
                     key=lambda x: x[1], default=("", 0))
@@ -186,27 +145,29 @@ class Enough:
         self.next_read = now + max(self.READ_S, 10 * (time.monotonic() - now))
         if s is None:
             return ""
-        within = _known(_per_epoch_rates(s))
-        if within is not None:
-            return (f"its steady rate was known within +-{within:.1%} after "
-                    f"{len(_per_epoch_rates(s)) + 1} epochs")
-        if len(s.spans) == 1 and now - self.t0 >= self.window_after_s:
-            within = _known(_window_rates(s))
-            if within is not None:
-                return (f"one epoch still running after {now - self.t0:.0f} s: its steady "
-                        f"window's rate was known within +-{within:.1%}")
-        return ""
+        return rules.stop_by_rate(s.spans, s.wait, s.step, s.rows, s.batches, now - self.t0,
+                                  self.window_after_s)
 
 
-def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
-    """The trial's rate (module doc) and its evidence; None when no batch was measured.
-    With two epochs or more: from the start of the second to the end of the last that
+@dataclass
+class _Window:
+    """The batches a trial's rate is taken over and that rate (``measure``'s module rule)."""
+
+    rate: float
+    basis: str              # in words, for the trial's record
+    lo: int                 # its batches: [lo, hi) of the stream's
+    hi: int
+    t: float                # its span, seconds
+    rows: int
+    starts: list[int]       # each epoch's first batch (its start-up wait is not steady)
+    use: list               # the epochs' spans it covers ([] for one long epoch)
+
+
+def _window(s: merge.StreamRun, spans: list) -> _Window:
+    """With two epochs or more: from the start of the second to the end of the last that
     ended (an epoch the tune cut short adds its start-up and only its first batches: it is
-    left out where an ended one follows the first), else to the trial's last batch."""
-    s = _headline(run.parts)
-    if s is None or not s.batches:
-        return None
-    spans = [sp for sp in s.spans if sp[2]]
+    left out where an ended one follows the first); else the steady window of the one long
+    epoch, from the end of its start-up to the trial's last batch."""
     if len(spans) >= 2:
         last = max((i for i, sp in enumerate(spans) if sp[4]), default=0)
         use = spans[1:last + 1] if last >= 1 else spans[1:]
@@ -214,25 +175,34 @@ def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
         t = use[-1][1] - use[0][0]
         rows = sum(sp[3] for sp in use)
         n = sum(sp[2] for sp in use)
-        rate = rows / t if t > 0 else math.nan
-        basis = (f"epochs 2-{len(use) + 1} ({n} batches; each epoch's start-up included)")
-        lo, hi = first, first + n
         starts, i = [], first
         for sp in use:
             starts.append(i)
             i += sp[2]
-    else:                           # one long epoch: its steady window, said
-        f = merge.figures(s)
-        k = f.phases.startup_batches if f.phases is not None else 0
-        lo = k if 0 < k < s.batches - 1 else s.batches // 2
-        hi = s.batches
-        n = hi - lo
-        t = sum(s.wait[lo:]) + sum(s.step[lo:])
-        rows = sum(s.rows[lo:])
-        rate = rows / t if t > 0 else math.nan
-        basis = f"the steady window of its one epoch (batches {lo + 1}-{s.batches})"
-        starts = []
-        use = []
+        return _Window(rows / t if t > 0 else math.nan,
+                       f"epochs 2-{len(use) + 1} ({n} batches; each epoch's start-up included)",
+                       first, first + n, t, rows, starts, use)
+    f = merge.figures(s)
+    k = f.phases.startup_batches if f.phases is not None else 0
+    lo = k if 0 < k < s.batches - 1 else s.batches // 2
+    t = sum(s.wait[lo:]) + sum(s.step[lo:])
+    rows = sum(s.rows[lo:])
+    return _Window(rows / t if t > 0 else math.nan,
+                   f"the steady window of its one epoch (batches {lo + 1}-{s.batches})",
+                   lo, s.batches, t, rows, [], [])
+
+
+def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
+    """The trial's rate (module doc; ``_window``) and its evidence; None when no batch was
+    measured."""
+    s = _headline(run.parts)
+    if s is None or not s.batches:
+        return None
+    spans = [sp for sp in s.spans if sp[2]]
+    w = _window(s, spans)
+    rate, basis, lo, hi, t, rows, starts, use = (w.rate, w.basis, w.lo, w.hi, w.t, w.rows,
+                                                 w.starts, w.use)
+    n = hi - lo
     waits = s.wait[lo:hi]
     first_set = set(starts)
     steady = [w for j, w in enumerate(waits) if lo + j not in first_set] or waits
@@ -299,170 +269,211 @@ def tune(opts: Options, say: Callable[[str], None]) -> Result:
 
 
 def _tune(opts: Options, say: Callable[[str], None]) -> Result:
+    """The module's order of runs, one named step each (``_Tuner``), in the job-run layer's
+    scratch directory (``jobrun.scratch``), then the answer decided once and assembled."""
     from ..measure.machine import metadata
 
     machine = metadata()
     created = now_utc()
     clock = _Budget(opts.budget_s)
-    run_root = opts.out / f"{session.SCRATCH}{uuid.uuid4().hex[:12]}"
-    for d in session.sweep_scratch(opts.out):
-        say(f"removed {d}, left by a profile that was killed")
-    owner = session.claim_scratch(run_root)
-    tag = [0]
-    every: list[JobRun] = []
-
-    def one(settings: dict[str, Any], label: str, replay: dict[str, Any] | None = None
-            ) -> JobRun:
-        tag[0] += 1
-        say(f"run {tag[0]}: {label}")
-        v = knobs.Variant(knobs.name_of(settings), settings)
-        run = run_once(opts.argv, run_root / f"t{tag[0]}", v.overrides(), None, replay,
-                       stop=Enough(opts.trial_batches, clock.t0 + opts.budget_s,
-                                   opts.budget_s / 8))
-        clock.ran(run.wall_s)
-        if opts.trace is not None:          # --trace: every run's batches, as profile's
-            from . import trace
-            for rank_streams in session.by_rank(merge.streams(run.parts)):
-                pid = len([e for e in opts.trace if e.get("name") == "process_name"])
-                opts.trace.extend(trace.events(
-                    f"run {tag[0]} ({label.split(':')[0]}) rank {rank_streams[0].rank}", pid,
-                    rank_streams))
-        if run.stopped:
-            say(f"run {tag[0]}: ended by tune: {run.stopped}")
-        return run
-
-    def ok(run: JobRun) -> bool:
-        return run.exit_code == 0 or bool(run.stopped)
-
-    try:
-        # 1. the job as written
-        base_run = one({}, "the job as written")
-        if not ok(base_run):
-            raise session.JobFailed(exit_status(base_run.exit_code), "the job as written")
-        session.check_parts(base_run.run_dir or run_root, "the job as written")
-        base = measure(base_run, {})
-        if base is None:
-            raise session.NoLoader(session.why_no_figures([base_run], opts.argv, "default"))
-        every.append(base_run)
-        groups = frozenset(doors.of(base.kind).set_keys)
-        keys = _keys(opts, groups)
-        if not knob_table.reaches_a_loader(groups):
-            say(f"the headline loader {base.name} is a {base.kind}: no loader setting of "
-                "tune reaches it (--set dataloader.* reaches torch's DataLoader, ray.* Ray "
-                "Data's iterators); only the trainer's threads can be searched, where they "
-                "oversubscribe the cores")
-        trials: list[tuple[JobTrial, search.Trial | None, list[JobRun]]] = []
-        trials.append((_record("default", {}, "the job as written", base_run, base),
-                       base.trial, [base_run]))
-        # 2. its compute-only ceiling
-        ceiling, ceiling_note = _ceiling(base_run, base, one, clock)
+    with jobrun.scratch(opts.out, say) as run_root:
+        t = _Tuner(opts, say, run_root, clock)
+        base_run, base = t.as_written()
+        groups, keys = _loader_groups(opts, base, say)
+        t.trials.append((_record("default", {}, "the job as written", base_run, base),
+                         base.trial, [base_run]))
+        ceiling, ceiling_note = _ceiling(base_run, base, t.run, clock)
         say(f"ceiling: {ceiling_note}")
         ctx = search.Context(cores=machine.cores, ceiling=ceiling, keys=keys,
                              as_written=dict(base.settings))
-        # 3. the search; a trial whose setting hangs the job is stopped and recorded
-        hang = _hang_limit(base_run, opts.progress_timeout)
-        stop_reason, stop_text = "", ""
+        stop = t.search(ctx, groups, base, _hang_limit(base_run, opts.progress_timeout))
+        best = t.confirm(ctx, groups, base, stop)
+        variants = t.variants(groups)
+        result = session.assemble(
+            session.Options(argv=opts.argv, name=opts.name, out=opts.out, repeats=1, axes={},
+                            trace=opts.trace, record_argv=opts.record_argv),
+            variants, t.every, machine, created,
+            search.tune_answer(best, _dotted(best.settings, groups), variants))
+        result.tune = JobTune(
+            budget_s=opts.budget_s, wall_s=clock.spent, loader_kind=base.kind,
+            loader_name=base.name, as_written=_plain(base.settings), cores=machine.cores,
+            ceiling_samples_s=ceiling, ceiling_note=ceiling_note,
+            trials=[jt for jt, _, _ in t.trials], best=best, runs=t.runs,
+            trial_batches=opts.trial_batches, keys=sorted(keys))
+        return result
+
+
+def _loader_groups(opts: Options, base: Measured, say: Callable[[str], None]
+                   ) -> tuple[frozenset[str], frozenset[str]]:
+    """Which ``--set`` groups reach the headline loader as written (its door says), and the
+    keys the search may change; a loader none reaches leaves the trainer's threads alone,
+    said."""
+    groups = frozenset(doors.of(base.kind).set_keys)
+    keys = _keys(opts, groups)
+    if not knob_table.reaches_a_loader(groups):
+        say(f"the headline loader {base.name} is a {base.kind}: no loader setting of "
+            "tune reaches it (--set dataloader.* reaches torch's DataLoader, ray.* Ray "
+            "Data's iterators); only the trainer's threads can be searched, where they "
+            "oversubscribe the cores")
+    return groups, keys
+
+
+# a trial as recorded, the evidence the decider reads (None: a finding, no rate), its runs
+Measurement = tuple[JobTrial, "search.Trial | None", list[JobRun]]
+
+
+class _Tuner:
+    """One tune's runs and what they measured, shared by its steps: the job as written, the
+    search, the confirmation. Each run is numbered, traced and ended by ``Enough``."""
+
+    def __init__(self, opts: Options, say: Callable[[str], None], run_root: Path,
+                 clock: _Budget) -> None:
+        self.opts, self.say, self.run_root, self.clock = opts, say, run_root, clock
+        self.runs = 0
+        self.every: list[JobRun] = []           # the runs whose figures the result holds
+        self.trials: list[Measurement] = []     # the job as written first
+
+    def run(self, settings: dict[str, Any], label: str, replay: dict[str, Any] | None = None
+            ) -> JobRun:
+        """One run of the job with ``settings`` (dotted keys), said, traced as profile's."""
+        opts = self.opts
+        self.runs += 1
+        self.say(f"run {self.runs}: {label}")
+        v = knobs.Variant(knobs.name_of(settings), settings)
+        run = run_once(opts.argv, self.run_root / f"t{self.runs}", v.overrides(), None, replay,
+                       stop=Enough(opts.trial_batches, self.clock.t0 + opts.budget_s,
+                                   opts.budget_s / 8))
+        self.clock.ran(run.wall_s)
+        jobrun.trace_run(opts.trace, f"run {self.runs} ({label.split(':')[0]})", run.parts)
+        if run.stopped:
+            self.say(f"run {self.runs}: ended by tune: {run.stopped}")
+        return run
+
+    @staticmethod
+    def ok(run: JobRun) -> bool:
+        """The job ended well: by itself with 0, or ended by the tune (its rate known)."""
+        return run.exit_code == 0 or bool(run.stopped)
+
+    def as_written(self) -> tuple[JobRun, Measured]:
+        """Trial 1, the job as written: the tune fails with it (its exit code, the parts it
+        lost, no loader measured), since every later rate is compared with it."""
+        base_run = self.run({}, "the job as written")
+        if not self.ok(base_run):
+            raise jobrun.JobFailed(exit_status(base_run.exit_code), "the job as written")
+        jobrun.check_parts(base_run.run_dir or self.run_root, "the job as written")
+        base = measure(base_run, {})
+        if base is None:
+            raise session.NoLoader(session.why_no_figures([base_run], self.opts.argv,
+                                                          "default"))
+        self.every.append(base_run)
+        return base_run, base
+
+    def search(self, ctx: search.Context, groups: frozenset[str], base: Measured,
+               hang: tuple[float, str] | None) -> tuple[str, str]:
+        """One trial at a time as ``loader_search.decide`` chooses from every trial so far,
+        until it stops or the budget leaves no room for a trial and the confirmation:
+        (stop reason, stop text)."""
         while True:
-            done = [t for _, t, _ in trials if t is not None]
-            failed = [t for t, tt, _ in trials if tt is None]
-            tried = [_dotted(t.settings, groups) for t, _, _ in trials]
+            done = [t for _, t, _ in self.trials if t is not None]
+            failed = [t for t, tt, _ in self.trials if tt is None]
+            tried = [_dotted(t.settings, groups) for t, _, _ in self.trials]
             d = search.decide(ctx, done + [_failed_trial(f, groups) for f in failed], tried)
             if d.choice is None:
-                stop_reason, stop_text = d.stop_reason, d.stop_text
-                break
-            if not clock.fits(1 + 2 * max(1, opts.repeats)):
-                stop_reason = "budget"
-                stop_text = (f"the budget ({opts.budget_s / 60:g} min) leaves no room for "
-                             f"another trial and the confirmation (runs take up to "
-                             f"{clock.longest:.0f} s); next would have been {d.choice.change}")
-                break
-            c = d.choice
-            name = knobs.name_of(c.settings)
-            try:
-                with (progress_limit(*hang) if hang else contextlib.nullcontext()):
-                    run = one(c.settings, f"trial {len(trials) + 1}: {c.change} ({c.why})")
-            except NoProgress as exc:       # this setting hangs the job: a finding
-                say(f"trial {name}: {exc}: recorded, the search goes on")
-                trials.append((JobTrial(name=name, settings=search.bare(c.settings),
-                                        why=c.why + f"; {exc}", outcome="failed",
-                                        exit_code=2, predicted_samples_s=c.predicted),
-                               None, []))
-                continue
-            m = measure(run, c.settings) if ok(run) else None
-            if m is None:
-                code = exit_status(run.exit_code)
-                what = (f"the job exited with code {code}" if code else
-                        "the job ran no batch of its loader under it")
-                say(f"trial {name}: {what}: recorded, the search goes on")
-                jt = JobTrial(name=name, settings=search.bare(c.settings),
-                              why=c.why + f"; {what}", outcome="failed", exit_code=code,
-                              wall_s=run.wall_s, predicted_samples_s=c.predicted)
-                trials.append((jt, None, [run]))
-                continue
-            every.append(run)
-            jt = _record(name, c.settings, c.why, run, m, c.predicted)
-            want = c.settings.get(knob_table.THREADS.key)
-            if want is not None and m.trial.threads is not None and m.trial.threads != want:
-                # the job set its own threads after importing torch: the same job again
-                jt.outcome = "not_applied"
-                jt.why += (f"; not applied: the trainer ran with {m.trial.threads} torch "
-                           "threads (the job sets its own)")
-                say(f"trial {name}: not applied (the job sets its own threads)")
-                trials.append((jt, None, [run]))
-                continue
-            say(f"trial {name}: {m.trial.rate:,.0f} steady samples/s "
-                f"({m.trial.rate / base.trial.rate:.2f}x as written)")
-            trials.append((jt, m.trial, [run]))
-        # 4. the confirmation: the best again, interleaved with the job as written
-        measured = [(jt, t, rs) for jt, t, rs in trials if t is not None]
-        bj, bt, bruns = max(measured, key=lambda x: x[1].rate)
+                return d.stop_reason, d.stop_text
+            if not self.clock.fits(1 + 2 * max(1, self.opts.repeats)):
+                return "budget", (f"the budget ({self.opts.budget_s / 60:g} min) leaves no "
+                                  f"room for another trial and the confirmation (runs take "
+                                  f"up to {self.clock.longest:.0f} s); next would have been "
+                                  f"{d.choice.change}")
+            self.trial(d.choice, base, hang)
+
+    def trial(self, c: search.Choice, base: Measured, hang: tuple[float, str] | None) -> None:
+        """One trial, recorded whatever it showed: a rate, or a finding (a setting that hangs
+        the job, fails it, runs no batch, or that the job overrides) the search goes on from."""
+        name = knobs.name_of(c.settings)
+        try:
+            with (progress_limit(*hang) if hang else contextlib.nullcontext()):
+                run = self.run(c.settings, f"trial {len(self.trials) + 1}: {c.change} ({c.why})")
+        except NoProgress as exc:       # this setting hangs the job: a finding
+            self.say(f"trial {name}: {exc}: recorded, the search goes on")
+            self.trials.append((JobTrial(name=name, settings=search.bare(c.settings),
+                                         why=c.why + f"; {exc}", outcome="failed",
+                                         exit_code=2, predicted_samples_s=c.predicted),
+                                None, []))
+            return
+        m = measure(run, c.settings) if self.ok(run) else None
+        if m is None:
+            code = exit_status(run.exit_code)
+            what = (f"the job exited with code {code}" if code else
+                    "the job ran no batch of its loader under it")
+            self.say(f"trial {name}: {what}: recorded, the search goes on")
+            jt = JobTrial(name=name, settings=search.bare(c.settings),
+                          why=c.why + f"; {what}", outcome="failed", exit_code=code,
+                          wall_s=run.wall_s, predicted_samples_s=c.predicted)
+            self.trials.append((jt, None, [run]))
+            return
+        self.every.append(run)
+        jt = _record(name, c.settings, c.why, run, m, c.predicted)
+        want = c.settings.get(knob_table.THREADS.key)
+        if want is not None and m.trial.threads is not None and m.trial.threads != want:
+            # the job set its own threads after importing torch: the same job again
+            jt.outcome = "not_applied"
+            jt.why += (f"; not applied: the trainer ran with {m.trial.threads} torch "
+                       "threads (the job sets its own)")
+            self.say(f"trial {name}: not applied (the job sets its own threads)")
+            self.trials.append((jt, None, [run]))
+            return
+        self.say(f"trial {name}: {m.trial.rate:,.0f} steady samples/s "
+                 f"({m.trial.rate / base.trial.rate:.2f}x as written)")
+        self.trials.append((jt, m.trial, [run]))
+
+    def confirm(self, ctx: search.Context, groups: frozenset[str], base: Measured,
+                stop: tuple[str, str]) -> JobTuneBest:
+        """The best trial measured again, interleaved with the job as written, and the
+        answer as ``analysis.trials.confirm`` decides it (the job as written where the best
+        is not confirmed, said)."""
+        bj, bt, bruns = max(((jt, t, rs) for jt, t, rs in self.trials if t is not None),
+                            key=lambda x: x[1].rate)
+        searched = bj is not self.trials[0][0]
         base_rates, best_rates = [base.trial.rate], [bt.rate]
-        pairs: list[float] = []
+        pairs: list[float] = [bt.rate / base.trial.rate] if searched else []
         lost: list[str] = []            # the best failing where it ran before: a finding
-        if bj is not trials[0][0]:
-            pairs.append(bt.rate / base.trial.rate)
-            for r in range(max(1, opts.repeats)):
-                a = one({}, f"confirmation {r + 1}: the job as written")
-                b = one(_dotted(bj.settings, groups), f"confirmation {r + 1}: {bj.name}")
-                ma = measure(a, {}) if ok(a) else None
-                mb = measure(b, _dotted(bj.settings, groups)) if ok(b) else None
-                if ma is not None:
-                    base_rates.append(ma.trial.rate)
-                    trials[0][2].append(a)
-                if mb is not None:
-                    best_rates.append(mb.trial.rate)
-                    bruns.append(b)
-                if ma is not None and mb is not None:
-                    pairs.append(mb.trial.rate / ma.trial.rate)
-                if mb is None:
-                    lost.append(f"confirmation {r + 1}: the job exited with code "
-                                f"{exit_status(b.exit_code)} under {bj.name}")
-        rounds = len(pairs) - 1 if pairs else 0       # confirmation rounds that measured both
-        b_med, a_med = statistics.median(best_rates), statistics.median(base_rates)
-        speed = b_med / a_med if a_med > 0 else math.nan
-        why_not = search.not_confirmed(bj.name, speed, pairs, lost) \
-            if bj is not trials[0][0] else ""
-        if why_not:
-            say(f"confirmation: {why_not}; the answer is the job as written")
-            stop_text += f"; {why_not}"
-            bj, bt = trials[0][0], base.trial
-            b_med = a_med = statistics.median(base_rates)
-            speed, pairs, best_rates = 1.0, [], base_rates
-        best = JobTuneBest(
-            name=bj.name, settings=dict(bj.settings), steady_samples_s=b_med, speedup=speed,
-            ceiling_share=(b_med / ceiling) if ceiling else None, stop_reason=stop_reason,
-            stop_text=stop_text,
-            speedup_low=min(pairs) if len(pairs) >= 2 else None,
-            speedup_high=max(pairs) if len(pairs) >= 2 else None,
-            confirm_runs=rounds,
-            still_binds=search.still_binds(ctx, bt),
+        for r in range(max(1, self.opts.repeats) if searched else 0):
+            a = self.run({}, f"confirmation {r + 1}: the job as written")
+            b = self.run(_dotted(bj.settings, groups), f"confirmation {r + 1}: {bj.name}")
+            ma = measure(a, {}) if self.ok(a) else None
+            mb = measure(b, _dotted(bj.settings, groups)) if self.ok(b) else None
+            if ma is not None:
+                base_rates.append(ma.trial.rate)
+                self.trials[0][2].append(a)
+            if mb is not None:
+                best_rates.append(mb.trial.rate)
+                bruns.append(b)
+            if ma is not None and mb is not None:
+                pairs.append(mb.trial.rate / ma.trial.rate)
+            if mb is None:
+                lost.append(f"confirmation {r + 1}: the job exited with code "
+                            f"{exit_status(b.exit_code)} under {bj.name}")
+        c = rules.confirm(bj.name, base_rates, best_rates, pairs, lost, searched)
+        stop_reason, stop_text = stop
+        if c.why_not:
+            self.say(f"confirmation: {c.why_not}; the answer is the job as written")
+            stop_text += f"; {c.why_not}"
+            bj, bt = self.trials[0][0], base.trial
+        return JobTuneBest(
+            name=bj.name, settings=dict(bj.settings), steady_samples_s=c.steady_samples_s,
+            speedup=c.speedup,
+            ceiling_share=(c.steady_samples_s / ctx.ceiling) if ctx.ceiling else None,
+            stop_reason=stop_reason, stop_text=stop_text, speedup_low=c.low,
+            speedup_high=c.high, confirm_runs=c.rounds, still_binds=search.still_binds(ctx, bt),
             apply=search.apply_text(_dotted(bj.settings, groups)))
-        # the result: one variant per measured trial, the job as written first
-        sopts = session.Options(argv=opts.argv, name=opts.name, out=opts.out,
-                                repeats=1, axes={}, trace=opts.trace,
-                                record_argv=opts.record_argv)
-        variants: list[VariantResult] = []
-        for jt, t, rs in trials:
+
+    def variants(self, groups: frozenset[str]) -> list[VariantResult]:
+        """The result's variants: one per measured trial, the job as written first, each
+        with its runs (the confirmation's too); a run the tune ended is said, not taken for
+        a job that ended early."""
+        out: list[VariantResult] = []
+        for jt, t, rs in self.trials:
             if t is None:
                 continue
             vr = session.variant_result(knobs.Variant(jt.name, _dotted(jt.settings, groups)),
@@ -471,27 +482,8 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
                 vr.profile.ended_early = ""
                 vr.notes["ended by tune"] = "; ".join(dict.fromkeys(
                     r.stopped for r in rs if r.stopped))
-            variants.append(vr)
-        result = session.assemble(sopts, variants, every, machine, created)
-        # one answer: the result's recommendation is the tune's (profile's, from the same
-        # variants, could name a trial the confirmation rejected)
-        rec = search.recommendation(best, _dotted(best.settings, groups))
-        result.analysis.recommendation = rec
-        result.analysis.verdict = rec.text
-        result.analysis.best_variant = best.name
-        named = [v for v in result.variants if v.name == best.name]
-        result.analysis.best_speedup = (summary.whole_run_speedup(named[0], result.variants[0])
-                                        if named else None)
-        result.tune = JobTune(
-            budget_s=opts.budget_s, wall_s=clock.spent, loader_kind=base.kind,
-            loader_name=base.name, as_written=_plain(base.settings), cores=machine.cores,
-            ceiling_samples_s=ceiling, ceiling_note=ceiling_note,
-            trials=[jt for jt, _, _ in trials], best=best, runs=tag[0],
-            trial_batches=opts.trial_batches, keys=sorted(keys))
-        return result
-    finally:
-        shutil.rmtree(run_root, ignore_errors=True)
-        os.close(owner)
+            out.append(vr)
+        return out
 
 
 def _plain(settings: dict[str, Any]) -> dict[str, Any]:

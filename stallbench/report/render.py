@@ -36,7 +36,7 @@ from ..analysis.device import AU_PASS, au_label
 from ..analysis import figures
 from .tables import ZERO_NOTE, spans_zero
 from ..analysis.stats import finite_median
-from . import plots
+from . import plots, profile_lines
 from .history import view as history_view
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -276,6 +276,8 @@ class RunView:
     device_rows: list[dict[str, Any]] = field(default_factory=list)   # H2D copies, per variant
     au_note: str = ""               # how AU's step time was measured, for this run's variants
     tune_fig: Figure | None = None  # ``stallbench tune -- CMD``: the search (issue 41)
+    # a profile's (or a tune's) text as the terminal printed it: the one printer's lines
+    terminal_lines: list[str] = field(default_factory=list)
 
 
 def _pair(iv: Interval) -> tuple[float, float]:
@@ -315,7 +317,10 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
     return segs, "measured"
 
 
-def _attribution_notes(a: Attribution) -> list[str]:
+def _attribution_notes(a: Attribution, printed: bool = False) -> list[str]:
+    """The attribution's caveats beside its row. ``printed``: a profile's, whose interference
+    and wait bound the one printer already writes (``profile_lines``, shown on the page as
+    the terminal printed it): not said twice."""
     notes = []
     if _num(a.closure_error) is not None and abs(a.closure_error) > 0.05:
         notes.append("the parts differ from the median epoch by "
@@ -325,25 +330,28 @@ def _attribution_notes(a: Attribution) -> list[str]:
                                        if a.inconclusive_because else ""))
     if a.negative_parts:
         notes.append("came out below 0, shown as 0: " + ", ".join(a.negative_parts))
-    if a.interference_s is not None:
+    if a.interference_s is not None and not printed:
         notes.append(f"interference {a.interference_s:.2f} s: the model step took longer beside "
                      "the data path than served from memory (measured; not a wait)")
-    if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup):
+    if a.wait_bound_speedup is not None and math.isfinite(a.wait_bound_speedup) and not printed:
         notes.append(f"removing every wait gives at most {a.wait_bound_speedup:.2f}x")
     return notes
 
 
 def _profile_notes(v: VariantResult) -> list[str]:
     """``stallbench profile --analyze``: how the parts were made on the user's job (served
-    from memory, what the compute-only run kept) and where the copy to a device is counted.
-    The ablations it could not do are in the variant's notes (shown without an attribution)."""
+    from memory). What the compute-only run kept, the recording budget, where the copy to a
+    device is counted and the ablations it could not do are the profile's text, printed once
+    (``profile_lines.analysis_lines``) and shown on the page as the terminal printed it."""
     an = v.profile.analysis if v.profile is not None else None
     if an is None or v.attribution is None:
         return []
-    out = [f"by replay on the job: {an.method}; compute-only kept {an.keep_batches} batches "
-           f"per loader (budget {an.budget_basis or f'{an.budget_mb:g} MB'})", an.transfer_note,
-           *an.notes]
-    return out
+    return [f"by replay on the job: {an.method}"]
+
+
+def _printed(v: VariantResult) -> bool:
+    """The variant's attribution is in the profile's text (``profile_lines.lines``)."""
+    return v.profile is not None and v.profile.analysis is not None
 
 
 def _timeline_stats(tl: Timeline) -> list[tuple[str, str]]:
@@ -554,7 +562,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
         vv = VariantView(v=v, name=v.name, knobs=format_value(v.knobs) if v.knobs else "(base config)",
                          is_baseline=v.name == head.baseline, is_best=v.name == head.best,
                          attribution=a, segments=segs, split_kind=kind,
-                         attribution_notes=(_attribution_notes(a) if a else [])
+                         attribution_notes=(_attribution_notes(a, _printed(v)) if a else [])
                          + _profile_notes(v))
         vv.timeline_fig = _draw(plots.timeline, v.timeline, alt=f"per-batch timeline of {v.name}",
                                 missing="No per-batch timeline in this result for this variant.")
@@ -627,6 +635,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                          missing="No trial of this tune measured a rate.")
     return RunView(result=r, path=path, label=label, color=color, variants=views, headline=head,
                    tune_fig=tune_fig,
+                   terminal_lines=profile_lines.text(r) if r.profile is not None else [],
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
                    whatif=wi, whatif_rows=_whatif_rows(wi) if wi is not None else [],
                    stage_rates=_stage_rate_rows(r.variants),

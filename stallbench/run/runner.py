@@ -7,7 +7,6 @@ the whole scenario has run; the result file is then written atomically.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ from ..data.parquet import describe
 from ..executors import EXECUTORS
 from ..measure import phases as phases_mod
 from ..measure.probe import measured_run
+from ..outputs import default_cache_dir
 from ..pipeline import COMPUTE_ONLY, FULL, Plan, StageCaches, dataset_for
 from ..executors.runtimes import RuntimeScope
 from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, RepeatFigures, Resources, Result,
@@ -32,11 +32,6 @@ from ..scenario import Scenario, Variant
 from ..stages.sizes import ceil_div
 from .preflight import check as check_machine
 from .preflight import check_scenario
-
-
-def default_cache_dir() -> Path:
-    """Generated datasets live outside git: $STALLBENCH_CACHE or ./.cache/stallbench."""
-    return Path(os.environ.get("STALLBENCH_CACHE", Path.cwd() / ".cache" / "stallbench"))
 
 
 @dataclass

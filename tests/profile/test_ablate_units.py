@@ -126,7 +126,8 @@ def test_a_part_whose_interval_spans_zero_prints_as_not_distinguishable_from_zer
               "compute_only": [0.9, 0.92, 0.91]}
     a = differential.analyze(epochs, "chain")
     assert a.fetch_stall_s < 0 and a.intervals.fetch_stall_s.low < 0 < a.intervals.fetch_stall_s.high
-    out = ablate.lines(a, ProfileAnalysis(method="m", keep_batches=8, budget_mb=1.0))
+    from stallbench.report import profile_lines
+    out = profile_lines.analysis_lines(a, ProfileAnalysis(method="m", keep_batches=8, budget_mb=1.0))
     # the job's own stage names, the report's (figures.part_name), never the scenario's words
     assert not any(x.lstrip().startswith(("fetch", "preprocess", "transfer")) for x in out)
     fetch = next(x for x in out if x.lstrip().startswith(figures.part_name("fetch", True)))

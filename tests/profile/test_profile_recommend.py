@@ -83,9 +83,9 @@ def _whatif(steady0: float, steady2: float, predicted1: float) -> NS:
 def test_knee_never_prints_nan_for_runs_without_a_steady_rate() -> None:
     """A job that breaks after 40 batches (pkg.train-style) had no steady window in either
     variant (NaN): the knee's advice printed 'PREDICTED nanx the best measured'."""
-    from stallbench.profile import ablate
+    from stallbench.report import profile_lines
 
-    text = "\n".join(ablate.knee_lines(_whatif(math.nan, math.nan, 76.0)))
+    text = "\n".join(profile_lines.knee_lines(_whatif(math.nan, math.nan, 76.0)))
     assert "nan" not in text.lower(), text
     assert "whole run" in text and "num_workers=0" in text, text
 
@@ -93,13 +93,13 @@ def test_knee_never_prints_nan_for_runs_without_a_steady_rate() -> None:
 def test_knee_does_not_advise_trying_what_it_predicts_slower() -> None:
     """The knee predicted at 0.67x the best measured variant is no reason to try it: the
     advice keeps the measured best (what the measured recommendation says too)."""
-    from stallbench.profile import ablate
+    from stallbench.report import profile_lines
 
-    lines = ablate.knee_lines(_whatif(181_000.0, 125_000.0, 122_000.0))
+    lines = profile_lines.knee_lines(_whatif(181_000.0, 125_000.0, 122_000.0))
     rec = next(x for x in lines if "recommendation" in x)
     assert "try num_workers=1" not in rec and "keep num_workers=0" in rec, rec
     assert "0.67x" in rec, rec
-    lines = ablate.knee_lines(_whatif(1000.0, 1500.0, 3000.0))
+    lines = profile_lines.knee_lines(_whatif(1000.0, 1500.0, 3000.0))
     rec = next(x for x in lines if "recommendation" in x)
     assert "try num_workers=1" in rec and "2.00x the best measured (num_workers=2)" in rec, rec
 
@@ -108,27 +108,44 @@ def test_knee_at_a_measured_count_slower_than_another_keeps_the_faster() -> None
     """pkg.train-style job on a busy 2-core machine: the model put the knee at 2 workers
     (measured 649 steady samples/s) while 0 workers measured 1,075: the knee's advice said
     'num_workers=2' beside the measured recommendation 'keep num_workers=0'."""
-    from stallbench.profile import ablate
+    from stallbench.report import profile_lines
 
     r = _whatif(1075.0, 649.0, 0.0)
     r.analysis.whatif.knee.n = 2
-    rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
+    rec = next(x for x in profile_lines.knee_lines(r) if "recommendation" in x)
     assert "keep num_workers=0" in rec and "0.60x" in rec, rec
     r = _whatif(1075.0, 1649.0, 0.0)
     r.analysis.whatif.knee.n = 2
-    rec = next(x for x in ablate.knee_lines(r) if "recommendation" in x)
+    rec = next(x for x in profile_lines.knee_lines(r) if "recommendation" in x)
     assert "num_workers=2 on your DataLoader (MEASURED 1,649" in rec, rec
 
 
 def test_knee_not_predicted_gives_the_reason_and_no_figure() -> None:
     """Issue 39: a knee at an unmeasured count whose back-test missed by more than its
     threshold prints "not predicted (reason)", no PREDICTED figure and no gain to try."""
-    from stallbench.profile import ablate
+    from stallbench.report import profile_lines
 
     r = _whatif(1000.0, 1500.0, 3000.0)
     r.analysis.whatif.points[0].not_predicted = ("the one-point what-if's leave-one-out "
                                                  "back-test missed a measured count by 150%")
-    text = "\n".join(ablate.knee_lines(r))
+    text = "\n".join(profile_lines.knee_lines(r))
     assert "knee: 1 worker(s), not predicted (the one-point what-if's" in text, text
     assert "PREDICTED" not in text and "x the best measured" not in text, text
     assert "--set dataloader.num_workers=0,2,1" in text, text
+
+
+def test_the_answer_is_decided_once_and_assembled_as_given() -> None:
+    """Issue 55: ``profile`` and ``tune`` each decide their result's answer once in
+    ``analysis.loader_search``; the best variant is the fastest advisable in steady state (a
+    profile's) or the confirmed answer (a tune's, even where another variant measured faster)."""
+    base = _variant("a", {"dataloader.num_workers": 0}, 1000.0, 900.0)
+    fast = _variant("b", {"dataloader.num_workers": 2}, 3000.0, 1200.0)
+    ans = loader_search.profile_answer([base, fast])
+    assert ans.best_variant == "b" and ans.whatif
+    assert ans.recommendation.text == loader_search.recommend([base, fast]).text
+    one = loader_search.profile_answer([base])
+    assert one.best_variant is None and one.recommendation is None
+    best = NS(name="a", speedup=1.0, stop_text="nothing left")
+    tuned = loader_search.tune_answer(best, {}, [base, fast])
+    assert tuned.best_variant == "a" and tuned.recommendation.action == "keep"
+    assert tuned.recommendation.text == "recommendation: keep the job as written (nothing left)"

@@ -841,3 +841,37 @@ def test_a_tune_of_the_users_job_draws_its_search(tmp_path: Path, make_result: A
     assert "1.57x the job as written [1.56, 1.58]" in card and "87% of the ceiling" in card
     assert 'alt="tune: each trial' in card and _imgs(card)     # drawn, not its fallback line
     _assert_self_contained(html)
+
+
+def test_a_profile_shows_the_lines_the_terminal_printed(tmp_path: Path, make_result: Any,
+                                                         write_result: Any) -> None:
+    """Issue 55: one printer for a profile's text (``report.profile_lines``): the page shows
+    the lines ``stallbench profile`` printed, and the notes the printer writes (the transfer
+    note, the recording budget, interference) are not said a second time beside the
+    attribution row; a scenario's result has no such block."""
+    import html as html_mod
+
+    from stallbench.report import profile_lines
+    from stallbench.results import ProfileAnalysis, ProfileCommand, ProfileVariant
+
+    r = make_result(**LIGHT, whatif=False)
+    r.profile = ProfileCommand(argv=["python", "train.py"], cwd="/w", environment={},
+                               torch="2.5", ray=None, hooks_written_for={})
+    for v in r.variants:
+        v.profile = ProfileVariant(loaders=[])
+    r.variants[0].attribution.interference_s = 0.25
+    r.variants[0].profile.analysis = ProfileAnalysis(
+        method="by replay", keep_batches=8, budget_mb=64.0, transfer_note="TRANSFER-NOTE",
+        budget_basis="BUDGET-BASIS", notes=["A-NOTE"])
+    page = _html(render([write_result(r)], tmp_path / "out.html"))
+    block = re.search(r'data-figure="terminal-text".*?<pre class="terminal"><code>(.*?)</code>',
+                      page, re.S)
+    assert block, "no terminal block"
+    want = profile_lines.lines(results.load(write_result(r, "again.json")))
+    assert html_mod.unescape(block.group(1)).split("\n") == want
+    assert "  note: TRANSFER-NOTE" in want and "  note: recording budget BUDGET-BASIS" in want
+    for said_once in ("TRANSFER-NOTE", "BUDGET-BASIS", "A-NOTE", "interference"):
+        assert page.count(said_once) == "\n".join(want).count(said_once), said_once
+    plain = _html(render([write_result(make_result(**LIGHT, whatif=False), "s.json")],
+                         tmp_path / "scenario.html"))
+    assert 'data-figure="terminal-text"' not in plain
