@@ -16,7 +16,7 @@ from . import numbers
 
 MAX_REPEATS = 1000
 MAX_BATCHES = 10**9
-MIN_PROGRESS_S = 1.0        # the hooks report batches at most every 0.5 s (hooks.BEAT_S)
+MIN_PROGRESS_S = 1.0        # the hooks report batches at most every 0.5 s (agent beats.BEAT_S)
 MAX_PROGRESS_S = 10**7
 
 

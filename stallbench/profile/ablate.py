@@ -42,9 +42,10 @@ from ..analysis.stats import bootstrap_medians, finite_summary, percentile_inter
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures
-from . import budget, doors, merge
+from . import budget, merge
+from .agent import doors
 from .launcher import JobRun, exit_status, run_once
-from .parts import Parts, Replay
+from .agent.wire import Parts, Replay
 
 KEEP_BATCHES = 8
 FULL = "full"

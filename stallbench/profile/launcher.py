@@ -20,13 +20,14 @@ gets it, then SIGKILL.
 
 Every wait here has an end: the job's run is unbounded by default (a job may legitimately go
 long without a batch), ``--progress-timeout S`` bounds it by progress: no batch reported by
-the hooks' beat files (``hooks.beat``) for S seconds, counted from the job's start, ends the
+the agent's beat files (``agent/beats.py``) for S seconds, counted from the job's start, ends the
 job (``NoProgress``, exit 2); stopping a job waits at most ``STOP_GRACE_S`` + 2 s.
 
-Injection (``bootstrap/sitecustomize.py`` says how and why): ``PYTHONPATH`` gets the
+Injection (``agent/bootstrap/sitecustomize.py`` says how and why): ``PYTHONPATH`` gets the
 bootstrap directory in front of the user's value (kept as given; an unset or empty one is not
 turned into "the current directory"), and ``STALLBENCH_PROFILE`` carries the settings as one
-JSON object: the run directory, the hooks' file, the overrides, ``max_batches``.
+JSON object: the run directory, the overrides, ``max_batches``, the replay plan of an
+ablation run. The agent is the folder the bootstrap sits in: it needs no path of its own.
 """
 
 from __future__ import annotations
@@ -48,12 +49,12 @@ from ..errors import UserError
 from ..measure.load import LoadMeter
 from ..measure.sampler import Sampler
 from ..results import ForeignLoad, Resources
-from . import parts as parts_mod
-from .parts import Parts
+from .agent import wire
+from .agent.wire import Parts
 
 HERE = Path(__file__).resolve().parent
-BOOTSTRAP = HERE / "bootstrap"
-HOOKS = HERE / "hooks.py"
+AGENT = HERE / "agent"              # what runs inside the job (``agent/__init__.py``)
+BOOTSTRAP = AGENT / "bootstrap"
 STOP_GRACE_S = 5.0
 BEAT_POLL_S = 0.5       # how often the beat files are read while the job runs
 _PR_SET_PDEATHSIG = 1
@@ -122,7 +123,7 @@ class JobRun:
     peak_pss_mb: float = 0.0
     resources: Resources = field(default_factory=Resources)
     load: ForeignLoad | None = None
-    beats: list[dict[str, Any]] = field(default_factory=list)   # hooks.beat, one per process
+    beats: list[dict[str, Any]] = field(default_factory=list)   # agent beats, one per process
     run_dir: Path | None = None
     pid: int = 0                    # the job's leader
     stopped: str = ""               # why stallbench ended the job early (tune's trials)
@@ -133,8 +134,8 @@ def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
     env = dict(base)
     user = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP) + (os.pathsep + user if user else "")
-    env["STALLBENCH_PROFILE"] = json.dumps({
-        "run_dir": str(run_dir), "hooks": str(HOOKS), "overrides": overrides,
+    env[wire.ENV] = json.dumps({
+        "run_dir": str(run_dir), "overrides": overrides,
         "max_batches": max_batches, **({"replay": replay} if replay else {})})
     return env
 
@@ -161,8 +162,8 @@ def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def read_parts(run_dir: Path) -> Parts:
-    """The run's part files, typed (``parts.read``)."""
-    return parts_mod.read(run_dir)
+    """The run's part files, typed (``wire.read``)."""
+    return wire.read(run_dir)
 
 
 class _Guard:
@@ -199,7 +200,7 @@ class _Guard:
 
 
 def read_beats(run_dir: Path) -> list[dict[str, Any]]:
-    """The processes' beat files (``hooks.beat``): each a dict with ``pid`` added."""
+    """The processes' beat files (``agent/beats.py``): each a dict with ``pid`` added."""
     out = []
     try:
         files = list(run_dir.glob("beat-*"))
@@ -280,16 +281,15 @@ def _processes(pid: int) -> str:
 
 
 STOP_POLL_S = 1.0       # how often ``run_once``'s ``stop`` rule is asked
-FLUSH_WAIT_S = 3.0      # how long a job asked to flush (``hooks.FLUSH_MARK``) is waited for
+FLUSH_WAIT_S = 3.0      # how long a job asked to flush (``wire.FLUSH_MARK``) is waited for
 
 
 def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
-    """Before ``stop`` ends the job: the hooks' flush marker, then up to ``FLUSH_WAIT_S``
-    for a trainer part written after it (the next batch writes one: ``hooks.beat``), so
+    """Before ``stop`` ends the job: the agent's flush marker, then up to ``FLUSH_WAIT_S``
+    for a trainer part written after it (the next batch writes one: ``agent/beats.py``), so
     the batches since the last periodic flush are kept. A job that makes no batch meanwhile
     is ended with what it wrote."""
-    from .hooks import FLUSH_MARK
-    mark = run_dir / FLUSH_MARK
+    mark = run_dir / wire.FLUSH_MARK
     try:
         mark.write_bytes(b"")
         asked = mark.stat().st_mtime

@@ -1,7 +1,7 @@
 """Part files of one profiled run -> typed figures (``results`` schema, executor ``"profile"``).
 
 Per process, the hooks wrote its loader streams (per-batch request time, wait, step, rows;
-``hooks.Epoch``) and the stages it timed; each loader worker wrote its stages, keyed by the
+``wire.Epoch``) and the stages it timed; each loader worker wrote its stages, keyed by the
 stream it served. Here, per run:
 
 - a stream is named by its dataset class and creation order in its process
@@ -34,8 +34,8 @@ from typing import Any
 
 from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
-from . import doors
-from .parts import Header, Parts, Worker
+from .agent import doors
+from .agent.wire import Header, Parts, Worker
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
 
@@ -148,7 +148,7 @@ def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
 
 
 def unmeasured(parts: Parts) -> list[tuple[str, str]]:
-    """(loader name, why) for each stream whose hooks switched off (``hooks.Stream``)."""
+    """(loader name, why) for each stream whose hooks switched off (``wire.Stream``)."""
     return [(s.name, s.unmeasured) for p in parts.trainers for s in p.streams if s.unmeasured]
 
 

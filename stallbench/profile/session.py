@@ -47,7 +47,7 @@ from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_appl
 from . import knobs as knobs_mod
 from . import merge, redact
 from .launcher import JobRun, exit_status, progress_limit, run_once
-from .parts import Parts
+from .agent.wire import Parts
 
 ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
                 "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_", "OPENBLAS_")
@@ -68,7 +68,7 @@ class PartsLost(UserError):
 
 
 def check_parts(run_dir: Path, where: str) -> None:
-    """Refuse a run whose figures were not all written: a ``lost-*`` marker (``hooks._write``:
+    """Refuse a run whose figures were not all written: a ``lost-*`` marker (``agent/writer.py``:
     a write failed and was not made good by a later one), or a run directory that cannot be
     written now (a part written at exit would have failed the same way)."""
     lost = sorted(run_dir.glob("lost-*")) if run_dir.is_dir() else []
@@ -306,7 +306,7 @@ def python_flags(argv: list[str]) -> list[str]:
 
 def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
     """The one line for runs that brought back no batch: what happened, from the beat files
-    the hooks write (``hooks.beat``), so that "no DataLoader was seen" is said only when the
+    the agent writes (``agent/beats.py``), so that "no DataLoader was seen" is said only when the
     hooks ran and saw none (a run directory the job removed is ``check_parts``'s). In order:
     the hooks never ran
     (an interpreter without site or PYTHONPATH); batches ran but their figures were lost
@@ -437,7 +437,7 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
 
 def _thread_budget(s: merge.StreamRun | None, producers: int) -> ThreadBudget | None:
     """The budget the headline loader's process and its workers ran with, as read inside
-    the job (``hooks._torch_threads``), so that the report shows it beside the throughput it
+    the job (``agent/writer.py``), so that the report shows it beside the throughput it
     explains. None where the hooks read nothing (torch never imported in the job)."""
     if s is None or (s.torch_threads is None and s.worker_torch_threads is None):
         return None
@@ -637,7 +637,7 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
     """The profile ``Result`` of measured variants (``profile``'s and ``tune``'s): the
     command redacted, the per-variant headlines and the recommendation decided and stored,
     the what-if fitted where the variants differ by a knob that reached a loader."""
-    from .doors import written_for
+    from .agent.doors import written_for
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or

@@ -29,10 +29,11 @@ from ..analysis import loader_search as search
 from ..analysis import summary
 from ..analysis.stats import t_quantile
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
-from . import budget, doors, knobs, merge, session
+from . import budget, knobs, merge, session
+from .agent import doors
 from .launcher import (JobRun, NoProgress, exit_status, progress_limit, read_beats, read_parts,
                        run_once)
-from .parts import Parts
+from .agent.wire import Parts
 
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
 MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)

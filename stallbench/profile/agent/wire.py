@@ -1,17 +1,18 @@
 """What crosses the process wall of ``stallbench profile``: the part files, typed, versioned,
 written and read here and nowhere else.
 
-Each process of the job writes its own files into the run directory (``hooks``: the trainer's
+Each process of the job writes its own files into the run directory (``writer``: the trainer's
 ``part-*.json``, its finished epochs in ``epochs-*-<seq>.json``, a loader worker's
 ``stage-*.json``, an ablation's ``replay-*.json``). The launcher side reads a run's files once
 (``read``) into one ``Parts``: frozen records that merge, ablate, session and tune take, so no
 module reads a key of another's dict, and a field renamed here is renamed for both sides.
 
-This module is loaded two ways, so it imports only the standard library: by the in-process
-hooks by path (``_stallbench_profile_parts``), which build the records and write their
-``to_json``; and as ``stallbench.profile.parts`` on the launcher side. ``VERSION`` is written
-into every file; a file of another version (a job that ran another stallbench's hooks, a
-stale directory) is not read as this one: ``Parts.skipped`` counts it.
+This module is loaded two ways, so it imports only the standard library: in the job, as a
+module of the agent (``_stallbench_profile_agent.wire``), which builds the records and writes
+their ``to_json``; and as ``stallbench.profile.agent.wire`` on the launcher side, the one
+module of the agent the launcher reads besides the doors' declarations. ``VERSION`` is
+written into every file; a file of another version (a job that ran another stallbench's
+agent, a stale directory) is not read as this one: ``Parts.skipped`` counts it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List   # Dict, List: a helper may run Python 3.7
 
 VERSION = 1
+ENV = "STALLBENCH_PROFILE"      # the settings the launcher sends in, as one JSON object
+FLUSH_MARK = "flush-now"        # the launcher asks for a flush before it ends the job (tune)
 
 
 def _f(v: Any, default: float = 0.0) -> float:
@@ -90,7 +93,7 @@ class Epoch:
 
 @dataclass(frozen=True)
 class Stream:
-    """One loader of a process as its door made it (``hooks.Stream``): kind, name (label and
+    """One loader of a process as its door made it (``streams.Stream``): kind, name (label and
     creation order), key (process image and order), settings it ran with, notes; why it was
     switched off (``unmeasured``); ``role`` "producer" for a loader thread feeding a queue,
     whose consumer stream is ``fed_by`` it."""
