@@ -4,7 +4,7 @@ Modules by concern:
 
 - ``agent/``: what runs inside the user's processes (the bootstrap, the core, one door per
   loader kind, the replay; standard library only, torch and Ray only through what the job
-  imported), writing per-process part files into the run directory; ``agent/wire.py`` is
+  imported), writing per-process part files into the run directory; ``agent/wire/`` is
   the one contract between it and the launcher side, both ways;
 - ``markers.py``: ``stallbench.watch`` / ``stallbench.stage`` for code the hooks cannot see;
 - ``knobs.py``: the ``--set`` keys, their matrix and variant names;

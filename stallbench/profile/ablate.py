@@ -45,7 +45,7 @@ from ..results import Attribution, Interval, ProfileAblation, ProfileAnalysis, R
 from . import budget, merge
 from .agent import doors
 from .launcher import JobRun, exit_status, run_once
-from .agent.wire import Parts, Replay
+from .agent.wire import LoaderSettings, Parts, Replay, ReplayPlan, StageServe
 
 KEEP_BATCHES = 8
 FULL = "full"
@@ -98,14 +98,14 @@ def _served_problem(runs: list[JobRun], stage: str) -> str:
             if p.mismatch:
                 m = p.mismatch
                 return (f"the loader asked for other items than in the recording run (worker "
-                        f"{m['where'][1]}, epoch {m['where'][2]}, call {m['call']}: recorded "
-                        f"{m['recorded']}, asked {m['asked']}), so {stage}'s outputs cannot be "
+                        f"{m.worker}, epoch {m.epoch}, call {m.call}: recorded "
+                        f"{m.recorded}, asked {m.asked}), so {stage}'s outputs cannot be "
                         f"matched between runs: a sampler that shuffles without a seed does "
                         f"this (seed it: torch.manual_seed, or DataLoader(generator=...))")
             if p.missing:
-                m = p.missing
-                return (f"the recording holds {m['recorded']} calls of worker {m['where'][1]}, "
-                        f"epoch {m['where'][2]}; the run made more (the memory budget ended "
+                n = p.missing
+                return (f"the recording holds {n.recorded} calls of worker {n.worker}, "
+                        f"epoch {n.epoch}; the run made more (the memory budget ended "
                         f"the recording, or calls differ between runs)")
         if not any(p.served for p in _replay_parts(r)):
             return f"no fetch call was served ({stage}: the loader's fetchers were not reached)"
@@ -209,29 +209,27 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
             repeats: int) -> None:
     """Each ``stallbench.stage`` of the headline loader served alone from the recording (by
     its hashable arguments): its stall = full - that run, with its interval."""
-    seen: dict[str, dict[str, int]] = {}
+    seen: dict[str, StageServe] = {}
     for r in rec:
         for p in _replay_parts(r):
             for name, d in p.stages.items():
-                acc = seen.setdefault(name, {})
-                for k, n in d.items():
-                    acc[k] = acc.get(k, 0) + int(n)
+                seen[name] = seen.get(name, StageServe()) + d
     marked = sorted({n for s in streams0 if s.name == headline for n in s.stages
                      if n not in AUTOMATIC} | set(seen))
     steady_ok = all(f.phases is not None and f.phases.has_steady for f in full)
     for name in marked:
-        d = seen.get(name, {})
+        d = seen.get(name, StageServe())
         removes = f"stallbench.stage({name!r})"
         why = ""
         if not d:
             why = ("a `with stallbench.stage(...)` block has no return value to serve; "
                    "decorate the function that computes it instead")
-        elif d.get("unkeyed"):
+        elif d.unkeyed:
             why = ("its calls have no hashable argument (a number, a string) to match them "
                    "between runs by")
-        elif d.get("unpicklable") or d.get("unwritable"):
+        elif d.unpicklable or d.unwritable:
             why = "its outputs could not be kept (not picklable, or the disk refused them)"
-        elif not d.get("recorded"):
+        elif not d.recorded:
             why = f"the memory budget ({budget_mb:g} MB) ran out before its calls were kept"
         if why:
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, why,
@@ -239,14 +237,13 @@ def _marked(an: ProfileAnalysis, rec: list[JobRun], full: list[RepeatFigures],
             continue
         try:
             rs = runs_of(f"{removes} served from the recording",
-                         {"mode": "serve", "serve": f"stage:{name}", "dir": str(rec_dir),
-                          "budget_mb": budget_mb}, repeats)
+                         ReplayPlan(mode="serve", serve=f"stage:{name}", dir=str(rec_dir),
+                                    budget_mb=budget_mb), repeats)
         except Failed as exc:
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, str(exc),
                                                 part=part_of(name)))
             continue
-        computed = sum((p.stages.get(name) or {}).get("computed", 0)
-                       for r in rs for p in _replay_parts(r))
+        computed = sum(p.stage(name).computed for r in rs for p in _replay_parts(r))
         if computed:
             an.ablations.append(ProfileAblation(
                 f"stage:{name}", removes, False,
@@ -283,7 +280,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     headline = merge.headline_name(streams0)
     counts = batch_counts(full_runs[0].parts)
     hs = [s for s in streams0 if s.name == headline]
-    settings = hs[0].settings if hs else {}
+    settings = hs[0].settings if hs else LoaderSettings()
     if budget_mb is None:
         rule = budget.machine_budget(max(hs[0].producers if hs else 0, 1))
         budget_mb, budget_basis = rule.mb, rule.basis
@@ -307,7 +304,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     rec_dir = run_root / "replay-record"
     tag = [0]
 
-    def runs_of(label: str, replay: dict[str, Any], n: int) -> list[JobRun]:
+    def runs_of(label: str, replay: ReplayPlan, n: int) -> list[JobRun]:
         out = []
         for r in range(n):
             say(f"analyze: {label} ({r + 1}/{n})")
@@ -324,8 +321,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
     only_runs: list[JobRun] = []
     try:
         only_runs = runs_of("compute-only, loader replaced by its first batches from memory",
-                            {"mode": "compute_only", "keep": keep, "budget_mb": budget_mb,
-                             "counts": counts}, repeats)
+                            ReplayPlan(mode="compute_only", keep=keep, budget_mb=budget_mb,
+                                       counts=counts), repeats)
         vals = [compute_only(r, headline, batches) for r in only_runs]
         if any(v is None for v in vals):
             why = (f"the epoch ({first_epoch} batches) left fewer than 2 batches to serve "
@@ -357,15 +354,15 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
         if no_rec_why:
             raise _Skip
         rec_dir.mkdir(parents=True, exist_ok=True)
-        rec = runs_of("recording every fetch call's items and batch", {
-            "mode": "record", "dir": str(rec_dir), "budget_mb": budget_mb}, 1)
+        rec = runs_of("recording every fetch call's items and batch", ReplayPlan(
+            mode="record", dir=str(rec_dir), budget_mb=budget_mb), 1)
         stop = next((p.budget_stop for r in rec for p in _replay_parts(r)
                      if p.budget_stop), None)
         recorded = sum(p.recorded for r in rec for p in _replay_parts(r))
-        if stop is not None and stop.get("error"):
-            why = f"the recording run could not keep the outputs: {stop['error']}"
+        if stop is not None and stop.error:
+            why = f"the recording run could not keep the outputs: {stop.error}"
         elif stop is not None:
-            why = (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls filled "
+            why = (f"the outputs of the first {stop.bytes / 2**20:.0f} MB of calls filled "
                    f"the memory budget of one process before the run ended ({budget_basis})")
         elif not recorded:
             why = "no fetch call was recorded (the job's loaders do not use torch's fetchers)"
@@ -378,8 +375,8 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                 continue
             try:
                 rs = runs_of(f"{removes} served from the recording",
-                             {"mode": "serve", "serve": serve, "dir": str(rec_dir),
-                              "budget_mb": budget_mb}, repeats)
+                             ReplayPlan(mode="serve", serve=serve, dir=str(rec_dir),
+                                        budget_mb=budget_mb), repeats)
             except Failed as exc:
                 an.ablations.append(ProfileAblation(name, removes, False, str(exc)))
                 continue
@@ -404,7 +401,7 @@ def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
                                             f"recording run: {exc}"))
     finally:
         shutil.rmtree(rec_dir, ignore_errors=True)
-    if settings.get("pin_memory"):
+    if settings.pin_memory:
         an.ablations.append(ProfileAblation(
             FREE, "pin_memory", False,
             "serving pinned batches is not built: pin_memory's cost stays in the loader "

@@ -47,6 +47,7 @@ from ..analysis.loader_search import (advisable, knobs_reached_nothing, not_appl
 from . import knobs as knobs_mod
 from . import merge, redact
 from .launcher import JobRun, exit_status, progress_limit, run_once
+from .agent import wire
 from .agent.wire import Parts
 
 ENV_PREFIXES = ("CUDA_", "OMP_", "MKL_", "NCCL_", "TORCH", "PYTORCH", "RAY_", "PYTHONHASHSEED",
@@ -68,10 +69,10 @@ class PartsLost(UserError):
 
 
 def check_parts(run_dir: Path, where: str) -> None:
-    """Refuse a run whose figures were not all written: a ``lost-*`` marker (``agent/writer.py``:
+    """Refuse a run whose figures were not all written: a ``lost-*`` marker (the agent's writer:
     a write failed and was not made good by a later one), or a run directory that cannot be
     written now (a part written at exit would have failed the same way)."""
-    lost = sorted(run_dir.glob("lost-*")) if run_dir.is_dir() else []
+    lost = sorted(run_dir.glob(f"{wire.LOST_PREFIX}-*")) if run_dir.is_dir() else []
     probe = run_dir / f".probe-{os.getpid()}"
     writable = True
     try:
@@ -306,7 +307,7 @@ def python_flags(argv: list[str]) -> list[str]:
 
 def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
     """The one line for runs that brought back no batch: what happened, from the beat files
-    the agent writes (``agent/beats.py``), so that "no DataLoader was seen" is said only when the
+    the agent writes (``wire.Beat``), so that "no DataLoader was seen" is said only when the
     hooks ran and saw none (a run directory the job removed is ``check_parts``'s). In order:
     the hooks never ran
     (an interpreter without site or PYTHONPATH); batches ran but their figures were lost
@@ -322,26 +323,26 @@ def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
         return ("profile: the hooks never started in the job: " + how + "; stallbench.watch "
                 "cannot help either (it needs the hooks): run the interpreter without -I, -E "
                 "and -S (python -s keeps the user site out and is still measured) " + where)
-    ran = sum(int(b.get("batches") or 0) for b in beats)
+    ran = sum(b.batches for b in beats)
     if ran:
-        gone = [b for b in beats if b.get("batches") and not b.get("exited")]
-        why = (f"process {gone[0]['pid']} ended without running its exit handlers "
+        gone = [b for b in beats if b.batches and not b.exited]
+        why = (f"process {gone[0].pid} ended without running its exit handlers "
                "(os._exit, or killed) before its figures were written" if gone else
                "their part files could not be written (the job's stderr says why)")
         from .launcher import last_batch
         return (f"profile: the job ran batches (at least {ran}; the last reported: "
                 f"{last_batch(beats)}), but their figures were lost: {why} {where}")
-    loaders = [n for b in beats for n in (b.get("loaders") or [])]
+    loaders = [n for b in beats for n in b.loaders]
     if loaders:
         from ..outputs import one_line
         names = ", ".join(one_line(n) for n in dict.fromkeys(loaders))
-        if any(b.get("empty") for b in beats):
+        if any(b.empty for b in beats):
             return (f"profile: the job's loader ({names}) yielded no batch: it is empty (its "
                     f"dataset or sampler has no items, or drop_last dropped them) {where}")
         return (f"profile: the job made a loader ({names}) but exited before its first "
                 f"batch {where}")
-    early = next((r.pid for r in runs for b in r.beats if b.get("pid") == r.pid
-                  and not b.get("exited")), None)
+    early = next((r.pid for r in runs for b in r.beats if b.pid == r.pid
+                  and not b.exited), None)
     ended = (f", whose process {early} ended without running its exit handlers (os._exit, "
              "or a signal)" if early is not None else "")
     return ("no DataLoader or Ray Data iteration was seen in the job (variant "
@@ -357,15 +358,15 @@ def cut_short(runs: list[JobRun]) -> str | None:
     about once a second), so its last batches may be missing. Counted and said, never
     published as a whole epoch; None when every process ended through its exit handlers or
     ended its epochs."""
-    gone = [b for r in runs for b in r.beats if b.get("batches") and not b.get("exited")]
+    gone = [b for r in runs for b in r.beats if b.batches and not b.exited]
     if not gone:
         return None
     streams = [s for r in runs for s in merge.streams(r.parts)]
     if all(s.ended for s in streams):
         return None
     kept = sum(s.batches for s in streams)
-    ran = sum(int(b.get("batches") or 0) for r in runs for b in r.beats)
-    return (f"process {gone[0]['pid']} ended without running its exit handlers (os._exit, or "
+    ran = sum(b.batches for r in runs for b in r.beats)
+    return (f"process {gone[0].pid} ended without running its exit handlers (os._exit, or "
             f"killed) in the middle of an epoch: the figures hold its batches up to its last "
             f"write ({kept} batch(es) measured; the job's processes reported at least {ran})")
 

@@ -33,7 +33,7 @@ from . import budget, knobs, merge, session
 from .agent import doors
 from .launcher import (JobRun, NoProgress, exit_status, progress_limit, read_beats, read_parts,
                        run_once)
-from .agent.wire import Parts
+from .agent.wire import LoaderSettings, Parts, ReplayPlan
 
 KNOWN_WITHIN = 0.05         # a trial's rate is known when its 90% interval is +-5%
 MIN_EPOCHS = 2              # epochs after the first that a rate needs (two boundaries)
@@ -67,7 +67,7 @@ class Measured:
     epochs: int
     kind: str
     name: str
-    settings: dict[str, Any]
+    settings: LoaderSettings
 
 
 def _base(name: str) -> str:
@@ -173,14 +173,13 @@ class Enough:
 
     def __call__(self, run_dir: Path) -> str:
         beats = read_beats(run_dir)
-        batches = max((int(b.get("batches") or 0) for b in beats), default=0)
+        batches = max((b.batches for b in beats), default=0)
         if self.trial_batches and batches >= self.trial_batches:
             return f"--trial-batches {self.trial_batches} reached"
         now = time.monotonic()
         if self.deadline is not None and now >= self.deadline and batches:
             return "the tune's budget ran out"
-        where = max((tuple(b["last"][:2]) for b in beats
-                     if isinstance(b.get("last"), list) and len(b["last"]) > 1),
+        where = max((b.last[:2] for b in beats if b.last is not None),
                     key=lambda x: x[1], default=("", 0))
         if where == self.last and now < self.next_read:
             return ""
@@ -255,15 +254,13 @@ def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
         wait_share=(sum(waits) / t) if t > 0 else math.nan,
         step_s=step_med if steps else math.nan,
         wait_s=wait_s, wait_p90_s=p90, startup_share=startup / t if t > 0 else 0.0,
-        rows=rows / n if n else math.nan, workers=int(st.get("num_workers") or 0),
-        persistent=bool(st.get("persistent_workers")),
-        prefetch_factor=st.get("prefetch_factor") if isinstance(st.get("prefetch_factor"), int)
-        else None,
-        pin_memory=bool(st.get("pin_memory")), cuda=bool(s.gpu_wait),
+        rows=rows / n if n else math.nan, workers=st.num_workers,
+        persistent=st.persistent_workers, prefetch_factor=st.prefetch_factor,
+        pin_memory=st.pin_memory, cuda=bool(s.gpu_wait),
         threads=s.torch_threads, epochs=len(spans),
         producer_cpu_share=stage_cpu / stage_wall if stage_wall > 0 else math.nan)
     return Measured(trial, basis, s.batches, sum(1 for sp in spans if sp[4]), s.kind, s.name,
-                    dict(st))
+                    st)
 
 
 class _Budget:
@@ -309,7 +306,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
     tag = [0]
     every: list[JobRun] = []
 
-    def one(settings: dict[str, Any], label: str, replay: dict[str, Any] | None = None
+    def one(settings: dict[str, Any], label: str, replay: ReplayPlan | None = None
             ) -> JobRun:
         tag[0] += 1
         say(f"run {tag[0]}: {label}")
@@ -358,7 +355,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         ceiling, ceiling_note = _ceiling(base_run, base, one, clock)
         say(f"ceiling: {ceiling_note}")
         ctx = search.Context(kind=kind, cores=machine.cores, ceiling=ceiling, keys=keys,
-                             prefetch_batches=int(base.settings.get("prefetch_batches") or 1))
+                             prefetch_batches=base.settings.prefetch_batches)
         # 3. the search; a trial whose setting hangs the job is stopped and recorded
         hang = _hang_limit(base_run, opts.progress_timeout)
         stop_reason, stop_text = "", ""
@@ -569,7 +566,7 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
     keep = max(1, min(KEEP_BATCHES, first // 4))
     rule = budget.machine_budget(max(base.trial.workers, 1))
     run = one({}, "the compute-only ceiling (the loader served from memory)",
-              {"mode": "compute_only", "keep": keep, "budget_mb": rule.mb, "counts": counts})
+              ReplayPlan(mode="compute_only", keep=keep, budget_mb=rule.mb, counts=counts))
     if run.exit_code != 0 and not run.stopped:
         return None, (f"not measured: the job exited with code {exit_status(run.exit_code)} "
                       "with its loader served from memory")

@@ -13,7 +13,7 @@ import profile_helpers as helpers
 from stallbench.analysis import figures
 from stallbench.profile import ablate
 from stallbench.profile.agent import doors
-from stallbench.profile.agent import wire as parts
+from stallbench.profile.agent import wire
 from stallbench.profile.agent.wire import Parts
 from stallbench.profile.launcher import JobRun
 
@@ -49,12 +49,12 @@ def test_calls_keyed_by_their_hashable_arguments() -> None:
 
 def _parts(dicts: list[dict]) -> Parts:
     """Part files as the hooks write them (the keys ``parts`` reads), typed."""
-    kinds = {"trainer": parts.Trainer, "replay": parts.Replay, "worker": parts.Worker}
+    kinds = {"trainer": wire.Trainer, "replay": wire.Replay, "worker": wire.Worker}
     got: dict = {"trainer": [], "replay": [], "worker": [], "epochs": []}
     for d in dicts:
         role = d.get("role")
         if role is None:
-            got["epochs"].append(parts.Epochs.from_json(d, d.get("seq", 0)))
+            got["epochs"].append(wire.Epochs.from_json(d, d.get("seq", 0)))
         else:
             got[role].append(kinds[role].from_json(d))
     return Parts(tuple(got["trainer"]), tuple(got["epochs"]), tuple(got["worker"]),
@@ -151,7 +151,7 @@ def test_views_of_one_big_storage_record_what_they_reference(tmp_path) -> None:
     import torch
 
     rp = _replay_module()
-    rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
+    rp.setup(wire.ReplayPlan(mode="record", dir=str(tmp_path), budget_mb=64))
     rec = rp.recording
     rows = torch.arange(4_000_000, dtype=torch.float32).view(-1, 1000)   # 16 MB, 4 KB a row
     calls, per = 40, 8
@@ -171,7 +171,7 @@ def test_views_of_one_big_storage_record_what_they_reference(tmp_path) -> None:
 
     # the same calls pickled as they were (no compaction): the 64 MB budget stops at call 4
     again = _replay_module()
-    again.setup({"mode": "record", "dir": str(tmp_path / "raw"), "budget_mb": 64})
+    again.setup(wire.ReplayPlan(mode="record", dir=str(tmp_path / "raw"), budget_mb=64))
     (tmp_path / "raw").mkdir()
     raw = again.recording
     raw.compact = lambda obj: obj
@@ -236,7 +236,7 @@ def test_every_epochs_recording_is_read_at_the_first_serving_call(tmp_path) -> N
     job at 0 workers read 0.8 s of "loader hand-off" that no hand-off made. All epochs are
     read at the first call now (start-up), each epoch's calls kept apart."""
     rp = _replay_module()
-    rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
+    rp.setup(wire.ReplayPlan(mode="record", dir=str(tmp_path), budget_mb=64))
     rec = rp.recording
     for epoch in range(3):
         for n in range(4):

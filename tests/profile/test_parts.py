@@ -1,5 +1,5 @@
-"""The part files (``profile/agent/wire.py``): what the agent writes is what the launcher reads,
-one record type per file kind, versioned, parsed once per run (issue 40)."""
+"""The part files (``profile/agent/wire/parts.py``): what the agent writes is what the
+launcher reads, one record type per file kind, versioned, parsed once per run (issue 40)."""
 
 from __future__ import annotations
 

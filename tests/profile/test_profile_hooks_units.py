@@ -33,7 +33,7 @@ def test_pin_thread_time_goes_to_its_own_loader() -> None:
 
 def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
     a = _agent()
-    a.state.SETTINGS = {"run_dir": str(tmp_path)}
+    a.state.SETTINGS = a.wire.Settings(run_dir=str(tmp_path))
 
     class Odd:                      # neither JSON nor a scalar: written as its type's name
         def __str__(self) -> str:   # (never its __str__: no user code runs in hook code)
@@ -42,7 +42,7 @@ def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
     a.writer.flush()
     part = json.loads(next(tmp_path.glob("part-*.json")).read_text())
     assert part["streams"][0]["settings"]["odd"].endswith(".Odd>")
-    a.state.SETTINGS = {"run_dir": str(tmp_path / "gone")}     # no such directory
+    a.state.SETTINGS = a.wire.Settings(run_dir=str(tmp_path / "gone"))    # no such dir
     a.writer.flush()
     a.writer.flush()
     err = capsys.readouterr().err
@@ -83,7 +83,7 @@ def test_a_ray_train_worker_writes_its_last_epoch_at_shutdown(tmp_path: Path) ->
     import types
 
     a = _agent()
-    a.state.SETTINGS = {"run_dir": str(tmp_path)}
+    a.state.SETTINGS = a.wire.Settings(run_dir=str(tmp_path))
     door = a.util.door_of("ray.iter_torch_batches")
     st = a.streams.Stream("ray.iter_torch_batches", "StreamSplitDataIterator", {"batch_size": 4})
     for epoch in range(2):

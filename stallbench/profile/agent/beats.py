@@ -16,21 +16,26 @@ import socket
 from . import state, wire, writer
 
 BEAT_S = 0.5
-BEAT: dict = {"loaders": [], "batches": 0, "last": None, "empty": 0, "exited": False}
+_names: list = []         # the names of this process's first loaders (a few)
+_batches = 0
+_last = None            # (stream name, epoch, batch index) of the last batch
+_empty = 0
+_exited = False
 _next_beat = 0.0
 _flush_asked = False
 
 
 def loader_made(name: str) -> None:
     """A stream was made: its name for the launcher's lines (a few), said at once."""
-    if len(BEAT["loaders"]) < 8:
-        BEAT["loaders"].append(name)
+    if len(_names) < 8:
+        _names.append(name)
     beat(force=True)
 
 
 def empty_pass() -> None:
     """A pass that yielded nothing (an empty loader), said at once."""
-    BEAT["empty"] += 1
+    global _empty
+    _empty += 1
     beat(force=True)
 
 
@@ -38,9 +43,10 @@ def count_batch(name: str, epoch: int, index: int, t: float | None = None) -> No
     """One more batch of this process (the last: batch ``index`` of epoch ``epoch`` of stream
     ``name``); with ``t`` (the stream's clock), the beat is rewritten when due: at the
     process's first batch and every ``BEAT_S``."""
-    BEAT["batches"] += 1
-    BEAT["last"] = (name, epoch, index)
-    if t is not None and (t >= _next_beat or BEAT["batches"] == 1):
+    global _batches, _last
+    _batches += 1
+    _last = (name, epoch, index)
+    if t is not None and (t >= _next_beat or _batches == 1):
         beat(force=True)
 
 
@@ -54,7 +60,7 @@ def beat(force: bool = False) -> None:
     if not force and now < _next_beat:
         return
     _next_beat = now + BEAT_S
-    run_dir = state.SETTINGS.get("run_dir")
+    run_dir = state.SETTINGS.run_dir
     if not run_dir:
         return
     try:
@@ -64,9 +70,12 @@ def beat(force: bool = False) -> None:
     except Exception:  # noqa: BLE001 - a hint
         pass
     try:
-        path = os.path.join(run_dir, f"beat-{socket.gethostname()}-{os.getpid()}")
+        pid = os.getpid()
+        path = os.path.join(run_dir, wire.Beat.file_name(socket.gethostname(), pid))
+        rec = wire.Beat(pid=pid, loaders=tuple(_names), batches=_batches, last=_last,
+                        empty=_empty, exited=_exited)
         with open(path + ".tmp", "w") as fh:
-            fh.write(json.dumps(BEAT))
+            fh.write(json.dumps(rec.to_json()))
         os.replace(path + ".tmp", path)
     except Exception:  # noqa: BLE001 - never fail the job for a hint
         pass
@@ -74,5 +83,6 @@ def beat(force: bool = False) -> None:
 
 def beat_exit() -> None:
     """At exit (after the final flush): the process ended through its exit handlers."""
-    BEAT["exited"] = True
+    global _exited
+    _exited = True
     beat(force=True)

@@ -27,7 +27,6 @@ import atexit
 import importlib
 import importlib.abc
 import importlib.util
-import json
 import os
 import sys
 
@@ -68,7 +67,7 @@ def load_doors() -> list:
 
 def active() -> bool:
     """Whether the agent measures this process (``markers`` asks before it hands over)."""
-    return bool(state.SETTINGS.get("run_dir"))
+    return bool(state.SETTINGS.run_dir)
 
 
 def watch(iterable, name: str | None = None):
@@ -122,12 +121,12 @@ class _PostImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _load_replay(cfg: dict) -> None:
+def _load_replay(plan: wire.ReplayPlan) -> None:
     """The replay module (issue 28), only for an ablation run: a plain profile never runs
     a line of it."""
     try:
         mod = sibling("replay")
-        mod.setup(cfg)
+        mod.setup(plan)
         state.REPLAY = mod
     except Exception as exc:  # noqa: BLE001 - the run goes on unablated, and says so
         util.say(f"replay not loaded ({type(exc).__name__}: {exc}); this ablation run is void")
@@ -167,14 +166,11 @@ def _patch_exec() -> None:
 
 def install() -> None:
     """Read the settings, hook the targets (now if already imported), flush at exit."""
-    try:
-        state.SETTINGS = json.loads(os.environ.get(wire.ENV, "{}"))
-    except ValueError:
-        state.SETTINGS = {}
-    if not state.SETTINGS.get("run_dir"):
+    state.SETTINGS = wire.Settings.from_env(os.environ)
+    if not state.SETTINGS.run_dir:
         return
-    if state.SETTINGS.get("replay"):
-        _load_replay(state.SETTINGS["replay"])
+    if state.SETTINGS.replay is not None:
+        _load_replay(state.SETTINGS.replay)
     load_doors()
     for name, patch in TARGETS.items():
         mod = sys.modules.get(name)

@@ -18,9 +18,9 @@ import socket
 import sys
 import threading
 
-from . import util
+from . import util, wire
 
-CFG: dict = {}
+PLAN = wire.ReplayPlan(mode="")     # as sent in (``configure``)
 MODE = ""
 LOCK = threading.Lock()
 _REC_FILES: dict = {}
@@ -41,10 +41,10 @@ class Stats:
         self.recorded = 0
         self.recorded_bytes = 0
         self.unserved_batches = 0
-        self.budget_stop = None
-        self.mismatch = None
-        self.missing = None
-        self.stages: dict = {}
+        self.budget_stop: wire.BudgetStop | None = None
+        self.mismatch: wire.Mismatch | None = None
+        self.missing: wire.Missing | None = None
+        self.stages: dict = {}          # name -> {what: calls} (``wire.StageServe``'s)
 
     def stage(self, name: str, what: str) -> None:
         with LOCK:
@@ -55,21 +55,21 @@ class Stats:
 STATS = Stats()
 
 
-def configure(cfg: dict) -> None:
-    global CFG, MODE
-    CFG = cfg
-    MODE = str(cfg.get("mode", ""))
+def configure(plan: wire.ReplayPlan) -> None:
+    global PLAN, MODE
+    PLAN = plan
+    MODE = plan.mode
 
 
 def budget() -> int:
-    return int(float(CFG.get("budget_mb", 512)) * 1024 * 1024)
+    return int(float(PLAN.budget_mb) * 1024 * 1024)
 
 
 def rec_path(where: tuple, pid: int | None = None) -> str:
     o, w, e = where
     tail = f"-p{pid}" if pid is not None else "-p*"
     rank = util.rank()["rank"]     # torchrun: each rank has its own loader and sampler shard
-    return os.path.join(CFG["dir"], f"rec-r{rank}-o{o}-w{w}-e{e}{tail}.pkl")
+    return os.path.join(PLAN.dir, f"rec-r{rank}-o{o}-w{w}-e{e}{tail}.pkl")
 
 
 # a tensor is recorded as a compact copy when the storage it views holds more than this many
@@ -155,13 +155,14 @@ def record(where, entry) -> None:
     try:
         blob = pickle.dumps(compact(entry), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - an unpicklable item: no recording, job goes on
-        STATS.budget_stop = {"where": list(where), "call": entry[0], "bytes": 0,
-                             "error": f"cannot pickle the outputs ({type(exc).__name__})"}
+        STATS.budget_stop = wire.BudgetStop(
+            where=tuple(where), call=entry[0], bytes=0,
+            error=f"cannot pickle the outputs ({type(exc).__name__})")
         return
     with LOCK:
         if STATS.recorded_bytes + len(blob) > budget():
-            STATS.budget_stop = {"where": list(where), "call": entry[0],
-                                 "bytes": STATS.recorded_bytes}
+            STATS.budget_stop = wire.BudgetStop(where=tuple(where), call=entry[0],
+                                                bytes=STATS.recorded_bytes)
             return
         try:
             fh = _REC_FILES.get(where)
@@ -170,8 +171,8 @@ def record(where, entry) -> None:
             fh.write(blob)
             fh.flush()
         except OSError as exc:      # the job goes on; the recording is void and says why
-            STATS.budget_stop = {"where": list(where), "call": entry[0],
-                                 "bytes": STATS.recorded_bytes, "error": str(exc)}
+            STATS.budget_stop = wire.BudgetStop(where=tuple(where), call=entry[0],
+                                                bytes=STATS.recorded_bytes, error=str(exc))
             return
         STATS.recorded += 1
         STATS.recorded_bytes += len(blob)
@@ -189,12 +190,13 @@ def record_stage(name: str, key: str, out) -> None:
         return
     with LOCK:
         if STATS.recorded_bytes + len(blob) > budget():
-            STATS.budget_stop = {"where": [name], "call": 0, "bytes": STATS.recorded_bytes}
+            STATS.budget_stop = wire.BudgetStop(where=(name,), call=0,
+                                                bytes=STATS.recorded_bytes)
             return
         try:
             if not _STAGE_FILE:
                 _STAGE_FILE.append(open(os.path.join(
-                    CFG["dir"], f"stage-rec-{socket.gethostname()}-{os.getpid()}.pkl"), "ab"))
+                    PLAN.dir, f"stage-rec-{socket.gethostname()}-{os.getpid()}.pkl"), "ab"))
             _STAGE_FILE[0].write(blob)
             _STAGE_FILE[0].flush()
             STATS.recorded_bytes += len(blob)
@@ -274,6 +276,6 @@ def stage_records(name: str) -> dict:
             n, key, out = rec
             if n == name:
                 recs.setdefault(key, out)
-        loaded(sorted(glob.glob(os.path.join(CFG["dir"], "stage-rec-*.pkl"))), keep)
+        loaded(sorted(glob.glob(os.path.join(PLAN.dir, "stage-rec-*.pkl"))), keep)
         _STAGE_REC[name] = recs
     return recs

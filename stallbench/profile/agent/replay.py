@@ -44,8 +44,8 @@ _CALLS: dict = {}             # (order, worker, epoch) -> calls so far in this p
 _LOCK = recording.LOCK
 
 
-def setup(cfg: dict) -> None:
-    recording.configure(cfg)
+def setup(plan: wire.ReplayPlan) -> None:
+    recording.configure(plan)
 
 
 def nbytes(batch, depth: int = 0) -> int:
@@ -76,7 +76,7 @@ def nbytes(batch, depth: int = 0) -> int:
 # ------------------------------------------------------------------ compute-only (trainer)
 
 def _expected(stream, it, epoch: int) -> int | None:
-    counts = (recording.CFG.get("counts") or {}).get(stream.name)
+    counts = recording.PLAN.counts.get(stream.name)
     if counts:
         return int(counts[epoch]) if epoch < len(counts) else int(counts[-1])
     try:
@@ -99,7 +99,7 @@ def source(stream, ep, source_fn, it):
         return source_fn
     kept = _KEPT.setdefault(stream.key, [])
     epoch = len(stream.epochs) - 1
-    keep = int(recording.CFG.get("keep", 8))
+    keep = recording.PLAN.keep
 
     def serve(i):
         done = len(ep.wait)
@@ -167,9 +167,9 @@ def _index_key(index):
 def fetch(fetcher, index, orig, col):
     """A fetcher's ``fetch`` under ``record`` or ``serve`` (the DataLoader door's
     ``_patch_fetch`` calls this inside its timers; ``col``: the fetcher's timed collate)."""
-    mode, cfg = recording.MODE, recording.CFG
+    mode, serve = recording.MODE, recording.PLAN.serve
     if mode not in ("record", "serve") or (mode == "serve" and
-                                           cfg.get("serve") not in ("items", "batch")):
+                                           serve not in ("items", "batch")):
         return orig(fetcher, index)
     where = _where()
     n = _next_call(where)
@@ -192,20 +192,20 @@ def fetch(fetcher, index, orig, col):
         recording.record(where, (n, idx, items_box[0] if items_box else None, out, ""))
         return out
     recs = recording.load(where)
-    stage = cfg.get("serve", "items")
+    stage = serve
     if n >= len(recs):
         with _LOCK:
             STATS.computed += 1
             if STATS.missing is None:
-                STATS.missing = {"where": list(where), "call": n, "recorded": len(recs)}
+                STATS.missing = wire.Missing(where=tuple(where), call=n, recorded=len(recs))
         return orig(fetcher, index)
     _, r_idx, items, batch, flag = recs[n]
     if not _same(r_idx, idx):
         with _LOCK:
             STATS.computed += 1
             if STATS.mismatch is None:
-                STATS.mismatch = {"where": list(where), "call": n,
-                                  "recorded": _short(r_idx), "asked": _short(idx)}
+                STATS.mismatch = wire.Mismatch(where=tuple(where), call=n,
+                                               recorded=_short(r_idx), asked=_short(idx))
         return orig(fetcher, index)
     with _LOCK:
         STATS.served += 1
@@ -232,21 +232,24 @@ def _short(x):
 
 def flush() -> None:
     """This process's replay part (written where the agent writes its parts)."""
-    run_dir = state.SETTINGS.get("run_dir")
+    run_dir = state.SETTINGS.run_dir
     if not run_dir:
         return
     recording.flush_files()
-    with _LOCK:
-        stat = json.loads(json.dumps(vars(STATS), default=str))     # deep, under the lock
+    with _LOCK:         # a copy under the lock: fetches count while this runs
         rec = wire.Replay(
-            pid=os.getpid(), mode=recording.MODE, serve=recording.CFG.get("serve"),
-            worker=state.PROC.worker_loader is not None, **stat,
-            served_from=json.loads(json.dumps(_SERVED_FROM, default=str)),
-            kept={k: len(v) for k, v in _KEPT.items()}, kept_bytes=dict(_KEPT_BYTES))
+            pid=os.getpid(), mode=recording.MODE, serve=recording.PLAN.serve,
+            worker=state.PROC.worker_loader is not None, served=STATS.served,
+            computed=STATS.computed, recorded=STATS.recorded,
+            recorded_bytes=STATS.recorded_bytes, unserved_batches=STATS.unserved_batches,
+            budget_stop=STATS.budget_stop, mismatch=STATS.mismatch, missing=STATS.missing,
+            served_from={k: list(v) for k, v in _SERVED_FROM.items()},
+            kept={k: len(v) for k, v in _KEPT.items()}, kept_bytes=dict(_KEPT_BYTES),
+            stages={k: wire.StageServe(**v) for k, v in STATS.stages.items()})
     if not (rec.served or rec.computed or rec.recorded or rec.stages or rec.budget_stop
             or rec.unserved_batches):
         return
-    path = os.path.join(run_dir, f"{rec.PREFIX}-{socket.gethostname()}-{os.getpid()}.json")
+    path = os.path.join(run_dir, rec.file_name(socket.gethostname(), os.getpid()))
     tmp = f"{path}.tmp"
     try:
         with open(tmp, "w") as fh:
@@ -290,7 +293,7 @@ def stage_call(name: str, fn, a: tuple, k: dict):
             return out
         recording.record_stage(name, key, out)
         return out
-    if recording.MODE == "serve" and recording.CFG.get("serve") == f"stage:{name}":
+    if recording.MODE == "serve" and recording.PLAN.serve == f"stage:{name}":
         recs = recording.stage_records(name)
         key = arg_key(a, k)
         if key is not None and key in recs:
@@ -299,5 +302,5 @@ def stage_call(name: str, fn, a: tuple, k: dict):
         STATS.stage(name, "computed")
         with _LOCK:
             if STATS.missing is None:
-                STATS.missing = {"where": [name], "call": key, "recorded": len(recs)}
+                STATS.missing = wire.Missing(where=(name,), call=key, recorded=len(recs))
     return fn(*a, **k)

@@ -4,7 +4,8 @@ its streams and stage records, which loader it serves, its process image, the do
 Why a module of its own: the agent's other modules read this state and some rebind it (an
 install reads the settings, a fork gets a new image), so it lives in one place and is always
 reached as ``state.NAME``, never copied by ``from .state import NAME`` (a later rebinding
-would not reach the copy). The doors never reach it: they get the core's interface
+would not reach the copy); only what is never rebound (the clocks, ``ACTIVE``, ``LOCK``) may
+be kept in a module's own name where a batch's hot path reads it. The doors never reach it: they get the core's interface
 (``core.Core``), whose accessors read it here at each call.
 """
 
@@ -16,6 +17,8 @@ import time
 import types
 import weakref
 
+from . import wire
+
 LOADER_ENV = "STALLBENCH_PROFILE_LOADER"   # "trainer pid:loader order", for spawned workers
 EPOCH_ENV = "STALLBENCH_PROFILE_EPOCH"     # the epoch spawned workers start for (replay)
 HERE = os.path.dirname(os.path.abspath(__file__))    # the agent's folder (its frames: ours)
@@ -23,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))    # the agent's folder (its f
 perf = time.perf_counter
 tcpu = time.thread_time
 
-SETTINGS: dict = {}
+SETTINGS = wire.Settings()      # as sent in (``install`` reads them): none until then
 STREAMS: list = []              # this process's streams, in creation order
 LOCK = threading.Lock()
 ACTIVE = threading.local()      # the stream whose batch this thread is fetching (0 workers)

@@ -21,9 +21,13 @@ import sys
 import threading
 import time
 
-from . import beats, rows, state, util, wire, writer
+from . import beats, state, util, wire, writer
+from .rows import rows as count_rows
 
 UNREAD = object()       # ``Stream.length`` before the first pass read it
+# never rebound (``state``'s docstring): read once, per batch they are this module's globals
+perf = state.perf
+ACTIVE = state.ACTIVE
 
 
 class Epoch:
@@ -51,33 +55,33 @@ class Epoch:
         self.cpu1: float | None = None
 
     def record(self, t0: float):
-        """This pass as the part files carry it (``parts.Epoch``), times from ``t0``."""
+        """This pass as the part files carry it (``wire.Epoch``), times from ``t0``."""
         steps = list(self.step)
         if self.t_end is not None and self.t_req:
             steps.append(self.t_end - self.t_last)   # the last batch's step ends at the end call
-        gpu = _cuda_times(self.cuda) if self.cuda else {}
+        gpu_wait, gpu_step, gpu_error = _cuda_times(self.cuda) if self.cuda else ((), (), "")
         return wire.Epoch(
             t_iter=self.t_iter - t0, t_req=tuple(t - t0 for t in self.t_req),
             wait=tuple(self.wait), step=tuple(steps), rows=tuple(self.rows),
             ended=self.t_end is not None, capped=self.capped,
             t_end=(self.t_end if self.t_end is not None else self.t_last) - t0,
             cpu_s=(self.cpu1 if self.cpu1 is not None else time.process_time()) - self.cpu0,
-            gpu_wait=tuple(gpu.get("wait", ())), gpu_step=tuple(gpu.get("step", ())),
-            gpu_error=str(gpu.get("error", "")))
+            gpu_wait=tuple(gpu_wait), gpu_step=tuple(gpu_step), gpu_error=gpu_error)
 
 
-def _cuda_times(events: list) -> dict:
+def _cuda_times(events: list) -> tuple:
     """GPU-side wait and step per batch from CUDA events recorded on the current stream when
     the loop asked for a batch (``a``) and when it got it (``b``): wait_i = a_i -> b_i on the
     GPU's clock (the GPU idled that long only if it had finished the previous step's work),
-    step_i = b_i -> a_{i+1} (what the GPU spent on the loop's kernels)."""
+    step_i = b_i -> a_{i+1} (what the GPU spent on the loop's kernels). (wait, step, error):
+    a read that failed has no times and its error."""
     try:
         events[-1][1].synchronize()
         wait = [a.elapsed_time(b) / 1e3 for a, b in events]
         step = [events[i][1].elapsed_time(events[i + 1][0]) / 1e3 for i in range(len(events) - 1)]
-        return {"wait": wait, "step": step}
+        return wait, step, ""
     except Exception as exc:  # noqa: BLE001 - a failed GPU read must not fail the job
-        return {"error": str(exc)[:200]}
+        return (), (), str(exc)[:200]
 
 
 class Stream:
@@ -94,7 +98,6 @@ class Stream:
         stream of this process that was iterated has that name (decided at the first pass:
         a Hugging Face ``Trainer`` makes a DataLoader it never iterates and the prepared copy
         it does, both in ``get_train_dataloader``); else ``<label>#<order>``."""
-        settings = settings or {}
         with state.LOCK:
             self.order = len(state.STREAMS)
             state.STREAMS.append(self)
@@ -103,11 +106,11 @@ class Stream:
         self.name = named or f"{label}#{self.order}"
         self.named = named
         self.key = f"{os.getpid()}-{state.IMAGE}:{self.order}"
-        self.settings = settings
+        self.settings = wire.LoaderSettings(settings)
         self.notes: list = []
         self.epochs: list = []
         self.written = 0            # epochs already in an epochs-*.json file
-        self.default_rows = int(self.settings.get("batch_size") or 1)
+        self.default_rows = self.settings.batch_rows
         self.unmeasured = ""
         self.busy = 0               # the thread inside next_batch now (0: none)
         self.role = ""              # "producer": a thread that feeds the loop a queue
@@ -155,14 +158,14 @@ class Stream:
             return source(it)
         measured = False            # decided inside the guard; the batch is made outside it,
         try:                        # so the job's own exceptions are never taken for ours
-            t0 = state.perf()
+            t0 = perf()
             me = threading.get_ident()
             if self.busy or ep.abandoned:
                 # another thread inside now, or a pass resumed after a later one began: two
                 # loops over one loader (two threads), whose figures would be half of each
                 self.switch_off("it was iterated from two threads or by two passes at once, "
                                 "so its waits and steps are not one loop's")
-            elif cap_reached(ep, state.SETTINGS.get("max_batches")):
+            elif cap_reached(ep, state.SETTINGS.max_batches):
                 if not ep.capped:
                     ep.capped = True
                     self.end_epoch(ep, t0)
@@ -176,7 +179,7 @@ class Stream:
                 replay = state.REPLAY
                 if replay is not None:
                     source = replay.source(self, ep, source, it)
-                prev = getattr(state.ACTIVE, "stream", None)
+                prev = getattr(ACTIVE, "stream", None)
                 measured = True
         except StopIteration:
             raise
@@ -184,7 +187,7 @@ class Stream:
             self.switch_off("its batches could not be timed")
         if not measured:
             return source(it)
-        state.ACTIVE.stream = self
+        ACTIVE.stream = self
         self.busy = me
         try:
             batch = source(it)
@@ -196,9 +199,9 @@ class Stream:
             raise
         finally:
             self.busy = 0
-            state.ACTIVE.stream = prev
+            ACTIVE.stream = prev
         try:
-            t1 = state.perf()
+            t1 = perf()
             if ep.t_req:
                 ep.step.append(t0 - ep.t_last)
                 ep.t_req.append(t0)
@@ -207,15 +210,15 @@ class Stream:
                 ep.t_req.append(ep.t_iter)
                 ep.wait.append(t1 - ep.t_iter)
             ep.t_last = t1
-            ep.rows.append(rows.rows(batch, self.default_rows))
+            ep.rows.append(count_rows(batch, self.default_rows))
             if me != state.MAIN:   # a put of it into a queue.Queue: a feed (thread_queue);
-                state.ACTIVE.produced = (self, id(batch), ep.rows[-1])  # main never feeds
+                ACTIVE.produced = (self, id(batch), ep.rows[-1])    # main never feeds
             if cuda is not None:
                 if ep.cuda is None:
                     ep.cuda = []
                 ep.cuda.append((cuda, _cuda_event()))
             beats.count_batch(self.name, len(self.epochs), len(ep.wait), t1)
-            if writer.periodic_due(t1):
+            if t1 >= writer.periodic_at:
                 writer.flush(force=False)
         except Exception:  # noqa: BLE001
             self.switch_off("its batches could not be timed")
@@ -235,7 +238,7 @@ class Stream:
     def record(self):
         """This stream as the part files carry it (``parts.Stream``)."""
         return wire.Stream(kind=self.kind, name=self.name, order=self.order, key=self.key,
-                            settings=dict(self.settings), notes=tuple(self.notes),
+                           settings=self.settings, notes=tuple(self.notes),
                             unmeasured=self.unmeasured, role=self.role, fed_by=self.fed_by)
 
     def pending_epochs(self, t0: float, all_: bool) -> tuple[list, int]:

@@ -30,7 +30,8 @@ FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writi
 T0_PERF = state.perf()
 T0_WALL = time.time()
 _next_flush = 0.0           # a loader worker's next flush (``stages.stage_add`` asks)
-_next_periodic = 0.0        # the next mid-epoch flush (FLUSH_S, or more if writes are slow)
+periodic_at = 0.0           # the next mid-epoch flush (FLUSH_S, or more if writes are slow):
+                            # the stream's clock compares each batch's time with it
 _next_epoch_flush = 0.0     # the earliest epoch-end flush of the same stream again
 _last_end_key = ""          # the stream whose epoch end was flushed last
 _seq = 0                    # this image's epochs files so far
@@ -39,7 +40,7 @@ _seq = 0                    # this image's epochs files so far
 def write(name: str, payload: dict) -> bool:
     """One part file, atomically replaced; False (and ``state.LOST`` counted, a ``lost-*``
     marker left: an empty file, which a full disk still takes) when it could not be written."""
-    run_dir = state.SETTINGS.get("run_dir")
+    run_dir = state.SETTINGS.run_dir
     if not run_dir:
         return True
     path = os.path.join(run_dir, name)
@@ -64,8 +65,8 @@ def write(name: str, payload: dict) -> bool:
 
 
 def _lost_marker() -> str:
-    return os.path.join(state.SETTINGS.get("run_dir") or ".",
-                        f"lost-{socket.gethostname()}-{os.getpid()}-{state.IMAGE}")
+    return os.path.join(state.SETTINGS.run_dir or ".",
+                        wire.lost_marker(socket.gethostname(), os.getpid(), state.IMAGE))
 
 
 def _recovered() -> None:
@@ -145,13 +146,13 @@ def _flush(force: bool, epoch_end: str) -> None:
     this one would take more than ``FLUSH_BUDGET`` of the time since; mid-epoch every
     ``FLUSH_S`` (or longer, by the same budget). A pending epoch end is written by the next
     periodic flush."""
-    global _seq, _next_periodic, _next_epoch_flush, _last_end_key
+    global _seq, periodic_at, _next_epoch_flush, _last_end_key
     now = state.perf()
     if not force:
         if epoch_end:
             if epoch_end == _last_end_key and now < _next_epoch_flush:
                 return
-        elif now < _next_periodic:
+        elif now < periodic_at:
             return
     if os.getpid() != state.PID:        # a forked child that kept the parent's streams
         return
@@ -165,7 +166,7 @@ def _flush(force: bool, epoch_end: str) -> None:
     ok = True
     if new:
         rec = wire.Epochs(host=host, pid=pid, image=image, seq=_seq, streams=new)
-        ok = write(f"{rec.PREFIX}-{host}-{pid}-{image}-{_seq:06d}.json", rec.to_json())
+        ok = write(rec.file_name(host, pid, image, _seq), rec.to_json())
         if ok:
             _seq += 1
     if ok:
@@ -181,7 +182,7 @@ def _flush(force: bool, epoch_end: str) -> None:
             open_[s.key] = (s.written, eps)
     part = wire.Trainer(header=header(), streams=tuple(s.record() for s in streams),
                         stages=_stages_copy(), exiting=force, open=open_)
-    ok = write(f"{part.PREFIX}-{host}-{pid}-{image}.json", part.to_json()) and ok
+    ok = write(part.file_name(host, pid, image), part.to_json()) and ok
     if ok:
         _recovered()
     if state.REPLAY is not None:
@@ -191,18 +192,13 @@ def _flush(force: bool, epoch_end: str) -> None:
     if epoch_end:
         _last_end_key = epoch_end
     _next_epoch_flush = done + cost / FLUSH_BUDGET
-    _next_periodic = done + max(FLUSH_S, cost / FLUSH_BUDGET)
-
-
-def periodic_due(t: float) -> bool:
-    """Whether the mid-epoch flush is due at ``t`` (the stream's clock asks at each batch)."""
-    return t >= _next_periodic
+    periodic_at = done + max(FLUSH_S, cost / FLUSH_BUDGET)
 
 
 def flush_soon() -> None:
     """The launcher asked for a flush (``beats``): the next batch writes the part."""
-    global _next_periodic
-    _next_periodic = 0.0
+    global periodic_at
+    periodic_at = 0.0
 
 
 def worker_flush_due() -> bool:
@@ -217,7 +213,7 @@ def flush_worker() -> None:
     try:
         part = wire.Worker(header=header(), loader=str(state.PROC.worker_loader),
                            stages=_stages_copy())
-        if write(f"{part.PREFIX}-{socket.gethostname()}-{os.getpid()}-{state.IMAGE}.json",
+        if write(part.file_name(socket.gethostname(), os.getpid(), state.IMAGE),
                  part.to_json()):
             _recovered()
         if state.REPLAY is not None:

@@ -70,7 +70,7 @@ def patch_ray_dataset(ds_mod) -> None:
 
 def _patch_ray_class(cls, methods) -> None:
     import functools
-    prefetch = H.settings.get("overrides", {}).get("ray", {}).get("prefetch_batches")
+    prefetch = H.settings.override("ray", "prefetch_batches")
     inside = _RAY_INSIDE
     for meth in methods:
         orig = cls.__dict__.get(meth)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 
 from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
 
@@ -49,7 +50,7 @@ KIND = KINDS[0]
 _BUILT = None                   # a Pipeline -> (label, settings) from the config it was built of
 _DIRECT = None                  # a Pipeline -> its open pass of the loop's own get_item calls
 _INSIDE = threading.local()     # on while a hooked PipelineIterator.__next__ runs: its get_item
-_WHERE = {"file": "", "dir": ""}    # spdl/pipeline/_pipeline.py and its folder
+_WHERE = types.SimpleNamespace(file="", dir="")    # spdl/pipeline/_pipeline.py, its folder
 
 
 def bound() -> None:
@@ -131,10 +132,10 @@ def _by_spdl() -> bool:
     pipeline a worker or a priority executor iterates, not the job's loop."""
     try:
         f = sys._getframe(2)
-        while f is not None and f.f_code.co_filename == _WHERE["file"]:
+        while f is not None and f.f_code.co_filename == _WHERE.file:
             f = f.f_back
-        return f is not None and bool(_WHERE["dir"]) and \
-            f.f_code.co_filename.startswith(_WHERE["dir"])
+        return f is not None and bool(_WHERE.dir) and \
+            f.f_code.co_filename.startswith(_WHERE.dir)
     except Exception:  # noqa: BLE001 - no frame to read: taken as the job's loop
         return False
 
@@ -143,8 +144,8 @@ def patch_pipeline(mod) -> None:
     """``Pipeline.get_iterator`` (passes), ``PipelineIterator.__next__`` (the wait) and
     ``Pipeline.get_item`` called by the loop itself (a pass until ``EOFError``)."""
     import functools
-    _WHERE["file"] = os.path.abspath(mod.__file__)
-    _WHERE["dir"] = os.path.dirname(_WHERE["file"]) + os.sep
+    _WHERE.file = os.path.abspath(mod.__file__)
+    _WHERE.dir = os.path.dirname(_WHERE.file) + os.sep
     Pipeline, PipelineIterator = mod.Pipeline, mod.PipelineIterator
     orig_get_iterator = Pipeline.__dict__["get_iterator"]
     orig_get_item = Pipeline.__dict__["get_item"]

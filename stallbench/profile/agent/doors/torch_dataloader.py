@@ -37,7 +37,7 @@ def _set_threads(torch) -> None:
     (``analysis.loader_search.not_applied``). torch's own functions are never replaced: torch
     is still importing here (its docstrings are added to them after this runs). A loader
     worker sets its own (torch sets 1 in each)."""
-    n = H.settings.get("overrides", {}).get("torch", {}).get("num_threads")
+    n = H.settings.override("torch", "num_threads")
     if not n or not H.own_process():
         return
     try:
@@ -54,7 +54,7 @@ def patch_torch(dl_mod) -> None:
     DataLoader = dl_mod.DataLoader
     BaseIter = dl_mod._BaseDataLoaderIter
     MultiIter = dl_mod._MultiProcessingDataLoaderIter
-    overrides = H.settings.get("overrides", {}).get("dataloader", {})
+    overrides = H.settings.group("dataloader")
     _set_threads(torch)
 
     orig_init = DataLoader.__init__
