@@ -2,9 +2,10 @@
 
 Modules by concern:
 
-- ``bootstrap/sitecustomize.py`` + ``hooks.py``: what runs inside the user's processes
-  (standard library and torch only; Ray only where the job imported it), writing per-process
-  part files into the run directory;
+- ``agent/``: what runs inside the user's processes (the bootstrap, the core, one door per
+  loader kind, the replay; standard library only, torch and Ray only through what the job
+  imported), writing per-process part files into the run directory; ``agent/wire/`` is
+  the one contract between it and the launcher side, both ways;
 - ``markers.py``: ``stallbench.watch`` / ``stallbench.stage`` for code the hooks cannot see;
 - ``knobs.py``: the ``--set`` keys, their matrix and variant names;
 - ``launcher.py``: runs the command once per variant and repeat, streams its output, samples

@@ -42,9 +42,10 @@ from ..analysis.stats import bootstrap_medians, finite_summary, percentile_inter
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures
-from . import budget, doors, merge
+from . import budget, merge
+from .agent import doors
 from .launcher import JobRun, exit_status, run_once
-from .parts import Parts, Replay
+from .agent.wire import BudgetStop, LoaderSettings, Parts, Replay, ReplayPlan, StageServe
 
 KEEP_BATCHES = 8
 FULL = "full"
@@ -97,14 +98,14 @@ def _served_problem(runs: list[JobRun], stage: str) -> str:
             if p.mismatch:
                 m = p.mismatch
                 return (f"the loader asked for other items than in the recording run (worker "
-                        f"{m['where'][1]}, epoch {m['where'][2]}, call {m['call']}: recorded "
-                        f"{m['recorded']}, asked {m['asked']}), so {stage}'s outputs cannot be "
+                        f"{m.worker}, epoch {m.epoch}, call {m.call}: recorded "
+                        f"{m.recorded}, asked {m.asked}), so {stage}'s outputs cannot be "
                         f"matched between runs: a sampler that shuffles without a seed does "
                         f"this (seed it: torch.manual_seed, or DataLoader(generator=...))")
             if p.missing:
-                m = p.missing
-                return (f"the recording holds {m['recorded']} calls of worker {m['where'][1]}, "
-                        f"epoch {m['where'][2]}; the run made more (the memory budget ended "
+                n = p.missing
+                return (f"the recording holds {n.recorded} calls of worker {n.worker}, "
+                        f"epoch {n.epoch}; the run made more (the memory budget ended "
                         f"the recording, or calls differ between runs)")
         if not any(p.served for p in _replay_parts(r)):
             return f"no fetch call was served ({stage}: the loader's fetchers were not reached)"
@@ -199,30 +200,28 @@ def _no_recording(head, streams0: list, headline: str | None) -> str:
     return "" if marked else why
 
 
-def _recorded_stages(rec: list[JobRun]) -> dict[str, dict[str, int]]:
+def _recorded_stages(rec: list[JobRun]) -> dict[str, StageServe]:
     """What the recording run kept of each ``stallbench.stage``, counted over its processes
     (calls recorded, unkeyed, unpicklable, unwritable)."""
-    seen: dict[str, dict[str, int]] = {}
+    seen: dict[str, StageServe] = {}
     for r in rec:
         for p in _replay_parts(r):
             for name, d in p.stages.items():
-                acc = seen.setdefault(name, {})
-                for k, n in d.items():
-                    acc[k] = acc.get(k, 0) + int(n)
+                seen[name] = seen.get(name, StageServe()) + d
     return seen
 
 
-def _unservable(d: dict[str, int], budget_mb: float) -> str:
+def _unservable(d: StageServe, budget_mb: float) -> str:
     """Why a marked stage's recording cannot be served ("" when it can)."""
     if not d:
         return ("a `with stallbench.stage(...)` block has no return value to serve; "
                 "decorate the function that computes it instead")
-    if d.get("unkeyed"):
+    if d.unkeyed:
         return ("its calls have no hashable argument (a number, a string) to match them "
                 "between runs by")
-    if d.get("unpicklable") or d.get("unwritable"):
+    if d.unpicklable or d.unwritable:
         return "its outputs could not be kept (not picklable, or the disk refused them)"
-    if not d.get("recorded"):
+    if not d.recorded:
         return f"the memory budget ({budget_mb:g} MB) ran out before its calls were kept"
     return ""
 
@@ -237,21 +236,20 @@ def _marked(p: _Plan, rec: list[JobRun], runs_of: _Runs, repeats: int) -> None:
     steady_ok = all(f.phases is not None and f.phases.has_steady for f in full)
     for name in marked:
         removes = f"stallbench.stage({name!r})"
-        why = _unservable(seen.get(name, {}), p.budget_mb)
+        why = _unservable(seen.get(name, StageServe()), p.budget_mb)
         if why:
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, why,
                                                 part=part_of(name)))
             continue
         try:
             rs = runs_of(f"{removes} served from the recording",
-                         {"mode": "serve", "serve": f"stage:{name}", "dir": str(p.rec_dir),
-                          "budget_mb": p.budget_mb}, repeats)
+                         ReplayPlan(mode="serve", serve=f"stage:{name}", dir=str(p.rec_dir),
+                                    budget_mb=p.budget_mb), repeats)
         except Failed as exc:
             an.ablations.append(ProfileAblation(f"stage:{name}", removes, False, str(exc),
                                                 part=part_of(name)))
             continue
-        computed = sum((rp.stages.get(name) or {}).get("computed", 0)
-                       for r in rs for rp in _replay_parts(r))
+        computed = sum(rp.stage(name).computed for r in rs for rp in _replay_parts(r))
         if computed:
             an.ablations.append(ProfileAblation(
                 f"stage:{name}", removes, False,
@@ -355,7 +353,7 @@ class _Runs:
         self.argv, self.run_root, self.overrides = argv, run_root, overrides
         self.max_batches, self.say, self.tag = max_batches, say, 0
 
-    def __call__(self, label: str, replay: dict[str, Any], n: int) -> list[JobRun]:
+    def __call__(self, label: str, replay: ReplayPlan, n: int) -> list[JobRun]:
         out = []
         for r in range(n):
             self.say(f"analyze: {label} ({r + 1}/{n})")
@@ -377,8 +375,8 @@ def _compute_only(p: _Plan, runs_of: _Runs, repeats: int
     an = p.an
     try:
         only_runs = runs_of("compute-only, loader replaced by its first batches from memory",
-                            {"mode": "compute_only", "keep": an.keep_batches,
-                             "budget_mb": p.budget_mb, "counts": p.counts}, repeats)
+                            ReplayPlan(mode="compute_only", keep=an.keep_batches,
+                                       budget_mb=p.budget_mb, counts=p.counts), repeats)
     except Failed as exc:
         an.ablations.append(ProfileAblation(ONLY, "the whole data path", False, str(exc)))
         return None
@@ -415,8 +413,8 @@ def _served(p: _Plan, runs_of: _Runs, repeats: int) -> dict[str, list[RepeatFigu
         return served
     try:
         p.rec_dir.mkdir(parents=True, exist_ok=True)
-        rec = runs_of("recording every fetch call's items and batch", {
-            "mode": "record", "dir": str(p.rec_dir), "budget_mb": p.budget_mb}, 1)
+        rec = runs_of("recording every fetch call's items and batch", ReplayPlan(
+            mode="record", dir=str(p.rec_dir), budget_mb=p.budget_mb), 1)
         stop, why = _recording_problem(rec, an.budget_basis)
         for name, serve, removes in ((ITEMS, "items", items_fn),
                                      (BATCH, "batch", "the dataset and collate_fn")):
@@ -431,16 +429,16 @@ def _served(p: _Plan, runs_of: _Runs, repeats: int) -> dict[str, list[RepeatFigu
     return served
 
 
-def _recording_problem(rec: list[JobRun], budget_basis: str) -> tuple[dict | None, str]:
+def _recording_problem(rec: list[JobRun], budget_basis: str) -> tuple[BudgetStop | None, str]:
     """The recording run's budget stop (None: it kept every call) and why its outputs cannot
     be served ("" when they can)."""
     stop = next((p.budget_stop for r in rec for p in _replay_parts(r)
                  if p.budget_stop), None)
     recorded = sum(p.recorded for r in rec for p in _replay_parts(r))
-    if stop is not None and stop.get("error"):
-        return stop, f"the recording run could not keep the outputs: {stop['error']}"
+    if stop is not None and stop.error:
+        return stop, f"the recording run could not keep the outputs: {stop.error}"
     if stop is not None:
-        return stop, (f"the outputs of the first {stop['bytes'] / 2**20:.0f} MB of calls "
+        return stop, (f"the outputs of the first {stop.bytes / 2**20:.0f} MB of calls "
                       f"filled the memory budget of one process before the run ended "
                       f"({budget_basis})")
     if not recorded:
@@ -462,8 +460,8 @@ def _serve_stage(p: _Plan, runs_of: _Runs, repeats: int, stage: tuple[str, str, 
         return void
     try:
         rs = runs_of(f"{removes} served from the recording",
-                     {"mode": "serve", "serve": serve, "dir": str(p.rec_dir),
-                      "budget_mb": p.budget_mb}, repeats)
+                     ReplayPlan(mode="serve", serve=serve, dir=str(p.rec_dir),
+                                budget_mb=p.budget_mb), repeats)
     except Failed as exc:
         an.ablations.append(ProfileAblation(name, removes, False, str(exc)))
         return ""
@@ -486,8 +484,8 @@ def _transfer(p: _Plan, served: dict[str, list[RepeatFigures]]) -> None:
     stays in the loader hand-off and the chain's pin step is the batch step; where it does
     not pin there is no pin stage, and the part is 0 by construction. Said either way."""
     an = p.an
-    settings = p.hs[0].settings if p.hs else {}
-    if settings.get("pin_memory"):
+    settings = p.hs[0].settings if p.hs else LoaderSettings()
+    if settings.pin_memory:
         an.ablations.append(ProfileAblation(
             FREE, "pin_memory", False,
             "serving pinned batches is not built: pin_memory's cost stays in the loader "

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import interrupts, outputs
 from ..errors import UserError
+from .agent import wire
 
 if TYPE_CHECKING:
     from ..results import Result
     from .merge import StreamRun
-    from .parts import Parts
+    from .agent.wire import Parts
 
-MIN_PROGRESS_S = 1.0        # the hooks report batches at most every 0.5 s (hooks.BEAT_S)
+MIN_PROGRESS_S = 1.0        # the agent beats at most every 0.5 s (agent beats.BEAT_S)
 MAX_PROGRESS_S = 10**7
 
 SCRATCH = ".stallbench-profile-"
@@ -137,10 +138,10 @@ def scratch(out: Path, say: Callable[[str], None], shared: str | None = None,
 # ------------------------------------------------------------------ the check of a run
 
 def check_parts(run_dir: Path, where: str) -> None:
-    """Refuse a run whose figures were not all written: a ``lost-*`` marker (``hooks._write``:
+    """Refuse a run whose figures were not all written: a ``lost-*`` marker (the agent's writer:
     a write failed and was not made good by a later one), or a run directory that cannot be
     written now (a part written at exit would have failed the same way)."""
-    lost = sorted(run_dir.glob("lost-*")) if run_dir.is_dir() else []
+    lost = sorted(run_dir.glob(f"{wire.LOST_PREFIX}-*")) if run_dir.is_dir() else []
     probe = run_dir / f".probe-{os.getpid()}"
     writable = True
     try:

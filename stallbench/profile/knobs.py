@@ -114,7 +114,7 @@ def reference_markdown() -> str:
     """The ``--set`` key reference of ``docs/profile.md``, from ``analysis.knob_table`` and the
     doors (which loader kinds honour each row's group): generated, so the docs list exactly
     the keys ``--set`` accepts (``tests/profile/test_knob_table.py`` keeps it in sync)."""
-    from . import doors
+    from .agent import doors
 
     lines = ["| key | values | reaches | door group: loader kinds that honour it "
              "| `tune -- CMD` searches it | recorded as | advice, as written |",

@@ -20,20 +20,21 @@ gets it, then SIGKILL.
 
 Every wait here has an end: the job's run is unbounded by default (a job may legitimately go
 long without a batch), ``--progress-timeout S`` bounds it by progress: no batch reported by
-the hooks' beat files (``hooks.beat``) for S seconds, counted from the job's start, ends the
+the agent's beat files (``agent/beats.py``) for S seconds, counted from the job's start, ends the
 job (``NoProgress``, exit 2); stopping a job waits at most ``STOP_GRACE_S`` + 2 s.
 
-Injection (``bootstrap/sitecustomize.py`` says how and why): ``PYTHONPATH`` gets the
+Injection (``agent/bootstrap/sitecustomize.py`` says how and why): ``PYTHONPATH`` gets the
 bootstrap directory in front of the user's value (kept as given; an unset or empty one is not
-turned into "the current directory"), and ``STALLBENCH_PROFILE`` carries the settings as one
-JSON object: the run directory, the hooks' file, the overrides, ``max_batches``.
+turned into "the current directory"), and ``STALLBENCH_PROFILE`` carries the settings
+(``wire.Settings``): the run directory, the overrides, ``max_batches``, the replay plan of an
+ablation run. The agent is the folder the bootstrap sits in: it needs no path of its own.
+Everything that comes back (parts, beats) is read as the wire's records, never by key.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -48,12 +49,12 @@ from ..errors import UserError
 from ..measure.load import LoadMeter
 from ..measure.sampler import Sampler
 from ..results import ForeignLoad, Resources
-from . import parts as parts_mod
-from .parts import Parts
+from .agent import wire
+from .agent.wire import Parts
 
 HERE = Path(__file__).resolve().parent
-BOOTSTRAP = HERE / "bootstrap"
-HOOKS = HERE / "hooks.py"
+AGENT = HERE / "agent"              # what runs inside the job (``agent/__init__.py``)
+BOOTSTRAP = AGENT / "bootstrap"
 STOP_GRACE_S = 5.0
 BEAT_POLL_S = 0.5       # how often the beat files are read while the job runs
 _PR_SET_PDEATHSIG = 1
@@ -122,20 +123,21 @@ class JobRun:
     peak_pss_mb: float = 0.0
     resources: Resources = field(default_factory=Resources)
     load: ForeignLoad | None = None
-    beats: list[dict[str, Any]] = field(default_factory=list)   # hooks.beat, one per process
+    beats: list[wire.Beat] = field(default_factory=list)    # one per process of the job
     run_dir: Path | None = None
     pid: int = 0                    # the job's leader
     stopped: str = ""               # why stallbench ended the job early (tune's trials)
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
-            max_batches: int | None, replay: dict[str, Any] | None = None) -> dict[str, str]:
+            max_batches: int | None, replay: wire.ReplayPlan | None = None) -> dict[str, str]:
+    """The job's environment: the bootstrap first on its ``PYTHONPATH``, the settings sent
+    in (``wire.Settings``) in ``wire.ENV``."""
     env = dict(base)
     user = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP) + (os.pathsep + user if user else "")
-    env["STALLBENCH_PROFILE"] = json.dumps({
-        "run_dir": str(run_dir), "hooks": str(HOOKS), "overrides": overrides,
-        "max_batches": max_batches, **({"replay": replay} if replay else {})})
+    env[wire.ENV] = wire.Settings(run_dir=str(run_dir), overrides=overrides,
+                                  max_batches=max_batches, replay=replay).to_env()
     return env
 
 
@@ -161,8 +163,8 @@ def _stop(proc: subprocess.Popen[bytes], signum: int) -> None:
 
 
 def read_parts(run_dir: Path) -> Parts:
-    """The run's part files, typed (``parts.read``)."""
-    return parts_mod.read(run_dir)
+    """The run's part files, typed (``wire.read``)."""
+    return wire.read(run_dir)
 
 
 class _Guard:
@@ -198,35 +200,20 @@ class _Guard:
                 pass
 
 
-def read_beats(run_dir: Path) -> list[dict[str, Any]]:
-    """The processes' beat files (``hooks.beat``): each a dict with ``pid`` added."""
-    out = []
-    try:
-        files = list(run_dir.glob("beat-*"))
-    except OSError:
-        return out
-    for p in files:
-        if p.name.endswith(".tmp"):
-            continue
-        try:
-            b = json.loads(p.read_text())
-            b["pid"] = int(p.name.rsplit("-", 1)[1])
-        except (OSError, ValueError, IndexError, TypeError):
-            continue
-        if isinstance(b, dict):
-            out.append(b)
-    return out
+def read_beats(run_dir: Path) -> list[wire.Beat]:
+    """The processes' beat files (``wire.Beat``, written by the agent's ``beats``)."""
+    return wire.read_beats(run_dir)
 
 
-def last_batch(beats: list[dict[str, Any]]) -> str:
+def last_batch(beats: list[wire.Beat]) -> str:
     """``batch 2 of epoch 1 of ParquetItems#0 (pid 42)``: the last batch a beat reported."""
-    seen = [b for b in beats if b.get("batches") and isinstance(b.get("last"), list)]
+    seen = [b for b in beats if b.batches and b.last is not None]
     if not seen:
         return ""
-    b = max(seen, key=lambda x: x.get("batches", 0))
-    name, epoch, index = (list(b["last"]) + [None, None, None])[:3]
+    b = max(seen, key=lambda x: x.batches)
+    name, epoch, index = b.last      # type: ignore[misc]
     from ..outputs import one_line
-    return f"batch {index} of epoch {epoch} of {one_line(name)} (pid {b['pid']})"
+    return f"batch {index} of epoch {epoch} of {one_line(name)} (pid {b.pid})"
 
 
 class _Progress:
@@ -238,14 +225,14 @@ class _Progress:
         self.run_dir, self.timeout_s, self.why = run_dir, timeout_s, why
         self.since = self.next_read = time.monotonic()
         self.total = 0
-        self.beats: list[dict[str, Any]] = []
+        self.beats: list[wire.Beat] = []
 
     def stalled(self) -> bool:
         now = time.monotonic()
         if now >= self.next_read:
             self.next_read = now + BEAT_POLL_S
             self.beats = read_beats(self.run_dir)
-            total = sum(int(b.get("batches") or 0) for b in self.beats)
+            total = sum(b.batches for b in self.beats)
             if total != self.total:
                 self.total, self.since = total, now
         return now - self.since > self.timeout_s
@@ -254,7 +241,7 @@ class _Progress:
         last = last_batch(self.beats)
         what = (f"the last was {last}" if last else
                 "none came since the job started" + (
-                    " (its loaders were made)" if any(b.get("loaders") for b in self.beats)
+                    " (its loaders were made)" if any(b.loaders for b in self.beats)
                     else ""))
         return (f"profile: no batch for {self.timeout_s:g} s ({self.why}): {what}; "
                 f"stopped the job's processes: {procs}; no result written")
@@ -280,16 +267,15 @@ def _processes(pid: int) -> str:
 
 
 STOP_POLL_S = 1.0       # how often ``run_once``'s ``stop`` rule is asked
-FLUSH_WAIT_S = 3.0      # how long a job asked to flush (``hooks.FLUSH_MARK``) is waited for
+FLUSH_WAIT_S = 3.0      # how long a job asked to flush (``wire.FLUSH_MARK``) is waited for
 
 
 def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
-    """Before ``stop`` ends the job: the hooks' flush marker, then up to ``FLUSH_WAIT_S``
-    for a trainer part written after it (the next batch writes one: ``hooks.beat``), so
+    """Before ``stop`` ends the job: the agent's flush marker, then up to ``FLUSH_WAIT_S``
+    for a trainer part written after it (the next batch writes one: ``agent/beats.py``), so
     the batches since the last periodic flush are kept. A job that makes no batch meanwhile
     is ended with what it wrote."""
-    from .hooks import FLUSH_MARK
-    mark = run_dir / FLUSH_MARK
+    mark = run_dir / wire.FLUSH_MARK
     try:
         mark.write_bytes(b"")
         asked = mark.stat().st_mtime
@@ -297,14 +283,14 @@ def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
         return
     # every process that ran batches (its beat says so) writes its part again: one rank's
     # alone would leave the others' last batches out
-    pids = {str(b["pid"]) for b in read_beats(run_dir) if b.get("batches")}
+    pids = {b.pid for b in read_beats(run_dir) if b.batches}
     deadline = time.monotonic() + FLUSH_WAIT_S
     while time.monotonic() < deadline and proc.poll() is None:
         fresh = set()
         try:
-            for p in run_dir.glob("part-*.json"):
+            for p in run_dir.glob(f"{wire.Trainer.PREFIX}-*.json"):
                 if p.stat().st_mtime > asked:
-                    fresh.add(p.name.split("-")[-2] if p.name.count("-") >= 3 else "")
+                    fresh.add(wire.Trainer.pid_of(p.name))
         except OSError:
             pass
         if pids <= fresh or (not pids and fresh):
@@ -313,9 +299,9 @@ def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
-             max_batches: int | None, replay: dict[str, Any] | None = None,
+             max_batches: int | None, replay: wire.ReplayPlan | None = None,
              stop: Callable[[Path], str] | None = None) -> JobRun:
-    """``replay``: the ablation this run is (``replay.py``; None: the job as it is).
+    """``replay``: the ablation this run is (the agent's ``replay``; None: the job as it is).
     ``stop``: asked every ``STOP_POLL_S`` with the run directory; a non-empty answer ends
     the job (SIGTERM to its process group, then SIGKILL: ``_stop``) and is the run's
     ``stopped`` (``stallbench tune``'s trials end a long job once its rate is known: what its

@@ -2,10 +2,11 @@
 where the automatic hooks cannot see (a custom loader, ``torchdata.nodes``, a generator; a
 stage inside the dataset's code).
 
-Under ``stallbench profile`` they hand over to the in-process hooks (the module the bootstrap
-loaded as ``_stallbench_profile_hooks``), in the trainer, in DataLoader workers and in Ray
-tasks started under it alike. Without it they cost next to nothing and change nothing:
-``watch`` returns the iterable itself and ``stage`` times nothing. This module imports only
+Under ``stallbench profile`` they hand over to the agent (its entry module, which the
+bootstrap loaded as ``_stallbench_profile_agent.install``: ``active``, ``watch``, ``stage``),
+in the trainer, in DataLoader workers and in Ray tasks started under it alike. Without it
+they cost next to nothing and change nothing: ``watch`` returns the iterable itself and
+``stage`` times nothing. This module imports only
 the standard library, so ``import stallbench`` in a training script stays cheap.
 """
 
@@ -15,12 +16,12 @@ import sys
 from typing import Any, Callable, Iterable, TypeVar
 
 T = TypeVar("T")
-HOOKS = "_stallbench_profile_hooks"
+AGENT = "_stallbench_profile_agent.install"
 
 
 def _hooks() -> Any:
-    h = sys.modules.get(HOOKS)
-    return h if h is not None and h.SETTINGS.get("run_dir") else None
+    a = sys.modules.get(AGENT)
+    return a if a is not None and a.active() else None
 
 
 def watch(iterable: Iterable[T], name: str | None = None) -> Iterable[T]:
@@ -53,4 +54,4 @@ def stage(name: str) -> Any:
     decorated before the hooks were loaded stays untimed, which cannot happen in a job that
     ``stallbench profile`` started (the hooks load before the job's first line)."""
     h = _hooks()
-    return _NO_STAGE if h is None else h.Stage(name)
+    return _NO_STAGE if h is None else h.stage(name)

@@ -1,7 +1,7 @@
 """Part files of one profiled run -> typed figures (``results`` schema, executor ``"profile"``).
 
 Per process, the hooks wrote its loader streams (per-batch request time, wait, step, rows;
-``hooks.Epoch``) and the stages it timed; each loader worker wrote its stages, keyed by the
+``wire.Epoch``) and the stages it timed; each loader worker wrote its stages, keyed by the
 stream it served. Here, per run:
 
 - a stream is named by its dataset class and creation order in its process
@@ -34,8 +34,8 @@ from typing import Any
 
 from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
-from . import doors
-from .parts import Header, Parts, Worker
+from .agent import doors
+from .agent.wire import Header, LoaderSettings, Parts, Worker
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
 
@@ -48,7 +48,7 @@ class StreamRun:
     kind: str
     rank: int
     key: str
-    settings: dict[str, Any]
+    settings: LoaderSettings
     notes: list[str]
     epochs: int = 0
     t_start: list[float] = field(default_factory=list)   # from the stream's own start, gaps cut
@@ -73,13 +73,17 @@ class StreamRun:
     # the tune's rate from the second epoch on, each epoch's start-up included
     spans: list[tuple[float, float, int, int, bool]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, LoaderSettings):     # a mapping as given
+            self.settings = LoaderSettings(self.settings)
+
     @property
     def batches(self) -> int:
         return len(self.wait)
 
     @property
     def producers(self) -> int:
-        return int(self.settings.get("num_workers") or 0)
+        return self.settings.num_workers
 
 
 def _add_stages(into: dict[str, list[Any]], stages: dict[str, list[Any]]) -> None:
@@ -148,7 +152,7 @@ def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
 
 
 def unmeasured(parts: Parts) -> list[tuple[str, str]]:
-    """(loader name, why) for each stream whose hooks switched off (``hooks.Stream``)."""
+    """(loader name, why) for each stream whose hooks switched off (``wire.Stream``)."""
     return [(s.name, s.unmeasured) for p in parts.trainers for s in p.streams if s.unmeasured]
 
 
@@ -189,8 +193,8 @@ def _streams(parts: Parts) -> list[StreamRun]:
             if sr is None:
                 sr = runs[rk] = StreamRun(
                     name=name, kind=_label(s.kind), rank=rank, key=s.key,
-                    settings={k: _label(v) if isinstance(v, str) else v
-                              for k, v in s.settings.items()},
+                    settings=LoaderSettings({k: _label(v) if isinstance(v, str) else v
+                                             for k, v in s.settings.items()}),
                     notes=[_label(n) for n in s.notes],
                     trainer_cpu_s=0.0, host=proc[0], role=s.role)
                 offsets[rk] = 0.0
@@ -363,7 +367,7 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
             ph_w = []
         out.append(ProfileLoader(
             name=name, kind=first.kind, rank=rank, headline=name == headline,
-            settings=first.settings, epochs=first.epochs, batches=int(_med([f.batches for f in figs])),
+            settings=dict(first.settings), epochs=first.epochs, batches=int(_med([f.batches for f in figs])),
             samples=int(_med([f.samples for f in figs])), epoch_s=_med([f.epoch_s for f in figs]),
             wait_s=_med([f.wait_s for f in figs]), step_s=_med([f.compute_s for f in figs]),
             wait_share=share,

@@ -46,8 +46,7 @@ from . import knobs as knobs_mod
 from . import merge, record, redact
 from .jobrun import JobFailed, NodePartsLeft
 from .launcher import JobRun, exit_status, progress_limit, run_once
-from .parts import Parts
-
+from .agent.wire import Parts
 
 
 class NoLoader(UserError):
@@ -198,7 +197,7 @@ def python_flags(argv: list[str]) -> list[str]:
 
 def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
     """The one line for runs that brought back no batch: what happened, from the beat files
-    the hooks write (``hooks.beat``), so that "no DataLoader was seen" is said only when the
+    the agent writes (``wire.Beat``), so that "no DataLoader was seen" is said only when the
     hooks ran and saw none (a run directory the job removed is ``check_parts``'s). In order:
     the hooks never ran
     (an interpreter without site or PYTHONPATH); batches ran but their figures were lost
@@ -214,26 +213,26 @@ def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
         return ("profile: the hooks never started in the job: " + how + "; stallbench.watch "
                 "cannot help either (it needs the hooks): run the interpreter without -I, -E "
                 "and -S (python -s keeps the user site out and is still measured) " + where)
-    ran = sum(int(b.get("batches") or 0) for b in beats)
+    ran = sum(b.batches for b in beats)
     if ran:
-        gone = [b for b in beats if b.get("batches") and not b.get("exited")]
-        why = (f"process {gone[0]['pid']} ended without running its exit handlers "
+        gone = [b for b in beats if b.batches and not b.exited]
+        why = (f"process {gone[0].pid} ended without running its exit handlers "
                "(os._exit, or killed) before its figures were written" if gone else
                "their part files could not be written (the job's stderr says why)")
         from .launcher import last_batch
         return (f"profile: the job ran batches (at least {ran}; the last reported: "
                 f"{last_batch(beats)}), but their figures were lost: {why} {where}")
-    loaders = [n for b in beats for n in (b.get("loaders") or [])]
+    loaders = [n for b in beats for n in b.loaders]
     if loaders:
         from ..outputs import one_line
         names = ", ".join(one_line(n) for n in dict.fromkeys(loaders))
-        if any(b.get("empty") for b in beats):
+        if any(b.empty for b in beats):
             return (f"profile: the job's loader ({names}) yielded no batch: it is empty (its "
                     f"dataset or sampler has no items, or drop_last dropped them) {where}")
         return (f"profile: the job made a loader ({names}) but exited before its first "
                 f"batch {where}")
-    early = next((r.pid for r in runs for b in r.beats if b.get("pid") == r.pid
-                  and not b.get("exited")), None)
+    early = next((r.pid for r in runs for b in r.beats if b.pid == r.pid
+                  and not b.exited), None)
     ended = (f", whose process {early} ended without running its exit handlers (os._exit, "
              "or a signal)" if early is not None else "")
     return ("no DataLoader or Ray Data iteration was seen in the job (variant "
@@ -249,15 +248,15 @@ def cut_short(runs: list[JobRun]) -> str | None:
     about once a second), so its last batches may be missing. Counted and said, never
     published as a whole epoch; None when every process ended through its exit handlers or
     ended its epochs."""
-    gone = [b for r in runs for b in r.beats if b.get("batches") and not b.get("exited")]
+    gone = [b for r in runs for b in r.beats if b.batches and not b.exited]
     if not gone:
         return None
     streams = [s for r in runs for s in merge.streams(r.parts)]
     if all(s.ended for s in streams):
         return None
     kept = sum(s.batches for s in streams)
-    ran = sum(int(b.get("batches") or 0) for r in runs for b in r.beats)
-    return (f"process {gone[0]['pid']} ended without running its exit handlers (os._exit, or "
+    ran = sum(b.batches for r in runs for b in r.beats)
+    return (f"process {gone[0].pid} ended without running its exit handlers (os._exit, or "
             f"killed) in the middle of an epoch: the figures hold its batches up to its last "
             f"write ({kept} batch(es) measured; the job's processes reported at least {ran})")
 
@@ -329,7 +328,7 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
 
 def _thread_budget(s: merge.StreamRun | None, producers: int) -> ThreadBudget | None:
     """The budget the headline loader's process and its workers ran with, as read inside
-    the job (``hooks._torch_threads``), so that the report shows it beside the throughput it
+    the job (``agent/writer.py``), so that the report shows it beside the throughput it
     explains. None where the hooks read nothing (torch never imported in the job)."""
     if s is None or (s.torch_threads is None and s.worker_torch_threads is None):
         return None
@@ -574,7 +573,7 @@ def assemble(opts: Options, results: list[VariantResult], all_runs: list[JobRun]
     recommendation and best variant, decided once in ``analysis.loader_search``) stored as
     given; the what-if fitted where the answer says the variants differ by a knob that
     reached a loader."""
-    from .doors import written_for
+    from .agent.doors import written_for
     torch_v, ray_v = _versions(all_runs)
     world = max((len(v.repeats[0].ranks) or 1 for v in results if v.repeats), default=1)
     argv = record.command(opts.argv, keep_values=opts.record_argv)

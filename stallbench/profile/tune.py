@@ -26,10 +26,11 @@ from ..analysis import knob_table
 from ..analysis import loader_search as search
 from ..analysis import trials as rules
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
-from . import budget, doors, jobrun, knobs, merge, session
+from . import budget, jobrun, knobs, merge, session
+from .agent import doors
 from .launcher import (JobRun, NoProgress, exit_status, progress_limit, read_beats, read_parts,
                        run_once)
-from .parts import Parts
+from .agent.wire import LoaderSettings, Parts, ReplayPlan
 
 KEEP_BATCHES = 8            # batches a compute-only run serves from memory (ablate's)
 
@@ -58,7 +59,7 @@ class Measured:
     epochs: int
     kind: str
     name: str
-    settings: dict[str, Any]
+    settings: LoaderSettings
 
 
 def _base(name: str) -> str:
@@ -129,14 +130,13 @@ class Enough:
 
     def __call__(self, run_dir: Path) -> str:
         beats = read_beats(run_dir)
-        batches = max((int(b.get("batches") or 0) for b in beats), default=0)
+        batches = max((b.batches for b in beats), default=0)
         now = time.monotonic()
         why = rules.stop_by_count(batches, self.trial_batches,
                                   self.deadline is not None and now >= self.deadline)
         if why:
             return why
-        where = max((tuple(b["last"][:2]) for b in beats
-                     if isinstance(b.get("last"), list) and len(b["last"]) > 1),
+        where = max((b.last[:2] for b in beats if b.last is not None),
                     key=lambda x: x[1], default=("", 0))
         if where == self.last and now < self.next_read:
             return ""
@@ -230,10 +230,10 @@ def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
         threads=s.torch_threads, epochs=len(spans),
         producer_cpu_share=stage_cpu / stage_wall if stage_wall > 0 else math.nan)
     return Measured(trial, basis, s.batches, sum(1 for sp in spans if sp[4]), s.kind, s.name,
-                    dict(st))
+                    st)
 
 
-def _recorded(settings: dict[str, Any], k: knob_table.Knob) -> Any:
+def _recorded(settings: LoaderSettings, k: knob_table.Knob) -> Any:
     """A loader's recorded value of knob ``k`` (None where its loader records none)."""
     return settings.get(k.recorded) if k.recorded else None
 
@@ -333,7 +333,7 @@ class _Tuner:
         self.every: list[JobRun] = []           # the runs whose figures the result holds
         self.trials: list[Measurement] = []     # the job as written first
 
-    def run(self, settings: dict[str, Any], label: str, replay: dict[str, Any] | None = None
+    def run(self, settings: dict[str, Any], label: str, replay: ReplayPlan | None = None
             ) -> JobRun:
         """One run of the job with ``settings`` (dotted keys), said, traced as profile's."""
         opts = self.opts
@@ -557,7 +557,7 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
     keep = max(1, min(KEEP_BATCHES, first // 4))
     rule = budget.machine_budget(max(base.trial.workers, 1))
     run = one({}, "the compute-only ceiling (the loader served from memory)",
-              {"mode": "compute_only", "keep": keep, "budget_mb": rule.mb, "counts": counts})
+              ReplayPlan(mode="compute_only", keep=keep, budget_mb=rule.mb, counts=counts))
     if run.exit_code != 0 and not run.stopped:
         return None, (f"not measured: the job exited with code {exit_status(run.exit_code)} "
                       "with its loader served from memory")

@@ -794,7 +794,7 @@ class ProfileLoader:
     loader's)."""
 
     name: str
-    kind: str                       # its door's kind (profile/doors): "torch.DataLoader", ...
+    kind: str                       # its door's kind (profile/agent/doors/): "torch.DataLoader"
     rank: int
     headline: bool                  # the loader that yielded the most batches
     settings: dict[str, Any]        # as the job's loader ran (overrides applied)

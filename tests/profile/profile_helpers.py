@@ -58,16 +58,22 @@ def item_seconds(data: Path) -> list[float]:
     return out
 
 
-def load_hooks(name: str):
-    """The in-process hooks, loaded as the bootstrap loads them (by path, registered under
-    ``name``), with their doors, without installing anything: for tests of their rules."""
+def load_agent(name: str):
+    """The agent, loaded as the bootstrap loads it (its folder as a package, by path,
+    registered under ``name``: each name a fresh copy with state of its own), its doors
+    loaded, nothing installed: for tests of its rules. Its modules are the package's
+    attributes (``a.streams``, ``a.state``, ...)."""
+    import importlib
     import importlib.util
 
-    from stallbench.profile.launcher import HOOKS
+    from stallbench.profile.launcher import AGENT
 
-    spec = importlib.util.spec_from_file_location(name, HOOKS)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    mod.load_doors()
-    return mod
+    for old in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[old]            # a name loaded again is a fresh copy
+    spec = importlib.util.spec_from_file_location(name, AGENT / "__init__.py",
+                                                  submodule_search_locations=[str(AGENT)])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg
+    spec.loader.exec_module(pkg)
+    importlib.import_module(f"{name}.install").load_doors()
+    return pkg

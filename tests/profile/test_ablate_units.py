@@ -4,21 +4,27 @@ batches it served, and the "cannot ablate" reasons read from the replay parts.""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import itertools
 
 import pytest
 
+import profile_helpers as helpers
 from stallbench.analysis import figures
-from stallbench.profile import ablate, doors, parts
-from stallbench.profile.parts import Parts
-from stallbench.profile.launcher import HERE, JobRun
+from stallbench.profile import ablate
+from stallbench.profile.agent import doors
+from stallbench.profile.agent import wire
+from stallbench.profile.agent.wire import Parts
+from stallbench.profile.launcher import JobRun
+
+_copies = itertools.count()
 
 
 def _replay_module():
-    spec = importlib.util.spec_from_file_location("_replay_under_test", HERE / "replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """A fresh agent's ``replay`` (its ``recording`` is ``.recording`` beside it)."""
+    name = f"_replay_under_test_{next(_copies)}"
+    helpers.load_agent(name)
+    return importlib.import_module(f"{name}.replay")
 
 
 @pytest.mark.parametrize("name,part", [("decode", "fetch"), ("read_parquet", "fetch"),
@@ -34,21 +40,21 @@ def test_calls_keyed_by_their_hashable_arguments() -> None:
     class Ds:
         pass
     ds = Ds()
-    assert rp._arg_key((ds, 3), {}) == rp._arg_key((Ds(), 3), {})   # self stands as its type
-    assert rp._arg_key((ds, 3), {}) != rp._arg_key((ds, 4), {})
-    assert rp._arg_key((ds, (1, "a")), {"k": 2}) != rp._arg_key((ds, (1, "a")), {"k": 3})
-    assert rp._arg_key((ds,), {}) is None          # nothing to tell calls apart by
-    assert rp._arg_key((ds, [1, 2]), {}) is None
+    assert rp.arg_key((ds, 3), {}) == rp.arg_key((Ds(), 3), {})   # self stands as its type
+    assert rp.arg_key((ds, 3), {}) != rp.arg_key((ds, 4), {})
+    assert rp.arg_key((ds, (1, "a")), {"k": 2}) != rp.arg_key((ds, (1, "a")), {"k": 3})
+    assert rp.arg_key((ds,), {}) is None          # nothing to tell calls apart by
+    assert rp.arg_key((ds, [1, 2]), {}) is None
 
 
 def _parts(dicts: list[dict]) -> Parts:
     """Part files as the hooks write them (the keys ``parts`` reads), typed."""
-    kinds = {"trainer": parts.Trainer, "replay": parts.Replay, "worker": parts.Worker}
+    kinds = {"trainer": wire.Trainer, "replay": wire.Replay, "worker": wire.Worker}
     got: dict = {"trainer": [], "replay": [], "worker": [], "epochs": []}
     for d in dicts:
         role = d.get("role")
         if role is None:
-            got["epochs"].append(parts.Epochs.from_json(d, d.get("seq", 0)))
+            got["epochs"].append(wire.Epochs.from_json(d, d.get("seq", 0)))
         else:
             got[role].append(kinds[role].from_json(d))
     return Parts(tuple(got["trainer"]), tuple(got["epochs"]), tuple(got["worker"]),
@@ -143,39 +149,37 @@ def test_views_of_one_big_storage_record_what_they_reference(tmp_path) -> None:
     of rows, and the budget filled at once. Ground truth by construction: 40 calls of 8 rows
     of 4 KB from a 16 MB tensor; the bytes recorded are about the rows' and their batch's
     (2.6 MB), not 40 x 16 MB, and the rows come back equal."""
-    from types import SimpleNamespace
-
     import torch
 
     rp = _replay_module()
-    rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
-    rp.H = SimpleNamespace(rank=lambda: {"rank": 0})
+    rp.setup(wire.ReplayPlan(mode="record", dir=str(tmp_path), budget_mb=64))
+    rec = rp.recording
     rows = torch.arange(4_000_000, dtype=torch.float32).view(-1, 1000)   # 16 MB, 4 KB a row
     calls, per = 40, 8
     for n in range(calls):
         items = [rows[n * per + i] for i in range(per)]
-        rp._record((0, -1, 0), (n, list(range(n * per, (n + 1) * per)), items,
+        rec.record((0, -1, 0), (n, list(range(n * per, (n + 1) * per)), items,
                                 torch.stack(items), ""))
     viewed = 2 * calls * per * 4000                 # the rows, and the batch stacked from them
-    assert rp._STAT["budget_stop"] is None and rp._STAT["recorded"] == calls
-    assert viewed <= rp._STAT["recorded_bytes"] <= 1.1 * viewed + calls * 4096
-    for fh in rp._REC_FILES.values():
+    assert rec.STATS.budget_stop is None and rec.STATS.recorded == calls
+    assert viewed <= rec.STATS.recorded_bytes <= 1.1 * viewed + calls * 4096
+    for fh in rec._REC_FILES.values():
         fh.close()
-    recs = rp._load((0, -1, 0))
+    recs = rec.load((0, -1, 0))
     assert len(recs) == calls
     assert all(torch.equal(recs[5][2][i], rows[5 * per + i]) for i in range(per))
     assert torch.equal(recs[5][3], rows[40:48])
 
     # the same calls pickled as they were (no compaction): the 64 MB budget stops at call 4
     again = _replay_module()
-    again.setup({"mode": "record", "dir": str(tmp_path / "raw"), "budget_mb": 64})
+    again.setup(wire.ReplayPlan(mode="record", dir=str(tmp_path / "raw"), budget_mb=64))
     (tmp_path / "raw").mkdir()
-    again.H = rp.H
-    again._compact = lambda obj: obj
+    raw = again.recording
+    raw.compact = lambda obj: obj
     for n in range(calls):
         items = [rows[n * per + i] for i in range(per)]
-        again._record((0, -1, 0), (n, [], items, torch.stack(items), ""))
-    assert again._STAT["budget_stop"] is not None and again._STAT["recorded"] < 5
+        raw.record((0, -1, 0), (n, [], items, torch.stack(items), ""))
+    assert raw.STATS.budget_stop is not None and raw.STATS.recorded < 5
 
 
 def test_views_that_cover_their_storage_are_pickled_once_as_they_are() -> None:
@@ -186,7 +190,7 @@ def test_views_that_cover_their_storage_are_pickled_once_as_they_are() -> None:
     rp = _replay_module()
     batch = torch.zeros(64, 1000)
     entry = (0, [], list(batch.unbind(0)), batch, "")
-    assert rp._compact(entry) is entry
+    assert rp.recording.compact(entry) is entry
 
 
 def test_the_recording_budget_follows_the_available_memory_and_says_so() -> None:
@@ -232,24 +236,22 @@ def test_every_epochs_recording_is_read_at_the_first_serving_call(tmp_path) -> N
     later epochs paid the read and its collection inside the steady window, and a 3-epoch
     job at 0 workers read 0.8 s of "loader hand-off" that no hand-off made. All epochs are
     read at the first call now (start-up), each epoch's calls kept apart."""
-    from types import SimpleNamespace
-
     rp = _replay_module()
-    rp.setup({"mode": "record", "dir": str(tmp_path), "budget_mb": 64})
-    rp.H = SimpleNamespace(rank=lambda: {"rank": 0})
+    rp.setup(wire.ReplayPlan(mode="record", dir=str(tmp_path), budget_mb=64))
+    rec = rp.recording
     for epoch in range(3):
         for n in range(4):
-            rp._record((0, -1, epoch), (n, [epoch, n], None, f"batch {epoch}.{n}", ""))
-    for fh in rp._REC_FILES.values():
+            rec.record((0, -1, epoch), (n, [epoch, n], None, f"batch {epoch}.{n}", ""))
+    for fh in rec._REC_FILES.values():
         fh.close()
     reads = []
-    real = rp._loaded
-    rp._loaded = lambda files, keep, collect=True: (reads.append(list(files)),
+    real = rec.loaded
+    rec.loaded = lambda files, keep, collect=True: (reads.append(list(files)),
                                                     real(files, keep, collect))[1]
-    first = rp._load((0, -1, 0))
+    first = rec.load((0, -1, 0))
     assert [r[3] for r in first] == [f"batch 0.{n}" for n in range(4)]
     assert len(reads) == 3                       # every epoch's file, at the first call
-    assert [r[3] for r in rp._load((0, -1, 2))] == [f"batch 2.{n}" for n in range(4)]
-    assert [r[3] for r in rp._load((0, -1, 1))][0] == "batch 1.0"
+    assert [r[3] for r in rec.load((0, -1, 2))] == [f"batch 2.{n}" for n in range(4)]
+    assert [r[3] for r in rec.load((0, -1, 1))][0] == "batch 1.0"
     assert len(reads) == 3                       # nothing read in a later epoch
-    assert rp._load((0, -1, 7)) == [] and len(reads) == 3   # no recording: computed, no read
+    assert rec.load((0, -1, 7)) == [] and len(reads) == 3   # no recording: computed, no read

@@ -1,17 +1,19 @@
 """The loader kinds' one table (issue 40: "a new loader kind is one module"): every door module
-declares what the launcher side reads, no two doors claim a kind, and nothing outside
-``stallbench/profile/doors/`` names a kind or tests one against a literal (a new kind would
-otherwise need edits in the files that spell the old ones)."""
+declares what the launcher side reads, no two doors claim a kind, nothing outside
+``stallbench/profile/agent/doors/`` names a kind or tests one against a literal (a new kind
+would otherwise need edits in the files that spell the old ones), and a door reaches nothing
+of the agent but the core's declared interface (issue 55: ``H``, ``agent/core.py``)."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import profile_helpers as helpers
-from stallbench.profile import doors
+from stallbench.profile.agent import doors
 
-PKG = Path(doors.__file__).resolve().parents[2]      # stallbench/
+PKG = Path(doors.__file__).resolve().parents[3]      # stallbench/
 DOORS = Path(doors.__file__).resolve().parent
 
 
@@ -28,14 +30,54 @@ def test_every_door_declares_itself_and_is_in_the_table() -> None:
     assert doors.of("no.such.kind") is doors.UNKNOWN and not doors.UNKNOWN.reaches("dataloader")
 
 
-def test_the_hooks_load_every_door_and_route_each_patch() -> None:
-    h = helpers.load_hooks("_hooks_doors_test")
-    loaded = {m.__name__.rsplit("_door_", 1)[1] for m in h.DOORS}
+def test_the_agent_loads_every_door_binds_it_and_routes_each_patch() -> None:
+    a = helpers.load_agent("_agent_doors_test")
+    loaded = {m.__name__.rsplit(".", 1)[1] for m in a.state.DOORS}
     assert loaded == set(doors.names())
+    assert all(m.H is a.core.CORE for m in a.state.DOORS)     # bound, one interface
     declared = {target for d in doors.table().values() for target, _ in d.patches}
-    assert set(h.TARGETS) == declared
+    assert set(a.install.TARGETS) == declared
     for kind in doors.table():
-        assert kind in h.door_of(kind).KINDS
+        assert kind in a.util.door_of(kind).KINDS
+
+
+def _door_files() -> list[Path]:
+    return [DOORS / f"{name}.py" for name in doors.names()]
+
+
+def test_a_door_reaches_the_agent_only_through_the_core_interface() -> None:
+    """Every ``H.<name>`` a door uses is a member of ``core.Core`` (so a change of the core
+    that keeps the interface cannot break a door), and a door imports nothing of the agent
+    but ``doors._base`` (whose ``bind`` gives it ``H``), at its top or inside a function."""
+    from stallbench.profile.agent import core
+
+    stdlib = set(sys.stdlib_module_names)
+    bad = []
+    for path in _door_files():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "H" and node.attr not in core.MEMBERS:
+                bad.append(f"{path.name}:{node.lineno}: H.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                if (node.level, node.module) != (1, "_base"):
+                    bad.append(f"{path.name}:{node.lineno}: from {'.' * node.level}"
+                               f"{node.module or ''} import ...")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) \
+                    else [node.module or ""]
+                bad += [f"{path.name}:{node.lineno}: import {n}" for n in names
+                        if n.split(".")[0] not in stdlib]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_door_without_knobs_is_one_module() -> None:
+    """The door contract's cost: a door module holds no binding code of its own (the loader
+    binds it: ``_base.bind``) and checks no version itself (``WRITTEN_FOR``: ``_base``)."""
+    for path in _door_files():
+        text = path.read_text()
+        assert "def bind(" not in text and "global H" not in text, path.name
+        assert "version_check" not in text and "dist_version" not in text, path.name
 
 
 def _kind_literals(tree: ast.AST, kinds: set[str]) -> list[tuple[int, str]]:

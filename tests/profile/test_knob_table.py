@@ -19,7 +19,8 @@ from stallbench.analysis.knob_table import Knob, Search
 from stallbench.commands import profile as profile_cmd
 from stallbench.commands import tune as tune_cmd
 from stallbench.errors import UserError
-from stallbench.profile import doors, knobs
+from stallbench.profile import knobs
+from stallbench.profile.agent import doors
 from stallbench.profile import tune as job_tune
 
 PKG = Path(knob_table.__file__).resolve().parents[1]         # stallbench/
@@ -27,7 +28,7 @@ ROOT = PKG.parent
 TABLE_MODULE = Path(knob_table.__file__).resolve()
 # the in-job side receives ``{group: {name: value}}`` and applies it: it imports nothing of the
 # launcher's (standard library only), so a door names what it honours itself
-IN_JOB = [PKG / "profile" / "doors", PKG / "profile" / "agent"]
+IN_JOB = [PKG / "profile" / "agent"]
 
 # a knob no door knows yet: a DataLoader keyword (the torch door passes every ``dataloader``
 # name as that keyword), doubled while the loop waits (the rule Ray's prefetch has)

@@ -141,10 +141,10 @@ def test_other_pythons_a_helper_runs(tmp_path: Path, python: str, hooked: bool) 
         pytest.skip(f"no {python} on this machine")
     (tmp_path / "sitecustomize.py").write_text("USER_SITE = True\n")
     env = helpers.env(PYTHONPATH=f"{BOOTSTRAP}:{tmp_path}", STALLBENCH_PROFILE=json.dumps(
-        {"run_dir": str(tmp_path), "hooks": str(BOOTSTRAP.parent / "hooks.py")}))
+        {"run_dir": str(tmp_path)}))
     code = ("import sys; m = sys.modules.get('sitecustomize'); "
             "sys.stdout.write('%s %s' % (getattr(m, 'USER_SITE', False), "
-            "'_stallbench_profile_hooks' in sys.modules))")
+            "'_stallbench_profile_agent.install' in sys.modules))")
     cp = subprocess.run([exe, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     if cp.returncode != 0 and "pyenv: " in cp.stderr:
         pytest.skip(f"{python} is a pyenv shim without that version")

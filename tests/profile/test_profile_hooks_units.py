@@ -1,4 +1,4 @@
-"""The hooks' bookkeeping without a job: a loader's pin thread adds to that loader's bucket
+"""The agent's bookkeeping without a job: a loader's pin thread adds to that loader's bucket
 (not the process's "trainer" bucket every loader would be charged with), and a flush that
 cannot write says so on stderr instead of raising inside the job's loop."""
 
@@ -11,39 +11,40 @@ from pathlib import Path
 import profile_helpers as helpers
 
 
-def _hooks():
-    return helpers.load_hooks("_hooks_under_test")
+def _agent():
+    return helpers.load_agent("_agent_under_test")
 
 
 def test_pin_thread_time_goes_to_its_own_loader() -> None:
-    h = _hooks()
+    a = _agent()
 
     def loop():
-        h.stage_add("pin_memory", 0.25, 0.01, where="trainer")
+        a.stages.stage_add("pin_memory", 0.25, 0.01, where="trainer")
     for key in ("9:0", "9:1"):
-        pin_loop = h.door_of("torch.DataLoader")._keyed_pin_loop
+        pin_loop = a.util.door_of("torch.DataLoader")._keyed_pin_loop
         t = threading.Thread(target=pin_loop, args=(loop, key))
         t.start()
         t.join()
-    assert h.STAGE_RECORDS["9:0"]["pin_memory"][:2] == [1, 0.25]
-    assert h.STAGE_RECORDS["9:1"]["pin_memory"][:2] == [1, 0.25]
-    assert not any(k.endswith(":trainer") for k in h.STAGE_RECORDS)
+    records = a.state.STAGE_RECORDS
+    assert records["9:0"]["pin_memory"][:2] == [1, 0.25]
+    assert records["9:1"]["pin_memory"][:2] == [1, 0.25]
+    assert not any(k.endswith(":trainer") for k in records)
 
 
 def test_a_flush_that_cannot_write_never_raises(tmp_path: Path, capsys) -> None:
-    h = _hooks()
-    h.SETTINGS = {"run_dir": str(tmp_path)}
+    a = _agent()
+    a.state.SETTINGS = a.wire.Settings(run_dir=str(tmp_path))
 
     class Odd:                      # neither JSON nor a scalar: written as its type's name
         def __str__(self) -> str:   # (never its __str__: no user code runs in hook code)
             raise KeyError("user code ran")
-    st = h.Stream("stallbench.watch", "x", {"batch_size": 4, "odd": Odd()})
-    h.flush()
+    st = a.streams.Stream("stallbench.watch", "x", {"batch_size": 4, "odd": Odd()})
+    a.writer.flush()
     part = json.loads(next(tmp_path.glob("part-*.json")).read_text())
     assert part["streams"][0]["settings"]["odd"].endswith(".Odd>")
-    h.SETTINGS = {"run_dir": str(tmp_path / "gone")}     # no such directory
-    h.flush()
-    h.flush()
+    a.state.SETTINGS = a.wire.Settings(run_dir=str(tmp_path / "gone"))    # no such dir
+    a.writer.flush()
+    a.writer.flush()
     err = capsys.readouterr().err
     assert err.count("cannot write its figures") == 1, err
     assert st.key in part["streams"][0]["key"]
@@ -54,16 +55,16 @@ def test_torch_threads_are_read_never_imported_and_never_raise() -> None:
     torch, or with a torch that fails the call (half-imported, torn down at exit), gets None."""
     import torch
 
-    h = _hooks()
+    w = _agent().writer
 
     class Broken:
         def get_num_threads(self) -> int:
             raise RuntimeError("torn down")
 
-    assert h._torch_threads(None) is None
-    assert h._torch_threads(Broken()) is None
-    assert h._torch_threads(torch) == torch.get_num_threads()
-    assert h._header().torch_threads == torch.get_num_threads()
+    assert w.torch_threads(None) is None
+    assert w.torch_threads(Broken()) is None
+    assert w.torch_threads(torch) == torch.get_num_threads()
+    assert w.header().torch_threads == torch.get_num_threads()
 
 
 def _written_epochs(run_dir: Path, key: str) -> list[dict]:
@@ -81,14 +82,14 @@ def test_a_ray_train_worker_writes_its_last_epoch_at_shutdown(tmp_path: Path) ->
     shutdown ran, and also when that raised."""
     import types
 
-    h = _hooks()
-    h.SETTINGS = {"run_dir": str(tmp_path)}
-    door = h.door_of("ray.iter_torch_batches")
-    st = h.Stream("ray.iter_torch_batches", "StreamSplitDataIterator", {"batch_size": 4})
+    a = _agent()
+    a.state.SETTINGS = a.wire.Settings(run_dir=str(tmp_path))
+    door = a.util.door_of("ray.iter_torch_batches")
+    st = a.streams.Stream("ray.iter_torch_batches", "StreamSplitDataIterator", {"batch_size": 4})
     for epoch in range(2):
-        assert sum(1 for _ in h.Passes(st, [[1, 2, 3, 4]] * 3)) == 3
+        assert sum(1 for _ in a.passes.Passes(st, [[1, 2, 3, 4]] * 3)) == 3
         if epoch == 0:      # as a mid-epoch write would: the next epoch end is deferred
-            h._next_epoch_flush = h.perf() + 3600.0
+            a.writer._next_epoch_flush = a.state.perf() + 3600.0
     assert len(_written_epochs(tmp_path, st.key)) == 1      # what a killed worker kept
 
     class RayTrainWorker:
@@ -124,7 +125,7 @@ def test_a_loader_is_named_by_the_jobs_hook_else_by_its_frameworks() -> None:
     then a library's public one with ``get_`` dropped (Hugging Face's Trainer makes its
     loaders in ``get_train_dataloader``); a library's private helper and a plain script name
     nothing."""
-    h = _hooks()
+    a = _agent()
     lib = _frames("/venv/lib/python3.11/site-packages/fw/trainer.py", (
         "def get_train_dataloader(make):\n    return make()\n"
         "def _request_dataloader(make):\n    return make()\n"
@@ -132,7 +133,7 @@ def test_a_loader_is_named_by_the_jobs_hook_else_by_its_frameworks() -> None:
     job = _frames("/home/me/train.py", (
         "def val_dataloader(call, make):\n    return call(make)\n"
         "def main(call, make):\n    return call(make)\n"))
-    name = h.framework_name
+    name = a.util.framework_name
     assert lib["get_train_dataloader"](name) == "train_dataloader"
     assert lib["_request_dataloader"](name) == ""
     # the job's hook wins over the library helper it calls

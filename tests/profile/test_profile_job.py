@@ -348,7 +348,7 @@ def test_loop_that_breaks_out_of_epochs(tmp_path: Path, workers: str) -> None:
 
 
 def test_a_cold_first_item_is_not_counted_for_every_item(tmp_path: Path) -> None:
-    """The thread CPU of a fetch is read on one fetch in ``hooks.CPU_EVERY`` and scaled to the
+    """The thread CPU of a fetch is read on one fetch in ``torch_dataloader.CPU_EVERY`` and scaled to the
     rest: a dataset that pays a one-off cost on its first item (a lazy open, 300 ms of CPU
     here by construction) must not have that cost multiplied into every unread fetch. A
     thread's CPU cannot exceed its wall time; the steady rate is not refused for CPU the

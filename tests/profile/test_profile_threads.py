@@ -64,23 +64,23 @@ def test_a_loop_fed_by_a_loader_thread_is_charged_its_own_wait(tmp_path: Path, e
     loadcheck.attempts(f"thread queue[{end}]", lambda: _queue_case(tmp_path, end), 3, 1.0)
 
 
-def _hooks():
-    return helpers.load_hooks("_hooks_rows")
+def _agent():
+    return helpers.load_agent("_agent_rows")
 
 
 def test_samples_are_counted_from_the_batch_structure() -> None:
     import numpy as np
-    h = _hooks()
+    a = _agent()
     batches = [{"path": ["a.jpg", "b.jpg", "c.jpg"], "label": [0, 1, 0]},     # watch's case
                {"id": 7, "x": np.zeros((5, 2))},     # first value not countable: the next
                [np.zeros(6), np.zeros(6)],      # columns
                [(1, 2), (3, 4)],                    # identity collate: samples
                [1, 2, 3, 4, 5, 6, 7],               # a column of plain values
                "not a batch"]
-    assert [h._rows(b, 99) for b in batches] == [3, 5, 6, 2, 7, 99]
-    for _ in h.watch(batches[:1]):
+    assert [a.rows.rows(b, 99) for b in batches] == [3, 5, 6, 2, 7, 99]
+    for _ in a.install.watch(batches[:1]):
         pass
-    assert h.STREAMS[-1].epochs[-1].rows == [3]
+    assert a.state.STREAMS[-1].epochs[-1].rows == [3]
 
 
 
@@ -91,16 +91,16 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
     thread never feeds; the job's own ``queue.Empty`` reaches it unchanged."""
     import queue
     import threading
-    h = _hooks()
+    a = _agent()
     saved = queue.Queue.put, queue.Queue.get
     try:
-        door = h.door_of("thread.queue")
+        door = a.util.door_of("thread.queue")
         door.patch_queue(queue)
         feed, other, mine = queue.Queue(), queue.Queue(), queue.Queue()
         batches = [[1, 2], [3, 4], [5, 6]]
 
         def produce() -> None:
-            for b in h.watch(batches, name="bg"):
+            for b in a.install.watch(batches, name="bg"):
                 other.put("a log line")
                 feed.put((0, b))
             feed.put(None)
@@ -116,7 +116,7 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
                 break
             got.append(item[1])
         t.join()
-        for b in h.watch(batches, name="main"):
+        for b in a.install.watch(batches, name="main"):
             mine.put(b)
         try:
             feed.get(timeout=0.001)
@@ -124,7 +124,7 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
             pass
         else:
             raise AssertionError("an empty queue's get returned")
-        by = {s.name: s for s in h.STREAMS}
+        by = {s.name: s for s in a.state.STREAMS}
         assert got == batches
         assert by["bg#0"].role == "producer" and by["main#2"].role == ""
         cons = by["bg#0 (queue)"]
@@ -140,16 +140,17 @@ def test_a_feed_is_only_a_queue_the_loader_thread_puts_its_batches_into() -> Non
 def test_watch_called_every_epoch_is_one_loader() -> None:
     """``for epoch ...: for b in stallbench.watch(loader)`` (the docs' shape): one stream
     with an epoch per call, not a loader per epoch whose first alone made the headline."""
-    h = _hooks()
+    a = _agent()
 
     class Loader:                   # any re-iterable object the job keeps across epochs
         def __iter__(self):
             return iter([[1, 2, 3]] * 4)
     loader = Loader()
     for _ in range(3):
-        for _ in h.watch(loader):
+        for _ in a.install.watch(loader):
             pass
-    for _ in h.watch(x for x in [[1]]):     # a new object: a stream of its own
+    for _ in a.install.watch(x for x in [[1]]):     # a new object: a stream of its own
         pass
-    assert [(s.name, len(s.epochs)) for s in h.STREAMS] == [("Loader#0", 3), ("generator#1", 1)]
-    assert [ep.rows for ep in h.STREAMS[0].epochs] == [[3] * 4] * 3
+    made = a.state.STREAMS
+    assert [(s.name, len(s.epochs)) for s in made] == [("Loader#0", 3), ("generator#1", 1)]
+    assert [ep.rows for ep in made[0].epochs] == [[3] * 4] * 3

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stallbench.profile import launcher, parts, tune
+from stallbench.profile import launcher, tune
+from stallbench.profile.agent import wire
 from stallbench.profile.launcher import JobRun, NoProgress
 
 
@@ -23,13 +24,13 @@ def _run(first_batch_after: float, gaps: list[float]) -> JobRun:
     for g in [0.0, *gaps]:
         t += g
         req.append(t)
-    ep = parts.Epoch(t_iter=0.0, t_req=tuple(req), wait=(0.01,) * len(req),
+    ep = wire.Epoch(t_iter=0.0, t_req=tuple(req), wait=(0.01,) * len(req),
                      step=(0.0,) * len(req), rows=(4,) * len(req), ended=True, capped=False,
                      t_end=req[-1] + 0.01, cpu_s=0.1)
-    head = parts.Header(host="h", pid=1, image="i", t0_wall=t0)
-    st = parts.Stream(kind="torch.DataLoader", name="D#0", order=0, key="1-i:0")
-    p = parts.Parts(trainers=(parts.Trainer(header=head, streams=(st,)),),
-                    epochs=(parts.Epochs(host="h", pid=1, image="i", seq=0,
+    head = wire.Header(host="h", pid=1, image="i", t0_wall=t0)
+    st = wire.Stream(kind="torch.DataLoader", name="D#0", order=0, key="1-i:0")
+    p = wire.Parts(trainers=(wire.Trainer(header=head, streams=(st,)),),
+                    epochs=(wire.Epochs(host="h", pid=1, image="i", seq=0,
                                          streams={"1-i:0": (ep,)}),))
     # request times are from the process's start: shift them to wall time via t0_wall
     return JobRun(exit_code=0, wall_s=10.0, parts=p)

@@ -8,13 +8,18 @@ from memory, whether its stages are recorded). Spread over the hooks, the launch
 ablation and the tune, a kind was spelled in five files; here a new kind is one new module in
 this folder and its tests, and nothing else names it (``tests/profile/test_doors.py`` checks).
 
-A door module is loaded two ways, so it imports only the standard library at its top:
+A door module is loaded two ways, so it imports only the standard library and ``_base`` at
+its top:
 
-- inside the user's processes, by path, by the hooks (``hooks.load_doors``): its ``patch_*``
-  functions get the job's module once the job imported it, and the hooks' public core
-  (``core``: ``Stream``, ``begin_pass``, ``Passes``, ...) through ``bind(core)``;
-- on the launcher side, as ``stallbench.profile.doors.<name>``, for its declarations only
-  (``table``): nothing of it runs there.
+- inside the user's processes, as a module of the agent's package (``install.load_doors``):
+  its ``patch_*`` functions get the job's module once the job imported it, and the core's
+  interface (``core.Core``: ``Stream``, ``begin_pass``, ``Passes``, ...) as its ``H``, set
+  by ``_base.bind`` with its version check (``WRITTEN_FOR``), the same for every door;
+- on the launcher side, as ``stallbench.profile.agent.doors.<name>``, for its declarations
+  only (``table``): nothing of it runs there.
+
+A door without knobs is one module here and its test; its ``H`` is all it reaches of the
+agent (``tests/profile/test_doors.py`` checks both).
 
 What a door module declares (module-level constants; ``Door`` below holds them):
 
@@ -27,7 +32,8 @@ What a door module declares (module-level constants; ``Door`` below holds them):
 ``PASS_PER_CALL``  True when the job makes a new iterable per epoch (Ray's ``iter_batches(...)``
                    each epoch): one loop's epochs are then several streams, joined by the tune
 ``WRITTEN_FOR``    ``(library, version, what is patched)``: a job with another version gets one
-                   line on stderr saying what may have changed
+                   line on stderr saying what may have changed (``VERSION_FROM``: where the
+                   job's version is read, when not the ``library`` distribution's metadata)
 ``OWN_STAGES``     the stage names its hooks record themselves (``collate_fn``, Ray's
                    ``ray production_wait``): figures of the door, never a ``stallbench.stage``
                    mark the job made, so never ablated as one
@@ -43,11 +49,13 @@ from functools import lru_cache
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def names(folder: str = HERE) -> list[str]:
-    """The door modules of a folder (every ``*.py`` but ``__init__``), in a fixed order: the
-    hooks load them by path from this list, the table imports them from it."""
-    return sorted(f[:-3] for f in os.listdir(folder)
-                  if f.endswith(".py") and not f.startswith("_"))
+@lru_cache(maxsize=None)
+def names(folder: str = HERE) -> tuple[str, ...]:
+    """The door modules of a folder (every ``*.py`` but ``__init__`` and ``_base``), in a
+    fixed order, listed once: the agent loads them from this list, the table imports them
+    from it."""
+    return tuple(sorted(f[:-3] for f in os.listdir(folder)
+                        if f.endswith(".py") and not f.startswith("_")))
 
 
 @dataclass(frozen=True)

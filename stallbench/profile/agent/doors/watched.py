@@ -8,6 +8,8 @@ whose batches a compute-only run can keep and serve: it is never served from mem
 
 from __future__ import annotations
 
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
+
 KINDS = ("stallbench.watch",)
 PATCHES: dict = {}
 SET_KEYS: tuple = ()
@@ -15,14 +17,12 @@ SERVED = ("the headline loader is a stallbench.watch'ed iterable, which is not s
           "memory (only the loaders the hooks find are)")
 STAGES = ""
 
-H = None                        # the hooks' core, once bound (``bind``)
 _WATCHED = None                 # a watched iterable -> its stream (one per object)
 
 
-def bind(core) -> None:
-    global H, _WATCHED
-    H = core
-    _WATCHED = core.IdMap()
+def bound() -> None:
+    global _WATCHED
+    _WATCHED = H.IdMap()
 
 
 def at_fork() -> None:

@@ -1,17 +1,14 @@
-"""What crosses the process wall of ``stallbench profile``: the part files, typed, versioned,
+"""The part files: what each process of the job writes of its figures, typed, versioned,
 written and read here and nowhere else.
 
-Each process of the job writes its own files into the run directory (``hooks``: the trainer's
-``part-*.json``, its finished epochs in ``epochs-*-<seq>.json``, a loader worker's
-``stage-*.json``, an ablation's ``replay-*.json``). The launcher side reads a run's files once
-(``read``) into one ``Parts``: frozen records that merge, ablate, session and tune take, so no
-module reads a key of another's dict, and a field renamed here is renamed for both sides.
-
-This module is loaded two ways, so it imports only the standard library: by the in-process
-hooks by path (``_stallbench_profile_parts``), which build the records and write their
-``to_json``; and as ``stallbench.profile.parts`` on the launcher side. ``VERSION`` is written
-into every file; a file of another version (a job that ran another stallbench's hooks, a
-stale directory) is not read as this one: ``Parts.skipped`` counts it.
+Each process of the job writes its own files into the run directory (the agent's
+``writer``: the trainer's ``part-*.json``, its finished epochs in ``epochs-*-<seq>.json``, a
+loader worker's ``stage-*.json``; the replay's ``replay-*.json``, ``replay.Replay``). The
+launcher side reads a run's files once (``read``) into one ``Parts``: frozen records that
+merge, ablate, session and tune take, so no module reads a key of another's dict, and a
+field renamed here is renamed for both sides. ``VERSION`` is written into every file; a file
+of another version (a job that ran another stallbench's agent, a stale directory) is not
+read as this one: ``Parts.skipped`` counts it.
 """
 
 from __future__ import annotations
@@ -21,29 +18,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List   # Dict, List: a helper may run Python 3.7
 
-VERSION = 1
-
-
-def _f(v: Any, default: float = 0.0) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _i(v: Any, default: int = 0) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return default
-
-
-def _floats(v: Any) -> tuple[float, ...]:
-    return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else ()
-
-
-def _ints(v: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else ()
+from .fields import VERSION, current, floats, ints, num, whole
+from .replay import Replay
+from .settings import LoaderSettings
 
 
 @dataclass(frozen=True)
@@ -79,18 +56,18 @@ class Epoch:
     def from_json(cls, d: dict[str, Any]) -> "Epoch":
         gpu = d.get("gpu") or {}
         cpu = d.get("cpu_s")
-        return cls(t_iter=_f(d.get("t_iter")), t_req=_floats(d.get("t_req")),
-                   wait=_floats(d.get("wait")), step=_floats(d.get("step")),
-                   rows=_ints(d.get("rows")), ended=bool(d.get("ended")),
-                   capped=bool(d.get("capped")), t_end=_f(d.get("t_end")),
-                   cpu_s=None if cpu is None else _f(cpu),
-                   gpu_wait=_floats(gpu.get("wait")), gpu_step=_floats(gpu.get("step")),
+        return cls(t_iter=num(d.get("t_iter")), t_req=floats(d.get("t_req")),
+                   wait=floats(d.get("wait")), step=floats(d.get("step")),
+                   rows=ints(d.get("rows")), ended=bool(d.get("ended")),
+                   capped=bool(d.get("capped")), t_end=num(d.get("t_end")),
+                   cpu_s=None if cpu is None else num(cpu),
+                   gpu_wait=floats(gpu.get("wait")), gpu_step=floats(gpu.get("step")),
                    gpu_error=str(gpu.get("error") or ""))
 
 
 @dataclass(frozen=True)
 class Stream:
-    """One loader of a process as its door made it (``hooks.Stream``): kind, name (label and
+    """One loader of a process as its door made it (``streams.Stream``): kind, name (label and
     creation order), key (process image and order), settings it ran with, notes; why it was
     switched off (``unmeasured``); ``role`` "producer" for a loader thread feeding a queue,
     whose consumer stream is ``fed_by`` it."""
@@ -99,11 +76,15 @@ class Stream:
     name: str
     order: int
     key: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: LoaderSettings = field(default_factory=LoaderSettings)
     notes: tuple[str, ...] = ()
     unmeasured: str = ""
     role: str = ""
     fed_by: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, LoaderSettings):   # a mapping as the door made it
+            object.__setattr__(self, "settings", LoaderSettings(self.settings))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "order": self.order,
@@ -116,10 +97,9 @@ class Stream:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Stream":
-        s = d.get("settings")
         return cls(kind=str(d.get("kind", "")), name=str(d.get("name", "")),
-                   order=_i(d.get("order")), key=str(d.get("key", "")),
-                   settings=dict(s) if isinstance(s, dict) else {},
+                   order=whole(d.get("order")), key=str(d.get("key", "")),
+                   settings=LoaderSettings.from_json(d.get("settings")),
                    notes=tuple(str(n) for n in d.get("notes") or ()),
                    unmeasured=str(d.get("unmeasured") or ""), role=str(d.get("role") or ""),
                    fed_by=str(d.get("fed_by") or ""))
@@ -153,18 +133,18 @@ class Header:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Header":
         tt = d.get("torch_threads")
-        world = _i(d.get("world_size"), 1)
-        return cls(host=str(d.get("host", "")), pid=_i(d.get("pid")),
-                   image=str(d.get("image", "")), ppid=_i(d.get("ppid")),
+        world = whole(d.get("world_size"), 1)
+        return cls(host=str(d.get("host", "")), pid=whole(d.get("pid")),
+                   image=str(d.get("image", "")), ppid=whole(d.get("ppid")),
                    launched=bool(d.get("launched", world > 1)),
-                   t0_wall=_f(d.get("t0_wall")), t0_perf=_f(d.get("t0_perf")),
-                   rank=_i(d.get("rank")), local_rank=_i(d.get("local_rank")),
-                   world_size=world, node_rank=_i(d.get("node_rank")),
+                   t0_wall=num(d.get("t0_wall")), t0_perf=num(d.get("t0_perf")),
+                   rank=whole(d.get("rank")), local_rank=whole(d.get("local_rank")),
+                   world_size=world, node_rank=whole(d.get("node_rank")),
                    torch=d.get("torch") if isinstance(d.get("torch"), str) else None,
                    ray=d.get("ray") if isinstance(d.get("ray"), str) else None,
                    torch_threads=tt if isinstance(tt, int) and not isinstance(tt, bool)
                    and tt > 0 else None,
-                   cpu_s=_f(d.get("cpu_s")))
+                   cpu_s=num(d.get("cpu_s")))
 
     @property
     def image_key(self) -> tuple[str, int, str]:
@@ -190,6 +170,21 @@ class Trainer:
 
     PREFIX = "part"
 
+    @staticmethod
+    def file_name(host: str, pid: int, image: str) -> str:
+        return f"{Trainer.PREFIX}-{host}-{pid}-{image}.json"
+
+    @staticmethod
+    def pid_of(file_name: str) -> int | None:
+        """The writer's pid from a trainer part's name (a host may hold dashes: counted from
+        the end); None for another file."""
+        rest = file_name[len(Trainer.PREFIX) + 1:] if file_name.startswith(
+            Trainer.PREFIX + "-") and file_name.endswith(".json") else ""
+        try:
+            return int(rest.rsplit("-", 2)[-2]) if rest.count("-") >= 2 else None
+        except ValueError:
+            return None
+
     def to_json(self) -> dict[str, Any]:
         return {"v": VERSION, "role": "trainer", **self.header.to_json(),
                 "streams": [s.to_json() for s in self.streams], "stages": self.stages,
@@ -203,7 +198,7 @@ class Trainer:
         return cls(header=Header.from_json(d),
                    streams=tuple(Stream.from_json(s) for s in d.get("streams") or ()),
                    stages=d.get("stages") or {}, exiting=bool(d.get("exiting")),
-                   open={str(k): (_i(v.get("from"), -1),
+                   open={str(k): (whole(v.get("from"), -1),
                                   tuple(Epoch.from_json(e) for e in v.get("epochs") or ()))
                          for k, v in op.items() if isinstance(v, dict)})
 
@@ -221,13 +216,17 @@ class Epochs:
 
     PREFIX = "epochs"
 
+    @staticmethod
+    def file_name(host: str, pid: int, image: str, seq: int) -> str:
+        return f"{Epochs.PREFIX}-{host}-{pid}-{image}-{seq:06d}.json"
+
     def to_json(self) -> dict[str, Any]:
         return {"v": VERSION, "host": self.host, "pid": self.pid, "image": self.image,
                 "streams": {k: [e.to_json() for e in eps] for k, eps in self.streams.items()}}
 
     @classmethod
     def from_json(cls, d: dict[str, Any], seq: int = 0) -> "Epochs":
-        return cls(host=str(d.get("host", "")), pid=_i(d.get("pid")),
+        return cls(host=str(d.get("host", "")), pid=whole(d.get("pid")),
                    image=str(d.get("image", "")), seq=seq,
                    streams={str(k): tuple(Epoch.from_json(e) for e in eps)
                             for k, eps in (d.get("streams") or {}).items()})
@@ -248,6 +247,10 @@ class Worker:
 
     PREFIX = "stage"
 
+    @staticmethod
+    def file_name(host: str, pid: int, image: str) -> str:
+        return f"{Worker.PREFIX}-{host}-{pid}-{image}.json"
+
     def to_json(self) -> dict[str, Any]:
         return {"v": VERSION, "role": "worker", **self.header.to_json(), "loader": self.loader,
                 "stages": self.stages}
@@ -256,51 +259,6 @@ class Worker:
     def from_json(cls, d: dict[str, Any]) -> "Worker":
         return cls(header=Header.from_json(d), loader=str(d.get("loader")),
                    stages=d.get("stages") or {})
-
-
-@dataclass(frozen=True)
-class Replay:
-    """An ablation run's replay part (``replay.py``): what it recorded, served or computed,
-    and why it stopped or could not serve (``mismatch``, ``missing``, ``budget_stop``:
-    dicts as replay wrote them)."""
-
-    pid: int
-    mode: str = ""
-    serve: str | None = None
-    worker: bool = False
-    served: int = 0
-    computed: int = 0
-    recorded: int = 0
-    recorded_bytes: int = 0
-    unserved_batches: int = 0
-    budget_stop: dict[str, Any] | None = None
-    mismatch: dict[str, Any] | None = None
-    missing: dict[str, Any] | None = None
-    served_from: dict[str, list[int | None]] = field(default_factory=dict)
-    kept: dict[str, int] = field(default_factory=dict)
-    kept_bytes: dict[str, int] = field(default_factory=dict)
-    stages: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    PREFIX = "replay"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"v": VERSION, "role": "replay",
-                **{k: getattr(self, k) for k in self.__dataclass_fields__}}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Replay":
-        def dct(k: str) -> dict[str, Any] | None:
-            v = d.get(k)
-            return v if isinstance(v, dict) and v else None
-        return cls(pid=_i(d.get("pid"), -1), mode=str(d.get("mode") or ""),
-                   serve=d.get("serve"), worker=bool(d.get("worker")),
-                   served=_i(d.get("served")), computed=_i(d.get("computed")),
-                   recorded=_i(d.get("recorded")), recorded_bytes=_i(d.get("recorded_bytes")),
-                   unserved_batches=_i(d.get("unserved_batches")),
-                   budget_stop=dct("budget_stop"), mismatch=dct("mismatch"),
-                   missing=dct("missing"), served_from=dct("served_from") or {},
-                   kept=dct("kept") or {}, kept_bytes=dct("kept_bytes") or {},
-                   stages=dct("stages") or {})
 
 
 @dataclass(frozen=True)
@@ -342,13 +300,13 @@ _KINDS = {c.PREFIX: c for c in (Trainer, Epochs, Worker, Replay)}
 def parse(name: str, d: dict[str, Any]) -> Trainer | Epochs | Worker | Replay | None:
     """One file's record by its name (``<prefix>-...json``); None for a file that is not a
     part of this version."""
-    if not isinstance(d, dict) or d.get("v", VERSION) != VERSION:
+    if not current(d):
         return None
     prefix = name.split("-", 1)[0]
     cls = _KINDS.get(prefix)
     if cls is Epochs:
         stem = name[:-5] if name.endswith(".json") else name
-        return Epochs.from_json(d, _i(stem.rsplit("-", 1)[-1]))
+        return Epochs.from_json(d, whole(stem.rsplit("-", 1)[-1]))
     return cls.from_json(d) if cls is not None else None
 
 

@@ -28,8 +28,9 @@ last epoch, whose end-of-epoch write the flush budget may have deferred, is writ
 
 from __future__ import annotations
 
-import sys
 import threading
+
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
 
 KINDS = ("ray.iter_batches", "ray.iter_torch_batches")
 PATCHES = {"ray.data.iterator": "patch_ray", "ray.data.dataset": "patch_ray_dataset",
@@ -49,14 +50,9 @@ OWN_STAGES = tuple(f"ray {label}" for label, _ in BLOCKED)
 PASS_PER_CALL = True
 WRITTEN_FOR = ("ray", "2.60", "DataIterator.iter_batches/iter_torch_batches and Ray Train's "
                "RayTrainWorker.shutdown")
+VERSION_FROM = ("ray.__version__",)
 
-H = None                        # the hooks' core, once bound (``bind``)
 _RAY_INSIDE = threading.local()     # set while Ray's own call runs: a nested one is not counted
-
-
-def bind(core) -> None:
-    global H
-    H = core
 
 
 def patch_ray(it_mod) -> None:
@@ -65,8 +61,6 @@ def patch_ray(it_mod) -> None:
     ``Dataset.iter_batches`` (which goes around ``DataIterator.iter_batches``). One stream per
     iterator or dataset object, one epoch per call; a call made inside another's iteration
     is not counted twice."""
-    ray = sys.modules.get("ray")
-    H.version_check(WRITTEN_FOR, getattr(ray, "__version__", "?"))
     _patch_ray_class(it_mod.DataIterator, ("iter_batches", "iter_torch_batches"))
 
 
@@ -76,7 +70,7 @@ def patch_ray_dataset(ds_mod) -> None:
 
 def _patch_ray_class(cls, methods) -> None:
     import functools
-    prefetch = H.SETTINGS.get("overrides", {}).get("ray", {}).get("prefetch_batches")
+    prefetch = H.settings.override("ray", "prefetch_batches")
     inside = _RAY_INSIDE
     for meth in methods:
         orig = cls.__dict__.get(meth)
@@ -96,12 +90,12 @@ def _patch_ray_class(cls, methods) -> None:
                 finally:
                     inside.on = False
                 try:
-                    st = H.LOADERS.get(self)
+                    st = H.loaders.get(self)
                     if st is None:
                         st = H.Stream(f"ray.{meth}", type(self).__name__,
                                       {"batch_size": k.get("batch_size", 256),
                                        "prefetch_batches": k.get("prefetch_batches", 1)})
-                        H.LOADERS.set(self, st)
+                        H.loaders.set(self, st)
                     if st.unmeasured:
                         return inner
                     # what Ray returns is re-iterable (made once, looped every epoch): so
@@ -166,7 +160,7 @@ def _blocked(batch_iter) -> tuple[float, ...] | None:
     """The ``iter_blocked_*`` timers of a ``BatchIterator``'s stats, or None where there is
     nothing to read (no stats, no hooked stream fetching on this thread, another Ray)."""
     try:
-        if getattr(H.ACTIVE, "stream", None) is None:
+        if getattr(H.active, "stream", None) is None:
             return None
         stats = getattr(batch_iter, "_stats", None)
         if stats is None:
@@ -180,7 +174,7 @@ def patch_ray_train_worker(worker_mod) -> None:
     """Ray Train (v2, the default since 2.51) ends each worker actor with ``ray.kill`` once
     its ``RayTrainWorker.shutdown`` returned (``worker_group.state._shutdown_workers``, 5 s
     patience): the process gets no ``atexit``. An epoch's end writes its part only within the
-    flush budget (``hooks.Stream.end_epoch``): a mid-epoch write less than about a second
+    flush budget (``streams.Stream.end_epoch``): a mid-epoch write less than about a second
     before the loop's last ``StopIteration`` defers it, and the kill then lost the worker's
     last batches (a 2-worker job read 14 of each rank's 16). So ``shutdown`` writes this
     process's figures as its exit would, after Ray's own shutdown callbacks ran. Nothing is
@@ -197,5 +191,5 @@ def patch_ray_train_worker(worker_mod) -> None:
             return orig(self, *a, **k)
         finally:
             if H.own_process():
-                H.flush(force=True)      # never raises (``hooks.flush``)
+                H.flush(force=True)      # never raises (``writer.flush``)
     cls.shutdown = shutdown

@@ -10,6 +10,8 @@ attributed, and ``--set dataloader.*`` does not reach it.
 
 from __future__ import annotations
 
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
+
 KINDS = ("torchdata.StatefulDataLoader",)
 PATCHES = {"torchdata.stateful_dataloader.stateful_dataloader": "patch_stateful"}
 SET_KEYS: tuple = ()
@@ -17,17 +19,8 @@ SERVED = ""
 STAGES = ""     # recorded where torch's fetchers run (0 workers); its workers' are not
 WRITTEN_FOR = ("torchdata", "0.11", "StatefulDataLoader.__iter__")
 
-H = None    # the hooks' core, once bound (``bind``)
-
-
-def bind(core) -> None:
-    global H
-    H = core
-
 
 def patch_stateful(mod) -> None:
-    H.version_check(WRITTEN_FOR, H.dist_version("torchdata"))
-
     def make(loader):
         return H.loader_stream(loader, [], KINDS[0])
     H.hook_passes(mod.StatefulDataLoader, make, "StatefulDataLoader")

@@ -31,9 +31,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
+
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
 
 KINDS = ("spdl.Pipeline",)
-PATCHES = {"spdl.pipeline._build": "patch_build", "spdl.pipeline._pipeline": "patch_pipeline"}
+PATCHES = {"spdl.pipeline._pipeline": "patch_pipeline", "spdl.pipeline._build": "patch_build"}
 SET_KEYS: tuple = ()
 SERVED = ""
 STAGES = ""     # SPDL's stage threads are not timed: only stallbench.stage marks are recorded
@@ -41,20 +44,19 @@ PASS_PER_CALL = True    # a pipeline built each epoch (spdl.dataloader.DataLoade
                         # stream per epoch, joined by the tune; a continuous one is one stream
 WRITTEN_FOR = ("spdl", "0.8", "Pipeline.get_iterator/get_item, PipelineIterator.__next__ and "
                "_build._build_pipeline")
+VERSION_FROM = ("spdl-core", "spdl")    # spdl is a meta-package of spdl-core and spdl-io
 KIND = KINDS[0]
 
-H = None                        # the hooks' core, once bound (``bind``)
 _BUILT = None                   # a Pipeline -> (label, settings) from the config it was built of
 _DIRECT = None                  # a Pipeline -> its open pass of the loop's own get_item calls
 _INSIDE = threading.local()     # on while a hooked PipelineIterator.__next__ runs: its get_item
-_WHERE = {"file": "", "dir": ""}    # spdl/pipeline/_pipeline.py and its folder
+_WHERE = types.SimpleNamespace(file="", dir="")    # spdl/pipeline/_pipeline.py, its folder
 
 
-def bind(core) -> None:
-    global H, _BUILT, _DIRECT
-    H = core
-    _BUILT = core.IdMap()
-    _DIRECT = core.IdMap()
+def bound() -> None:
+    global _BUILT, _DIRECT
+    _BUILT = H.IdMap()
+    _DIRECT = H.IdMap()
 
 
 def at_fork() -> None:
@@ -110,13 +112,13 @@ def patch_build(mod) -> None:
 
 def _stream(p):
     """The pipeline's stream, made at its first pass (None, said once, where it cannot be)."""
-    st = H.LOADERS.get(p)
+    st = H.loaders.get(p)
     if st is not None:
         return st
     try:
         label, settings = _BUILT.get(p) or ("Pipeline", {})
         st = H.Stream(KIND, label, settings)
-        if not H.LOADERS.set(p, st):
+        if not H.loaders.set(p, st):
             st.switch_off("it cannot be tracked without storing into it")
         return st
     except Exception:  # noqa: BLE001 - the pipeline runs unmeasured, said once
@@ -130,10 +132,10 @@ def _by_spdl() -> bool:
     pipeline a worker or a priority executor iterates, not the job's loop."""
     try:
         f = sys._getframe(2)
-        while f is not None and f.f_code.co_filename == _WHERE["file"]:
+        while f is not None and f.f_code.co_filename == _WHERE.file:
             f = f.f_back
-        return f is not None and bool(_WHERE["dir"]) and \
-            f.f_code.co_filename.startswith(_WHERE["dir"])
+        return f is not None and bool(_WHERE.dir) and \
+            f.f_code.co_filename.startswith(_WHERE.dir)
     except Exception:  # noqa: BLE001 - no frame to read: taken as the job's loop
         return False
 
@@ -142,13 +144,13 @@ def patch_pipeline(mod) -> None:
     """``Pipeline.get_iterator`` (passes), ``PipelineIterator.__next__`` (the wait) and
     ``Pipeline.get_item`` called by the loop itself (a pass until ``EOFError``)."""
     import functools
-    H.version_check(WRITTEN_FOR, _version())
-    _WHERE["file"] = os.path.abspath(mod.__file__)
-    _WHERE["dir"] = os.path.dirname(_WHERE["file"]) + os.sep
+    _WHERE.file = os.path.abspath(mod.__file__)
+    _WHERE.dir = os.path.dirname(_WHERE.file) + os.sep
     Pipeline, PipelineIterator = mod.Pipeline, mod.PipelineIterator
     orig_get_iterator = Pipeline.__dict__["get_iterator"]
     orig_get_item = Pipeline.__dict__["get_item"]
     orig_next = PipelineIterator.__dict__["__next__"]
+    tagged = H.tagged_next(orig_next)
 
     @functools.wraps(orig_get_iterator)
     def get_iterator(self, *a, **k):
@@ -162,10 +164,7 @@ def patch_pipeline(mod) -> None:
         prev = getattr(_INSIDE, "on", False)
         _INSIDE.on = True           # its get_item is this batch's, not a pass of its own
         try:
-            tag = H.ITERS.get(self)
-            if tag is None:
-                return orig_next(self)
-            return tag[0].next_batch(tag[1], orig_next, self)
+            return tagged(self)
         finally:
             _INSIDE.on = prev
 
@@ -224,10 +223,3 @@ def _direct(p, orig, a, k):
     except EOFError:
         _DIRECT.set(p, None)
         raise
-
-
-def _version() -> str:
-    """spdl.pipeline's version: the ``spdl-core`` distribution's (``spdl`` is a meta-package
-    of ``spdl-core`` and ``spdl-io``), else ``spdl``'s."""
-    v = H.dist_version("spdl-core")
-    return v if v != "?" else H.dist_version("spdl")

@@ -15,6 +15,8 @@ import os
 import sys
 import threading
 
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
+
 KINDS = ("torch.DataLoader",)
 PATCHES = {"torch.utils.data.dataloader": "patch_torch"}
 SET_KEYS = ("dataloader", "torch")
@@ -23,14 +25,8 @@ STAGES = ""
 OWN_STAGES = ("dataset.__getitem__", "dataset.__iter__", "collate_fn", "pin_memory")
 WRITTEN_FOR = ("torch", "2.13", "DataLoader.__init__/__iter__, _BaseDataLoaderIter.__next__, "
                "the map/iterable fetchers, the worker loop and pin_memory")
+VERSION_FROM = ("torch.__version__",)
 KIND = KINDS[0]
-
-H = None    # the hooks' core, once bound (``bind``)
-
-
-def bind(core) -> None:
-    global H
-    H = core
 
 
 def _set_threads(torch) -> None:
@@ -41,7 +37,7 @@ def _set_threads(torch) -> None:
     (``analysis.loader_search.not_applied``). torch's own functions are never replaced: torch
     is still importing here (its docstrings are added to them after this runs). A loader
     worker sets its own (torch sets 1 in each)."""
-    n = H.SETTINGS.get("overrides", {}).get("torch", {}).get("num_threads")
+    n = H.settings.override("torch", "num_threads")
     if not n or not H.own_process():
         return
     try:
@@ -54,12 +50,11 @@ def patch_torch(dl_mod) -> None:
     import functools
     import inspect
     torch = sys.modules["torch"]
-    H.version_check(WRITTEN_FOR, torch.__version__)
     utils = sys.modules["torch.utils.data._utils"]
     DataLoader = dl_mod.DataLoader
     BaseIter = dl_mod._BaseDataLoaderIter
     MultiIter = dl_mod._MultiProcessingDataLoaderIter
-    overrides = H.SETTINGS.get("overrides", {}).get("dataloader", {})
+    overrides = H.settings.group("dataloader")
     _set_threads(torch)
 
     orig_init = DataLoader.__init__
@@ -67,7 +62,7 @@ def patch_torch(dl_mod) -> None:
 
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
-        if H.LOADERS.get(self) is not None:      # a subclass's second init
+        if H.loaders.get(self) is not None:      # a subclass's second init
             return orig_init(self, *args, **kwargs)
         notes: list = []
         if overrides:
@@ -101,7 +96,7 @@ def patch_torch(dl_mod) -> None:
     def __iter__(self):
         # a loader made without our __init__ (a deepcopy, an unpickled one) gets its stream
         # at its first iter(): it is counted like any other
-        st = H.LOADERS.get(self) or H.loader_stream(self, [], KIND)
+        st = H.loaders.get(self) or H.loader_stream(self, [], KIND)
         return H.begin_pass(st, orig_iter, self, "")
 
     DataLoader.__iter__ = __iter__
@@ -114,13 +109,13 @@ def patch_torch(dl_mod) -> None:
     def multi_init(self, loader, *a, **k):
         # Workers start in here: they learn which loader they serve from a global (fork) or
         # the environment (spawn copies os.environ when it starts them).
-        st = H.LOADERS.get(loader)
-        prev, prev_env = H.PROC.serving, os.environ.get(H.LOADER_ENV)
+        st = H.loaders.get(loader)
+        prev, prev_env = H.proc.serving, os.environ.get(H.LOADER_ENV)
         if st is not None:
-            H.PROC.serving = st.key
+            H.proc.serving = st.key
             os.environ[H.LOADER_ENV] = st.key
-            H.PROC.serving_epoch = len(st.epochs)   # the epoch these workers start for
-            os.environ[H.EPOCH_ENV] = str(H.PROC.serving_epoch)
+            H.proc.serving_epoch = len(st.epochs)   # the epoch these workers start for
+            os.environ[H.EPOCH_ENV] = str(H.proc.serving_epoch)
         # the pin thread starts in here too: its target, looked up on the module now, is
         # tagged with this loader's key, so its pin_memory time goes to this loader only
         pin_loop = pin_mod._pin_memory_loop
@@ -130,7 +125,7 @@ def patch_torch(dl_mod) -> None:
             orig_multi_init(self, loader, *a, **k)
         finally:
             pin_mod._pin_memory_loop = pin_loop
-            H.PROC.serving = prev
+            H.proc.serving = prev
             if prev_env is None:
                 os.environ.pop(H.LOADER_ENV, None)
             else:
@@ -144,10 +139,9 @@ def patch_torch(dl_mod) -> None:
 
     @functools.wraps(orig_loop)
     def _worker_loop(*a, **k):
-        H.PROC.worker_loader = (H.PROC.serving or os.environ.get(H.LOADER_ENV)
+        H.proc.worker_loader = (H.proc.serving or os.environ.get(H.LOADER_ENV)
                                 or f"{os.getppid()}:?")
-        H.STREAMS.clear()             # forked: the trainer's streams are not this process's
-        H.STAGE_RECORDS.clear()
+        H.forget_streams()          # forked: the trainer's streams are not this process's
         _fetches[0] = 0             # this worker's first fetch is its own cold one
         try:
             return orig_loop(*a, **k)
@@ -181,7 +175,7 @@ def patch_torch(dl_mod) -> None:
 
 def _keyed_pin_loop(loop, key: str, *a, **k):
     """A loader's pin thread: its ``stage_add`` calls go to that loader's bucket."""
-    H.ACTIVE.pin_key = key
+    H.active.pin_key = key
     return loop(*a, **k)
 
 
@@ -237,8 +231,9 @@ def _patch_fetch(cls, functools) -> None:
         w = H.perf()
         c = H.tcpu() if sample else 0.0
         try:
-            if H.REPLAY is not None:
-                return H.REPLAY.fetch(self, index, orig, col)
+            replay = H.replay
+            if replay is not None:
+                return replay.fetch(self, index, orig, col)
             return orig(self, index)
         finally:
             wall = H.perf() - w

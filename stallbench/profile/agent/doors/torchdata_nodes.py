@@ -8,6 +8,8 @@ stages, and no ``--set`` key reaches them.
 
 from __future__ import annotations
 
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
+
 KINDS = ("torchdata.nodes.Loader",)
 PATCHES = {"torchdata.nodes.loader": "patch_nodes"}
 SET_KEYS: tuple = ()
@@ -15,16 +17,8 @@ SERVED = ""
 STAGES = ""     # the nodes' threads are not timed: only stallbench.stage marks are recorded
 WRITTEN_FOR = ("torchdata", "0.11", "nodes.Loader.__iter__ and LoaderIterator.__next__")
 
-H = None    # the hooks' core, once bound (``bind``)
-
-
-def bind(core) -> None:
-    global H
-    H = core
-
 
 def patch_nodes(mod) -> None:
-    H.version_check(WRITTEN_FOR, H.dist_version("torchdata"))
     LoaderIterator = mod.LoaderIterator
     orig_next = LoaderIterator.__next__
 

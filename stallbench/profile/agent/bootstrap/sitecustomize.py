@@ -8,9 +8,10 @@ torchrun's ranks, Ray's workers, and any other Python a helper of the job runs. 
 1. removes its own directory from ``sys.path`` at once, so the job's import path is exactly
    the one Python gives it unprofiled (``os.environ["PYTHONPATH"]`` keeps it, so that the
    processes the job starts are hooked as well; their ``sys.path`` is cleaned the same way);
-2. loads the hooks by file path (``STALLBENCH_PROFILE`` names it), which adds nothing to
-   ``sys.path`` and imports only the standard library; only on Python 3.7+ (what the hooks
-   are written in): an older Python a helper runs (3.6, 2.7) gets no hooks and no word;
+2. where ``STALLBENCH_PROFILE`` is set, loads the agent (the folder above this one) by path
+   as the package ``_stallbench_profile_agent`` and runs its ``install``, which adds nothing
+   to ``sys.path`` and imports only the standard library; only on Python 3.7+ (what the
+   agent is written in): an older Python a helper runs (3.6, 2.7) gets no hooks and no word;
 3. runs the ``sitecustomize`` the environment had without us, if any (the next one on the
    cleaned ``sys.path``: the user's own on ``PYTHONPATH``, a distribution's), under the same
    name, so a site's own customisation still happens, on every Python version.
@@ -57,25 +58,31 @@ def _boot():
         spec.loader.exec_module(mod)
 
 
+AGENT = "_stallbench_profile_agent"
+
+
 def _hooks():
-    import json
+    """The agent, loaded as a package by path (the job's Python may not have stallbench
+    installed), installed. Whatever the settings say is the agent's to read (its wire): here
+    only whether any were sent."""
+    import importlib
     import importlib.util
 
+    if not os.environ.get("STALLBENCH_PROFILE") or AGENT in sys.modules:
+        return
+    agent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        hooks_path = json.loads(os.environ.get("STALLBENCH_PROFILE", "{}")).get("hooks")
-    except ValueError:
-        hooks_path = None
-    if hooks_path and "_stallbench_profile_hooks" not in sys.modules:
-        try:
-            spec = importlib.util.spec_from_file_location("_stallbench_profile_hooks", hooks_path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
-            mod.install()
-        except Exception as exc:  # noqa: BLE001 - never break the job for a hook
-            sys.modules.pop("_stallbench_profile_hooks", None)
-            sys.stderr.write("stallbench profile: hooks not installed (%s: %s)\n"
-                             % (type(exc).__name__, exc))
+        spec = importlib.util.spec_from_file_location(
+            AGENT, os.path.join(agent, "__init__.py"), submodule_search_locations=[agent])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[AGENT] = mod
+        spec.loader.exec_module(mod)
+        importlib.import_module(AGENT + ".install").install()
+    except Exception as exc:  # noqa: BLE001 - never break the job for a hook
+        for name in [n for n in sys.modules if n == AGENT or n.startswith(AGENT + ".")]:
+            sys.modules.pop(name, None)
+        sys.stderr.write("stallbench profile: hooks not installed (%s: %s)\n"
+                         % (type(exc).__name__, exc))
 
 
 _boot()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 
+from ._base import H   # the core's interface, set by the agent's loader (``_base.bind``)
+
 KINDS = ("thread.queue",)
 PATCHES = {"queue": "patch_queue"}
 SET_KEYS: tuple = ()
@@ -24,15 +26,13 @@ SERVED = ""
 STAGES = ""
 KIND = KINDS[0]
 
-H = None                        # the hooks' core, once bound (``bind``)
 _FEEDS = None                   # a queue.Queue a producer thread puts batches into -> _Feed
 _ALL_FEEDS: list = []           # every feed (kept past its queue: closed at exit)
 
 
-def bind(core) -> None:
-    global H, _FEEDS
-    H = core
-    _FEEDS = core.IdMap()
+def bound() -> None:
+    global _FEEDS
+    _FEEDS = H.IdMap()
 
 
 def at_fork() -> None:
@@ -108,8 +108,7 @@ class _Feed:
         ep.wait.append(t1 - t_ask)
         ep.t_last = t1
         ep.rows.append(rows)
-        H.BEAT["batches"] += 1
-        H.BEAT["last"] = (cons.name, len(cons.epochs), len(ep.wait))
+        H.count_batch(cons.name, len(cons.epochs), len(ep.wait))
         H.flush(force=False)     # the core's periodic flush (a clock read when not due)
 
     def close(self) -> None:
@@ -133,7 +132,7 @@ def _fed(q, item, tag) -> None:
     if id(item) != bid and not ((t is tuple or t is list) and
                                 any(id(x) == bid for x in item[:4])):
         return
-    H.ACTIVE.produced = None
+    H.active.produced = None
     feed = _FEEDS.get(q)
     if feed is None:
         feed = _Feed(st)
@@ -158,7 +157,7 @@ def patch_queue(queue_mod) -> None:
 
     @functools.wraps(orig_put)
     def put(self, item, *a, **k):
-        tag = getattr(H.ACTIVE, "produced", None)
+        tag = getattr(H.active, "produced", None)
         if tag is not None:
             try:
                 _fed(self, item, tag)
@@ -171,21 +170,21 @@ def patch_queue(queue_mod) -> None:
         feed = _FEEDS.get(self) if len(_FEEDS) else None
         if feed is not None:
             return feed.get(orig_get, self, a, k)
-        if not H.STREAMS:             # no loader in this process: nothing can feed a queue
+        if not H.has_streams():             # no loader in this process: nothing can feed a queue
             return orig_get(self, *a, **k)
         # the loop's first get may start before the producer's first put made the queue a
         # feed: its wait (the pipeline's start-up) runs from here, or from its first try
         # where it polls (``get(timeout=)`` tried again after ``Empty``)
         t0 = H.perf()
-        asking = getattr(H.ACTIVE, "asking", None)
+        asking = getattr(H.active, "asking", None)
         if asking is not None and asking[0] == id(self):
             t0 = asking[1]
         try:
             item = orig_get(self, *a, **k)
         except BaseException:
-            H.ACTIVE.asking = (id(self), t0)
+            H.active.asking = (id(self), t0)
             raise
-        H.ACTIVE.asking = None
+        H.active.asking = None
         try:
             feed = _FEEDS.get(self)
             if feed is not None:

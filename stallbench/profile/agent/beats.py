@@ -1,0 +1,88 @@
+"""Beats: what the launcher reads while the job runs and when no figures came back
+(``--progress-timeout``; "exited before its first batch", "an empty loader", "figures lost").
+
+One small file per process, ``beat-<host>-<pid>`` (no ``.json``: it is not a part),
+rewritten when the process starts, makes a loader, has an empty pass, at most every
+``BEAT_S`` while batches come, and at exit. Counts only: the names are the streams' own.
+A beat is also where the launcher's ``wire.FLUSH_MARK`` is seen (one stat per beat).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from . import state, wire, writer
+
+BEAT_S = 0.5
+_names: list = []         # the names of this process's first loaders (a few)
+_batches = 0
+_last = None            # (stream name, epoch, batch index) of the last batch
+_empty = 0
+_exited = False
+_next_beat = 0.0
+_flush_asked = False
+
+
+def loader_made(name: str) -> None:
+    """A stream was made: its name for the launcher's lines (a few), said at once."""
+    if len(_names) < 8:
+        _names.append(name)
+    beat(force=True)
+
+
+def empty_pass() -> None:
+    """A pass that yielded nothing (an empty loader), said at once."""
+    global _empty
+    _empty += 1
+    beat(force=True)
+
+
+def count_batch(name: str, epoch: int, index: int, t: float | None = None) -> None:
+    """One more batch of this process (the last: batch ``index`` of epoch ``epoch`` of stream
+    ``name``); with ``t`` (the stream's clock), the beat is rewritten when due: at the
+    process's first batch and every ``BEAT_S``."""
+    global _batches, _last
+    _batches += 1
+    _last = (name, epoch, index)
+    if t is not None and (t >= _next_beat or _batches == 1):
+        beat(force=True)
+
+
+def beat(force: bool = False) -> None:
+    """Rewrite this process's beat file; never raises (a lost beat is a lost hint). Also
+    where a launcher's ``wire.FLUSH_MARK`` is seen (one stat per beat): the next batch then
+    flushes its part, the open epoch with it, so a trial that ``stallbench tune`` ends keeps
+    its batches up to now (``launcher.run_once``'s ``stop``)."""
+    global _next_beat, _flush_asked
+    now = state.perf()
+    if not force and now < _next_beat:
+        return
+    _next_beat = now + BEAT_S
+    run_dir = state.SETTINGS.run_dir
+    if not run_dir:
+        return
+    try:
+        if not _flush_asked and os.path.exists(os.path.join(run_dir, wire.FLUSH_MARK)):
+            _flush_asked = True
+            writer.flush_soon()
+    except Exception:  # noqa: BLE001 - a hint
+        pass
+    try:
+        pid = os.getpid()
+        path = os.path.join(run_dir, wire.Beat.file_name(socket.gethostname(), pid))
+        rec = wire.Beat(pid=pid, loaders=tuple(_names), batches=_batches, last=_last,
+                        empty=_empty, exited=_exited)
+        with open(path + ".tmp", "w") as fh:
+            fh.write(json.dumps(rec.to_json()))
+        os.replace(path + ".tmp", path)
+    except Exception:  # noqa: BLE001 - never fail the job for a hint
+        pass
+
+
+def beat_exit() -> None:
+    """At exit (after the final flush): the process ended through its exit handlers."""
+    global _exited
+    _exited = True
+    beat(force=True)

@@ -1,0 +1,79 @@
+"""Beats: the small file each process of the job keeps rewriting (the agent's ``beats``), which
+the launcher reads while the job runs and when no figures came back.
+
+Why a record of its own: ``--progress-timeout`` ("no batch for S seconds: the last was ..."),
+the lines for a run that brought back nothing ("exited before its first batch", "an empty
+loader", "figures lost") and ``tune``'s stop rule all read it; read by key in three modules,
+a renamed count would have read as zero. ``beat-<host>-<pid>`` (no ``.json``: not a part):
+the writer's pid is its name's, not a field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple    # the agent may run Python 3.7
+
+from .fields import VERSION, current, whole
+
+PREFIX = "beat"
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One process's beat: the names of the first loaders it made (a few), its batches so
+    far, the last one (stream name, epoch, batch index), its passes that yielded nothing, and
+    whether it ended through its exit handlers."""
+
+    pid: int
+    loaders: Tuple[str, ...] = ()
+    batches: int = 0
+    last: Optional[Tuple[str, int, int]] = None
+    empty: int = 0
+    exited: bool = False
+
+    @staticmethod
+    def file_name(host: str, pid: int) -> str:
+        return f"{PREFIX}-{host}-{pid}"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"v": VERSION, "loaders": list(self.loaders), "batches": self.batches,
+                "last": None if self.last is None else list(self.last),
+                "empty": self.empty, "exited": self.exited}
+
+    @classmethod
+    def from_json(cls, d: Any, pid: int) -> Optional["Beat"]:
+        """The beat of process ``pid``; None for a file that is not one of this version."""
+        if not current(d):
+            return None
+        last = d.get("last")
+        names = d.get("loaders")
+        return cls(pid=pid, loaders=tuple(str(n) for n in names)
+                   if isinstance(names, list) else (),
+                   batches=whole(d.get("batches")),
+                   last=(str(last[0]), whole(last[1]), whole(last[2]))
+                   if isinstance(last, list) and len(last) == 3 else None,
+                   empty=whole(d.get("empty")), exited=bool(d.get("exited")))
+
+
+def read_beats(run_dir: Any) -> List[Beat]:
+    """Every process's beat in ``run_dir`` (a file caught mid-write is its temporary's: never
+    read; a file that is not a beat is skipped)."""
+    out: List[Beat] = []
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return out
+    for name in names:
+        if not name.startswith(PREFIX + "-") or name.endswith(".tmp"):
+            continue
+        try:
+            pid = int(name.rsplit("-", 1)[1])
+            with open(os.path.join(run_dir, name)) as fh:
+                beat = Beat.from_json(json.load(fh), pid)
+        except (OSError, ValueError, IndexError, TypeError):
+            continue
+        if beat is not None:
+            out.append(beat)
+    return out
