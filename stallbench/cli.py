@@ -113,7 +113,9 @@ def user_code_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .outputs import guarded_streams
+    from .outputs import guarded_streams, reopen_closed_streams
+
+    reopen_closed_streams()     # before any file is opened: see its docstring
 
     # A closed or full stdout (`| head`, `> /dev/full`) never raises into the command: its
     # results are kept, and the exit says why (outputs.guarded_streams).
