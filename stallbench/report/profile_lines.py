@@ -272,9 +272,10 @@ def tune_lines(result: Result) -> list[str]:
 def _trial_lines(i: int, tr, ceiling: float | None) -> list[str]:
     """One trial: its measured rate against the ceiling and its prediction, and why it was
     chosen; or the finding it made (the job failed, the setting was not applied)."""
-    if tr.outcome == "failed":
-        return [f"  {i}. {tr.name}: the job exited with code {tr.exit_code} (a finding; "
-                "the search went on)"]
+    if tr.outcome == "failed":      # why: the last clause the tune added to ``why``
+        what = (f"the job exited with code {tr.exit_code}" if tr.exit_code else
+                tr.why.rsplit("; ", 1)[-1])
+        return [f"  {i}. {tr.name}: {what} (a finding; the search went on)"]
     if tr.outcome == "not_applied":
         return [f"  {i}. {tr.name}: not applied ({tr.why.rsplit('; not applied: ', 1)[-1]})"]
     share = f", {tr.steady_samples_s / ceiling:.0%} of the ceiling" if ceiling else ""
