@@ -7,6 +7,7 @@ test_profile_ray_cluster.py."""
 from __future__ import annotations
 
 import importlib
+import pickle
 
 import pytest
 
@@ -53,8 +54,11 @@ def test_the_jobs_own_setup_hook_is_chained_after_the_agents(agent) -> None:
     env = rc.merged({"worker_process_setup_hook": lambda: ran.append("job")}, "/m",
                     _settings())
     hook = env["worker_process_setup_hook"]
-    assert callable(hook) and hook.__name__ and not wire.Settings.from_env(
+    assert callable(hook) and hook.__name__ == "<lambda>" and not wire.Settings.from_env(
         env["env_vars"]).hook
+    # the standard pickle (Ray Client pickles a job's config with it) takes it as it takes
+    # the job's own hook: a module-level function by reference
+    assert pickle.loads(pickle.dumps(sink.Chained(print))).job_hook is print
     # a hook Ray already exported into the env cannot be chained: refused, said, job as is
     with pytest.raises(ValueError):
         rc.merged({"env_vars": {rc.RESERVED: "x"}}, "/m", _settings())

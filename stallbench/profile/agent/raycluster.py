@@ -31,7 +31,8 @@ connects with, and the job's own object is left as it was (a copy is connected).
 Figures home: after ``ray.init`` the driver starts the run's collector (``raysink.Collector``)
 on its own node and a thread that drains it into the run directory every ``DRAIN_S`` (the
 launcher reads beats and parts while the job runs: ``--progress-timeout``, tune's stop),
-and once more, with the actor ended, at ``ray.shutdown()`` and at exit (before Ray's own).
+and once more, with the actor ended, at ``ray.shutdown()`` and at exit (before Ray's own);
+through Ray Client only then (its connection belongs to the thread that made it).
 
 Nothing here raises into the job: whatever fails is said once and the job goes on, its
 cluster's workers unmeasured.
@@ -59,8 +60,9 @@ DRAIN_TIMEOUT_S = 30.0
 class _Run:
     """The cluster run of this driver: its collector's name, then the actor and its drain."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, client: bool = False) -> None:
         self.name = name
+        self.client = client        # Ray Client: no drain thread (see ``_start``)
         self.actor = None
         self.stop = threading.Event()
         self.thread = None
@@ -72,11 +74,18 @@ _RUN: list = [None]      # the current ``_Run`` (one per ``ray.init`` that joine
 _SEQ = [0]
 
 
-def merged(runtime_env, module_dir: str, settings: wire.Settings) -> dict:
+def merged(runtime_env, module_dir: str, settings: wire.Settings,
+           client: bool = False) -> dict:
     """The job's ``runtime_env`` (a dict or Ray's ``RuntimeEnv``, never changed) with the
     agent added: its package in ``py_modules``, its settings in ``env_vars``, its hook
     first in ``worker_process_setup_hook`` (the job's own chained after it). Raises
-    ``ValueError`` where the job's hook was already exported by Ray (it cannot be chained)."""
+    ``ValueError`` where the job's hook was already exported by Ray (it cannot be chained).
+
+    ``client`` (Ray Client): Ray turns no ``worker_process_setup_hook`` of a client's job
+    into the variable its workers read (the client sends none; its server skips the step
+    for a client's job), so the agent's hook goes straight into that variable, as Ray does
+    for a hook named by a string; the job's own field is left as it was, and, as without
+    stallbench, not run."""
     env = dict(runtime_env or {})
     env["py_modules"] = list(env.get("py_modules") or []) + [module_dir]
     env_vars = dict(env.get("env_vars") or {})
@@ -84,18 +93,22 @@ def merged(runtime_env, module_dir: str, settings: wire.Settings) -> dict:
         raise ValueError("the job's runtime_env carries a setup hook Ray already exported")
     theirs = env.get("worker_process_setup_hook")
     hook = HOOK
-    if isinstance(theirs, str) and theirs:
+    if client:
+        env_vars[RESERVED] = HOOK
+        hook = theirs
+    elif isinstance(theirs, str) and theirs:
         settings = wire.Settings(overrides=settings.overrides, max_batches=settings.max_batches,
                                  collector=settings.collector, hook=theirs)
     elif callable(theirs):
-        hook = raysink.chained(theirs)
+        hook = raysink.Chained(theirs)
     env_vars[wire.ENV] = settings.to_env()
     env["env_vars"] = env_vars
-    env["worker_process_setup_hook"] = hook
+    if hook is not None:
+        env["worker_process_setup_hook"] = hook
     return env
 
 
-def _ship(runtime_env) -> dict:
+def _ship(runtime_env, client: bool = False) -> dict:
     """The job's ``runtime_env`` with the agent merged in, for a new run (``_RUN``)."""
     _SEQ[0] += 1
     name = f"stallbench-collector-{os.getpid()}-{state.IMAGE}-{_SEQ[0]}"
@@ -105,8 +118,8 @@ def _ship(runtime_env) -> dict:
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "bootstrap"))
     settings = wire.Settings(overrides=state.SETTINGS.overrides,
                              max_batches=state.SETTINGS.max_batches, collector=name)
-    env = merged(runtime_env, where, settings)
-    _RUN[0] = _Run(name)
+    env = merged(runtime_env, where, settings, client)
+    _RUN[0] = _Run(name, client)
     return env
 
 
@@ -172,10 +185,10 @@ def _client(a: tuple, k: dict) -> tuple:
         cfg = k.get("job_config")
         if k.get("runtime_env") is None and cfg is not None and cfg.runtime_env:
             mine = copy.copy(cfg)
-            mine.set_runtime_env(_ship(cfg.runtime_env))
+            mine.set_runtime_env(_ship(cfg.runtime_env, True))
             k["job_config"] = mine
         else:
-            k["runtime_env"] = _ship(k.get("runtime_env"))
+            k["runtime_env"] = _ship(k.get("runtime_env"), True)
     except Exception as exc:  # noqa: BLE001
         _RUN[0] = None
         _said(exc)
@@ -213,9 +226,12 @@ def _start(run: _Run) -> None:
     except Exception:  # noqa: BLE001 - placed where Ray places it
         pass
     run.actor = ray.remote(raysink.Collector).options(**opts).remote()
-    run.thread = threading.Thread(target=_drain_loop, args=(run,), daemon=True,
-                                  name="stallbench-drain")
-    run.thread.start()
+    if not run.client:
+        # a Ray Client's connection is not another thread's (Ray there would start a local
+        # Ray of its own): through a client the figures come home at shutdown and exit only
+        run.thread = threading.Thread(target=_drain_loop, args=(run,), daemon=True,
+                                      name="stallbench-drain")
+        run.thread.start()
     atexit.register(_close, run)      # after Ray's own: runs before its shutdown
 
 

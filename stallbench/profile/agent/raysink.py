@@ -14,7 +14,7 @@ How the agent gets there (``raycluster`` merges it into the job's ``runtime_env`
 folder is shipped as the ``py_modules`` package ``_stallbench_profile_agent`` (the name the
 bootstrap gives it locally, so ``stallbench.watch`` finds it by that name everywhere), the
 settings in ``env_vars``, and ``setup`` as the job's ``worker_process_setup_hook``; the
-job's own hook runs right after it (chained, never replaced).
+job's own hook runs right after it (chained, never replaced: ``Chained``).
 
 Standard library only; Ray through ``sys.modules`` (a Ray worker has imported it).
 """
@@ -53,14 +53,20 @@ def setup() -> None:
         getattr(importlib.import_module(module), name)()
 
 
-def chained(job_hook):
+class Chained:
     """The hook for a job whose own ``worker_process_setup_hook`` is a callable: ``setup``,
-    then the job's. Ray exports it as it would the job's (cloudpickle: this closure by
-    value, ``setup`` by reference to the shipped package)."""
-    def stallbench_setup_then_job():
+    then the job's. An object of this module's class (pickled by reference to the shipped
+    package) holding the job's callable (pickled as Ray would pickle it alone: cloudpickle
+    by a driver, the standard pickle by Ray Client), named as the job's hook for Ray's
+    messages."""
+
+    def __init__(self, job_hook) -> None:
+        self.job_hook = job_hook
+        self.__name__ = getattr(job_hook, "__name__", "worker_process_setup_hook")
+
+    def __call__(self):
         setup()
-        return job_hook()
-    return stallbench_setup_then_job
+        return self.job_hook()
 
 
 class Collector:
