@@ -64,6 +64,8 @@ def loader_table(result: Result) -> str:
     and its most expensive stage."""
     fmt_n, fmt_p, cell = tables.format_number, tables.format_percent, figures.seconds_cell
     rows = []
+    # the node column where a loader's node is known (a Ray job: issue 56)
+    nodes = any(lo.node for v in result.variants if v.profile for lo in v.profile.loaders)
     for v in result.variants:
         if v.profile is None:
             continue
@@ -71,15 +73,17 @@ def loader_table(result: Result) -> str:
             top = max(lo.stages, key=lambda s: s.wall_s, default=None)
             # names the job made: escaped again here, for a result read back from a file
             rows.append([one_line(v.name), one_line(lo.name) + (" *" if lo.headline else ""),
-                         str(lo.rank),
+                         *([one_line(lo.node) or "-"] if nodes else []), str(lo.rank),
                          str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
                          fmt_n(lo.samples_s), fmt_n(lo.steady_samples_s), cell(lo.wait_s),
                          fmt_p(lo.wait_share), fmt_p(lo.steady_wait_share), cell(lo.step_s),
                          cell(lo.time_to_first_batch_s),
                          f"{one_line(top.name)} {figures.seconds(top.wall_s)}" if top else "-"])
-    head = ["variant", "loader", "rank", "workers", "batches", "samples/s", "steady samples/s",
-            "wait s", "wait %", "steady wait %", "step s", "1st batch s", "top stage (wall)"]
-    return tables.table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+    head = ["variant", "loader", *(["node"] if nodes else []), "rank", "workers", "batches",
+            "samples/s", "steady samples/s", "wait s", "wait %", "steady wait %", "step s",
+            "1st batch s", "top stage (wall)"]
+    first = 3 if nodes else 2
+    return tables.table(head, rows, right=set(range(first, first + 10)))
 
 
 # ------------------------------------------------------------------ --analyze

@@ -108,6 +108,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 41, ``stallbench tune -- CMD``): ``Result.tune`` (``JobTune``:
   the trials on the user's job, each a ``JobTrial``, its compute-only ceiling and the
   confirmed answer ``JobTuneBest``); None in every other result.
+  Additive in version 3 (issue 56, a Ray cluster's workers measured where they run):
+  ``ProfileLoader.node``, ``RankFigures.node`` and ``RankStats.node``: the Ray node a rank's
+  process ran on (``<ip>/<node id, 8 hex>``); "" where not known (outside Ray, older files).
   Additive in version 3 (issue 39, one story): ``analysis.whatif.model.bound_stage`` (the data
   stage the fit variant's conclusive attribution names bound, which the what-if's "cannot
   keep up" then names; "" in older files and where none is named).
@@ -355,6 +358,7 @@ class RankFigures:
     # EMULATED (``trainers.straggler_delay_ms``): latency injected into this rank in this run,
     # as measured around the injection (0 for every other rank)
     straggler_delay_s: float = 0.0
+    node: str = ""                  # the machine it ran on, where known (a profiled Ray job)
 
 
 @dataclass
@@ -694,6 +698,7 @@ class RankStats:
     last_step_share: float          # share of the job's steps at which it was the last rank
     straggler_delay_s: float = 0.0  # EMULATED delay injected (median over repeats)
     attribution: Attribution | None = None   # of this rank's own time (epoch - sync)
+    node: str = ""                  # the machine it ran on, where known (a profiled Ray job)
 
 
 @dataclass
@@ -817,6 +822,8 @@ class ProfileLoader:
     # the ``--set`` groups that reach it ("dataloader", "ray", "torch"), as its door declares:
     # what analysis asks (a knob that reached no loader is never advice) without the table
     set_keys: list[str] = field(default_factory=list)
+    # the Ray node its process ran on (``<ip>/<node id, 8 hex>``), "" outside Ray (issue 56)
+    node: str = ""
 
 
 @dataclass
