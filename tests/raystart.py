@@ -86,6 +86,7 @@ class RayStartCluster:
         self.timeout_s = timeout_s
         self.port = 0
         self.client_port = 0
+        self.dashboard_port = 0
         self.nodes: list[Node] = []
         self.log: list[str] = []
 
@@ -121,6 +122,11 @@ class RayStartCluster:
         return f"{self.ip}:{self.port}"
 
     @property
+    def dashboard_url(self) -> str:
+        """Where ``ray job submit --address`` reaches the job server (``dashboard=True``)."""
+        return f"http://{self.ip}:{self.dashboard_port}"
+
+    @property
     def current_cluster_file(self) -> Path:
         return self.base / "ray" / "ray_current_cluster"
 
@@ -140,15 +146,22 @@ class RayStartCluster:
             raise RuntimeError(f"ray start (node {node}) failed: {r.stderr[-2000:]}")
 
     def start_head(self, cpus: int = 0, producer: bool = False, client_server: bool = True,
-                   system_config: dict[str, Any] | None = None) -> str:
+                   system_config: dict[str, Any] | None = None, dashboard: bool = False) -> str:
         """The head (the trainer's node). ``system_config``: GCS settings, e.g. faster health
-        checks so that a lost node is declared dead in seconds rather than ~15 s. A start that
-        fails (a raylet that crashed waiting for its agents on a loaded machine) is retried
-        up to twice, after its processes are stopped."""
+        checks so that a lost node is declared dead in seconds rather than ~15 s.
+        ``dashboard``: with Ray's dashboard and job server (``ray job submit`` to
+        ``dashboard_url``), on a port of the test's own. A start that fails (a raylet that
+        crashed waiting for its agents on a loaded machine) is retried up to twice, after its
+        processes are stopped."""
         for attempt in (1, 2, 3):
             self.port = free_port()
-            args = ["--head", f"--port={self.port}", f"--num-cpus={cpus}",
-                    "--include-dashboard=false"]
+            args = ["--head", f"--port={self.port}", f"--num-cpus={cpus}"]
+            if dashboard:
+                self.dashboard_port = free_port()
+                args += ["--include-dashboard=true", f"--dashboard-port={self.dashboard_port}",
+                         f"--dashboard-host={self.ip}"]
+            else:
+                args.append("--include-dashboard=false")
             if producer:
                 args.append(f"--resources={json.dumps({RESOURCE: float(cpus)})}")
             if client_server:

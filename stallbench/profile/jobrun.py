@@ -117,6 +117,7 @@ def scratch(out: Path, say: Callable[[str], None], shared: str | None = None,
     job's (``shared``: its name) is one every node's launcher finds, so it has no lock and is
     never swept; only node rank 0 removes it (``remove``). The removal finishes before a
     signal that lands in it is raised (a SIGTERM as the job ended left it behind, CI v29)."""
+    from .launcher import job_cwd
     owner = None
     if shared is not None:
         root = out / shared
@@ -126,13 +127,67 @@ def scratch(out: Path, say: Callable[[str], None], shared: str | None = None,
             say(f"removed {d}, left by a profile that was killed")
         owner = claim_scratch(root)
     try:
-        yield root
+        with _in_ray_working_dir(root, say) as cwd, job_cwd(cwd):
+            yield root
     finally:
         with interrupts.deferred():
             if remove:
                 shutil.rmtree(root, ignore_errors=True)
             if owner is not None:
                 os.close(owner)
+
+
+RAY_WORKING_DIR = ("runtime_resources", "working_dir_files")   # where Ray unpacks one
+
+
+def ray_working_dir() -> Path | None:
+    """The working directory when stallbench is a ``ray job submit`` entrypoint running in
+    Ray's unpacked ``--working-dir`` (None anywhere else, or where it is gone)."""
+    try:
+        cwd = Path.cwd()
+    except OSError:
+        return None
+    return cwd if all(p in cwd.parts for p in RAY_WORKING_DIR) else None
+
+
+def refuse_paths_in_ray_working_dir(**paths: Path | None) -> None:
+    """A relative output path of a ``ray job submit`` entrypoint lands in Ray's unpacked
+    working directory, which Ray removes once the job's first driver ends: refused at
+    once (one line naming the flag), not after the whole profile."""
+    if ray_working_dir() is None:
+        return
+    for flag, path in paths.items():
+        if path is not None and not path.is_absolute():
+            name = "--" + flag.replace("_", "-")
+            raise UserError(f"{name} {path}: relative to Ray's --working-dir, which Ray "
+                            f"removes when the job's first run ends: give {name} an absolute "
+                            "path (a directory of the head node, or a shared one)")
+
+
+@contextlib.contextmanager
+def _in_ray_working_dir(root: Path, say: Callable[[str], None]) -> Iterator[Path | None]:
+    """Where the runs run the job when stallbench is a ``ray job submit`` entrypoint whose
+    working directory is Ray's unpacked ``--working-dir``: a copy of it in the scratch
+    directory, which stallbench's own process also works in meanwhile. Ray removes its copy
+    when the job's first driver disconnects (a plain ``bash -c "python job.py; python
+    job.py"`` entrypoint fails the same way on its second run), and a profile runs the job
+    several times (variants, repeats, ablations, trials); a process in a removed directory
+    cannot even import torch (oneMKL ends it: "Cannot load libtorch_cpu.so"). Yields None
+    (nothing changed) anywhere else."""
+    cwd = ray_working_dir()
+    if cwd is None:
+        yield None
+        return
+    copy = root / "working_dir"
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(cwd, copy, symlinks=True)
+    say("the job runs in a copy of Ray's --working-dir (Ray removes its own when the job's "
+        "first run ends; every run of the profile needs it)")
+    os.chdir(copy)
+    try:
+        yield copy
+    finally:
+        os.chdir(cwd if cwd.is_dir() else root.parent)      # out: absolute (refused else)
 
 
 # ------------------------------------------------------------------ the check of a run
@@ -243,6 +298,7 @@ def measure_and_publish(measure: Callable[[], Result], out: Path, trace: Path | 
     """``measure`` then ``publish``, inside ``outputs.made_here(out)``: ``--out`` is created by
     the first run's directory, and one the verb made and left empty (an error, a job that
     failed, Ctrl-C, SIGTERM) is removed on the way out."""
+    refuse_paths_in_ray_working_dir(out=out, trace=trace)
     with outputs.made_here(out):
         try:
             result = measure()

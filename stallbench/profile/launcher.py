@@ -88,6 +88,20 @@ def progress_limit(seconds: float | None, why: str = "--progress-timeout") -> It
         _progress_timeout_s, _progress_why = before
 
 
+_job_cwd: Path | None = None      # where the job runs (``job_cwd``); None: stallbench's own
+
+
+@contextlib.contextmanager
+def job_cwd(path: Path | None) -> Iterator[None]:
+    """Every run inside runs the job in ``path`` (None: stallbench's working directory)."""
+    global _job_cwd
+    before, _job_cwd = _job_cwd, path
+    try:
+        yield
+    finally:
+        _job_cwd = before
+
+
 def _libc() -> Any:
     try:
         return ctypes.CDLL(None, use_errno=True)
@@ -385,7 +399,7 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
     with meter, Sampler(interval_s=0.2, on_tree=meter.observe) as sampler:
         t0 = time.perf_counter()
         try:
-            proc = subprocess.Popen(argv, env=env, start_new_session=True,
+            proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=_job_cwd,
                                     preexec_fn=_die_with_us(os.getpid()))
         except OSError as exc:
             from .record import word     # the word may be API_KEY=X: never quoted as given

@@ -16,14 +16,14 @@ through the run's collector actor, not a shared disk.
   test_profile_ray_train.py), the driver's loop against its own clock. Then nothing of the
   run is left on the cluster: no collector actor, no agent scratch directory under the
   nodes' temp dirs.
-- ``test_entrypoint_as_ray_job_submit_runs_it_and_a_lost_worker_is_named``: the job as
-  ``ray job submit`` runs its entrypoint on the head (``RAY_ADDRESS`` and the submission's
-  job config in ``RAY_JOB_CONFIG_JSON_ENV_VAR``, a runtime_env of the submission's own that
-  Ray merges with the driver's; ``ray.init()`` with no address). The job server itself
-  cannot run here (``ray[default]``'s dashboard packages are not installed), so the
-  supervisor's environment is given as it gives it. One more task of the job, on a node
-  other than the driver's, makes a loader and is SIGKILLed before its first batch: the
-  result names its node ("no figures"), never a table that reads as complete without it.
+- ``test_ray_job_submit_of_the_profile_and_a_lost_worker_is_named``: ``ray job submit
+  --address <the job server> --runtime-env-json ... -- python -m stallbench profile ... --
+  python job.py`` (a real job server: the head runs Ray's dashboard), as docs/profile.md
+  says: the entrypoint runs on the head, its ``ray.init()`` takes the cluster from
+  ``RAY_ADDRESS`` and the submission's runtime_env, which Ray merges with the driver's. One
+  more task of the job, on a node other than the driver's, makes a loader and is SIGKILLed
+  before its first batch: the result names its node ("no figures"), never a table that
+  reads as complete without it.
 
 Every cost is a sleep; the machine's speed is never assumed (waits are compared with the
 processes' own clocks). One run takes ~40-100 s here: two runs, one cluster.
@@ -52,7 +52,7 @@ EPOCHS, ROWS, BATCH, WORLD = 2, 256, 16, 2
 def cluster() -> Iterator[RayStartCluster]:
     c = RayStartCluster()
     try:
-        c.start_head(cpus=0)
+        c.start_head(cpus=0, dashboard=True)     # the job server for ``ray job submit``
         c.add_node(cpus=2, producer=False)
         c.add_node(cpus=2, producer=False)
         c.wait_for_nodes(3)
@@ -151,18 +151,32 @@ def test_cluster_workers_measured_where_they_run(cluster: RayStartCluster,
 
 
 @pytest.mark.waits
-def test_entrypoint_as_ray_job_submit_runs_it_and_a_lost_worker_is_named(
-        cluster: RayStartCluster, tmp_path: Path) -> None:
-    submitted = {"runtime_env": {"env_vars": {"SUBMITTED": "1"}}, "metadata": {},
-                 "client_job": False}
-    cp, truth, v = _run(cluster, tmp_path, "-", "--lost", RAY_ADDRESS=cluster.address,
-                        RAY_JOB_CONFIG_JSON_ENV_VAR=json.dumps(submitted))
+def test_ray_job_submit_of_the_profile_and_a_lost_worker_is_named(cluster: RayStartCluster,
+                                                                  tmp_path: Path) -> None:
+    import subprocess
+    out, truth_dir = tmp_path / "out", tmp_path / "truth"
+    work = tmp_path / "work"            # the job's working dir, uploaded by the job server
+    work.mkdir()
+    env = cluster.client_env()
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address",
+           cluster.dashboard_url, "--working-dir", str(work), "--runtime-env-json",
+           json.dumps({"env_vars": {"SUBMITTED": "1"}}), "--",
+           sys.executable, "-m", "stallbench", "profile", "--out", str(out), "--",
+           sys.executable, helpers.script("user_ray_cluster.py"), str(truth_dir), str(ITEM_MS),
+           str(STEP_MS), "-", "--lost"]
+    cp = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=900)
+    said = cp.stdout[-12000:] + cp.stderr[-3000:]
+    assert cp.returncode == 0 and "succeeded" in cp.stdout + cp.stderr, said
+    truth = helpers.truth(cp.stdout)            # the job's logs, tailed by ray job submit
+    v = helpers.load(out).variants[0]
     assert sorted(lo.rank for lo in v.profile.loaders
-                  if lo.kind == "ray.iter_torch_batches") == [0, 1]
+                  if lo.kind == "ray.iter_torch_batches") == [0, 1], said
+    assert all(truth[f"rank-{r}"]["submitted"] == "1" for r in (0, 1)), truth
     lost = "/" + truth["lost"]["node_id"][:8]
     named = [n for k, n in v.notes.items() if k.startswith("node ") and lost in k
              and n.startswith("no figures")]
     assert named, v.notes
     assert "ended without writing" in named[0] and "ran no batch" in named[0], named
-    assert any(lost in line and "no figures" in line for line in cp.stderr.splitlines())
+    assert any(lost in line and "no figures" in line for line in cp.stdout.splitlines())
     assert not _left_on(cluster)

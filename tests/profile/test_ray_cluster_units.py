@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,22 @@ def test_a_process_whose_figures_never_came_home_is_named_by_its_node() -> None:
         "killed before its first write)",
         "rank 2: no figures: its process wrote none that came home (its node lost, or "
         "killed before its first write)"]
+
+
+def test_a_relative_out_inside_rays_working_dir_is_refused(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ray job submit --working-dir``: the entrypoint runs in Ray's unpacked copy, which
+    Ray removes after the job's first run; a relative ``--out`` would be written there."""
+    from stallbench.errors import UserError
+    from stallbench.profile import jobrun
+
+    wd = tmp_path / "session" / "runtime_resources" / "working_dir_files" / "_ray_pkg_1"
+    wd.mkdir(parents=True)
+    monkeypatch.chdir(wd)
+    assert jobrun.ray_working_dir() == wd
+    with pytest.raises(UserError, match=r"^--out results: relative to Ray's --working-dir"):
+        jobrun.refuse_paths_in_ray_working_dir(out=Path("results"), trace=None)
+    jobrun.refuse_paths_in_ray_working_dir(out=tmp_path / "abs", trace=None)   # accepted
+    monkeypatch.chdir(tmp_path)
+    assert jobrun.ray_working_dir() is None
+    jobrun.refuse_paths_in_ray_working_dir(out=Path("results"), trace=None)    # anywhere else

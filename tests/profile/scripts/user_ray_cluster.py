@@ -6,7 +6,7 @@ stallbench's merged in), a ``TorchTrainer`` with 2 CPU workers placed on differe
 .iter_torch_batches(...)`` with a step of STEP_MS on rank 0 and 3 x STEP_MS on rank 1, and
 then a Ray Data loop on the driver (``iter_batches``, STEP_MS per batch).
 
-    user_ray_cluster.py TRUTH_DIR ITEM_MS STEP_MS ADDRESS [--lost] [--submitted]
+    user_ray_cluster.py TRUTH_DIR ITEM_MS STEP_MS ADDRESS [--lost]
 
 ADDRESS "-": ``ray.init()`` with the address from ``RAY_ADDRESS`` (as ``ray job submit``
 gives the entrypoint); ``ray://...``: Ray Client (no setup hook of the job's then: Ray
@@ -17,7 +17,8 @@ goes on (the figures of that process never come home). Each worker writes its ow
 TRUTH_DIR/rank-<world rank>.json as ``user_ray_train.py`` does (its clocks, Ray Data's own
 ``iter_total_blocked_s`` / ``iter_initialize_s``), plus its Ray node id and what its
 runtime_env gave it; the driver its loop's clocks to TRUTH_DIR/driver.json, and prints
-``truth: {...}`` last.
+``truth: {...}`` last. ``submitted``: the ``SUBMITTED`` variable a ``ray job submit
+--runtime-env-json`` gave the job, as its workers see it.
 """
 
 import json
@@ -89,6 +90,7 @@ def train_loop_per_worker(config):
     own.update(rank=rank, rank_env=os.environ.get("RANK"), pid=os.getpid(),
                node_id=ray.get_runtime_context().get_node_id(),
                job_env=os.environ.get("JOB_OWN"), job_hook=os.environ.get("JOB_HOOK_RAN"),
+               submitted=os.environ.get("SUBMITTED"),
                ray_blocked_s=own.pop("iter_total_blocked_s"),
                ray_init_s=own.pop("iter_initialize_s"))
     write(os.path.join(config["truth_dir"], f"rank-{rank}.json"), own)
