@@ -63,6 +63,8 @@ class StreamRun:
     gpu_step: list[float] = field(default_factory=list)
     t_wall: list[float] = field(default_factory=list)    # each request, Unix time (the trace)
     host: str = ""
+    pid: int = 0
+    node: int | None = None     # a multi-node job's node its figures came from (``nodes``)
     trainer_cpu_s: float = 0.0
     producer_cpu_s: float | None = None
     producer_processes: int = 0
@@ -135,7 +137,8 @@ def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
             first[k] = h
     any_launched = any(h.launched for h in first.values())
     by_rank: dict[int, list[tuple[str, int]]] = {}
-    for k, h in sorted(first.items(), key=lambda kv: kv[1].t0_wall):
+    # by host, then by start: the start times of two machines' clocks are never compared
+    for k, h in sorted(first.items(), key=lambda kv: (kv[1].host, kv[1].t0_wall)):
         rank = h.rank if h.launched or not any_launched else -1
         by_rank.setdefault(rank, []).append(k)
     roles: dict[tuple[str, int], tuple[int, int]] = {}
@@ -174,6 +177,7 @@ def _streams(parts: Parts) -> list[StreamRun]:
         workers.setdefault(w.loader, []).append(w)
     epochs = parts.epochs_by_image()
     roles = process_roles(parts)
+    node_of = parts.cache.get("node_of") or {}      # a multi-node job's (``nodes.merge_into``)
     trainers = sorted(parts.trainers,
                       key=lambda p: (p.header.host, p.header.pid, p.header.t0_wall))
     runs: dict[tuple[str, int, str], StreamRun] = {}
@@ -196,7 +200,8 @@ def _streams(parts: Parts) -> list[StreamRun]:
                     settings=LoaderSettings({k: _label(v) if isinstance(v, str) else v
                                              for k, v in s.settings.items()}),
                     notes=[_label(n) for n in s.notes],
-                    trainer_cpu_s=0.0, host=proc[0], role=s.role)
+                    trainer_cpu_s=0.0, host=proc[0], pid=proc[1], node=node_of.get(proc),
+                    role=s.role)
                 offsets[rk] = 0.0
             sr.torch_threads = h.torch_threads or sr.torch_threads      # the latest flush
             mine_eps = list(mine.get(s.key, []))
@@ -379,5 +384,5 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
             notes=list(dict.fromkeys(n for s in ss for n in s.notes)),
             gpu_wait_s=sum(first.gpu_wait) if first.gpu_wait else None,
             gpu_step_s=sum(first.gpu_step) if first.gpu_step else None,
-            set_keys=list(doors.of(first.kind).set_keys)))
+            set_keys=list(doors.of(first.kind).set_keys), node=first.node))
     return out

@@ -41,6 +41,7 @@ def lines(result: Result) -> list[str]:
         for loader, note in v.notes.items():
             if not loader.startswith("--analyze"):     # printed with the analysis below
                 out.append(f"  {v.name}: {loader}: {note}")
+    out += node_lines(result)
     ranks = tables.rank_table(result)
     if ranks:
         out += ["", "ranks (exposed stall = the rank's wait for its batches; medians over "
@@ -64,6 +65,8 @@ def loader_table(result: Result) -> str:
     and its most expensive stage."""
     fmt_n, fmt_p, cell = tables.format_number, tables.format_percent, figures.seconds_cell
     rows = []
+    nodes = any(lo.node is not None for v in result.variants if v.profile
+                for lo in v.profile.loaders)         # a multi-node job's (issue 56)
     for v in result.variants:
         if v.profile is None:
             continue
@@ -71,15 +74,38 @@ def loader_table(result: Result) -> str:
             top = max(lo.stages, key=lambda s: s.wall_s, default=None)
             # names the job made: escaped again here, for a result read back from a file
             rows.append([one_line(v.name), one_line(lo.name) + (" *" if lo.headline else ""),
-                         str(lo.rank),
+                         str(lo.rank), *([] if not nodes else
+                                         ["-" if lo.node is None else str(lo.node)]),
                          str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
                          fmt_n(lo.samples_s), fmt_n(lo.steady_samples_s), cell(lo.wait_s),
                          fmt_p(lo.wait_share), fmt_p(lo.steady_wait_share), cell(lo.step_s),
                          cell(lo.time_to_first_batch_s),
                          f"{one_line(top.name)} {figures.seconds(top.wall_s)}" if top else "-"])
-    head = ["variant", "loader", "rank", "workers", "batches", "samples/s", "steady samples/s",
-            "wait s", "wait %", "steady wait %", "step s", "1st batch s", "top stage (wall)"]
-    return tables.table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+    head = ["variant", "loader", "rank", *(["node"] if nodes else []), "workers", "batches",
+            "samples/s", "steady samples/s", "wait s", "wait %", "steady wait %", "step s",
+            "1st batch s", "top stage (wall)"]
+    return tables.table(head, rows, right=set(range(2, 13 if nodes else 12)))
+
+
+def node_lines(result: Result) -> list[str]:
+    """A multi-node job's nodes (``ProfileVariant.nodes``): one row per node and variant, a
+    node that brought no figures marked MISSING with why, so that no table reads as whole
+    without it; [] on one machine."""
+    rows, missing = [], []
+    for v in result.variants:
+        for n in (v.profile.nodes if v.profile is not None else []):
+            ranks = ",".join(map(str, n.ranks)) or "-"
+            rows.append([one_line(v.name), str(n.node), one_line(n.host) or "-", ranks,
+                         f"{n.runs}/{n.of_runs}", n.via or "-", figures.seconds_cell(n.wait_s),
+                         "MISSING" if n.missing else "ok"])
+            if n.missing:
+                missing.append(f"  {v.name}: node rank {n.node}: {one_line(n.missing)}")
+    if not rows:
+        return []
+    head = ["variant", "node", "host", "ranks", "runs", "figures via", "most wait s", "figures"]
+    return ["", "nodes (one stallbench profile per node; most wait = the longest a rank of the "
+            "node waited for its batches, median over runs, its own clock):",
+            *tables.table(head, rows, right={1, 4, 6}).splitlines(), *missing]
 
 
 # ------------------------------------------------------------------ --analyze

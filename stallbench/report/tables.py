@@ -182,22 +182,28 @@ def recommendation_line(result: Result) -> str | None:
 def rank_table(result: Result) -> str | None:
     """Per rank of every data-parallel variant (medians over repeats); None without ranks."""
     rows = []
+    # a multi-node job's ranks: the node each ran on (issue 56)
+    nodes = any(r.node is not None for v in result.variants if v.ranks for r in v.ranks.ranks)
     for v in result.variants:
         if v.ranks is None:
             continue
         for r in v.ranks.ranks:
             a = r.attribution
             mark = " straggler" if r.rank == v.ranks.straggler else ""
-            rows.append([v.name, f"{r.rank}{mark}", format_number(r.stall_s, ".3f"), format_number(r.wait_s, ".3f"),
+            node = ([] if not nodes else
+                    ["-" if r.node is None else f"{r.node} {one_line(r.host)}".strip()])
+            rows.append([v.name, f"{r.rank}{mark}", *node, format_number(r.stall_s, ".3f"), format_number(r.wait_s, ".3f"),
                          format_number(r.trainer_transfer_s, ".3f"), format_number(r.compute_s, ".3f"),
                          format_number(r.sync_s, ".3f"), format_number(r.steady_throughput_samples_s),
                          format_number(r.time_to_first_batch_s, ".3f"), format_percent(r.last_step_share),
                          "-" if a is None else a.bound_by + ("" if a.conclusive else "?")])
     if not rows:
         return None
-    head = ["variant", "rank", "exposed stall s", "wait s", "transfer s", "compute s",
-            "all-reduce s", "steady samples/s", "1st batch s", "last at", "own time bound by"]
-    return table(head, rows, right={2, 3, 4, 5, 6, 7, 8, 9})
+    head = ["variant", "rank", *(["node"] if nodes else []), "exposed stall s", "wait s",
+            "transfer s", "compute s", "all-reduce s", "steady samples/s", "1st batch s",
+            "last at", "own time bound by"]
+    first = 3 if nodes else 2
+    return table(head, rows, right=set(range(first, first + 8)))
 
 
 def rank_verdicts(result: Result) -> list[str]:

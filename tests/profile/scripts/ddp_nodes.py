@@ -1,0 +1,52 @@
+"""A DDP training script as a user writes it (imports nothing of stallbench), run by one
+``torchrun --nnodes N --node-rank R --nproc-per-node P`` per node: gloo, a DistributedSampler,
+and items that cost ITEM_MS (a sleep: the truth does not depend on free cores) only on the
+ranks of node SLOW_NODE (torchrun's ``GROUP_RANK``: that node's data path is slower, so its
+ranks are the stragglers the other nodes wait for in the all-reduce).
+
+    ddp_nodes.py ITEM_MS STEP_MS SLOW_NODE ITEMS
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Items(Dataset):
+    def __init__(self, n, item_s):
+        self.n, self.item_s = n, item_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.item_s:
+            time.sleep(self.item_s)
+        return torch.full((4,), float(i)), torch.tensor(float(i))
+
+
+def main():
+    item_ms, step_ms = float(sys.argv[1]), float(sys.argv[2])
+    slow, items = int(sys.argv[3]), int(sys.argv[4])
+    dist.init_process_group("gloo")
+    node = int(os.environ["GROUP_RANK"])
+    ds = Items(items, item_ms / 1e3 if node == slow else 0.0)
+    loader = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, shuffle=False))
+    model = DDP(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    for x, y in loader:
+        loss = ((model(x).squeeze(1) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(step_ms / 1e3)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
