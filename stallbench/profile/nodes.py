@@ -8,27 +8,11 @@ one result. ``topology`` reads torchrun's own flags (``--nnodes``, ``--node-rank
 ``PET_*`` variables, as torchrun does), and Slurm's ``SLURM_NODEID`` (checked against
 ``SLURM_NNODES``) where torchrun's flags leave the node rank out (``--rdzv-backend c10d``).
 
-**Transport: a stallbench endpoint, not the job's rendezvous store.** Node rank 0's launcher
-listens (``Collector``: HTTP on the standard library) for as long as the profile lives; each
-other node's launcher sends (``deliver``) its run's files after each run, packed by the wire
-(``wire.pack_node_run``: bounded, names checked, unpacked straight to disk), and node rank 0
-reads them with the wire's readers as if its own job had written them. The job's own
-rendezvous store (torch's ``TCPStore``) was the other choice and is not robust for this: it
-lives in node rank 0's torchrun, so it is gone when the job ends, which is exactly when a
-node's figures are complete (its processes write at exit); it takes no token; it would put
-keys into the job's own store (the job is to run unchanged); and the launcher would have to
-import torch. The endpoint outlives every run of the profile and answers for itself.
-
-**Authentication.** ``STALLBENCH_NODE_TOKEN`` (``TOKEN_ENV``), set in the environment every
-node's launcher gets (``srun`` propagates it; ``export`` it before ``srun``, or give it to
-each launch), shaped by the project's token rule (``tokens``: 16..4096 printable characters).
-The token itself never crosses the network: a sender signs the request's header fields and
-the body's SHA-256 with it (HMAC-SHA256), node rank 0 checks the signature in constant time
-before it reads the body, then the body against its digest. So a port held by something else
-on node rank 0 never learns the token, and a refused sender costs node rank 0 no disk. The
-token is never printed or recorded (the allow-list records no variable of that name). Without
-a token node rank 0 listens on loopback only (``stallbench serve``'s rule); beyond it, the
-nodes' figures come only through a shared ``--out``, as before (and the line says so).
+**Transport** (``endpoint``): node rank 0's launcher listens for the life of the profile; each
+other node's launcher sends its run's files after each run, signed with the token in
+``STALLBENCH_NODE_TOKEN``, and removes them once node rank 0 took them. ``endpoint``'s
+docstring says why an endpoint of its own rather than the job's rendezvous store, and how it
+authenticates (the token never crosses the network; loopback only without one).
 
 **Address and port.** Node rank 0 is the host torchrun's rendezvous names: ``--rdzv-endpoint``
 host, else ``--master-addr`` (torchrun's default 127.0.0.1). The port is the rendezvous port
@@ -50,34 +34,27 @@ names the missing node in its notes and the terminal, and exits 3 (``jobrun.PART
 
 from __future__ import annotations
 
-import hashlib
 import math
-import hmac
-import http.client
 import os
-import re
 import shutil
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import interrupts, tokens
+from .. import interrupts
 from ..errors import UserError
 from .agent import wire
+from .endpoint import TOKEN_ENV, Address, Collector, deliver, node_token
 
-TOKEN_ENV = "STALLBENCH_NODE_TOKEN"
+__all__ = ["Gather", "Link", "NODE_WAIT_S", "NodeReport", "PORT_OFFSET", "TOKEN_ENV",
+           "Topology", "annotate", "cores", "merge_into", "missing_lines", "node_token",
+           "run_cores", "topology"]
+
 PORT_OFFSET = 1             # the nodes' endpoint: the rendezvous port + 1
 NODE_WAIT_S = 120.0         # how long node rank 0 waits for a node's run after its own ended
-SEND_TRY_S = 5.0            # how long a node tries to reach node rank 0: it listens from before
-                            # its first run, so a refused connection means it is not there
-SEND_TIMEOUT_S = 120.0      # one request: a packed run is at most wire's MAX_PACKED_BYTES
-PATH = "/stallbench/node-run"
-_RUN = re.compile(r"v[0-9]{1,6}r[0-9]{1,6}")
 _TORCHRUN = ("torchrun", "torch.distributed.run")
 
 
@@ -102,12 +79,22 @@ class Topology:
         return self.count == 1 or self.rank == 0
 
     @property
+    def address(self) -> Address:
+        """Where node rank 0 listens (``endpoint``)."""
+        return Address(self.host, self.port, self.port_from)
+
+    @property
     def label(self) -> str:
         """``node rank 1 of 2 (host)``: how the lines of a multi-node run name this node."""
         return f"node rank {self.rank} of {self.count} ({socket.gethostname()})"
 
 
 def _flag(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """torchrun's own value of a flag: after the torchrun word (``python -m
+    torch.distributed.run`` too), before the script and its own arguments."""
+    start = next((i + 1 for i, a in enumerate(argv[:3])
+                  if Path(a).name in _TORCHRUN or a in _TORCHRUN), 0)
+    argv = argv[start:]
     for i, a in enumerate(argv):
         if a.endswith(".py") or a in ("-m", "--module"):
             return None                     # the script's own arguments follow
@@ -195,14 +182,6 @@ def topology(argv: list[str], env: Mapping[str, str], node_port: int | None = No
     return Topology(count, rank, rank_from, host, port, f"{where} {base} + {PORT_OFFSET}")
 
 
-def node_token() -> str | None:
-    """The nodes' token from ``TOKEN_ENV`` (None: unset); never printed, never recorded."""
-    token = tokens.token_from_env(TOKEN_ENV)
-    if token is not None and not tokens.valid_token(token):
-        raise UserError(f"profile: ${TOKEN_ENV} must hold {tokens.TOKEN_RULE}")
-    return token
-
-
 def cores() -> float:
     """The cores this node's job may run on (its ranks' and their workers')."""
     return float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -250,194 +229,6 @@ def _report(rec: wire.NodeRun, folder: Path, via: str) -> NodeReport:
     return r
 
 
-# ------------------------------------------------------------------ node rank 0: listening
-
-def _mac(token: str, fingerprint: str, run: str, node: int, length: int, digest: str) -> str:
-    msg = f"stallbench-node-run/1\n{fingerprint}\n{run}\n{node}\n{length}\n{digest}"
-    return hmac.new(token.encode(), msg.encode(), hashlib.sha256).hexdigest()
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    collector: "Collector"
-
-    def server_bind(self) -> None:
-        """Bind without ``HTTPServer``'s reverse lookup of the address (a DNS wait)."""
-        import socketserver
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """One node's packed run, in two requests: a check of its signed header fields (no body:
-    a refused sender learns it before sending anything), then the same fields with the body.
-    Nothing of a body is read unless its signature holds."""
-
-    server: _Server
-    timeout = SEND_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:    # noqa: A002 - quiet
-        pass
-
-    def _answer(self, code: int, text: str) -> None:
-        body = text.encode()[:500]
-        self.send_response(code)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self) -> None:      # noqa: N802 - http.server's name
-        c = self.server.collector
-        h = self.headers
-        try:
-            node, length = int(h.get("X-Stallbench-Node", "")), int(h.get("X-Stallbench-Length", ""))
-            sent = int(h.get("Content-Length", "0"))
-        except ValueError:
-            return self._answer(400, "not a stallbench node run")
-        run, fp = h.get("X-Stallbench-Run", ""), h.get("X-Stallbench-Fingerprint", "")
-        digest, mac = h.get("X-Stallbench-Digest", ""), h.get("X-Stallbench-Mac", "")
-        if self.path not in (PATH, PATH + "?check") or not _RUN.fullmatch(run) or \
-                not 0 < node < c.topo.count or sent not in (0, length):
-            return self._answer(400, "not a stallbench node run of this job")
-        if c.token is not None and not tokens.same(
-                mac.encode(), _mac(c.token, fp, run, node, length, digest).encode()):
-            c.refused(node, f"a sender at {self.client_address[0]} claiming node rank {node} "
-                            f"was refused: no valid signature (${TOKEN_ENV} differs)")
-            return self._answer(401, f"refused: no valid signature (${TOKEN_ENV} differs "
-                                     "between the nodes)")
-        if fp != c.fingerprint:
-            c.refused(node, f"node rank {node} sent a run of another profile (another "
-                            "command, --set matrix or --max-batches)")
-            return self._answer(409, "refused: another profile's run (the command, --set "
-                                     "matrix or --max-batches differ from node rank 0's)")
-        if length > wire.nodes.MAX_PACKED_BYTES:
-            return self._answer(413, "refused: larger than a packed run may be")
-        if self.path.endswith("?check") or sent == 0:
-            return self._answer(200, "go on")
-        self._answer(*c.take(run, node, _Hashed(self.rfile, length), digest))
-
-
-class _Hashed:
-    def __init__(self, f: Any, n: int) -> None:
-        self.f, self.n, self.h = f, n, hashlib.sha256()
-
-    def __iter__(self):
-        while self.n > 0:
-            piece = self.f.read(min(self.n, 1 << 20))
-            if not piece:
-                return
-            self.n -= len(piece)
-            self.h.update(piece)
-            yield piece
-
-
-class Collector:
-    """Node rank 0's endpoint for the life of a profile (a context manager: closed however the
-    profile ends). ``take`` files a node's run under ``root/<run>/recv-node<k>``, once."""
-
-    def __init__(self, topo: Topology, token: str | None, fingerprint: str, root: Path,
-                 say: Callable[[str], None]) -> None:
-        self.topo, self.token, self.fingerprint, self.root = topo, token, fingerprint, root
-        self.say = say
-        self._got: dict[tuple[str, int], NodeReport] = {}
-        self._refusals: dict[int, list[str]] = {}
-        self._lock = threading.Condition()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> "Collector":
-        self._server = _bind(self.topo, self.token, self.say)
-        if self._server is not None:
-            self._server.collector = self
-            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,),
-                                            name="stallbench-nodes", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._server is not None:
-            with interrupts.deferred():
-                self._server.shutdown()
-                self._server.server_close()
-                if self._thread is not None:
-                    self._thread.join(timeout=5.0)
-            self._server = None
-
-    @property
-    def listening(self) -> bool:
-        return self._server is not None
-
-    def refused(self, node: int, line: str) -> None:
-        with self._lock:
-            self._refusals.setdefault(node, []).append(line)
-
-    def refusals(self, node: int) -> list[str]:
-        with self._lock:
-            return list(self._refusals.get(node, []))
-
-    def take(self, run: str, node: int, body: _Hashed, digest: str) -> tuple[int, str]:
-        with self._lock:
-            if (run, node) in self._got:
-                return 200, "already merged"
-        tmp = self.root / run / f".recv-node{node}-{uuid.uuid4().hex[:8]}"
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            rec, _ = wire.unpack_node_run(body, tmp)
-            if not tokens.same(body.h.hexdigest().encode(), digest.encode()):
-                raise wire.NodeRunRefused("its body is not the one signed")
-            if (rec.node, rec.run, rec.fingerprint) != (node, run, self.fingerprint):
-                raise wire.NodeRunRefused("its header disagrees with the request")
-        except (wire.NodeRunRefused, OSError) as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            return 400, f"refused: {exc}"
-        final = self.root / run / f"recv-node{node}"
-        with self._lock:
-            if (run, node) in self._got:
-                shutil.rmtree(tmp, ignore_errors=True)
-                return 200, "already merged"
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-            self._got[(run, node)] = _report(rec, final, "endpoint")
-            self._lock.notify_all()
-        return 200, "merged"
-
-    def got(self, run: str, node: int) -> NodeReport | None:
-        with self._lock:
-            return self._got.get((run, node))
-
-
-def _bind(topo: Topology, token: str | None, say: Callable[[str], None]) -> _Server | None:
-    """The listening socket: rendezvous host's address, else every interface (token only);
-    None, with the line that says why, where it may not or cannot listen."""
-    where = f"{topo.host}:{topo.port} ({topo.port_from})"
-    loop = tokens.is_loopback(topo.host)
-    if token is None and not loop:
-        say(f"no ${TOKEN_ENV}: not listening beyond loopback for the other nodes' figures; "
-            f"they must come through one shared --out (docs/profile.md, Across machines)")
-        return None
-    try:
-        family = socket.getaddrinfo(topo.host, topo.port, type=socket.SOCK_STREAM)[0][0]
-    except (OSError, UnicodeError):
-        family = socket.AF_INET
-    cls = type("_Bound", (_Server,), {"address_family": family})
-    tried = [topo.host] if loop else [topo.host, "::" if family == socket.AF_INET6 else ""]
-    for host in tried:
-        try:
-            server = cls((host, topo.port), _Handler)
-        except OSError as exc:
-            last = exc
-            continue
-        shown = host or "every interface"
-        say(f"listening for the other nodes' figures on {shown}:{topo.port} ({topo.port_from}"
-            f"{'; token from $' + TOKEN_ENV if token else '; loopback, no token'})")
-        return server
-    say(f"cannot listen on {where}: {last.strerror or last}; the other nodes' figures must come "
-        "through one shared --out (--node-port sets another port)")
-    return None
-
-
 # ------------------------------------------------------------------ node rank 0: gathering
 
 @dataclass
@@ -453,7 +244,7 @@ class Gather:
         """At the run's start: the markers already on a shared ``--out`` (an earlier
         profile's), so that only one written for this run is taken."""
         self.stale = {}
-        for k in range(1, self.collector.topo.count):
+        for k in range(1, self.collector.nodes):
             rec = wire.NodeRun.read(self.root / run / f"node{k}")
             if rec is not None:
                 self.stale[k] = rec.nonce
@@ -461,10 +252,10 @@ class Gather:
     def after(self, run: str, say: Callable[[str], None]) -> list[NodeReport]:
         """Each other node's report of ``run``: what it brought, or why it is missing, within
         ``wait_s`` from now."""
-        topo = self.collector.topo
+        count = self.collector.nodes
         deadline = time.monotonic() + self.wait_s
         out = []
-        for k in range(1, topo.count):
+        for k in range(1, count):
             got = self._one(run, k, deadline)
             if got is None:
                 got = NodeReport(node=k, why=self._never(k))
@@ -472,7 +263,7 @@ class Gather:
         said = [r for r in out if r.measured]
         if said:
             how = sorted({r.via for r in said})
-            say(f"merged the figures of {len(said) + 1} of {topo.count} nodes "
+            say(f"merged the figures of {len(said) + 1} of {count} nodes "
                 f"(via {', '.join(how)})")
         return out
 
@@ -481,7 +272,7 @@ class Gather:
         while True:
             got = self.collector.got(run, k)
             if got is not None:
-                return got
+                return _report(*got, "endpoint")
             rec = wire.NodeRun.read(shared)
             if rec is not None and rec.nonce != self.stale.get(k) and rec.run == run and \
                     rec.fingerprint == self.collector.fingerprint:
@@ -492,66 +283,15 @@ class Gather:
             time.sleep(0.2)
 
     def _never(self, k: int) -> str:
-        topo = self.collector.topo
+        at = self.collector.address
         refused = self.collector.refusals(k)
         if refused:
             return f"no figures: {refused[-1]}"
-        how = (f"its launcher is gone, or cannot reach {topo.host}:{topo.port}, and no shared "
+        how = (f"its launcher is gone, or cannot reach {at.host}:{at.port}, and no shared "
                "--out holds its run" if self.collector.listening else
                "and node rank 0 is not listening (no token, or its port was taken), so they "
                "could only come through one shared --out")
         return f"no figures: never reported within {self.wait_s:g} s ({how})"
-
-
-# ------------------------------------------------------------------ the other nodes: sending
-
-def deliver(topo: Topology, token: str | None, rec: wire.NodeRun, run_dir: Path,
-            say: Callable[[str], None]) -> str:
-    """Send this node's run to node rank 0; "" once node rank 0 took it, else why not (the
-    caller then leaves the files and a marker for a shared ``--out``)."""
-    if token is None and not tokens.is_loopback(topo.host):
-        return f"no ${TOKEN_ENV}: not sent over the network"
-    try:
-        body = wire.pack_node_run(rec, run_dir)
-    except wire.NodeRunRefused as exc:
-        return f"too large to send ({exc})"
-    digest = hashlib.sha256(body).hexdigest()
-    headers = {"Content-Type": "application/octet-stream", "X-Stallbench-Node": str(rec.node),
-               "X-Stallbench-Run": rec.run, "X-Stallbench-Fingerprint": rec.fingerprint,
-               "X-Stallbench-Length": str(len(body)), "X-Stallbench-Digest": digest}
-    if token is not None:
-        headers["X-Stallbench-Mac"] = _mac(token, rec.fingerprint, rec.run, rec.node,
-                                           len(body), digest)
-    deadline = time.monotonic() + SEND_TRY_S
-    while True:
-        try:
-            return _post(topo, b"", headers, PATH + "?check") or _post(topo, body, headers, PATH)
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                return f"cannot reach node rank 0 at {topo.host}:{topo.port}: {exc}"
-        interrupts.check()
-        time.sleep(1.0)
-
-
-def _post(topo: Topology, body: bytes, headers: dict[str, str], path: str) -> str:
-    """One request; "" on 200, else node rank 0's answer (OSError: not reached)."""
-    conn = http.client.HTTPConnection(topo.host, topo.port, timeout=SEND_TIMEOUT_S)
-    try:
-        conn.request("POST", path, body=body, headers=headers)
-        resp = conn.getresponse()
-        text = resp.read(500).decode("utf-8", "replace")
-    except (http.client.HTTPException, UnicodeError) as exc:
-        raise OSError(str(exc)) from None
-    finally:
-        conn.close()
-    if resp.status == 200:
-        return ""
-    from ..outputs import one_line
-    return f"node rank 0 at {topo.host}:{topo.port} answered {resp.status}: {one_line(text)}"
-
-
-def nonce() -> str:
-    return uuid.uuid4().hex
 
 
 # ------------------------------------------------------------------ one profile's link
@@ -574,7 +314,8 @@ class Link:
 
     def __enter__(self) -> "Link":
         if self.topo.count > 1 and self.topo.rank == 0:
-            c = Collector(self.topo, self.token, self.fingerprint, self.root, self.say)
+            c = Collector(self.topo.address, self.topo.count, self.token, self.fingerprint,
+                          self.root, self.say)
             self.gather = Gather(c.__enter__(), self.root, self._wait_s)
         return self
 
@@ -610,13 +351,18 @@ class Link:
         rec = wire.NodeRun(node=self.topo.rank, nodes=self.topo.count,
                            host=socket.gethostname(), run=run_dir.name,
                            fingerprint=self.fingerprint, exit_code=code, cores=cores(),
-                           why=why, nonce=nonce())
-        failed = deliver(self.topo, self.token, rec, folder, self.say)
+                           why=why, nonce=uuid.uuid4().hex)
+        failed = deliver(self.topo.address, self.token, rec, folder)
         if not failed:
             self.sent += 1
             shutil.rmtree(folder, ignore_errors=True)
             return
         from ..results import write_atomic
+        if code != 0 or why:
+            # never merged (its job failed or was stopped): the marker alone says so on a
+            # shared --out, and nothing of its figures is left behind
+            for name in wire.nodes.wall_files(folder):
+                (folder / name).unlink(missing_ok=True)
         write_atomic(folder / wire.NodeRun.MARKER, _dumps(rec))
         self.kept.append((folder, failed))
         self.say(f"{self.topo.label}: {failed}; its figures of {run_dir.name} stay in "

@@ -468,8 +468,11 @@ def _with_nodes(run: JobRun, link: nodes_mod.Link, run_dir: Path, code: int,
     if failed:
         raise JobFailed(failed[0].exit_code, f"{where}, node rank {failed[0].node} "
                                              f"({failed[0].host})")
-    if code != 0 and not lost:
-        raise JobFailed(code, f"{where}, {link.topo.label}")
+    if code != 0 and (not lost or not run.parts.trainers):
+        # node rank 0's job failed with every node there, or before its ranks wrote anything
+        # (a rendezvous that never completed): the job failed; the lost nodes said with it
+        gone = "".join(f"; node rank {r.node}: {r.why}" for r in lost)
+        raise JobFailed(code, f"{where}, {link.topo.label}{gone}")
     node_dir = link.node_dir(run_dir)
     jobrun.check_parts(node_dir, where)
     for r in reports:

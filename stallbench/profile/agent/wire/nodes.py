@@ -152,10 +152,16 @@ class _Inflated:
             else:
                 raw = next(self._chunks, b"")
                 if not raw:
-                    tail = self._z.flush()
+                    try:
+                        tail = self._z.flush()
+                    except zlib.error:
+                        raise Refused("not a packed node run (not zlib)") from None
                     self._take(tail)
                     return bool(tail)
-            got = self._z.decompress(raw, _CHUNK)
+            try:
+                got = self._z.decompress(raw, _CHUNK)
+            except zlib.error:
+                raise Refused("not a packed node run (not zlib)") from None
             if got:
                 self._take(got)
                 return True
