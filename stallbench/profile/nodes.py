@@ -465,7 +465,8 @@ def annotate(vr: Any, runs: list[Any], per_run: list[list[Any]], headline: str |
                                                        if n.measured), ""),
                           wait_s=finite_median(waits) if waits else math.nan,
                           exit_code=next((n.exit_code for n in reversed(said)
-                                          if n.exit_code), 0))
+                                          if n.exit_code), 0),
+                          cores=max((n.cores for n in said), default=0.0))
         gone = [n for n in said if not n.measured]
         if gone:
             row.missing = gone[-1].why

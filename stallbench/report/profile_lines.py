@@ -230,22 +230,24 @@ def knee_lines(result: Result) -> list[str]:
 
 def _knee_point(result: Result, wi, adv, point, unpredicted) -> list[str]:
     """The knee itself: MEASURED where a variant ran at it, else PREDICTED with its band, or
-    why it is not predicted."""
-    n = adv.n
+    why it is not predicted. With a loader per rank (torchrun) the count is each rank's."""
+    m = wi.model
+    each = getattr(m, "ranks", 1) > 1 and getattr(m, "producers_per_rank", True)
+    n = f"{adv.n} worker(s) per rank" if each else f"{adv.n} worker(s)"
     if adv.knee_variant:
         kv = next((v for v in getattr(result, "variants", ()) if v.name == adv.knee_variant),
                   None)
         ph = getattr(kv, "phases", None)
         share = ph.steady_stall_share.median if ph is not None else None
-        return [f"  knee: {n} worker(s), MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
-                f"{knee.measured_rate(next(c for c in wi.measured if c.n == n))[1]};"
+        return [f"  knee: {n}, MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
+                f"{knee.measured_rate(next(c for c in wi.measured if c.n == adv.n))[1]};"
                 f" {knee.measured_knee_explanation(wi.knee.explanation, share)}"]
     if unpredicted:
-        return [f"  knee: {n} worker(s), not predicted ({point.not_predicted})"]
+        return [f"  knee: {n}, not predicted ({point.not_predicted})"]
     if point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
-        return [f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
+        return [f"  knee: {n}, PREDICTED {point.predicted_samples_s:,.0f} steady "
                 f"samples/s{band}; {wi.knee.explanation}"]
     return []
 

@@ -848,6 +848,7 @@ class ProfileNode:
     missing: str = ""
     wait_s: float = math.nan
     exit_code: int = 0              # its job's exit code in the last run (0 when all were 0)
+    cores: float = 0.0              # the cores its ranks ran on (its launcher's affinity)
 
 
 @dataclass
