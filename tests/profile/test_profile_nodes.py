@@ -30,7 +30,7 @@ import profile_helpers as helpers
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 TOKEN = "node-token-" + "x" * 20
-ITEM_MS, STEP_MS, SLOW_NODE = 6.0, 5.0, 1
+ITEM_MS, STEP_MS, SLOW_NODE = 6.0, 5.0, "node:1"     # ddp_train.py: every rank of node 1
 
 
 def _free_port() -> int:
@@ -49,7 +49,7 @@ def _launch(tmp: Path, k: int, master: int, node_port: int, args: list[str], tok
          str(tmp / f"out{k}"), "--node-port", str(node_port), *extra, "--", TORCHRUN,
          "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(master),
-         helpers.script("ddp_nodes.py"), *args],
+         helpers.script("ddp_train.py"), *args],
         cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -81,7 +81,7 @@ def test_two_nodes_each_its_own_out_name_the_slow_node(tmp_path: Path) -> None:
                 subprocess.run(["rm", "-rf", str(d)], check=True)
         port, master = _free_port(), _free_port()
         procs = [_launch(tmp_path, k, master, port,
-                         [str(ITEM_MS), str(STEP_MS), str(SLOW_NODE), "2048"], TOKEN)
+                         [str(ITEM_MS), str(STEP_MS), SLOW_NODE, "2048"], TOKEN)
                  for k in (0, 1)]
         got = _both(procs)
         assert [p.returncode for p in procs] == [0, 0], got
@@ -137,7 +137,7 @@ def _beats(folder: Path) -> int:
 @pytest.mark.e2e
 def test_a_node_killed_mid_run_is_named_in_node_0s_result(tmp_path: Path) -> None:
     port, master = _free_port(), _free_port()
-    procs = [_launch(tmp_path, k, master, port, ["20", "5", "1", "4096"], TOKEN, nproc=1,
+    procs = [_launch(tmp_path, k, master, port, ["20", "5", "node:1", "4096"], TOKEN, nproc=1,
                      extra=("--node-wait", "60")) for k in (0, 1)]
     deadline = time.monotonic() + 300
     while _beats(tmp_path / "out1") < 5:
@@ -166,9 +166,9 @@ def test_a_node_killed_mid_run_is_named_in_node_0s_result(tmp_path: Path) -> Non
 @pytest.mark.e2e
 def test_a_node_with_another_token_is_refused_and_named(tmp_path: Path) -> None:
     port, master = _free_port(), _free_port()
-    procs = [_launch(tmp_path, 0, master, port, ["0", "5", "1", "256"], TOKEN, nproc=1,
+    procs = [_launch(tmp_path, 0, master, port, ["0", "5", "node:1", "256"], TOKEN, nproc=1,
                      extra=("--node-wait", "5")),
-             _launch(tmp_path, 1, master, port, ["0", "5", "1", "256"], "another-" + TOKEN,
+             _launch(tmp_path, 1, master, port, ["0", "5", "node:1", "256"], "another-" + TOKEN,
                      nproc=1)]
     got = _both(procs)
     assert [p.returncode for p in procs] == [3, 3], got
