@@ -323,7 +323,15 @@ class Link:
         if self.gather is not None:
             self.gather.collector.__exit__(*exc)
         elif self.topo.count > 1:
-            _prune(self.root)
+            # however this node's profile ended (Ctrl-C, SIGTERM, an error): its own runs'
+            # folders go, but those it left on purpose for a shared --out (node rank 0 owns
+            # the rest of a shared scratch folder)
+            kept = {folder for folder, _ in self.kept}
+            with interrupts.deferred():
+                for folder in self.root.glob(f"*/node{self.topo.rank}"):
+                    if folder not in kept:
+                        shutil.rmtree(folder, ignore_errors=True)
+                _prune(self.root)
 
     @property
     def multi(self) -> bool:
@@ -357,12 +365,18 @@ class Link:
             self.sent += 1
             shutil.rmtree(folder, ignore_errors=True)
             return
-        from ..results import write_atomic
-        if code != 0 or why:
-            # never merged (its job failed or was stopped): the marker alone says so on a
-            # shared --out, and nothing of its figures is left behind
+        by_design = failed.startswith(f"no ${TOKEN_ENV}")   # a shared --out is the channel
+        if (code != 0 or why) and not by_design:
+            # a run that is never merged (its job failed or was stopped) and node rank 0 not
+            # there to be told: nothing of it is left behind
+            shutil.rmtree(folder, ignore_errors=True)
+            self.say(f"{self.topo.label}: {failed}; its run {run_dir.name} (exit {code}) is "
+                     "not kept")
+            return
+        if code != 0 or why:        # the marker alone tells node rank 0 how it ended
             for name in wire.nodes.wall_files(folder):
                 (folder / name).unlink(missing_ok=True)
+        from ..results import write_atomic
         write_atomic(folder / wire.NodeRun.MARKER, _dumps(rec))
         self.kept.append((folder, failed))
         self.say(f"{self.topo.label}: {failed}; its figures of {run_dir.name} stay in "

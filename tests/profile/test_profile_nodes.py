@@ -7,7 +7,9 @@ figures brought to node rank 0 over its endpoint, signed with ``STALLBENCH_NODE_
   nothing is left on either node (scratch, listener, process);
 - node 1's job killed mid-run (SIGKILL to its torchrun, by PID): node rank 0 writes the result
   of the ranks that reported and names node 1 (exit 3);
-- node 1 with another token: refused, named, nothing of it merged (exit 3 on both).
+- node 1 with another token: refused, named, nothing of it merged (exit 3 on both);
+- SIGTERM to one node's launcher mid-run: its job ended, nothing left on it (no scratch, no
+  listener, no process), the other node ends as its job does (node rank 0 names node 1).
 
 The shared ``--out`` case is ``test_profile_ranks.py``'s."""
 
@@ -124,9 +126,9 @@ def test_two_nodes_each_its_own_out_name_the_slow_node(tmp_path: Path) -> None:
     loadcheck.attempts("two nodes, two --out", case, 2, 1.5)
 
 
-def _beats(folder: Path) -> int:
+def _beats(folder: Path, node: int = 1) -> int:
     n = 0
-    for b in folder.glob(".stallbench-profile-*/v1r0/node1/beat-*"):
+    for b in folder.glob(f".stallbench-profile-*/v1r0/node{node}/beat-*"):
         try:
             n += int(json.loads(b.read_text()).get("batches", 0))
         except (OSError, ValueError):
@@ -183,3 +185,32 @@ def test_a_node_with_another_token_is_refused_and_named(tmp_path: Path) -> None:
     text = "".join(o + e for o, e in got) + helpers.result_files(tmp_path / "out0")[0].read_text()
     assert TOKEN not in text
     assert not list((tmp_path / "out0").glob(".stallbench-profile-*"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("victim", [0, 1])
+def test_sigterm_to_one_node_leaves_nothing_on_it(tmp_path: Path, victim: int) -> None:
+    port, master = _free_port(), _free_port()
+    procs = [_launch(tmp_path, k, master, port, ["20", "5", "node:1", "4096"], TOKEN, nproc=1,
+                     extra=("--node-wait", "5")) for k in (0, 1)]
+    deadline = time.monotonic() + 300
+    while _beats(tmp_path / f"out{victim}", victim) < 3:
+        assert time.monotonic() < deadline and procs[victim].poll() is None, "never ran"
+        time.sleep(0.3)
+    tree = psutil.Process(procs[victim].pid).children(recursive=True)
+    procs[victim].send_signal(signal.SIGTERM)
+    got = _both(procs)
+    assert procs[victim].returncode == 143, got[victim][1]
+    assert "interrupted by SIGTERM" in got[victim][1]
+    gone = psutil.wait_procs(tree, timeout=10)[1]
+    assert not gone, gone
+    assert not (tmp_path / f"out{victim}").exists() or not any(
+        (tmp_path / f"out{victim}").iterdir())
+    if victim == 1:     # node rank 0 writes what it has and names node 1
+        assert procs[0].returncode == 3, got[0][1]
+        assert "node rank 1: no figures: never reported within 5 s" in got[0][1]
+    else:               # node 1's job lost its peers: its code, nothing kept
+        assert procs[1].returncode not in (0, 3), got[1][1]
+        assert "is not kept" in got[1][1]
+    left = _left_behind(tmp_path, port)
+    assert not left, left
