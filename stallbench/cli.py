@@ -113,7 +113,11 @@ def user_code_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .outputs import guarded_streams
+    from .errors import command_process
+    from .outputs import guarded_streams, reopen_closed_streams
+
+    reopen_closed_streams()     # before any file is opened: see its docstring
+    command_process()           # user code here cannot end it with os._exit (errors.user_code)
 
     # A closed or full stdout (`| head`, `> /dev/full`) never raises into the command: its
     # results are kept, and the exit says why (outputs.guarded_streams).

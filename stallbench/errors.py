@@ -7,7 +7,10 @@ bug in stallbench and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from typing import Iterator
 
 
 class UserError(Exception):
@@ -74,6 +77,50 @@ class UserCodeError(UserError):
                              self.traceback_text, self.pid))
 
 
+class UserExit(BaseException):
+    """``os._exit(code)`` called by the user's code inside stallbench's own process (a
+    model's factory or step, a transform at ``num_workers = 0``): raised in its place so that
+    the code's end is reported as its error (exit 2), never taken for stallbench's own end
+    (``os._exit(0)`` there ended ``stallbench run`` with exit 0 and no result)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+_COMMAND_PID: list[int] = []      # the stallbench command's own process (``cli.main``)
+
+
+def command_process() -> None:
+    """This process runs a stallbench command: its exit code is the command's (``cli.main``)."""
+    _COMMAND_PID[:] = [os.getpid()]
+
+
+@contextlib.contextmanager
+def user_code() -> Iterator[None]:
+    """Around a call of the user's code in the command's own process: ``os._exit`` from this
+    thread raises ``UserExit`` instead (issue 59). Other threads, the processes it forks
+    (loader workers leave through ``os._exit`` by design) and other processes (a rank, a Ray
+    actor: their death is reported as theirs, with its status) keep the real one."""
+    real = os._exit
+    if getattr(real, "_stallbench_guard", False) or _COMMAND_PID != [os.getpid()]:
+        yield                           # nested (the outer guard holds), or not the command
+        return
+    pid, thread = os.getpid(), threading.get_ident()
+
+    def guarded(code: int) -> None:
+        if os.getpid() == pid and threading.get_ident() == thread:
+            raise UserExit(code)
+        real(code)
+
+    guarded._stallbench_guard = True  # type: ignore[attr-defined]
+    os._exit = guarded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 MESSAGE_CHARS = 1000    # of a user's exception message quoted in our one line
 
 
@@ -82,6 +129,8 @@ def describe_exception(exc: BaseException) -> str:
     ``MESSAGE_CHARS`` of it: a 5 MB message is not a line). ``sys.exit(n)`` says so."""
     if isinstance(exc, SystemExit):
         return f"SystemExit (sys.exit({exc.code!r:.{MESSAGE_CHARS}}))"
+    if isinstance(exc, UserExit):
+        return f"os._exit({exc.code!r:.{MESSAGE_CHARS}}) (it would have ended stallbench)"
     text = str(exc).strip().splitlines()
     if not text:
         return type(exc).__name__

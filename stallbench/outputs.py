@@ -267,6 +267,41 @@ def annotation(text: object) -> str:
 # output is dropped, and the command ends with one line on stderr (if stderr still takes it)
 # naming every file it published (``published``) and exit 2.
 
+def reopen_closed_streams() -> list[int]:
+    """Standard descriptors the command was started without (``2>&-``, ``>&-``, ``<&-``)
+    opened on ``/dev/null``, and Python's ``None`` streams made again; returns those fds.
+
+    Why first of all: a closed descriptor 1 or 2 is the lowest free number, so the next file
+    the command opens (a result's temp file, a lock) would take it, and every ``print`` would
+    write into that file. Python itself sets ``sys.stdout``/``sys.stderr`` to ``None`` and
+    exits 120 at its last flush. On ``/dev/null`` the command's lines go nowhere, as the
+    user asked, its files stay its own, its exit code is the documented one, and a job it
+    starts inherits ``/dev/null`` where it would have inherited nothing (what it writes
+    there is dropped either way)."""
+    import io
+    import sys
+
+    reopened = []
+    for fd, flags in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, flags)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        reopened.append(fd)
+    for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+        if getattr(sys, name) is None or fd in reopened:
+            setattr(sys, name, io.TextIOWrapper(
+                io.FileIO(fd, mode, closefd=False), encoding="utf-8",
+                errors="backslashreplace" if fd == 2 else "surrogateescape",
+                line_buffering=fd != 0, write_through=fd == 2))
+    return reopened
+
+
 class Guarded:
     """A standard stream whose writes never raise. The first ``OSError`` (EPIPE, ENOSPC, EIO)
     is kept in ``error``; the descriptor is then pointed at ``/dev/null`` so that what is
@@ -311,6 +346,18 @@ class Guarded:
 
 
 _published: list[str] = []
+
+
+def stdout_error() -> OSError | None:
+    """The error that made stdout drop the command's output, None while it writes (a command
+    that runs on, ``serve``, says it on stderr at once rather than at its end)."""
+    import sys
+
+    out = sys.stdout
+    if isinstance(out, Guarded):
+        out.flush()
+        return out.error
+    return None
 
 
 def published(*paths: object) -> None:

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"no result files (*.json) in {', '.join(map(str, paths))}: "
                         "run `stallbench run SCENARIO` first or name result files")
     out = render(files, args.output)
+    outputs.published(out)      # named on stderr if stdout fails (outputs.guarded_streams)
     size_kb = out.stat().st_size / 1024
     print(f"wrote {out} ({len(files)} result file{'s' if len(files) != 1 else ''}, {size_kb:.0f} KB)")
     return 0

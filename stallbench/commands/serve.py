@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .. import outputs
 from ..errors import UserError
 
 
@@ -104,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"serving {len(catalog.entries)} variant(s) of scenario {sc.name!r} on "
           f"grpc://{_bracketed(args.host)}:{server.port} (pid {os.getpid()}; {who}); "
           f"Ctrl-C or SIGTERM stops", flush=True)
+    failed = outputs.stdout_error()
+    if failed is not None:      # it serves on: say now that its address went nowhere
+        print(f"stallbench serve: cannot write to stdout ({failed.strerror or failed}); "
+              f"serving on grpc://{_bracketed(args.host)}:{server.port} (pid {os.getpid()})",
+              file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass
     cut = server.stop()

@@ -146,28 +146,35 @@ def scratch(out: Path, say: Callable[[str], None], shared: str | None = None,
 
 # ------------------------------------------------------------------ the check of a run
 
-def check_parts(run_dir: Path, where: str) -> None:
-    """Refuse a run whose figures were not all written: a ``lost-*`` marker (the agent's writer:
-    a write failed and was not made good by a later one), or a run directory that cannot be
-    written now (a part written at exit would have failed the same way)."""
-    lost = sorted(run_dir.glob(f"{wire.LOST_PREFIX}-*")) if run_dir.is_dir() else []
+def parts_lost(run_dir: Path) -> str:
+    """Why a run's figures are not all there ("" when they are): a ``lost-*`` marker (the
+    agent's writer: a write failed and was not made good by a later one; an empty file, which
+    a full disk still takes), a run directory that cannot be written now (a part written at
+    exit would have failed the same way), or no run directory at all."""
+    if not run_dir.is_dir():
+        return (f"the job removed stallbench's run directory {run_dir} while it ran (did it "
+                "delete its --out?), and the figures in it with it: give --out a directory "
+                "the job leaves alone")
+    lost = sorted(run_dir.glob(f"{wire.LOST_PREFIX}-*"))
     probe = run_dir / f".probe-{os.getpid()}"
-    writable = True
     try:
         probe.write_bytes(b"")
         probe.unlink()
+        writable = True
     except OSError:
         writable = False
-    if not run_dir.is_dir():
-        raise PartsLost(f"profile: {where}: the job removed stallbench's run directory "
-                        f"{run_dir} while it ran (did it delete its --out?), and the figures "
-                        "in it with it: give --out a directory the job leaves alone; no "
-                        "result written")
     if lost or not writable:
         n = f"{len(lost)} process(es)" if lost else "the job's processes"
-        raise PartsLost(f"profile: {where}: {n} could not write their figures to {run_dir} "
-                        "during the job (disk full, or not writable): what was written is "
-                        "not the whole run; no result written")
+        return (f"{n} could not write their figures to {run_dir} during the job (disk full, "
+                "or not writable): what was written is not the whole run")
+    return ""
+
+
+def check_parts(run_dir: Path, where: str) -> None:
+    """Refuse a run whose figures were not all written (``parts_lost``): ``PartsLost``."""
+    why = parts_lost(run_dir)
+    if why:
+        raise PartsLost(f"profile: {where}: {why}; no result written")
 
 
 # ------------------------------------------------------------------ the trace of a run

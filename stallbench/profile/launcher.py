@@ -18,6 +18,12 @@ of stallbench's process group (a CI runner cancelling a step) away from it, so
 SIGHUP to stallbench itself ends the command like SIGTERM (``interrupts``): the job's group
 gets it, then SIGKILL.
 
+A terminal's job control reaches the job too (``_job_control``): Ctrl-Z (SIGTSTP) reaches
+only the terminal's foreground group, stallbench's, so stallbench stops the job's group
+(SIGSTOP: a stop signal the kernel would discard for the job's orphaned group otherwise),
+then stops itself; ``fg`` or ``bg`` continues stallbench, which continues the job. Unprofiled,
+Ctrl-Z stops the job; profiled it does the same, and the batches in flight count the pause.
+
 Every wait here has an end: the job's run is unbounded by default (a job may legitimately go
 long without a batch), ``--progress-timeout S`` bounds it by progress: no batch reported by
 the agent's beat files (``agent/beats.py``) for S seconds, counted from the job's start, ends the
@@ -305,6 +311,68 @@ def _ask_flush(run_dir: Path, proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _job_control(pgid: int) -> Iterator[None]:
+    """While the job runs: SIGTSTP (Ctrl-Z) stops its group and then stallbench; the
+    SIGCONT that resumes stallbench (``fg``, ``bg``) resumes the group (module docstring).
+    Only in the main thread (signal handlers live there); the previous handlers come back."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_stop(signum: int, frame: object) -> None:
+        try:
+            os.killpg(pgid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)      # stopped here until continued
+        signal.signal(signal.SIGTSTP, on_stop)
+        _resume()
+
+    def _resume(*_: object) -> None:
+        try:
+            os.killpg(pgid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    before = (signal.signal(signal.SIGTSTP, on_stop), signal.signal(signal.SIGCONT, _resume))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTSTP, before[0])
+        signal.signal(signal.SIGCONT, before[1])
+
+
+def _wait(proc: subprocess.Popen[bytes], run_dir: Path, stop: Callable[[Path], str] | None,
+          progress: "_Progress | None") -> tuple[int, str]:
+    """Until the job ends, is ended by ``stop`` (its answer returned), or makes no progress
+    (``NoProgress``): (its exit code, why the tune stopped it or "")."""
+    stopped, next_stop = "", time.monotonic() + STOP_POLL_S
+    while True:
+        try:
+            return proc.wait(timeout=0.2), stopped
+        except subprocess.TimeoutExpired:
+            interrupts.check()
+            if stop is not None and time.monotonic() >= next_stop:
+                next_stop = time.monotonic() + STOP_POLL_S
+                stopped = stop(run_dir)
+                if stopped:
+                    _ask_flush(run_dir, proc)
+                    if proc.poll() is not None:     # it ended on its own meanwhile
+                        return proc.returncode, ""
+                    with interrupts.deferred():
+                        _stop(proc, signal.SIGTERM)
+                    return proc.wait(), stopped
+            if progress is not None and progress.stalled():
+                procs = _processes(proc.pid)
+                with interrupts.deferred():
+                    _stop(proc, signal.SIGTERM)
+                raise NoProgress(progress.line(procs))
+
+
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
              max_batches: int | None, replay: wire.ReplayPlan | None = None,
              stop: Callable[[Path], str] | None = None) -> JobRun:
@@ -331,32 +399,9 @@ def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
             raise UserError(f"cannot start {word(argv[0])!r}: {exc.strerror or exc}") from None
         guard = _Guard(proc.pid)
         progress = _Progress(run_dir, timeout, _progress_why) if timeout else None
-        stopped, next_stop = "", time.monotonic() + STOP_POLL_S
         try:
-            while True:
-                try:
-                    rc = proc.wait(timeout=0.2)
-                    break
-                except subprocess.TimeoutExpired:
-                    interrupts.check()
-                    if stop is not None and time.monotonic() >= next_stop:
-                        next_stop = time.monotonic() + STOP_POLL_S
-                        stopped = stop(run_dir)
-                        if stopped:
-                            _ask_flush(run_dir, proc)
-                            if proc.poll() is not None:     # it ended on its own meanwhile
-                                stopped = ""
-                                rc = proc.returncode
-                                break
-                            with interrupts.deferred():
-                                _stop(proc, signal.SIGTERM)
-                            rc = proc.wait()
-                            break
-                    if progress is not None and progress.stalled():
-                        procs = _processes(proc.pid)
-                        with interrupts.deferred():
-                            _stop(proc, signal.SIGTERM)
-                        raise NoProgress(progress.line(procs))
+            with _job_control(proc.pid):
+                rc, stopped = _wait(proc, run_dir, stop, progress)
         except NoProgress:
             guard.release()
             raise

@@ -35,7 +35,7 @@ from typing import Any
 from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
 from .agent import doors
-from .agent.wire import Header, LoaderSettings, Parts, Worker
+from .agent.wire import Beat, Header, LoaderSettings, Parts, Worker
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
 
@@ -64,7 +64,9 @@ class StreamRun:
     t_wall: list[float] = field(default_factory=list)    # each request, Unix time (the trace)
     host: str = ""
     pid: int = 0
-    node: int | None = None     # a multi-node job's node its figures came from (``nodes``)
+    node: str = ""          # the Ray node of its process (``wire.Header.node``), "" outside Ray;
+                            # a multi-node torchrun's: its node rank and host (``nodes``)
+    node_rank: int | None = None    # a multi-node torchrun's node its figures came from
     trainer_cpu_s: float = 0.0
     producer_cpu_s: float | None = None
     producer_processes: int = 0
@@ -154,6 +156,12 @@ def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
     return roles
 
 
+def _node_label(node: int | None, host: str) -> str:
+    """A multi-node torchrun's node as the tables show it: ``1 (gpu-b)`` (node rank, host);
+    "" on one machine."""
+    return "" if node is None else f"{node} ({_label(host)})"
+
+
 def unmeasured(parts: Parts) -> list[tuple[str, str]]:
     """(loader name, why) for each stream whose hooks switched off (``wire.Stream``)."""
     return [(s.name, s.unmeasured) for p in parts.trainers for s in p.streams if s.unmeasured]
@@ -200,8 +208,9 @@ def _streams(parts: Parts) -> list[StreamRun]:
                     settings=LoaderSettings({k: _label(v) if isinstance(v, str) else v
                                              for k, v in s.settings.items()}),
                     notes=[_label(n) for n in s.notes],
-                    trainer_cpu_s=0.0, host=proc[0], pid=proc[1], node=node_of.get(proc),
-                    role=s.role)
+                    trainer_cpu_s=0.0, host=proc[0], pid=proc[1], role=s.role,
+                    node=_label(h.node) or _node_label(node_of.get(proc), proc[0]),
+                    node_rank=node_of.get(proc))
                 offsets[rk] = 0.0
             sr.torch_threads = h.torch_threads or sr.torch_threads      # the latest flush
             mine_eps = list(mine.get(s.key, []))
@@ -310,7 +319,8 @@ def rank_figures(s: StreamRun, f: RepeatFigures) -> RankFigures:
                        stall_s=f.stall_s, wait_s=f.wait_s, trainer_transfer_s=0.0,
                        compute_s=f.compute_s, sync_s=0.0,
                        time_to_first_batch_s=f.time_to_first_batch_s, peak_pss_mb=0.0,
-                       trainer_cpu_s=f.trainer_cpu_s, producer_cpu_s=f.producer_cpu_s)
+                       trainer_cpu_s=f.trainer_cpu_s, producer_cpu_s=f.producer_cpu_s,
+                       node=s.node)
 
 
 def job_figures(per_rank: list[tuple[StreamRun, RepeatFigures]], peak_pss_mb: float) -> RepeatFigures:
@@ -385,4 +395,28 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
             gpu_wait_s=sum(first.gpu_wait) if first.gpu_wait else None,
             gpu_step_s=sum(first.gpu_step) if first.gpu_step else None,
             set_keys=list(doors.of(first.kind).set_keys), node=first.node))
+    return out
+
+
+def unreported(parts: Parts, beats: list[Beat]) -> list[str]:
+    """One line per process whose figures never came home, by its node (issue 56): its
+    beat says it made a loader or ran batches, it did not end through its exit handlers,
+    and no part of it arrived (a Ray worker killed, its node lost, before its first write);
+    and per launched rank that no part names (the world its ranks' parts declare), never a
+    table that reads as complete without it."""
+    wrote = {(p.header.host, p.header.pid) for p in (*parts.trainers, *parts.workers)}
+    out = []
+    for b in sorted(beats, key=lambda b: (b.node, b.host, b.pid)):
+        if (b.loaders or b.batches) and not b.exited and (b.host, b.pid) not in wrote:
+            where = f"node {_label(b.node)}" if b.node else f"host {_label(b.host)}"
+            what = (f"it ran {b.batches} batch(es)" if b.batches else
+                    f"it made {', '.join(_label(n) for n in b.loaders)} and ran no batch")
+            out.append(f"{where}: no figures: its processes ended without writing (pid {b.pid}: "
+                       f"{what})")
+    launched = [p.header for p in parts.trainers if p.header.launched]
+    seen = {h.rank for h in launched}
+    for rank in range(max((h.world_size for h in launched), default=0)):
+        if rank not in seen:
+            out.append(f"rank {rank}: no figures: its process wrote none that came home (its "
+                       f"node lost, or killed before its first write)")
     return out

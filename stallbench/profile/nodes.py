@@ -452,10 +452,10 @@ def run_cores(run: Any) -> float | None:
 
 
 def annotate(vr: Any, runs: list[Any], per_run: list[list[Any]], headline: str | None) -> None:
-    """A multi-node variant's node column: each rank's node and host, one ``ProfileNode`` row
-    per node (a node that brought nothing named, with why), its notes, and the ranks' verdict
-    naming the straggler's node and any rank that is not in the figures. Every figure used is
-    a duration measured on its own node."""
+    """A multi-node variant's nodes: one ``ProfileNode`` row per node (a node that brought
+    nothing named, with why), its notes, and the ranks' verdict naming the straggler's node
+    and any rank that is not in the figures. Every figure used is a duration measured on its
+    own node."""
     from ..results import ProfileNode
     from ..analysis.stats import finite_median
     count = max(len(r.nodes) for r in runs)
@@ -465,7 +465,7 @@ def annotate(vr: Any, runs: list[Any], per_run: list[list[Any]], headline: str |
         reps = [next((n for n in r.nodes if n.node == k), None) for r in runs]
         waits, ranks, host = [], set(), ""
         for streams in per_run:
-            mine = [s for s in streams if s.name == headline and s.node == k]
+            mine = [s for s in streams if s.name == headline and s.node_rank == k]
             for s in mine:
                 where.setdefault(s.rank, (k, s.host))
                 ranks.add(s.rank)
@@ -494,12 +494,10 @@ def annotate(vr: Any, runs: list[Any], per_run: list[list[Any]], headline: str |
 
 def _name_nodes(vr: Any, runs: list[Any], where: dict[int, tuple[int | None, str]],
                 rows: list[Any]) -> None:
-    """Each rank's node in the rank table, the straggler's node in the verdict, and the
-    ranks the figures lack (a node missing) said in it, never a table that looks whole."""
+    """The straggler's node in the verdict, and the ranks the figures lack (a node missing)
+    said in it, never a table that looks whole (each rank's node is its streams', ``merge``)."""
     if vr.ranks is None:
         return
-    for st in vr.ranks.ranks:
-        st.node, st.host = where.get(st.rank, (None, ""))
     s = vr.ranks
     if s.straggler is not None and s.straggler in where:
         node, host = where[s.straggler]

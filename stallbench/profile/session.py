@@ -307,7 +307,7 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
                        steady_throughput_samples_s=med([f.ranks[i].steady_throughput_samples_s
                                                         for f in reps]),
                        time_to_first_batch_s=med([f.ranks[i].time_to_first_batch_s for f in reps]),
-                       last_step_share=math.nan)
+                       last_step_share=math.nan, node=f0.node)
              for i, f0 in enumerate(reps[0].ranks)]
     spread = med([max(s) - min(s) for s in stalls])
     s = RankSummary(world=world, launcher="the job's own (torchrun, ...)", backend="",
@@ -503,6 +503,11 @@ def _measured(opts: Options, m: _Matrix, run_root: Path, link: nodes_mod.Link,
         if short:
             say(f"variant {v.name}: {short}")
             results[-1].notes["cut short"] = short
+        for line in dict.fromkeys(x for r in runs for x in merge.unreported(r.parts, r.beats)):
+            say(f"variant {v.name}: {line}")      # "node X: no figures: ...", kept by node
+            where, _, what = line.partition(": ")
+            had = results[-1].notes.get(where)
+            results[-1].notes[where] = f"{had}; {what}" if had else what
         if opts.analyze and len(results) == 1:
             _analyze_first(opts, v, runs, results[0], run_root, link.multi, say)
     return results, all_runs

@@ -351,8 +351,10 @@ class _Tuner:
 
     @staticmethod
     def ok(run: JobRun) -> bool:
-        """The job ended well: by itself with 0, or ended by the tune (its rate known)."""
-        return run.exit_code == 0 or bool(run.stopped)
+        """The job ended well (by itself with 0, or ended by the tune: its rate known) and
+        every figure of it was written: a run whose parts were lost (a full ``--out``) is
+        never compared (issue 59: a full disk once made "keep the job as written")."""
+        return (run.exit_code == 0 or bool(run.stopped)) and not _lost(run)
 
     def as_written(self) -> tuple[JobRun, Measured]:
         """Trial 1, the job as written: the tune fails with it (its exit code, the parts it
@@ -404,7 +406,7 @@ class _Tuner:
         m = measure(run, c.settings) if self.ok(run) else None
         if m is None:
             code = exit_status(run.exit_code)
-            what = (f"the job exited with code {code}" if code else
+            what = (f"the job exited with code {code}" if code else _lost(run) or
                     "the job ran no batch of its loader under it")
             self.say(f"trial {name}: {what}: recorded, the search goes on")
             jt = JobTrial(name=name, settings=search.bare(c.settings),
@@ -452,8 +454,10 @@ class _Tuner:
             if ma is not None and mb is not None:
                 pairs.append(mb.trial.rate / ma.trial.rate)
             if mb is None:
-                lost.append(f"confirmation {r + 1}: the job exited with code "
-                            f"{exit_status(b.exit_code)} under {bj.name}")
+                code = exit_status(b.exit_code)
+                lost.append(f"confirmation {r + 1}: " + (
+                    f"the job exited with code {code} under {bj.name}" if code else
+                    _lost(b) or f"no batch of its loader was measured under {bj.name}"))
         c = rules.confirm(bj.name, base_rates, best_rates, pairs, lost, searched)
         stop_reason, stop_text = stop
         if c.why_not:
@@ -543,6 +547,11 @@ def _record(name: str, settings: dict[str, Any], why: str, run: JobRun, m: Measu
                     foreign_cores=run.load.foreign_cores if run.load is not None else None)
 
 
+def _lost(run: JobRun) -> str:
+    """Why a run's figures are not whole ("" when they are: ``jobrun.parts_lost``)."""
+    return jobrun.parts_lost(run.run_dir) if run.run_dir is not None else ""
+
+
 def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
              ) -> tuple[float | None, str]:
     """The compute-only steady rate: the job with its headline loader served from memory
@@ -561,6 +570,8 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
     if run.exit_code != 0 and not run.stopped:
         return None, (f"not measured: the job exited with code {exit_status(run.exit_code)} "
                       "with its loader served from memory")
+    if _lost(run):
+        return None, f"not measured: {_lost(run)}"
     got = compute_only(run, base.name, 1)
     if got is None or not (got[0] > 0 and base.trial.rows > 0):
         return None, ("not measured: the compute-only run served fewer than 2 batches from "

@@ -65,8 +65,8 @@ def loader_table(result: Result) -> str:
     and its most expensive stage."""
     fmt_n, fmt_p, cell = tables.format_number, tables.format_percent, figures.seconds_cell
     rows = []
-    nodes = any(lo.node is not None for v in result.variants if v.profile
-                for lo in v.profile.loaders)         # a multi-node job's (issue 56)
+    # the node column where a loader's node is known (a Ray job: issue 56)
+    nodes = any(lo.node for v in result.variants if v.profile for lo in v.profile.loaders)
     for v in result.variants:
         if v.profile is None:
             continue
@@ -74,17 +74,17 @@ def loader_table(result: Result) -> str:
             top = max(lo.stages, key=lambda s: s.wall_s, default=None)
             # names the job made: escaped again here, for a result read back from a file
             rows.append([one_line(v.name), one_line(lo.name) + (" *" if lo.headline else ""),
-                         str(lo.rank), *([] if not nodes else
-                                         ["-" if lo.node is None else str(lo.node)]),
+                         *([one_line(lo.node) or "-"] if nodes else []), str(lo.rank),
                          str(lo.settings.get("num_workers", "-")), f"{lo.batches:,}",
                          fmt_n(lo.samples_s), fmt_n(lo.steady_samples_s), cell(lo.wait_s),
                          fmt_p(lo.wait_share), fmt_p(lo.steady_wait_share), cell(lo.step_s),
                          cell(lo.time_to_first_batch_s),
                          f"{one_line(top.name)} {figures.seconds(top.wall_s)}" if top else "-"])
-    head = ["variant", "loader", "rank", *(["node"] if nodes else []), "workers", "batches",
+    head = ["variant", "loader", *(["node"] if nodes else []), "rank", "workers", "batches",
             "samples/s", "steady samples/s", "wait s", "wait %", "steady wait %", "step s",
             "1st batch s", "top stage (wall)"]
-    return tables.table(head, rows, right=set(range(2, 13 if nodes else 12)))
+    first = 3 if nodes else 2
+    return tables.table(head, rows, right=set(range(first, first + 10)))
 
 
 def node_lines(result: Result) -> list[str]:
@@ -300,9 +300,10 @@ def tune_lines(result: Result) -> list[str]:
 def _trial_lines(i: int, tr, ceiling: float | None) -> list[str]:
     """One trial: its measured rate against the ceiling and its prediction, and why it was
     chosen; or the finding it made (the job failed, the setting was not applied)."""
-    if tr.outcome == "failed":
-        return [f"  {i}. {tr.name}: the job exited with code {tr.exit_code} (a finding; "
-                "the search went on)"]
+    if tr.outcome == "failed":      # why: the last clause the tune added to ``why``
+        what = (f"the job exited with code {tr.exit_code}" if tr.exit_code else
+                tr.why.rsplit("; ", 1)[-1])
+        return [f"  {i}. {tr.name}: {what} (a finding; the search went on)"]
     if tr.outcome == "not_applied":
         return [f"  {i}. {tr.name}: not applied ({tr.why.rsplit('; not applied: ', 1)[-1]})"]
     share = f", {tr.steady_samples_s / ceiling:.0%} of the ceiling" if ceiling else ""

@@ -182,17 +182,16 @@ def recommendation_line(result: Result) -> str | None:
 def rank_table(result: Result) -> str | None:
     """Per rank of every data-parallel variant (medians over repeats); None without ranks."""
     rows = []
-    # a multi-node job's ranks: the node each ran on (issue 56)
-    nodes = any(r.node is not None for v in result.variants if v.ranks for r in v.ranks.ranks)
+    # the node column where a rank's node is known (a profiled Ray job: issue 56)
+    nodes = any(r.node for v in result.variants if v.ranks for r in v.ranks.ranks)
     for v in result.variants:
         if v.ranks is None:
             continue
         for r in v.ranks.ranks:
             a = r.attribution
             mark = " straggler" if r.rank == v.ranks.straggler else ""
-            node = ([] if not nodes else
-                    ["-" if r.node is None else f"{r.node} {one_line(r.host)}".strip()])
-            rows.append([v.name, f"{r.rank}{mark}", *node, format_number(r.stall_s, ".3f"), format_number(r.wait_s, ".3f"),
+            rows.append([v.name, f"{r.rank}{mark}", *([one_line(r.node) or "-"] if nodes else []),
+                         format_number(r.stall_s, ".3f"), format_number(r.wait_s, ".3f"),
                          format_number(r.trainer_transfer_s, ".3f"), format_number(r.compute_s, ".3f"),
                          format_number(r.sync_s, ".3f"), format_number(r.steady_throughput_samples_s),
                          format_number(r.time_to_first_batch_s, ".3f"), format_percent(r.last_step_share),

@@ -108,13 +108,16 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 41, ``stallbench tune -- CMD``): ``Result.tune`` (``JobTune``:
   the trials on the user's job, each a ``JobTrial``, its compute-only ceiling and the
   confirmed answer ``JobTuneBest``); None in every other result.
+  Additive in version 3 (issue 56, a Ray cluster's workers measured where they run):
+  ``ProfileLoader.node``, ``RankFigures.node`` and ``RankStats.node``: the Ray node a rank's
+  process ran on (``<ip>/<node id, 8 hex>``); "" where not known (outside Ray, older files).
   Additive in version 3 (issue 39, one story): ``analysis.whatif.model.bound_stage`` (the data
   stage the fit variant's conclusive attribution names bound, which the what-if's "cannot
   keep up" then names; "" in older files and where none is named).
-  Additive in version 3 (issue 56, torchrun and Slurm across machines): ``RankStats.node`` /
-  ``host`` (the node and host a rank ran on; null / "" on one machine and in older files),
-  ``ProfileLoader.node``, and ``ProfileVariant.nodes`` (``ProfileNode``: one row per node of
-  a multi-node job, a node that brought no figures named with why; [] on one machine).
+  Additive in version 3 (issue 56, torchrun and Slurm across machines): the same ``node``
+  fields hold a multi-node torchrun's node as ``<node rank> (<host>)``, and
+  ``ProfileVariant.nodes`` (``ProfileNode``: one row per node of a multi-node torchrun, a
+  node that brought no figures named with why; [] otherwise).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -359,6 +362,8 @@ class RankFigures:
     # EMULATED (``trainers.straggler_delay_ms``): latency injected into this rank in this run,
     # as measured around the injection (0 for every other rank)
     straggler_delay_s: float = 0.0
+    node: str = ""                  # the machine it ran on, where known (a profiled Ray job;
+                                    # a multi-node torchrun's "<node rank> (<host>)")
 
 
 @dataclass
@@ -698,8 +703,8 @@ class RankStats:
     last_step_share: float          # share of the job's steps at which it was the last rank
     straggler_delay_s: float = 0.0  # EMULATED delay injected (median over repeats)
     attribution: Attribution | None = None   # of this rank's own time (epoch - sync)
-    node: int | None = None         # a multi-node job's node rank it ran on (None: one machine)
-    host: str = ""                  # ... and its host, as the rank's process named it
+    node: str = ""                  # the machine it ran on, where known (a profiled Ray job;
+                                    # a multi-node torchrun's "<node rank> (<host>)")
 
 
 @dataclass
@@ -823,7 +828,8 @@ class ProfileLoader:
     # the ``--set`` groups that reach it ("dataloader", "ray", "torch"), as its door declares:
     # what analysis asks (a knob that reached no loader is never advice) without the table
     set_keys: list[str] = field(default_factory=list)
-    node: int | None = None         # a multi-node job's node rank (None: one machine)
+    # the Ray node its process ran on (``<ip>/<node id, 8 hex>``), "" outside Ray (issue 56)
+    node: str = ""
 
 
 @dataclass

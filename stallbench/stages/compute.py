@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..data.schema import FeatureSchema
-from ..errors import ScenarioError, UserCodeError, describe_exception
+from ..errors import ScenarioError, UserCodeError, describe_exception, user_code
 from ..registry import Registry, import_object, locate, user_dirs
 from ..scenario import ModelSpec
 from .batch_format import TensorBatch, documented
@@ -188,8 +188,9 @@ class UserCompute(TorchCompute):
         self.spec = spec
         searched = user_dirs(scenario_file)
         try:
-            factory: Callable[..., Any] = import_object(  # type: ignore[assignment]
-                spec.kind, locate(spec.kind.partition(":")[0], searched), searched)
+            with user_code():
+                factory: Callable[..., Any] = import_object(  # type: ignore[assignment]
+                    spec.kind, locate(spec.kind.partition(":")[0], searched), searched)
         except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
             if is_real_signal(exc):
                 raise
@@ -198,7 +199,8 @@ class UserCompute(TorchCompute):
         if not callable(factory):
             raise self._error(f"is not callable (it is a {type(factory).__name__})")
         try:
-            module = factory(schema, spec)
+            with user_code():
+                module = factory(schema, spec)
         except BaseException as exc:  # noqa: BLE001 - sys.exit() in it too: never a silent end
             if is_real_signal(exc):
                 raise
@@ -214,7 +216,8 @@ class UserCompute(TorchCompute):
 
     def step(self, batch: TensorBatch) -> None:
         try:
-            super().step(documented(batch, self.schema))
+            with user_code():
+                super().step(documented(batch, self.schema))
         except BaseException as exc:  # noqa: BLE001 - the user's forward/backward
             if is_real_signal(exc):
                 raise

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from ..data.schema import FeatureSchema
 from .. import interrupts
-from ..errors import NoProgress, UserCodeError, describe_exception, user_frame
+from ..errors import NoProgress, UserCodeError, describe_exception, user_code, user_frame
 from ..registry import Registry, import_object, locate, user_dirs
 
 TRANSFORMS: Registry[type["Transform"]] = Registry("transform")
@@ -320,7 +320,8 @@ class UserTransform(Transform):
 
     def _load(self) -> Callable[..., Any]:
         try:
-            fn = import_object(self.path, self.origin, self.searched)
+            with user_code():
+                fn = import_object(self.path, self.origin, self.searched)
         except BaseException as exc:  # noqa: BLE001 - a user module may raise anything at import
             if is_real_signal(exc):
                 raise
@@ -341,7 +342,8 @@ class UserTransform(Transform):
         if self.fn is None:
             self.fn = self._load()
         try:
-            out = self.fn(table, **self.kwargs)
+            with user_code():
+                out = self.fn(table, **self.kwargs)
         except BaseException as exc:  # noqa: BLE001 - the user's code: reported, never a traceback
             # sys.exit() and a KeyboardInterrupt the code raised itself included: they would
             # end the process silently (rc 0 or 3, no result); a real signal still wins.

@@ -165,13 +165,15 @@ def test_the_settings_sent_in_read_back_as_written() -> None:
 
 
 def test_a_beat_reads_back_with_its_pid_from_its_name(tmp_path: Path) -> None:
+    """Its host too (a dash in it included), and its Ray node: what names a process whose
+    figures never came home (issue 56)."""
     b = wire.Beat(pid=42, loaders=("D#0",), batches=7, last=("D#0", 2, 3), empty=1,
-                  exited=True)
+                  exited=True, host="host-a", node="127.0.0.2/1a2b3c4d")
     (tmp_path / wire.Beat.file_name("host-a", 42)).write_text(json.dumps(b.to_json()))
     (tmp_path / (wire.Beat.file_name("h", 9) + ".tmp")).write_text("{")     # mid-write
     (tmp_path / wire.Beat.file_name("h", 8)).write_text('{"batches": "x", "last": [1]}')
     got = sorted(wire.read_beats(tmp_path), key=lambda x: x.pid)
-    assert got == [wire.Beat(pid=8), b]             # a field it cannot read: its default
+    assert got == [wire.Beat(pid=8, host="h"), b]   # a field it cannot read: its default
 
 
 @pytest.mark.parametrize("problem", [

@@ -31,6 +31,8 @@ def _do(how):
         raise KeyboardInterrupt
     if how == "os_exit":
         os._exit(7)
+    if how == "os_exit0":
+        os._exit(0)
     if how == "kill9":
         os.kill(os.getpid(), 9)
     if how == "segv":
@@ -98,6 +100,22 @@ def test_exit_in_a_transform_in_the_trainer(tmp_path: Path, env: dict, how: str,
     line = _run(tmp_path, env, TINY + '[preprocess]\ntransforms = ["usercode:here"]\n', how)
     assert "preprocess.transforms[0]: transform 'usercode:here'" in line, line
     assert says in line and "usercode.py:" in line and "in _do" in line, line
+
+
+@pytest.mark.parametrize("how", ["os_exit0", "os_exit"])
+def test_os_exit_in_the_trainers_process_is_the_user_codes_error(tmp_path: Path, env: dict,
+                                                                 how: str) -> None:
+    """Issue 59: ``os._exit(0)`` in a model's factory or a transform that runs in
+    stallbench's own process ended ``stallbench run`` with exit 0 and no result; it is now
+    raised in its place (``errors.user_code``) and reported as the code's error, exit 2."""
+    code = "0" if how == "os_exit0" else "7"
+    for text, key in ((TINY.replace('kind = "emulated"\nstep_ms = 1',
+                                    'kind = "usercode:factory"'), "model.kind"),
+                      (TINY + '[preprocess]\ntransforms = ["usercode:here"]\n',
+                       "preprocess.transforms[0]")):
+        line = _run(tmp_path, env, text, how)
+        assert f"{key}: " in line and f"raised os._exit({code})" in line, line
+        assert "usercode.py:" in line and "in _do" in line, line
 
 
 @pytest.mark.parametrize("how", ["exit0", "kbint"])

@@ -13,7 +13,7 @@ import json
 import os
 import socket
 
-from . import state, wire, writer
+from . import sink, state, util, wire, writer
 
 BEAT_S = 0.5
 _names: list = []         # the names of this process's first loaders (a few)
@@ -23,6 +23,7 @@ _empty = 0
 _exited = False
 _next_beat = 0.0
 _flush_asked = False
+_told = False           # a beat with this process's loaders was waited for (a collector)
 
 
 def loader_made(name: str) -> None:
@@ -55,28 +56,31 @@ def beat(force: bool = False) -> None:
     where a launcher's ``wire.FLUSH_MARK`` is seen (one stat per beat): the next batch then
     flushes its part, the open epoch with it, so a trial that ``stallbench tune`` ends keeps
     its batches up to now (``launcher.run_once``'s ``stop``)."""
-    global _next_beat, _flush_asked
+    global _next_beat, _flush_asked, _told
     now = state.perf()
     if not force and now < _next_beat:
         return
     _next_beat = now + BEAT_S
-    run_dir = state.SETTINGS.run_dir
-    if not run_dir:
+    out = sink.current()
+    if out is None:
         return
     try:
-        if not _flush_asked and os.path.exists(os.path.join(run_dir, wire.FLUSH_MARK)):
+        if not _flush_asked and out.flush_asked():
             _flush_asked = True
             writer.flush_soon()
     except Exception:  # noqa: BLE001 - a hint
         pass
     try:
         pid = os.getpid()
-        path = os.path.join(run_dir, wire.Beat.file_name(socket.gethostname(), pid))
         rec = wire.Beat(pid=pid, loaders=tuple(_names), batches=_batches, last=_last,
-                        empty=_empty, exited=_exited)
-        with open(path + ".tmp", "w") as fh:
-            fh.write(json.dumps(rec.to_json()))
-        os.replace(path + ".tmp", path)
+                        empty=_empty, exited=_exited, node=util.node())
+        # the first beat with a loader and the exit's wait for a collector's reply (a process
+        # killed right after is still named); the others are sent, not waited for (the
+        # loop's step would hold the wait)
+        wait = _exited or (bool(_names) and not _told)
+        out.put(wire.Beat.file_name(socket.gethostname(), pid), json.dumps(rec.to_json()),
+                wait=wait)
+        _told = _told or wait
     except Exception:  # noqa: BLE001 - never fail the job for a hint
         pass
 

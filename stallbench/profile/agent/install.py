@@ -19,6 +19,10 @@ Rules it keeps, and why:
 
 ``stallbench.watch`` / ``stallbench.stage`` (``profile/markers.py``) find this module by its
 name in ``sys.modules`` and use ``active``, ``watch`` and ``stage``.
+
+On a Ray cluster (``raycluster``): a driver that joins one ships this package to the
+cluster's workers in the job's ``runtime_env``; there ``raysink.setup`` runs ``install``,
+with settings that name the run's collector actor instead of a run directory (``sink``).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def load_doors() -> list:
 
 def active() -> bool:
     """Whether the agent measures this process (``markers`` asks before it hands over)."""
-    return bool(state.SETTINGS.run_dir)
+    return state.SETTINGS.active
 
 
 def watch(iterable, name: str | None = None):
@@ -137,6 +141,10 @@ def _forked() -> None:
     clears them again in its worker loop); a new image, so its files are its own."""
     state.new_image()
     writer.new_image()
+    if state.SINK is not None and not getattr(state.SINK, "fork_safe", True):
+        state.SINK = sibling("raysink").Nowhere()       # no working Ray in a forked child
+    if state.NODE[0] is None:
+        state.NODE[0] = ""          # never asked of a forked Ray
     util.each_door("at_fork")       # the doors' own tables (a queue's feed, a watched object)
 
 
@@ -167,11 +175,15 @@ def _patch_exec() -> None:
 def install() -> None:
     """Read the settings, hook the targets (now if already imported), flush at exit."""
     state.SETTINGS = wire.Settings.from_env(os.environ)
-    if not state.SETTINGS.run_dir:
+    if not state.SETTINGS.active:
         return
+    if state.SETTINGS.collector:        # a Ray cluster's worker: figures to the collector
+        state.SINK = sibling("raysink").Collected(state.SETTINGS.collector)
     if state.SETTINGS.replay is not None:
         _load_replay(state.SETTINGS.replay)
     load_doors()
+    if state.SETTINGS.run_dir:          # a driver that may join a Ray cluster (``raycluster``)
+        TARGETS.update(sibling("raycluster").PATCHES)
     for name, patch in TARGETS.items():
         mod = sys.modules.get(name)
         if mod is not None:

@@ -32,6 +32,8 @@ LOCK = threading.Lock()
 ACTIVE = threading.local()      # the stream whose batch this thread is fetching (0 workers)
 STAGE_RECORDS: dict = {}        # key -> name -> a record (``stages.stage_add``)
 REPLAY = None                   # ``replay`` (issue 28), loaded only for an ablation run
+SINK = None                     # where records go when not the run directory (``sink``)
+NODE = [None]                   # this process's Ray node, read once Ray is up (``util.node``)
 DOORS: list = []                # the door modules loaded (``install.load_doors``)
 # which loader a process serves, set by the DataLoader door: in the trainer, ``serving`` (the
 # loader whose workers start now); in a loader worker, ``worker_loader`` ("trainer pid:order")

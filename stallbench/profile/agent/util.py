@@ -62,6 +62,25 @@ def rank() -> dict:
     return out
 
 
+def node() -> str:
+    """The Ray node this process runs on, ``<ip>/<node id, 8 hex>`` (two nodes of one host
+    differ by their id), read once Ray is up in this process and kept; "" outside Ray. Ray
+    only through ``sys.modules``: the agent never imports it."""
+    got = state.NODE[0]
+    if got is not None:
+        return got
+    ray = sys.modules.get("ray")
+    try:
+        if ray is None or not ray.is_initialized():
+            return ""
+        node_id = ray.get_runtime_context().get_node_id() or ""
+        ip = ray.util.get_node_ip_address()
+        state.NODE[0] = f"{ip}/{node_id[:8]}" if node_id else str(ip)
+        return state.NODE[0]
+    except Exception:  # noqa: BLE001 - a Ray that cannot say: no node recorded
+        return ""
+
+
 def dist():
     """torch.distributed when the job initialised a process group (a rank however it was
     started: torchrun, Ray Train, ``mp.spawn`` with ``init_process_group(rank=...)``)."""

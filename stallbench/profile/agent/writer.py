@@ -3,7 +3,8 @@
 Rules it keeps, and why:
 
 - **Files, not pipes**: each process writes its own part (JSON, atomically replaced) into the
-  run directory the launcher named in the settings: the trainer at each epoch end (at most
+  run directory the launcher named in the settings (a Ray cluster's worker on another
+  machine: into the job's collector actor, ``sink``/``raysink``): the trainer at each epoch end (at most
   every ``FLUSH_S``) and at exit, loader workers at most every ``FLUSH_S`` and when their
   loop ends (multiprocessing children leave through ``os._exit``: no ``atexit``). Nothing is
   sent through the job's own queues, so its batches are exactly its own.
@@ -22,7 +23,7 @@ import socket
 import sys
 import time
 
-from . import state, util, wire
+from . import sink, state, util, wire
 
 FLUSH_S = 1.0
 FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writing parts
@@ -37,46 +38,39 @@ _last_end_key = ""          # the stream whose epoch end was flushed last
 _seq = 0                    # this image's epochs files so far
 
 
-def write(name: str, payload: dict) -> bool:
-    """One part file, atomically replaced; False (and ``state.LOST`` counted, a ``lost-*``
-    marker left: an empty file, which a full disk still takes) when it could not be written."""
-    run_dir = state.SETTINGS.run_dir
-    if not run_dir:
+def write(name: str, payload: dict, wait: bool = True) -> bool:
+    """One part, whole, into this process's sink (``sink``: the run directory, or a Ray
+    cluster's collector); False (and ``state.LOST`` counted, a ``lost-*`` marker left: an
+    empty record, which a full disk still takes) when it could not be written. ``wait``
+    False: a collector's put is sent, not waited for (a flush inside the job's loop: the
+    wait would be the loop's step); an exit's flush waits."""
+    out = sink.current()
+    if out is None:
         return True
-    path = os.path.join(run_dir, name)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as fh:
-            json.dump(payload, fh, default=plain)
-        os.replace(tmp, path)
+        out.put(name, json.dumps(payload, default=plain), wait=wait)
         return True
     except Exception as exc:  # noqa: BLE001 - a lost part must never fail the user's job
-        util.say(f"cannot write its figures to {run_dir} ({type(exc).__name__}: {exc})")
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        util.say(f"cannot write its figures to {out.where()} ({type(exc).__name__}: {exc})")
         state.LOST[0] += 1
         try:
-            os.close(os.open(_lost_marker(), os.O_CREAT | os.O_WRONLY, 0o644))
-        except OSError:
+            out.mark(_lost_marker())
+        except Exception:  # noqa: BLE001
             pass                    # the launcher also finds a run directory it cannot write
         return False
 
 
 def _lost_marker() -> str:
-    return os.path.join(state.SETTINGS.run_dir or ".",
-                        wire.lost_marker(socket.gethostname(), os.getpid(), state.IMAGE))
+    return wire.lost_marker(socket.gethostname(), os.getpid(), state.IMAGE)
 
 
 def _recovered() -> None:
     """Every figure written after earlier writes failed: nothing is lost any more."""
     if state.LOST[0]:
         state.LOST[0] = 0
-        try:
-            os.unlink(_lost_marker())
-        except OSError:
-            pass
+        out = sink.current()
+        if out is not None:
+            out.remove(_lost_marker())
 
 
 def plain(o: object) -> object:
@@ -125,7 +119,8 @@ def header():
                        t0_perf=T0_PERF, **util.rank(),
                        torch=getattr(torch, "__version__", None),
                        ray=getattr(ray, "__version__", None),
-                       torch_threads=torch_threads(torch), cpu_s=time.process_time())
+                       torch_threads=torch_threads(torch), cpu_s=time.process_time(),
+                       node=util.node())
 
 
 def flush(force: bool = True, epoch_end: str = "") -> None:
@@ -166,7 +161,7 @@ def _flush(force: bool, epoch_end: str) -> None:
     ok = True
     if new:
         rec = wire.Epochs(host=host, pid=pid, image=image, seq=_seq, streams=new)
-        ok = write(rec.file_name(host, pid, image, _seq), rec.to_json())
+        ok = write(rec.file_name(host, pid, image, _seq), rec.to_json(), force)
         if ok:
             _seq += 1
     if ok:
@@ -182,7 +177,7 @@ def _flush(force: bool, epoch_end: str) -> None:
             open_[s.key] = (s.written, eps)
     part = wire.Trainer(header=header(), streams=tuple(s.record() for s in streams),
                         stages=_stages_copy(), exiting=force, open=open_)
-    ok = write(part.file_name(host, pid, image), part.to_json()) and ok
+    ok = write(part.file_name(host, pid, image), part.to_json(), force) and ok
     if ok:
         _recovered()
     if state.REPLAY is not None:
@@ -214,7 +209,7 @@ def flush_worker() -> None:
         part = wire.Worker(header=header(), loader=str(state.PROC.worker_loader),
                            stages=_stages_copy())
         if write(part.file_name(socket.gethostname(), os.getpid(), state.IMAGE),
-                 part.to_json()):
+                 part.to_json(), False):
             _recovered()
         if state.REPLAY is not None:
             state.REPLAY.flush()

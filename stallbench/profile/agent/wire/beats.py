@@ -24,7 +24,9 @@ PREFIX = "beat"
 class Beat:
     """One process's beat: the names of the first loaders it made (a few), its batches so
     far, the last one (stream name, epoch, batch index), its passes that yielded nothing, and
-    whether it ended through its exit handlers."""
+    whether it ended through its exit handlers; its host (from the file's name) and the Ray
+    node it ran on (``Header.node``; "" outside Ray): what names a process whose figures never
+    came home."""
 
     pid: int
     loaders: Tuple[str, ...] = ()
@@ -32,6 +34,8 @@ class Beat:
     last: Optional[Tuple[str, int, int]] = None
     empty: int = 0
     exited: bool = False
+    host: str = ""
+    node: str = ""
 
     @staticmethod
     def file_name(host: str, pid: int) -> str:
@@ -40,11 +44,12 @@ class Beat:
     def to_json(self) -> Dict[str, Any]:
         return {"v": VERSION, "loaders": list(self.loaders), "batches": self.batches,
                 "last": None if self.last is None else list(self.last),
-                "empty": self.empty, "exited": self.exited}
+                "empty": self.empty, "exited": self.exited, "node": self.node}
 
     @classmethod
-    def from_json(cls, d: Any, pid: int) -> Optional["Beat"]:
-        """The beat of process ``pid``; None for a file that is not one of this version."""
+    def from_json(cls, d: Any, pid: int, host: str = "") -> Optional["Beat"]:
+        """The beat of process ``pid`` on ``host``; None for a file that is not one of this
+        version."""
         if not current(d):
             return None
         last = d.get("last")
@@ -54,7 +59,8 @@ class Beat:
                    batches=whole(d.get("batches")),
                    last=(str(last[0]), whole(last[1]), whole(last[2]))
                    if isinstance(last, list) and len(last) == 3 else None,
-                   empty=whole(d.get("empty")), exited=bool(d.get("exited")))
+                   empty=whole(d.get("empty")), exited=bool(d.get("exited")), host=host,
+                   node=str(d.get("node") or ""))
 
 
 def read_beats(run_dir: Any) -> List[Beat]:
@@ -69,9 +75,9 @@ def read_beats(run_dir: Any) -> List[Beat]:
         if not name.startswith(PREFIX + "-") or name.endswith(".tmp"):
             continue
         try:
-            pid = int(name.rsplit("-", 1)[1])
+            host, pid = name[len(PREFIX) + 1:].rsplit("-", 1)
             with open(os.path.join(run_dir, name)) as fh:
-                beat = Beat.from_json(json.load(fh), pid)
+                beat = Beat.from_json(json.load(fh), int(pid), host)
         except (OSError, ValueError, IndexError, TypeError):
             continue
         if beat is not None:

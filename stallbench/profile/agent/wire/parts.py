@@ -109,7 +109,8 @@ class Stream:
 class Header:
     """Who wrote a part: the process (host, pid, parent, image: an exec'd image or a fork has
     its own), its rank as its launcher set it, its clocks' origin, the libraries and torch
-    threads it ran with, its CPU so far."""
+    threads it ran with, its CPU so far; ``node``: the Ray node it ran on
+    (``<ip>/<node id, 8 hex>``: two nodes of one host differ), "" outside Ray."""
 
     host: str
     pid: int
@@ -126,6 +127,7 @@ class Header:
     ray: str | None = None
     torch_threads: int | None = None
     cpu_s: float = 0.0
+    node: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -144,7 +146,7 @@ class Header:
                    ray=d.get("ray") if isinstance(d.get("ray"), str) else None,
                    torch_threads=tt if isinstance(tt, int) and not isinstance(tt, bool)
                    and tt > 0 else None,
-                   cpu_s=num(d.get("cpu_s")))
+                   cpu_s=num(d.get("cpu_s")), node=str(d.get("node") or ""))
 
     @property
     def image_key(self) -> tuple[str, int, str]:

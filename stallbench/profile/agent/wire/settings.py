@@ -85,12 +85,25 @@ class LoaderSettings(Mapping):
 class Settings:
     """The job's settings, sent in: the run directory the parts go to (none: the agent stays
     out of the job), the ``--set`` overrides by group (``{"dataloader": {"num_workers": 4}}``),
-    ``--max-batches``, and the replay plan of an ablation run."""
+    ``--max-batches``, and the replay plan of an ablation run.
+
+    A Ray cluster's workers get them through the job's ``runtime_env`` (the agent's
+    ``raycluster``): no run directory there (the launcher's path is not on their machine),
+    ``collector`` instead, the name of the actor their parts and beats go to, and ``hook``,
+    the job's own ``worker_process_setup_hook`` (a ``module.function`` string) that the
+    agent's hook runs after installing itself."""
 
     run_dir: str = ""
     overrides: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     max_batches: Optional[int] = None
     replay: Optional[ReplayPlan] = None
+    collector: str = ""
+    hook: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Whether the agent measures: figures go to a run directory or to a collector."""
+        return bool(self.run_dir or self.collector)
 
     def group(self, name: str) -> Dict[str, Any]:
         """The overrides of one ``--set`` group (``dataloader``), as ``{key: value}``."""
@@ -105,6 +118,9 @@ class Settings:
                                "overrides": self.overrides, "max_batches": self.max_batches}
         if self.replay is not None:
             out["replay"] = self.replay.to_json()
+        for k in ("collector", "hook"):
+            if getattr(self, k):
+                out[k] = getattr(self, k)
         return out
 
     @classmethod
@@ -120,7 +136,8 @@ class Settings:
                               if isinstance(kv, dict)} if isinstance(over, dict) else {},
                    max_batches=None if cap is None else whole(cap) or None,
                    replay=ReplayPlan.from_json(plan) if isinstance(plan, dict) and plan
-                   else None)
+                   else None,
+                   collector=str(d.get("collector") or ""), hook=str(d.get("hook") or ""))
 
     def to_env(self) -> str:
         return json.dumps(self.to_json())
