@@ -101,8 +101,10 @@ def test_two_nodes_each_its_own_out_name_the_slow_node(tmp_path: Path) -> None:
         assert sorted(rows) == [0, 1] and not any(n.missing for n in rows.values())
         assert (rows[0].ranks, rows[1].ranks) == ([0, 1], [2, 3]), rows
         assert rows[1].via == "endpoint" and rows[0].via == "this node"
-        assert {st.rank: st.node for st in v.ranks.ranks} == {0: 0, 1: 0, 2: 1, 3: 1}
-        assert {lo.rank: lo.node for lo in v.profile.loaders} == {0: 0, 1: 0, 2: 1, 3: 1}
+        host = socket.gethostname()     # one machine here: both nodes' host
+        want = {0: f"0 ({host})", 1: f"0 ({host})", 2: f"1 ({host})", 3: f"1 ({host})"}
+        assert {st.rank: st.node for st in v.ranks.ranks} == want
+        assert {lo.rank: lo.node for lo in v.profile.loaders} == want
         assert "nodes (one stallbench profile per node" in got[0][0]
         problems = []
         if v.ranks.straggler not in (2, 3):
@@ -159,7 +161,7 @@ def test_a_node_killed_mid_run_is_named_in_node_0s_result(tmp_path: Path) -> Non
     assert rows[1].missing.startswith("left out: its job was ended by signal 9")
     assert rows[1].runs == 0 and not rows[1].ranks and rows[0].ranks == [0]
     assert "signal 9" in v.notes["node 1"]
-    assert {lo.node for lo in v.profile.loaders} == {0}
+    assert {lo.node for lo in v.profile.loaders} == {f"0 ({socket.gethostname()})"}
     assert "MISSING" in got[0][0]
     left = _left_behind(tmp_path, port)
     assert not left, left
