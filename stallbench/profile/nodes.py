@@ -504,12 +504,28 @@ def _name_nodes(vr: Any, runs: list[Any], where: dict[int, tuple[int | None, str
         s.verdict = s.verdict.replace(f"rank {s.straggler} is the straggler",
                                       f"rank {s.straggler} (node rank {node}, {host}) is the "
                                       "straggler", 1)
+        s.verdict += _whole_node(s, where, node)
     world = max((p.header.world_size for r in runs for p in r.parts.trainers), default=0)
     missing = [r for r in rows if r.missing]
     if missing and world > len(s.ranks):
         names = "; ".join(f"node rank {r.node}: {r.missing}" for r in missing)
         s.verdict += (f" (among the {len(s.ranks)} ranks measured of the job's {world}: "
                       f"{names})")
+
+
+def _whole_node(s: Any, where: dict[int, tuple[int | None, str]], node: int | None) -> str:
+    """Where every rank of the straggler's node waited longer than every rank elsewhere, the
+    node's data path is what is slow, not one rank's: said, since the per-rank gain then
+    understates it (the straggler's node-mates keep the job waiting). Each wait is measured
+    on its own rank's clock."""
+    mine = [r.wait_s for r in s.ranks if where.get(r.rank, (None,))[0] == node]
+    rest = [r.wait_s for r in s.ranks if where.get(r.rank, (None,))[0] not in (node, None)]
+    if len(mine) < 2 or not rest or not min(mine) > max(rest):
+        return ""
+    ranks = ", ".join(str(r.rank) for r in s.ranks if where.get(r.rank, (None,))[0] == node)
+    return (f"; every rank of node rank {node} ({ranks}) waited at least {min(mine):.2f} s "
+            f"for its batches, every other node's at most {max(rest):.2f} s: the node's data "
+            "path is the slow one, and keeping one of its ranks at pace alone gains little")
 
 
 def missing_lines(result: Any) -> list[str]:
