@@ -592,10 +592,12 @@ def knee(m: Model, candidates: Sequence[int], *,
     shown = shown or {}
     preds = [predict(m, n, **kw, **({"cores": cores_for(n)} if cores_for else {}))
              for n in candidates]
+    # a loader per rank (torchrun, local ranks): the count is each rank's, and said so
+    each = " per rank" if unit == "worker" and m.ranks > 1 and m.producers_per_rank else ""
     for p in preds:
         if p.bound_by == "compute" and p.n > 0:
             n = shown.get(p.n, p.n)
-            return Knee(n, "compute", f"{n} {unit}(s) remove the data stall: {p.why}")
+            return Knee(n, "compute", f"{n} {unit}(s){each} remove the data stall: {p.why}")
     best = max(preds, key=lambda p: p.throughput_samples_s) if preds else None
     if best is None:
         return Knee(None, None, "no candidates")

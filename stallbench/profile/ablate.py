@@ -527,8 +527,18 @@ def whatif_of(result) -> None:
     """The scenario what-if on the profile's measured ``dataloader.num_workers`` variants
     (same models, same leave-one-out back-test: ``analysis.whatif.validate``); nothing
     without two or more worker counts."""
+    import dataclasses
+
     from ..analysis import whatif
 
-    result.analysis.whatif = whatif.validate(result)
+    # a multi-node job's ranks run on their own nodes' cores: the model's core budget is
+    # theirs together (each node's as its launcher read it), not node rank 0's alone
+    rows = result.variants[0].profile.nodes if result.variants and \
+        result.variants[0].profile is not None else []
+    seen = result
+    if len(rows) > 1 and all(n.cores > 0 for n in rows):
+        seen = dataclasses.replace(result, machine=dataclasses.replace(
+            result.machine, cpu_affinity=int(sum(n.cores for n in rows))))
+    result.analysis.whatif = whatif.validate(seen)
     if result.analysis.whatif is not None:
         result.analysis.whatif.advice = knee.decide(result.analysis.whatif)

@@ -23,7 +23,7 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -52,7 +52,16 @@ class JobFailed(Exception):
 
 
 class NodePartsLeft(Exception):
-    """Not node rank 0: this launcher's work ends with its parts left for rank 0 to merge."""
+    """Not node rank 0: this launcher's work ends with its figures handed to node rank 0 (sent,
+    or left on a shared ``--out``); ``code`` 0, or ``PARTIAL`` where they could not be handed
+    on as asked (refused, node rank 0 unreachable)."""
+
+    def __init__(self, line: str, code: int = 0) -> None:
+        super().__init__(line)
+        self.code = code
+
+
+PARTIAL = 3     # a multi-node result written without a node's figures (each named), issue 56
 
 
 class PartsLost(UserError):
@@ -284,13 +293,15 @@ def publish(result: Result, out: Path, trace: Path | None,
 
 @dataclass
 class Outcome:
-    """How a verb's runs ended: a published result, or the line and exit code of a job that
-    gave none (its own exit code, or 0 for a node that left its parts to node rank 0)."""
+    """How a verb's runs ended: a published result (code 0, or ``PARTIAL`` where a node of
+    the job is missing from it: ``lines`` name each), or the line and exit code of a job that
+    gave none (its own exit code, or a node's that handed its figures to node rank 0)."""
 
     result: Result | None = None
     path: Path | None = None
     code: int = 0
     line: str = ""
+    lines: list[str] = field(default_factory=list)
 
 
 def measure_and_publish(measure: Callable[[], Result], out: Path, trace: Path | None,
@@ -305,6 +316,8 @@ def measure_and_publish(measure: Callable[[], Result], out: Path, trace: Path | 
         except JobFailed as exc:
             return Outcome(code=exc.code, line=str(exc))
         except NodePartsLeft as exc:
-            return Outcome(code=0, line=str(exc))
+            return Outcome(code=exc.code, line=str(exc))
         path = publish(result, out, trace, events)
-    return Outcome(result=result, path=path)
+    from .nodes import missing_lines
+    missing = missing_lines(result)
+    return Outcome(result=result, path=path, code=PARTIAL if missing else 0, lines=missing)

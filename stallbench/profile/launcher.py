@@ -147,6 +147,9 @@ class JobRun:
     run_dir: Path | None = None
     pid: int = 0                    # the job's leader
     stopped: str = ""               # why stallbench ended the job early (tune's trials)
+    # a multi-node job's run on node rank 0: every node's report (``nodes.NodeReport``), the
+    # nodes that brought no figures included; [] on one node
+    nodes: list[Any] = field(default_factory=list)
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
@@ -225,15 +228,17 @@ def read_beats(run_dir: Path) -> list[wire.Beat]:
     return wire.read_beats(run_dir)
 
 
-def last_batch(beats: list[wire.Beat]) -> str:
-    """``batch 2 of epoch 1 of ParquetItems#0 (pid 42)``: the last batch a beat reported."""
+def last_batch(beats: list[wire.Beat], ranks: dict[int, int] | None = None) -> str:
+    """``batch 2 of epoch 1 of ParquetItems#0 (pid 42)``: the last batch a beat reported;
+    ``(rank 1, pid 42)`` where ``ranks`` (pid -> rank of a launched process) knows it."""
     seen = [b for b in beats if b.batches and b.last is not None]
     if not seen:
         return ""
     b = max(seen, key=lambda x: x.batches)
     name, epoch, index = b.last      # type: ignore[misc]
     from ..outputs import one_line
-    return f"batch {index} of epoch {epoch} of {one_line(name)} (pid {b.pid})"
+    rank = f"rank {ranks[b.pid]}, " if ranks and b.pid in ranks else ""
+    return f"batch {index} of epoch {epoch} of {one_line(name)} ({rank}pid {b.pid})"
 
 
 class _Progress:
@@ -258,7 +263,9 @@ class _Progress:
         return now - self.since > self.timeout_s
 
     def line(self, procs: str) -> str:
-        last = last_batch(self.beats)
+        ranks = {p.header.pid: p.header.rank for p in read_parts(self.run_dir).trainers
+                 if p.header.launched}      # torchrun's ranks: the rank is named too
+        last = last_batch(self.beats, ranks)
         what = (f"the last was {last}" if last else
                 "none came since the job started" + (
                     " (its loaders were made)" if any(b.loaders for b in self.beats)

@@ -63,7 +63,10 @@ class StreamRun:
     gpu_step: list[float] = field(default_factory=list)
     t_wall: list[float] = field(default_factory=list)    # each request, Unix time (the trace)
     host: str = ""
-    node: str = ""          # the Ray node of its process (``wire.Header.node``), "" outside Ray
+    pid: int = 0
+    node: str = ""          # the Ray node of its process (``wire.Header.node``), "" outside Ray;
+                            # a multi-node torchrun's: its node rank and host (``nodes``)
+    node_rank: int | None = None    # a multi-node torchrun's node its figures came from
     trainer_cpu_s: float = 0.0
     producer_cpu_s: float | None = None
     producer_processes: int = 0
@@ -136,7 +139,8 @@ def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
             first[k] = h
     any_launched = any(h.launched for h in first.values())
     by_rank: dict[int, list[tuple[str, int]]] = {}
-    for k, h in sorted(first.items(), key=lambda kv: kv[1].t0_wall):
+    # by host, then by start: the start times of two machines' clocks are never compared
+    for k, h in sorted(first.items(), key=lambda kv: (kv[1].host, kv[1].t0_wall)):
         rank = h.rank if h.launched or not any_launched else -1
         by_rank.setdefault(rank, []).append(k)
     roles: dict[tuple[str, int], tuple[int, int]] = {}
@@ -150,6 +154,12 @@ def process_roles(parts: Parts) -> dict[tuple[str, int], tuple[int, int]]:
             helpers += 1
             roles[k] = (max(rank, 0), helpers)
     return roles
+
+
+def _node_label(node: int | None, host: str) -> str:
+    """A multi-node torchrun's node as the tables show it: ``1 (gpu-b)`` (node rank, host);
+    "" on one machine."""
+    return "" if node is None else f"{node} ({_label(host)})"
 
 
 def unmeasured(parts: Parts) -> list[tuple[str, str]]:
@@ -175,6 +185,7 @@ def _streams(parts: Parts) -> list[StreamRun]:
         workers.setdefault(w.loader, []).append(w)
     epochs = parts.epochs_by_image()
     roles = process_roles(parts)
+    node_of = parts.cache.get("node_of") or {}      # a multi-node job's (``nodes.merge_into``)
     trainers = sorted(parts.trainers,
                       key=lambda p: (p.header.host, p.header.pid, p.header.t0_wall))
     runs: dict[tuple[str, int, str], StreamRun] = {}
@@ -197,7 +208,9 @@ def _streams(parts: Parts) -> list[StreamRun]:
                     settings=LoaderSettings({k: _label(v) if isinstance(v, str) else v
                                              for k, v in s.settings.items()}),
                     notes=[_label(n) for n in s.notes],
-                    trainer_cpu_s=0.0, host=proc[0], role=s.role, node=_label(h.node))
+                    trainer_cpu_s=0.0, host=proc[0], pid=proc[1], role=s.role,
+                    node=_label(h.node) or _node_label(node_of.get(proc), proc[0]),
+                    node_rank=node_of.get(proc))
                 offsets[rk] = 0.0
             sr.torch_threads = h.torch_threads or sr.torch_threads      # the latest flush
             mine_eps = list(mine.get(s.key, []))

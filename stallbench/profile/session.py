@@ -26,12 +26,11 @@ import os
 import shlex
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import __version__, interrupts
+from .. import __version__
 from ..errors import UserError
 from ..analysis.stats import finite_median, finite_summary
 from ..analysis import knob_table
@@ -43,10 +42,9 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileComman
 from ..analysis.loader_search import Answer
 from . import jobrun
 from . import knobs as knobs_mod
-from . import merge, record, redact
+from . import merge, nodes as nodes_mod, record, redact
 from .jobrun import JobFailed, NodePartsLeft
-from .launcher import JobRun, exit_status, progress_limit, run_once
-from .agent.wire import Parts
+from .launcher import JobRun, NoProgress, exit_status, progress_limit, run_once
 
 
 class NoLoader(UserError):
@@ -65,6 +63,8 @@ class Options:
     trace: list[dict[str, Any]] | None = None      # filled with trace events when given
     progress_timeout: float | None = None   # --progress-timeout (launcher.NoProgress)
     record_argv: bool = False       # --record-argv: every value of the command kept, redacted
+    node_port: int | None = None    # --node-port: the nodes' endpoint (profile/nodes.py)
+    node_wait: float = nodes_mod.NODE_WAIT_S    # --node-wait: how long node rank 0 waits
 
 
 def default_name(argv: list[str]) -> str:
@@ -80,69 +80,6 @@ def default_name(argv: list[str]) -> str:
         return found.module.rsplit(".", 1)[-1]
     kept = bool(argv) and record.command(argv[:1]) == argv[:1]     # recorded as it is
     return (Path(argv[0]).name if kept else "") or "profile"
-
-
-def torchrun_nodes(argv: list[str]) -> tuple[int, int]:
-    """(nodes, this node's rank) from torchrun's own flags (``--nnodes 2 --node-rank 1``,
-    ``--nnodes=2``, ``--node_rank``); (1, 0) for anything else."""
-    def flag(names: tuple[str, ...]) -> str | None:
-        for i, a in enumerate(argv):
-            for n in names:
-                if a == n and i + 1 < len(argv):
-                    return argv[i + 1]
-                if a.startswith(n + "="):
-                    return a.split("=", 1)[1]
-        return None
-    if not any(Path(a).name in ("torchrun", "torch.distributed.run") or a == "torch.distributed.run"
-               for a in argv[:3]):
-        return 1, 0
-    try:
-        nodes = int(flag(("--nnodes",)) or 1)
-        rank = int(flag(("--node-rank", "--node_rank")) or 0)
-    except ValueError:
-        raise UserError("profile: torchrun --nnodes and --node-rank must be integers for "
-                        "stallbench profile (an elastic range MIN:MAX is not supported)") from None
-    return nodes, rank
-
-
-NODE_WAIT_S = 120.0     # how long node rank 0 waits for the other nodes' parts of a run
-
-
-def _node_done(d: Path, started: float, rc: int) -> None:
-    from ..results import write_atomic
-    write_atomic(d / "done.json", json.dumps({"started": started, "exit_code": rc,
-                                               "host": os.uname().nodename}))
-
-
-def _gather_nodes(root: Path, nodes: int, started: float, ended: float,
-                  say: Callable[[str], None]) -> Parts:
-    """Node rank 0: the other nodes' parts of this run, once each says it is done. A marker
-    counts only if its job started while ours ran (torchrun's rendezvous starts them
-    together), so a stale directory of an earlier profile is never merged."""
-    import time
-    from .launcher import read_parts
-    parts = Parts()
-    deadline = time.monotonic() + NODE_WAIT_S
-    for k in range(1, nodes):
-        d = root / f"node{k}"
-        while True:
-            try:
-                m = json.loads((d / "done.json").read_text())
-                if started - 120 <= float(m["started"]) <= ended:
-                    break
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-            if time.monotonic() > deadline:
-                raise UserError(f"profile: node rank {k} left no finished parts in {d} within "
-                                f"{NODE_WAIT_S:.0f} s; every node's --out must be the same "
-                                "shared directory (docs/profile.md)")
-            interrupts.check()
-            time.sleep(0.5)
-        if int(m.get("exit_code", 0)) != 0:
-            raise JobFailed(int(m["exit_code"]), f"node rank {k}")
-        parts = parts + read_parts(d)
-    say(f"merged the parts of {nodes} nodes")
-    return parts
 
 
 def _without_node_rank(argv: list[str]) -> list[str]:
@@ -284,8 +221,8 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         f = merge.job_figures(per_rank, run.peak_pss_mb)
         f.peak_pss_mb = run.peak_pss_mb
         # the one rule the scenario runner keeps: profiled producers are this machine's
-        # processes (a Ray cluster's other nodes aside)
-        phases_mod.refuse_beyond_cores(f)
+        # processes (a Ray cluster's other nodes aside; a torchrun's nodes bring their own)
+        phases_mod.refuse_beyond_cores(f, nodes_mod.run_cores(run))
         f.load = run.load
         reps.append(f)
         if timeline_stream is None and hs:
@@ -293,7 +230,9 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         for s in hs:
             capped = capped or s.capped
             if not s.ended and not ended_early:
-                ended_early = (f"the job exited 0 before {s.name} (rank {s.rank}) ended its "
+                code = exit_status(run.exit_code) if run.nodes else 0   # a node lost under it
+                how = "exited 0" if code == 0 else f"ended with code {code}"
+                ended_early = (f"the job {how} before {s.name} (rank {s.rank}) ended its "
                                f"epoch, after {s.batches} batches: the figures cover what ran")
         for s in streams:
             for n in s.notes:
@@ -323,6 +262,8 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
                                ended_early=ended_early, capped=capped))
     if reps and reps[0].ranks:
         vr.ranks = rank_summary(reps, vr.epoch_s.median, per_run, headline)
+    if any(r.nodes for r in runs):
+        nodes_mod.annotate(vr, runs, per_run, headline)
     return vr
 
 
@@ -343,6 +284,10 @@ def rank_summary(reps, epoch_s: float, per_run, headline):
     from ..analysis import ranks as ranks_mod
     from ..results import RankStats, RankSummary
 
+    # the runs that measured every rank (a node lost in one run leaves its ranks out of it)
+    full = max((tuple(r.rank for r in f.ranks) for f in reps), key=len)
+    keep = [i for i, f in enumerate(reps) if tuple(r.rank for r in f.ranks) == full]
+    reps, per_run = [reps[i] for i in keep], [per_run[i] for i in keep]
     world = len(reps[0].ranks)
     stalls = [[r.stall_s for r in f.ranks] for f in reps]
     steps, model_steps = [], []
@@ -398,19 +343,6 @@ def profile(opts: Options, say: Callable[[str], None]) -> Result:
         return _profile(opts, say)
 
 
-@dataclass(frozen=True)
-class Nodes:
-    """The job's torchrun nodes as this launcher sees them (``torchrun_nodes``)."""
-
-    count: int = 1
-    rank: int = 0
-
-    @property
-    def merges(self) -> bool:
-        """This launcher writes the result (a single node, or node rank 0 of several)."""
-        return self.count == 1 or self.rank == 0
-
-
 @dataclass
 class _Matrix:
     """The runs of a profile's variants, kept per variant index as the repeats interleave."""
@@ -430,37 +362,39 @@ class _Matrix:
 
 def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     """Run the matrix, measure what ran, then decide once (``analysis.loader_search``) and
-    assemble: the steps apart so that each says what it owns."""
+    assemble: the steps apart so that each says what it owns. A multi-node torchrun's
+    launchers each run their own torchrun; node rank 0's gathers the others' figures
+    (``nodes.Link``) and writes the result."""
     from ..analysis import loader_search
     from ..measure.machine import metadata
     variants = knobs_mod.matrix(opts.axes) if opts.axes else [knobs_mod.Variant("default", {})]
-    nodes = Nodes(*torchrun_nodes(opts.argv))
-    # a directory every node's launcher finds when there are several: --out must be shared
-    shared = (f"{jobrun.SCRATCH}{opts.name}-{fingerprint(opts.argv, opts.axes, opts.max_batches)}"
-              if nodes.count > 1 else None)
-    with jobrun.scratch(opts.out, say, shared, remove=nodes.merges) as run_root:
+    topo = nodes_mod.topology(opts.argv, os.environ, opts.node_port)
+    fp = fingerprint(opts.argv, opts.axes, opts.max_batches)
+    # a directory every node's launcher finds when there are several (a shared --out)
+    shared = f"{jobrun.SCRATCH}{opts.name}-{fp}" if topo.count > 1 else None
+    with jobrun.scratch(opts.out, say, shared, remove=topo.merges) as run_root, \
+            nodes_mod.Link(topo, fp, run_root, opts.node_wait, say) as link:
         machine = metadata()
         created = now_utc()
         for v in variants:
             if v.skipped:
                 say(f"variant {v.name}: skipped: {v.skipped}")
         m = _Matrix.of(variants)
-        _run_matrix(opts, m, run_root, nodes, say)
-        results, all_runs = _measured(opts, m, run_root, nodes, say)
+        _run_matrix(opts, m, run_root, link, say)
+        results, all_runs = _measured(opts, m, run_root, link, say)
     if m.failed and not results:
         raise JobFailed(m.failed[0][1], f"variant {m.failed[0][0]}, and every other variant failed")
     for name, code in m.failed:
         for vr in results:
             vr.notes[f"variant {name}"] = (f"the job exited with code {code} under variant "
                                            f"{name}: not measured")
-    if not nodes.merges:
-        raise NodePartsLeft(f"node rank {nodes.rank} of {nodes.count}: its parts are in "
-                            f"{run_root} for node rank 0 to merge; the result is written there")
+    if not topo.merges:
+        raise NodePartsLeft(*link.left())
     return assemble(opts, results, all_runs, machine, created,
-                    loader_search.profile_answer(results), nodes.count)
+                    loader_search.profile_answer(results), topo.count)
 
 
-def _run_matrix(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
+def _run_matrix(opts: Options, m: _Matrix, run_root: Path, link: nodes_mod.Link,
                 say: Callable[[str], None]) -> None:
     """Every variant's repeats, interleaved (issue 39): A, B, A, B, ..., so that a machine
     whose load drifts during the profile moves every variant alike, not the last one alone."""
@@ -470,8 +404,8 @@ def _run_matrix(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
                 continue
             say(f"variant {v.name} ({i}/{m.total}), repeat {r + 1}/{opts.repeats}: "
                 f"{record.shown(opts.argv, opts.record_argv)}")
-            run = _run_one(opts, v, run_root / f"v{i}r{r}", f"repeat {r + 1}", nodes,
-                           m.total > 1, say)
+            run = _run_one(opts, v, run_root / f"v{i}r{r}", f"repeat {r + 1}", link,
+                           m.total > 1)
             if isinstance(run, int):
                 # one --set value the job cannot run with: that variant failed, the others
                 # ran (and run) as measured
@@ -482,35 +416,75 @@ def _run_matrix(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
                 m.gone.add(i)
                 continue
             m.runs[i].append(run)
-            if nodes.merges:
+            if link.topo.merges:
                 jobrun.trace_run(opts.trace, f"{v.name} repeat {r + 1}", run.parts)
 
 
 def _run_one(opts: Options, v: knobs_mod.Variant, run_dir: Path, repeat: str,
-             nodes: Nodes, matrix: bool, say: Callable[[str], None]) -> JobRun | int:
+             link: nodes_mod.Link, matrix: bool) -> JobRun | int:
     """One run of one variant, checked: its exit code where a variant of a ``--set`` matrix
     (``matrix``) failed on a single node (a finding: the other variants go on); else
     ``JobFailed`` where the job failed (the job's code wins) and ``PartsLost`` where a
-    process could not write its figures. Node rank 0 merges the other nodes' parts of the
-    same run."""
-    node_dir = run_dir / f"node{nodes.rank}" if nodes.count > 1 else run_dir
+    process could not write its figures. Across nodes, each launcher hands its run on
+    (``link.after``) before anything is raised, so node rank 0 names why a node brought
+    nothing; node rank 0 merges the other nodes' figures (``_with_nodes``)."""
+    where = f"variant {v.name}, {repeat}"
+    node_dir = link.node_dir(run_dir)
     shutil.rmtree(node_dir, ignore_errors=True)
-    started = time.time()
-    run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
+    link.before(run_dir)
+    try:
+        run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
+    except NoProgress as exc:
+        if not link.multi:
+            raise
+        link.after(run_dir, 2, why=f"{link.topo.label}: {exc}")
+        raise NoProgress(f"{link.topo.label}: {exc}") from None
     code = exit_status(run.exit_code)
-    if nodes.count > 1 and nodes.rank != 0:
-        _node_done(node_dir, started, code)
-    if code != 0 and matrix and nodes.count == 1:
-        return code
-    if code != 0:
-        raise JobFailed(code, f"variant {v.name}, {repeat}")
-    jobrun.check_parts(node_dir, f"variant {v.name}, {repeat}")
-    if nodes.count > 1 and nodes.rank == 0:
-        run.parts = run.parts + _gather_nodes(run_dir, nodes.count, started, time.time(), say)
+    if not link.multi:
+        if code != 0 and matrix:
+            return code
+        if code != 0:
+            raise JobFailed(code, where)
+        jobrun.check_parts(node_dir, where)
+        return run
+    if not link.topo.merges:
+        link.after(run_dir, code)
+        if code != 0:
+            raise JobFailed(code, f"{where}, {link.topo.label}")
+        return run
+    return _with_nodes(run, link, run_dir, code, where)
+
+
+def _with_nodes(run: JobRun, link: nodes_mod.Link, run_dir: Path, code: int,
+                where: str) -> JobRun:
+    """Node rank 0's run with every other node's share of it: the job failed (its code wins,
+    no result) where a node's job exited with an ordinary error code, or node rank 0's own
+    failed with every node reporting; a node that is lost (never reported, ended by a
+    signal, brought no figures) is kept as named, and node rank 0's own failure beside a
+    lost node (its collective lost its peers) does not end the profile."""
+    reports = link.after(run_dir, code)
+    failed = [r for r in reports if r.failed]
+    lost = [r for r in reports if not r.measured and not r.failed]
+    if failed:
+        raise JobFailed(failed[0].exit_code, f"{where}, node rank {failed[0].node} "
+                                             f"({failed[0].host})")
+    if code != 0 and (not lost or not run.parts.trainers):
+        # node rank 0's job failed with every node there, or before its ranks wrote anything
+        # (a rendezvous that never completed): the job failed; the lost nodes said with it
+        gone = "".join(f"; node rank {r.node}: {r.why}" for r in lost)
+        raise JobFailed(code, f"{where}, {link.topo.label}{gone}")
+    node_dir = link.node_dir(run_dir)
+    jobrun.check_parts(node_dir, where)
+    for r in reports:
+        if r.measured and r.folder is not None:
+            jobrun.check_parts(r.folder, f"{where}, node rank {r.node}")
+    for r in lost:
+        link.say(f"{where}: node rank {r.node}{f' ({r.host})' if r.host else ''}: {r.why}")
+    nodes_mod.merge_into(run, [link.own(node_dir, code), *reports])
     return run
 
 
-def _measured(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
+def _measured(opts: Options, m: _Matrix, run_root: Path, link: nodes_mod.Link,
               say: Callable[[str], None]) -> tuple[list[VariantResult], list[JobRun]]:
     """Each variant that ran, as figures (node rank 0 only: another node's runs are left for
     it), and the first one's ablations under ``--analyze``."""
@@ -521,7 +495,7 @@ def _measured(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
         if not runs:
             continue
         all_runs.extend(runs)
-        if not nodes.merges:
+        if not link.topo.merges:
             continue
         _refuse_unmeasured(runs, opts.argv, v.name)
         results.append(variant_result(v, runs))
@@ -535,7 +509,7 @@ def _measured(opts: Options, m: _Matrix, run_root: Path, nodes: Nodes,
             had = results[-1].notes.get(where)
             results[-1].notes[where] = f"{had}; {what}" if had else what
         if opts.analyze and len(results) == 1:
-            _analyze_first(opts, v, runs, results[0], run_root, nodes, say)
+            _analyze_first(opts, v, runs, results[0], run_root, link.multi, say)
     return results, all_runs
 
 
@@ -552,11 +526,11 @@ def _refuse_unmeasured(runs: list[JobRun], argv: list[str], variant: str) -> Non
 
 
 def _analyze_first(opts: Options, v: knobs_mod.Variant, runs: list[JobRun],
-                   vr: VariantResult, run_root: Path, nodes: Nodes,
+                   vr: VariantResult, run_root: Path, multi: bool,
                    say: Callable[[str], None]) -> None:
     """``--analyze``: the first variant's ablation runs and its attribution, stored on it; the
     ablations it could not do as notes, which the report shows beside the run table."""
-    if nodes.count > 1:
+    if multi:
         say("--analyze: the ablation runs need every node's launcher to run them in "
             "step, which is not built: no attribution for a multi-node job")
         return

@@ -41,6 +41,7 @@ def lines(result: Result) -> list[str]:
         for loader, note in v.notes.items():
             if not loader.startswith("--analyze"):     # printed with the analysis below
                 out.append(f"  {v.name}: {loader}: {note}")
+    out += node_lines(result)
     ranks = tables.rank_table(result)
     if ranks:
         out += ["", "ranks (exposed stall = the rank's wait for its batches; medians over "
@@ -84,6 +85,27 @@ def loader_table(result: Result) -> str:
             "1st batch s", "top stage (wall)"]
     first = 3 if nodes else 2
     return tables.table(head, rows, right=set(range(first, first + 10)))
+
+
+def node_lines(result: Result) -> list[str]:
+    """A multi-node job's nodes (``ProfileVariant.nodes``): one row per node and variant, a
+    node that brought no figures marked MISSING with why, so that no table reads as whole
+    without it; [] on one machine."""
+    rows, missing = [], []
+    for v in result.variants:
+        for n in (v.profile.nodes if v.profile is not None else []):
+            ranks = ",".join(map(str, n.ranks)) or "-"
+            rows.append([one_line(v.name), str(n.node), one_line(n.host) or "-", ranks,
+                         f"{n.runs}/{n.of_runs}", n.via or "-", figures.seconds_cell(n.wait_s),
+                         "MISSING" if n.missing else "ok"])
+            if n.missing:
+                missing.append(f"  {v.name}: node rank {n.node}: {one_line(n.missing)}")
+    if not rows:
+        return []
+    head = ["variant", "node", "host", "ranks", "runs", "figures via", "most wait s", "figures"]
+    return ["", "nodes (one stallbench profile per node; most wait = the longest a rank of the "
+            "node waited for its batches, median over runs, its own clock):",
+            *tables.table(head, rows, right={1, 4, 6}).splitlines(), *missing]
 
 
 # ------------------------------------------------------------------ --analyze
@@ -208,22 +230,24 @@ def knee_lines(result: Result) -> list[str]:
 
 def _knee_point(result: Result, wi, adv, point, unpredicted) -> list[str]:
     """The knee itself: MEASURED where a variant ran at it, else PREDICTED with its band, or
-    why it is not predicted."""
-    n = adv.n
+    why it is not predicted. With a loader per rank (torchrun) the count is each rank's."""
+    m = wi.model
+    each = getattr(m, "ranks", 1) > 1 and getattr(m, "producers_per_rank", True)
+    n = f"{adv.n} worker(s) per rank" if each else f"{adv.n} worker(s)"
     if adv.knee_variant:
         kv = next((v for v in getattr(result, "variants", ()) if v.name == adv.knee_variant),
                   None)
         ph = getattr(kv, "phases", None)
         share = ph.steady_stall_share.median if ph is not None else None
-        return [f"  knee: {n} worker(s), MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
-                f"{knee.measured_rate(next(c for c in wi.measured if c.n == n))[1]};"
+        return [f"  knee: {n}, MEASURED ({adv.knee_variant}): {adv.knee_rate:,.0f} "
+                f"{knee.measured_rate(next(c for c in wi.measured if c.n == adv.n))[1]};"
                 f" {knee.measured_knee_explanation(wi.knee.explanation, share)}"]
     if unpredicted:
-        return [f"  knee: {n} worker(s), not predicted ({point.not_predicted})"]
+        return [f"  knee: {n}, not predicted ({point.not_predicted})"]
     if point is not None:
         band = (f" [{point.low_samples_s:,.0f}, {point.high_samples_s:,.0f}]"
                 if point.low_samples_s is not None else " (no back-test interval: one point)")
-        return [f"  knee: {n} worker(s), PREDICTED {point.predicted_samples_s:,.0f} steady "
+        return [f"  knee: {n}, PREDICTED {point.predicted_samples_s:,.0f} steady "
                 f"samples/s{band}; {wi.knee.explanation}"]
     return []
 

@@ -114,6 +114,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   Additive in version 3 (issue 39, one story): ``analysis.whatif.model.bound_stage`` (the data
   stage the fit variant's conclusive attribution names bound, which the what-if's "cannot
   keep up" then names; "" in older files and where none is named).
+  Additive in version 3 (issue 56, torchrun and Slurm across machines): the same ``node``
+  fields hold a multi-node torchrun's node as ``<node rank> (<host>)``, and
+  ``ProfileVariant.nodes`` (``ProfileNode``: one row per node of a multi-node torchrun, a
+  node that brought no figures named with why; [] otherwise).
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -358,7 +362,8 @@ class RankFigures:
     # EMULATED (``trainers.straggler_delay_ms``): latency injected into this rank in this run,
     # as measured around the injection (0 for every other rank)
     straggler_delay_s: float = 0.0
-    node: str = ""                  # the machine it ran on, where known (a profiled Ray job)
+    node: str = ""                  # the machine it ran on, where known (a profiled Ray job;
+                                    # a multi-node torchrun's "<node rank> (<host>)")
 
 
 @dataclass
@@ -698,7 +703,8 @@ class RankStats:
     last_step_share: float          # share of the job's steps at which it was the last rank
     straggler_delay_s: float = 0.0  # EMULATED delay injected (median over repeats)
     attribution: Attribution | None = None   # of this rank's own time (epoch - sync)
-    node: str = ""                  # the machine it ran on, where known (a profiled Ray job)
+    node: str = ""                  # the machine it ran on, where known (a profiled Ray job;
+                                    # a multi-node torchrun's "<node rank> (<host>)")
 
 
 @dataclass
@@ -827,6 +833,31 @@ class ProfileLoader:
 
 
 @dataclass
+class ProfileNode:
+    """One node of a multi-node job (torchrun ``--nnodes`` > 1, one ``stallbench profile``
+    per node) in one variant: its host, the ranks its figures hold, in how many of the
+    variant's runs they came, and how (``via``: "this node" for node rank 0, "endpoint" or
+    "shared --out"). ``missing``: "" when it brought its figures in every run, else why not in
+    the last run that lacked them ("no figures: its processes ended without writing",
+    "no figures: never reported within 120 s ..."): such a node's ranks are absent from the
+    rank and loader tables, and the result says so rather than look whole. ``wait_s``: the
+    most one of its ranks waited for its batches (median over the runs), the figure that
+    compares nodes; every figure here is a duration measured on the node itself (no clock of
+    one machine is compared with another's)."""
+
+    node: int
+    host: str = ""
+    ranks: list[int] = field(default_factory=list)
+    runs: int = 0                   # runs whose figures it brought
+    of_runs: int = 0                # the variant's runs
+    via: str = ""
+    missing: str = ""
+    wait_s: float = math.nan
+    exit_code: int = 0              # its job's exit code in the last run (0 when all were 0)
+    cores: float = 0.0              # the cores its ranks ran on (its launcher's affinity)
+
+
+@dataclass
 class ProfileAblation:
     """One ablation of ``stallbench profile --analyze`` (``profile.ablate``): a run of the
     job with one part of its data path served from memory instead of computed."""
@@ -875,6 +906,7 @@ class ProfileVariant:
     ended_early: str = ""           # the job ended before its loader finished an epoch (why)
     capped: bool = False            # --max-batches ended the epochs
     analysis: ProfileAnalysis | None = None   # --analyze: the ablation runs (issue 28)
+    nodes: list[ProfileNode] = field(default_factory=list)   # issue 56: [] on one machine
 
 
 @dataclass

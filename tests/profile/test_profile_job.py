@@ -310,7 +310,9 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
              ["--analyze", "--no-analyze"], [],
              # the name rule of scenario names (scenario.name_problem): refused at entry
              ["--name", "a\nb"], ["--name", "::error::x"], ["--name", "x\x1b[2J"],
-             ["--name", "a/b"], ["--progress-timeout", "0"]]
+             ["--name", "a/b"], ["--progress-timeout", "0"],
+             # torchrun across machines (issue 56)
+             ["--node-port", "0"], ["--node-wait", "nan"]]
     got = []
     for args in cases:
         cmd = ["--", PY, "-c", "pass"] if args else []

@@ -1,6 +1,6 @@
 """``torchrun`` under ``stallbench profile``: per-rank figures and the straggler, on one host
 (``--nproc-per-node 2``) and as two nodes on loopback (``--nnodes 2``, one launcher per node,
-a shared ``--out``; node rank 0 merges). Rank 1's items cost ITEM_MS (sleeps: the truth does
+a shared ``--out``; node rank 0 merges; ``test_profile_nodes.py`` has a ``--out`` per node). Rank 1's items cost ITEM_MS (sleeps: the truth does
 not depend on free cores), rank 0's nothing: rank 1 must be named the straggler, and its wait
 must match the item time its dataset spent (the stage the hooks timed in the same process
 and the nominal cost)."""
@@ -63,24 +63,38 @@ def test_torchrun_two_ranks_names_the_straggler(tmp_path: Path) -> None:
     loadcheck.attempts("torchrun", case, 2, 1.0)
 
 
-def test_two_nodes_on_loopback_merge_on_node_rank_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("via", ["endpoint", "shared --out"])
+def test_two_nodes_on_loopback_merge_on_node_rank_0(tmp_path: Path, via: str) -> None:
+    """One shared ``--out``: node rank 1's figures reach node rank 0 over its endpoint
+    (loopback, no token), or, where node 1 cannot reach it (pointed at a port nothing
+    listens on), through the shared directory as before issue 56; merged once either way."""
     out = tmp_path / "out"
 
     def case() -> list[str]:
         shutil.rmtree(out, ignore_errors=True)
-        port = str(_free_port())
+        port, node_port = str(_free_port()), _free_port()
+        elsewhere = [] if via == "endpoint" else ["--node-port", str(_free_port())]
         procs = [subprocess.Popen(
-            [sys.executable, "-m", "stallbench", "profile", "--out", str(out), "--", TORCHRUN,
+            [sys.executable, "-m", "stallbench", "profile", "--out", str(out),
+             "--node-port", str(node_port), *(elsewhere if k == 1 else []), "--", TORCHRUN,
              "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1", "--master-addr",
              "127.0.0.1", "--master-port", port, helpers.script("ddp_train.py"), str(ITEM_MS),
              str(STEP_MS), "1"], cwd=tmp_path, env=helpers.env(), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True) for k in (0, 1)]
         got = [p.communicate(timeout=240) for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], got
-        assert "node rank 1 of 2: its parts are in" in got[1][1]
-        assert "merged the parts of 2 nodes" in got[0][1]
+        if via == "endpoint":
+            assert [p.returncode for p in procs] == [0, 0], got
+            assert "node rank 1 of 2" in got[1][1] and "its figures went to node rank 0" \
+                in got[1][1]
+        else:       # node 1 could not hand them over as asked: said, exit 3; merged anyway
+            assert [p.returncode for p in procs] == [0, 3], got
+            assert "for node rank 0 to merge from one shared --out" in got[1][1]
+        assert f"merged the figures of 2 of 2 nodes (via {via})" in got[0][1]
         assert len(helpers.result_files(out)) == 1
         assert not list(out.glob(".stallbench-profile-*"))
-        assert helpers.load(out).profile.nodes == 2
+        r = helpers.load(out)
+        assert r.profile.nodes == 2
+        assert [(n.node, n.via, n.missing) for n in r.variants[0].profile.nodes] == [
+            (0, "this node", ""), (1, via, "")]
         return _check(out)
     loadcheck.attempts("two nodes", case, 2, 1.0)

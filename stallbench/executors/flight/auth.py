@@ -30,11 +30,6 @@ flight_token_env``) with every call through Flight's client middleware (``Bearer
 from __future__ import annotations
 
 import hmac
-import ipaddress
-import os
-import re
-import secrets
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -42,36 +37,19 @@ import pyarrow.flight as flight
 
 from ... import threads
 from ...errors import UserError
+# the token rules every stallbench endpoint shares (``tokens``), re-exported as they were
+from ...tokens import (TOKEN_RULE, is_loopback, new_token, token_from_env, valid_env_name,
+                       valid_token)
+
+__all__ = ["Bearer", "Gate", "HEADER", "MIDDLEWARE", "OWNER", "READER", "TOKEN_RULE", "connect",
+           "is_loopback", "new_token", "reader_threads_max", "role_of", "serve_token",
+           "token_from_env", "valid_env_name", "valid_token"]
 
 OWNER = "owner"
 READER = "reader"
 HEADER = "authorization"
 MIDDLEWARE = "stallbench-auth"     # the key handlers find the caller's role under
-# Printable ASCII without spaces (an HTTP/2 header value), long enough not to be guessed.
-_TOKEN = re.compile(r"[!-~]{16,4096}")
-TOKEN_RULE = ("16 to 4096 printable ASCII characters without spaces (e.g. the output of: "
-              "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 _FILE_MAX = 64 * 1024
-
-
-def new_token() -> str:
-    """A fresh owner token (256 random bits)."""
-    return secrets.token_urlsafe(32)
-
-
-def valid_token(token: str) -> bool:
-    return bool(_TOKEN.fullmatch(token))
-
-
-def valid_env_name(name: str) -> bool:
-    return bool(_ENV_NAME.fullmatch(name))
-
-
-def token_from_env(name: str) -> str | None:
-    """The token in environment variable ``name`` (None: unset or empty). Never printed."""
-    value = os.environ.get(name, "")
-    return value.strip() or None
 
 
 def serve_token(env_name: str | None, file: Path | None) -> str | None:
@@ -105,27 +83,6 @@ def serve_token(env_name: str | None, file: Path | None) -> str | None:
                             f"{TOKEN_RULE}")
         return token
     return None
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` names only this machine's loopback (127.0.0.0/8, ::1): every address it
-    resolves to is one. ``0.0.0.0``, ``::`` and names of this machine's interfaces are not."""
-    bare = host.strip("[]")
-    if bare.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bare).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(bare, None)
-    except (OSError, UnicodeError):
-        return False
-    addrs = {str(i[4][0]).split("%")[0] for i in infos}
-    try:
-        return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
-    except ValueError:
-        return False
 
 
 def reader_threads_max() -> int:

@@ -1,8 +1,10 @@
 """A DDP training script as a user writes it (imports nothing of stallbench), run by
-``torchrun --nproc-per-node 2``: gloo, a DistributedSampler, and items that cost ITEM_MS only
-on rank SLOW_RANK (its data is slower: the straggler).
+``torchrun --nproc-per-node 2`` (or one torchrun per node, ``--nnodes``): gloo, a
+DistributedSampler, and items that cost ITEM_MS (a sleep) only on rank SLOW, or, with
+``node:K``, on every rank of torchrun's node K (its ``GROUP_RANK``: that node's data path is
+slower, its ranks the stragglers the other nodes wait for); ITEMS items (default 512).
 
-    ddp_train.py ITEM_MS STEP_MS SLOW_RANK
+    ddp_train.py ITEM_MS STEP_MS SLOW [ITEMS]
 """
 
 import os
@@ -29,10 +31,12 @@ class Items(Dataset):
 
 
 def main():
-    item_ms, step_ms, slow = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    item_ms, step_ms, slow = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+    items = int(sys.argv[4]) if len(sys.argv) > 4 else 512
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    ds = Items(512, item_ms / 1e3 if rank == slow else 0.0)
+    me = (f"node:{os.environ['GROUP_RANK']}" if slow.startswith("node:")
+          else str(dist.get_rank()))
+    ds = Items(items, item_ms / 1e3 if me == slow else 0.0)
     loader = DataLoader(ds, batch_size=16, sampler=DistributedSampler(ds, shuffle=False))
     model = DDP(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)

@@ -4,7 +4,9 @@ In: the job's settings (``Settings``, in the ``STALLBENCH_PROFILE`` variable) wi
 plan of an ablation run (``ReplayPlan``). Out: the part files (``Trainer``, ``Epochs``,
 ``Worker``, ``Replay`` with its ``Mismatch`` / ``Missing`` / ``BudgetStop`` / ``StageServe``),
 the beats (``Beat``), a loader's settings (``LoaderSettings``), and the names of the wall's
-files (each record's ``file_name``, ``FLUSH_MARK``, ``lost_marker``).
+files (each record's ``file_name``, ``FLUSH_MARK``, ``lost_marker``). Between the launchers
+of a multi-node job: how a node's run ended (``NodeRun``) and its files packed for node rank
+0 (``pack_node_run`` / ``unpack_node_run``, bounded; ``nodes``).
 
 Why one place: each record is written and read by one class (``to_json`` / ``from_json``,
 tolerant as the part records always were), so no module on either side reads a key of
@@ -20,12 +22,16 @@ imports nothing else of the agent but the doors' declarations.
 
 from .beats import Beat, read_beats
 from .fields import ENV, FLUSH_MARK, LOST_PREFIX, VERSION, lost_marker
+from .nodes import NodeRun, Refused as NodeRunRefused, pack as pack_node_run
+from .nodes import unpack as unpack_node_run
 from .parts import Epoch, Epochs, Header, Parts, Stages, Stream, Trainer, Worker, parse, read
 from .replay import (BudgetStop, Mismatch, Missing, Problem, Replay, ReplayPlan,
                      StageServe)
 from .settings import LoaderSettings, Settings
 
 __all__ = ["Beat", "BudgetStop", "ENV", "Epoch", "Epochs", "FLUSH_MARK", "Header",
-           "LOST_PREFIX", "LoaderSettings", "Mismatch", "Missing", "Parts", "Problem",
+           "LOST_PREFIX", "LoaderSettings", "Mismatch", "Missing", "NodeRun", "NodeRunRefused",
+           "Parts", "Problem",
            "Replay", "ReplayPlan", "Settings", "StageServe", "Stages", "Stream", "Trainer",
-           "VERSION", "Worker", "lost_marker", "parse", "read", "read_beats"]
+           "VERSION", "Worker", "lost_marker", "pack_node_run", "parse", "read", "read_beats",
+           "unpack_node_run"]
