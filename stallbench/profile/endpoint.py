@@ -43,7 +43,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import interrupts, tokens
+from .. import interrupts
+from ..auth import tokens
 from ..errors import UserError
 from .agent import wire
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stallbench import tokens
+from stallbench.auth import tokens
 from stallbench.errors import UserError
 from stallbench.profile import endpoint, nodes
 from stallbench.profile.agent import wire

@@ -38,7 +38,7 @@ import pyarrow.flight as flight
 from ... import threads
 from ...errors import UserError
 # the token rules every stallbench endpoint shares (``tokens``), re-exported as they were
-from ...tokens import (TOKEN_RULE, is_loopback, new_token, token_from_env, valid_env_name,
+from ...auth.tokens import (TOKEN_RULE, is_loopback, new_token, token_from_env, valid_env_name,
                        valid_token)
 
 __all__ = ["Bearer", "Gate", "HEADER", "MIDDLEWARE", "OWNER", "READER", "TOKEN_RULE", "connect",
