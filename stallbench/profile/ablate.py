@@ -106,6 +106,9 @@ def _served_problem(runs: list[JobRun], stage: str) -> str:
     served), the fix first: the one line the user reads."""
     for r in runs:
         for p in _replay_parts(r):
+            if p.unreadable:
+                return (f"give the batch's class a __setstate__ to ablate {stage}: the "
+                        f"recording could not be read back ({p.unreadable})")
             if p.missing:
                 n = p.missing
                 return (f"make the epochs the same length in every run (seed what decides "
@@ -580,7 +583,8 @@ def _attribute(p: _Plan, only: list[tuple[float, float, float]] | None,
                         [v[0] for v in only], [v[2] for v in only],
                         [v[1] for v in only], (FULL, ITEMS, BATCH, FREE, ONLY),
                         part_names={k: figures.part_name(k, True, an.stage_map)
-                                    for k in waits.PARTS})
+                                    for k in waits.PARTS},
+                        producers=p.hs[0].settings.num_workers if p.hs else 1)
     a.verdict = differential.verdict(a, on_job=True, stage_map=an.stage_map)   # its stages' names
     return a, an
 

@@ -124,6 +124,11 @@ def test_a_stage_that_moved_without_being_served_withholds_the_parts() -> None:
     assert a.stage_ratio == {"no_fetch:preprocess": pytest.approx(1.35)}
     assert "preprocess took 1.35x its full-run seconds (0.54 s against 0.40 s) in the run " \
            "with fetch served" in a.refused, a.refused
+    # in 8 worker processes side by side, 0.14 s of collate reaches the loop's wait by
+    # 0.0175 s at most: below the closure's floor (0.02 s here)
+    b = waits.attribute([full], [items], [batch], [batch], [0.01 * N], [0.01 * N], [0.01],
+                        NAMES, producers=8)
+    assert b.conclusive and not b.stage_ratio, b.verdict
     # within its noise (10%), or by less than the closure's floor in seconds: the same stage
     items.stage_s.preprocess = 0.43
     assert attribute(full, items, batch, batch, 0.01).conclusive

@@ -184,6 +184,17 @@ def test_an_excused_wait_is_not_a_stuck_producer(excused: bool) -> None:
                 one_long_call()
 
 
+def _costs_split(cost: list[float]):
+    """A 0-worker run whose batch i takes ``cost[i]`` (a tenth of it waiting), one item per
+    batch, split."""
+    t, ts = 0.0, []
+    for c in cost:
+        ts.append(t)
+        t += c
+    return split(ts, [0.9 * c for c in cost], [0.1 * c for c in cost], [8] * len(cost),
+                 list(range(len(cost))), t, producers=0)
+
+
 def test_variable_length_batches_keep_their_steady_window() -> None:
     """Issue 57: dynamic padding makes every batch its own length, so the first batch (the
     start-up with 0 workers) may be a short one: its being cheaper than the window's mean is
@@ -191,20 +202,7 @@ def test_variable_length_batches_keep_their_steady_window() -> None:
     cheap against batches that do not spread is still refused."""
     import random
     rnd = random.Random(3)
-    cost = [0.02] + [rnd.uniform(0.05, 0.4) for _ in range(199)]    # a short first batch
-    items = list(range(200))
-    t, ts = 0.0, []
-    for c in cost:
-        ts.append(t)
-        t += c
-    p = split(ts, [0.9 * c for c in cost], [0.1 * c for c in cost], [8] * 200, items, t,
-              producers=0)
+    p = _costs_split([0.02] + [rnd.uniform(0.05, 0.4) for _ in range(199)])
     assert p.has_steady and p.steady_batches == 199, p.no_steady_reason
-    flat = [0.02] + [0.22] * 199
-    t, ts = 0.0, []
-    for c in flat:
-        ts.append(t)
-        t += c
-    q = split(ts, [0.9 * c for c in flat], [0.1 * c for c in flat], [8] * 200, items, t,
-              producers=0)
+    q = _costs_split([0.02] + [0.22] * 199)
     assert not q.has_steady and q.no_steady_reason.startswith("refused a steady window")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+from collections import UserDict
 
 import pytest
 
@@ -302,3 +303,28 @@ def test_an_epochs_first_served_batch_does_not_count_the_loaders_start_up() -> N
     replay = {"role": "replay", "pid": 7, "served_from": {"D#0": [2, 0]}}
     epoch, step, _ = ablate.compute_only(_run([trainer, epochs, replay]), "D#0", 6)
     assert epoch == pytest.approx(6 * 0.011) and step == pytest.approx(0.01)
+
+
+class Recursing(UserDict):
+    """A batch class that pickles but cannot be unpickled: its ``__setstate__`` lookup runs
+    a ``__getattr__`` that reads ``self.data``, which unpickling has not set yet (a
+    tokenizer's output as a user might write it; ``transformers.BatchEncoding`` has the
+    ``__setstate__`` that avoids it)."""
+
+    def __getattr__(self, item):
+        return self.data[item]
+
+
+def test_a_recording_that_cannot_be_read_back_is_refused_in_the_recording_run() -> None:
+    """Issue 57: found only by the served runs, it was said as an epoch the recording did
+    not hold; the recording run now reads its first call back and says why, so no served
+    run is spent on it; a served run that still cannot read it says so, fix first."""
+    import pickle
+    helpers.load_agent("_agent_unreadable")
+    rec = importlib.import_module("_agent_unreadable.recording")
+    why = rec._unreadable(pickle.dumps(Recursing(a=1)))
+    assert why.startswith("the outputs pickle but cannot be read back (RecursionError"), why
+    assert "__setstate__" in why and rec._unreadable(pickle.dumps({"a": 1})) == ""
+    part = {"role": "replay", "served": 0, "unreadable": "RecursionError: depth"}
+    got = ablate._served_problem([_run([part])], "the dataset")
+    assert got.startswith("give the batch's class a __setstate__ to ablate the dataset"), got

@@ -45,6 +45,7 @@ class Stats:
         self.recorded_bytes = 0
         self.unserved_batches = 0
         self.late_read_s = 0.0      # a worker's own reads of its recording after epoch 0
+        self.unreadable = ""        # why a recording file could not be read back (serve)
         self.budget_stop: wire.BudgetStop | None = None
         self.mismatch: wire.Mismatch | None = None
         self.missing: wire.Missing | None = None
@@ -163,6 +164,12 @@ def record(where, entry) -> None:
             where=tuple(where), call=entry[0], bytes=0,
             error=f"cannot pickle the outputs ({type(exc).__name__})")
         return
+    if not STATS.recorded:
+        why = _unreadable(blob)
+        if why:
+            STATS.budget_stop = wire.BudgetStop(where=tuple(where), call=entry[0], bytes=0,
+                                                error=why)
+            return
     with LOCK:
         if STATS.recorded_bytes + len(blob) > budget():
             STATS.budget_stop = wire.BudgetStop(where=tuple(where), call=entry[0],
@@ -180,6 +187,22 @@ def record(where, entry) -> None:
             return
         STATS.recorded += 1
         STATS.recorded_bytes += len(blob)
+
+
+def _unreadable(blob: bytes) -> str:
+    """Why a recorded call cannot be read back ("" when it can): the first call of each
+    process is unpickled once, in the recording run. A batch class that pickles but does not
+    unpickle (a ``UserDict`` whose ``__getattr__`` reads ``self.data``, without the
+    ``__setstate__`` that ``transformers.BatchEncoding`` has, recurses) was found only by the
+    served runs, and said as an epoch the recording did not hold (issue 57)."""
+    try:
+        pickle.loads(blob)
+        return ""
+    except BaseException as exc:  # noqa: BLE001 - RecursionError included: said, not raised
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return (f"the outputs pickle but cannot be read back ({type(exc).__name__}: "
+                f"{str(exc)[:80]}); give the batch's class a __setstate__")
 
 
 def record_stage(name: str, key: str, out) -> None:
@@ -239,6 +262,8 @@ def loaded(files: list, keep, collect: bool = True) -> None:
         except Exception as exc:  # noqa: BLE001 - the job goes on; the ablation says why
             util.say(f"cannot read the recording {os.path.basename(f)} "
                      f"({type(exc).__name__}: {exc}); its calls are computed")
+            with LOCK:
+                STATS.unreadable = STATS.unreadable or f"{type(exc).__name__}: {str(exc)[:80]}"
     if collect:
         gc.collect()
 

@@ -278,7 +278,7 @@ def flush() -> None:
             worker=state.PROC.worker_loader is not None, served=STATS.served,
             computed=STATS.computed, reordered=STATS.reordered, recorded=STATS.recorded,
             recorded_bytes=STATS.recorded_bytes, unserved_batches=STATS.unserved_batches,
-            late_read_s=STATS.late_read_s,
+            late_read_s=STATS.late_read_s, unreadable=STATS.unreadable,
             budget_stop=STATS.budget_stop, mismatch=STATS.mismatch, missing=STATS.missing,
             served_from={k: list(v) for k, v in _SERVED_FROM.items()},
             kept={k: len(v) for k, v in _KEPT.items()}, kept_bytes=dict(_KEPT_BYTES),

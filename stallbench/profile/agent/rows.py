@@ -145,15 +145,24 @@ def _elements(b, depth: int) -> float:
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 
 
+_SHAPE_OF: dict = {}     # id(type) -> (type, its C-level ``shape`` descriptor or None)
+
+
 def _shape(b) -> tuple | None:
     """``b.shape`` where the type defines it in C (a tensor's or an array's), as a tuple;
-    None for anything else (no Python code of the batch's class runs)."""
-    for klass in type(b).__mro__:
-        desc = klass.__dict__.get("shape")
-        if desc is not None:
-            if type(desc) not in _C_DESCRIPTORS:
-                return None
-            shape = desc.__get__(b, type(b))
-            return shape if issubclass(type(shape), tuple) else None
-    return None
-
+    None for anything else (no Python code of the batch's class runs). The descriptor is
+    looked up once per type (its MRO walked once: a batch's hot path reads it per value)."""
+    t = type(b)
+    got = _SHAPE_OF.get(id(t))
+    if got is None or got[0] is not t:
+        desc = None
+        for klass in t.__mro__:
+            d = klass.__dict__.get("shape")
+            if d is not None:
+                desc = d if type(d) in _C_DESCRIPTORS else None
+                break
+        got = _SHAPE_OF[id(t)] = (t, desc)
+    if got[1] is None:
+        return None
+    shape = got[1].__get__(b, t)
+    return shape if issubclass(type(shape), tuple) else None

@@ -5,6 +5,11 @@ global generators), a ``collate_fn`` that draws too (a random mask), several epo
 costs, as sleeps: ITEM_MS per item, COLLATE_MS per batch, STEP_MS per step.
 
     user_random.py NUM_WORKERS EPOCHS ITEM_MS COLLATE_MS STEP_MS [persistent] [seeded]
+                   [slow_served]
+
+``slow_served`` (a busy machine made by hand): the script counts its runs in
+``$TRUTH_DIR/runs`` and from its fourth run on (under ``profile --analyze``: the served runs)
+its ``collate_fn`` sleeps twice COLLATE_MS.
 
 Why these draws: serving an item from a recording skips them, so the global generators of a
 served run would stand elsewhere than in the recorded run, and the next epoch's
@@ -61,6 +66,14 @@ class Augmented(Dataset):
         return x, i % 3
 
 
+def _run_number():
+    path = os.path.join(os.environ["TRUTH_DIR"], "runs")
+    n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+    with open(path, "w") as fh:
+        fh.write(str(n))
+    return n
+
+
 class MaskCollate:
     def __init__(self, collate_ms):
         self.s = collate_ms / 1e3
@@ -84,8 +97,11 @@ def main():
     flags = sys.argv[6:]
     if "seeded" in flags:
         torch.manual_seed(0)
+    collate = MaskCollate(collate_ms)
+    if "slow_served" in flags and _run_number() >= 4:
+        collate.s *= 2
     loader = DataLoader(Augmented(item_ms), batch_size=BATCH, shuffle=True,
-                        num_workers=workers, collate_fn=MaskCollate(collate_ms),
+                        num_workers=workers, collate_fn=collate,
                         persistent_workers=workers > 0 and "persistent" in flags)
     model = torch.nn.Linear(8, 3)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -152,7 +152,8 @@ class Replay:
     computed, and why it stopped or could not serve; ``reordered``: served calls whose
     indices the sampler asked for differently (served in the recording's order);
     ``late_read_s``: seconds a spawned loader worker spent reading its recording after the
-    first epoch (inside the measured window: a forked one never does)."""
+    first epoch (inside the measured window: a forked one never does); ``unreadable``: why a
+    recording file could not be read back (its calls were computed)."""
 
     pid: int
     mode: str = ""
@@ -165,6 +166,7 @@ class Replay:
     recorded_bytes: int = 0
     unserved_batches: int = 0
     late_read_s: float = 0.0
+    unreadable: str = ""
     budget_stop: Optional[BudgetStop] = None
     mismatch: Optional[Mismatch] = None
     missing: Optional[Missing] = None
@@ -205,6 +207,7 @@ class Replay:
                    recorded_bytes=whole(d.get("recorded_bytes")),
                    unserved_batches=whole(d.get("unserved_batches")),
                    late_read_s=num(d.get("late_read_s")),
+                   unreadable=str(d.get("unreadable") or ""),
                    budget_stop=BudgetStop.from_json(d.get("budget_stop")),
                    mismatch=Mismatch.from_json(d.get("mismatch")),
                    missing=Missing.from_json(d.get("missing")),
