@@ -84,6 +84,10 @@ def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
         return None
     f = merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
     f.load = run.load       # a step that moved on a busy machine is withheld (analysis.waits)
+    worst = max(hs, key=lambda s: sum(s.wait))      # the rank whose stall is the job's
+    ph = f.phases
+    f.stall_se_s = waits.stall_se(worst.wait, ph.startup_batches if ph is not None and
+                                  ph.has_steady else None)
     return f
 
 

@@ -81,7 +81,8 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``"busy_machine"``; ``Recommendation.not_the_knobs_gain``.
   Additive in version 3 (issue 57, the replay that follows the job): ``Attribution.stage_ratio``
   (a stage not served that moved in a served run); ``inconclusive_because`` may be
-  ``"stage_moved"`` or ``"serving"``.
+  ``"stage_moved"`` or ``"serving"``; ``RepeatFigures.stall_se_s`` (a profile run's stall's
+  standard error from its batches' spread).
   Additive in version 3 (issue 27, workers that pay): ``ExecutorFacts.workers_kept``
   (loader workers kept across runs, forked every run though they could be kept, or nothing
   to keep), ``Recommendation.also`` (further measured-motivated changes, e.g.
@@ -316,6 +317,11 @@ class RepeatFigures:
     sequence_cut: SequenceCut | None = None     # None: the format keeps every id, or no sequences
     phases: Phases | None = None    # start-up vs steady state of this run (issue 14)
     load: ForeignLoad | None = None   # CPU others took from the machine during this run
+    # issue 57 (profile --analyze): the standard error of this run's measured stall (steady
+    # window scaled to all batches, as ``analysis.waits.stall_of``) from its batches' spread
+    # (``analysis.waits.stall_se``): how far a part, a difference of two runs' stalls, may
+    # come out below 0 by noise alone; None where not measured
+    stall_se_s: float | None = None
 
 
 @dataclass

@@ -215,3 +215,25 @@ def test_the_compute_only_floor_is_scaled_to_the_full_runs_batch_sizes() -> None
     assert waits.size_scaled([0.01, 0.012], [500, 500], [500] * 9) == pytest.approx(0.011)
     assert waits.size_scaled([0.01, 0.012], [0, 0], full) is None
     assert waits.size_scaled([0.01], [500], []) is None
+
+
+def test_a_part_below_zero_within_its_runs_noise_breaks_no_closure() -> None:
+    """Issue 57: non-persistent workers forked every epoch make a run's waits spread (a
+    restart of ~60 ms among waits of ~1 ms), so collate's ~0 part came out -40 ms and a
+    plain job was "inconclusive" on a quiet machine. Each run's stall has a standard error
+    from its batches' spread (``stall_se``); a part below 0 within 2 of them is 0 within its
+    noise. Far below it, the closure still refuses."""
+    assert waits.stall_se([0.01] * 10, None) == pytest.approx(0.0)
+    assert waits.stall_se([0.0, 0.2] * 5, 2) == pytest.approx(10 * 0.1069 / math.sqrt(8),
+                                                              rel=1e-3)
+    assert waits.stall_se([0.1, 0.1], None) is None
+    full, items = run(0.006, 0.01), run(0.001, 0.01)
+    batch = run(0.0012, 0.01)        # collate's part: -0.04 s over 200 batches
+    for f in (full, items, batch):
+        f.stall_se_s = 0.05          # each run's stall known to +-0.05 s
+    a = attribute(full, items, batch, batch, 0.01)
+    assert a.conclusive and a.preprocess_stall_s == 0.0 and "preprocess" in a.negative_parts
+    for f in (full, items, batch):
+        f.stall_se_s = 0.005         # a quiet, even run: -0.04 s is beyond its noise
+    b = attribute(full, items, batch, batch, 0.01)
+    assert not b.conclusive and b.inconclusive_because == "closure", b.verdict

@@ -95,12 +95,27 @@ def _not_served(kind: str) -> bool:
     return door is None or bool(getattr(door, "SERVED", ""))
 
 
+_SOURCES: dict = {}      # id(epoch) -> (epoch, source fn given, its serving fn)
+
+
 def source(stream, ep, source_fn, it):
     """``Stream.next_batch``'s seam in a compute-only run: the real loader for the first
     batches of the run (kept), the kept batches afterwards, StopIteration where the full
-    run's epoch ended."""
-    if recording.MODE != "compute_only" or _not_served(stream.kind):
+    run's epoch ended. One serving function per epoch, made at its first batch: made per
+    batch (a closure and the door's lookup), it was a cost inside every served batch's wait,
+    a floor above the job's own step (issue 57)."""
+    if recording.MODE != "compute_only":
         return source_fn
+    got = _SOURCES.get(id(ep))
+    if got is not None and got[0] is ep and got[1] is source_fn:
+        return got[2]
+    fn = source_fn if _not_served(stream.kind) else _serving(stream, ep, source_fn, it)
+    _SOURCES[id(ep)] = (ep, source_fn, fn)      # the stream keeps its epochs: no more held
+    return fn
+
+
+def _serving(stream, ep, source_fn, it):
+    """The serving function of one epoch (``source``)."""
     kept = _KEPT.setdefault(stream.key, [])
     epoch = len(stream.epochs) - 1
     keep = recording.PLAN.keep
