@@ -323,9 +323,13 @@ def verdict(a: Attribution, action: str | None = None, gain: float | None = None
         return (f"refused: the {a.refused}, which no measurement allows; the ablation runs "
                 f"disagree (a run too short for its figures, or a disturbed machine): measure "
                 f"longer runs or add repeats{tail}")
-    if not a.conclusive and a.inconclusive_because in ("closure", "busy_machine"):
+    if not a.conclusive and a.inconclusive_because in figures.WITHHOLDS:
+        # withheld: no part's figure in the line (the hand-off's share, a negative part,
+        # the interference the moved runs measured); start-up is the full run's own
         lean = "compute-bound" if a.bound_by == "compute" else f"{a.bound_by}-bound"
-        return f"inconclusive (leaning {lean}): {a.refused}{tail}"
+        start = (f"; start-up {figures.seconds(a.startup_cost_s)} is apart" if steady and
+                 a.startup_cost_share >= COMPUTE_BOUND_SHARE else "")
+        return f"inconclusive (leaning {lean}; parts withheld): {a.refused}{start}"
     if not a.conclusive and a.inconclusive_because == "interval":
         iv = a.part_interval(a.bound_by)
         return (f"inconclusive (leaning {a.bound_by}-bound): its stall's interval "

@@ -209,6 +209,20 @@ def seconds_cell(x: object, interval: object = None, missing: str = "-",
 # The attribution's parts by the names of what ran (issue 42): a scenario defines fetch,
 # preprocess and transfer; on a user's job (``stallbench profile``) they are what the job's
 # loader did, and "fetch" read as storage I/O when it was a hashing loop in ``__getitem__``.
+# The inconclusive kinds whose parts are withheld (never printed or drawn as figures, issue
+# 57): the parts do not sum to the stall ("closure"), the machine moved the step
+# ("busy_machine"), a stage not served moved in a served run ("stage_moved"), a served run
+# waited longer than the full run ("serving"). "interval" keeps its figures: its parts
+# stand, only the bound's interval includes zero.
+WITHHOLDS = ("closure", "busy_machine", "stage_moved", "serving")
+
+
+def withheld(a) -> bool:
+    """Whether an ``Attribution``'s parts are withheld: printed and drawn as "withheld",
+    never as figures, by the terminal and the report alike."""
+    return a is not None and not a.conclusive and a.inconclusive_because in WITHHOLDS
+
+
 JOB_PART_NAMES = {"fetch": "dataset __getitem__", "preprocess": "collate_fn",
                   "transfer": "pin_memory", "overhead": "loader hand-off"}
 SCENARIO_PART_NAMES = {"fetch": "fetch", "preprocess": "preprocess", "transfer": "transfer",

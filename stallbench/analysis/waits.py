@@ -42,7 +42,7 @@ from typing import Mapping, Sequence
 from ..measure.load import heavy
 from ..results import Attribution, Interval, PartIntervals, RepeatFigures, VariantResult
 from . import differential, knob_table
-from .figures import wait_bound
+from .figures import wait_bound, withheld
 from .stats import COMPUTE_BOUND_SHARE, bootstrap_medians, finite_median, percentile_interval
 
 STAGES = ("fetch", "preprocess", "transfer")
@@ -54,6 +54,16 @@ STEP_NOISE_SHARE = 0.05
 # share of it (one repeat has no interval) nor than 5 ms.
 CLOSURE_FLOOR_SHARE = 0.02
 CLOSURE_FLOOR_S = 0.005
+# A stage that ran for real in a served run (collate_fn in the dataset-served run, pin_memory
+# in both) is the same stage as the full run's within 10% of its seconds (or the repeats'
+# spread when larger): its clocks span fewer, shorter calls than the step's, on threads and
+# processes that compete with the loop's. Beyond it (and beyond the closure's floor in
+# seconds), the served run did not measure what it stands for (issue 57: collate_fn ran
+# 13-60% slower in the served runs of a busy machine and the verdict named the wrong stage).
+STAGE_NOISE_SHARE = 0.10
+# What still ran for real in each served run of the chain (by its place in ``names``), and
+# the ``StageSeconds`` field that timed it.
+_UNSERVED = {1: ("preprocess", "transfer"), 2: ("transfer",), 3: ()}
 
 
 def rank_batches(f: RepeatFigures) -> int:
@@ -76,11 +86,79 @@ def stall_of(f: RepeatFigures, steady: bool) -> float:
     return f.stall_s
 
 
+def stall_se(wait: Sequence[float], steady_from: int | None) -> float | None:
+    """The standard error of a run's measured stall from its batches' spread: with n batches,
+    m of them in the steady window (from ``steady_from``; all without one) and s the
+    standard deviation of their waits, S = mean(wait) x n, so SE(S) = n x s / sqrt(m).
+    Batches taken as independent draws: a periodic cost (each epoch's workers forked again,
+    torch's non-persistent workers) counts as spread, which errs toward calling a small
+    negative part noise. None with fewer than 3 batches to read it from."""
+    ws = list(wait[steady_from:] if steady_from is not None else wait)
+    if len(ws) < 3:
+        return None
+    mean = sum(ws) / len(ws)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in ws) / (len(ws) - 1))
+    return len(wait) * sd / math.sqrt(len(ws))
+
+
+# How many standard errors a part may come out below 0 (or a served run's stall above the
+# full run's) by noise alone (``stall_se``): ~2, a 95% two-sided band for one difference.
+NOISE_SE = 2.0
+
+
+def _noise(fs_a: Sequence[RepeatFigures], fs_b: Sequence[RepeatFigures]) -> float:
+    """NOISE_SE standard errors of the difference of two runs' stalls (medians over repeats
+    of each run's own SE, shrunk by its repeats); 0 where a run's SE is unknown."""
+    out = 0.0
+    for fs in (fs_a, fs_b):
+        ses = [f.stall_se_s for f in fs if getattr(f, "stall_se_s", None) is not None]
+        if len(ses) < len(fs) or not ses:
+            return 0.0
+        out += (_med(ses) ** 2) / len(ses)
+    return NOISE_SE * math.sqrt(out)
+
+
 def step_of(f: RepeatFigures, steady: bool) -> float:
     """The run's model step per batch (its steady window's, or the whole run's)."""
     if steady and f.phases is not None:
         return f.phases.steady_compute_s / f.phases.steady_batches
     return f.compute_s / max(rank_batches(f), 1)
+
+
+# Batch sizes that differ by more than this ratio (largest / smallest) are variable-length
+# batches: the compute-only floor is then scaled to the full run's sizes (``size_scaled``).
+SIZE_VARIES = 1.10
+
+
+def size_scaled(times: Sequence[float], served: Sequence[int],
+                full: Sequence[int]) -> float | None:
+    """The mean per-batch time of the compute-only run's served batches, as it would be over
+    the full run's batches (issue 57: variable-length batches, dynamic padding: the kept
+    batches served again are a few of the job's lengths, and their step was taken for the
+    job's; 53.8 s of "interference" on the transformers tutorial).
+
+    ``times``: each served batch's time; ``served``: its size (``rows.elements``: the values
+    it held); ``full``: every full-run batch's size. Where the full run's sizes do not vary
+    (within ``SIZE_VARIES``), the plain mean. Else, where the served sizes spread enough to
+    fit it, the least-squares line t = a + b z (a: what every batch pays, b: per value) over
+    the served batches, evaluated at each full-run size and averaged; where they do not
+    (one kept size), t proportional to z: mean(t) * mean(full) / mean(served). None without
+    the sizes (a part written before they were recorded, a batch with nothing countable)."""
+    if not times or len(served) != len(times) or not full or min(full) <= 0 \
+            or min(served) <= 0:
+        return None
+    mean_t = sum(times) / len(times)
+    if max(full) <= SIZE_VARIES * min(full):
+        return mean_t
+    mz = sum(served) / len(served)
+    mean_full = sum(full) / len(full)
+    var = sum((z - mz) ** 2 for z in served)
+    if max(served) > SIZE_VARIES * min(served) and var > 0:
+        b = sum((z - mz) * (t - mean_t) for z, t in zip(served, times)) / var
+        if b >= 0:
+            a = mean_t - b * mz
+            return max(a + b * mean_full, 0.0)      # linear: the mean of a + b z_i
+    return mean_t * mean_full / mz
 
 
 def _med(xs: Sequence[float]) -> float:
@@ -100,13 +178,18 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
               batch: Sequence[RepeatFigures], free: Sequence[RepeatFigures],
               only_epoch_s: Sequence[float], only_compute_s: Sequence[float],
               only_step_s: Sequence[float], names: Sequence[str], confidence: float = 0.9, seed: int = 0,
-              n_boot: int = 2000) -> Attribution:
+              n_boot: int = 2000, part_names: Mapping[str, str] | None = None,
+              producers: int = 1) -> Attribution:
     """The attribution of one variant from the measured waits and steps of its runs.
 
     ``full``, ``items``, ``batch``, ``free``: the runs of the chain (full, items served,
     items and collate served, pin served: ``free`` may be ``batch``'s runs where nothing is
     pinned); ``only_epoch_s`` / ``only_compute_s`` / ``only_step_s``: each compute-only run's
-    epoch and steps over the full run's batches, and its step per batch; ``names``: the ablation names of the five, in that order."""
+    epoch and steps over the full run's batches, and its step per batch; ``names``: the
+    ablation names of the five, in that order; ``part_names``: what the refusals call each
+    part (a user's job: its own stages, ``figures.part_name``; the scenario words where
+    not given); ``producers``: the loader's worker processes at a time (a stage's moved
+    seconds reach the loop's wait spread over them, ``stage_ratios``)."""
     runs = {names[0]: list(full), names[1]: list(items), names[2]: list(batch),
             names[3]: list(free)}
     steady = all(_steady(f) for fs in runs.values() for f in fs)
@@ -206,7 +289,18 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
     lo, hi = measured.low, measured.high
     slack = max(CLOSURE_FLOOR_SHARE * whole_stall, CLOSURE_FLOOR_S)
     got = attributed + startup
-    if not (lo - slack <= got <= hi + slack):
+    said = {**SCENARIO_WORDS, **(part_names or {})}
+    moved_stages = stage_ratios(runs, names, slack, producers)
+    a.stage_ratio = {k: r for k, (r, _, _) in moved_stages.items()}
+    costlier = serving_costlier(med, names, slack, said,
+                                {k: _noise(runs[names[0]], runs[k]) for k in names[1:4]})
+    if costlier:
+        a.conclusive, a.inconclusive_because = False, "serving"
+        a.refused = costlier
+    elif moved_stages:
+        a.conclusive, a.inconclusive_because = False, "stage_moved"
+        a.refused = stage_moved_text(moved_stages, names, said)
+    elif not (lo - slack <= got - _within_noise(raw, runs, names) <= hi + slack):
         a.conclusive, a.inconclusive_because = False, "closure"
         a.refused = (f"parts {attributed:.2f} s + start-up {startup:.2f} s = {got:.2f} s against "
                      f"a measured stall of {whole_stall:.2f} s [{lo:.2f}, {hi:.2f}]: "
@@ -223,6 +317,94 @@ def attribute(full: Sequence[RepeatFigures], items: Sequence[RepeatFigures],
             a.conclusive, a.inconclusive_because = False, "interval"
     a.verdict = differential.verdict(a)
     return a
+
+
+SCENARIO_WORDS = {"fetch": "fetch", "preprocess": "preprocess", "transfer": "transfer",
+                  "overhead": "loader overhead"}
+
+
+def _served_words(i: int, said: Mapping[str, str]) -> str:
+    """What the chain's ``i``-th run served, in the job's words."""
+    return " and ".join(said[p] for p in STAGES[:i])
+
+
+def stage_ratios(runs: Mapping[str, Sequence[RepeatFigures]], names: Sequence[str],
+                 slack: float, producers: int = 1) -> dict[str, tuple[float, float, float]]:
+    """Each stage that ran for real in a served run and moved there beyond its noise against
+    the full run's: ``"<run>:<part>"`` -> (its seconds / the full run's, the full run's
+    seconds, the served run's), medians over repeats. Moved: beyond ``STAGE_NOISE_SHARE``
+    (or the repeats' spread, when larger) and by more than ``slack`` seconds of the loop's
+    wait: a stage's seconds summed over ``producers`` worker processes that ran it side by
+    side reach the wait at most spread over them (a 1 ms collate in 2 workers that moved
+    80 ms over a run moved the loop's wait by 40 ms at most)."""
+    out: dict[str, tuple[float, float, float]] = {}
+    full = runs[names[0]]
+    for i, parts in _UNSERVED.items():
+        fs = runs[names[i]]
+        if i == 3 and all(x is y for x, y in zip(fs, runs[names[2]])):
+            continue            # the "pin served" run is the collate-served run itself
+        for part in parts:
+            base = [getattr(f.stage_s, part) for f in full]
+            got = [getattr(f.stage_s, part) for f in fs]
+            mb, mg = _med(base), _med(got)
+            if not (mb > 0 and math.isfinite(mg)):
+                continue
+            noise = STAGE_NOISE_SHARE
+            for xs in (base, got):
+                if len(xs) >= 2 and _med(xs) > 0:
+                    noise = max(noise, (max(xs) - min(xs)) / _med(xs))
+            if abs(mg / mb - 1.0) > noise and abs(mg - mb) / max(producers, 1) > slack:
+                out[f"{names[i]}:{part}"] = (mg / mb, mb, mg)
+    return out
+
+
+def stage_moved_text(moved: Mapping[str, tuple[float, float, float]], names: Sequence[str],
+                     said: Mapping[str, str]) -> str:
+    """The refusal for stages that moved in the served runs without being served: which
+    stage, in which run, by how much."""
+    items = []
+    for key, (r, mb, mg) in moved.items():
+        run, part = key.split(":", 1)
+        items.append(f"{said[part]} took {r:.2f}x its full-run seconds ({mg:.2f} s against "
+                     f"{mb:.2f} s) in the run with {_served_words(names.index(run), said)} "
+                     f"served")
+    return ("; ".join(items) + ", without being served: the machine (or the serving) moved "
+            "it, so the parts are withheld (measure on a quieter machine, or add repeats)")
+
+
+def _within_noise(raw: Mapping[str, object], runs: Mapping[str, Sequence[RepeatFigures]],
+                  names: Sequence[str]) -> float:
+    """What the clamping of negative parts added to the sum that their runs' noise explains
+    (issue 57): a part that came out below 0 by less than ``NOISE_SE`` standard errors of its
+    two runs' stalls is 0 within its noise, and its clamp breaks no closure (a collate_fn
+    part of ~0 came out -40 ms beside the noise of non-persistent workers forked each epoch,
+    and a plain job was "inconclusive" on a quiet machine). Beyond it, only the noise's
+    share is forgiven."""
+    pairs = {"fetch": (names[0], names[1]), "preprocess": (names[1], names[2]),
+             "transfer": (names[2], names[3])}
+    out = 0.0
+    for part, (a, b) in pairs.items():
+        x = float(raw[part])        # type: ignore[arg-type]
+        if x < 0:
+            out += min(-x, _noise(runs[a], runs[b]))
+    return out
+
+
+def serving_costlier(med: Mapping[str, float], names: Sequence[str], slack: float,
+                     said: Mapping[str, str], noise: Mapping[str, float] | None = None) -> str:
+    """Why a served run waited longer than the full run ("" where none did): what it serves
+    cost more than the stages it replaces (serving through loader workers, or the machine),
+    so the parts built on it would exceed the stall; they are withheld (issue 57: a hand-off
+    of 4.06 s printed against a 2.74 s stall). Beyond ``slack`` and the two runs' ``noise``
+    (``_noise``: by noise alone a served run waits longer half the time where its part is
+    ~0)."""
+    base = med[names[0]]
+    for i in (1, 2, 3):
+        if med[names[i]] > base + slack + (noise or {}).get(names[i], 0.0):
+            return (f"the run with {_served_words(i, said)} served waited "
+                    f"{med[names[i]]:.2f} s, more than the full run's {base:.2f} s: serving "
+                    f"cost more than the stages it replaces, so the parts are withheld")
+    return ""
 
 
 # ------------------------------------------------------------ gains the wait can explain
@@ -395,8 +577,8 @@ def library_split_line(v: VariantResult) -> str:
 def interference_line(v: VariantResult) -> str:
     """The data path's measured cost on the model step, its own line ("" where not measured)."""
     a = v.attribution
-    if a is None or a.interference_s is None:
-        return ""
+    if a is None or a.interference_s is None or withheld(a):
+        return ""       # withheld: the moved runs' step change is not a figure either
     r = a.step_ratio.get("compute_only")
     ratio = f" (served from memory its step took {r:.2f}x as long)" if r else ""
     return (f"the model step took {a.interference_s:.2f} s longer beside the data "

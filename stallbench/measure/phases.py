@@ -45,7 +45,9 @@ window must hold ``MIN_STEADY_CYCLES`` whole production cycles (S producers x th
 one item: the median over the run's items but its last, which a cap may cut), and a window
 whose batches come slower than the whole run's by more than half a work item's steady time
 (``SLOWER_TOLERANCE_ITEMS``; less is where the boundary's placement and machine noise reach)
-makes the start-up cost negative, and start-up cannot make a run faster: refused, not clamped.
+makes the start-up cost negative, and start-up cannot make a run faster: refused, not clamped
+(beyond that half item, the start-up's items may be as much cheaper as the window's own
+items spread: ``item_spread``, variable-length batches).
 A start-up cost negative within that tolerance is printed as "~0" (not distinguishable
 from 0). Either
 way the run has no steady window and ``Phases.no_steady_reason`` says why; the printed
@@ -127,7 +129,8 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
     comp_steady = sum(compute[k:])
     steady_epoch = steady * n / (n - k)
     per_item = steady / max((n - k) / batches_per_item(items), 1.0)
-    if epoch_s - steady_epoch < -SLOWER_TOLERANCE_ITEMS * per_item:
+    allowed = SLOWER_TOLERANCE_ITEMS * per_item + item_spread(t_start, items, k)
+    if epoch_s - steady_epoch < -allowed:
         return none(f"refused a steady window slower per batch than the whole run (start-up "
                     f"would cost {epoch_s - steady_epoch:.2f} s, and start-up cannot make a "
                     f"run faster): not a steady state")
@@ -139,6 +142,24 @@ def split(t_start: Sequence[float], compute: Sequence[float], wait: Sequence[flo
         steady_compute_s=comp_steady,
         steady_stall_share=(steady - comp_steady) / steady if steady > 0 else nan,
         steady_epoch_s=steady_epoch, startup_cost_s=epoch_s - steady_epoch)
+
+
+def item_spread(t_start: Sequence[float], items: Sequence[int], k: int) -> float:
+    """How much cheaper the start-up's items may be than the steady window's mean by their
+    own size, not by the run being faster: two robust standard deviations (the 10th to 90th
+    percentile of the window's whole items' times / 2.56) per start-up item's square root.
+    Items of one size spread by noise alone, and the rule stands as it was; variable-length
+    batches (dynamic padding: the transformers tutorial's 810 batches, issue 57) spread by
+    their lengths, and one short first batch refused the whole run's steady window
+    ("0.00 s in steady state"). 0 with fewer than 10 whole items in the window."""
+    starts = [t for i, (t, it) in enumerate(zip(t_start, items))
+              if i >= k and (i == k or it != items[i - 1])]
+    per = sorted(b - a for a, b in zip(starts, starts[1:]))    # the last (cut) item left out
+    if len(per) < 10:
+        return 0.0
+    sigma = (per[int(0.9 * (len(per) - 1))] - per[int(0.1 * (len(per) - 1))]) / 2.56
+    startup_items = len({it for it in items[:k]})
+    return 2.0 * sigma * math.sqrt(max(startup_items, 1))
 
 
 CPU_LIMIT_TOLERANCE = 1.10   # a steady rate above the CPU limit by more: refused

@@ -48,6 +48,9 @@ from .launcher import JobRun, exit_status, run_once
 from .agent.wire import BudgetStop, LoaderSettings, Parts, Replay, ReplayPlan, StageServe
 
 KEEP_BATCHES = 8
+# variable-length batches (the full run's sizes vary): more kept batches, so the compute-only
+# run serves several lengths and its step is fitted over them (``waits.size_scaled``)
+KEEP_VARIED = 32
 FULL = "full"
 ITEMS = Ablation(fetch=True).name
 BATCH = Ablation(fetch=True, preprocess=True).name
@@ -81,6 +84,10 @@ def _figures(run: JobRun, headline: str) -> RepeatFigures | None:
         return None
     f = merge.job_figures([(s, merge.figures(s)) for s in hs], run.peak_pss_mb)
     f.load = run.load       # a step that moved on a busy machine is withheld (analysis.waits)
+    worst = max(hs, key=lambda s: sum(s.wait))      # the rank whose stall is the job's
+    ph = f.phases
+    f.stall_se_s = waits.stall_se(worst.wait, ph.startup_batches if ph is not None and
+                                  ph.has_steady else None)
     return f
 
 
@@ -91,30 +98,74 @@ def _replay_parts(run: JobRun) -> tuple[Replay, ...]:
     return run.parts.replays
 
 
+def _where(p) -> str:
+    """Where a replay problem happened, in words: a loader worker, or the loop's own
+    process (worker -1), and the epoch."""
+    who = f"worker {p.worker}" if p.worker not in (None, -1) else "the loop's process"
+    return f"{who}, epoch {p.epoch}"
+
+
 def _served_problem(runs: list[JobRun], stage: str) -> str:
-    """Why these serve runs are not an ablation of ``stage`` ("" when every call was served)."""
+    """Why these serve runs are not an ablation of ``stage`` ("" when every call was
+    served), the fix first: the one line the user reads."""
     for r in runs:
         for p in _replay_parts(r):
-            if p.mismatch:
-                m = p.mismatch
-                return (f"the loader asked for other items than in the recording run (worker "
-                        f"{m.worker}, epoch {m.epoch}, call {m.call}: recorded "
-                        f"{m.recorded}, asked {m.asked}), so {stage}'s outputs cannot be "
-                        f"matched between runs: a sampler that shuffles without a seed does "
-                        f"this (seed it: torch.manual_seed, or DataLoader(generator=...))")
+            if p.unreadable:
+                return (f"give the batch's class a __setstate__ to ablate {stage}: the "
+                        f"recording could not be read back ({p.unreadable})")
             if p.missing:
                 n = p.missing
-                return (f"the recording holds {n.recorded} calls of worker {n.worker}, "
-                        f"epoch {n.epoch}; the run made more (the memory budget ended "
-                        f"the recording, or calls differ between runs)")
+                return (f"make the epochs the same length in every run (seed what decides "
+                        f"it) to ablate {stage}: a served run asked for more batches than the "
+                        f"recording run made ({_where(n)}: {n.recorded} recorded)")
         if not any(p.served for p in _replay_parts(r)):
             return f"no fetch call was served ({stage}: the loader's fetchers were not reached)"
     return ""
 
 
-def compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, float, float] | None:
+def _serving_notes(runs: list[JobRun]) -> list[str]:
+    """What the served runs did that the user should know, though it voids nothing (issue
+    57): a sampler that asked for other items than the recording run (served in the
+    recording's order), spawned workers that read their recording inside the measured
+    window (forked ones read it before they fork)."""
+    parts = [p for r in runs for p in _replay_parts(r)]
+    out = []
+    moved = sum(p.reordered for p in parts)
+    if moved:
+        out.append(f"the loader's order is not seeded: the served runs were given the "
+                   f"recording run's batches in its order ({moved} of "
+                   f"{sum(p.served for p in parts)} calls asked for other items)")
+    late = sum(p.late_read_s for p in parts) / max(len(runs), 1)
+    if late > 0.001:
+        out.append(f"spawned loader workers read their recording inside the measured window "
+                   f"({late:.3f} s per run, summed over workers; not subtracted): workers "
+                   f"that fork read it before they start")
+    return out
+
+
+def full_sizes(parts: Parts, headline: str) -> list[int]:
+    """The size (``rows.elements``) of every batch of the headline loader, in order, as the
+    full run's trainer of the lowest rank saw them; [] where a batch has none recorded."""
+    eps = parts.epochs_by_image()
+    for p in sorted(parts.trainers, key=lambda p: p.header.rank):
+        mine = eps.get(p.header.image_key, {})
+        for s in p.streams:
+            if s.name == headline:
+                got = [z for e in mine.get(s.key, []) for z in
+                       (e.size if len(e.size) == len(e.wait) else [0] * len(e.wait))]
+                return got if got and min(got) > 0 else []
+    return []
+
+
+def compute_only(run: JobRun, headline: str, batches: float,
+                 sizes: list[int] | None = None) -> tuple[float, float, float] | None:
     """(epoch, step per batch, compute) of a compute-only run, extrapolated to ``batches``
-    from the batches it served from memory (the worst rank's)."""
+    from the batches it served from memory (the worst rank's); with the full run's batch
+    ``sizes``, each served batch's time is scaled to them (``waits.size_scaled``:
+    variable-length batches). An epoch's first batch, served, counts the wait of the epoch's
+    other served batches, not its own: that wait ran from ``iter()``, where a DataLoader with
+    non-persistent workers forks them again every epoch (issue 57: the floor within 3% of
+    the job's own step)."""
     served_from: dict[int, dict] = {}
     for p in _replay_parts(run):
         served_from[p.pid] = p.served_from
@@ -129,21 +180,26 @@ def compute_only(run: JobRun, headline: str, batches: float) -> tuple[float, flo
             # a loop fed through a queue (doors/thread_queue): its batches are its producer's
             # loader served, in order
             marks = served.get(s.fed_by or headline) or []
-            per, steps = [], []
+            per, steps, zs = [], [], []
             for e, ep in enumerate(mine.get(s.key, [])):
                 k = marks[e] if e < len(marks) else None
                 if k is None:
                     continue
-                n = len(ep.wait)
-                for i in range(k, n):
+                others = sorted(ep.wait[max(k, 1):]) or [0.0]
+                for i in range(k, len(ep.wait)):
                     st = ep.step[i] if i < len(ep.step) else None
                     if st is None:
                         continue
-                    per.append(ep.wait[i] + st)
+                    # an epoch's first batch waits from iter(): the loader's start-up of that
+                    # epoch (torch forks its non-persistent workers there), not the loop's:
+                    # served from memory, it waits as the epoch's other served batches
+                    per.append((ep.wait[i] if i else others[len(others) // 2]) + st)
                     steps.append(st)
+                    zs.append(ep.size[i] if len(ep.size) == len(ep.wait) else 0)
             if len(per) >= 2:
-                cand = (statistics.fmean(per) * batches, statistics.fmean(steps),
-                        statistics.fmean(steps) * batches)
+                each = waits.size_scaled(per, zs, sizes or []) or statistics.fmean(per)
+                step = waits.size_scaled(steps, zs, sizes or []) or statistics.fmean(steps)
+                cand = (each * batches, step, step * batches)
                 if best is None or cand[0] > best[0]:
                     best = cand
     return best
@@ -306,6 +362,7 @@ class _Plan:
     full: list[RepeatFigures]              # the full runs' figures
     batches: float                         # one rank's batches per full run
     rec_dir: Path
+    sizes: list[int]                       # the full run's batch sizes (``full_sizes``)
 
     @property
     def items_fn(self) -> str:
@@ -327,6 +384,9 @@ def _plan(full_runs: list[JobRun], run_root: Path, keep: int,
     else:
         budget_basis = f"{budget_mb:g} MB per process, as given"
     first_epoch = (counts.get(headline) or [0])[0]
+    sizes = full_sizes(full_runs[0].parts, headline) if headline else []
+    if sizes and max(sizes) > waits.SIZE_VARIES * min(sizes):
+        keep = max(keep, KEEP_VARIED)       # variable-length batches: more kept lengths
     keep = max(1, min(keep, first_epoch // 4))
     an = ProfileAnalysis(
         method=("DS-Analyzer's chain by replay: full -> dataset served -> dataset+collate "
@@ -341,7 +401,7 @@ def _plan(full_runs: list[JobRun], run_root: Path, keep: int,
     # job's summed over ranks: the compute-only epoch is one rank's per-batch time x these
     batches = statistics.median(_rank_batches(f) for f in full) if full else 0
     return _Plan(streams0, headline, hs, counts, first_epoch, budget_mb, an, full, batches,
-                 run_root / "replay-record")
+                 run_root / "replay-record", sizes)
 
 
 class _Runs:
@@ -353,8 +413,11 @@ class _Runs:
         self.argv, self.run_root, self.overrides = argv, run_root, overrides
         self.max_batches, self.say, self.tag = max_batches, say, 0
 
-    def __call__(self, label: str, replay: ReplayPlan, n: int) -> list[JobRun]:
-        out = []
+    def __call__(self, label: str, replay: ReplayPlan, n: int,
+                 void: Callable[[JobRun], str] | None = None) -> list[JobRun]:
+        """``n`` runs of the job under ``replay``; ``void``: why a run is no ablation ("" when
+        it is): the first such run ends the repeats (the rest could not help either)."""
+        out: list[JobRun] = []
         for r in range(n):
             self.say(f"analyze: {label} ({r + 1}/{n})")
             self.tag += 1
@@ -364,6 +427,8 @@ class _Runs:
                 raise Failed(f"the job exited with code {exit_status(run.exit_code)} under "
                              "this ablation")
             out.append(run)
+            if void is not None and void(run):
+                break
         return out
 
 
@@ -380,7 +445,7 @@ def _compute_only(p: _Plan, runs_of: _Runs, repeats: int
     except Failed as exc:
         an.ablations.append(ProfileAblation(ONLY, "the whole data path", False, str(exc)))
         return None
-    vals = [compute_only(r, p.headline, p.batches) for r in only_runs]
+    vals = [compute_only(r, p.headline, p.batches, p.sizes) for r in only_runs]
     if any(v is None for v in vals):
         why = (f"the epoch ({p.first_epoch} batches) left fewer than 2 batches to serve "
                f"after the {an.keep_batches} kept")
@@ -461,11 +526,15 @@ def _serve_stage(p: _Plan, runs_of: _Runs, repeats: int, stage: tuple[str, str, 
     try:
         rs = runs_of(f"{removes} served from the recording",
                      ReplayPlan(mode="serve", serve=serve, dir=str(p.rec_dir),
-                                budget_mb=p.budget_mb), repeats)
+                                budget_mb=p.budget_mb), repeats,
+                     void=lambda r: _served_problem([r], removes))
     except Failed as exc:
         an.ablations.append(ProfileAblation(name, removes, False, str(exc)))
         return ""
     problem = _served_problem(rs, removes)
+    for note in _serving_notes(rs):
+        if note.split(" (", 1)[0] not in " ".join(an.notes):
+            an.notes.append(note)
     if problem:
         an.ablations.append(ProfileAblation(name, removes, False, problem, runs=len(rs)))
         return problem       # the next stage's runs would not match either
@@ -516,7 +585,10 @@ def _attribute(p: _Plan, only: list[tuple[float, float, float]] | None,
         return None, an
     a = waits.attribute(full, served[ITEMS], served[BATCH], served[FREE],
                         [v[0] for v in only], [v[2] for v in only],
-                        [v[1] for v in only], (FULL, ITEMS, BATCH, FREE, ONLY))
+                        [v[1] for v in only], (FULL, ITEMS, BATCH, FREE, ONLY),
+                        part_names={k: figures.part_name(k, True, an.stage_map)
+                                    for k in waits.PARTS},
+                        producers=p.hs[0].settings.num_workers if p.hs else 1)
     a.verdict = differential.verdict(a, on_job=True, stage_map=an.stage_map)   # its stages' names
     return a, an
 

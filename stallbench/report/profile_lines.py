@@ -132,6 +132,13 @@ def _part_lines(a: Attribution, an: ProfileAnalysis) -> list[str]:
     """The parts with their intervals, by the job's own stage names (``figures.part_name``:
     "dataset __getitem__", not "fetch", on a user's job), then what lies beside them."""
     ivs = a.intervals
+    if figures.withheld(a):
+        # issue 57: a verdict that withholds the parts prints none of them as a figure
+        names = ", ".join(figures.part_name(p, True, an.stage_map)
+                          for p in ("fetch", "preprocess", "transfer", "overhead"))
+        return [f"attribution ({a.basis}): parts withheld ({names}): the verdict says why",
+                f"  {'compute':<28} {figures.seconds_cell(a.compute_s, ivs.compute_s):>8} s  "
+                f"(the compute-only runs)"] + _beside_lines(a)
     out = [f"attribution ({a.basis}, {a.interval}):"]
     if "(1 per run)" in a.interval:
         out.append("  (one repeat per run: each interval is its point; --repeats 2 or more "
@@ -159,9 +166,10 @@ def _beside_lines(a: Attribution) -> list[str]:
     """What is measured beside the parts, not inside them: start-up, interference, the
     wait's bound on any gain, a step that moved between runs; then the verdict."""
     out = []
+    hold = figures.withheld(a)
     if a.startup_cost_s:
         out.append(f"  {'start-up (apart)':<28} {figures.seconds_cell(a.startup_cost_s):>8} s")
-    if a.interference_s is not None:
+    if a.interference_s is not None and not hold:
         out.append(f"  {'interference (own line)':<28} {figures.seconds_cell(a.interference_s):>8} s  the model "
                    f"step took longer beside the data path than served from memory "
                    f"(not a wait: not in the parts above)")
@@ -170,7 +178,7 @@ def _beside_lines(a: Attribution) -> list[str]:
                    f"(1 / (1 - the measured wait share))")
     moved = {k: r for k, r in a.step_ratio.items()
              if a.step_noise_share is not None and abs(r - 1) > a.step_noise_share}
-    if moved:
+    if moved and not hold:          # withheld: the verdict names what moved
         out.append("  step per batch vs the full run's: "
                    + ", ".join(f"{k} {r:.2f}x" for k, r in moved.items())
                    + f" (noise {a.step_noise_share:.0%})")

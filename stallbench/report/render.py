@@ -202,6 +202,28 @@ class VariantView:
     resource_stats: list[tuple[str, str]] = field(default_factory=list)
     ranks_fig: Figure | None = None          # trainers.ranks > 1: the per-rank panel
     steady_au: "SteadyAu | None" = None      # AU over the steady window, or why it is missing
+    # issue 57: what the "bound by" cell says, as ``analysis`` decided it (the job's own part
+    # name; "inconclusive" where it withheld or could not conclude), and whether the parts
+    # are withheld (shown as "withheld", never as figures)
+    bound_label: str = ""
+    withheld: bool = False
+
+    @property
+    def split_sum(self) -> float:
+        """What the bar adds up to (its positive segments)."""
+        return sum(x for _, x, _ in self.segments if _num(x) is not None and x > 0)
+
+    @property
+    def split_line(self) -> str:
+        """The bar in words (under the figure, and what a reader or a test checks): its
+        segments and their sum against the measured epoch it splits; "" without a bar."""
+        segs = [(lbl, x) for lbl, x, _ in self.segments if _num(x) is not None and x > 0]
+        if not segs:
+            return ""
+        total = self.split_sum
+        return (f"{self.name}: " + " + ".join(f"{lbl} {format_s(x)}" for lbl, x in segs)
+                + f" = {format_s(total)}, of a measured epoch of "
+                  f"{format_s(self.v.epoch_s.median)}")
 
 
 @dataclass
@@ -227,6 +249,7 @@ class Headline:
     # the baseline's measured wait split into start-up and steady state, where start-up holds
     # more than a tenth of it (``analysis.waits.wait_headline``, issue 39); "" otherwise
     wait_split: str = ""
+    bound_label: str = ""           # the "bound by" tile as analysis decided (``bound_label``)
 
     @property
     def ratio(self) -> float | None:
@@ -278,6 +301,9 @@ class RunView:
     tune_fig: Figure | None = None  # ``stallbench tune -- CMD``: the search (issue 41)
     # a profile's (or a tune's) text as the terminal printed it: the one printer's lines
     terminal_lines: list[str] = field(default_factory=list)
+    # a profile's knee as the terminal printed it (``profile_lines.knee_lines``: MEASURED,
+    # PREDICTED or "not predicted", and what to do), never the model's bare explanation
+    knee_lines: list[str] = field(default_factory=list)
 
 
 def _pair(iv: Interval) -> tuple[float, float]:
@@ -288,7 +314,7 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
     a = v.attribution
     on_job = v.profile is not None
     stage_map = v.profile.analysis.stage_map if on_job and v.profile.analysis else None
-    if a is not None and _num(a.compute_s) is not None:
+    if a is not None and _num(a.compute_s) is not None and not figures.withheld(a):
         segs: list[Segment] = [("compute (compute-only run)", a.compute_s, _pair(a.intervals.compute_s))]
         for st in STAGES:
             x = _num(a.part_s(st))
@@ -297,6 +323,11 @@ def _variant_split(v: VariantResult) -> tuple[list[Segment], str]:
         if _num(a.overhead_s) is not None:
             segs.append((f"{figures.part_name('overhead', on_job, stage_map)} (attributed)", a.overhead_s,
                          _pair(a.intervals.overhead_s)))
+        if _num(a.interference_s) is not None:
+            # the step's own slowdown beside the data path: measured, not a wait, but a part
+            # of the epoch the bar splits (issue 57: a bar of 3.27 s for a 5.76 s epoch)
+            segs.append(("interference (model step beside the data path)",
+                         a.interference_s, None))
         if a.basis == "steady state" and _num(a.startup_cost_s) is not None:
             iv = a.startup_cost_interval
             segs.append(("start-up (beyond the steady rate)", a.startup_cost_s,
@@ -470,6 +501,43 @@ def _au_note(variants: list[VariantResult]) -> str:
     return "; ".join(au_label(k) for k in kinds)
 
 
+def bound_label(a: Attribution | None, v: VariantResult | None = None) -> str:
+    """What a "bound by" tile or cell says, as ``analysis`` decided it: the bound part by the
+    job's own name on a profile ("dataset __iter__"), "inconclusive" where the attribution
+    did not conclude (its parts withheld, said so), "" without an attribution (issue 57: a
+    "BOUND BY fetch" tile stood where the terminal said "inconclusive ... parts withheld")."""
+    if a is None:
+        return ""
+    if not a.conclusive:
+        lean = ("" if a.bound_by == "compute" else
+                f", leaning {_part_label(a.bound_by, v)}")
+        return f"inconclusive{lean}" + ("; parts withheld" if figures.withheld(a) else "")
+    return _part_label(a.bound_by, v)
+
+
+def _part_label(part: str, v: VariantResult | None) -> str:
+    on_job = v is not None and v.profile is not None
+    stage_map = v.profile.analysis.stage_map if on_job and v.profile.analysis else None
+    return part if part == "compute" else figures.part_name(part, on_job, stage_map)
+
+
+def _knee_lines(r: Result) -> list[str]:
+    """A profile's knee and recommendation lines as the one printer writes them (issue 57:
+    "Knee at 2 workers: 2 worker(s) remove the data stall" stood under "No what-if curve"
+    where the terminal said "not predicted"); [] for a scenario's result (its knee is the
+    model's, drawn and explained by the what-if card)."""
+    if r.profile is None or r.tune is not None:
+        return []
+    return [x.strip() for x in profile_lines.knee_lines(r)
+            if x.strip().startswith(("knee:", "recommendation:"))]
+
+
+def _next_step(text: str) -> str:
+    """A recommendation as the verdict card's "Next step" says it: the terminal's line
+    without its own label ("Next step: recommendation: ..." said it twice)."""
+    return text.split(": ", 1)[1] if text.startswith("recommendation: ") else text
+
+
 def _headline(r: Result) -> Headline:
     a = r.analysis
     names = [v.name for v in r.variants]
@@ -497,14 +565,20 @@ def _headline(r: Result) -> Headline:
         if b_ph is not None and t_ph is not None:
             x, y = _num(b_ph.steady_samples_s.median), _num(t_ph.steady_samples_s.median)
             steady = y / x if x and y else None
+    # a profile's verdict is its attribution's, as the terminal printed it; its
+    # recommendation is the "Next step" (``analysis.verdict`` holds that line again)
+    profiled = r.profile is not None
+    verdict = ((ba.verdict if ba else "") if profiled else
+               a.verdict or (ba.verdict if ba else ""))
     return Headline(
-        verdict=a.verdict or (ba.verdict if ba else ""),
+        verdict=verdict, bound_label=bound_label(ba, bv),
         baseline=base, best=best, speedup=speedup, derived=derived,
         bound_by=ba.bound_by if ba else None, best_bound_by=best_a.bound_by if best_a else None,
         stall_share=_num(bv.stall_share.median) if bv else None,
-        attributed_stall_share=_num(ba.attributed_stall_share) if ba else None,
+        attributed_stall_share=(_num(ba.attributed_stall_share)
+                                if ba and not figures.withheld(ba) else None),
         baseline_tput=tput(base), best_tput=tput(best),
-        recommendation=a.recommendation.text if a.recommendation else "",
+        recommendation=_next_step(a.recommendation.text) if a.recommendation else "",
         busy=busy_summary(r), steady_speedup=steady,
         wait_split=_wait_split(bv) if bv is not None else "")
 
@@ -563,7 +637,8 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
                          is_baseline=v.name == head.baseline, is_best=v.name == head.best,
                          attribution=a, segments=segs, split_kind=kind,
                          attribution_notes=(_attribution_notes(a, _printed(v)) if a else [])
-                         + _profile_notes(v))
+                         + _profile_notes(v), bound_label=bound_label(a, v),
+                         withheld=figures.withheld(a))
         vv.timeline_fig = _draw(plots.timeline, v.timeline, alt=f"per-batch timeline of {v.name}",
                                 missing="No per-batch timeline in this result for this variant.")
         vv.resources_fig = _draw(plots.resources, v.resources, alt=f"resources of {v.name}",
@@ -636,6 +711,7 @@ def _build_run(r: Result, path: Path, label: str, color: str, anchor: str) -> Ru
     return RunView(result=r, path=path, label=label, color=color, variants=views, headline=head,
                    tune_fig=tune_fig,
                    terminal_lines=profile_lines.text(r) if r.profile is not None else [],
+                   knee_lines=_knee_lines(r),
                    breakdown_fig=breakdown, throughput_fig=tp, whatif_fig=wi_fig,
                    whatif=wi, whatif_rows=_whatif_rows(wi) if wi is not None else [],
                    stage_rates=_stage_rate_rows(r.variants),

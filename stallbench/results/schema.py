@@ -79,6 +79,10 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   ``Attribution.interference_s``, ``step_ratio``, ``step_noise_share``,
   ``wait_bound_speedup``; ``inconclusive_because`` may be ``"closure"`` or
   ``"busy_machine"``; ``Recommendation.not_the_knobs_gain``.
+  Additive in version 3 (issue 57, the replay that follows the job): ``Attribution.stage_ratio``
+  (a stage not served that moved in a served run); ``inconclusive_because`` may be
+  ``"stage_moved"`` or ``"serving"``; ``RepeatFigures.stall_se_s`` (a profile run's stall's
+  standard error from its batches' spread).
   Additive in version 3 (issue 27, workers that pay): ``ExecutorFacts.workers_kept``
   (loader workers kept across runs, forked every run though they could be kept, or nothing
   to keep), ``Recommendation.also`` (further measured-motivated changes, e.g.
@@ -320,6 +324,11 @@ class RepeatFigures:
     sequence_cut: SequenceCut | None = None     # None: the format keeps every id, or no sequences
     phases: Phases | None = None    # start-up vs steady state of this run (issue 14)
     load: ForeignLoad | None = None   # CPU others took from the machine during this run
+    # issue 57 (profile --analyze): the standard error of this run's measured stall (steady
+    # window scaled to all batches, as ``analysis.waits.stall_of``) from its batches' spread
+    # (``analysis.waits.stall_se``): how far a part, a difference of two runs' stalls, may
+    # come out below 0 by noise alone; None where not measured
+    stall_se_s: float | None = None
 
 
 @dataclass
@@ -540,7 +549,10 @@ class Attribution:
     compute_noise_share: float | None = None
     conclusive: bool = True
     # "compute_noise", "interval", "impossible"; from the waits (issue 39) also "closure"
-    # (negative parts stored as 0 break the sum to the measured stall) or "busy_machine"
+    # (negative parts stored as 0 break the sum to the measured stall) or "busy_machine";
+    # issue 57: "stage_moved" (a stage not served moved in a served run) or "serving" (a
+    # served run waited longer than the full run); ``analysis.waits.WITHHOLDS`` lists those
+    # whose parts are withheld
     inconclusive_because: str | None = None
     refused: str = ""               # the impossible figure and why it was refused (issue 25)
     negative_parts: list[str] = field(default_factory=list)
@@ -562,6 +574,10 @@ class Attribution:
     # beyond its noise; None where not measured or within noise.
     interference_s: float | None = None
     step_ratio: dict[str, float] = field(default_factory=dict)   # step per batch / the full run's
+    # issue 57: a stage that ran for real in a served run and moved there beyond its noise,
+    # "<ablation>:<part>" -> its seconds / the full run's (``inconclusive_because =
+    # "stage_moved"``: the parts are withheld)
+    stage_ratio: dict[str, float] = field(default_factory=dict)
     step_noise_share: float | None = None   # a step ratio within 1 +- this is the same step
     # 1 / (1 - the larger of the whole-run and steady measured stall shares): what removing
     # every wait gives at most; ``ideal_speedup`` never exceeds it

@@ -182,3 +182,27 @@ def test_an_excused_wait_is_not_a_stuck_producer(excused: bool) -> None:
         else:
             with pytest.raises(NoProgress, match="no progress for 1 s"), dog.waiting():
                 one_long_call()
+
+
+def _costs_split(cost: list[float]):
+    """A 0-worker run whose batch i takes ``cost[i]`` (a tenth of it waiting), one item per
+    batch, split."""
+    t, ts = 0.0, []
+    for c in cost:
+        ts.append(t)
+        t += c
+    return split(ts, [0.9 * c for c in cost], [0.1 * c for c in cost], [8] * len(cost),
+                 list(range(len(cost))), t, producers=0)
+
+
+def test_variable_length_batches_keep_their_steady_window() -> None:
+    """Issue 57: dynamic padding makes every batch its own length, so the first batch (the
+    start-up with 0 workers) may be a short one: its being cheaper than the window's mean is
+    its size, not the run being faster, and the run keeps its steady window. One batch as
+    cheap against batches that do not spread is still refused."""
+    import random
+    rnd = random.Random(3)
+    p = _costs_split([0.02] + [rnd.uniform(0.05, 0.4) for _ in range(199)])
+    assert p.has_steady and p.steady_batches == 199, p.no_steady_reason
+    q = _costs_split([0.02] + [0.22] * 199)
+    assert not q.has_steady and q.no_steady_reason.startswith("refused a steady window")

@@ -8,7 +8,7 @@ runs interleaved across repeats (the first variant's first, then the other's), t
 compute-only run, the recording run, the items-served run and the batch-served run. So:
 
 - compute-only: its per-batch time (wait + step of the batches served from memory) is the
-  loop's own step in that run, within 5%;
+  loop's own step in that run, within 3% (issue 57: the floor within 3% of the job's step);
 - fetch stall = full - items served: the item costs of the full run (0 workers: all in its
   process), within 10%;
 - preprocess stall = items served - batch served: the collate costs of the items-served run,
@@ -17,13 +17,14 @@ compute-only run, the recording run, the items-served run and the batch-served r
   C per batch, so the fewest workers with no stall is ceil(P / C); where P / C lies within
   10% of a whole number either side is accepted (the boundary itself is noise).
 
-A sampler that shuffles without a seed asks for other items in every run: the dataset and
-collate ablations must say they cannot be done, with no number. A ``@stallbench.stage``
-function (scripts/user_marked.py: the one script here that imports stallbench, for its
-markers) served alone by its argument costs the run its own cost, whatever order the items
-come in; a ``with`` block cannot be served and says so. One profile of that script, which
-shuffles without a seed, checks all three (its five runs: full, compute-only, recording,
-dataset served, decode served).
+A sampler that shuffles without a seed asks for other items in every run: since issue 57
+the served runs are given the recording run's batches in its order, so the dataset and
+collate ablations are made (one note says the order was not seeded), never "cannot
+ablate". A ``@stallbench.stage`` function (scripts/user_marked.py: the one script here that
+imports stallbench, for its markers) served alone by its argument costs the run its own cost,
+whatever order the items come in; a ``with`` block cannot be served and says so. One profile
+of that script, which shuffles without a seed, checks all three (its six runs: full,
+compute-only, recording, dataset served, dataset and collate served, decode served).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import pytest
 
 import profile_helpers as helpers
 import loadcheck
+from stallbench.analysis import figures
 
 pytestmark = pytest.mark.groundtruth
 
@@ -72,10 +74,13 @@ def _case(tmp_path: Path) -> list[str]:
     a = v.attribution
     assert a is not None, [(x.name, x.why) for x in an.ablations]
     problems = []
+    if figures.withheld(a):
+        # issue 57: a withheld attribution prints no part (the busy machine's, retried)
+        problems.append(f"parts withheld: {a.verdict}")
     co = next(x for x in an.ablations if x.name == "compute_only")
     per_batch = co.epoch_s.median / v.repeats[0].batches
     want_step = only["step_s"] / only["batches"]
-    if abs(per_batch - want_step) > 0.05 * want_step:
+    if abs(per_batch - want_step) > 0.03 * want_step:
         problems.append(f"compute-only {per_batch * 1e3:.2f} ms/batch vs the loop's own step "
                         f"{want_step * 1e3:.2f} ms ({per_batch / want_step - 1:+.1%})")
     if abs(a.fetch_stall_s - full["items_s"]) > 0.10 * full["items_s"]:
@@ -116,17 +121,15 @@ def _marked_case(tmp_path: Path) -> list[str]:
     full = _truths(cp.stdout)[0]            # the full run comes first
     v = helpers.load(out).variants[0]
     an = v.profile.analysis
-    # the sampler shuffles without a seed: the dataset's calls are not the recording's, so
-    # neither it nor collate can be served, and no attribution is given
-    assert v.attribution is None
+    # the sampler shuffles without a seed: the served runs follow the recording's order
+    # (issue 57), so the dataset and collate are ablated, and one note says why the order
+    # differed
+    assert v.attribution is not None
     for name in ("no_fetch", "no_fetch_preprocess"):
         ab = next(x for x in an.ablations if x.name == name)
-        assert not ab.done and "shuffles without a seed" in ab.why, ab
-        assert ab.epoch_s is None
-    line = next(x for x in cp.stdout.splitlines()
-                if x.startswith("cannot ablate dataset __getitem__ "))   # a map-style dataset
-    assert "shuffles without a seed" in line, line
-    assert "  dataset __getitem__ " not in cp.stdout
+        assert ab.done and ab.epoch_s is not None, ab
+    assert "cannot ablate dataset __getitem__" not in cp.stdout
+    assert "note: the loader's order is not seeded" in cp.stdout
     decode = next(x for x in an.ablations if x.name == "stage:decode")
     augment = next(x for x in an.ablations if x.name == "stage:augment")
     assert decode.done and decode.part == "fetch", decode

@@ -87,3 +87,24 @@ def test_a_hugging_face_trainer_is_measured_and_named(tmp_path: Path) -> None:
 def test_an_accelerate_loop_is_measured_as_it_waits(tmp_path: Path) -> None:
     pytest.importorskip("accelerate", reason=SKIP)
     loadcheck.attempts("accelerate", lambda: _accelerate(tmp_path), 3, 1.0)
+
+
+def test_a_trainers_eval_loader_is_one_row_and_a_batch_encoding_counts_its_rows(
+        tmp_path: Path) -> None:
+    """Issue 57: the Trainer makes a new eval DataLoader at every evaluation (one loader
+    shown as ``eval_dataloader``, ``#5``, ``#7``), and a collator's ``BatchEncoding`` (a
+    ``UserDict``) of 8 rows was counted as 1 sample (samples/s half the Trainer's). Counts,
+    not timings: exactly the Trainer's own."""
+    pytest.importorskip("transformers", reason=SKIP)
+    out = tmp_path / "out"
+    cp = helpers.profile(["--out", str(out), "--", helpers.sys.executable,
+                          helpers.script("user_hf_trainer.py"), "1", "1", "eval", "encoding"],
+                         cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    truth = helpers.truth(cp.stdout)
+    loaders = {lo.name: lo for lo in helpers.load(out).variants[0].profile.loaders}
+    assert sorted(loaders) == ["eval_dataloader", "train_dataloader"], sorted(loaders)
+    for name, pre in (("train_dataloader", ""), ("eval_dataloader", "eval_")):
+        lo = loaders[name]
+        assert (lo.batches, lo.samples) == (truth[pre + "batches"], truth[pre + "samples"]), \
+            (name, lo.batches, lo.samples, truth)

@@ -97,3 +97,15 @@ def test_max_batches_ends_a_for_loop_over_a_pipeline(tmp_path: Path) -> None:
     assert truth["for"]["per_epoch"] == [3, 3], truth
     assert [(lo.kind, lo.epochs, lo.batches, lo.samples) for lo in loaders] == \
         [(KIND, 2, 6, 24)], loaders
+
+
+def test_aggregated_images_count_as_samples_not_as_their_rows(tmp_path: Path) -> None:
+    """Issue 57: ``aggregate(n)`` yields the list of its n samples; with arrays for samples
+    (16 x 16 images) the list was read as columns and counted 16 samples a batch (samples/s
+    4x here). The door says its lists are the samples: exactly the loop's own count."""
+    truth, loaders = _profile(tmp_path, f"1 1 {PER_EPOCH} {EPOCHS} images")
+    for loop, stage in LOOPS.items():
+        los = [lo for lo in loaders if lo.name.split("#")[0] == stage]
+        got = (sum(lo.batches for lo in los), sum(lo.samples for lo in los))
+        assert got == (truth[loop]["batches"], truth[loop]["samples"]), (loop, got, truth)
+        assert truth[loop]["samples"] == 4 * truth[loop]["batches"]

@@ -219,3 +219,119 @@ def test_example_results_in_chromium(request: pytest.FixtureRequest, tmp_path: P
     _check(seen)
     narrow = _open(browser, out, ARTIFACTS / f"report-examples-{NARROW}.png", NARROW)
     _check_layout(narrow["layout"], NARROW)
+
+
+# ---------------------------------------------------------------- a profile's one story
+
+STAGE_MAP = {"dataset.__iter__": "fetch", "collate_fn": "preprocess"}   # an IterableDataset
+
+
+def _profile_result(make_result: Any, withheld: bool) -> Any:
+    """A ``stallbench profile --analyze`` result of a job over an ``IterableDataset``: the
+    first variant's attribution (its parts, interference and start-up adding up to its
+    measured epoch), either conclusive with a knee MEASURED at a variant, or inconclusive on
+    a busy machine (parts withheld) with a knee the back-test does not vouch for."""
+    from stallbench.analysis import differential
+    from stallbench.results import (ProfileAnalysis, ProfileCommand, ProfileVariant,
+                                    Recommendation)
+
+    r = make_result(timeline=False, resources=False)
+    r.profile = ProfileCommand(argv=["python", "train.py"], cwd="/w", environment={},
+                               torch="2.13", ray=None, hooks_written_for={})
+    for v in r.variants:
+        v.profile = ProfileVariant(loaders=[])
+        v.attribution = None if v is not r.variants[0] else v.attribution
+    base = r.variants[0]
+    base.profile.analysis = ProfileAnalysis(
+        method="by replay", keep_batches=8, budget_mb=64.0, transfer_note="TRANSFER",
+        budget_basis="BUDGET", stage_map=dict(STAGE_MAP))
+    a = base.attribution
+    # bound by the dataset's __iter__ (the sample is collate-bound: its two parts swapped)
+    a.fetch_stall_s, a.preprocess_stall_s = a.preprocess_stall_s, a.fetch_stall_s
+    iv = a.intervals
+    iv.fetch_stall_s, iv.preprocess_stall_s = iv.preprocess_stall_s, iv.fetch_stall_s
+    a.bound_by = "fetch"
+    epoch = base.epoch_s.median
+    a.interference_s, a.startup_cost_s, a.basis = 0.2 * epoch, 0.05 * epoch, "steady state"
+    a.compute_s = epoch - (a.fetch_stall_s + a.preprocess_stall_s + a.transfer_stall_s
+                           + a.overhead_s + a.startup_cost_s + a.interference_s)
+    wi = r.analysis.whatif
+    if withheld:
+        a.conclusive, a.inconclusive_because = False, "busy_machine"
+        a.refused = ("the step per batch moved beyond its noise (compute_only 0.70x of the "
+                     "full run's) while other processes took cores: the parts are withheld")
+        for p in wi.points:
+            p.not_predicted = "its back-test missed by 41% (over 25%)"
+        wi.knee.not_predicted = "its back-test missed by 41%"
+    a.verdict = differential.verdict(a, on_job=True, stage_map=STAGE_MAP)
+    wi.advice = None
+    text = "recommendation: none measured: no variant's gain is the knob's"
+    r.analysis.recommendation = Recommendation(variant=base.name, bound_by=a.bound_by,
+                                               steady_attributed_stall_share=None,
+                                               action="none", text=text)
+    r.analysis.verdict = text
+    return r
+
+
+def _open_profile(browser: Any, out: Path, shot: Path) -> dict[str, Any]:
+    seen = _open(browser, out, shot)
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(out.resolve().as_uri(), wait_until="load")
+    seen["tile"] = page.locator('.verdict-card [data-figure="bound-by"]').first.inner_text()
+    seen["card"] = page.locator(".verdict-card").first.inner_text()
+    knee = page.locator('[data-figure="knee"]')
+    seen["knee"] = knee.first.inner_text() if knee.count() else None
+    seen["body"] = page.locator("body").inner_text()
+    seen["terminal"] = page.locator('[data-figure="terminal-text"] pre').first.inner_text()
+    seen["splits"] = page.eval_on_selector_all(
+        '[data-figure="epoch-split"]', "els => els.map(e => ({sum: +e.dataset.sum, "
+        "epoch: +e.dataset.epoch, kind: e.dataset.kind, text: e.textContent}))")
+    seen["withheld_cells"] = page.locator('table.attribution [data-figure="withheld"]').count()
+    ctx.close()
+    return seen
+
+
+@pytest.mark.parametrize("withheld", [False, True], ids=["conclusive", "withheld"])
+def test_a_profile_report_says_what_the_terminal_says(browser: Any, tmp_path: Path,
+                                                      make_result: Any, write_result: Any,
+                                                      withheld: bool) -> None:
+    """Issue 57, one story on every surface: the tile, the knee and the bars a reader sees
+    are what ``analysis`` decided and the terminal printed: no "BOUND BY fetch" tile where
+    the terminal says "inconclusive ... parts withheld"; the knee as the terminal wrote it
+    ("not predicted" under a withheld curve, never "Knee at 3 workers"); bars that add up to
+    the measured epoch they split, interference included (or, withheld, the measured run);
+    an IterableDataset's part named ``dataset __iter__``; no "Next step: recommendation:"."""
+    from stallbench.report import profile_lines
+
+    r = _profile_result(make_result, withheld)
+    out = render([write_result(r)], tmp_path / "report" / "index.html")
+    seen = _open_profile(browser, out, ARTIFACTS / f"report-profile-{withheld}.png")
+    _check(seen)
+    printed = profile_lines.lines(r)
+    verdict = next(x.strip() for x in printed if x.strip().startswith("verdict: "))
+    if withheld:
+        assert verdict.startswith("verdict: inconclusive (leaning dataset __iter__-bound; "
+                                  "parts withheld)"), verdict
+        assert seen["tile"].startswith("inconclusive, leaning dataset __iter__"), seen["tile"]
+        assert "parts withheld" in seen["tile"] and seen["withheld_cells"] == 4
+        assert "attributed stall" not in seen["card"]       # a withheld figure, not shown
+    else:
+        assert verdict.startswith("verdict: dataset __iter__-bound"), verdict
+        assert seen["tile"] == "dataset __iter__" and seen["withheld_cells"] == 0
+    assert verdict[len("verdict: "):] in seen["card"]
+    # the knee as printed, line for line; never the model's bare "Knee at N"
+    knee = [x.strip() for x in profile_lines.knee_lines(r)
+            if x.strip().startswith(("knee:", "recommendation:"))]
+    assert seen["knee"] is not None and seen["knee"].split("\n") == knee, (seen["knee"], knee)
+    assert ("not predicted" in knee[0]) == withheld
+    assert "Knee at" not in seen["body"]
+    # the bars: what they add up to is the epoch they split
+    (split,) = seen["splits"][:1]
+    assert split["kind"] == ("measured" if withheld else "attributed"), split
+    assert split["sum"] == pytest.approx(split["epoch"], rel=0.02), split
+    assert ("interference" in split["text"]) != withheld, split
+    # the job's own names, and the recommendation said once
+    assert "dataset __getitem__" not in seen["body"] and "BOUND BY\nfetch" not in seen["card"]
+    assert "Next step: recommendation:" not in seen["card"].replace("\n", " ")
+    assert "none measured: no variant's gain is the knob's" in seen["card"]

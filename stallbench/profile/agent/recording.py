@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import threading
+import time
 
 from . import util, wire
 
@@ -31,16 +32,20 @@ _STAGE_FILE: list = []
 
 
 class Stats:
-    """What this process's replay did: calls served, computed, recorded (bytes), batches not
-    served; the first call that did not match the recording, the first it did not hold, why
+    """What this process's replay did: calls served (``reordered``: of them, those served
+    in the recording's order where the sampler asked for other indices), computed, recorded
+    (bytes), batches not served; the first call that did not match the recording, the first it did not hold, why
     the recording stopped; per ``stallbench.stage`` name, what happened to its calls."""
 
     def __init__(self) -> None:
         self.served = 0
         self.computed = 0
+        self.reordered = 0          # served though the sampler asked for other indices
         self.recorded = 0
         self.recorded_bytes = 0
         self.unserved_batches = 0
+        self.late_read_s = 0.0      # a worker's own reads of its recording after epoch 0
+        self.unreadable = ""        # why a recording file could not be read back (serve)
         self.budget_stop: wire.BudgetStop | None = None
         self.mismatch: wire.Mismatch | None = None
         self.missing: wire.Missing | None = None
@@ -159,6 +164,12 @@ def record(where, entry) -> None:
             where=tuple(where), call=entry[0], bytes=0,
             error=f"cannot pickle the outputs ({type(exc).__name__})")
         return
+    if not STATS.recorded:
+        why = _unreadable(blob)
+        if why:
+            STATS.budget_stop = wire.BudgetStop(where=tuple(where), call=entry[0], bytes=0,
+                                                error=why)
+            return
     with LOCK:
         if STATS.recorded_bytes + len(blob) > budget():
             STATS.budget_stop = wire.BudgetStop(where=tuple(where), call=entry[0],
@@ -176,6 +187,22 @@ def record(where, entry) -> None:
             return
         STATS.recorded += 1
         STATS.recorded_bytes += len(blob)
+
+
+def _unreadable(blob: bytes) -> str:
+    """Why a recorded call cannot be read back ("" when it can): the first call of each
+    process is unpickled once, in the recording run. A batch class that pickles but does not
+    unpickle (a ``UserDict`` whose ``__getattr__`` reads ``self.data``, without the
+    ``__setstate__`` that ``transformers.BatchEncoding`` has, recurses) was found only by the
+    served runs, and said as an epoch the recording did not hold (issue 57)."""
+    try:
+        pickle.loads(blob)
+        return ""
+    except BaseException as exc:  # noqa: BLE001 - RecursionError included: said, not raised
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return (f"the outputs pickle but cannot be read back ({type(exc).__name__}: "
+                f"{str(exc)[:80]}); give the batch's class a __setstate__")
 
 
 def record_stage(name: str, key: str, out) -> None:
@@ -235,34 +262,67 @@ def loaded(files: list, keep, collect: bool = True) -> None:
         except Exception as exc:  # noqa: BLE001 - the job goes on; the ablation says why
             util.say(f"cannot read the recording {os.path.basename(f)} "
                      f"({type(exc).__name__}: {exc}); its calls are computed")
+            with LOCK:
+                STATS.unreadable = STATS.unreadable or f"{type(exc).__name__}: {str(exc)[:80]}"
     if collect:
         gc.collect()
 
 
+def _by_epoch(pattern: str) -> dict:
+    """The recording files matching ``pattern`` by (worker, epoch): one process's file for
+    each (a loader's workers for one epoch are one process each)."""
+    files: dict = {}
+    for f in sorted(glob.glob(pattern)):
+        m = re.search(r"-w(-?\d+)-e(\d+)-p\d+\.pkl$", f)
+        if m is not None:
+            files.setdefault((int(m.group(1)), int(m.group(2))), f)
+    return files
+
+
+def _read_all(order: int, workers: bool) -> None:
+    """Every epoch's recording of loader ``order`` read into ``_RECORDS`` (its workers' or
+    the loop's process's), then the collector once (``loaded``: why)."""
+    pattern = rec_path((order, "*", "*"))       # type: ignore[arg-type]
+    for (w, ep), f in sorted(_by_epoch(pattern).items()):
+        if (w >= 0) == workers and (order, w, ep) not in _RECORDS:
+            _RECORDS[(order, w, ep)] = []
+            loaded([f], _RECORDS[(order, w, ep)].append, collect=False)
+    gc.collect()
+
+
+def preload(order: int) -> None:
+    """Every worker's recording of loader ``order``, read in the loop's process before its
+    workers fork (issue 57): torch's default workers are not persistent, so each epoch forks
+    new ones, and each read its epoch's recording at its first call, inside the measured
+    window (a 'loader hand-off' of 5.01 s against a 3.15 s stall). Forked after this, they
+    find their records in memory, and the read is paid once, in the first epoch's start-up."""
+    if ("workers", order) in _READ:
+        return
+    _READ.add(("workers", order))
+    _read_all(order, workers=True)
+
+
 def load(where) -> list:
-    """The recorded calls of ``where`` (loader order, worker, epoch). At this loader's and
-    worker's first serving call, every epoch's recording is read at once: read per epoch,
-    the second and later epochs paid their read (and its collection) inside the steady
+    """The recorded calls of ``where`` (loader order, worker, epoch). At this loader's first
+    serving call in the loop's process, every epoch's recording is read at once: read per
+    epoch, the second and later epochs paid their read (and its collection) inside the steady
     window, a cost the full run never had that the attribution charged to the loader's
-    hand-off (0.8 s of a 3-epoch job's 4.3 s wait). The loop's own process does so; a loader
-    worker reads its epoch's file alone, as a worker forked again each epoch (not persistent)
-    would otherwise read every epoch's at every fork."""
+    hand-off (0.8 s of a 3-epoch job's 4.3 s wait). A loader worker finds its records read
+    before it forked (``preload``); one that did not fork (spawned) reads its epoch's file
+    alone at its first call, and the seconds that took after the first epoch are counted
+    (``Stats.late_read_s``: inside the measured window, said by the launcher)."""
     recs = _RECORDS.get(where)
-    o, w, _ = where
+    o, w, ep = where
     if recs is None and w >= 0:
+        t = time.perf_counter()
         recs = _RECORDS[where] = []
         loaded(sorted(glob.glob(rec_path(where)))[:1], recs.append)
+        if ep > 0:
+            with LOCK:
+                STATS.late_read_s += time.perf_counter() - t
     elif recs is None and (o, w) not in _READ:
         _READ.add((o, w))
-        files: dict[int, str] = {}
-        for f in sorted(glob.glob(rec_path((o, w, "*")))):     # type: ignore[arg-type]
-            m = re.search(r"-e(\d+)-p\d+\.pkl$", f)
-            if m is not None:
-                files.setdefault(int(m.group(1)), f)            # one process's file per epoch
-        for ep in sorted(files):
-            _RECORDS[(o, w, ep)] = []
-            loaded([files[ep]], _RECORDS[(o, w, ep)].append, collect=False)
-        gc.collect()      # once, for every epoch read (``loaded``: why)
+        _read_all(o, workers=False)
     return _RECORDS.setdefault(where, []) if recs is None else recs
 
 

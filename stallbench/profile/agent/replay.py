@@ -16,11 +16,15 @@ Three modes, one per kind of ablation run ``ablate.py`` plans:
   big storage (rows sliced out of one batch tensor) are recorded as compact copies of what
   they reference (``recording.compact``), not as that whole storage once per call.
 - ``serve``: the same fetch calls answered from that file, matched by (loader order, worker
-  id, epoch, call number) and checked against the indices asked for: ``items`` serves the
-  dataset's items (collate still runs on them), ``batch`` serves collate's output (neither
-  runs). A call that does not match (a sampler that shuffles without a seed), or that the
-  record does not hold (the budget ran out), is computed for real and counted, so the
-  launcher can refuse the ablation instead of reporting a mixed run.
+  id, epoch, call number): ``items`` serves the dataset's items (collate still runs on them),
+  ``batch`` serves collate's output (neither runs). After each served call the job's global
+  generators are set to the state the recorded call left them in (``generators``), so a
+  random augmentation skipped by serving does not move the next epoch's shuffle. A call whose
+  indices are not the recording's (a shuffle seeded from the clock) is still served as
+  recorded: the served run consumes the recording run's batches in the recording's order,
+  and ``reordered`` counts such calls. A call the record does not hold (an epoch longer than
+  the recorded one) is computed for real and counted, so the launcher can refuse the
+  ablation instead of reporting a mixed run.
 
 Each process says what it did in ``replay-<host>-<pid>.json`` (role ``replay``) beside its
 part: served/computed calls, the first mismatch, the budget stop, and per stream and epoch
@@ -34,7 +38,7 @@ import os
 import socket
 import sys
 
-from . import recording, state, util, wire
+from . import generators, recording, state, util, wire
 from .recording import STATS
 
 _SERVED_FROM: dict = {}       # stream name -> [first served batch index per epoch]
@@ -91,12 +95,27 @@ def _not_served(kind: str) -> bool:
     return door is None or bool(getattr(door, "SERVED", ""))
 
 
+_SOURCES: dict = {}      # id(epoch) -> (epoch, source fn given, its serving fn)
+
+
 def source(stream, ep, source_fn, it):
     """``Stream.next_batch``'s seam in a compute-only run: the real loader for the first
     batches of the run (kept), the kept batches afterwards, StopIteration where the full
-    run's epoch ended."""
-    if recording.MODE != "compute_only" or _not_served(stream.kind):
+    run's epoch ended. One serving function per epoch, made at its first batch: made per
+    batch (a closure and the door's lookup), it was a cost inside every served batch's wait,
+    a floor above the job's own step (issue 57)."""
+    if recording.MODE != "compute_only":
         return source_fn
+    got = _SOURCES.get(id(ep))
+    if got is not None and got[0] is ep and got[1] is source_fn:
+        return got[2]
+    fn = source_fn if _not_served(stream.kind) else _serving(stream, ep, source_fn, it)
+    _SOURCES[id(ep)] = (ep, source_fn, fn)      # the stream keeps its epochs: no more held
+    return fn
+
+
+def _serving(stream, ep, source_fn, it):
+    """The serving function of one epoch (``source``)."""
     kept = _KEPT.setdefault(stream.key, [])
     epoch = len(stream.epochs) - 1
     keep = recording.PLAN.keep
@@ -175,45 +194,77 @@ def fetch(fetcher, index, orig, col):
     n = _next_call(where)
     idx = _index_key(index) if getattr(fetcher, "auto_collation", True) else index
     if mode == "record":
-        inner = col.fn
-        items_box: list = []
-
-        def tap(data):
-            items_box.append(data)
-            return inner(data)
-        col.fn = tap
-        try:
-            out = orig(fetcher, index)
-        except StopIteration:
-            recording.record(where, (n, idx, None, None, "stop"))
-            raise
-        finally:
-            col.fn = inner
-        recording.record(where, (n, idx, items_box[0] if items_box else None, out, ""))
-        return out
+        return _record_call(fetcher, index, orig, col, where, (n, idx))
     recs = recording.load(where)
-    stage = serve
     if n >= len(recs):
         with _LOCK:
             STATS.computed += 1
             if STATS.missing is None:
                 STATS.missing = wire.Missing(where=tuple(where), call=n, recorded=len(recs))
         return orig(fetcher, index)
-    _, r_idx, items, batch, flag = recs[n]
-    if not _same(r_idx, idx):
-        with _LOCK:
-            STATS.computed += 1
+    rec = recs[n]
+    _, r_idx, items, batch, flag = rec[:5]
+    with _LOCK:
+        STATS.served += 1
+        if not _same(r_idx, idx):
+            # the sampler's order is not the recording's (a shuffle seeded from the clock, a
+            # generator of the job's own): the call is served as recorded, so the run gets the
+            # recording run's batches in the recording's order, and the count says so
+            STATS.reordered += 1
             if STATS.mismatch is None:
                 STATS.mismatch = wire.Mismatch(where=tuple(where), call=n,
                                                recorded=_short(r_idx), asked=_short(idx))
-        return orig(fetcher, index)
-    with _LOCK:
-        STATS.served += 1
-    if flag == "stop":
-        raise StopIteration
-    if stage == "batch" or items is None:
-        return batch
-    return col(items)
+    try:
+        if flag == "stop":
+            raise StopIteration
+        if serve == "batch" or items is None:
+            return batch
+        return col(items)
+    finally:
+        generators.restore(rec[5] if len(rec) > 5 else None)
+
+
+def _record_call(fetcher, index, orig, col, where, key):
+    """One fetch call computed and recorded: its indices, the dataset's items (tapped from
+    the collate call), collate's batch, and the global generators' states where the call
+    moved them (``generators``: a served run sets them again after serving the call)."""
+    n, idx = key
+    inner = col.fn
+    items_box: list = []
+
+    def tap(data):
+        items_box.append(data)
+        return inner(data)
+    col.fn = tap
+    before = generators.taken()
+    try:
+        out = orig(fetcher, index)
+    except StopIteration:
+        recording.record(where, (n, idx, None, None, "stop",
+                                 generators.moved(before, generators.taken())))
+        raise
+    finally:
+        col.fn = inner
+    recording.record(where, (n, idx, items_box[0] if items_box else None, out, "",
+                             generators.moved(before, generators.taken())))
+    return out
+
+
+def before_workers(order: int, context) -> None:
+    """A DataLoader's workers start now (the door calls this in the loop's process): in a
+    serving run whose workers fork, every worker's recording of the loader is read first
+    (``recording.preload``), so the workers forked for later epochs never read theirs inside
+    the measured window. Spawned workers cannot inherit it (they read their own, timed)."""
+    if recording.MODE != "serve" or recording.PLAN.serve not in ("items", "batch"):
+        return
+    try:
+        import multiprocessing
+        method = (context.get_start_method() if context is not None
+                  else multiprocessing.get_start_method())
+    except Exception:  # noqa: BLE001 - unknown: the workers read their own, as before
+        return
+    if method == "fork":
+        recording.preload(order)
 
 
 def _same(a, b) -> bool:
@@ -240,8 +291,9 @@ def flush() -> None:
         rec = wire.Replay(
             pid=os.getpid(), mode=recording.MODE, serve=recording.PLAN.serve,
             worker=state.PROC.worker_loader is not None, served=STATS.served,
-            computed=STATS.computed, recorded=STATS.recorded,
+            computed=STATS.computed, reordered=STATS.reordered, recorded=STATS.recorded,
             recorded_bytes=STATS.recorded_bytes, unserved_batches=STATS.unserved_batches,
+            late_read_s=STATS.late_read_s, unreadable=STATS.unreadable,
             budget_stop=STATS.budget_stop, mismatch=STATS.mismatch, missing=STATS.missing,
             served_from={k: list(v) for k, v in _SERVED_FROM.items()},
             kept={k: len(v) for k, v in _KEPT.items()}, kept_bytes=dict(_KEPT_BYTES),

@@ -10,26 +10,60 @@ from __future__ import annotations
 import types
 
 
-def rows(batch, default: int) -> int:
+def rows(batch, default: int, listed: bool = False) -> int:
     """Samples in a batch, from its structure, one rule for every door (DataLoader, Ray,
-    ``watch``, a queue fed by a loader thread, torchdata): the leading dimension of a
+    ``watch``, a queue fed by a loader thread, torchdata, SPDL): the leading dimension of a
     tensor/array; the length of a sequence of values (``[path, path, ...]``, a list of
-    ints); a dict counts by its first value that is a tensor or a sequence (a batch
-    ``{"path": [...], "image": tensor}`` by its paths, not as one sample); a tuple/list of
-    columns by its first column. A list whose items are dicts or tuples (its first and last
-    read) is the list of the samples (an identity ``collate_fn``; torch's default collate
-    turns dict samples into one dict and tuple samples into a list of columns): its length.
-    Nothing countable (a scalar, a string, an object): the loader's batch size.
-    Only the builtin containers' own methods and C-level ``shape`` descriptors (torch,
-    numpy) are used: a batch class's ``__getattr__`` (a lookup that raises ``KeyError``),
-    properties or overridden ``values()`` never run from here."""
+    ints); a mapping counts by its first value that holds something: a tensor's leading
+    dimension, a list's or tuple's length (each value of a mapping is a column: a tokenizer's
+    ``{"input_ids": [[...], [...]]}`` holds 2 rows, not one of the first row's length), a
+    nested mapping's count. Dict-likes that keep their mapping in ``data`` (``UserDict``,
+    Hugging Face's ``BatchEncoding``) count as that mapping (issue 57: a ``BatchEncoding``
+    of 2 rows was counted as 1 sample). A tuple/list of columns counts by its first column.
+    A list whose items are dicts or tuples (its first and last read) is the list of the
+    samples (an identity ``collate_fn``; torch's default collate turns dict samples into one
+    dict and tuple samples into a list of columns): its length. ``listed``: the door says a
+    list is always its samples (SPDL's ``aggregate(n)`` yields the n samples, whatever they
+    are: 8 images of 16 rows each were counted as 16 samples). Nothing countable (a scalar,
+    a string, an object): the loader's batch size.
+    Only the builtin containers' own methods, C-level ``shape`` descriptors (torch, numpy)
+    and the instance ``__dict__`` of a ``UserDict`` are used: a batch class's
+    ``__getattr__`` (a lookup that raises ``KeyError``), properties or overridden
+    ``values()`` never run from here."""
     try:
+        if listed and issubclass(type(batch), list):
+            return list.__len__(batch)
         n = _count(batch, 4)
         if n is not None:
             return n
     except Exception:  # noqa: BLE001 - an odd batch is counted as a batch_size one
         pass
     return default
+
+
+def _mapping(b) -> dict | None:
+    """The dict a batch keeps its columns in: itself (a dict), or a ``UserDict``'s ``data``
+    read from its instance ``__dict__`` (no attribute lookup of its class runs)."""
+    if issubclass(type(b), dict):
+        return b
+    if any(k.__name__ == "UserDict" and k.__module__ == "collections"
+           for k in type(b).__mro__):
+        d = object.__getattribute__(b, "__dict__").get("data")
+        return d if issubclass(type(d), dict) else None
+    return None
+
+
+def _column(v, depth: int) -> int | None:
+    """Rows of one value of a mapping (a column): a tensor's leading dimension, a sequence's
+    length, a nested mapping's count."""
+    shape = _shape(v)
+    if shape is not None:
+        return int(tuple.__getitem__(shape, 0)) if tuple.__len__(shape) > 0 else None
+    t = type(v)
+    if issubclass(t, (list, tuple)):
+        n = (list if issubclass(t, list) else tuple).__len__(v)
+        return n or None
+    return _count(v, depth - 1) if _mapping(v) is not None else None
 
 
 def _count(b, depth: int) -> int | None:
@@ -40,11 +74,12 @@ def _count(b, depth: int) -> int | None:
         return int(tuple.__getitem__(shape, 0)) if tuple.__len__(shape) > 0 else None
     if depth <= 0:
         return None
-    if issubclass(t, dict):
-        for i, v in enumerate(dict.values(b)):
+    m = _mapping(b)
+    if m is not None:
+        for i, v in enumerate(dict.values(m)):
             if i >= 8:
                 break
-            n = _count(v, depth - 1)
+            n = _column(v, depth)
             if n is not None:
                 return n
         return None
@@ -54,27 +89,80 @@ def _count(b, depth: int) -> int | None:
         if not size:
             return None
         first, last = seq.__getitem__(b, 0), seq.__getitem__(b, -1)
-        if seq is list and (all(issubclass(type(x), dict) for x in (first, last))
+        if seq is list and (all(_mapping(x) is not None for x in (first, last))
                             or all(type(x) is tuple for x in (first, last))):
             return size             # a list of samples (identity collate)
-        if _shape(first) is not None or issubclass(type(first), (list, tuple, dict)):
+        if _shape(first) is not None or issubclass(type(first), (list, tuple)) \
+                or _mapping(first) is not None:
             return _count(first, depth - 1)     # columns: the first one's length
         return size                 # a column of plain values (paths, ids)
     return None
 
 
+_SAMPLED = 16      # children of a container read for ``elements`` (the rest scaled from them)
+
+
+def elements(batch) -> int:
+    """The values a batch holds: every tensor's or array's shape product, a list's numbers
+    counted one each; containers (dicts, ``UserDict``s, lists, tuples) looked into, at most
+    ``_SAMPLED`` children of each read and the rest scaled from them. The batch's size for
+    the step's cost (issue 57): variable-length batches (dynamic padding) hold as many rows
+    but not as many tokens, and a compute-only run that served its few kept batches again
+    measured their step, not the job's (53.8 s of "interference" on the transformers
+    tutorial). Same rules as ``rows``: no code of a batch's class runs. 0 where nothing is
+    countable."""
+    try:
+        return int(_elements(batch, 4))
+    except Exception:  # noqa: BLE001 - an odd batch has no size: not scaled
+        return 0
+
+
+def _elements(b, depth: int) -> float:
+    shape = _shape(b)
+    if shape is not None:
+        n = 1
+        for d in tuple.__iter__(shape):
+            n *= int(d)
+        return n
+    t = type(b)
+    if t in (int, float, bool):
+        return 1
+    if depth <= 0:
+        return 0
+    m = _mapping(b)
+    if m is not None:
+        return sum(_elements(v, depth - 1) for v in dict.values(m))
+    if issubclass(t, (list, tuple)):
+        seq = list if issubclass(t, list) else tuple
+        size = seq.__len__(b)
+        if not size:
+            return 0
+        read = [seq.__getitem__(b, i) for i in range(min(size, _SAMPLED))]
+        return sum(_elements(v, depth - 1) for v in read) * size / len(read)
+    return 0
+
+
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
+
+
+_SHAPE_OF: dict = {}     # id(type) -> (type, its C-level ``shape`` descriptor or None)
 
 
 def _shape(b) -> tuple | None:
     """``b.shape`` where the type defines it in C (a tensor's or an array's), as a tuple;
-    None for anything else (no Python code of the batch's class runs)."""
-    for klass in type(b).__mro__:
-        desc = klass.__dict__.get("shape")
-        if desc is not None:
-            if type(desc) not in _C_DESCRIPTORS:
-                return None
-            shape = desc.__get__(b, type(b))
-            return shape if issubclass(type(shape), tuple) else None
-    return None
-
+    None for anything else (no Python code of the batch's class runs). The descriptor is
+    looked up once per type (its MRO walked once: a batch's hot path reads it per value)."""
+    t = type(b)
+    got = _SHAPE_OF.get(id(t))
+    if got is None or got[0] is not t:
+        desc = None
+        for klass in t.__mro__:
+            d = klass.__dict__.get("shape")
+            if d is not None:
+                desc = d if type(d) in _C_DESCRIPTORS else None
+                break
+        got = _SHAPE_OF[id(t)] = (t, desc)
+    if got[1] is None:
+        return None
+    shape = got[1].__get__(b, t)
+    return shape if issubclass(type(shape), tuple) else None

@@ -22,7 +22,7 @@ import threading
 import time
 
 from . import beats, state, util, wire, writer
-from .rows import rows as count_rows
+from .rows import elements, rows as count_rows
 
 UNREAD = object()       # ``Stream.length`` before the first pass read it
 # never rebound (``state``'s docstring): read once, per batch they are this module's globals
@@ -33,8 +33,8 @@ ACTIVE = state.ACTIVE
 class Epoch:
     """One pass over a stream (one ``iter()``): per-batch request time, wait and step."""
 
-    __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "t_last", "t_end", "capped",
-                 "cuda", "cpu0", "cpu1", "abandoned", "past_cap", "expected")
+    __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "size", "t_last", "t_end",
+                 "capped", "cuda", "cpu0", "cpu1", "abandoned", "past_cap", "expected")
 
     def __init__(self, t: float) -> None:
         self.t_iter = t
@@ -45,6 +45,7 @@ class Epoch:
         self.wait: list = []
         self.step: list = []
         self.rows: list = []
+        self.size: list = []
         self.t_last = t
         self.t_end: float | None = None
         self.capped = False
@@ -63,6 +64,7 @@ class Epoch:
         return wire.Epoch(
             t_iter=self.t_iter - t0, t_req=tuple(t - t0 for t in self.t_req),
             wait=tuple(self.wait), step=tuple(steps), rows=tuple(self.rows),
+            size=tuple(self.size),
             ended=self.t_end is not None, capped=self.capped,
             t_end=(self.t_end if self.t_end is not None else self.t_last) - t0,
             cpu_s=(self.cpu1 if self.cpu1 is not None else time.process_time()) - self.cpu0,
@@ -95,9 +97,12 @@ class Stream:
                  named: str = "") -> None:
         """``named``: what the job's framework calls the loader (``framework_name``): the
         stream's name as it stands (``val_dataloader``), ``#order`` added only where another
-        stream of this process that was iterated has that name (decided at the first pass:
+        stream of this process with that name is in a pass now (decided at the first pass:
         a Hugging Face ``Trainer`` makes a DataLoader it never iterates and the prepared copy
-        it does, both in ``get_train_dataloader``); else ``<label>#<order>``."""
+        it does, both in ``get_train_dataloader``); a framework's loader made anew for each
+        pass (the Trainer's ``get_eval_dataloader`` at every evaluation) keeps the name, and
+        the merge joins its passes into one row (issue 57: one eval loader was three rows,
+        ``eval_dataloader``, ``#5``, ``#7``); else ``<label>#<order>``."""
         with state.LOCK:
             self.order = len(state.STREAMS)
             state.STREAMS.append(self)
@@ -111,6 +116,8 @@ class Stream:
         self.epochs: list = []
         self.written = 0            # epochs already in an epochs-*.json file
         self.default_rows = self.settings.batch_rows
+        # the door says a batch that is a list holds its samples (``rows.rows``' ``listed``)
+        self.listed = bool(getattr(util.door_of(kind), "LISTS_ARE_SAMPLES", False))
         self.unmeasured = ""
         self.busy = 0               # the thread inside next_batch now (0: none)
         self.role = ""              # "producer": a thread that feeds the loop a queue
@@ -132,8 +139,8 @@ class Stream:
             self.close_abandoned(self.epochs[-1])
         elif self.named:
             with state.LOCK:
-                taken = any(s.name == self.named and s.epochs for s in state.STREAMS
-                            if s is not self)
+                taken = any(s.name == self.named and s.epochs and s.epochs[-1].t_end is None
+                            for s in state.STREAMS if s is not self)
             if taken:
                 self.name = f"{self.named}#{self.order}"
         ep = Epoch(t)
@@ -210,7 +217,8 @@ class Stream:
                 ep.t_req.append(ep.t_iter)
                 ep.wait.append(t1 - ep.t_iter)
             ep.t_last = t1
-            ep.rows.append(count_rows(batch, self.default_rows))
+            ep.rows.append(count_rows(batch, self.default_rows, self.listed))
+            ep.size.append(elements(batch))
             if me != state.MAIN:   # a put of it into a queue.Queue: a feed (thread_queue);
                 ACTIVE.produced = (self, id(batch), ep.rows[-1])    # main never feeds
             if cuda is not None:

@@ -21,6 +21,9 @@ counted by ``StatsQueue``: its counter runs only when the get returns).
 default queues (read through its foreground mirror, a ``queue.Queue``), the items taken by
 ``pipeline.get_item(timeout=...)`` until its ``EOFError``.
 
+With ``images``, every item is a 16 x 16 array (an image) instead of its index: a batch is
+the list of 4 arrays ``aggregate`` made, 4 samples, not the 16 rows of the first one.
+
 With ``for``, only a third loop: ``for batch in pipeline:`` (``Pipeline.__iter__``) each
 epoch over one continuous pipeline; its truth is ``{"for": {"per_epoch": [batches seen]}}``.
 
@@ -33,6 +36,8 @@ batches (``step_s``), batches and samples; for ``iterator`` SPDL's figures too
 import json
 import sys
 import time
+
+import numpy as np
 
 from spdl.pipeline import PipelineBuilder, QueuePerfStats, StatsQueue
 
@@ -59,10 +64,17 @@ def build(fn, n_items, continuous=False, queue_class=None):
             .build(num_threads=2, queue_class=queue_class))
 
 
+IMAGES = sys.argv[5:] == ["images"]
+
+
+def item(i):
+    return np.full((16, 16), float(i)) if IMAGES else i
+
+
 def run_iterator(item_s, step_s, per_epoch, epochs):
     def decode(i):
         time.sleep(item_s)
-        return i
+        return item(i)
 
     next_s = step = 0.0
     batches = samples = 0
@@ -94,7 +106,7 @@ def run_iterator(item_s, step_s, per_epoch, epochs):
 def run_get_item(item_s, step_s, per_epoch, epochs):
     def fetch(i):
         time.sleep(item_s)
-        return i
+        return item(i)
 
     next_s = step = 0.0
     batches = samples = 0

@@ -34,6 +34,8 @@ What a door module declares (module-level constants; ``Door`` below holds them):
 ``WRITTEN_FOR``    ``(library, version, what is patched)``: a job with another version gets one
                    line on stderr saying what may have changed (``VERSION_FROM``: where the
                    job's version is read, when not the ``library`` distribution's metadata)
+``LISTS_ARE_SAMPLES`` True when a batch that is a list holds the samples (SPDL's ``aggregate``):
+                   counted by its length, never as columns (read in the job, ``rows.rows``)
 ``OWN_STAGES``     the stage names its hooks record themselves (``collate_fn``, Ray's
                    ``ray production_wait``): figures of the door, never a ``stallbench.stage``
                    mark the job made, so never ablated as one

@@ -20,7 +20,8 @@ One stream per ``Pipeline`` object, named by its first ``pipe`` stage (the user'
 function: ``load_image#0``), else its source's type, else ``Pipeline``; the name is read from
 the config the pipeline was built from (``_build_pipeline`` hooked: both
 ``PipelineBuilder.build`` and ``build_pipeline`` reach it). Samples are counted from each
-batch's structure (the core's rule: a ``Collate`` batch is a list). SPDL's stage functions
+batch's structure (the core's rule), a list being the samples ``aggregate(n)`` put in it
+(``LISTS_ARE_SAMPLES``: 8 images of 16 rows are 8 samples, not 16). SPDL's stage functions
 run in its event loop's thread pool: they are not timed as stages (only ``stallbench.stage``
 marks there are), and no ``--set`` key reaches the pipeline (``num_threads`` and per-stage
 ``concurrency`` are the job's own code).
@@ -46,6 +47,9 @@ WRITTEN_FOR = ("spdl", "0.8", "Pipeline.get_iterator/get_item, PipelineIterator.
                "_build._build_pipeline")
 VERSION_FROM = ("spdl-core", "spdl")    # spdl is a meta-package of spdl-core and spdl-io
 KIND = KINDS[0]
+# a batch that is a list is the list of samples ``aggregate(n)`` made (never columns: SPDL
+# has no collate of its own that returns them)
+LISTS_ARE_SAMPLES = True
 
 _BUILT = None                   # a Pipeline -> (label, settings) from the config it was built of
 _DIRECT = None                  # a Pipeline -> its open pass of the loop's own get_item calls

@@ -119,6 +119,10 @@ def patch_torch(dl_mod) -> None:
         # the pin thread starts in here too: its target, looked up on the module now, is
         # tagged with this loader's key, so its pin_memory time goes to this loader only
         pin_loop = pin_mod._pin_memory_loop
+        replay = H.replay
+        if st is not None and replay is not None:
+            # a serving run: the workers about to fork find the recording in memory
+            replay.before_workers(st.order, getattr(loader, "multiprocessing_context", None))
         if st is not None:
             pin_mod._pin_memory_loop = functools.partial(_keyed_pin_loop, pin_loop, st.key)
         try:

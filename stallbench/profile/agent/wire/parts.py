@@ -26,7 +26,8 @@ from .settings import LoaderSettings
 @dataclass(frozen=True)
 class Epoch:
     """One pass of a loader stream: per batch the request time, wait and step (from the
-    process's start, seconds), rows; whether it ended (``StopIteration``, or exactly
+    process's start, seconds), rows, size (the values it held: what a compute-only run scales
+    its served batches' steps by); whether it ended (``StopIteration``, or exactly
     ``len(loader)`` batches) or was capped; its trainer CPU; the GPU's view where CUDA ran."""
 
     t_iter: float
@@ -41,6 +42,7 @@ class Epoch:
     gpu_wait: tuple[float, ...] = ()
     gpu_step: tuple[float, ...] = ()
     gpu_error: str = ""
+    size: tuple[int, ...] = ()      # values per batch (``rows.elements``; issue 57)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t_iter": self.t_iter, "t_req": list(self.t_req),
@@ -50,6 +52,8 @@ class Epoch:
         if self.gpu_wait or self.gpu_step or self.gpu_error:
             out["gpu"] = ({"error": self.gpu_error} if self.gpu_error else
                           {"wait": list(self.gpu_wait), "step": list(self.gpu_step)})
+        if self.size:
+            out["size"] = list(self.size)
         return out
 
     @classmethod
@@ -62,7 +66,7 @@ class Epoch:
                    capped=bool(d.get("capped")), t_end=num(d.get("t_end")),
                    cpu_s=None if cpu is None else num(cpu),
                    gpu_wait=floats(gpu.get("wait")), gpu_step=floats(gpu.get("step")),
-                   gpu_error=str(gpu.get("error") or ""))
+                   gpu_error=str(gpu.get("error") or ""), size=ints(d.get("size")))
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ class Problem:
 @dataclass(frozen=True)
 class Mismatch(Problem):
     """The first served call whose indices were not the recording's (a sampler that shuffles
-    without a seed): both, shortened."""
+    without a seed): both, shortened. Not a problem since issue 57 (the call is served as
+    recorded: the run follows the recording's order); said in a note."""
 
     recorded: str = ""
     asked: str = ""
@@ -148,7 +149,11 @@ class StageServe:
 @dataclass(frozen=True)
 class Replay:
     """An ablation run's replay part (the agent's ``replay``): what it recorded, served or
-    computed, and why it stopped or could not serve."""
+    computed, and why it stopped or could not serve; ``reordered``: served calls whose
+    indices the sampler asked for differently (served in the recording's order);
+    ``late_read_s``: seconds a spawned loader worker spent reading its recording after the
+    first epoch (inside the measured window: a forked one never does); ``unreadable``: why a
+    recording file could not be read back (its calls were computed)."""
 
     pid: int
     mode: str = ""
@@ -156,9 +161,12 @@ class Replay:
     worker: bool = False
     served: int = 0
     computed: int = 0
+    reordered: int = 0
     recorded: int = 0
     recorded_bytes: int = 0
     unserved_batches: int = 0
+    late_read_s: float = 0.0
+    unreadable: str = ""
     budget_stop: Optional[BudgetStop] = None
     mismatch: Optional[Mismatch] = None
     missing: Optional[Missing] = None
@@ -194,9 +202,12 @@ class Replay:
         return cls(pid=whole(d.get("pid"), -1), mode=str(d.get("mode") or ""),
                    serve=None if serve is None else str(serve), worker=bool(d.get("worker")),
                    served=whole(d.get("served")), computed=whole(d.get("computed")),
+                   reordered=whole(d.get("reordered")),
                    recorded=whole(d.get("recorded")),
                    recorded_bytes=whole(d.get("recorded_bytes")),
                    unserved_batches=whole(d.get("unserved_batches")),
+                   late_read_s=num(d.get("late_read_s")),
+                   unreadable=str(d.get("unreadable") or ""),
                    budget_stop=BudgetStop.from_json(d.get("budget_stop")),
                    mismatch=Mismatch.from_json(d.get("mismatch")),
                    missing=Missing.from_json(d.get("missing")),
