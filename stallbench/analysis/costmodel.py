@@ -51,13 +51,15 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from ..results import DatasetInfo, MachineInfo, VariantResult
+from ..results import DatasetInfo, Knee, MachineInfo, VariantResult, WhatIfPoint
+from . import figures
 from .stats import finite_median
 
 MIN_LOG_HALF_WIDTH = 0.04    # +-4%: one run's scheduling noise on a quiet machine
 SELF_MISS = 0.15             # costs that miss their own run by more: not a basis
 BEYOND_BUDGET = 2.0          # producers beyond twice what the cores carry: not predicted
 MAX_EVENTS = 400_000
+CONTENTION_PER_CORE = 0.01   # interval widening per busy core beyond the fit's
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,8 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
     if not rows:
         return None
     samples = _median(rows, "samples")
-    item = _item_rows(v, dataset, samples)
     batch_rows = samples / max(_median(rows, "batches"), 1.0)
+    item = _item_rows(v, dataset, batch_rows)
     c = Costs(cpu=_median(rows, "cpu"), handoff=0.0, wait=_median(rows, "wait"),
               trainer_cpu=_median(rows, "trainer_cpu"), trainer_wall=_median(rows, "trainer_wall"),
               start_s=0.0, cores=cores, foreign=_median(rows, "foreign"), item_rows=item,
@@ -196,12 +198,14 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
     return c
 
 
-def _item_rows(v: VariantResult, dataset: DatasetInfo | None, samples: float) -> float:
+def _item_rows(v: VariantResult, dataset: DatasetInfo | None, batch_rows: float) -> float:
+    """Samples per work item: a row group of the result's dataset, else one batch (a
+    DataLoader's workers take batches of indices)."""
     if dataset is None or not dataset.shards or not dataset.rows:
-        return samples
+        return batch_rows
     ratio = v.stage_rates.rows_out_per_row_in
     rows = dataset.rows / dataset.shards * (ratio if ratio and math.isfinite(ratio) else 1.0)
-    return min(rows, samples) if rows > 0 else samples
+    return rows if rows > 0 else batch_rows
 
 
 def _worker_start(c: Costs, ttfb: float, handoff_total: float) -> Costs:
@@ -396,8 +400,8 @@ def _bound(c: Costs, run: Run) -> tuple[str, str]:
     if run.cpu_busy_cores >= 0.9 * avail:
         return "cores", (f"CPU-bound: {per:.1f} us CPU/sample in the producers on "
                          f"{c.cores:g} cores ({c.foreign:.2f} taken by other processes)")
-    return "workers", (f"the workers cannot keep up: {per:.1f} us CPU + {c.wait * 1e6:.1f} us "
-                       f"wait per sample each (measured)")
+    return "workers", (f"{per:.1f} us CPU + {c.wait * 1e6:.1f} us wait per sample each "
+                       f"(measured)")
 
 
 def _scaled(c: Costs, k: float) -> Costs:
@@ -429,6 +433,9 @@ def point(c: Costs, workers: int, *, samples: float | None = None, rel_spread: f
                      reason or "the measured costs do not make a run")
     width = max(MIN_LOG_HALF_WIDTH, math.log1p(rel_spread))
     width += (c.foreign / c.cores) * 0.5 if c.foreign > 0.25 else 0.0
+    # cores busy beyond the fit's: each may slow every other's work (memory, caches), a
+    # contention no single run measures (1% per core: ~0.6% measured on 16 cores, issue 17)
+    width += CONTENTION_PER_CORE * abs(min(workers, c.cores) - min(c.fit_workers, c.cores))
     lo_run = simulate(_scaled(c, 1 + rel_spread), workers, samples)
     hi_run = simulate(_scaled(c, max(1 - rel_spread, 0.5)), workers, samples)
     x = run.whole_samples_s
@@ -451,3 +458,164 @@ def predict_points(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo 
     rel = spread(v, machine)
     return [point(c, n, samples=samples, rel_spread=rel, budget=budget, reason=reason)
             for n in counts]
+
+
+# --------------------------------------------------------------------- the what-if's points
+def nearest(variants: Sequence[VariantResult], n: int) -> VariantResult | None:
+    """The measured variant whose producer count is nearest ``n`` (fewer on a tie): its costs
+    are the ones measured closest to the configuration asked about."""
+    pts = [v for v in variants if v.repeats and v.repeats[0].samples]
+    return min(pts, key=lambda v: (abs(v.executor.producer_slots - n),
+                                   v.executor.producer_slots), default=None)
+
+
+def contradiction(c: Costs, n: int, x: float) -> str:
+    """Why a PREDICTED rate ``x`` at ``n`` workers contradicts the run's own figures ("" when
+    it does not): more than ``n`` workers' CPU can deliver, or more CPU than the cores hold
+    (issue 58: "10.1 + 0.8 us CPU/sample" beside a 1-worker prediction above 92k samples/s)."""
+    per = c.cpu + c.handoff
+    if n >= 1 and per > 0 and x > 1.05 * n / per:
+        return (f"{x:,.0f} samples/s exceeds what {n} worker(s) can deliver by the run's own "
+                f"figures ({per * 1e6:.1f} us CPU/sample each: at most {n / per:,.0f})")
+    need = per + (c.trainer_cpu / c.batch_rows if c.batch_rows > 0 else 0.0)
+    if n >= 1 and need > 0 and x * need > 1.05 * c.cores:
+        return (f"{x:,.0f} samples/s needs {x * need:.2f} cores of CPU by the run's own "
+                f"figures ({need * 1e6:.1f} us/sample); the machine has {c.cores:g}")
+    return ""
+
+
+def as_whatif_point(p: Point) -> WhatIfPoint:
+    """A measured-cost point in the what-if's stored form (model "measured"): the steady
+    rate, as the curve's points give it, its interval in the same proportion as the whole
+    run's."""
+    ok = not p.not_predicted
+    x = p.predicted_steady_samples_s
+    k = x / p.predicted_samples_s if ok and p.predicted_samples_s > 0 else math.nan
+    return WhatIfPoint(n=p.n, predicted_samples_s=x if ok else math.nan,
+                       stall_share=math.nan, bound_by=p.bound_by, why=p.why,
+                       binding=p.bound_by, model=MODEL,
+                       low_samples_s=p.low_samples_s * k if ok else None,
+                       high_samples_s=p.high_samples_s * k if ok else None,
+                       not_predicted=p.not_predicted)
+
+
+MODEL = "measured"
+
+
+def reconcile(points: Sequence[WhatIfPoint], variants: Sequence[VariantResult],
+              machine: MachineInfo, dataset: DatasetInfo | None, budget: float,
+              words_from: VariantResult | None = None) -> list[WhatIfPoint]:
+    """The what-if's points from the measured costs (issue 58): each count PREDICTED from the
+    nearest measured variant's costs; where those costs do not replay their own run, the
+    fitted curve's point stays, unless it contradicts the run's own figures (then it is
+    withheld with both reasons). ``words_from``: the variant whose figures the explanations
+    quote (the what-if's fit variant: one compute figure on every surface)."""
+    out = []
+    missed = loo_reason(variants, machine, dataset, budget)
+    for p in points:
+        far = missed or beyond_reach(variants, p.n)
+        if far:
+            out.append(p if p.not_predicted else replace(p, not_predicted=far))
+            continue
+        v = nearest(variants, p.n)
+        c = fit(v, machine, dataset) if v is not None else None
+        if c is None:
+            out.append(p)
+            continue
+        cp = point(c, p.n, rel_spread=spread(v, machine), budget=budget, reason=consistency(c))
+        if not cp.not_predicted:
+            out.append(replace(as_whatif_point(cp), stall_share=_stall(c, cp),
+                               why=_words(words_from or v, v, cp)))
+            continue
+        why = contradiction(c, p.n, p.predicted_samples_s) if not p.not_predicted else ""
+        out.append(replace(p, not_predicted=f"{why}; and {cp.not_predicted}") if why else p)
+    return out
+
+
+def _words(v: VariantResult, src: VariantResult, p: Point) -> str:
+    """The point's explanation in the figures every surface prints for ``v`` (the what-if's
+    fit variant: ``figures.measured_line``'s one compute figure, the named stage's cost);
+    ``src``: the variant whose costs made it."""
+    said = f"(PREDICTED from {src.name}'s measured costs)"
+    if p.bound_by == "compute":
+        comp = figures.compute_s_per_sample(v)
+        return f"the trainer binds: {figures.us(comp.value)} compute ({comp.source}) {said}"
+    named = figures.named_stage(v)
+    stage = f" ({named[0]} {figures.us(figures.stage_s_per_sample(v, named[0]))})" \
+        if named is not None and v.executor.has_producers else ""
+    if p.bound_by == "cores":
+        return f"{p.why}{stage} {said}"
+    return f"{p.n} worker(s){stage} cannot keep up: {p.why} {said}"
+
+
+MAX_ERROR = 0.25     # the one threshold of ``backtest.MAX_ERROR``: a miss above it gives no figure
+
+
+def loo_reason(variants: Sequence[VariantResult], machine: MachineInfo,
+               dataset: DatasetInfo | None, budget: float) -> str:
+    """The measured-cost what-if's own back-test: each measured count PREDICTED from the
+    nearest other count's costs; where one missed by more than ``MAX_ERROR``, why no figure
+    is given ("" when none did, or none could be predicted)."""
+    pts = [v for v in variants if v.repeats and v.repeats[0].samples]
+    worst, said = 0.0, ""
+    for v in pts:
+        n = v.executor.producer_slots
+        ref = nearest([o for o in pts if o is not v], n)
+        c = fit(ref, machine, dataset) if ref is not None else None
+        if c is None or consistency(c):
+            continue
+        p = point(c, n, samples=v.repeats[0].samples, budget=budget)
+        meas = v.throughput_samples_s.median
+        if p.not_predicted or not meas > 0:
+            continue
+        err = p.predicted_samples_s / meas - 1.0
+        if abs(err) > worst:
+            worst, said = abs(err), f"{n} from {ref.executor.producer_slots} workers' costs"
+    if worst > MAX_ERROR:
+        return (f"the measured-cost what-if's back-test missed a measured count by "
+                f"{worst:.0%} ({said}), above {MAX_ERROR:.0%}")
+    return ""
+
+
+def beyond_reach(variants: Sequence[VariantResult], n: int) -> str:
+    """Why ``n`` lies beyond what the measured-cost back-test reached ("" when it does not):
+    the farthest a measured count lay from the nearest other, each way, and one count beyond
+    the measured range always (a single run predicts its neighbours)."""
+    counts = sorted({v.executor.producer_slots for v in variants
+                     if v.repeats and v.repeats[0].samples})
+    if not counts:
+        return ""
+    gaps = [b - a for a, b in zip(counts, counts[1:])]
+    reach = max([1, *gaps])
+    if n > counts[-1] + reach:
+        return (f"not back-tested this far above the measured counts ({counts[-1]} + "
+                f"{reach}): the measured-cost what-if's back-test reached {reach} above")
+    if n < counts[0] - reach:
+        return (f"not back-tested this far below the measured counts ({counts[0]} - "
+                f"{reach})")
+    return ""
+
+
+def _stall(c: Costs, p: Point) -> float:
+    """The PREDICTED steady stall share: 1 - steady rate x the trainer's busy wall per
+    sample."""
+    per = c.trainer_wall / c.batch_rows if c.batch_rows > 0 else math.nan
+    x = p.predicted_steady_samples_s
+    return max(0.0, 1.0 - x * per) if math.isfinite(per) else math.nan
+
+
+def knee_of(points: Sequence[WhatIfPoint], unit: str = "worker") -> Knee:
+    """The fewest counts >= 1 PREDICTED to remove the stall (bound by compute), or where the
+    predicted rate stops growing."""
+    given = [p for p in points if p.n >= 1 and not p.not_predicted
+             and math.isfinite(p.predicted_samples_s)]
+    for p in given:
+        if p.bound_by == "compute":
+            return Knee(p.n, "compute", f"{p.n} {unit}(s) remove the data stall (PREDICTED "
+                                        f"from measured costs): {p.why}")
+    if not given:
+        return Knee(None, None, "no count predicted")
+    top = max(p.predicted_samples_s for p in given)
+    first = next(p for p in given if p.predicted_samples_s >= 0.99 * top)
+    return Knee(None, first.bound_by, f"no {unit} count removes the stall; from {first.n} "
+                                      f"{unit}(s) on, {first.why}", saturates_at=first.n)
