@@ -59,6 +59,10 @@ MIN_LOG_HALF_WIDTH = 0.04    # +-4%: one run's scheduling noise on a quiet machi
 SELF_MISS = 0.15             # costs that miss their own run by more: not a basis
 BEYOND_BUDGET = 2.0          # producers beyond twice what the cores carry: not predicted
 MAX_EVENTS = 400_000
+# a forked worker's start where the fit ran none (0 workers): fork to its first item, 60-120
+# ms of CPU per worker measured on this project's 2-core VM (docs/data-path.md, "What workers
+# still pay"); the low end, since the fit's own figures say nothing of it
+WORKER_START_S = 0.06
 CONTENTION_PER_CORE = 0.01   # interval widening per busy core beyond the fit's
 
 
@@ -83,6 +87,8 @@ class Costs:
     fit_samples: float = 0.0
     fit_whole_samples_s: float = math.nan
     ranks: int = 1
+    epochs: int = 1              # passes over the data in one run
+    persistent: bool = False     # workers kept across epochs (forked once)
     problems: list[str] = field(default_factory=list)
 
 
@@ -183,6 +189,8 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
     rows = [r for r in (repeat_costs(f, workers, cores) for f in v.repeats) if r]
     if not rows:
         return None
+    loader = (v.config or {}).get("loader") or {}
+    prefetch = int(loader.get("prefetch_factor") or prefetch)
     samples = _median(rows, "samples")
     batch_rows = samples / max(_median(rows, "batches"), 1.0)
     item = _item_rows(v, dataset, batch_rows)
@@ -192,10 +200,12 @@ def fit(v: VariantResult, machine: MachineInfo, dataset: DatasetInfo | None = No
               batch_rows=batch_rows, prefetch=max(int(prefetch), 1), fit_workers=workers,
               fit_variant=v.name, fit_samples=samples,
               fit_whole_samples_s=_median(rows, "whole"),
-              ranks=v.ranks.world if v.ranks is not None else 1)
+              ranks=v.ranks.world if v.ranks is not None else 1,
+              epochs=max(int(loader.get("epochs") or 1), 1),
+              persistent=bool(loader.get("persistent_workers")))
     if workers >= 1:
-        c = _worker_start(c, _median(rows, "ttfb"), _median(rows, "handoff_total"))
-    return c
+        return _worker_start(c, _median(rows, "ttfb"), _median(rows, "handoff_total"))
+    return replace(c, start_s=WORKER_START_S)
 
 
 def _item_rows(v: VariantResult, dataset: DatasetInfo | None, batch_rows: float) -> float:
@@ -352,12 +362,39 @@ class _Sim:
 def simulate(c: Costs, workers: int, samples: float | None = None,
              foreign: float | None = None) -> Run | None:
     """The run ``c``'s costs give at ``workers`` workers over ``samples`` samples (default
-    the fit's), under ``foreign`` cores taken by other processes (default the fit's)."""
+    the fit's), under ``foreign`` cores taken by other processes (default the fit's). A run
+    of several epochs is replayed one epoch after another: each drains the pipeline at its
+    end (the loader's next iterator sends its first indices only then), and workers not kept
+    pay their start again."""
     samples = c.fit_samples if samples is None else samples
     if not samples > 0:
         return None
-    return _Sim(c, max(int(workers), 0), float(samples),
-                c.foreign if foreign is None else max(foreign, 0.0)).run()
+    load = c.foreign if foreign is None else max(foreign, 0.0)
+    per = float(samples) / c.epochs
+    runs = []
+    for e in range(c.epochs):
+        ce = c if e == 0 or not c.persistent else replace(c, start_s=0.0)
+        r = _Sim(ce, max(int(workers), 0), per, load).run()
+        if r is None:
+            return None
+        runs.append(r)
+    return runs[0] if len(runs) == 1 else _joined(runs, c)
+
+
+def _joined(runs: Sequence[Run], c: Costs) -> Run:
+    """Epochs replayed one after another, as one run measures them."""
+    epoch = sum(r.epoch_s for r in runs)
+    samples = sum(r.samples for r in runs)
+    first = runs[0]
+    b = min(c.batch_rows, first.samples)
+    first_done = first.epoch_s - (first.samples - b) / first.steady_samples_s \
+        if first.steady_samples_s > 0 else first.first_batch_s
+    rest = epoch - first_done
+    steady = (samples - b) / rest if rest > 0 else samples / epoch
+    w = [r.epoch_s / epoch for r in runs]
+    return Run(epoch, first.first_batch_s, samples, steady,
+               sum(x * r.trainer_busy_share for x, r in zip(w, runs)),
+               sum(x * r.cpu_busy_cores for x, r in zip(w, runs)))
 
 
 # --------------------------------------------------------------------- points and reasons
