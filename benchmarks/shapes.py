@@ -263,6 +263,119 @@ def run_shape(s: Shape, work: Path, cache: Path, timeout: float) -> dict[str, An
     return {"path": str(found[-1]), "wall_s": time.monotonic() - t0}
 
 
+# --------------------------------------------------------------------- user-style scripts
+SCRIPT = r"""
+# A training script as a user writes it (drawn by benchmarks/shapes.py; no stallbench in it).
+import argparse, json, os, random, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+class Items(Dataset):
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        time.sleep({latency_ms} / 1e3 / {per_item_rows})           # storage, per item
+        us = {decode_us} + {transform_us}
+        if "{burst}" == "row_group":
+            us = us * {burst_every} if i % {burst_every} == 0 else 0.0
+        elif "{burst}" == "spikes" and random.Random(i * 7919 + {seed}).random() < {spike_p}:
+            us += {spike_us}
+        burn(us * 1e-6 * {per_item_rows})
+        return torch.full((16,), float(i))
+
+def collate(items):
+    burn({collate_us} * 1e-6 * {per_item_rows} * len(items))
+    return torch.stack(items)
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--num-workers", type=int, default={as_written})
+    p.add_argument("--persistent-workers", action="store_true")
+    a = p.parse_args()
+    dl = DataLoader(Items({n_items}), batch_size={batch_items}, num_workers=a.num_workers,
+                    persistent_workers=a.persistent_workers and a.num_workers > 0,
+                    collate_fn=collate)
+    t1, rows = None, 0
+    for epoch in range({epochs}):
+        if epoch == 1:
+            t1 = time.perf_counter()
+        for b in dl:
+            time.sleep({step_ms} / 1e3)
+            if epoch >= 1:
+                rows += len(b)
+    dt = time.perf_counter() - t1
+    print("rate: " + json.dumps({{"steady_samples_s": rows / dt}}))
+
+main()
+"""
+
+
+def script_text(s: Shape) -> str:
+    """The shape as a user's script: items of ``per_item_rows`` rows' costs (storage latency
+    per item, decode and transform CPU in ``__getitem__``, collate CPU in ``collate_fn``),
+    an EMULATED step (a sleep), ``epochs`` + 1 epochs (the rate from the second on)."""
+    per_item = 64
+    n_items = max(48, min(160, s.rows // per_item))
+    batch = max(2, s.batch_size // per_item)
+    return SCRIPT.format(latency_ms=s.latency_ms / 8, per_item_rows=per_item,
+                         decode_us=s.decode_us, transform_us=s.transform_us,
+                         collate_us=s.collate_us, burst=s.burst, burst_every=s.burst_every,
+                         spike_p=s.spike_p, spike_us=s.spike_us, seed=s.seed,
+                         as_written=s.workers[0] if s.workers else 0, n_items=n_items,
+                         batch_items=batch, epochs=s.epochs + 1, step_ms=s.step_ms)
+
+
+def _pinned(cmd: list[str], cores: int, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:cores])
+    return subprocess.run(["taskset", "-c", cpus, *cmd], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def bare_rate(script: Path, setting: tuple[int, bool], cores: int, timeout: float) -> float:
+    flags = ["--num-workers", str(setting[0])] + (["--persistent-workers"] if setting[1] else [])
+    p = _pinned([sys.executable, str(script), *flags], cores, dict(os.environ), timeout)
+    line = [x for x in p.stdout.splitlines() if x.startswith("rate: ")]
+    return float(json.loads(line[-1][6:])["steady_samples_s"]) if line else math.nan
+
+
+def run_tune_shape(s: Shape, work: Path, timeout: float) -> list[Score]:
+    """``stallbench tune -- python script`` on the shape's script against its bare grid
+    (0, 1, 2 workers x kept or not, within the cores' carry): the chosen setting's bare rate
+    over the grid's best (goal >= 90%) and the trials it took (goal <= 6)."""
+    script = work / f"script-{s.index}.py"
+    script.write_text(script_text(s))
+    grid = [(0, False)] + [(w, k) for w in (1, 2, 4)[: 1 + s.cores] for k in (False, True)]
+    rates = {g: bare_rate(script, g, s.cores, timeout) for g in grid}
+    out_dir = work / f"tune-{s.index}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = _pinned([sys.executable, "-m", "stallbench", "tune", "--budget-minutes", "4", "--out",
+                 str(out_dir), "--", sys.executable, str(script)], s.cores, env, timeout)
+    found = sorted(out_dir.glob("*.json")) if out_dir.exists() else []
+    if p.returncode != 0 or not found:
+        return [Score("tune", s.index, "tune failed", withheld=(p.stderr or "")[-200:])]
+    from stallbench import results as results_mod
+    t = results_mod.load(found[-1]).tune
+    chose = (int(t.best.settings.get("num_workers") or 0),
+             bool(t.best.settings.get("persistent_workers")))
+    got = rates.get(chose)
+    if got is None:
+        got = bare_rate(script, chose, s.cores, timeout)
+    top = max(v for v in rates.values() if math.isfinite(v))
+    trials = len(t.trials) - 1
+    what = (f"chose {chose} ({got:,.0f}/s) vs grid best "
+            f"{max(rates, key=lambda g: rates[g] if math.isfinite(rates[g]) else -1)} "
+            f"({top:,.0f}/s), {trials} trial(s)")
+    return [Score("tune", s.index, what, error=got / top - 1,
+                  ok=got >= 0.9 * top and trials <= 6)]
+
+
 # --------------------------------------------------------------------- scoring
 @dataclass
 class Score:
@@ -384,7 +497,8 @@ def score(s: Shape, result: Any) -> list[Score]:
 
 # --------------------------------------------------------------------- the summary
 KINDS = ("whatif_inside", "whatif_beyond", "curve_inside", "curve_beyond", "knee",
-         "straggler", "straggler_none", "straggler_small", "compute_floor", "attribution")
+         "straggler", "straggler_none", "straggler_small", "compute_floor", "attribution",
+         "tune")
 
 
 def summarize(scores: list[Score]) -> dict[str, dict[str, Any]]:
@@ -421,6 +535,7 @@ def goals(summary: dict[str, dict[str, Any]]) -> list[tuple[str, bool | None]]:
         ("straggler named >= 95% (effect > 10%)", cmp(at("straggler", "right"), lambda v: v >= 0.95)),
         ("no straggler named <= 1% (none injected)", cmp(at("straggler_none", "right"), lambda v: v >= 0.99)),
         ("attribution within 10% or inconclusive", cmp(at("attribution", "worst_error"), lambda v: v <= 0.10)),
+        ("tune within 90% of the best bare setting in <= 6 trials", cmp(at("tune", "right"), lambda v: v >= 1.0)),
     ]
 
 
@@ -456,8 +571,11 @@ def load_figures() -> dict[str, float]:
 
 
 def run_draw(n: int, seed: int, *, tiny: bool = False, timeout: float = 300.0,
-             work: Path | None = None, verbose: bool = True) -> dict[str, Any]:
-    """Draw ``n`` shapes from ``seed``, run and score each; the bookkeeping and summary."""
+             work: Path | None = None, verbose: bool = True, tune_every: int = 0
+             ) -> dict[str, Any]:
+    """Draw ``n`` shapes from ``seed``, run and score each (``tune_every``: every k-th
+    one-rank shape also as a user's script under ``stallbench tune``); the bookkeeping and
+    summary."""
     from stallbench import results as results_mod
     rng = random.Random(seed)
     shapes = [draw(i, rng, tiny) for i in range(n)]
@@ -473,6 +591,8 @@ def run_draw(n: int, seed: int, *, tiny: bool = False, timeout: float = 300.0,
                 print(f"shape {s.index}: FAILED {ran['error']}", flush=True)
             continue
         got = score(s, results_mod.load(ran["path"]))
+        if tune_every and s.ranks == 1 and s.index % tune_every == 0:
+            got += run_tune_shape(s, work, timeout)
         scores += got
         if verbose:
             print(f"shape {s.index}: {_describe(s)}; {ran['wall_s']:.1f} s; "
@@ -498,11 +618,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (the CI test's)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per shape")
     ap.add_argument("--json", type=Path, default=None, help="write every score here")
+    ap.add_argument("--tune-every", type=int, default=0, metavar="K",
+                    help="every K-th one-rank shape also as a script under `stallbench tune`")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"seed {seed}, {args.shapes} shapes; load before: {load_figures()}", flush=True)
     t0 = time.monotonic()
-    out = run_draw(args.shapes, seed, tiny=args.tiny, timeout=args.timeout)
+    out = run_draw(args.shapes, seed, tiny=args.tiny, timeout=args.timeout,
+                   tune_every=args.tune_every)
     out["load_after"] = load_figures()
     out["wall_s"] = time.monotonic() - t0
     print(report(out["summary"]))
