@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from ..results import KneeAdvice, WhatIfValidation
+from .whatif_models import producer_budget
 
 
 def _finite(x: float | None) -> bool:
@@ -28,6 +29,17 @@ def measured_rate(c) -> tuple[float, str]:
     return c.measured_samples_s, "samples/s over the whole run (no steady window)"
 
 
+def cores_cap(wi: WhatIfValidation) -> int | None:
+    """The most workers advice may name: what the cores carry by the one cores rule
+    (``whatif_models.producer_budget``, the producers' CPU share of their wall at the fit)."""
+    m = getattr(wi, "model", None)
+    if m is None or not m.cores:
+        return None
+    wall = m.p_wall + m.p_extra
+    share = m.p_cpu / wall if wall > 0 and math.isfinite(m.p_cpu) else None
+    return max(1, int(producer_budget(m.cores, share)))
+
+
 def decide(wi: WhatIfValidation) -> KneeAdvice:
     """The advice for the what-if ``wi`` (module doc)."""
     kn = wi.knee
@@ -35,6 +47,17 @@ def decide(wi: WhatIfValidation) -> KneeAdvice:
     if n is None:
         return KneeAdvice(action="none", reason=kn.explanation)
     measured = {c.n: c for c in wi.measured}
+    cap = cores_cap(wi)
+    if n not in measured and cap is not None and n > cap:
+        # issue 58: "measure num_workers=10" on 2 cores is not advice; a knee the what-if
+        # withheld stays "not predicted" (issue 57: one story), never the model's claim
+        withheld = next((p.not_predicted for p in wi.points
+                         if p.n == n and getattr(p, "not_predicted", "")), "")
+        claim = (f"{n} workers, not predicted ({withheld})" if withheld
+                 else kn.explanation)
+        return KneeAdvice(action="none", n=n, reason=(
+            f"{claim}; {n} workers are beyond the {cap} the machine's "
+            f"{wi.model.cores:g} cores carry: not advised"))
     point = next((p for p in wi.points if p.n == n), None)
     steady = [c for c in wi.measured if _finite(c.measured_steady_samples_s)]
     best = max(steady or wi.measured, key=lambda c: measured_rate(c)[0])

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..results import Recommendation, VariantResult
@@ -51,6 +51,8 @@ WAITS = 0.05             # a steady wait share below 5%: the loop is not waiting
 STARTUP = 0.03           # epoch start-ups beyond the steady wait: 3% of the span pays a trial
 STEP_SLOWED = 1.15       # the step 15% slower than with fewer workers: interference
 BURSTY = 3.0             # p90 wait / mean wait: waits in bursts
+LOAD_MOVED = 0.25         # cores others took, apart by more between two trials compared:
+                         # the machine moved (``measure.load.HEAVY_CORES``)
 SHORT = 0.20             # workers that leave the loop waiting 20% of a steady batch are too
                          # few (below it: the hand-off of a batch from a worker, not its rate)
 
@@ -76,6 +78,7 @@ class Trial:
     epochs: int
     ok: bool = True               # False: the job failed under it (a finding, not a rate)
     producer_cpu_share: float = math.nan   # CPU / wall of the loader's stages (nan: unread)
+    foreign_cores: float = math.nan        # cores other processes took meanwhile (measured)
 
     @property
     def steady_wait(self) -> float:
@@ -174,6 +177,60 @@ def _pushed_in_vain(trials: list[Trial], key: str, b: Trial) -> bool:
                and (not t.ok or t.rate < b.rate * (1 + BETTER)) and t is not b for t in trials)
 
 
+def lost_above(trials: list[Trial], b: Trial) -> int | None:
+    """The fewest workers above the best's that a trial measured no better than the best by
+    ``BETTER`` (or the job failed under): more than that is a losing direction (issue 58: on
+    2 cores tune climbed to 5-8 workers, every step slower than the job as written)."""
+    lost = [t.workers for t in trials if t is not b and t.workers > b.workers
+            and (not t.ok or t.rate < b.rate * (1 + BETTER))]
+    return min(lost) if lost else None
+
+
+def moved(t: Trial, b: Trial) -> bool:
+    """The machine's load moved between trial ``t`` and the best ``b``: their measured
+    foreign cores apart by more than ``LOAD_MOVED``."""
+    return (math.isfinite(t.foreign_cores) and math.isfinite(b.foreign_cores)
+            and abs(t.foreign_cores - b.foreign_cores) > LOAD_MOVED)
+
+
+def repeat_moved(trials: list[Trial]) -> Choice | None:
+    """A trial that lost to the job as written (the first trial) while the machine's load
+    moved between them, measured once: measured again (issue 58: one ``num_workers=1`` trial
+    at 0.75x under a load that moved ended a search, while by hand it was faster in 2 of 3
+    pairs). A trial that beat the job as written and lost to a better trial is not: its
+    direction paid, the better one is what the search goes on from."""
+    b = trials[0] if trials and trials[0].ok else best(trials)
+    for t in trials:
+        same = [u for u in trials if u.settings == t.settings]
+        if t is b or not t.ok or len(same) > 1 or not t.settings \
+                or t.rate >= b.rate * (1 + BETTER) or not moved(t, b):
+            continue
+        return Choice(dict(t.settings), f"{_name(t.settings)} again",
+                      f"it ran at {t.rate / b.rate:.2f}x the job as written while other "
+                      f"processes took {t.foreign_cores:.2f} cores against {b.foreign_cores:.2f} "
+                      f"(measured): the machine moved, so it is measured again", None, BETTER)
+    return None
+
+
+def moved_note(trials: list[Trial]) -> str:
+    """The trials compared under a load that moved and not measured again, said."""
+    b = best(trials)
+    said = [f"{_name(t.settings)} (others took {t.foreign_cores:.2f} cores, "
+            f"{b.foreign_cores:.2f} for the best)" for t in trials
+            if t is not b and t.ok and moved(t, b)]
+    return (f"; compared under a load that moved: {', '.join(said)}" if said else "")
+
+
+def _name(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in settings.items()) or "the job as written"
+
+
+def wait_bound(b: Trial) -> float:
+    """The most removing the loop's whole measured wait could give: 1 / (1 - wait share)."""
+    w = b.wait_share
+    return 1.0 / (1.0 - w) if math.isfinite(w) and 0 <= w < 1 else 1.0
+
+
 def _spent(trials: list[Trial], key: str, b: Trial) -> bool:
     """The best's value of ``key`` bought under ``BETTER`` over every other value measured:
     going further that way is not predicted to pay either."""
@@ -226,6 +283,13 @@ def _workers_knee(r: _Round, k: knob_table.Knob) -> None:
     if n == b.workers and n < cap and b.steady_wait >= SHORT \
             and not _pushed_in_vain(trials, k.key, b):
         n = b.workers + 1           # the model's knee measured and still too few
+    lost = lost_above(trials, b)
+    if lost is not None and n >= lost:
+        # issue 58: a direction that did not pay is not pushed further: between the best
+        # and the count that lost, halfway (the fewest workers last)
+        n = (b.workers + lost) // 2
+        if n <= b.workers:
+            return
     if n != b.workers:
         pred = r.capped(b.rows / (max(step, L / n) + r.hand))
         beyond = (f"; the knee ({knee}) is beyond the {cap} workers the machine's "
@@ -340,12 +404,17 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
     step = _step(trials)
     model = {"producer_s_per_batch": L or math.nan, "step_s": step,
              "handoff_s": handoff(trials, L)}
+    again = repeat_moved(trials)
+    if again is not None:
+        return Decision(again, model=model)
+    ctx = trusted_ceiling(ctx, b)
     if ctx.ceiling and b.rate >= AT_CEILING * ctx.ceiling:
         return Decision(None, "at_ceiling",
                         f"the best measured steady rate ({b.rate:,.0f} samples/s) is "
                         f"{b.rate / ctx.ceiling:.0%} of the compute-only ceiling "
                         f"({ctx.ceiling:,.0f}, measured by replay): no loader setting can buy "
-                        f"more than {ctx.ceiling / b.rate - 1:.0%}", model)
+                        f"more than {ctx.ceiling / b.rate - 1:.0%} (the loop waits "
+                        f"{b.wait_share:.0%})", model)
     r = _Round(ctx, trials, [dict(s) for s in tried], b, L, step, handoff(trials, L))
     knobs = [k for k in knob_table.rows() if k.search is not None and k.key in ctx.keys]
     for rule, fn in RULES.items():
@@ -358,10 +427,24 @@ def decide(ctx: Context, trials: list[Trial], tried: list[dict[str, Any]]) -> De
                f"every change the evidence calls for was measured or is predicted to give "
                f"under {BETTER:.0%} (the loop still waits {b.wait_share:.0%})")
         return Decision(None, "no_gain_predicted",
-                        f"no untried setting is predicted to give {BETTER:.0%} or more: {why}",
-                        model)
+                        f"no untried setting is predicted to give {BETTER:.0%} or more: {why}"
+                        f"{moved_note(trials)}", model)
     r.cands.sort(key=lambda c: -c.gain)
     return Decision(r.cands[0], model=model)
+
+
+CEILING_WAIT = 2 * WAITS   # a loop waiting this much is not at a ceiling 5% above it
+
+
+def trusted_ceiling(ctx: Context, b: Trial) -> Context:
+    """The context with its ceiling where the measured wait does not contradict it: a loop
+    that waits ``CEILING_WAIT`` or more of its steady state can gain up to 1 / (1 - wait),
+    so a replayed ceiling that leaves it under ``BETTER`` was slowed itself (issue 58:
+    "at_ceiling: no loader setting can buy more than 1%" beside "(wait 12%)"); the wait's
+    bound stands in for it."""
+    if not ctx.ceiling or b.wait_share < CEILING_WAIT or b.rate < AT_CEILING * ctx.ceiling:
+        return ctx
+    return replace(ctx, ceiling=max(ctx.ceiling, b.rate * wait_bound(b)))
 
 
 def not_confirmed(name: str, speedup: float, pairs: list[float],
@@ -382,13 +465,22 @@ def not_confirmed(name: str, speedup: float, pairs: list[float],
 def recommendation(best, settings: dict[str, Any]) -> Recommendation:
     """The result's ``analysis.recommendation`` of a tune: its confirmed answer (``best``, a
     ``JobTuneBest``), so that report, gate and history read the one answer printed."""
+    if not settings and not getattr(best, "answered", True):
+        return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
+                              action="keep", predicted_from="measured", conclusive=False,
+                              text=f"recommendation: none: {best.stop_text}")
     if not settings:
         return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
                               action="keep", predicted_from="measured",
                               text=f"recommendation: keep the job as written ({best.stop_text})")
     where = apply_text(settings)
+    basis = getattr(best, "basis", "")
+    whole = getattr(best, "whole_job_speedup", None)
     text = (f"recommendation: {where}: {best.speedup:.2f}x the job as written in steady state "
-            f"(measured, confirmed interleaved)")
+            f"(measured, confirmed interleaved{'; ' + basis if basis else ''})"
+            + (f"; the whole job {whole:.2f}x ({best.whole_job_basis})" if whole else
+               (f"; the whole job: {best.whole_job_basis}"
+                if getattr(best, "whole_job_basis", "") else "")))
     key = next(iter(settings))
     return Recommendation(variant=best.name, bound_by="", steady_attributed_stall_share=None,
                           measured_speedup=best.speedup, measured_variant=best.name,
@@ -416,6 +508,7 @@ def dotted(settings: dict[str, Any], groups: frozenset[str] | tuple[str, ...]
 
 
 def still_binds(ctx: Context, b: Trial) -> str:
+    ctx = trusted_ceiling(ctx, b)
     if ctx.ceiling and b.rate >= AT_CEILING * ctx.ceiling:
         return "the step (compute): the loop runs at its compute-only ceiling"
     if b.wait_share >= WAITS:

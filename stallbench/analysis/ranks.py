@@ -73,6 +73,7 @@ from ..results import Attribution, ExactlyOnce, RankStats, RankSummary, Summary
 from ..stages.sizes import ceil_div
 from ..trainers.job import last_rank_per_step
 from . import differential, figures
+from . import straggler as straggler_evidence
 from .stats import finite_median, t_quantile
 
 
@@ -336,6 +337,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
         last_rank_per_step=last[0] if last else [], timeline_rank=jr.timeline_rank,
         exactly_once=exactly_once(full[0], plan) if full else None)
     summary.verdict = verdict(summary)
+    straggler_evidence.revise(summary, full, verdict)   # issue 58: every kind of evidence
     return summary
 
 

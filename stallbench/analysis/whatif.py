@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..results import (DatasetInfo, Knee, MachineInfo, Result, VariantResult, WhatIfCheck,
                        WhatIfModel, WhatIfPoint, WhatIfValidation)
-from . import backtest, figures, queueing, schedule
+from . import backtest, costmodel, figures, queueing, schedule
 from .stats import COMPUTE_BOUND_SHARE, finite_median
 from .whatif_models import (MODELS, ScalingModel, fit_best, fit_points, oversubscribed,
                             producer_budget, reference, stage_cpu_share)
@@ -800,6 +800,15 @@ def validate(result: Result, *, axis_max: int = 16) -> WhatIfValidation | None:
         note += f"; {where}" if where else ""
         points = [vouched_point(predict(m, n), bt, m, fit_counts) for n in ns]
         kn = knee(m, ns[1:])
+        if axis == "workers" and m.ranks == 1:
+            # issue 58: the points from the measured costs, the curve's only where those
+            # costs do not replay their own run and it contradicts no figure of the run
+            points = costmodel.reconcile(points, best, result.machine, result.dataset,
+                                         producer_budget(cores, share),
+                                         words_from=next((v for v in best
+                                                          if v.name == m.fit_variant), None))
+            if any(p.model == costmodel.MODEL for p in points):
+                kn = costmodel.knee_of(points)
     kn = knee_withheld(kn, points, [x.n for x in measured])
     if any(x.oversubscribed for x in measured):
         budget = producer_budget(cores, share)

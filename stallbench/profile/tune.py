@@ -228,7 +228,8 @@ def measure(run: JobRun, settings: dict[str, Any]) -> Measured | None:
         prefetch_factor=pf if isinstance(pf, int) else None,
         pin_memory=bool(_recorded(st, knob_table.PIN_MEMORY)), cuda=bool(s.gpu_wait),
         threads=s.torch_threads, epochs=len(spans),
-        producer_cpu_share=stage_cpu / stage_wall if stage_wall > 0 else math.nan)
+        producer_cpu_share=stage_cpu / stage_wall if stage_wall > 0 else math.nan,
+        foreign_cores=run.load.foreign_cores if run.load is not None else math.nan)
     return Measured(trial, basis, s.batches, sum(1 for sp in spans if sp[4]), s.kind, s.name,
                     st)
 
@@ -332,6 +333,7 @@ class _Tuner:
         self.runs = 0
         self.every: list[JobRun] = []           # the runs whose figures the result holds
         self.trials: list[Measurement] = []     # the job as written first
+        self.again: list[search.Trial] = []     # trials measured again (the load moved)
 
     def run(self, settings: dict[str, Any], label: str, replay: ReplayPlan | None = None
             ) -> JobRun:
@@ -376,7 +378,7 @@ class _Tuner:
         until it stops or the budget leaves no room for a trial and the confirmation:
         (stop reason, stop text)."""
         while True:
-            done = [t for _, t, _ in self.trials if t is not None]
+            done = [t for _, t, _ in self.trials if t is not None] + self.again
             failed = [t for t, tt, _ in self.trials if tt is None]
             tried = [_dotted(t.settings, groups) for t, _, _ in self.trials]
             d = search.decide(ctx, done + [_failed_trial(f, groups) for f in failed], tried)
@@ -427,6 +429,15 @@ class _Tuner:
             return
         self.say(f"trial {name}: {m.trial.rate:,.0f} steady samples/s "
                  f"({m.trial.rate / base.trial.rate:.2f}x as written)")
+        prior = next((x for x in self.trials if x[0].name == name and x[1] is not None), None)
+        if prior is not None:
+            # measured again (the load moved, issue 58): one trial with both runs, the new
+            # rate its evidence beside the first
+            prior[2].append(run)
+            prior[0].why += (f"; measured again: {m.trial.rate:,.0f} steady samples/s "
+                             f"(others took {m.trial.foreign_cores:.2f} cores)")
+            self.again.append(m.trial)
+            return
         self.trials.append((jt, m.trial, [run]))
 
     def confirm(self, ctx: search.Context, groups: frozenset[str], base: Measured,
@@ -464,13 +475,34 @@ class _Tuner:
             self.say(f"confirmation: {c.why_not}; the answer is the job as written")
             stop_text += f"; {c.why_not}"
             bj, bt = self.trials[0][0], base.trial
+        whole, whole_how = self.whole_job(bruns if bj is not self.trials[0][0] else [])
+        answered = len(self.trials) > 1 or stop_reason in ("at_ceiling", "no_gain_predicted")
+        if not answered:
+            stop_text += ("; no loader setting was measured, so keeping the job as written "
+                          "is not an answer (give the tune more --budget-minutes)")
         return JobTuneBest(
             name=bj.name, settings=dict(bj.settings), steady_samples_s=c.steady_samples_s,
             speedup=c.speedup,
             ceiling_share=(c.steady_samples_s / ctx.ceiling) if ctx.ceiling else None,
             stop_reason=stop_reason, stop_text=stop_text, speedup_low=c.low,
             speedup_high=c.high, confirm_runs=c.rounds, still_binds=search.still_binds(ctx, bt),
-            apply=search.apply_text(_dotted(bj.settings, groups)))
+            apply=search.apply_text(_dotted(bj.settings, groups)), answered=answered,
+            basis=base.basis, whole_job_speedup=whole, whole_job_basis=whole_how)
+
+    def whole_job(self, best_runs: list[JobRun]) -> tuple[float | None, str]:
+        """What the answer gains over the whole job, its first epoch included (issue 58),
+        between the job as written's first run and the best's last (``trials.whole_job``)."""
+        if not best_runs:
+            return 1.0, "the answer is the job as written"
+        spans = lambda run: [sp for sp in (_headline(run.parts).spans  # noqa: E731
+                                           if _headline(run.parts) else []) if sp[2]]
+        base_run = self.trials[0][2][0]
+        runs = self.trials[0][2]
+        whole = next((r for r in runs if not r.stopped), None)
+        epochs = len(spans(whole)) if whole is not None else None
+        b = best_runs[-1]
+        return rules.whole_job((spans(base_run), bool(base_run.stopped)),
+                               (spans(b), bool(b.stopped)), epochs)
 
     def variants(self, groups: frozenset[str]) -> list[VariantResult]:
         """The result's variants: one per measured trial, the job as written first, each

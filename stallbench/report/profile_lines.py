@@ -331,7 +331,10 @@ def _answer_lines(t) -> list[str]:
     confirmed speedup), what still binds, and the runs it took."""
     b = t.best
     out = [f"stopped: {b.stop_reason}: {b.stop_text}"]
-    if not b.settings:
+    if not b.settings and not getattr(b, "answered", True):
+        out.append("answer: none: no loader setting was measured; keeping the job as written "
+                   "is not an answer")
+    elif not b.settings:
         out.append(f"answer: keep the job as written ({b.steady_samples_s:,.0f} steady "
                    "samples/s" + (f", {b.ceiling_share:.0%} of the compute-only ceiling"
                                   if b.ceiling_share is not None else "") + ")")
@@ -343,6 +346,13 @@ def _answer_lines(t) -> list[str]:
         out.append(f"  measured {b.speedup:.2f}x{iv} the job as written, steady state "
                    f"({b.steady_samples_s:,.0f} samples/s; confirmed over {b.confirm_runs} "
                    "interleaved round(s) of both)")
+        if getattr(b, "basis", ""):
+            out.append(f"  basis: {b.basis}")
+        if getattr(b, "whole_job_basis", ""):
+            whole = (f"{b.whole_job_speedup:.2f}x" if b.whole_job_speedup is not None
+                     else "not known")
+            out.append(f"  the whole job (its first epoch included): {whole} "
+                       f"({b.whole_job_basis})")
         if b.ceiling_share is not None:
             out.append(f"  {b.ceiling_share:.0%} of the compute-only ceiling")
     out.append(f"  still binds: {b.still_binds}")

@@ -1309,6 +1309,14 @@ class JobTuneBest:
                                  # the best was not confirmed and the answer fell back)
     still_binds: str = ""        # what still binds, from the last evidence
     apply: str = ""              # the settings as the user writes them in code
+    # issue 58: "keep" with no setting measured (the budget spent on the job and its
+    # ceiling) is not an answer; the rates' basis in words; the whole job's ratio (its first
+    # epoch included), measured where both runs ran to the end, else ESTIMATED from their
+    # epochs (``whole_job_basis`` says which; None: the job's epoch count is unknown)
+    answered: bool = True
+    basis: str = ""
+    whole_job_speedup: float | None = None
+    whole_job_basis: str = ""
 
 
 @dataclass

@@ -171,3 +171,73 @@ def test_threads_without_a_fewer_worker_trial_from_the_oversubscription_read() -
     d = ls.decide(ctx(ceiling=None, keys=("torch.num_threads",)), [w2], [{}])
     assert d.choice.settings == {"torch.num_threads": 1} and d.choice.predicted is None
     assert "read in the job" in d.choice.why
+
+
+# --------------------------------------------------------------------- issue 58
+def _moved(t: ls.Trial, foreign: float) -> ls.Trial:
+    import dataclasses
+    return dataclasses.replace(t, foreign_cores=foreign)
+
+
+def test_a_losing_direction_is_not_pushed_further() -> None:
+    """Issue 58: on 2 cores tune climbed to 5-8 workers, every step slower than the job as
+    written. A count that lost bounds the next: halfway between the best and it, never
+    above it."""
+    base = trial(rate=ROWS / 0.1, wait_s=0.080, cpu_share=0.05)        # knee 4 (I/O rule)
+    w4 = trial({"dataloader.num_workers": 4}, rate=ROWS / 0.1 * 0.9, wait_s=0.05, workers=4)
+    d = ls.decide(ctx(ceiling=None), [base, w4], [{}, w4.settings])
+    nxt = d.choice.settings.get("dataloader.num_workers") if d.choice else None
+    assert nxt is None or nxt < 4, d.choice
+    assert d.choice is not None and nxt == 2
+    w2 = trial({"dataloader.num_workers": 2}, rate=ROWS / 0.1 * 0.95, wait_s=0.05, workers=2)
+    d = ls.decide(ctx(ceiling=None), [base, w4, w2], [{}, w4.settings, w2.settings])
+    nxt = d.choice.settings.get("dataloader.num_workers") if d.choice else None
+    assert nxt in (None, 1), d.choice
+    assert ls.lost_above([base, w4, w2], base) == 2
+
+
+def test_a_trial_that_lost_while_the_load_moved_is_measured_again() -> None:
+    """Issue 58: one num_workers=1 trial at 0.75x under a load that moved ended a search."""
+    base = _moved(trial(rate=ROWS / 0.036, wait_s=0.016), 0.0)
+    one = _moved(trial({"dataloader.num_workers": 1}, rate=ROWS / 0.036 * 0.75, wait_s=0.02,
+                       workers=1), 1.2)
+    d = ls.decide(ctx(), [base, one], [{}, one.settings])
+    assert d.choice is not None and d.choice.settings == one.settings
+    assert "moved" in d.choice.why and "1.20 cores" in d.choice.why
+    again = _moved(one, 0.0)
+    d = ls.decide(ctx(), [base, one, again], [{}, one.settings, one.settings])
+    assert d.choice is None or d.choice.settings != one.settings     # measured twice: done
+    steady = _moved(one, 0.1)                                          # the load held: no repeat
+    assert ls.repeat_moved([base, steady]) is None
+
+
+def test_a_ceiling_never_contradicts_the_measured_wait() -> None:
+    """Issue 58: "at_ceiling: no loader setting can buy more than 1%" beside "(wait 12%)"."""
+    base = trial(rate=100.0, wait_s=0.0030, step_s=0.020)          # waits 13% of its steady
+    d = ls.decide(ctx(ceiling=101.0), [base], [{}])
+    assert d.stop_reason != "at_ceiling", d.stop_text
+    quiet = trial(rate=100.0, wait_s=0.0003, step_s=0.020)         # 1.5%: the ceiling holds
+    assert ls.decide(ctx(ceiling=101.0), [quiet], [{}]).stop_reason == "at_ceiling"
+    assert "the loop waits" in ls.decide(ctx(ceiling=101.0), [quiet], [{}]).stop_text
+
+
+def test_keep_without_a_trial_is_not_an_answer() -> None:
+    from stallbench.results import JobTuneBest
+    b = JobTuneBest(name="default", settings={}, steady_samples_s=100.0, speedup=1.0,
+                    ceiling_share=None, stop_reason="budget", stop_text="the budget ...",
+                    answered=False)
+    rec = ls.recommendation(b, {})
+    assert rec.text.startswith("recommendation: none") and rec.conclusive is False
+    b.answered, b.stop_reason = True, "no_gain_predicted"
+    assert ls.recommendation(b, {}).text.startswith("recommendation: keep")
+
+
+def test_the_answer_names_its_basis_and_the_whole_job() -> None:
+    from stallbench.results import JobTuneBest
+    b = JobTuneBest(name="w1", settings={"num_workers": 1}, steady_samples_s=130.0,
+                    speedup=1.31, ceiling_share=None, stop_reason="no_gain_predicted",
+                    stop_text="", basis="second epoch on, start-ups included",
+                    whole_job_speedup=0.98, whole_job_basis="measured: both runs ran the "
+                                                            "whole job")
+    text = ls.recommendation(b, {"dataloader.num_workers": 1}).text
+    assert "second epoch on" in text and "the whole job 0.98x" in text

@@ -79,3 +79,18 @@ def test_the_job_as_written_as_best_needs_no_confirmation() -> None:
     c = trials.confirm("default", [100.0], [100.0], [], [], False)
     assert c == trials.Confirmation(steady_samples_s=100.0, speedup=1.0, low=None, high=None,
                                     rounds=0, why_not="")
+
+
+def test_the_whole_job_counts_its_first_epoch() -> None:
+    """Issue 58: 1.31x from epoch 2 onward was 0.98x over the whole 3-epoch job: a first
+    epoch that pays the start-up weighs in the whole job."""
+    from stallbench.analysis import trials as tr
+    base = [(0.0, 10.0, 10, 100, True), (10.0, 20.0, 10, 100, True), (20.0, 30.0, 10, 100, True)]
+    kept = [(0.0, 16.0, 10, 100, True), (16.0, 23.6, 10, 100, True)]       # stopped by tune
+    x, how = tr.whole_job((base, False), (kept, True), 3)
+    assert abs(x - 30.0 / (16.0 + 2 * 7.6)) < 1e-9
+    assert how.startswith("ESTIMATED")
+    x, how = tr.whole_job((base, False), (base, False), 3)
+    assert x == 1.0 and how.startswith("measured")
+    x, how = tr.whole_job((base, True), (kept, True), None)
+    assert x is None and "epoch count is unknown" in how
