@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 
-from . import sink, state, util, wire
+from . import sink, state, util, windows, wire
 
 FLUSH_S = 1.0
 FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writing parts
@@ -178,6 +178,8 @@ def _flush(force: bool, epoch_end: str) -> None:
     part = wire.Trainer(header=header(), streams=tuple(s.record() for s in streams),
                         stages=_stages_copy(), exiting=force, open=open_)
     ok = write(part.file_name(host, pid, image), part.to_json(), force) and ok
+    if state.SETTINGS.live is not None:
+        ok = _write_live(streams, force) and ok
     if ok:
         _recovered()
     if state.REPLAY is not None:
@@ -188,6 +190,23 @@ def _flush(force: bool, epoch_end: str) -> None:
         _last_end_key = epoch_end
     _next_epoch_flush = done + cost / FLUSH_BUDGET
     periodic_at = done + max(FLUSH_S, cost / FLUSH_BUDGET)
+
+
+def _write_live(streams: list, force: bool) -> bool:
+    """``--live`` (issue 60): the streams' totals and open windows (``wire.Live``, small,
+    each flush) and their closed windows (``wire.WindowsPart``) when one closed since the
+    last write, or at exit: the windows' figures are on disk within a flush of closing."""
+    got = windows.records(streams, force)
+    if got is None:
+        return True
+    (name, live), win, tallies = got
+    ok = True
+    if win is not None:
+        ok = write(win[0], win[1].to_json(), force)
+        if ok:
+            for _, t in tallies:
+                t.dirty = False
+    return write(name, live.to_json(), force) and ok
 
 
 def flush_soon() -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List   # Dict, List: a helper may run Python 3.7
 
 from .fields import VERSION, current, floats, ints, num, whole
+from .live import PREFIX as LIVE_PREFIX, WINDOWS_PREFIX, Live, WindowsPart
 from .replay import Replay
 from .settings import LoaderSettings
 
@@ -275,11 +276,15 @@ class Parts:
     replays: tuple[Replay, ...] = ()
     skipped: int = 0            # files of another VERSION, not read as this one's
     cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # ``--live`` (issue 60): each trainer process's totals and its closed windows
+    lives: tuple[Live, ...] = ()
+    windows: tuple[WindowsPart, ...] = ()
 
     def __add__(self, other: "Parts") -> "Parts":
         return Parts(self.trainers + other.trainers, self.epochs + other.epochs,
                      self.workers + other.workers, self.replays + other.replays,
-                     self.skipped + other.skipped)
+                     self.skipped + other.skipped, lives=self.lives + other.lives,
+                     windows=self.windows + other.windows)
 
     def __bool__(self) -> bool:
         return bool(self.trainers or self.epochs or self.workers or self.replays)
@@ -297,9 +302,11 @@ class Parts:
 
 
 _KINDS = {c.PREFIX: c for c in (Trainer, Epochs, Worker, Replay)}
+_KINDS[LIVE_PREFIX] = Live
+_KINDS[WINDOWS_PREFIX] = WindowsPart
 
 
-def parse(name: str, d: dict[str, Any]) -> Trainer | Epochs | Worker | Replay | None:
+def parse(name: str, d: dict[str, Any]) -> Any:
     """One file's record by its name (``<prefix>-...json``); None for a file that is not a
     part of this version."""
     if not current(d):
@@ -335,4 +342,5 @@ def read(run_dir: str | os.PathLike[str]) -> Parts:
             continue
         got[type(rec)].append(rec)
     return Parts(tuple(got[Trainer]), tuple(got[Epochs]), tuple(got[Worker]),
-                 tuple(got[Replay]), skipped)
+                 tuple(got[Replay]), skipped, lives=tuple(got[Live]),
+                 windows=tuple(got[WindowsPart]))
