@@ -68,6 +68,14 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                         f"nodes' figures before it names a node as missing "
                         f"({MIN_NODE_WAIT_S:g}..{MAX_NODE_WAIT_S:g}; default "
                         f"{NODE_WAIT_S:g})")
+    _add_live(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_live(p: argparse.ArgumentParser) -> None:
+    """``--live`` and its token flags (issue 60)."""
     lv = p.add_argument_group("live (a job that runs for hours or days; docs/profile.md, Live)")
     lv.add_argument("--live", default=None, metavar="[HOST:]PORT",
                     help="while the job runs, serve its wait, steps and samples per rank, "
@@ -82,9 +90,6 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                           "send (needed beyond loopback)")
     tok.add_argument("--live-token-file", default=None, metavar="PATH", type=Path,
                      help="file holding that token (one line; keep it chmod 600)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
-    p.set_defaults(func=run)
-    return p
 
 
 def print_result(result: results.Result) -> None:

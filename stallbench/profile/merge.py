@@ -257,19 +257,23 @@ def _streams(parts: Parts) -> list[StreamRun]:
             offsets[rk] = offset
             _add_stages(sr.stages, p.stages.get(s.key, {}))
             overtime.attach(sr, parts, h.image_key, s.key)
-            ws = workers.get(s.key, [])
-            for w in ws:
-                _add_stages(sr.stages, w.stages.get(s.key, {}))
-            if ws:
-                sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(w.header.cpu_s for w in ws)
-                sr.producer_processes += len(ws)
-                read = [w.header.torch_threads for w in ws if w.header.torch_threads]
-                if read:
-                    sr.worker_torch_threads = max(read + [sr.worker_torch_threads or 0])
+            _add_workers(sr, workers.get(s.key, []), s.key)
             # pin time lands in the loader's own bucket (its pin thread is tagged with the
             # loader's key in the DataLoader door), so nothing from the process's "trainer"
             # bucket is added here: it would count one loader's pinning on every loader
     return [sr for sr in runs.values() if sr.total_batches]
+
+
+def _add_workers(sr: StreamRun, ws: list[Worker], key: str) -> None:
+    """The stages, CPU and torch threads of the loader workers that served stream ``key``."""
+    for w in ws:
+        _add_stages(sr.stages, w.stages.get(key, {}))
+    if ws:
+        sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(w.header.cpu_s for w in ws)
+        sr.producer_processes += len(ws)
+        read = [w.header.torch_threads for w in ws if w.header.torch_threads]
+        if read:
+            sr.worker_torch_threads = max(read + [sr.worker_torch_threads or 0])
 
 
 def headline_name(runs: list[StreamRun]) -> str | None:

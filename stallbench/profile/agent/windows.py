@@ -15,8 +15,12 @@ Rules it keeps, and why:
   its batch came back in.
 - **Cheap per batch**: one comparison with the open window's end, five additions; a window
   closes at most once per width (a few list appends), a coarsening once per ``max_windows``
-  closes. Written by the writer's flush (``records``): the totals at each flush, the closed
-  windows only when one closed (``dirty``).
+  closes. Nothing is written from the loop: a daemon thread (``_Writer``, started with the
+  first tally, once per process) writes the totals every ``WRITE_S`` when they changed and
+  the closed windows when one closed (``dirty``), so the endpoint's figures follow the job
+  within a second even when the loop pauses after a pass (validation, a checkpoint, the end
+  of training) and the loop's own thread pays only the additions; the exit's flush writes
+  both once more, final.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from __future__ import annotations
 import math
 import os
 import socket
+import threading
 
 from . import state, wire
 
 _EMPTY = (0, 0, 0.0, 0.0, 0.0, 0.0)
+WRITE_S = 1.0           # how often the live records are written while anything changed
 
 
 class Tally:
@@ -67,7 +73,7 @@ class Tally:
         before asking for it (0 for a pass's first batch); ``first``: a pass's first batch
         (its wait is the pass's start-up)."""
         if t >= self.end or t - wait - step < self.start:
-            wait, step = self._spread(t, wait, step)
+            wait, step = self._spread(t, wait, step, first)
         c = self.cur
         c[0] += 1
         c[1] += rows
@@ -97,10 +103,11 @@ class Tally:
         r[3] += wait
         r[4] += step
 
-    def _spread(self, t: float, wait: float, step: float) -> tuple:
+    def _spread(self, t: float, wait: float, step: float, first: bool = False) -> tuple:
         """Open the window of ``t``; the parts of the step and the wait (in that order, the
-        wait ending at ``t``) that fell before it go to the windows they fell in. Returns
-        the wait and step left for the window of ``t``."""
+        wait ending at ``t``) that fell before it go to the windows they fell in (a pass's
+        first wait: as start-up there too). Returns the wait and step left for the window
+        of ``t``."""
         self._open(t)
         t0 = t - wait - step
         if t0 >= self.start:
@@ -108,13 +115,15 @@ class Tally:
         if (self.k - math.floor((t0 + self.offset) / self.width)) > self.most:
             while (self.k - math.floor((t0 + self.offset) / self.width)) > self.most:
                 self._coarsen()
-        for lo, hi, col in ((t0, t0 + step, 3), (t - wait, t, 2)):
+        for lo, hi, cols in ((t0, t0 + step, (3,)), (t - wait, t, (2, 4) if first else (2,))):
             lo = max(lo, t0)
             while hi > lo and lo < self.start:
                 k = math.floor((lo + self.offset) / self.width)
                 edge = min((k + 1) * self.width - self.offset, hi, self.start)
-                self._closed_row(k)[col] += edge - lo
-                self.done[col] += edge - lo
+                row = self._closed_row(k)
+                for col in cols:
+                    row[col] += edge - lo
+                    self.done[col] += edge - lo
                 lo = edge
         return max(min(wait, t - self.start), 0.0), max(min(step, t - wait - self.start), 0.0)
 
@@ -188,12 +197,52 @@ class Tally:
 
 
 def tally():
-    """A stream's ``Tally`` under ``--live`` (None in a plain profile: nothing of this runs)."""
+    """A stream's ``Tally`` under ``--live`` (None in a plain profile: nothing of this runs);
+    the process's writer thread starts with its first."""
     live = state.SETTINGS.live
     if live is None:
         return None
     from . import writer
+    _Writer.start()
     return Tally(live, writer.T0_WALL - writer.T0_PERF)
+
+
+class _Writer:
+    """The process's live writer thread (see the module docstring); one per process (a
+    forked child starts its own with its first tally: threads do not survive a fork)."""
+
+    pid = 0
+    stop = threading.Event()
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.pid == os.getpid():
+            return
+        cls.pid = os.getpid()
+        cls.stop = threading.Event()
+        t = threading.Thread(target=cls._loop, args=(cls.stop,), name="stallbench-live",
+                             daemon=True)
+        t.start()
+
+    @staticmethod
+    def _loop(stop: threading.Event) -> None:
+        from . import writer
+        seen = None
+        while not stop.wait(WRITE_S):
+            if not state.own_process():
+                return
+            with state.LOCK:
+                streams = list(state.STREAMS)
+            now = tuple((t.done[0] + t.cur[0], t.done[3] + t.cur[3], t.passes, t.dirty)
+                        for t in (s.tally for s in streams) if t is not None)
+            if now != seen:
+                writer.write_live(streams, False)
+                seen = now
+
+
+def stop_writer() -> None:
+    """At exit, before the final flush writes the records: the thread writes no more."""
+    _Writer.stop.set()
 
 
 def records(streams: list, force: bool):
@@ -211,7 +260,8 @@ def records(streams: list, force: bool):
                      exiting=force)
     win = None
     if force or any(t.dirty for _, t in tallies):
+        # list() first: the loop's thread may close a window meanwhile (one C call: atomic)
         win = wire.WindowsPart(host=host, pid=pid, image=image, streams={
-            s.key: t.windows(sorted(t.closed.items())) for s, t in tallies})
+            s.key: t.windows(sorted(list(t.closed.items()))) for s, t in tallies})
     return ((live.file_name(host, pid, image), live),
             (win.file_name(host, pid, image), win) if win is not None else None, tallies)
