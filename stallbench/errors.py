@@ -209,6 +209,7 @@ def user_frame(tb: object) -> str:
 EXTRAS: dict[str, tuple[str, ...]] = {
     "ray": ("ray", "ray.data"),
     "report": ("matplotlib", "jinja2"),
+    "live": ("prometheus_client",),     # `profile --live`'s endpoint (the launcher's side)
 }
 
 

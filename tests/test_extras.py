@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKED = ("ray", "pandas", "scipy", "matplotlib", "jinja2")
+BLOCKED = ("ray", "pandas", "scipy", "matplotlib", "jinja2", "prometheus_client")
 # Modules that exist to serve an extra: the HTML report's (need [report]).
 REPORT_ONLY = ("stallbench.report.plots", "stallbench.report.render", "stallbench.report.history")
 
@@ -108,6 +108,19 @@ def test_report_says_which_extra_it_needs(tmp_path: Path) -> None:
     assert not (tmp_path / "r.html").exists()
 
 
+def test_profile_live_says_which_extra_it_needs(tmp_path: Path) -> None:
+    """``--live``'s endpoint is the launcher's (issue 60): without prometheus_client a
+    profile without --live runs as before (the agent never needs it), and --live says
+    which extra, before the job runs."""
+    marker = tmp_path / "ran"
+    cp = slim(["-m", "stallbench", "profile", "--live", "0", "--", sys.executable, "-c",
+               f"open({str(marker)!r}, 'w')"], tmp_path)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert ("stallbench profile --live needs the [live] extra (cannot import "
+            "prometheus_client): pip install 'stallbench[live]'") in cp.stderr, cp.stderr
+    assert not marker.exists()
+
+
 def test_a_ray_scenario_says_which_extra_it_needs(tmp_path: Path) -> None:
     cp = slim(["-m", "stallbench", "run", str(ROOT / "scenarios" / "disaggregated.toml"),
                "--out", str(tmp_path / "results")], tmp_path)
@@ -129,7 +142,8 @@ def test_extras_hold_what_the_core_leaves_out() -> None:
     extras = proj["optional-dependencies"]
     assert any(d.startswith("ray[data,train,client]") for d in extras["ray"])
     assert {d.split(">")[0] for d in extras["report"]} == {"matplotlib", "jinja2"}
-    assert extras["all"] == ["stallbench[ray,report]"]
+    assert extras["all"] == ["stallbench[ray,report,live]"]
+    assert [d.split(">")[0] for d in extras["live"]] == ["prometheus-client"]
     assert "stallbench[all]" in extras["dev"]
     # the framework doors' tests (Lightning, Accelerate) run on a fresh clone (issue 40)
     assert "stallbench[frameworks]" in extras["dev"]

@@ -26,12 +26,14 @@ import os
 import re
 import secrets
 import socket
+from pathlib import Path
 
 # Printable ASCII without spaces (an HTTP header value), long enough not to be guessed.
 _TOKEN = re.compile(r"[!-~]{16,4096}")
 TOKEN_RULE = ("16 to 4096 printable ASCII characters without spaces (e.g. the output of: "
               "python -c 'import secrets; print(secrets.token_urlsafe(32))')")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+_FILE_MAX = 64 * 1024
 
 
 def new_token() -> str:
@@ -77,3 +79,40 @@ def is_loopback(host: str) -> bool:
         return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
     except ValueError:
         return False
+
+
+def read_token(env_name: str | None, file: Path | None, env_flag: str = "--token-env",
+               file_flag: str = "--token-file") -> str | None:
+    """A token given by the NAME of an environment variable (``env_flag``) or a file
+    (``file_flag``), None when neither is given; a ``UserError`` naming the flag, never
+    quoting the token, otherwise. One rule for ``stallbench serve`` and ``profile --live``."""
+    from ..errors import UserError
+
+    if env_name is not None:
+        if not valid_env_name(env_name):
+            raise UserError(f"{env_flag}: expected the name of an environment variable "
+                            "(letters, digits, _), not the token itself")
+        token = token_from_env(env_name)
+        if token is None:
+            # the name is not repeated: a token pasted where the name belongs has a name's shape
+            raise UserError(f"{env_flag}: no environment variable of the name given is set "
+                            "(or it is empty); it must hold the token, and the flag takes "
+                            "the variable's NAME, never the token itself")
+        if not valid_token(token):
+            raise UserError(f"{env_flag} {env_name}: the token must be {TOKEN_RULE}")
+        return token
+    if file is not None:
+        try:
+            with open(file, "rb") as f:
+                raw = f.read(_FILE_MAX + 1)
+        except OSError as exc:
+            raise UserError(f"{file_flag} {file}: cannot read it ({exc.strerror or exc})") \
+                from None
+        try:
+            token = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            token = ""
+        if len(raw) > _FILE_MAX or not valid_token(token):
+            raise UserError(f"{file_flag} {file}: the file must hold one token, {TOKEN_RULE}")
+        return token
+    return None

@@ -37,10 +37,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--max-batches", default=None, metavar="N",
                    help="end each hooked epoch after N batches (the script sees a shorter epoch)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--analyze", dest="analyze", action="store_true", default=True,
-                   help="(default) prove the split: run the first variant again with its "
-                        "data path served from memory (compute-only, dataset, collate) and "
-                        "attribute the stall; fit the what-if on the worker variants")
+    g.add_argument("--analyze", dest="analyze", action="store_true", default=None,
+                   help="(default without --live) prove the split: run the first variant "
+                        "again with its data path served from memory (compute-only, dataset, "
+                        "collate) and attribute the stall; fit the what-if on the worker "
+                        "variants")
     g.add_argument("--no-analyze", dest="analyze", action="store_false")
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="write a Chrome trace-event JSON (Perfetto) of every batch's wait and step, per "
@@ -67,9 +68,28 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                         f"nodes' figures before it names a node as missing "
                         f"({MIN_NODE_WAIT_S:g}..{MAX_NODE_WAIT_S:g}; default "
                         f"{NODE_WAIT_S:g})")
+    _add_live(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     p.set_defaults(func=run)
     return p
+
+
+def _add_live(p: argparse.ArgumentParser) -> None:
+    """``--live`` and its token flags (issue 60)."""
+    lv = p.add_argument_group("live (a job that runs for hours or days; docs/profile.md, Live)")
+    lv.add_argument("--live", default=None, metavar="[HOST:]PORT",
+                    help="while the job runs, serve its wait, steps and samples per rank, "
+                         "loader and node as Prometheus metrics on http://HOST:PORT/metrics "
+                         "(HOST: 127.0.0.1 unless given; any other address needs a token), "
+                         "show them on the terminal, and keep the stall over time in the "
+                         "result; one run of the job (no --repeats, no --set matrix, no "
+                         "--analyze)")
+    tok = lv.add_mutually_exclusive_group()
+    tok.add_argument("--live-token-env", default=None, metavar="NAME",
+                     help="environment variable holding the bearer token every scraper must "
+                          "send (needed beyond loopback)")
+    tok.add_argument("--live-token-file", default=None, metavar="PATH", type=Path,
+                     help="file holding that token (one line; keep it chmod 600)")
 
 
 def print_result(result: results.Result) -> None:
@@ -105,8 +125,11 @@ def run(args: argparse.Namespace) -> int:
     trace = None
     if args.trace:
         trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
+    live = _live(args, repeats, axes)
+    analyze = args.analyze if args.analyze is not None else live is None
     opts = session.Options(argv=argv, name=name, out=out, repeats=repeats,
-                           max_batches=max_batches, axes=axes, analyze=bool(args.analyze),
+                           max_batches=max_batches, axes=axes, analyze=bool(analyze),
+                           live=live,
                            trace=[] if trace is not None else None, progress_timeout=progress,
                            record_argv=bool(args.record_argv), node_port=node_port,
                            node_wait=NODE_WAIT_S if node_wait is None else node_wait)
@@ -128,6 +151,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"stallbench: WARNING: a node is missing from this result: {one_line(line)}",
               file=sys.stderr)
     return done.code
+
+
+def _live(args: argparse.Namespace, repeats: int, axes: dict):
+    """``--live``'s options (``profile.live.options``), checked before anything runs; None
+    without it. One run of the job: a matrix, repeats or the ablation runs would run a job
+    of days several times."""
+    if args.live is None:
+        if args.live_token_env is not None or args.live_token_file is not None:
+            raise UserError("--live-token-env / --live-token-file: only with --live")
+        return None
+    from ..errors import need_extra
+    need_extra("live", "stallbench profile --live")
+    runs = [f"--repeats {repeats}"] if repeats > 1 else []
+    if any(len(v) > 1 for v in axes.values()):
+        runs.append("a --set matrix")
+    if args.analyze:
+        runs.append("--analyze")
+    if runs:
+        raise UserError(f"--live: one run of the job (it may run for days), not {' and '.join(runs)}")
+    from ..profile import live
+    return live.options(args.live, args.live_token_env, args.live_token_file)
 
 
 def _say(line: str) -> None:

@@ -153,14 +153,15 @@ class JobRun:
 
 
 def job_env(base: dict[str, str], run_dir: Path, overrides: dict[str, Any],
-            max_batches: int | None, replay: wire.ReplayPlan | None = None) -> dict[str, str]:
+            max_batches: int | None, replay: wire.ReplayPlan | None = None,
+            live: wire.LiveSettings | None = None) -> dict[str, str]:
     """The job's environment: the bootstrap first on its ``PYTHONPATH``, the settings sent
-    in (``wire.Settings``) in ``wire.ENV``."""
+    in (``wire.Settings``; ``live``: ``--live``'s windows, issue 60) in ``wire.ENV``."""
     env = dict(base)
     user = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(BOOTSTRAP) + (os.pathsep + user if user else "")
     env[wire.ENV] = wire.Settings(run_dir=str(run_dir), overrides=overrides,
-                                  max_batches=max_batches, replay=replay).to_env()
+                                  max_batches=max_batches, replay=replay, live=live).to_env()
     return env
 
 
@@ -389,18 +390,20 @@ def _wait(proc: subprocess.Popen[bytes], run_dir: Path, stop: Callable[[Path], s
 
 def run_once(argv: list[str], run_dir: Path, overrides: dict[str, Any],
              max_batches: int | None, replay: wire.ReplayPlan | None = None,
-             stop: Callable[[Path], str] | None = None) -> JobRun:
+             stop: Callable[[Path], str] | None = None,
+             live: wire.LiveSettings | None = None) -> JobRun:
     """``replay``: the ablation this run is (the agent's ``replay``; None: the job as it is).
     ``stop``: asked every ``STOP_POLL_S`` with the run directory; a non-empty answer ends
     the job (SIGTERM to its process group, then SIGKILL: ``_stop``) and is the run's
     ``stopped`` (``stallbench tune``'s trials end a long job once its rate is known: what its
-    processes flushed, epoch ends and the open epoch, is what the run measured).
+    processes flushed, epoch ends and the open epoch, is what the run measured). ``live``:
+    ``--live``'s windows and per-batch cap, sent in (issue 60).
 
     The run directory reaches the hooks as an absolute path, fixed now: a job that changes
     its working directory (Hydra before 1.2 does) still writes its parts there."""
     run_dir = Path(os.path.abspath(run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = job_env(dict(os.environ), run_dir, overrides, max_batches, replay)
+    env = job_env(dict(os.environ), run_dir, overrides, max_batches, replay, live)
     timeout = _progress_timeout_s
     meter = LoadMeter()
     with meter, Sampler(interval_s=0.2, on_tree=meter.observe) as sampler:

@@ -34,8 +34,9 @@ from typing import Any
 
 from ..analysis.stats import finite_median
 from ..measure import phases as phases_mod
+from . import overtime
 from .agent import doors
-from .agent.wire import Beat, Header, LoaderSettings, Parts, Worker
+from .agent.wire import Beat, Header, LoaderSettings, Parts, Rest, Windows, Worker
 from ..results import (ProfileLoader, ProfileStage, RankFigures, RepeatFigures, StageSeconds,
                        Timeline)
 
@@ -76,6 +77,10 @@ class StreamRun:
     # per epoch in order: (iter() and end, Unix time; its batches, rows; whether it ended):
     # the tune's rate from the second epoch on, each epoch's start-up included
     spans: list[tuple[float, float, int, int, bool]] = field(default_factory=list)
+    # --live (issue 60): the batches past the per-batch cap (summed, in no list above) and
+    # the stream's windows; None in a plain profile
+    rest: Rest | None = None
+    windows: Windows | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.settings, LoaderSettings):     # a mapping as given
@@ -84,6 +89,11 @@ class StreamRun:
     @property
     def batches(self) -> int:
         return len(self.wait)
+
+    @property
+    def total_batches(self) -> int:
+        """Every batch, those past ``--live``'s per-batch cap included."""
+        return len(self.wait) + (self.rest.batches if self.rest else 0)
 
     @property
     def producers(self) -> int:
@@ -246,19 +256,24 @@ def _streams(parts: Parts) -> list[StreamRun]:
                 sr.gpu_step.extend(ep.gpu_step)
             offsets[rk] = offset
             _add_stages(sr.stages, p.stages.get(s.key, {}))
-            ws = workers.get(s.key, [])
-            for w in ws:
-                _add_stages(sr.stages, w.stages.get(s.key, {}))
-            if ws:
-                sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(w.header.cpu_s for w in ws)
-                sr.producer_processes += len(ws)
-                read = [w.header.torch_threads for w in ws if w.header.torch_threads]
-                if read:
-                    sr.worker_torch_threads = max(read + [sr.worker_torch_threads or 0])
+            overtime.attach(sr, parts, h.image_key, s.key)
+            _add_workers(sr, workers.get(s.key, []), s.key)
             # pin time lands in the loader's own bucket (its pin thread is tagged with the
             # loader's key in the DataLoader door), so nothing from the process's "trainer"
             # bucket is added here: it would count one loader's pinning on every loader
-    return [sr for sr in runs.values() if sr.batches]
+    return [sr for sr in runs.values() if sr.total_batches]
+
+
+def _add_workers(sr: StreamRun, ws: list[Worker], key: str) -> None:
+    """The stages, CPU and torch threads of the loader workers that served stream ``key``."""
+    for w in ws:
+        _add_stages(sr.stages, w.stages.get(key, {}))
+    if ws:
+        sr.producer_cpu_s = (sr.producer_cpu_s or 0.0) + sum(w.header.cpu_s for w in ws)
+        sr.producer_processes += len(ws)
+        read = [w.header.torch_threads for w in ws if w.header.torch_threads]
+        if read:
+            sr.worker_torch_threads = max(read + [sr.worker_torch_threads or 0])
 
 
 def headline_name(runs: list[StreamRun]) -> str | None:
@@ -268,7 +283,7 @@ def headline_name(runs: list[StreamRun]) -> str | None:
     totals: dict[str, int] = {}
     loop = [s for s in runs if s.role != "producer"]
     for s in loop or runs:
-        totals[s.name] = totals.get(s.name, 0) + s.batches
+        totals[s.name] = totals.get(s.name, 0) + s.total_batches
     return max(totals, key=lambda n: (totals[n], -min(s.rank for s in runs if s.name == n)),
                default=None)
 
@@ -298,17 +313,23 @@ def phases_of(s: StreamRun):
 
 
 def figures(s: StreamRun, peak_pss_mb: float = 0.0) -> RepeatFigures:
-    ph = phases_of(s)
-    samples = int(sum(s.rows))
+    """A stream's figures; under ``--live`` its batches past the per-batch cap added
+    (``overtime``: the totals and the steady state take them, the start-up is the kept
+    batches')."""
+    rest = s.rest or Rest()
+    epoch_s = s.epoch_s + rest.wait + rest.step
+    ph = overtime.with_rest(phases_of(s), rest, epoch_s, s.total_batches)
+    samples = int(sum(s.rows)) + rest.rows
     # no steady window: no steady rate (NaN), never the whole-run rate under a steady name
     steady = (ph.steady_samples / ph.steady_s if ph.has_steady and ph.steady_s > 0
               else math.nan)
-    wait = float(sum(s.wait))
+    wait = float(sum(s.wait)) + rest.wait
     return RepeatFigures(
-        epoch_s=s.epoch_s, samples=samples, batches=s.batches,
-        throughput_samples_s=samples / s.epoch_s if s.epoch_s > 0 else math.nan,
+        epoch_s=epoch_s, samples=samples, batches=s.total_batches,
+        throughput_samples_s=samples / epoch_s if epoch_s > 0 else math.nan,
         steady_throughput_samples_s=steady, stall_s=wait, wait_s=wait, trainer_transfer_s=0.0,
-        compute_s=float(sum(s.step)), time_to_first_batch_s=s.wait[0] if s.wait else math.nan,
+        compute_s=float(sum(s.step)) + rest.step,
+        time_to_first_batch_s=s.wait[0] if s.wait else math.nan,
         peak_pss_mb=peak_pss_mb, trainer_cpu_s=s.trainer_cpu_s, producer_cpu_s=s.producer_cpu_s,
         stage_s=_stage_seconds(s.stages), producer_processes=s.producer_processes, phases=ph)
 
@@ -382,7 +403,8 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
             ph_w = []
         out.append(ProfileLoader(
             name=name, kind=first.kind, rank=rank, headline=name == headline,
-            settings=dict(first.settings), epochs=first.epochs, batches=int(_med([f.batches for f in figs])),
+            settings=dict(first.settings),
+            epochs=first.epochs + (first.rest.passes if first.rest else 0), batches=int(_med([f.batches for f in figs])),
             samples=int(_med([f.samples for f in figs])), epoch_s=_med([f.epoch_s for f in figs]),
             wait_s=_med([f.wait_s for f in figs]), step_s=_med([f.compute_s for f in figs]),
             wait_share=share,
@@ -391,7 +413,9 @@ def loaders(runs: list[list[StreamRun]], headline: str | None) -> list[ProfileLo
             samples_s=_med([f.throughput_samples_s for f in figs]),
             steady_samples_s=_med([f.steady_throughput_samples_s for f in figs]),
             steady_wait_share=_med(ph_w) if ph_w else None, stages=stages,
-            notes=list(dict.fromkeys(n for s in ss for n in s.notes)),
+            notes=list(dict.fromkeys([n for s in ss for n in s.notes] + [
+                overtime.rest_note(s.rest, s.batches) for s in ss[:1]
+                if s.rest and s.rest.batches])),
             gpu_wait_s=sum(first.gpu_wait) if first.gpu_wait else None,
             gpu_step_s=sum(first.gpu_step) if first.gpu_step else None,
             set_keys=list(doors.of(first.kind).set_keys), node=first.node))

@@ -311,6 +311,7 @@ class Link:
         self.kept: list[tuple[Path, str]] = []       # node k: runs left in --out, and why
         self.sent = 0
         self._wait_s = wait_s
+        self.live: Any = None       # --live's ``live.Live`` (issue 60), set by the profile
 
     def __enter__(self) -> "Link":
         if self.topo.count > 1 and self.topo.rank == 0:

@@ -42,8 +42,9 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileComman
 from ..analysis.loader_search import Answer
 from . import jobrun
 from . import knobs as knobs_mod
-from . import merge, nodes as nodes_mod, record, redact
+from . import merge, nodes as nodes_mod, overtime, record, redact
 from .jobrun import JobFailed, NodePartsLeft
+from .agent import wire
 from .launcher import JobRun, NoProgress, exit_status, progress_limit, run_once
 
 
@@ -65,6 +66,7 @@ class Options:
     record_argv: bool = False       # --record-argv: every value of the command kept, redacted
     node_port: int | None = None    # --node-port: the nodes' endpoint (profile/nodes.py)
     node_wait: float = nodes_mod.NODE_WAIT_S    # --node-wait: how long node rank 0 waits
+    live: Any = None                # --live: ``live.LiveOptions`` (issue 60); None without
 
 
 def default_name(argv: list[str]) -> str:
@@ -209,7 +211,8 @@ def fingerprint(argv: list[str], axes: dict[str, list[Any]], max_batches: int | 
 _summary = finite_summary     # one rule for a figure over repeats (analysis.stats)
 
 
-def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
+def variant_result(v: knobs_mod.Variant, runs: list[JobRun],
+                   max_windows: int = wire.LiveSettings.max_windows) -> VariantResult:
     per_run = [merge.streams(r.parts) for r in runs]
     headline = merge.headline_name([s for run in per_run for s in run])
     reps, notes = [], {}
@@ -259,7 +262,9 @@ def variant_result(v: knobs_mod.Variant, runs: list[JobRun]) -> VariantResult:
         phases=phases_mod.summarize(reps, producers, None),
         threads=_thread_budget(first, producers),
         profile=ProfileVariant(loaders=merge.loaders(per_run, headline), exit_code=0,
-                               ended_early=ended_early, capped=capped))
+                               ended_early=ended_early, capped=capped,
+                               over_time=overtime.over_time(per_run[0], max_windows)
+                               if per_run else None))
     if reps and reps[0].ranks:
         vr.ranks = rank_summary(reps, vr.epoch_s.median, per_run, headline)
     if any(r.nodes for r in runs):
@@ -373,7 +378,9 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     # a directory every node's launcher finds when there are several (a shared --out)
     shared = f"{jobrun.SCRATCH}{opts.name}-{fp}" if topo.count > 1 else None
     with jobrun.scratch(opts.out, say, shared, remove=topo.merges) as run_root, \
-            nodes_mod.Link(topo, fp, run_root, opts.node_wait, say) as link:
+            nodes_mod.Link(topo, fp, run_root, opts.node_wait, say) as link, \
+            _live(opts, say) as live:
+        link.live = live
         machine = metadata()
         created = now_utc()
         for v in variants:
@@ -392,6 +399,16 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
         raise NodePartsLeft(*link.left())
     return assemble(opts, results, all_runs, machine, created,
                     loader_search.profile_answer(results), topo.count)
+
+
+def _live(opts: Options, say: Callable[[str], None]) -> Any:
+    """``--live``'s endpoint and terminal view for the whole profile (``live.Live``), or a
+    context that does nothing."""
+    import contextlib
+    if opts.live is None:
+        return contextlib.nullcontext()
+    from . import live, liveview
+    return live.Live(opts.live, say, liveview.View.for_terminal())
 
 
 def _run_matrix(opts: Options, m: _Matrix, run_root: Path, link: nodes_mod.Link,
@@ -432,13 +449,19 @@ def _run_one(opts: Options, v: knobs_mod.Variant, run_dir: Path, repeat: str,
     node_dir = link.node_dir(run_dir)
     shutil.rmtree(node_dir, ignore_errors=True)
     link.before(run_dir)
+    live = link.live
+    if live is not None:
+        live.watch(node_dir)
     try:
-        run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches)
+        run = run_once(opts.argv, node_dir, v.overrides(), opts.max_batches,
+                       live=live.opts.settings if live is not None else None)
     except NoProgress as exc:
         if not link.multi:
             raise
         link.after(run_dir, 2, why=f"{link.topo.label}: {exc}")
         raise NoProgress(f"{link.topo.label}: {exc}") from None
+    if live is not None:
+        live.ended()
     code = exit_status(run.exit_code)
     if not link.multi:
         if code != 0 and matrix:

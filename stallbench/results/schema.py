@@ -122,6 +122,9 @@ Version history (pyperf keeps it beside the code that writes the format; so do w
   fields hold a multi-node torchrun's node as ``<node rank> (<host>)``, and
   ``ProfileVariant.nodes`` (``ProfileNode``: one row per node of a multi-node torchrun, a
   node that brought no figures named with why; [] otherwise).
+  Additive in version 3 (issue 60, ``profile --live``): ``ProfileVariant.over_time``
+  (``StallOverTime``: per loader and rank, ``StallSeries`` of windows on one grid: when and
+  where the job waited); None without ``--live`` and in older files.
 
 Names say what they count (Ray Data's lesson). Three stall figures exist and never share a name:
 
@@ -913,6 +916,39 @@ class ProfileAnalysis:
 
 
 @dataclass
+class StallSeries:
+    """One loader on one rank over time (``profile --live``, issue 60): per window of the
+    grid (``StallOverTime.width_s``), its start (Unix seconds), the batches returned in it and
+    their samples, the seconds the loop waited and stepped in it (a wait spanning windows is
+    split by time), the wait of passes' first batches (start-up) and the longest single
+    wait. Windows in which nothing happened are left out."""
+
+    loader: str
+    rank: int
+    node: str = ""
+    start_unix_s: list[float] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+    wait_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    startup_wait_s: list[float] = field(default_factory=list)
+    max_wait_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class StallOverTime:
+    """When and where the job waited (``profile --live``): one ``StallSeries`` per loader and
+    rank on one grid of ``width_s`` seconds (the base window doubled as often as a long job
+    needed to keep at most ``max_windows``), so the result's size follows the windows kept,
+    never the batches."""
+
+    width_s: float
+    max_windows: int
+    series: list[StallSeries] = field(default_factory=list)
+    rule: str = ""
+
+
+@dataclass
 class ProfileVariant:
     """What ``stallbench profile`` measured of one variant beyond the headline loader's
     figures (which are the variant's ``repeats``)."""
@@ -923,6 +959,7 @@ class ProfileVariant:
     capped: bool = False            # --max-batches ended the epochs
     analysis: ProfileAnalysis | None = None   # --analyze: the ablation runs (issue 28)
     nodes: list[ProfileNode] = field(default_factory=list)   # issue 56: [] on one machine
+    over_time: StallOverTime | None = None     # issue 60: --live's windows; None without
 
 
 @dataclass

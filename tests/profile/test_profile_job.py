@@ -312,7 +312,14 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
              ["--name", "a\nb"], ["--name", "::error::x"], ["--name", "x\x1b[2J"],
              ["--name", "a/b"], ["--progress-timeout", "0"],
              # torchrun across machines (issue 56)
-             ["--node-port", "0"], ["--node-wait", "nan"]]
+             ["--node-port", "0"], ["--node-wait", "nan"],
+             # --live (issue 60): its address, its token, one run of the job
+             ["--live", "0.0.0.0:9400"], ["--live", "abc"], ["--live", "::1:9400"],
+             ["--live", "9400", "--repeats", "2"],
+             ["--live", "9400", "--set", "dataloader.num_workers=0,2"],
+             ["--live", "9400", "--analyze"], ["--live-token-env", "X"],
+             ["--live", "9400", "--live-token-env", "STALLBENCH_NO_SUCH_TOKEN"],
+             ["--live", "9400", "--live-token-env", "not a name"]]
     got = []
     for args in cases:
         cmd = ["--", PY, "-c", "pass"] if args else []

@@ -36,10 +36,9 @@ from typing import Any
 import pyarrow.flight as flight
 
 from ... import threads
-from ...errors import UserError
 # the token rules every stallbench endpoint shares (``tokens``), re-exported as they were
-from ...auth.tokens import (TOKEN_RULE, is_loopback, new_token, token_from_env, valid_env_name,
-                       valid_token)
+from ...auth.tokens import (TOKEN_RULE, is_loopback, new_token, read_token, token_from_env,
+                            valid_env_name, valid_token)
 
 __all__ = ["Bearer", "Gate", "HEADER", "MIDDLEWARE", "OWNER", "READER", "TOKEN_RULE", "connect",
            "is_loopback", "new_token", "reader_threads_max", "role_of", "serve_token",
@@ -49,40 +48,13 @@ OWNER = "owner"
 READER = "reader"
 HEADER = "authorization"
 MIDDLEWARE = "stallbench-auth"     # the key handlers find the caller's role under
-_FILE_MAX = 64 * 1024
 
 
 def serve_token(env_name: str | None, file: Path | None) -> str | None:
     """The token of ``stallbench serve`` from ``--token-env`` or ``--token-file`` (None when
-    neither is given); a UserError naming the flag, never quoting the token, otherwise."""
-    if env_name is not None:
-        if not valid_env_name(env_name):
-            raise UserError("--token-env: expected the name of an environment variable "
-                            "(letters, digits, _), not the token itself")
-        token = token_from_env(env_name)
-        if token is None:
-            # the name is not repeated: a token pasted where the name belongs has a name's shape
-            raise UserError("--token-env: no environment variable of the name given is set "
-                            "(or it is empty); it must hold the servers' token, and the flag "
-                            "takes the variable's NAME, never the token itself")
-        if not valid_token(token):
-            raise UserError(f"--token-env {env_name}: the token must be {TOKEN_RULE}")
-        return token
-    if file is not None:
-        try:
-            with open(file, "rb") as f:
-                raw = f.read(_FILE_MAX + 1)
-        except OSError as exc:
-            raise UserError(f"--token-file {file}: cannot read it ({exc.strerror or exc})") from None
-        try:
-            token = raw.decode("ascii").strip()
-        except UnicodeDecodeError:
-            token = ""
-        if len(raw) > _FILE_MAX or not valid_token(token):
-            raise UserError(f"--token-file {file}: the file must hold one token, "
-                            f"{TOKEN_RULE}")
-        return token
-    return None
+    neither is given); a UserError naming the flag, never quoting the token, otherwise (the
+    rule every endpoint's token flags share: ``tokens.read_token``)."""
+    return read_token(env_name, file)
 
 
 def reader_threads_max() -> int:

@@ -45,6 +45,7 @@ class Core:
     forget_streams = staticmethod(streams.forget_streams)
     # stage records and writing them
     stage_add = staticmethod(stages.stage_add)
+    stages_add = staticmethod(stages.stages_add)
     flush = staticmethod(writer.flush)
     flush_worker = staticmethod(writer.flush_worker)
     # the environment a loader's spawned workers read (which loader, which epoch)

@@ -34,7 +34,7 @@ import importlib.util
 import os
 import sys
 
-from . import beats, core, doors, passes, stages, state, util, wire, writer
+from . import beats, core, doors, passes, stages, state, util, windows, wire, writer
 from .doors._base import bind, routes
 
 TARGETS: dict = {}      # a module the job imports -> the door function patching it
@@ -195,6 +195,7 @@ def install() -> None:
     sys.meta_path.insert(0, _PostImport())
     atexit.register(beats.beat_exit)    # atexit runs last-in first: after the final flush
     atexit.register(writer.flush)
+    atexit.register(windows.stop_writer)    # --live's thread: before the final flush
     atexit.register(_at_exit)           # before the final flush (atexit runs last-in first)
     atexit.register(passes.close_complete)
     beats.beat(force=True)              # the launcher's sign that the agent runs here

@@ -100,7 +100,7 @@ def close_complete() -> None:
                 continue
             ep = st.epochs[-1]
             if ep.t_end is None and not ep.capped and ep.expected is not None \
-                    and len(ep.wait) == ep.expected:
+                    and len(ep.wait) + ep.more == ep.expected:
                 ep.t_end = ep.t_last
                 ep.cpu1 = time.process_time()
     except Exception:  # noqa: BLE001 - the pass stays open, as the job left it

@@ -143,26 +143,35 @@ def _elements(b, depth: int) -> float:
 
 
 _C_DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
-
-
-_SHAPE_OF: dict = {}     # id(type) -> (type, its C-level ``shape`` descriptor or None)
+_NONE = object()
+_DESC: dict = {}        # id(type) -> (type, its C ``shape`` descriptor or _NONE): per batch
+                        # the MRO walk cost a microsecond (issue 60); keyed by id, the type
+                        # kept beside it, so no ``__hash__`` of a metaclass runs
 
 
 def _shape(b) -> tuple | None:
     """``b.shape`` where the type defines it in C (a tensor's or an array's), as a tuple;
-    None for anything else (no Python code of the batch's class runs). The descriptor is
-    looked up once per type (its MRO walked once: a batch's hot path reads it per value)."""
+    None for anything else (no Python code of the batch's class runs)."""
     t = type(b)
-    got = _SHAPE_OF.get(id(t))
-    if got is None or got[0] is not t:
-        desc = None
-        for klass in t.__mro__:
-            d = klass.__dict__.get("shape")
-            if d is not None:
-                desc = d if type(d) in _C_DESCRIPTORS else None
-                break
-        got = _SHAPE_OF[id(t)] = (t, desc)
-    if got[1] is None:
+    hit = _DESC.get(id(t))
+    if hit is not None and hit[0] is t:
+        desc = hit[1]
+    else:
+        desc = _descriptor(t)
+        if len(_DESC) >= 256:
+            _DESC.clear()
+        _DESC[id(t)] = (t, desc)
+    if desc is _NONE:
         return None
-    shape = got[1].__get__(b, t)
+    shape = desc.__get__(b, t)
     return shape if issubclass(type(shape), tuple) else None
+
+
+def _descriptor(t: type):
+    """The C descriptor of ``shape`` the first class of ``t``'s MRO that has one defines;
+    ``_NONE`` where it is not a C descriptor or none defines it."""
+    for klass in t.__mro__:
+        desc = klass.__dict__.get("shape")
+        if desc is not None:
+            return desc if type(desc) in _C_DESCRIPTORS else _NONE
+    return _NONE

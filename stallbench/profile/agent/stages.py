@@ -21,6 +21,12 @@ def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: 
     is [calls, wall, cpu, where, calls whose CPU was read, cold cpu, cold calls]; ``cpu``
     None: not read. ``cold``: the process's first fetch, whose CPU (a lazy open, imports)
     is kept apart: the merge scales it to the unread calls only when no warm call was read."""
+    stages_add(((name, wall, cpu, calls),), where, cold)
+
+
+def stages_add(calls: tuple, where: str = "", cold: bool = False) -> None:
+    """``stage_add`` of several (name, wall, cpu, calls) at once: one bucket lookup and one
+    lock for a fetch's dataset call and its ``collate_fn`` (per batch: issue 60's budget)."""
     proc = state.PROC
     if proc.worker_loader is not None:
         key = proc.worker_loader
@@ -33,16 +39,20 @@ def stage_add(name: str, wall: float, cpu: float | None, calls: int = 1, where: 
     # under the lock: the pin thread and the user's threads add here while a flush copies
     # (an unlocked += loses updates; a dict changing size under json.dump raises)
     records = state.STAGE_RECORDS
+    cpu_at, calls_at = (5, 6) if cold else (2, 4)
     with state.LOCK:
-        rec = records.setdefault(key, {}).get(name)
-        if rec is None:
-            rec = records[key][name] = [0, 0.0, 0.0, where, 0, 0.0, 0]
-        rec[0] += calls
-        rec[1] += wall
-        if cpu is not None:
-            cpu_at, calls_at = (5, 6) if cold else (2, 4)
-            rec[cpu_at] += cpu
-            rec[calls_at] += calls
+        bucket = records.get(key)
+        if bucket is None:
+            bucket = records[key] = {}
+        for name, wall, cpu, n in calls:
+            rec = bucket.get(name)
+            if rec is None:
+                rec = bucket[name] = [0, 0.0, 0.0, where, 0, 0.0, 0]
+            rec[0] += n
+            rec[1] += wall
+            if cpu is not None:
+                rec[cpu_at] += cpu
+                rec[calls_at] += n
     if proc.worker_loader is not None and writer.worker_flush_due():
         writer.flush_worker()
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import beats, state, util, wire, writer
+from . import beats, state, util, windows, wire, writer
 from .rows import elements, rows as count_rows
 
 UNREAD = object()       # ``Stream.length`` before the first pass read it
@@ -34,7 +34,7 @@ class Epoch:
     """One pass over a stream (one ``iter()``): per-batch request time, wait and step."""
 
     __slots__ = ("t_iter", "t_req", "wait", "step", "rows", "size", "t_last", "t_end",
-                 "capped", "cuda", "cpu0", "cpu1", "abandoned", "past_cap", "expected")
+                 "capped", "cuda", "cpu0", "cpu1", "abandoned", "past_cap", "expected", "more")
 
     def __init__(self, t: float) -> None:
         self.t_iter = t
@@ -49,6 +49,7 @@ class Epoch:
         self.t_last = t
         self.t_end: float | None = None
         self.capped = False
+        self.more = 0               # --live: batches of this pass past the per-batch cap
         self.cuda: list | None = None   # [(start event, end event)] per batch on a GPU
         # the trainer process's CPU over this epoch (not its start-up: imports, data set-up),
         # as the what-if's t_cpu wants it
@@ -123,6 +124,9 @@ class Stream:
         self.role = ""              # "producer": a thread that feeds the loop a queue
         self.fed_by = ""            # a queue's stream: the name of the stream feeding it
         self.length = UNREAD        # len(loader) read at its first pass (``passes.length``)
+        self.passes = 0
+        # --live: totals and windows (None: a plain profile)
+        self.tally = windows.tally(writer.T0_WALL - writer.T0_PERF, writer.write_live)
         beats.loader_made(self.name)
 
     def switch_off(self, what: str) -> None:
@@ -144,6 +148,15 @@ class Stream:
             if taken:
                 self.name = f"{self.named}#{self.order}"
         ep = Epoch(t)
+        self.passes += 1
+        tally = self.tally
+        if tally is not None:
+            tally.passes += 1
+            if self.epochs and not self.epochs[-1].t_req and tally.kept >= tally.keep:
+                # past --live's per-batch cap a pass has no per-batch record (its batches
+                # are in the windows): only the latest one is kept, for its own clocks
+                self.epochs[-1] = ep
+                return ep
         self.epochs.append(ep)
         return ep
 
@@ -208,29 +221,47 @@ class Stream:
             self.busy = 0
             ACTIVE.stream = prev
         try:
-            t1 = perf()
-            if ep.t_req:
-                ep.step.append(t0 - ep.t_last)
-                ep.t_req.append(t0)
-                ep.wait.append(t1 - t0)
-            else:                   # the first batch waits from iter(): worker start-up is in it
-                ep.t_req.append(ep.t_iter)
-                ep.wait.append(t1 - ep.t_iter)
-            ep.t_last = t1
-            ep.rows.append(count_rows(batch, self.default_rows, self.listed))
+            self._counted(ep, t0, perf(), batch, me, cuda)
+        except Exception:  # noqa: BLE001
+            self.switch_off("its batches could not be timed")
+        return batch
+
+    def _counted(self, ep: Epoch, t0: float, t1: float, batch, me: int, cuda) -> None:
+        """A batch's figures, asked for at ``t0``, returned at ``t1``: into the pass's
+        per-batch records (a pass's first batch waits from ``iter()``: worker start-up is in
+        it) and, under ``--live``, the stream's windows; past ``--live``'s per-batch cap into
+        the windows only (``windows.Tally``)."""
+        first = not ep.t_req and not ep.more
+        wait = t1 - (ep.t_iter if first else t0)
+        step = 0.0 if first else t0 - ep.t_last
+        rows = count_rows(batch, self.default_rows, self.listed)
+        tally = self.tally
+        if tally is None or tally.keeps():
+            if not first:
+                ep.step.append(step)
+            ep.t_req.append(ep.t_iter if first else t0)
+            ep.wait.append(wait)
+            ep.rows.append(rows)
             ep.size.append(elements(batch))
-            if me != state.MAIN:   # a put of it into a queue.Queue: a feed (thread_queue);
-                ACTIVE.produced = (self, id(batch), ep.rows[-1])    # main never feeds
             if cuda is not None:
                 if ep.cuda is None:
                     ep.cuda = []
                 ep.cuda.append((cuda, _cuda_event()))
-            beats.count_batch(self.name, len(self.epochs), len(ep.wait), t1)
-            if t1 >= writer.periodic_at:
-                writer.flush(force=False)
-        except Exception:  # noqa: BLE001
-            self.switch_off("its batches could not be timed")
-        return batch
+        else:
+            if ep.t_req and not ep.more:    # the pass's last kept batch's step: with it
+                ep.step.append(step)
+                tally.past_cap(wait, 0.0, rows, False)
+            else:
+                tally.past_cap(wait, step, rows, first)
+            ep.more += 1
+        ep.t_last = t1
+        if tally is not None:
+            tally.add(t1, wait, step, rows, first)
+        if me != state.MAIN:   # a put of it into a queue.Queue: a feed (thread_queue);
+            ACTIVE.produced = (self, id(batch), rows)    # main never feeds
+        beats.count_batch(self.name, self.passes, len(ep.wait) + ep.more, t1)
+        if t1 >= writer.periodic_at:
+            writer.flush(force=False)
 
     def end_epoch(self, ep: Epoch, t: float) -> None:
         """An epoch ends: its part is written now (not only at exit: a Ray Train worker that
@@ -241,6 +272,11 @@ class Stream:
         if ep.t_end is None:
             ep.t_end = t
             ep.cpu1 = time.process_time()
+            tally = self.tally
+            if tally is not None and (ep.t_req or ep.more):     # the pass's last step
+                tally.add_step(t, t - ep.t_last)
+                if ep.more:
+                    tally.rest[4] += t - ep.t_last
             writer.flush(force=False, epoch_end=self.key)
 
     def record(self):
@@ -267,7 +303,7 @@ class Stream:
 
 def cap_reached(ep: Epoch, cap) -> bool:
     """``--max-batches`` reached in this pass."""
-    return bool(cap) and len(ep.wait) >= cap
+    return bool(cap) and len(ep.wait) + ep.more >= cap
 
 
 def _in_for_loop() -> bool:

@@ -21,9 +21,10 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 
-from . import sink, state, util, wire
+from . import sink, state, util, windows, wire
 
 FLUSH_S = 1.0
 FLUSH_BUDGET = 0.02         # at most this share of the job's time goes to writing parts
@@ -178,6 +179,8 @@ def _flush(force: bool, epoch_end: str) -> None:
     part = wire.Trainer(header=header(), streams=tuple(s.record() for s in streams),
                         stages=_stages_copy(), exiting=force, open=open_)
     ok = write(part.file_name(host, pid, image), part.to_json(), force) and ok
+    if force and state.SETTINGS.live is not None:     # the live thread writes meanwhile
+        ok = write_live(streams, True) and ok
     if ok:
         _recovered()
     if state.REPLAY is not None:
@@ -188,6 +191,30 @@ def _flush(force: bool, epoch_end: str) -> None:
         _last_end_key = epoch_end
     _next_epoch_flush = done + cost / FLUSH_BUDGET
     periodic_at = done + max(FLUSH_S, cost / FLUSH_BUDGET)
+
+
+_LIVE_LOCK = threading.Lock()      # the live thread and the exit's flush write one file
+
+
+def write_live(streams: list, force: bool) -> bool:
+    """``--live`` (issue 60): the streams' totals and open windows (``wire.Live``, small)
+    and their closed windows (``wire.WindowsPart``) when one closed since the last write, or
+    at exit: written by the live thread (``windows``) about once a second, and by the exit's
+    flush; a window's figures are on disk within a second of its closing."""
+    with _LIVE_LOCK:
+        got = windows.records(streams, force, header, T0_WALL - T0_PERF)
+        if got is None:
+            return True
+        (name, live), win, tallies = got
+        ok = True
+        if win is not None:
+            for _, t in tallies:
+                t.dirty = False
+            ok = write(win[0], win[1].to_json(), force)
+            if not ok:
+                for _, t in tallies:
+                    t.dirty = True
+        return write(name, live.to_json(), force) and ok
 
 
 def flush_soon() -> None:

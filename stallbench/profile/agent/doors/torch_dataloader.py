@@ -244,8 +244,8 @@ def _patch_fetch(cls, functools) -> None:
             cpu = H.tcpu() - c if sample else None
             cw, cc = col.wall - cw0, col.cpu - cc0
             n = len(index) if self.auto_collation else 1
-            H.stage_add(item, wall - cw, None if cpu is None else cpu - cc, n, cold=cold)
-            H.stage_add("collate_fn", cw, None if cpu is None else cc, cold=cold)
+            H.stages_add(((item, wall - cw, None if cpu is None else cpu - cc, n),
+                          ("collate_fn", cw, None if cpu is None else cc, 1)), cold=cold)
 
     cls.fetch = fetch
 

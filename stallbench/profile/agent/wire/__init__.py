@@ -3,7 +3,8 @@
 In: the job's settings (``Settings``, in the ``STALLBENCH_PROFILE`` variable) with the replay
 plan of an ablation run (``ReplayPlan``). Out: the part files (``Trainer``, ``Epochs``,
 ``Worker``, ``Replay`` with its ``Mismatch`` / ``Missing`` / ``BudgetStop`` / ``StageServe``),
-the beats (``Beat``), a loader's settings (``LoaderSettings``), and the names of the wall's
+the beats (``Beat``), ``--live``'s totals and windows (``Live``, ``WindowsPart``, issue
+60), a loader's settings (``LoaderSettings``), and the names of the wall's
 files (each record's ``file_name``, ``FLUSH_MARK``, ``lost_marker``). Between the launchers
 of a multi-node job: how a node's run ended (``NodeRun``) and its files packed for node rank
 0 (``pack_node_run`` / ``unpack_node_run``, bounded; ``nodes``).
@@ -21,6 +22,7 @@ imports nothing else of the agent but the doors' declarations.
 """
 
 from .beats import Beat, read_beats
+from .live import LiveSettings, Live, LiveStream, Rest, Windows, WindowsPart, read_live
 from .fields import ENV, FLUSH_MARK, LOST_PREFIX, VERSION, lost_marker
 from .nodes import NodeRun, Refused as NodeRunRefused, pack as pack_node_run
 from .nodes import unpack as unpack_node_run
@@ -29,7 +31,8 @@ from .replay import (BudgetStop, Mismatch, Missing, Problem, Replay, ReplayPlan,
                      StageServe)
 from .settings import LoaderSettings, Settings
 
-__all__ = ["Beat", "BudgetStop", "ENV", "Epoch", "Epochs", "FLUSH_MARK", "Header",
+__all__ = ["Beat", "BudgetStop", "Live", "LiveSettings", "LiveStream", "Rest", "Windows",
+           "WindowsPart", "read_live", "ENV", "Epoch", "Epochs", "FLUSH_MARK", "Header",
            "LOST_PREFIX", "LoaderSettings", "Mismatch", "Missing", "NodeRun", "NodeRunRefused",
            "Parts", "Problem",
            "Replay", "ReplayPlan", "Settings", "StageServe", "Stages", "Stream", "Trainer",

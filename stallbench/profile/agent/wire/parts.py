@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List   # Dict, List: a helper may run Python 3.7
 
 from .fields import VERSION, current, floats, ints, num, whole
+from .header import Header
+from .live import PREFIX as LIVE_PREFIX, WINDOWS_PREFIX, Live, WindowsPart
 from .replay import Replay
 from .settings import LoaderSettings
 
@@ -107,55 +109,6 @@ class Stream:
                    notes=tuple(str(n) for n in d.get("notes") or ()),
                    unmeasured=str(d.get("unmeasured") or ""), role=str(d.get("role") or ""),
                    fed_by=str(d.get("fed_by") or ""))
-
-
-@dataclass(frozen=True)
-class Header:
-    """Who wrote a part: the process (host, pid, parent, image: an exec'd image or a fork has
-    its own), its rank as its launcher set it, its clocks' origin, the libraries and torch
-    threads it ran with, its CPU so far; ``node``: the Ray node it ran on
-    (``<ip>/<node id, 8 hex>``: two nodes of one host differ), "" outside Ray."""
-
-    host: str
-    pid: int
-    image: str
-    ppid: int = 0
-    launched: bool = False
-    t0_wall: float = 0.0
-    t0_perf: float = 0.0
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    node_rank: int = 0
-    torch: str | None = None
-    ray: str | None = None
-    torch_threads: int | None = None
-    cpu_s: float = 0.0
-    node: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Header":
-        tt = d.get("torch_threads")
-        world = whole(d.get("world_size"), 1)
-        return cls(host=str(d.get("host", "")), pid=whole(d.get("pid")),
-                   image=str(d.get("image", "")), ppid=whole(d.get("ppid")),
-                   launched=bool(d.get("launched", world > 1)),
-                   t0_wall=num(d.get("t0_wall")), t0_perf=num(d.get("t0_perf")),
-                   rank=whole(d.get("rank")), local_rank=whole(d.get("local_rank")),
-                   world_size=world, node_rank=whole(d.get("node_rank")),
-                   torch=d.get("torch") if isinstance(d.get("torch"), str) else None,
-                   ray=d.get("ray") if isinstance(d.get("ray"), str) else None,
-                   torch_threads=tt if isinstance(tt, int) and not isinstance(tt, bool)
-                   and tt > 0 else None,
-                   cpu_s=num(d.get("cpu_s")), node=str(d.get("node") or ""))
-
-    @property
-    def image_key(self) -> tuple[str, int, str]:
-        """(host, pid, image): an exec'd image keeps its pid and has a new image."""
-        return (self.host, self.pid, self.image)
 
 
 Stages = Dict[str, Dict[str, List[Any]]]    # stream key -> stage name -> record (stage_add)
@@ -279,11 +232,15 @@ class Parts:
     replays: tuple[Replay, ...] = ()
     skipped: int = 0            # files of another VERSION, not read as this one's
     cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # ``--live`` (issue 60): each trainer process's totals and its closed windows
+    lives: tuple[Live, ...] = ()
+    windows: tuple[WindowsPart, ...] = ()
 
     def __add__(self, other: "Parts") -> "Parts":
         return Parts(self.trainers + other.trainers, self.epochs + other.epochs,
                      self.workers + other.workers, self.replays + other.replays,
-                     self.skipped + other.skipped)
+                     self.skipped + other.skipped, lives=self.lives + other.lives,
+                     windows=self.windows + other.windows)
 
     def __bool__(self) -> bool:
         return bool(self.trainers or self.epochs or self.workers or self.replays)
@@ -301,9 +258,11 @@ class Parts:
 
 
 _KINDS = {c.PREFIX: c for c in (Trainer, Epochs, Worker, Replay)}
+_KINDS[LIVE_PREFIX] = Live
+_KINDS[WINDOWS_PREFIX] = WindowsPart
 
 
-def parse(name: str, d: dict[str, Any]) -> Trainer | Epochs | Worker | Replay | None:
+def parse(name: str, d: dict[str, Any]) -> Any:
     """One file's record by its name (``<prefix>-...json``); None for a file that is not a
     part of this version."""
     if not current(d):
@@ -339,4 +298,5 @@ def read(run_dir: str | os.PathLike[str]) -> Parts:
             continue
         got[type(rec)].append(rec)
     return Parts(tuple(got[Trainer]), tuple(got[Epochs]), tuple(got[Worker]),
-                 tuple(got[Replay]), skipped)
+                 tuple(got[Replay]), skipped, lives=tuple(got[Live]),
+                 windows=tuple(got[WindowsPart]))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional    # the agent may run Python 3.7
 
 from .fields import ENV, VERSION, current, whole
+from .live import LiveSettings
 from .replay import ReplayPlan
 
 
@@ -91,7 +92,10 @@ class Settings:
     ``raycluster``): no run directory there (the launcher's path is not on their machine),
     ``collector`` instead, the name of the actor their parts and beats go to, and ``hook``,
     the job's own ``worker_process_setup_hook`` (a ``module.function`` string) that the
-    agent's hook runs after installing itself."""
+    agent's hook runs after installing itself.
+
+    ``live``: ``--live`` (issue 60): the windows and the per-batch cap (``LiveSettings``);
+    None in a plain profile, whose records are exactly what they were."""
 
     run_dir: str = ""
     overrides: Dict[str, Dict[str, Any]] = field(default_factory=dict)
@@ -99,6 +103,7 @@ class Settings:
     replay: Optional[ReplayPlan] = None
     collector: str = ""
     hook: str = ""
+    live: Optional[LiveSettings] = None
 
     @property
     def active(self) -> bool:
@@ -121,6 +126,8 @@ class Settings:
         for k in ("collector", "hook"):
             if getattr(self, k):
                 out[k] = getattr(self, k)
+        if self.live is not None:
+            out["live"] = self.live.to_json()
         return out
 
     @classmethod
@@ -131,13 +138,15 @@ class Settings:
         over = d.get("overrides")
         cap = d.get("max_batches")
         plan = d.get("replay")
+        live = d.get("live")
         return cls(run_dir=str(d.get("run_dir") or ""),
                    overrides={str(g): dict(kv) for g, kv in over.items()
                               if isinstance(kv, dict)} if isinstance(over, dict) else {},
                    max_batches=None if cap is None else whole(cap) or None,
                    replay=ReplayPlan.from_json(plan) if isinstance(plan, dict) and plan
                    else None,
-                   collector=str(d.get("collector") or ""), hook=str(d.get("hook") or ""))
+                   collector=str(d.get("collector") or ""), hook=str(d.get("hook") or ""),
+                   live=LiveSettings.from_json(live) if isinstance(live, dict) else None)
 
     def to_env(self) -> str:
         return json.dumps(self.to_json())
