@@ -161,6 +161,13 @@ def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
         from .launcher import last_batch
         return (f"profile: the job ran batches (at least {ran}; the last reported: "
                 f"{last_batch(beats)}), but their figures were lost: {why} {where}")
+    execed = next((b for b in beats if b.exec_lost and not b.loaders), None)
+    if execed is not None:
+        return (f"profile: process {execed.pid} of the job replaced itself (os.exec*) with a "
+                f"program whose environment drops {execed.exec_lost} (what starts "
+                f"stallbench's hooks in a process): nothing after the exec was measured (stallbench.watch "
+                f"cannot help there); pass the exec its environment with {execed.exec_lost} "
+                f"kept (os.environ, or a copy of it) {where}")
     loaders = [n for b in beats for n in b.loaders]
     if loaders:
         from ..outputs import one_line
@@ -168,6 +175,13 @@ def why_no_figures(runs: list[JobRun], argv: list[str], variant: str) -> str:
         if any(b.empty for b in beats):
             return (f"profile: the job's loader ({names}) yielded no batch: it is empty (its "
                     f"dataset or sampler has no items, or drop_last dropped them) {where}")
+        own = sorted({c for b in beats for c in b.own_iter})
+        if own:
+            return (f"profile: the job made a loader ({names}) whose class "
+                    f"({', '.join(one_line(c) for c in own)}) defines its own __iter__: no "
+                    f"batch came through DataLoader.__iter__, so none was measured; wrap what "
+                    f"the loop iterates: `for batch in stallbench.watch(loader):` "
+                    f"(docs/profile.md) {where}")
         return (f"profile: the job made a loader ({names}) but exited before its first "
                 f"batch {where}")
     early = next((r.pid for r in runs for b in r.beats if b.pid == r.pid

@@ -21,6 +21,8 @@ _batches = 0
 _last = None            # (stream name, epoch, batch index) of the last batch
 _empty = 0
 _exited = False
+_own_iter: list = []    # classes of its loaders that define their own __iter__ (a few)
+_exec_lost = ""         # what this process's last exec dropped of the agent's start (install)
 _next_beat = 0.0
 _flush_asked = False
 _told = False           # a beat with this process's loaders was waited for (a collector)
@@ -73,7 +75,8 @@ def beat(force: bool = False) -> None:
     try:
         pid = os.getpid()
         rec = wire.Beat(pid=pid, loaders=tuple(_names), batches=_batches, last=_last,
-                        empty=_empty, exited=_exited, node=util.node())
+                        empty=_empty, exited=_exited, node=util.node(),
+                        exec_lost=_exec_lost, own_iter=tuple(_own_iter))
         # the first beat with a loader and the exit's wait for a collector's reply (a process
         # killed right after is still named); the others are sent, not waited for (the
         # loop's step would hold the wait)
@@ -83,6 +86,22 @@ def beat(force: bool = False) -> None:
         _told = _told or wait
     except Exception:  # noqa: BLE001 - never fail the job for a hint
         pass
+
+
+def own_iter(cls_name: str) -> None:
+    """A loader was made whose class defines its own ``__iter__`` (a door saw it): where no
+    batch of it comes, the launcher says why (its batches never passed the hooked one)."""
+    if len(_own_iter) < 8 and cls_name not in _own_iter:
+        _own_iter.append(cls_name)
+        beat(force=True)
+
+
+def exec_lost(what: str) -> None:
+    """The process is about to exec a new image whose environment drops ``what`` ("" when
+    it keeps the agent's start): said in the beat, which the writer's flush then writes."""
+    global _exec_lost
+    _exec_lost = what
+    beat(force=True)
 
 
 def beat_exit() -> None:

@@ -15,7 +15,7 @@ read finds the state as it is now (a fork or an install rebinds it), never a cop
 
 from __future__ import annotations
 
-from . import beats, passes, stages, state, streams, util, writer
+from . import beats, frames, passes, stages, state, streams, util, writer
 
 
 class Core:
@@ -35,12 +35,14 @@ class Core:
     unmeasured = staticmethod(util.unmeasured)
     say = staticmethod(util.say)
     own_process = staticmethod(state.own_process)
+    without_agent = staticmethod(frames.without_agent)     # a traceback the job will print
     # passes and batches
     loader_stream = staticmethod(passes.loader_stream)
     begin_pass = staticmethod(passes.begin_pass)
     hook_passes = staticmethod(passes.hook_passes)
     tagged_next = staticmethod(passes.tagged_next)
     count_batch = staticmethod(beats.count_batch)
+    own_iter = staticmethod(beats.own_iter)
     has_streams = staticmethod(streams.has_streams)
     forget_streams = staticmethod(streams.forget_streams)
     # stage records and writing them

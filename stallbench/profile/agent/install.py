@@ -34,7 +34,7 @@ import importlib.util
 import os
 import sys
 
-from . import beats, core, doors, passes, stages, state, util, windows, wire, writer
+from . import beats, core, doors, frames, passes, stages, state, util, windows, wire, writer
 from .doors._base import bind, routes
 
 TARGETS: dict = {}      # a module the job imports -> the door function patching it
@@ -121,6 +121,11 @@ class _PostImport(importlib.abc.MetaPathFinder):
             self.busy.discard(name)
         if spec is None or spec.loader is None:
             return spec
+        if isinstance(spec.loader, _Loader):
+            # ``importlib.reload``: ``find_spec`` hands back the module's own spec, whose
+            # loader is already ours; wrapped again, the new classes were patched twice (two
+            # streams per loader, each batch timed twice: "iterated from two threads")
+            spec.loader = spec.loader.inner
         spec.loader = _Loader(spec.loader, TARGETS[name])
         return spec
 
@@ -163,13 +168,35 @@ def _patch_exec() -> None:
         if orig is None:
             continue
 
-        def make(orig):
+        def make(orig, with_env):
             @functools.wraps(orig)
             def exec_(*a, **k):
+                env = (k.get("env", a[2] if len(a) > 2 else None) if with_env
+                       else os.environ)
+                beats.exec_lost(_exec_drops(env))
                 writer.flush(force=True)
                 return orig(*a, **k)
             return exec_
-        setattr(os, name, make(orig))
+        setattr(os, name, make(orig, name == "execve"))
+
+
+_BOOT = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]    # the launcher put it first
+
+
+def _exec_drops(env) -> str:
+    """What an exec's environment drops of what starts the agent in the new image: the
+    bootstrap's ``PYTHONPATH`` entry, the settings variable ("" when it keeps both, or
+    cannot be read). The launcher says it when no figures came back: the exec, not a loader
+    stallbench does not know, is why (``stallbench.watch`` cannot help there)."""
+    try:
+        lost = []
+        if _BOOT and _BOOT not in str(env.get("PYTHONPATH") or "").split(os.pathsep):
+            lost.append("PYTHONPATH")
+        if not env.get(wire.ENV):
+            lost.append(wire.ENV)
+        return " and ".join(lost)
+    except Exception:  # noqa: BLE001 - an odd mapping: nothing said
+        return ""
 
 
 def install() -> None:
@@ -193,6 +220,7 @@ def install() -> None:
                 util.say(f"could not hook {name} ({type(exc).__name__}: {exc}); "
                          "the job runs unmeasured there")
     sys.meta_path.insert(0, _PostImport())
+    frames.install()                    # the job's tracebacks without the agent's frames
     atexit.register(beats.beat_exit)    # atexit runs last-in first: after the final flush
     atexit.register(writer.flush)
     atexit.register(windows.stop_writer)    # --live's thread: before the final flush

@@ -46,6 +46,28 @@ def _set_threads(torch) -> None:
         H.say(f"torch.num_threads={n} not applied ({type(exc).__name__}: {exc})")
 
 
+def _hide_frames(torch) -> None:
+    """A loader worker's exception reaches the loop as text (torch's ``ExceptionWrapper``
+    formats its traceback in the worker): formatted without the agent's frames, as the
+    loop's own tracebacks are (``frames``)."""
+    wrapper = getattr(getattr(torch, "_utils", None), "ExceptionWrapper", None)
+    orig = getattr(wrapper, "__init__", None)
+    if orig is None or getattr(orig, "_stallbench", False):
+        return
+    import functools
+
+    @functools.wraps(orig)
+    def __init__(self, exc_info=None, where="in background"):
+        if exc_info is None:
+            exc_info = sys.exc_info()
+        if exc_info[2] is not None:
+            exc_info = (exc_info[0], exc_info[1], H.without_agent(exc_info[2]))
+        orig(self, exc_info, where)
+
+    __init__._stallbench = True
+    wrapper.__init__ = __init__
+
+
 def patch_torch(dl_mod) -> None:
     import functools
     import inspect
@@ -87,6 +109,9 @@ def patch_torch(dl_mod) -> None:
                 args, kwargs = bound.args[1:], bound.kwargs
         orig_init(self, *args, **kwargs)
         H.loader_stream(self, notes, KIND)
+        if type(self).__iter__ is not DataLoader.__iter__:
+            # a subclass's own __iter__ may never call ours: said if no batch comes
+            H.own_iter(type(self).__qualname__)
 
     DataLoader.__init__ = __init__
 
@@ -136,6 +161,7 @@ def patch_torch(dl_mod) -> None:
                 os.environ[H.LOADER_ENV] = prev_env
 
     MultiIter.__init__ = multi_init
+    _hide_frames(torch)
     pin_mod = utils.pin_memory
 
     worker_mod = utils.worker

@@ -36,6 +36,8 @@ class Beat:
     exited: bool = False
     host: str = ""
     node: str = ""
+    exec_lost: str = ""     # what its last exec's environment dropped of the agent's start
+    own_iter: Tuple[str, ...] = ()  # its loaders' classes that define their own __iter__
 
     @staticmethod
     def file_name(host: str, pid: int) -> str:
@@ -44,7 +46,8 @@ class Beat:
     def to_json(self) -> Dict[str, Any]:
         return {"v": VERSION, "loaders": list(self.loaders), "batches": self.batches,
                 "last": None if self.last is None else list(self.last),
-                "empty": self.empty, "exited": self.exited, "node": self.node}
+                "empty": self.empty, "exited": self.exited, "node": self.node,
+                "exec_lost": self.exec_lost, "own_iter": list(self.own_iter)}
 
     @classmethod
     def from_json(cls, d: Any, pid: int, host: str = "") -> Optional["Beat"]:
@@ -60,7 +63,9 @@ class Beat:
                    last=(str(last[0]), whole(last[1]), whole(last[2]))
                    if isinstance(last, list) and len(last) == 3 else None,
                    empty=whole(d.get("empty")), exited=bool(d.get("exited")), host=host,
-                   node=str(d.get("node") or ""))
+                   node=str(d.get("node") or ""), exec_lost=str(d.get("exec_lost") or ""),
+                   own_iter=tuple(str(c) for c in d.get("own_iter") or ()
+                                  if isinstance(d.get("own_iter"), list)))
 
 
 def read_beats(run_dir: Any) -> List[Beat]:
