@@ -400,3 +400,15 @@ if __name__ == "__main__":
     import sys
     for k, v in figures(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT).items():
         print(f"{v:4d}  {k}")
+
+
+def test_every_test_module_has_a_name_of_its_own() -> None:
+    """pytest imports test files by basename here (no packages under tests/): two files of
+    one name fail collection for the whole suite, every pass of it (a merge did that once)."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for f in tests.rglob("test_*.py"):
+        if "__pycache__" not in f.parts:
+            seen.setdefault(f.name, []).append(str(f.relative_to(tests)))
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    assert not twice, f"test modules sharing a name: {twice}"

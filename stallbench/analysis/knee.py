@@ -33,11 +33,12 @@ def cores_cap(wi: WhatIfValidation) -> int | None:
     """The most workers advice may name: what the cores carry by the one cores rule
     (``whatif_models.producer_budget``, the producers' CPU share of their wall at the fit)."""
     m = getattr(wi, "model", None)
-    if m is None or not m.cores:
-        return None
+    cores = getattr(m, "cores", None)
+    if not cores:
+        return None         # a what-if that stored no cores: nothing to bound by
     wall = m.p_wall + m.p_extra
     share = m.p_cpu / wall if wall > 0 and math.isfinite(m.p_cpu) else None
-    return max(1, int(producer_budget(m.cores, share)))
+    return max(1, int(producer_budget(cores, share)))
 
 
 def decide(wi: WhatIfValidation) -> KneeAdvice:

@@ -24,7 +24,7 @@ its own excess work is at least ``EXPLAINS`` of that wait, its per-row cost abov
 others' by ``CPU_EXCESS`` (CPU) or ``WAIT_EXCESS`` (waits: wall time, noisier on a busy
 machine); the candidate must be the rank the per-step times put last. Exchangeable ranks run
 the same code on the same kind of rows, so their CPU per row agrees within a few percent and
-none is named (``tests/analysis/test_straggler.py``). Where the others measurably waited
+none is named (``tests/analysis/test_straggler_evidence.py``). Where the others measurably waited
 and neither the shuffles nor the stage figures decide, the verdict says what run would
 decide (``--repeats 3``, more epochs), never "within the noise".
 """
