@@ -107,6 +107,14 @@ class RankRun:
     model_digest: float | None = None    # sum of the model's parameters, when hashes are asked
 
 
+# A rank waiting for its own batch watches itself (``watchdog``) and names what it waits on
+# (its loader workers' pids); the launcher blames such a rank only this long after the
+# timeout, so that the rank's own line, not the launcher's vaguer one, ends the job (on a
+# loaded machine the two fired together and either won). Stopped ranks and ranks stuck in
+# their set-up cannot report themselves: blamed at the timeout.
+SELF_REPORT_S = 2.0
+
+
 def stalled(scenario_file: str, slots: Any, pending: list[int] | set[int],
             pid_of: Callable[[int], int | None], since: float, timeout_s: float,
             source: Callable[[], str]) -> str | None:
@@ -142,7 +150,8 @@ def stalled(scenario_file: str, slots: Any, pending: list[int] | set[int],
         if stopped:
             key = ("is", "are", "stopped (SIGSTOP)" + (f" while {what}" if what else ""))
             blamed.setdefault(key, []).append(who)
-        elif slots[2 * r + 1] in (watchdog.SETUP, watchdog.WAITING):
+        elif slots[2 * r + 1] == watchdog.SETUP or (
+                slots[2 * r + 1] == watchdog.WAITING and now - last >= timeout_s + SELF_REPORT_S):
             blamed.setdefault(("was", "were", str(what)), []).append(who)
     if not blamed:
         return None

@@ -73,7 +73,10 @@ def test_compute_stage_and_bound_read_the_same_on_every_surface(surfaces: dict[s
             (("whatif", out), ("report", page), ("verdict", verdicts))}
     wi = r.analysis.whatif
     if any(not pt.not_predicted for pt in wi.points):
-        assert seen["whatif"] and seen["report"], seen
+        # the report prints the measured line's compute; the what-if names compute only on a
+        # row the trainer binds (issue 58's measured-cost rows: on a loaded machine the cores
+        # bind every row, and no row says compute)
+        assert seen["report"], seen
     else:
         # issue 39: a what-if whose back-test misses (a loaded machine) predicts no row, and
         # so prints no row's compute; it says why instead

@@ -76,7 +76,16 @@ def hide_in_chain(exc) -> None:
 
 def install() -> None:
     """Wrap ``sys.excepthook`` and ``threading.excepthook`` (whatever they are now: a job's
-    own hook set later replaces ours and sees the frames, as it would any library's)."""
+    own hook set later replaces ours and sees the frames, as it would any library's; Python
+    3.7 has no ``threading.excepthook``: its threads' tracebacks keep the frames). Never
+    raises: the job's tracebacks are then printed as they were."""
+    try:
+        _install()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _install() -> None:
     orig = sys.excepthook
 
     def excepthook(typ, value, tb):
@@ -84,7 +93,9 @@ def install() -> None:
         return orig(typ, value, without_agent(tb))
 
     sys.excepthook = excepthook
-    orig_thread = threading.excepthook
+    orig_thread = getattr(threading, "excepthook", None)
+    if orig_thread is None:
+        return
 
     def thread_hook(args):
         hide_in_chain(args.exc_value)
