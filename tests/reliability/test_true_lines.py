@@ -2,7 +2,7 @@
 happened, through the real command on a user-style script
 (``tests/profile/scripts/user_true_lines.py``), and the job's own traceback shows none of the
 agent's frames (at 0 workers, in the loop's traceback; at 2, in the worker's traceback torch
-carries to the loop as text)."""
+carries to the loop as text; in a thread of the job)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_an_exec_that_drops_the_bootstrap_is_said(tmp_path: Path) -> None:
     assert "for another loader" not in line, line
 
 
-@pytest.mark.parametrize("mode", ["raise0", "raise2"])
+@pytest.mark.parametrize("mode", ["raise0", "raise2", "raise_thread"])
 def test_the_jobs_traceback_shows_no_frame_of_the_agent(tmp_path: Path, mode: str) -> None:
     cp = profile(tmp_path, mode)
     assert cp.returncode != 0

@@ -55,23 +55,27 @@ def _length(tb) -> int:
     return n
 
 
-def hide_in_chain(exc) -> None:
-    """The tracebacks of ``exc``'s causes and contexts without the agent's frames: called
-    only where the job's exception is about to be printed and the process or thread ends
-    with it (the exception is not the job's to use again)."""
+def hide_in_chain(exc) -> list:
+    """The tracebacks of ``exc`` and its causes and contexts without the agent's frames,
+    where an uncaught exception is about to be printed (Python's printers print each
+    exception's own ``__traceback__``); returns (exception, its traceback before) for each,
+    so that a caller whose process goes on can put them back."""
     seen: set = set()
-    e = exc
-    todo = [e]
+    kept: list = []
+    todo = [exc]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
         try:
-            e.__traceback__ = without_agent(e.__traceback__)
+            tb = e.__traceback__
+            e.__traceback__ = without_agent(tb)
+            kept.append((e, tb))
             todo += [e.__cause__, e.__context__]
         except Exception:  # noqa: BLE001 - printed as it was
             pass
+    return kept
 
 
 def install() -> None:
@@ -98,7 +102,17 @@ def _install() -> None:
         return
 
     def thread_hook(args):
-        hide_in_chain(args.exc_value)
-        return orig_thread(args)
+        # the process goes on and the job may still hold the exception: its tracebacks are
+        # filtered for the printer (which prints an exception's own ``__traceback__``, not
+        # the one it is handed) and put back as they were after it
+        kept = hide_in_chain(args.exc_value)
+        try:
+            return orig_thread(args)
+        finally:
+            for e, tb in kept:
+                try:
+                    e.__traceback__ = tb
+                except Exception:  # noqa: BLE001
+                    pass
 
     threading.excepthook = thread_hook

@@ -4,7 +4,8 @@ user_true_lines.py MODE``.
 - own_iter: a DataLoader subclass whose own ``__iter__`` never calls the base class's;
 - reload: a job that reloads ``torch.utils.data.dataloader`` and then trains two epochs;
 - reexec: a job that re-executes itself without ``PYTHONPATH`` (a launcher's clean env);
-- raise0 / raise2: a Dataset that raises on item 20, at 0 and at 2 workers.
+- raise0 / raise2: a Dataset that raises on item 20, at 0 and at 2 workers;
+- raise_thread: the same at 0 workers in a thread of the job (which then exits 1 itself).
 Each prints ``batches N`` where it trains."""
 
 import importlib
@@ -51,6 +52,16 @@ def main() -> None:
     elif MODE in ("raise0", "raise2"):
         for _ in DataLoader(Bad(), batch_size=8, num_workers=int(MODE[-1])):
             pass
+    elif MODE == "raise_thread":
+        import threading
+
+        def loop():
+            for _ in DataLoader(Bad(), batch_size=8):
+                pass
+        t = threading.Thread(target=loop)
+        t.start()
+        t.join()
+        sys.exit(1)
 
 
 if __name__ == "__main__":
