@@ -109,8 +109,10 @@ def patch_torch(dl_mod) -> None:
                 args, kwargs = bound.args[1:], bound.kwargs
         orig_init(self, *args, **kwargs)
         H.loader_stream(self, notes, KIND)
-        if type(self).__iter__ is not DataLoader.__iter__:
-            # a subclass's own __iter__ may never call ours: said if no batch comes
+        own = type(self).__iter__
+        if own is not DataLoader.__iter__ and getattr(own, "__wrapped__", None) is None:
+            # a subclass's own __iter__ (not another door's hook: torchdata's
+            # StatefulDataLoader) may never call ours: said if no batch comes
             H.own_iter(type(self).__qualname__)
 
     DataLoader.__init__ = __init__
