@@ -8,7 +8,9 @@ another ``VERSION`` is not read at all (``current``).
 
 from __future__ import annotations
 
-from typing import Any, Tuple     # Tuple: the agent may run Python 3.7
+import json
+import os
+from typing import Any, Callable, Iterator, Tuple     # Tuple: the agent may run Python 3.7
 
 VERSION = 1
 ENV = "STALLBENCH_PROFILE"      # the settings the launcher sends in, one JSON object
@@ -46,3 +48,21 @@ def ints(v: Any) -> Tuple[int, ...]:
 def lost_marker(host: str, pid: int, image: str) -> str:
     """The name of the marker a process leaves when a part could not be written."""
     return f"{LOST_PREFIX}-{host}-{pid}-{image}"
+
+
+def json_files(run_dir: Any, wanted: Callable[[str], bool]) -> Iterator[Tuple[str, Any]]:
+    """(name, parsed JSON) of each file of ``run_dir`` whose name ``wanted`` accepts, in name
+    order; a file that cannot be read or parsed (caught mid-replace, foreign) is passed over.
+    One reader for every kind of record the launcher reads from a run directory."""
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return
+    for name in names:
+        if not wanted(name):
+            continue
+        try:
+            with open(os.path.join(run_dir, name)) as fh:
+                yield name, json.load(fh)
+        except (OSError, ValueError):
+            continue

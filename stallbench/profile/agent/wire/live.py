@@ -26,12 +26,10 @@ Standard library only, Python 3.7 (the agent's rule: ``wire/__init__``).
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple    # Python 3.7
 
-from .fields import VERSION, current, floats, ints, num, whole
+from .fields import VERSION, current, floats, ints, json_files, num, whole
 from .header import Header
 
 PREFIX = "live"
@@ -277,19 +275,5 @@ def read_live(run_dir: Any) -> List[Live]:
     """The ``Live`` records of a run directory as they stand now (the launcher's endpoint
     reads them about once a second while the job runs: these small files only, never the
     epochs). A file replaced while it is read is read at the next poll."""
-    out: List[Live] = []
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return out
-    for name in names:
-        if not (name.startswith(PREFIX + "-") and name.endswith(".json")):
-            continue
-        try:
-            with open(os.path.join(run_dir, name)) as fh:
-                d = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        if current(d):
-            out.append(Live.from_json(d))
-    return out
+    return [Live.from_json(d) for _, d in json_files(
+        run_dir, lambda n: n.startswith(PREFIX + "-") and n.endswith(".json")) if current(d)]

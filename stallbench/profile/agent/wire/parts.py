@@ -13,12 +13,11 @@ read as this one: ``Parts.skipped`` counts it.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List   # Dict, List: a helper may run Python 3.7
 
-from .fields import VERSION, current, floats, ints, num, whole
+from .fields import VERSION, current, floats, ints, json_files, num, whole
 from .header import Header
 from .live import PREFIX as LIVE_PREFIX, WINDOWS_PREFIX, Live, WindowsPart
 from .replay import Replay
@@ -280,18 +279,8 @@ def read(run_dir: str | os.PathLike[str]) -> Parts:
     is written whole and renamed, so only a foreign one) is its process's loss."""
     got: dict[type, list[Any]] = {c: [] for c in _KINDS.values()}
     skipped = 0
-    try:
-        names = sorted(os.listdir(run_dir))
-    except OSError:
-        names = []
-    for name in names:
-        if not name.endswith(".json") or name.split("-", 1)[0] not in _KINDS:
-            continue
-        try:
-            with open(os.path.join(run_dir, name)) as fh:
-                d = json.load(fh)
-        except (OSError, ValueError):
-            continue
+    for name, d in json_files(run_dir, lambda n: n.endswith(".json")
+                              and n.split("-", 1)[0] in _KINDS):
         rec = parse(name, d)
         if rec is None:
             skipped += 1
