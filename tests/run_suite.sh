@@ -34,15 +34,21 @@ only=${1:-}
 timing="groundtruth or e2e or abgate"
 and_only=${only:+ and ($only)}
 workers=${TEST_WORKERS:-3}
-reports=$(mktemp -d "${TMPDIR:-/tmp}/stallbench-suite-XXXXXX")
-trap 'rm -rf "$reports"' EXIT
+# SUITE_REPORTS=DIR keeps each pass's junit XML and lane log there (to read every test's time
+# after a CI run); by default they go to a temporary directory removed at exit.
+if [ -n "${SUITE_REPORTS:-}" ]; then
+  reports=$SUITE_REPORTS; mkdir -p "$reports"; drop=
+else
+  reports=$(mktemp -d "${TMPDIR:-/tmp}/stallbench-suite-XXXXXX"); drop=$reports
+fi
+trap 'rm -rf $drop' EXIT
 parallel=()
 if [ "$workers" -gt 1 ]; then parallel=(-p xdist -n "$workers" --dist loadscope); fi
 t0=$SECONDS
 "$PY" -m pytest -q -rs --junitxml="$reports/waits.xml" \
   -m "waits and not ($timing)$and_only" > "$reports/waits.log" 2>&1 &
 lane=$!
-trap 'kill "$lane" 2>/dev/null; rm -rf "$reports"' EXIT
+trap 'kill "$lane" 2>/dev/null; rm -rf $drop' EXIT
 "$PY" -m pytest -q -rs ${parallel[@]+"${parallel[@]}"} --junitxml="$reports/parallel.xml" \
   -m "not ($timing) and not waits$and_only"
 first=$?
