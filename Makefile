@@ -47,7 +47,7 @@ browser:
 
 # sync first: a fresh setup leaves GBs of dirty pages whose writeback would compete with the
 # timing tests that run first.
-# `make test` leaves out the few tests marked `slow` (minutes each: the A/B gate's ground-truth
+# `make test` leaves out the tests marked `slow` (tests/slow_tests.txt, and the A/B gate's ground-truth
 # runs in tests/gate/test_ab_e2e.py) so that CI stays well under its time limit; `make test-all`
 # runs every test.
 # Two passes (tests/run_suite.sh): every test that does not read a verdict off timings, in

@@ -50,6 +50,49 @@ def pytest_collection(session: pytest.Session) -> Iterator[None]:
         sys.dont_write_bytecode = before
 
 
+# ``tests/slow_tests.txt``: the tests ``make test`` (and so CI) leaves out, marked ``slow`` at
+# collection (the list's header says how they were chosen). Its entries by test file, and
+# those matched, so that an entry naming no test of a collected file is an error, not a test
+# that silently came back into CI or never left it.
+_SLOW_LIST = Path(__file__).resolve().parent / "slow_tests.txt"
+_SLOW_SEEN: dict = {"files": set(), "matched": set()}
+
+
+@functools.lru_cache(maxsize=None)
+def _slow_entries() -> tuple[str, ...]:
+    if not _SLOW_LIST.exists():
+        return ()
+    out = []
+    for line in _SLOW_LIST.read_text(encoding="utf-8").splitlines():
+        entry = line.split("  #", 1)[0].strip()
+        if entry and not entry.startswith("#"):
+            out.append(entry)
+    return tuple(out)
+
+
+def _is_entry_of(nodeid: str, entry: str) -> bool:
+    """A whole test (every parameter) when the entry has no ``[``; else that one parameter."""
+    return nodeid == entry or ("[" not in entry and nodeid.startswith(entry + "["))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks ``slow`` what ``tests/slow_tests.txt`` lists, before ``-m`` selects."""
+    nodeid = item.nodeid
+    _SLOW_SEEN["files"].add(nodeid.split("::", 1)[0])
+    for entry in _slow_entries():
+        if _is_entry_of(nodeid, entry):
+            item.add_marker(pytest.mark.slow)
+            _SLOW_SEEN["matched"].add(entry)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    stale = [e for e in _slow_entries() if e.split("::", 1)[0] in _SLOW_SEEN["files"]
+             and e not in _SLOW_SEEN["matched"]]
+    if stale:
+        raise pytest.UsageError(f"{_SLOW_LIST.name}: no test matches {stale[0]!r} (renamed or "
+                                f"removed? {len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'})")
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     """Timing tests with injected costs (``groundtruth``) run first: before the session's Ray
