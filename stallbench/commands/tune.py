@@ -4,6 +4,7 @@ write it as a scenario file, and confirm it with a measured run (``stallbench.ru
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -173,6 +174,22 @@ def _keys(text: str | None) -> list[str]:
     return keys
 
 
+def _one_node(cmd: list[str]) -> None:
+    """A torchrun across nodes is refused before anything runs: tune chooses each trial from
+    the ones before, so every node's launcher would choose its own, and node rank 0 has no
+    way yet to hand its choice to the others (issue 56, open). Run as it is, the nodes' jobs
+    would meet at the rendezvous with different settings, or not at all. ``profile --set``
+    runs one fixed matrix, the same on every node, and works across nodes today."""
+    from ..errors import UserError
+    from ..profile import nodes
+    value, source = nodes.nnodes(cmd, os.environ)
+    if value is not None and value.strip() not in ("1", "1:1"):
+        raise UserError(f"tune: a torchrun across nodes ({source} {value}) is not supported: "
+                        "each node's tune would choose its own trials; compare settings on "
+                        "every node with stallbench profile --set KEY=V1,V2 -- torchrun ... "
+                        "(the same matrix on each node; docs/profile.md, Across machines)")
+
+
 def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     """``stallbench tune -- COMMAND``: the search on the user's job (``profile.tune``)."""
     from .. import results
@@ -193,6 +210,7 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     if not cmd:
         raise UserError("tune: expected the command after --: stallbench tune [options] -- "
                         "python train.py [ARGS...]")
+    _one_node(cmd)
     minutes = numbers.number(args.budget_minutes, "--budget-minutes", 0, MAX_BUDGET_MINUTES,
                              lo_open=True)
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1

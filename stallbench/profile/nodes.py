@@ -50,8 +50,8 @@ from .agent import wire
 from .endpoint import TOKEN_ENV, Address, Collector, deliver, node_token
 
 __all__ = ["Gather", "Link", "NODE_WAIT_S", "NodeReport", "PORT_OFFSET", "TOKEN_ENV",
-           "Topology", "annotate", "cores", "merge_into", "missing_lines", "node_token",
-           "run_cores", "topology"]
+           "Topology", "annotate", "cores", "merge_into", "missing_lines", "nnodes",
+           "node_token", "run_cores", "topology"]
 
 PORT_OFFSET = 1             # the nodes' endpoint: the rendezvous port + 1
 NODE_WAIT_S = 120.0         # how long node rank 0 waits for a node's run after its own ended
@@ -114,6 +114,14 @@ def _given(argv: list[str], env: Mapping[str, str], flag: str) -> tuple[str | No
         return got, flag
     pet = "PET_" + flag[2:].replace("-", "_").upper()
     return (env[pet], pet) if env.get(pet) else (None, "")
+
+
+def nnodes(argv: list[str], env: Mapping[str, str]) -> tuple[str | None, str]:
+    """torchrun's ``--nnodes`` as given (a count or an elastic ``MIN:MAX``) and where it came
+    from; (None, "") when not given or not a torchrun."""
+    if not is_torchrun(argv):
+        return None, ""
+    return _given(argv, env, "--nnodes")
 
 
 def is_torchrun(argv: list[str]) -> bool:

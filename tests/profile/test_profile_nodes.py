@@ -169,6 +169,30 @@ def test_a_node_killed_mid_run_is_named_in_node_0s_result(tmp_path: Path) -> Non
 
 
 @pytest.mark.e2e
+def test_a_set_matrix_runs_on_every_node_in_the_same_order(tmp_path: Path) -> None:
+    """``profile --set`` across nodes (what ``tune -- torchrun --nnodes 2`` points to): each
+    node runs the same variants and repeats, interleaved in one order, so every run of node
+    rank 0 meets its peer at the rendezvous; the result holds each variant with both nodes'
+    ranks, each loader with the workers its variant set."""
+    port, master = _free_port(), _free_port()
+    matrix = ("--set", "dataloader.num_workers=0,1", "--repeats", "2")
+    procs = [_launch(tmp_path, k, master, port, ["0", "2", "none", "128"], TOKEN, nproc=1,
+                     extra=matrix) for k in (0, 1)]
+    got = _both(procs)
+    assert [p.returncode for p in procs] == [0, 0], got
+    r = helpers.load(tmp_path / "out0")
+    assert sorted(v.name for v in r.variants) == ["num_workers=0", "num_workers=1"], r.variants
+    for v in r.variants:
+        assert len(v.repeats) == 2, (v.name, v.repeats)
+        assert sorted(n.node for n in v.profile.nodes if n.ranks) == [0, 1], v.profile.nodes
+        assert {lo.rank for lo in v.profile.loaders} == {0, 1}, v.profile.loaders
+        want = int(v.name.rsplit("=", 1)[1])
+        assert {lo.settings.get("num_workers") for lo in v.profile.loaders} == {want}, \
+            [lo.settings for lo in v.profile.loaders]
+    assert not _left_behind(tmp_path, port)
+
+
+@pytest.mark.e2e
 def test_a_node_with_another_token_is_refused_and_named(tmp_path: Path) -> None:
     port, master = _free_port(), _free_port()
     procs = [_launch(tmp_path, 0, master, port, ["0", "5", "node:1", "256"], TOKEN, nproc=1,

@@ -207,7 +207,10 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
              ["--name", "a/b", "--", "python", "-c", "pass"],
              ["x.toml", "--", "python", "-c", "pass"],
              ["--"], [],
-             ["--trial-batches", "5", "x.toml"]]
+             ["--trial-batches", "5", "x.toml"],
+             # across nodes: refused before anything runs (nothing to rendezvous with)
+             ["--", "torchrun", "--nnodes", "2", "--node-rank", "0", "train.py"],
+             ["--", "python", "-m", "torch.distributed.run", "--nnodes=1:4", "train.py"]]
     got = []
     for args in cases:
         cp = tune(args, cwd=tmp_path)
