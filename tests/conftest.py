@@ -59,35 +59,33 @@ _SLOW_SEEN: dict = {"files": set(), "matched": set()}
 
 
 @functools.lru_cache(maxsize=None)
-def _slow_entries() -> tuple[str, ...]:
+def _slow_entries() -> frozenset[str]:
+    """The listed node ids: a test's (every parameter of it) or one parameter's."""
     if not _SLOW_LIST.exists():
-        return ()
-    out = []
+        return frozenset()
+    out = set()
     for line in _SLOW_LIST.read_text(encoding="utf-8").splitlines():
         entry = line.split("  #", 1)[0].strip()
         if entry and not entry.startswith("#"):
-            out.append(entry)
-    return tuple(out)
-
-
-def _is_entry_of(nodeid: str, entry: str) -> bool:
-    """A whole test (every parameter) when the entry has no ``[``; else that one parameter."""
-    return nodeid == entry or ("[" not in entry and nodeid.startswith(entry + "["))
+            out.add(entry)
+    return frozenset(out)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """Marks ``slow`` what ``tests/slow_tests.txt`` lists, before ``-m`` selects."""
-    nodeid = item.nodeid
+    """Marks ``slow`` what ``tests/slow_tests.txt`` lists, before ``-m`` selects: the item's
+    own id, else its test's (the id before its parameters)."""
+    nodeid, entries = item.nodeid, _slow_entries()
     _SLOW_SEEN["files"].add(nodeid.split("::", 1)[0])
-    for entry in _slow_entries():
-        if _is_entry_of(nodeid, entry):
+    for entry in (nodeid, nodeid.split("[", 1)[0]):
+        if entry in entries:
             item.add_marker(pytest.mark.slow)
             _SLOW_SEEN["matched"].add(entry)
+            return
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    stale = [e for e in _slow_entries() if e.split("::", 1)[0] in _SLOW_SEEN["files"]
-             and e not in _SLOW_SEEN["matched"]]
+    stale = sorted(e for e in _slow_entries() if e.split("::", 1)[0] in _SLOW_SEEN["files"]
+                   and e not in _SLOW_SEEN["matched"])
     if stale:
         raise pytest.UsageError(f"{_SLOW_LIST.name}: no test matches {stale[0]!r} (renamed or "
                                 f"removed? {len(stale)} stale entr{'y' if len(stale) == 1 else 'ies'})")

@@ -173,9 +173,7 @@ def topology(argv: list[str], env: Mapping[str, str], node_port: int | None = No
              ) -> Topology:
     """(1 node, rank 0) for anything but a torchrun of ``--nnodes`` > 1; else this node's
     rank and node rank 0's endpoint (the module docstring says by which rule)."""
-    if not is_torchrun(argv):
-        return Topology()
-    value, source = _given(argv, env, "--nnodes")
+    value, source = nnodes(argv, env)
     count = _integer(value, source) if value is not None else 1
     if count <= 1:
         return Topology()
