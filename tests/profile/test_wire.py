@@ -176,6 +176,23 @@ def test_a_beat_reads_back_with_its_pid_from_its_name(tmp_path: Path) -> None:
     assert got == [wire.Beat(pid=8, host="h"), b]   # a field it cannot read: its default
 
 
+def test_a_beat_rewritten_in_place_reads_back_as_the_last_one(tmp_path: Path) -> None:
+    """The beats sent while batches come are written over the file (issue 60: no rename, no
+    truncation; ``sink.Files``): a shorter beat over a longer one reads back as itself (the
+    rest is padding), the first one written whole stays readable, and nothing else is left
+    in the run directory."""
+    from stallbench.profile.agent import sink
+    files, name = sink.Files(str(tmp_path)), wire.Beat.file_name("h", 7)
+    first = wire.Beat(pid=7, loaders=("a-long-loader-name#0",), batches=1, host="h")
+    files.put(name, json.dumps(first.to_json()))
+    assert wire.read_beats(tmp_path) == [first]
+    for n in (2, 1000, 3):
+        later = wire.Beat(pid=7, loaders=("L#0",) if n == 3 else (), batches=n, host="h")
+        files.put(name, json.dumps(later.to_json()), wait=False, in_place=True)
+        assert wire.read_beats(tmp_path) == [later]
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
 @pytest.mark.parametrize("problem", [
     wire.Mismatch(where=(0, 1, 2), call=3, recorded="[1, 2]", asked="[2, 1]"),
     wire.Missing(where=("decode",), call="(3,)", recorded=40),

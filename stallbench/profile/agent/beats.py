@@ -79,10 +79,10 @@ def beat(force: bool = False) -> None:
                         exec_lost=_exec_lost, own_iter=tuple(_own_iter))
         # the first beat with a loader and the exit's wait for a collector's reply (a process
         # killed right after is still named); the others are sent, not waited for (the
-        # loop's step would hold the wait)
+        # loop's step would hold the wait) and, as files, written in place (``sink.Files``)
         wait = _exited or (bool(_names) and not _told)
         out.put(wire.Beat.file_name(socket.gethostname(), pid), json.dumps(rec.to_json()),
-                wait=wait)
+                wait=wait, in_place=not wait)
         _told = _told or wait
     except Exception:  # noqa: BLE001 - never fail the job for a hint
         pass

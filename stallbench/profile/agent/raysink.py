@@ -140,8 +140,8 @@ class Collected:
         if not ok:
             self.refused += 1
 
-    def put(self, name: str, text: str, wait: bool = True) -> None:
-        """One record; raises ``OSError`` where it (or a put sent earlier) was refused."""
+    def put(self, name: str, text: str, wait: bool = True, in_place: bool = False) -> None:
+        """One record (``in_place``: a file sink's way of writing, nothing here); raises ``OSError`` where it (or a put sent earlier) was refused."""
         if not self.ready.is_set():
             return
         if self.refused:
@@ -196,7 +196,7 @@ class Nowhere:
     def where(self) -> str:
         return "nowhere (a process forked from a Ray worker)"
 
-    def put(self, name: str, text: str, wait: bool = True) -> None:
+    def put(self, name: str, text: str, wait: bool = True, in_place: bool = False) -> None:
         return None
 
     def mark(self, name: str) -> None:

@@ -25,9 +25,27 @@ class Files:
     def where(self) -> str:
         return self.run_dir
 
-    def put(self, name: str, text: str, wait: bool = True) -> None:
-        """One record, atomically replaced; raises ``OSError`` where it cannot be written."""
+    def put(self, name: str, text: str, wait: bool = True, in_place: bool = False) -> None:
+        """One record, atomically replaced; raises ``OSError`` where it cannot be written.
+
+        ``in_place``: a small hint rewritten over the file it replaces, padded with spaces to
+        its size (no rename, no truncation), for the beats sent every ``BEAT_S`` while
+        batches come (issue 60): a rename over an existing file (and a truncation) makes
+        ext4 allocate the new blocks at once (``auto_da_alloc``), 0.1-1 ms a write here,
+        10 us a batch at a 1 ms step; an overwrite costs ~1 us. A reader that meets one
+        mid-write gets JSON it cannot parse and skips it (``wire.read_beats``), as a lost
+        hint; the beats that must be whole (a process's first with its loaders, its exit's)
+        are atomic."""
         path = os.path.join(self.run_dir, name)
+        if in_place:
+            data = text.encode()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                os.pwrite(fd, data + b" " * (size - len(data)) if size > len(data) else data, 0)
+            finally:
+                os.close(fd)
+            return
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w") as fh:

@@ -70,7 +70,8 @@ class Beat:
 
 def read_beats(run_dir: Any) -> List[Beat]:
     """Every process's beat in ``run_dir`` (a file caught mid-write is its temporary's: never
-    read; a file that is not a beat is skipped)."""
+    read; one rewritten in place, ``sink.Files``, and caught mid-write does not parse and is
+    skipped, as is a file that is not a beat)."""
     out: List[Beat] = []
     try:
         names = os.listdir(run_dir)
