@@ -294,8 +294,10 @@ def rank_attribution(rank_runs: dict[str, list[list[Any]]], r: int, method: str,
     return differential.analyze(epochs, method, confidence, computes=computes)
 
 
-def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
-    """The variant's ``RankSummary`` from its runs on all ranks (``trainers.job.JobRuns``)."""
+def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float, crowding: float = 1.0
+              ) -> RankSummary:
+    """The variant's ``RankSummary`` from its runs on all ranks (``trainers.job.JobRuns``);
+    ``crowding``: the job's processes per core on the machine it ran on (``straggler``)."""
     full = jr.rank_runs["full"]
     world = cfg.trainers.ranks
     stalls = [[run[r].figures.stall_s for r in range(world)] for run in full]
@@ -337,7 +339,7 @@ def summarize(jr: Any, cfg: Any, plan: Any, epoch_s: float) -> RankSummary:
         last_rank_per_step=last[0] if last else [], timeline_rank=jr.timeline_rank,
         exactly_once=exactly_once(full[0], plan) if full else None)
     summary.verdict = verdict(summary)
-    straggler_evidence.revise(summary, full, verdict)   # issue 58: every kind of evidence
+    straggler_evidence.revise(summary, full, verdict, crowding)   # issue 58: all evidence
     return summary
 
 

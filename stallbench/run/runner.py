@@ -237,8 +237,19 @@ def run_ranks(variant: Variant, plan: Plan, repeats: int, analyze: bool, scenari
             f.executor_start_s = startup
     vr = _variant_result(variant, cfg, facts, jr.runs, jr.timeline, jr.resources, analyze, plan,
                          solo)
-    vr.ranks = rank_analysis.summarize(jr, cfg, plan, vr.epoch_s.median)
+    vr.ranks = rank_analysis.summarize(jr, cfg, plan, vr.epoch_s.median,
+                                       crowding=_crowding(cfg, facts, jr))
     return vr
+
+
+def _crowding(cfg: Any, facts: ExecutorFacts, jr: job.JobRuns) -> float:
+    """The job's processes per core of this machine: every rank and, where each has its own,
+    its producers (loader workers), over the cores this run may use (its affinity). How far
+    a CPU second can stretch in wall time, which the straggler's evidence allows for."""
+    world = cfg.trainers.ranks
+    procs = world * (1 + facts.producer_slots) if jr.producers_per_rank \
+        else world + facts.producer_slots
+    return procs / threads.machine_cores()
 
 
 SOLO_ITEMS = 3
