@@ -29,7 +29,8 @@ Two measurements, each with every side in the same run:
    share: an upper bound). Printed: the median over rounds of (block - the round's unhooked
    block) / batches, with quartiles.
 
-Run: .venv/bin/python benchmarks/profile_overhead.py [--pairs 5] [--rounds 20] [--jobs dataloader,ray_data,torchrun]
+Run: .venv/bin/python benchmarks/profile_overhead.py [--pairs 5] [--rounds 20]
+     [--jobs dataloader,ray_data,torchrun]
 """
 
 from __future__ import annotations

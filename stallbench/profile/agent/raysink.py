@@ -141,7 +141,8 @@ class Collected:
             self.refused += 1
 
     def put(self, name: str, text: str, wait: bool = True, in_place: bool = False) -> None:
-        """One record (``in_place``: a file sink's way of writing, nothing here); raises ``OSError`` where it (or a put sent earlier) was refused."""
+        """One record; raises ``OSError`` where it (or a put sent earlier) was refused.
+        ``in_place`` is a file sink's way of writing (``sink.Files``): nothing here."""
         if not self.ready.is_set():
             return
         if self.refused:

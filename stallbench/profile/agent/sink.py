@@ -31,8 +31,8 @@ class Files:
         ``in_place``: a small hint rewritten over the file it replaces, padded with spaces to
         its size (no rename, no truncation), for the beats sent every ``BEAT_S`` while
         batches come (issue 60): a rename over an existing file (and a truncation) makes
-        ext4 allocate the new blocks at once (``auto_da_alloc``), 0.1-1 ms a write here,
-        10 us a batch at a 1 ms step; an overwrite costs ~1 us. A reader that meets one
+        ext4 allocate the new blocks at once (``auto_da_alloc``), 0.1-1 ms a write here
+        (benchmarks/profile_overhead.py, in a loop); an overwrite costs ~1 us. A reader that meets one
         mid-write gets JSON it cannot parse and skips it (``wire.read_beats``), as a lost
         hint; the beats that must be whole (a process's first with its loaders, its exit's)
         are atomic."""
