@@ -8,7 +8,10 @@ flag, the range and what was given. NaN and infinity are never in range.
 from __future__ import annotations
 
 import math
-from typing import NoReturn
+from typing import Any, NoReturn
+
+NODE_WAIT_S = 120.0         # profile.nodes.NODE_WAIT_S (not imported: the parser stays light)
+MIN_NODE_WAIT_S, MAX_NODE_WAIT_S = 1.0, 86400.0
 
 
 def _bound(lo: float, hi: float, lo_open: bool, hi_open: bool = False) -> str:
@@ -71,3 +74,28 @@ def raise_usage(flag: str, expected: str, got: object) -> NoReturn:
     from ..errors import UserError
 
     raise UserError(f"{flag}: expected {expected}, got {str(got)!r}")
+
+
+# ---- the numbers of a torchrun across nodes: profile's and tune's flags, one text
+
+def add_node_args(p: Any, what: str) -> None:
+    """``--node-port`` and ``--node-wait``: ``profile``'s and ``tune``'s, one text but what
+    node rank 0 does on the port (``what``)."""
+    n = p.add_argument_group("torchrun across machines (one per node; docs/profile.md, "
+                             "Across machines)")
+    n.add_argument("--node-port", default=None, metavar="PORT",
+                   help="the port node rank 0's launcher listens on (default: the "
+                        "rendezvous port + 1: --rdzv-endpoint's, else --master-port's), where "
+                        f"it {what}")
+    n.add_argument("--node-wait", default=None, metavar="S",
+                   help="how long node rank 0 waits, after each of its runs, for the other "
+                        "nodes' figures before it names a node as missing, and another node "
+                        f"for node rank 0 ({MIN_NODE_WAIT_S:g}..{MAX_NODE_WAIT_S:g}; default "
+                        f"{NODE_WAIT_S:g})")
+
+
+def node_args(args: Any) -> tuple[int | None, float]:
+    """(``--node-port``, ``--node-wait``), checked (one line, exit 2)."""
+    port = integer(args.node_port, "--node-port", 1, 65535)
+    wait = number(args.node_wait, "--node-wait", MIN_NODE_WAIT_S, MAX_NODE_WAIT_S)
+    return port, NODE_WAIT_S if wait is None else wait

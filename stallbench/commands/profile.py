@@ -18,8 +18,6 @@ from . import numbers
 
 MAX_REPEATS = 1000
 MAX_BATCHES = 10**9
-NODE_WAIT_S = 120.0         # profile.nodes.NODE_WAIT_S (not imported: the parser stays light)
-MIN_NODE_WAIT_S, MAX_NODE_WAIT_S = 1.0, 86400.0
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -55,19 +53,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
                         "still redacted); by default only the program, the script, flag "
                         "names and numeric, boolean or enumerated values are kept, every "
                         "other value shown as <value>")
-    n = p.add_argument_group("torchrun across machines (one profile per node; docs/profile.md, "
-                             "Across machines)")
-    n.add_argument("--node-port", default=None, metavar="PORT",
-                   help="the port node rank 0's launcher takes the other nodes' figures on "
-                        "(default: the rendezvous port + 1: --rdzv-endpoint's, else "
-                        "--master-port's); the same on every node. The nodes sign what they "
-                        "send with the token in $STALLBENCH_NODE_TOKEN (needed beyond "
-                        "loopback; without it only a shared --out carries the figures)")
-    n.add_argument("--node-wait", default=None, metavar="S",
-                   help="how long node rank 0 waits, after each of its runs, for the other "
-                        f"nodes' figures before it names a node as missing "
-                        f"({MIN_NODE_WAIT_S:g}..{MAX_NODE_WAIT_S:g}; default "
-                        f"{NODE_WAIT_S:g})")
+    numbers.add_node_args(p, "takes the other nodes' figures on; the same on every node. The nodes "
+                     "sign what they send with the token in $STALLBENCH_NODE_TOKEN (needed "
+                     "beyond loopback; without it only a shared --out carries the figures)")
     _add_live(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     p.set_defaults(func=run)
@@ -120,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
     progress = numbers.number(args.progress_timeout, "--progress-timeout", MIN_PROGRESS_S,
                               MAX_PROGRESS_S)
-    node_port = numbers.integer(args.node_port, "--node-port", 1, 65535)
-    node_wait = numbers.number(args.node_wait, "--node-wait", MIN_NODE_WAIT_S, MAX_NODE_WAIT_S)
+    node_port, node_wait = numbers.node_args(args)
     trace = None
     if args.trace:
         trace = outputs.check_file(args.trace, outputs.TRACE, "--trace")
@@ -132,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                            live=live,
                            trace=[] if trace is not None else None, progress_timeout=progress,
                            record_argv=bool(args.record_argv), node_port=node_port,
-                           node_wait=NODE_WAIT_S if node_wait is None else node_wait)
+                           node_wait=node_wait)
     done = jobrun.measure_and_publish(lambda: session.profile(opts, say=_say), out, trace,
                                       opts.trace)
     if done.result is None:

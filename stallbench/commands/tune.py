@@ -4,9 +4,9 @@ write it as a scenario file, and confirm it with a measured run (``stallbench.ru
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import interrupts, outputs
 from ..analysis import knob_table
@@ -16,6 +16,10 @@ MAX_BUDGET_MINUTES = 24 * 60
 MAX_REPEATS = 100
 MAX_BATCHES = 10**9
 MAX_COST = 1e9                 # the same bound as ``stallbench whatif``'s prices
+NODE_PORT_DOES = ("hands each trial's settings to the other nodes and takes their figures "
+                  "(-- torchrun --nnodes N: one tune per node, node rank 0 chooses); the same "
+                  "on every node. The nodes sign what they send with the token in "
+                  "$STALLBENCH_NODE_TOKEN (needed beyond loopback)")
 
 
 def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -62,6 +66,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="where generated datasets are cached (default: $STALLBENCH_CACHE or .cache/stallbench)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    numbers.add_node_args(p, NODE_PORT_DOES)
+
     p.set_defaults(func=run)
     return p
 
@@ -88,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     only = [f for f, v in (("--name", args.name), ("--trial-batches", args.trial_batches),
                            ("--keys", args.keys), ("--trace", args.trace),
                            ("--progress-timeout", args.progress_timeout),
-                           ("--record-argv", args.record_argv or None)) if v is not None]
+                           ("--record-argv", args.record_argv or None),
+                           ("--node-port", args.node_port), ("--node-wait", args.node_wait))
+            if v is not None]
     if only or args.repeats != "1":
         raise UserError(f"tune: {(only or ['--repeats'])[0]} applies to -- COMMAND, not to a "
                         "scenario")
@@ -174,30 +182,12 @@ def _keys(text: str | None) -> list[str]:
     return keys
 
 
-def _one_node(cmd: list[str]) -> None:
-    """A torchrun across nodes is refused before anything runs: tune chooses each trial from
-    the ones before, so every node's launcher would choose its own, and node rank 0 has no
-    way yet to hand its choice to the others (issue 56, open). Run as it is, the nodes' jobs
-    would meet at the rendezvous with different settings, or not at all. ``profile --set``
-    runs one fixed matrix, the same on every node, and works across nodes today."""
-    from ..errors import UserError
-    from ..profile import nodes
-    value, source = nodes.nnodes(cmd, os.environ)
-    if value is not None and value.strip() not in ("1", "1:1"):
-        raise UserError(f"tune: a torchrun across nodes ({source} {value}) is not supported: "
-                        "each node's tune would choose its own trials; compare settings on "
-                        "every node with stallbench profile --set KEY=V1,V2 -- torchrun ... "
-                        "(the same matrix on each node; docs/profile.md, Across machines)")
-
-
 def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     """``stallbench tune -- COMMAND``: the search on the user's job (``profile.tune``)."""
     from .. import results
     from ..errors import UserError
-    from ..outputs import one_line
     from ..profile import jobrun, record, session
     from ..profile import tune as job_tune
-    from ..report import profile_lines
 
     if args.scenario is not None:
         raise UserError(f"tune: give a scenario or -- COMMAND, not both (got {args.scenario!r} "
@@ -210,7 +200,6 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     if not cmd:
         raise UserError("tune: expected the command after --: stallbench tune [options] -- "
                         "python train.py [ARGS...]")
-    _one_node(cmd)
     minutes = numbers.number(args.budget_minutes, "--budget-minutes", 0, MAX_BUDGET_MINUTES,
                              lo_open=True)
     repeats = numbers.integer(args.repeats, "--repeats", 1, MAX_REPEATS) or 1
@@ -218,6 +207,8 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     progress = numbers.number(args.progress_timeout, "--progress-timeout",
                               jobrun.MIN_PROGRESS_S, jobrun.MAX_PROGRESS_S)
     keys = _keys(args.keys)
+    node_port, node_wait = numbers.node_args(args)
+    job_tune.nodes_of(cmd, node_port)           # across nodes: refused here, before any run
     name = jobrun.result_name(args.name, session.default_name(cmd), "tune")
     out = Path(args.out)
     outputs.check_dir(out, "--out", [results.store.longest_name(name)])
@@ -225,11 +216,19 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     opts = job_tune.Options(argv=cmd, name=name, out=out, budget_s=minutes * 60.0,
                             repeats=repeats, trial_batches=trial_batches, keys=keys,
                             progress_timeout=progress, trace=[] if trace is not None else None,
-                            record_argv=bool(args.record_argv))
+                            record_argv=bool(args.record_argv), node_port=node_port,
+                            node_wait=node_wait)
     print(f"tune -- {record.shown(cmd, args.record_argv)}: budget {minutes:g} min; the job as written, its "
           "compute-only ceiling, then one trial at a time", flush=True)
     done = jobrun.measure_and_publish(lambda: job_tune.tune(opts, say=_say), out, trace,
                                       opts.trace)
+    return _printed(done)
+
+
+def _printed(done: Any) -> int:
+    """The tune's answer on stdout once published, or the line it ended with; its code."""
+    from ..outputs import one_line
+    from ..report import profile_lines
     if done.result is None:
         print(f"stallbench: {done.line}", file=sys.stderr)
         return done.code
@@ -237,7 +236,10 @@ def run_job(args: argparse.Namespace, cmd: list[str]) -> int:
     for line in profile_lines.tune_lines(done.result):
         print(line)
     print(f"result: {one_line(done.path)}")
-    return 0
+    for line in done.lines:     # a node missing from a multi-node result: said last, exit 3
+        print(f"stallbench: WARNING: a node is missing from this result: {one_line(line)}",
+              file=sys.stderr)
+    return done.code
 
 
 def _say(line: str) -> None:

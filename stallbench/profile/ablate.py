@@ -42,9 +42,9 @@ from ..analysis.stats import bootstrap_medians, finite_summary, percentile_inter
 # not ..pipeline: that imports torch and pyarrow.compute (~4 s), which the launcher never needs
 from ..stages.ablation import COMPUTE_ONLY, Ablation
 from ..results import Attribution, Interval, ProfileAblation, ProfileAnalysis, RepeatFigures
-from . import budget, merge
+from . import budget, merge, orders
 from .agent import doors
-from .launcher import JobRun, exit_status, run_once
+from .launcher import JobRun, exit_status
 from .agent.wire import BudgetStop, LoaderSettings, Parts, Replay, ReplayPlan, StageServe
 
 KEEP_BATCHES = 8
@@ -333,13 +333,16 @@ _summary = finite_summary     # one rule for a figure over repeats (analysis.sta
 def analyze(argv: list[str], overrides: dict[str, Any], max_batches: int | None,
             full_runs: list[JobRun], repeats: int, run_root: Path,
             say: Callable[[str], None], keep: int = KEEP_BATCHES,
-            budget_mb: float | None = None) -> tuple[Attribution | None, ProfileAnalysis]:
+            budget_mb: float | None = None, link: Any = None
+            ) -> tuple[Attribution | None, ProfileAnalysis]:
     """The ablation runs of one variant and its attribution (None where the chain is not
     whole: the ``ProfileAnalysis`` then says which ablation is missing and why).
     ``budget_mb``: bytes of outputs one process may keep; None: from the machine's free
-    memory shared by the headline loader's workers (``budget.machine_budget``, stated)."""
+    memory shared by the headline loader's workers (``budget.machine_budget``, stated).
+    ``link``: a multi-node job's (``nodes.Link``): every ablation run runs on every node
+    (``orders.lead``), each node recording and serving its own ranks' batches."""
     p = _plan(full_runs, run_root, keep, budget_mb)
-    runs_of = _Runs(argv, run_root, overrides, max_batches, say)
+    runs_of = _Runs(argv, run_root, overrides, max_batches, say, link)
     only = _compute_only(p, runs_of, repeats)
     served = _served(p, runs_of, repeats)
     _transfer(p, served)
@@ -409,9 +412,10 @@ class _Runs:
     the job failed under voids its ablation (``Failed``), never the profile."""
 
     def __init__(self, argv: list[str], run_root: Path, overrides: dict[str, Any],
-                 max_batches: int | None, say: Callable[[str], None]) -> None:
+                 max_batches: int | None, say: Callable[[str], None], link: Any = None
+                 ) -> None:
         self.argv, self.run_root, self.overrides = argv, run_root, overrides
-        self.max_batches, self.say, self.tag = max_batches, say, 0
+        self.max_batches, self.say, self.tag, self.link = max_batches, say, 0, link
 
     def __call__(self, label: str, replay: ReplayPlan, n: int,
                  void: Callable[[JobRun], str] | None = None) -> list[JobRun]:
@@ -421,8 +425,9 @@ class _Runs:
         for r in range(n):
             self.say(f"analyze: {label} ({r + 1}/{n})")
             self.tag += 1
-            run = run_once(self.argv, self.run_root / f"a{self.tag}", self.overrides,
-                           self.max_batches, replay)
+            run = orders.lead(self.link, self.argv, self.run_root,
+                              self.run_root / f"a{self.tag}", self.overrides, self.max_batches,
+                              replay, f"analyze: {label}", self.say)
             if run.exit_code != 0:
                 raise Failed(f"the job exited with code {exit_status(run.exit_code)} under "
                              "this ablation")

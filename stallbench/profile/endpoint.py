@@ -24,10 +24,22 @@ body at all), then the body against its digest. So something else that holds the
 no token, a refused sender costs node rank 0 no disk, and a run of another profile (another
 command, matrix or batch cap) is refused by name. The token is never printed or recorded.
 Without one, node rank 0 listens on loopback only, as ``stallbench serve`` does.
+
+**Orders** (``tune`` and ``profile --analyze`` across nodes, ``orders``): where node rank 0
+chooses each run as it goes, the other nodes cannot run a fixed list; each asks node rank 0
+for the next run (``ORDER_PATH``, ``ask_order``), which answers with the one ``NodeOrder`` it
+published (``Collector.publish``): the run's name, its ``--set`` overrides and replay plan,
+whether node rank 0 stopped it (``Collector.stop``: a trial's rate known) and whether it is
+done (``Collector.finish``, said at the latest as the endpoint closes).
+An ask waits up to ``ORDER_WAIT_S`` for something new (a long poll), so a node learns of the
+next run as it is published without node rank 0 reaching out to it. Both ways are signed: the
+ask as a run is (its fields and a fresh nonce), the answer with the nonce in it, so a replayed
+old answer or one from whatever else holds the port is refused by the node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import http.client
@@ -53,7 +65,10 @@ SEND_TRY_S = 5.0            # how long a node tries to reach node rank 0: it lis
                             # its first run, so a refused connection means it is not there
 SEND_TIMEOUT_S = 120.0      # one read or write of a request (a packed run is bounded)
 PATH = "/stallbench/node-run"
-_RUN = re.compile(r"v[0-9]{1,6}r[0-9]{1,6}")
+ORDER_PATH = "/stallbench/node-order"
+ORDER_WAIT_S = 5.0          # the longest an ask for the next order waits for one (long poll)
+_RUN = re.compile(r"v[0-9]{1,6}r[0-9]{1,6}|[ta][0-9]{1,6}")   # profile, tune, ablation runs
+_NONCE = re.compile(r"[0-9a-f]{16,64}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,14 @@ def node_token() -> str | None:
 
 def _mac(token: str, fingerprint: str, run: str, node: int, length: int, digest: str) -> str:
     msg = f"stallbench-node-run/1\n{fingerprint}\n{run}\n{node}\n{length}\n{digest}"
+    return hmac.new(token.encode(), msg.encode(), hashlib.sha256).hexdigest()
+
+
+def _order_mac(token: str, what: str, fingerprint: str, node: int, after: int, nonce: str,
+               digest: str = "") -> str:
+    """An ask (``what`` "ask") or an answer ("answer", with its body's digest): never one
+    for the other, nor for a run's request."""
+    msg = f"stallbench-node-order/1\n{what}\n{fingerprint}\n{node}\n{after}\n{nonce}\n{digest}"
     return hmac.new(token.encode(), msg.encode(), hashlib.sha256).hexdigest()
 
 
@@ -115,6 +138,56 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _refused(self, node: int, mac: str, want: str | None, fp: str,
+                 other: tuple[str, str, str]) -> bool:
+        """One rule for both requests: the signature (checked in constant time, where there
+        is a token), then the profile's fingerprint; a refusal answered and recorded for the
+        node's line (``other``: what the node did, what was refused, what differs)."""
+        c = self.server.collector
+        if want is not None and not tokens.same(mac.encode(), want.encode()):
+            c.refused(node, f"a sender at {self.client_address[0]} claiming node rank {node} "
+                            f"was refused: no valid signature (${TOKEN_ENV} differs)")
+            self._answer(401, f"refused: no valid signature (${TOKEN_ENV} differs between "
+                              "the nodes)")
+            return True
+        if fp != c.fingerprint:
+            did, what, differs = other
+            c.refused(node, f"node rank {node} {did} ({differs} differ)")
+            self._answer(409, f"refused: {what} ({differs} differ from node rank 0's)")
+            return True
+        return False
+
+    def do_GET(self) -> None:       # noqa: N802 - http.server's name
+        """An ask for the next order: answered at once where there is something newer than
+        ``after`` (or the ask waits 0 s), else when something is published, at most
+        ``ORDER_WAIT_S`` later."""
+        c = self.server.collector
+        h = self.headers
+        try:
+            node, after = int(h.get("X-Stallbench-Node", "")), int(h.get("X-Stallbench-After", ""))
+            wait = min(ORDER_WAIT_S, max(0.0, float(h.get("X-Stallbench-Wait", "0"))))
+        except ValueError:
+            return self._answer(400, "not a stallbench order ask")
+        fp, nonce = h.get("X-Stallbench-Fingerprint", ""), h.get("X-Stallbench-Nonce", "")
+        if self.path != ORDER_PATH or not 0 < node < c.nodes or not _NONCE.fullmatch(nonce):
+            return self._answer(400, "not a stallbench order ask of this job")
+        want = (_order_mac(c.token, "ask", fp, node, after, nonce) if c.token is not None
+                else None)
+        if self._refused(node, h.get("X-Stallbench-Mac", ""), want, fp,
+                         ("asked for the runs of another profile or tune",
+                          "another profile's or tune's ask",
+                          "the command, --set matrix, --analyze, --keys or --trial-batches")):
+            return
+        body = c.order_after(node, after, wait).to_bytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if c.token is not None:
+            self.send_header("X-Stallbench-Mac", _order_mac(
+                c.token, "answer", fp, node, after, nonce, hashlib.sha256(body).hexdigest()))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_POST(self) -> None:      # noqa: N802 - http.server's name
         c = self.server.collector
         h = self.headers
@@ -128,17 +201,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in (PATH, PATH + "?check") or not _RUN.fullmatch(run) or \
                 not 0 < node < c.nodes or sent not in (0, length):
             return self._answer(400, "not a stallbench node run of this job")
-        if c.token is not None and not tokens.same(
-                mac.encode(), _mac(c.token, fp, run, node, length, digest).encode()):
-            c.refused(node, f"a sender at {self.client_address[0]} claiming node rank {node} "
-                            f"was refused: no valid signature (${TOKEN_ENV} differs)")
-            return self._answer(401, f"refused: no valid signature (${TOKEN_ENV} differs "
-                                     "between the nodes)")
-        if fp != c.fingerprint:
-            c.refused(node, f"node rank {node} sent a run of another profile (another "
-                            "command, --set matrix or --max-batches)")
-            return self._answer(409, "refused: another profile's run (the command, --set "
-                                     "matrix or --max-batches differ from node rank 0's)")
+        want = (_mac(c.token, fp, run, node, length, digest) if c.token is not None
+                else None)
+        if self._refused(node, mac, want, fp,
+                         ("sent a run of another profile", "another profile's run",
+                          "the command, --set matrix, --max-batches or --analyze")):
+            return
         if length > wire.nodes.MAX_PACKED_BYTES:
             return self._answer(413, "refused: larger than a packed run may be")
         if self.path.endswith("?check") or sent == 0:
@@ -170,6 +238,9 @@ class Collector:
         self.fingerprint, self.root, self.say = fingerprint, root, say
         self._got: dict[tuple[str, int], tuple[wire.NodeRun, Path]] = {}
         self._refusals: dict[int, list[str]] = {}
+        self._order = wire.NodeOrder()             # seq 0: nothing published yet
+        self._asked: dict[int, int] = {}           # node -> the last seq it was answered
+        self._published = 0.0                      # when the current order was (monotonic)
         self._lock = threading.Condition()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -186,6 +257,7 @@ class Collector:
     def __exit__(self, *exc: Any) -> None:
         if self._server is not None:
             with interrupts.deferred():
+                self._last_word(exc[1])
                 self._server.shutdown()
                 self._server.server_close()
                 if self._thread is not None:
@@ -195,6 +267,67 @@ class Collector:
     @property
     def listening(self) -> bool:
         return self._server is not None
+
+    # ---- orders (a tune across nodes)
+
+    def publish(self, run: str, overrides: dict[str, dict[str, Any]],
+                replay: dict[str, Any] | None, label: str) -> None:
+        """The next run every other node is to run (its asks are answered with it)."""
+        with self._lock:
+            self._order = wire.NodeOrder(seq=self._order.seq + 1, run=run,
+                                         overrides=overrides, replay=replay, label=label)
+            self._published = time.monotonic()
+            self._lock.notify_all()
+
+    def late(self, wait_s: float) -> list[int]:
+        """The nodes that have not taken the current order ``wait_s`` after it was
+        published (each takes it within a long poll of its last run's end)."""
+        with self._lock:
+            if self._order.seq == 0 or time.monotonic() - self._published < wait_s:
+                return []
+            return [k for k in range(1, self.nodes)
+                    if self._asked.get(k, 0) not in (self._order.seq, -1)]
+
+    def stop(self, run: str, why: str) -> None:
+        """Node rank 0 ended ``run`` (its rule, ``why``): the nodes end theirs."""
+        with self._lock:
+            if self._order.run == run and not self._order.stopped:
+                self._order = dataclasses.replace(self._order, stopped=why or "stopped")
+                self._lock.notify_all()
+
+    def finish(self, why: str = "") -> None:
+        """No next run: the nodes' launchers end (``why`` "" where the tune ended well)."""
+        with self._lock:
+            if not self._order.done:
+                self._order = dataclasses.replace(self._order, done=True, why_done=why)
+                self._lock.notify_all()
+
+    def order_after(self, node: int, after: int, wait: float) -> wire.NodeOrder:
+        """The current order, once it is newer than ``after`` or done, or ``wait`` seconds
+        have passed (a stop is read with ``wait`` 0: a long poll on it would spin)."""
+        deadline = time.monotonic() + wait
+        with self._lock:
+            while True:
+                o = self._order
+                left = deadline - time.monotonic()
+                if o.seq != after or o.done or left <= 0:
+                    self._asked[node] = o.seq if not o.done else -1
+                    return o
+                self._lock.wait(min(left, 0.5))
+
+    def _last_word(self, exc: BaseException | None) -> None:
+        """``done`` (with node rank 0's line where it ended by an error), and a moment for
+        the nodes that asked for orders to hear it, so that they end at once rather than
+        after failing to reach a closed port (a node that never asked is not waited for)."""
+        from ..outputs import one_line
+        self.finish("" if exc is None else f"node rank 0 ended: "
+                    f"{one_line(str(exc)) or type(exc).__name__}")
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(seq == -1 for seq in self._asked.values()):
+                    return
+            time.sleep(0.05)
 
     def refused(self, node: int, line: str) -> None:
         with self._lock:
@@ -310,3 +443,38 @@ def _post(topo: Address, body: bytes, headers: dict[str, str], path: str) -> str
         return ""
     from ..outputs import one_line
     return f"node rank 0 at {topo.host}:{topo.port} answered {resp.status}: {one_line(text)}"
+
+
+def ask_order(topo: Address, token: str | None, fingerprint: str, node: int, after: int,
+              wait: float) -> wire.NodeOrder | str:
+    """Node rank 0's current order once newer than ``after`` (or after ``wait`` s: the same
+    one); else why not, in words (not reached: an ``OSError``'s line; refused: its answer)."""
+    nonce = uuid.uuid4().hex
+    headers = {"X-Stallbench-Node": str(node), "X-Stallbench-After": str(after),
+               "X-Stallbench-Wait": f"{wait:g}", "X-Stallbench-Fingerprint": fingerprint,
+               "X-Stallbench-Nonce": nonce}
+    if token is not None:
+        headers["X-Stallbench-Mac"] = _order_mac(token, "ask", fingerprint, node, after, nonce)
+    conn = http.client.HTTPConnection(topo.host, topo.port, timeout=wait + SEND_TIMEOUT_S)
+    try:
+        conn.request("GET", ORDER_PATH, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read(wire.nodes.MAX_ORDER_BYTES + 1)
+        mac = resp.getheader("X-Stallbench-Mac", "")
+    except (OSError, http.client.HTTPException) as exc:
+        return f"cannot reach node rank 0 at {topo.host}:{topo.port}: {exc}"
+    finally:
+        conn.close()
+    from ..outputs import one_line
+    if resp.status != 200:
+        return (f"node rank 0 at {topo.host}:{topo.port} answered {resp.status}: "
+                f"{one_line(body[:500].decode('utf-8', 'replace'))}")
+    if len(body) > wire.nodes.MAX_ORDER_BYTES:
+        return f"node rank 0 at {topo.host}:{topo.port} answered more than an order may be"
+    if token is not None and not tokens.same(mac.encode(), _order_mac(
+            token, "answer", fingerprint, node, after, nonce,
+            hashlib.sha256(body).hexdigest()).encode()):
+        return (f"the answer from {topo.host}:{topo.port} is not node rank 0's (no valid "
+                f"signature: ${TOKEN_ENV} differs, or something else holds the port)")
+    got = wire.NodeOrder.from_bytes(body)
+    return got if got is not None else f"node rank 0 at {topo.host}:{topo.port} sent no order"

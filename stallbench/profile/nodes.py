@@ -42,12 +42,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .. import interrupts
 from ..errors import UserError
 from .agent import wire
-from .endpoint import TOKEN_ENV, Address, Collector, deliver, node_token
+from .endpoint import (ORDER_WAIT_S, TOKEN_ENV, Address, Collector, ask_order, deliver,
+                       node_token)
 
 __all__ = ["Gather", "Link", "NODE_WAIT_S", "NodeReport", "PORT_OFFSET", "TOKEN_ENV",
            "Topology", "annotate", "cores", "merge_into", "missing_lines", "nnodes",
@@ -129,11 +130,14 @@ def is_torchrun(argv: list[str]) -> bool:
 
 
 def _integer(value: str, what: str) -> int:
+    lo, colon, hi = value.partition(":")
+    if colon and lo == hi:
+        value = lo                  # an elastic range of one size: that size
     try:
         return int(value)
     except ValueError:
-        raise UserError(f"profile: torchrun {what} must be an integer for stallbench profile "
-                        f"(an elastic range MIN:MAX is not supported), not {value!r}") from None
+        raise UserError(f"torchrun {what} must be an integer for stallbench across nodes (an "
+                        f"elastic range MIN:MAX is not supported), not {value!r}") from None
 
 
 def _node_rank(argv: list[str], env: Mapping[str, str], count: int) -> tuple[int, str]:
@@ -142,17 +146,17 @@ def _node_rank(argv: list[str], env: Mapping[str, str], count: int) -> tuple[int
         value, source = env["SLURM_NODEID"], "SLURM_NODEID"
         slurm = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")
         if slurm and slurm.isdigit() and int(slurm) != count:
-            raise UserError(f"profile: torchrun --nnodes {count} but this Slurm step spans "
+            raise UserError(f"torchrun --nnodes {count} but this Slurm step spans "
                             f"{slurm} nodes (SLURM_NNODES): SLURM_NODEID cannot say which node "
                             "this is; give torchrun --node-rank, or run one srun task per node")
     if value is None:
-        raise UserError(f"profile: torchrun --nnodes {count} without --node-rank (nor "
+        raise UserError(f"torchrun --nnodes {count} without --node-rank (nor "
                         "PET_NODE_RANK, nor Slurm's SLURM_NODEID): stallbench needs each "
                         "node's launcher to know whether it is node rank 0, which writes the "
                         "result; give --node-rank or run under srun (docs/profile.md)")
     rank = _integer(value, source)
     if not 0 <= rank < count:
-        raise UserError(f"profile: node rank {rank} ({source}) is outside 0..{count - 1}")
+        raise UserError(f"node rank {rank} ({source}) is outside 0..{count - 1}")
     return rank, source
 
 
@@ -183,7 +187,7 @@ def topology(argv: list[str], env: Mapping[str, str], node_port: int | None = No
         return Topology(count, rank, rank_from, host, node_port, "--node-port")
     port = base + PORT_OFFSET
     if not 0 < port < 65536:
-        raise UserError(f"profile: the nodes' port ({where} {base} + {PORT_OFFSET}) is out of "
+        raise UserError(f"the nodes' port ({where} {base} + {PORT_OFFSET}) is out of "
                         "range: give --node-port")
     return Topology(count, rank, rank_from, host, port, f"{where} {base} + {PORT_OFFSET}")
 
@@ -219,12 +223,18 @@ class NodeReport:
 
 def _report(rec: wire.NodeRun, folder: Path, via: str) -> NodeReport:
     """A node's run as it reported it: in, failed (an ordinary exit code) or lost (a signal,
-    no figures, or a line of its own launcher)."""
+    no figures, or a line of its own launcher). A run node rank 0 stopped (a tune's trial)
+    ended by that stop, whatever its code (the stop's signal, or its collective losing the
+    peers node rank 0 stopped first): its figures up to it count."""
     r = NodeReport(node=rec.node, host=rec.host, folder=folder, via=via,
                    exit_code=rec.exit_code, cores=rec.cores)
     code = rec.exit_code
     if rec.why:
         r.why = f"no figures: {rec.why}"
+    elif rec.stopped:
+        r.exit_code = 0
+        if not wire.read(folder).trainers:
+            r.why = "no figures: its processes ended without writing"
     elif code >= 128:
         r.why = (f"left out: its job was ended by signal {code - 128} (exit {code}) in the "
                  "middle of the run, so its figures are not whole")
@@ -316,14 +326,15 @@ class Link:
         self.gather: Gather | None = None
         self.kept: list[tuple[Path, str]] = []       # node k: runs left in --out, and why
         self.sent = 0
-        self._wait_s = wait_s
+        self.wait_s = wait_s
         self.live: Any = None       # --live's ``live.Live`` (issue 60), set by the profile
+        self.ended = ""             # another node following orders: why it stopped early
 
     def __enter__(self) -> "Link":
         if self.topo.count > 1 and self.topo.rank == 0:
             c = Collector(self.topo.address, self.topo.count, self.token, self.fingerprint,
                           self.root, self.say)
-            self.gather = Gather(c.__enter__(), self.root, self._wait_s)
+            self.gather = Gather(c.__enter__(), self.root, self.wait_s)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -351,22 +362,90 @@ class Link:
         if self.gather is not None:
             self.gather.before(run_dir.name)
 
-    def after(self, run_dir: Path, code: int, why: str = "") -> list[NodeReport]:
+    def after(self, run_dir: Path, code: int, why: str = "", stopped: str = ""
+              ) -> list[NodeReport]:
         """Node rank 0: the other nodes' reports of this run; another node: its run sent
-        (or left), and []."""
+        (or left), and [] (``stopped``: node rank 0 ended it, ``wire.NodeRun.stopped``)."""
         if self.gather is not None:
             return self.gather.after(run_dir.name, self.say)
         if self.multi:
-            self._send(run_dir, code, why)
+            self._send(run_dir, code, why, stopped)
         return []
 
-    def _send(self, run_dir: Path, code: int, why: str) -> None:
+    # ---- orders: node rank 0 chooses each run, the others follow (``stallbench tune``)
+
+    def order(self, run_dir: Path, overrides: dict[str, dict[str, Any]],
+              replay: dict[str, Any] | None, label: str) -> None:
+        """Node rank 0, before its own run: every other node is to run it too (``replay``:
+        the plan as the order carries it, ``orders``)."""
+        if self.gather is not None:
+            self.gather.collector.publish(run_dir.name, overrides, replay, label)
+
+    def stopping(self, run_dir: Path, why: str) -> None:
+        """Node rank 0 ends its run (``why``): the other nodes end theirs."""
+        if self.gather is not None:
+            self.gather.collector.stop(run_dir.name, why)
+
+    def late(self) -> list[int]:
+        """Node rank 0: the nodes that have not taken the current run ``wait_s`` after it
+        was handed out (its rendezvous would wait for them)."""
+        return self.gather.collector.late(self.wait_s) if self.gather is not None else []
+
+    def finish(self, why: str = "") -> None:
+        """Node rank 0: no run follows (``why`` "" where the tune ended well)."""
+        if self.gather is not None:
+            self.gather.collector.finish(why)
+
+    def follow(self) -> Iterator[wire.NodeOrder]:
+        """Another node: each run node rank 0 publishes, in order, until it says done or is
+        gone (no answer for ``wait_s``, or it refused this node: ``ended`` says which)."""
+        seen, lost_since = 0, None
+        while True:
+            got = ask_order(self.topo.address, self.token, self.fingerprint, self.topo.rank,
+                            seen, ORDER_WAIT_S)
+            if isinstance(got, str):
+                if "answered" in got or "signature" in got:
+                    self.ended = got          # refused: asking again changes nothing
+                    return
+                lost_since = lost_since if lost_since is not None else time.monotonic()
+                if time.monotonic() - lost_since > self.wait_s:
+                    self.ended = (f"no order from node rank 0 for {self.wait_s:g} s: {got}")
+                    return
+                interrupts.check()
+                time.sleep(1.0)
+                continue
+            lost_since = None
+            if got.done:
+                self.ended = got.why_done
+                return
+            if got.seq != seen:
+                seen = got.seq
+                yield got
+
+    def stop_rule(self, order: wire.NodeOrder) -> Callable[[Path], str]:
+        """``run_once``'s ``stop`` for a run node rank 0 ordered: its answer once node rank 0
+        stopped that run (or moved past it); "" while it runs, or cannot be asked (the job
+        then ends as its peers do)."""
+        def stop(_: Path) -> str:
+            return self.stopped_by_leader(order)
+        return stop
+
+    def stopped_by_leader(self, order: wire.NodeOrder) -> str:
+        got = ask_order(self.topo.address, self.token, self.fingerprint, self.topo.rank,
+                        order.seq, 0.0)
+        if isinstance(got, str):
+            return ""
+        if got.seq == order.seq:
+            return got.stopped or (got.why_done if got.done else "")
+        return f"node rank 0 moved on to its run {got.run}"
+
+    def _send(self, run_dir: Path, code: int, why: str, stopped: str = "") -> None:
         folder = self.node_dir(run_dir)
         folder.mkdir(parents=True, exist_ok=True)
         rec = wire.NodeRun(node=self.topo.rank, nodes=self.topo.count,
                            host=socket.gethostname(), run=run_dir.name,
                            fingerprint=self.fingerprint, exit_code=code, cores=cores(),
-                           why=why, nonce=uuid.uuid4().hex)
+                           why=why, nonce=uuid.uuid4().hex, stopped=stopped)
         failed = deliver(self.topo.address, self.token, rec, folder)
         if not failed:
             self.sent += 1
@@ -399,6 +478,8 @@ class Link:
         went to a shared ``--out`` on purpose (no token beyond loopback); else 3: this node's
         figures are not in node rank 0's result unless that ``--out`` is shared."""
         head = self.topo.label
+        if self.ended:
+            return f"{head}: {self.ended}", 3
         if not self.kept:
             return (f"{head}: its figures went to node rank 0 at {self.topo.host}:"
                     f"{self.topo.port}; the result is written there", 0)

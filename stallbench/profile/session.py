@@ -42,6 +42,7 @@ from ..results import (SCHEMA_VERSION, DatasetInfo, ExecutorFacts, ProfileComman
 from ..analysis.loader_search import Answer
 from . import jobrun
 from . import knobs as knobs_mod
+from . import orders
 from . import merge, nodes as nodes_mod, overtime, record, redact
 from .jobrun import JobFailed, NodePartsLeft
 from .agent import wire
@@ -391,8 +392,11 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
     fp = fingerprint(opts.argv, opts.axes, opts.max_batches)
     # a directory every node's launcher finds when there are several (a shared --out)
     shared = f"{jobrun.SCRATCH}{opts.name}-{fp}" if topo.count > 1 else None
+    # the nodes must agree on the ablation runs as well: another node follows them
+    ablates = opts.analyze and not orders.reach(topo)
+    nodes_fp = fingerprint(opts.argv, {**opts.axes, "--analyze": [ablates]}, opts.max_batches)
     with jobrun.scratch(opts.out, say, shared, remove=topo.merges) as run_root, \
-            nodes_mod.Link(topo, fp, run_root, opts.node_wait, say) as link, \
+            nodes_mod.Link(topo, nodes_fp, run_root, opts.node_wait, say) as link, \
             _live(opts, say) as live:
         link.live = live
         machine = metadata()
@@ -402,6 +406,9 @@ def _profile(opts: Options, say: Callable[[str], None]) -> Result:
                 say(f"variant {v.name}: skipped: {v.skipped}")
         m = _Matrix.of(variants)
         _run_matrix(opts, m, run_root, link, say)
+        if not topo.merges and ablates and not link.kept:
+            # every run reached node rank 0 over its endpoint: so will the ablation runs
+            orders.follow(link, opts.argv, run_root, say, opts.max_batches)
         results, all_runs = _measured(opts, m, run_root, link, say)
     if m.failed and not results:
         raise JobFailed(m.failed[0][1], f"variant {m.failed[0][0]}, and every other variant failed")
@@ -546,7 +553,7 @@ def _measured(opts: Options, m: _Matrix, run_root: Path, link: nodes_mod.Link,
             had = results[-1].notes.get(where)
             results[-1].notes[where] = f"{had}; {what}" if had else what
         if opts.analyze and len(results) == 1:
-            _analyze_first(opts, v, runs, results[0], run_root, link.multi, say)
+            _analyze_first(opts, v, runs, results[0], run_root, link, say)
     return results, all_runs
 
 
@@ -563,17 +570,28 @@ def _refuse_unmeasured(runs: list[JobRun], argv: list[str], variant: str) -> Non
 
 
 def _analyze_first(opts: Options, v: knobs_mod.Variant, runs: list[JobRun],
-                   vr: VariantResult, run_root: Path, multi: bool,
+                   vr: VariantResult, run_root: Path, link: nodes_mod.Link,
                    say: Callable[[str], None]) -> None:
     """``--analyze``: the first variant's ablation runs and its attribution, stored on it; the
-    ablations it could not do as notes, which the report shows beside the run table."""
-    if multi:
-        say("--analyze: the ablation runs need every node's launcher to run them in "
-            "step, which is not built: no attribution for a multi-node job")
+    ablations it could not do as notes, which the report shows beside the run table. Across
+    nodes, node rank 0 hands each ablation run to the other nodes (``orders``), where it
+    can."""
+    why = orders.reach(link.topo) if link.multi else ""
+    if not why and link.gather is not None and not link.gather.collector.listening:
+        why = "node rank 0 is not listening (the line above says why)"
+    other = [n for r in runs for n in r.nodes if n.node != 0 and n.via != "endpoint"]
+    if not why and other:
+        why = (f"node rank {other[0].node}'s figures did not come over it "
+               f"({other[0].via or other[0].why}): it cannot be handed the runs either")
+    if why:
+        line = (f"node rank 0 hands each ablation run to the other nodes over its endpoint, "
+                f"signed, and {why}: no attribution for this multi-node job")
+        say(f"--analyze: {line}")
+        vr.notes["--analyze"] = line
         return
     from . import ablate
     a, an = ablate.analyze(opts.argv, v.overrides(), opts.max_batches, runs,
-                           opts.repeats, run_root, say)
+                           opts.repeats, run_root, say, link=link)
     vr.attribution = a
     if vr.profile is not None:
         vr.profile.analysis = an

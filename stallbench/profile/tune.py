@@ -9,6 +9,11 @@ rate is the job's own clocks (the hooks), from its second epoch on with each epo
 included; a trial ends the job once that rate is known within +-5% (``Enough``), or at
 ``--trial-batches``, and says so. A setting the job fails under is recorded as a finding and
 the search goes on. The result is a profile ``Result`` with a ``tune`` object.
+
+**Across nodes** (``tune -- torchrun --nnodes N``, one tune per node, issue 56): node rank 0
+chooses every run and hands it to the other nodes (``orders``): every rank runs each trial's
+settings, the ranks' rendezvous meets the same job on every node, each trial ends on every
+node when it ends on node rank 0, and node rank 0's result holds every node's ranks.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,8 +31,11 @@ from typing import Any, Callable
 from ..analysis import knob_table
 from ..analysis import loader_search as search
 from ..analysis import trials as rules
+from ..errors import UserError
 from ..results import JobTrial, JobTune, JobTuneBest, Result, VariantResult, now_utc
 from . import budget, jobrun, knobs, merge, session
+from . import nodes as nodes_mod
+from . import orders
 from .agent import doors
 from .launcher import (JobRun, NoProgress, exit_status, progress_limit, read_beats, read_parts,
                        run_once)
@@ -47,6 +56,8 @@ class Options:
     progress_timeout: float | None = None
     trace: list[dict[str, Any]] | None = None
     record_argv: bool = False     # --record-argv (profile.record)
+    node_port: int | None = None  # a torchrun across nodes: --node-port (profile's)
+    node_wait: float = nodes_mod.NODE_WAIT_S
 
 
 @dataclass
@@ -269,16 +280,36 @@ def tune(opts: Options, say: Callable[[str], None]) -> Result:
         return _tune(opts, say)
 
 
+def fingerprint(opts: Options) -> str:
+    """What every node's tune must share: the redacted command, the keys it may change and
+    the trials' batch cap (not the budget: node rank 0's alone decides when to stop)."""
+    return session.fingerprint(opts.argv, {"tune --keys": sorted(opts.keys)},
+                               opts.trial_batches)
+
+
 def _tune(opts: Options, say: Callable[[str], None]) -> Result:
     """The module's order of runs, one named step each (``_Tuner``), in the job-run layer's
-    scratch directory (``jobrun.scratch``), then the answer decided once and assembled."""
+    scratch directory (``jobrun.scratch``), then the answer decided once and assembled.
+    Across nodes (module doc): node rank 0 does all of it and orders each run; another node
+    follows (``orders.follow``) and ends with its line (``jobrun.NodePartsLeft``)."""
     from ..measure.machine import metadata
 
     machine = metadata()
     created = now_utc()
     clock = _Budget(opts.budget_s)
-    with jobrun.scratch(opts.out, say) as run_root:
-        t = _Tuner(opts, say, run_root, clock)
+    topo = nodes_of(opts.argv, opts.node_port)
+    fp = fingerprint(opts)
+    shared = f"{jobrun.SCRATCH}{opts.name}-{fp}" if topo.count > 1 else None
+    with jobrun.scratch(opts.out, say, shared, remove=topo.merges) as run_root, \
+            nodes_mod.Link(topo, fp, run_root, opts.node_wait, say) as link:
+        if not topo.merges:
+            orders.follow(link, opts.argv, run_root, say)
+            raise jobrun.NodePartsLeft(*link.left())
+        if link.gather is not None and not link.gather.collector.listening:
+            raise UserError(f"tune: {topo.label} cannot listen on {topo.host}:{topo.port}: "
+                            "the other nodes could not be told each trial's settings (the "
+                            "line above says why; --node-port sets another port)")
+        t = _Tuner(opts, say, run_root, clock, link)
         base_run, base = t.as_written()
         groups, keys = _loader_groups(opts, base, say)
         t.trials.append((_record("default", {}, "the job as written", base_run, base),
@@ -294,7 +325,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             session.Options(argv=opts.argv, name=opts.name, out=opts.out, repeats=1, axes={},
                             trace=opts.trace, record_argv=opts.record_argv),
             variants, t.every, machine, created,
-            search.tune_answer(best, _dotted(best.settings, groups), variants))
+            search.tune_answer(best, _dotted(best.settings, groups), variants), topo.count)
         result.tune = JobTune(
             budget_s=opts.budget_s, wall_s=clock.spent, loader_kind=base.kind,
             loader_name=base.name, as_written=_plain(base.settings), cores=machine.cores,
@@ -302,6 +333,19 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
             trials=[jt for jt, _, _ in t.trials], best=best, runs=t.runs,
             trial_batches=opts.trial_batches, keys=sorted(keys))
         return result
+
+
+def nodes_of(argv: list[str], node_port: int | None) -> nodes_mod.Topology:
+    """The job's nodes (``nodes.topology``), where a tune can run across them: it hands
+    each trial to the other nodes over node rank 0's endpoint (``orders.reach``). Refused
+    before anything runs, on every node alike."""
+    topo = nodes_mod.topology(argv, os.environ, node_port)
+    why = orders.reach(topo)
+    if why:
+        raise UserError(f"tune: across nodes node rank 0 hands each trial's settings to the "
+                        f"other nodes over its endpoint, signed, and {why} (docs/profile.md, "
+                        "Across machines)")
+    return topo
 
 
 def _loader_groups(opts: Options, base: Measured, say: Callable[[str], None]
@@ -328,8 +372,9 @@ class _Tuner:
     search, the confirmation. Each run is numbered, traced and ended by ``Enough``."""
 
     def __init__(self, opts: Options, say: Callable[[str], None], run_root: Path,
-                 clock: _Budget) -> None:
+                 clock: _Budget, link: nodes_mod.Link) -> None:
         self.opts, self.say, self.run_root, self.clock = opts, say, run_root, clock
+        self.link = link
         self.runs = 0
         self.every: list[JobRun] = []           # the runs whose figures the result holds
         self.trials: list[Measurement] = []     # the job as written first
@@ -337,14 +382,17 @@ class _Tuner:
 
     def run(self, settings: dict[str, Any], label: str, replay: ReplayPlan | None = None
             ) -> JobRun:
-        """One run of the job with ``settings`` (dotted keys), said, traced as profile's."""
-        opts = self.opts
+        """One run of the job with ``settings`` (dotted keys), said, traced as profile's.
+        Across nodes, ordered on every node, ended on every node when it ends here, every
+        node's figures in it (``orders.lead``)."""
+        opts, link = self.opts, self.link
         self.runs += 1
         self.say(f"run {self.runs}: {label}")
         v = knobs.Variant(knobs.name_of(settings), settings)
-        run = run_once(opts.argv, self.run_root / f"t{self.runs}", v.overrides(), None, replay,
-                       stop=Enough(opts.trial_batches, self.clock.t0 + opts.budget_s,
-                                   opts.budget_s / 8))
+        enough = Enough(opts.trial_batches, self.clock.t0 + opts.budget_s, opts.budget_s / 8)
+        run = orders.lead(link, opts.argv, self.run_root, self.run_root / f"t{self.runs}",
+                          v.overrides(), None, replay, f"run {self.runs}", self.say,
+                          stop=enough)
         self.clock.ran(run.wall_s)
         jobrun.trace_run(opts.trace, f"run {self.runs} ({label.split(':')[0]})", run.parts)
         if run.stopped:

@@ -5,8 +5,11 @@ are missing. The jobs themselves run in ``test_profile_nodes.py``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -222,3 +225,83 @@ def test_progress_timeout_names_the_rank_of_the_last_batch() -> None:
     assert last_batch([b], {42: 3}) == "batch 2 of epoch 0 of Items#0 (rank 3, pid 42)"
     assert last_batch([b]) == "batch 2 of epoch 0 of Items#0 (pid 42)"
     assert nodes.Topology(2, 1).label.startswith("node rank 1 of 2 (")
+
+
+def test_orders_reach_the_other_nodes_signed_and_in_order(tmp_path: Path) -> None:
+    """A tune across nodes: node rank 0 publishes each run; another node's ask waits for it
+    (a long poll), sees it stopped, and hears "done" as node rank 0 closes. Asks with another
+    token or of another tune are refused by name; an answer that is not node rank 0's (a
+    replayed one: signed for another nonce) is refused by the node."""
+    topo = _node0(_free_port())
+    addr = topo.address
+    plan = wire.ReplayPlan(mode="compute_only", keep=4, counts={"Items#0": [8, 8]})
+    with endpoint.Collector(addr, 2, TOKEN, "fp", tmp_path, lambda _: None) as c:
+        first = endpoint.ask_order(addr, TOKEN, "fp", 1, 0, 0.0)
+        assert isinstance(first, wire.NodeOrder) and first.seq == 0 and not first.done
+        c.publish("t1", {"dataloader": {"num_workers": 2}}, plan.to_json(), "trial 2")
+        got = endpoint.ask_order(addr, TOKEN, "fp", 1, 0, 5.0)
+        assert isinstance(got, wire.NodeOrder)
+        assert (got.seq, got.run, got.overrides, got.label) == (
+            1, "t1", {"dataloader": {"num_workers": 2}}, "trial 2")
+        assert wire.ReplayPlan.from_json(got.replay) == plan
+        # nothing newer: the ask waits its time, then answers with the same order
+        t0 = time.monotonic()
+        same = endpoint.ask_order(addr, TOKEN, "fp", 1, 1, 0.5)
+        assert isinstance(same, wire.NodeOrder) and same.seq == 1
+        assert time.monotonic() - t0 >= 0.4
+        c.stop("t1", "its steady rate was known")
+        stopped = endpoint.ask_order(addr, TOKEN, "fp", 1, 1, 0.0)
+        assert isinstance(stopped, wire.NodeOrder) and stopped.stopped == "its steady rate was known"
+        bad = endpoint.ask_order(addr, "u" * 24, "fp", 1, 1, 0.0)
+        assert isinstance(bad, str) and "401" in bad and "refused: no valid signature" in c.refusals(1)[-1]
+        other = endpoint.ask_order(addr, TOKEN, "zz", 1, 1, 0.0)
+        assert isinstance(other, str) and "409" in other
+        # an answer signed for another ask is not taken (the nonce is in its signature)
+        body = json.dumps(stopped.to_json()).encode()
+        mac = endpoint._order_mac(TOKEN, "answer", "fp", 1, 1, "a" * 32,   # noqa: SLF001
+                                  hashlib.sha256(body).hexdigest())
+        assert mac != endpoint._order_mac(TOKEN, "answer", "fp", 1, 1, "b" * 32,  # noqa: SLF001
+                                          hashlib.sha256(body).hexdigest())
+    # closed: the last word was "done"; an ask now cannot reach node rank 0
+    assert isinstance(endpoint.ask_order(addr, TOKEN, "fp", 1, 1, 0.0), str)
+
+
+def test_a_node_follows_until_done_and_hears_node_rank_0s_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Link.follow`` yields each published run once, in order, and ends at "done" (exit 0)
+    or with node rank 0's own line where its tune failed (exit 3); ``stopped_by_leader`` says
+    a run node rank 0 ended."""
+    port = _free_port()
+    leader = _node0(port)
+    follower = _topo("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                     port=port)
+    monkeypatch.setenv(nodes.TOKEN_ENV, TOKEN)
+    for failure in (None, RuntimeError("the job as written exited with code 1")):
+        seen: list[str] = []
+        with nodes.Link(follower, "fp", tmp_path / "f", 5.0, lambda _: None) as fl:
+            def lead() -> None:
+                try:
+                    with nodes.Link(leader, "fp", tmp_path / "l", 5.0,
+                                    lambda _: None) as ld:
+                        for run in ("t1", "t2"):
+                            ld.order(tmp_path / run, {}, None, run)
+                            while run not in seen:
+                                time.sleep(0.05)
+                            ld.stopping(tmp_path / run, f"{run} known")
+                        if failure is not None:
+                            raise failure
+                except RuntimeError:
+                    pass
+            t = threading.Thread(target=lead)
+            t.start()
+            for order in fl.follow():
+                seen.append(order.run)
+                while not fl.stopped_by_leader(order):
+                    time.sleep(0.05)
+            t.join()
+            line, code = fl.left()
+        assert seen == ["t1", "t2"]
+        if failure is None:
+            assert code == 0 and "its figures went to node rank 0" in line
+        else:
+            assert code == 3 and "the job as written exited with code 1" in line

@@ -9,7 +9,9 @@ figures brought to node rank 0 over its endpoint, signed with ``STALLBENCH_NODE_
   of the ranks that reported and names node 1 (exit 3);
 - node 1 with another token: refused, named, nothing of it merged (exit 3 on both);
 - SIGTERM to one node's launcher mid-run: its job ended, nothing left on it (no scratch, no
-  listener, no process), the other node ends as its job does (node rank 0 names node 1).
+  listener, no process), the other node ends as its job does (node rank 0 names node 1);
+- ``tune`` across the two nodes: every trial node rank 0 chooses runs on both nodes with its
+  settings, ends on both when node rank 0 ends its own, and the answer holds every rank.
 
 The shared ``--out`` case is ``test_profile_ranks.py``'s."""
 
@@ -42,12 +44,13 @@ def _free_port() -> int:
 
 
 def _launch(tmp: Path, k: int, master: int, node_port: int, args: list[str], token: str,
-            nproc: int = 2, extra: tuple[str, ...] = ()) -> subprocess.Popen:
+            nproc: int = 2, extra: tuple[str, ...] = (),
+            verb: tuple[str, ...] = ("profile", "--no-analyze")) -> subprocess.Popen:
     """Node ``k``: its own --out, its own TMPDIR, the token in its environment."""
     (tmp / f"tmp{k}").mkdir(exist_ok=True)
     env = helpers.env(TMPDIR=str(tmp / f"tmp{k}"), **{"STALLBENCH_NODE_TOKEN": token})
     return subprocess.Popen(
-        [sys.executable, "-m", "stallbench", "profile", "--no-analyze", "--out",
+        [sys.executable, "-m", "stallbench", *verb, "--out",
          str(tmp / f"out{k}"), "--node-port", str(node_port), *extra, "--", TORCHRUN,
          "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", str(nproc),
          "--master-addr", "127.0.0.1", "--master-port", str(master),
@@ -129,9 +132,10 @@ def test_two_nodes_each_its_own_out_name_the_slow_node(tmp_path: Path) -> None:
     loadcheck.attempts("two nodes, two --out", case, 2, 1.5)
 
 
-def _beats(folder: Path, node: int = 1) -> int:
+def _beats(folder: Path, node: int = 1, run: str = "v1r0") -> int:
+    """The batches node ``node``'s processes reported in their beats of ``run`` so far."""
     n = 0
-    for b in folder.glob(f".stallbench-profile-*/v1r0/node{node}/beat-*"):
+    for b in folder.glob(f".stallbench-profile-*/{run}/node{node}/beat-*"):
         try:
             n += int(json.loads(b.read_text()).get("batches", 0))
         except (OSError, ValueError):
@@ -239,5 +243,97 @@ def test_sigterm_to_one_node_leaves_nothing_on_it(tmp_path: Path, victim: int) -
     else:               # node 1's job lost its peers: its code, nothing kept
         assert procs[1].returncode not in (0, 3), got[1][1]
         assert "is not kept" in got[1][1]
+    left = _left_behind(tmp_path, port)
+    assert not left, left
+
+
+@pytest.mark.e2e
+def test_tune_across_two_nodes_runs_each_trial_on_every_rank(tmp_path: Path) -> None:
+    """One ``stallbench tune`` per node, each with its own --out and TMPDIR: node rank 0
+    chooses the trials, node 1 runs each with the same settings (its loader records them),
+    both end each trial together (``--trial-batches``), node rank 0's result holds both
+    nodes' ranks in every trial. Truth by construction: every rank's items sleep ITEM_MS
+    (16 per batch, far above the step), so loader workers are what the job lacks, and the
+    answer found must run more than one producer per rank and beat the job as written."""
+    port, master = _free_port(), _free_port()
+    tune = ("tune", "--budget-minutes", "4", "--trial-batches", "40",
+            "--keys", "dataloader.num_workers,dataloader.persistent_workers")
+    procs = [_launch(tmp_path, k, master, port, ["2", "5", "all", "256", "12"], TOKEN,
+                     nproc=1, verb=tune) for k in (0, 1)]
+    got = _both(procs)
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in got]
+    assert "its figures went to node rank 0" in got[1][1]
+    assert "(as node rank 0 ordered)" in got[1][1]
+    assert "ended by node rank 0: --trial-batches 40 reached" in got[1][1]
+    assert TOKEN not in "".join(o + e for o, e in got)
+    r = helpers.load(tmp_path / "out0")
+    assert r.tune is not None and r.profile.nodes == 2 and r.profile.world_size == 2
+    measured = [t for t in r.tune.trials if t.outcome == "measured"]
+    assert len(measured) >= 2, r.tune.trials
+    for v in r.variants:            # one per measured trial: both nodes' ranks, its settings
+        rows = {n.node: n for n in v.profile.nodes}
+        assert sorted(rows) == [0, 1] and not any(n.missing for n in rows.values()), rows
+        assert (rows[0].ranks, rows[1].ranks) == ([0], [1]), rows
+        want = next(t.settings for t in r.tune.trials if t.name == v.name)
+        for lo in v.profile.loaders:
+            assert lo.settings.get("num_workers") == want.get("num_workers", 0), \
+                (v.name, lo.rank, lo.settings)
+    best = r.tune.best
+    assert best.settings.get("num_workers", 0) >= 1 and best.speedup > 1.2, best
+    left = _left_behind(tmp_path, port)
+    assert not left, left
+
+
+@pytest.mark.e2e
+def test_tune_ends_naming_a_node_whose_launcher_is_gone(tmp_path: Path) -> None:
+    """SIGTERM to node 1's tune in a trial: node rank 0's run hangs on its lost peer, and the
+    tune ends there naming node 1 (exit 2, no result), never recording the trial's setting
+    as one the job fails under; nothing is left on either node."""
+    port, master = _free_port(), _free_port()
+    tune = ("tune", "--budget-minutes", "4", "--trial-batches", "40", "--node-wait", "5",
+            "--progress-timeout", "15")
+    procs = [_launch(tmp_path, k, master, port, ["2", "5", "all", "256", "12"], TOKEN,
+                     nproc=1, verb=tune) for k in (0, 1)]
+    deadline = time.monotonic() + 300
+    while _beats(tmp_path / "out1", run="t3") < 3:
+        assert time.monotonic() < deadline and procs[1].poll() is None, "no trial ran"
+        time.sleep(0.3)
+    procs[1].send_signal(signal.SIGTERM)
+    got = _both(procs)
+    assert procs[1].returncode == 143, got[1][1][-2000:]
+    assert procs[0].returncode == 2, got[0][1][-2000:]
+    assert "run 3: node rank 1: no figures: never reported within 5 s" in got[0][1]
+    assert "cannot go on without one of its nodes" in got[0][1]
+    assert not helpers.result_files(tmp_path / "out0")
+    left = _left_behind(tmp_path, port)
+    assert not left, left
+
+
+
+@pytest.mark.e2e
+def test_analyze_across_two_nodes_runs_every_ablation_on_every_node(tmp_path: Path) -> None:
+    """``profile --analyze`` (the default) on two nodes, each with its own --out: node rank 0
+    hands each ablation run to node 1, which runs it (recording and serving its own rank's
+    batches), and merges both nodes' figures into each. Truth by construction: every rank's
+    items sleep ITEM_MS, so serving the loader from memory on *every* rank removes the
+    measured wait (a rank left on its full loader would hold the other in the all-reduce
+    and leave the compute-only epoch as long as the full one): full - compute-only is each
+    rank's measured wait, within 10% + 50 ms. Nothing is left on either node, the
+    recordings included."""
+    port, master = _free_port(), _free_port()
+    procs = [_launch(tmp_path, k, master, port, ["2", "5", "all", "512", "2"], TOKEN,
+                     nproc=1, verb=("profile", "--analyze")) for k in (0, 1)]
+    got = _both(procs)
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in got]
+    assert got[1][1].count("(as node rank 0 ordered)") == 4, got[1][1][-3000:]   # 4 ablations
+    assert got[0][1].count("merged the figures of 2 of 2 nodes") == 5, got[0][1][-3000:]
+    r = helpers.load(tmp_path / "out0")
+    v = r.variants[0]
+    an = v.profile.analysis
+    assert an is not None and all(a.done for a in an.ablations), an.ablations
+    head = [lo for lo in v.profile.loaders if lo.headline]
+    assert sorted(lo.rank for lo in head) == [0, 1], head
+    wait = max(lo.wait_s for lo in head)
+    assert abs(an.data_stall_s - wait) <= 0.10 * wait + 0.05, (an.data_stall_s, wait)
     left = _left_behind(tmp_path, port)
     assert not left, left

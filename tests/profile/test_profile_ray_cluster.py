@@ -182,3 +182,34 @@ def test_ray_job_submit_of_the_profile_and_a_lost_worker_is_named(cluster: RaySt
     assert "ended without writing" in named[0] and "ran no batch" in named[0], named
     assert any(lost in line and "no figures" in line for line in cp.stdout.splitlines())
     assert not _left_on(cluster)
+
+
+def test_tune_on_the_cluster_reaches_every_worker(cluster: RayStartCluster,
+                                                  tmp_path: Path) -> None:
+    """``stallbench tune -- python job.py`` on the job that joins the cluster: each trial's
+    ``ray.prefetch_batches`` reaches the Ray Train workers on the other nodes (their own
+    loaders record the value the trial set), and every measured trial holds both ranks, each
+    on its own node. Nothing of the tune is left on the cluster."""
+    import subprocess
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "stallbench", "tune", "--budget-minutes", "8", "--keys",
+           "ray.prefetch_batches", "--out", str(out), "--", sys.executable,
+           helpers.script("user_ray_cluster.py"), str(tmp_path / "truth"), str(ITEM_MS),
+           str(STEP_MS), cluster.address]
+    cp = subprocess.run(cmd, cwd=tmp_path, env=helpers.env(**cluster.client_env()),
+                        capture_output=True, text=True, timeout=1500)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-4000:]
+    r = helpers.load(out)
+    assert r.tune is not None
+    tried = [t for t in r.tune.trials if t.outcome == "measured" and t.settings]
+    assert tried, (r.tune.trials, cp.stdout[-3000:])       # a trial set a value
+    for v in r.variants:
+        ranks = {lo.rank: lo for lo in v.profile.loaders if lo.kind == "ray.iter_torch_batches"}
+        assert sorted(ranks) == [0, 1], (v.name, v.profile.loaders)
+        assert ranks[0].node != ranks[1].node, (v.name, ranks)
+        trial = next(t for t in r.tune.trials if t.name == v.name)
+        want = next((val for k, val in trial.settings.items()
+                     if k.endswith("prefetch_batches")), None)
+        got = {lo.settings.get("prefetch_batches") for lo in ranks.values()}
+        assert len(got) == 1 and (want is None or got == {want}), (v.name, trial.settings, got)
+    assert not _left_on(cluster)

@@ -195,9 +195,10 @@ def test_trial_batches_end_a_long_epoch_and_say_so(tmp_path: Path) -> None:
 GOLDEN = helpers.ROOT / "tests" / "golden" / "tune_errors.txt"
 
 
-def test_bad_input_lines_golden(tmp_path: Path) -> None:
+def test_bad_input_lines_golden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every one-line refusal of `stallbench tune -- CMD`, as printed, exit 2
     (STALLBENCH_UPDATE_GOLDEN=1 refreshes the file)."""
+    monkeypatch.delenv("STALLBENCH_NODE_TOKEN", raising=False)     # the across-nodes line
     cases = [["--keys", "dataloader.workers", "--", "python", "-c", "pass"],
              ["--keys", ",", "--", "python", "-c", "pass"],
              ["--trial-batches", "1", "--", "python", "-c", "pass"],
@@ -208,9 +209,14 @@ def test_bad_input_lines_golden(tmp_path: Path) -> None:
              ["x.toml", "--", "python", "-c", "pass"],
              ["--"], [],
              ["--trial-batches", "5", "x.toml"],
-             # across nodes: refused before anything runs (nothing to rendezvous with)
-             ["--", "torchrun", "--nnodes", "2", "--node-rank", "0", "train.py"],
-             ["--", "python", "-m", "torch.distributed.run", "--nnodes=1:4", "train.py"]]
+             # across nodes: refused before anything runs where node rank 0 could not hand
+             # its trials on (no token beyond loopback), or the nodes are not known
+             ["--", "torchrun", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+              "10.0.0.1", "train.py"],
+             ["--node-port", "0", "--", "torchrun", "--nnodes", "2", "--node-rank", "0",
+              "train.py"],
+             ["--", "python", "-m", "torch.distributed.run", "--nnodes=1:4", "train.py"],
+             ["--", "torchrun", "--nnodes", "2", "train.py"]]
     got = []
     for args in cases:
         cp = tune(args, cwd=tmp_path)

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple   # Python 3.7
 
 from .fields import VERSION, current, num, whole
@@ -39,6 +39,7 @@ _NAME = re.compile(r"(part|epochs|stage|replay|beat|lost)-[A-Za-z0-9_.@+-]{1,240
 MAX_PACKED_BYTES = 256 * 2**20      # what one node sends for one run, compressed
 MAX_UNPACKED_BYTES = 2 * 2**30      # ... and written out on node rank 0
 MAX_FILES = 100_000
+MAX_ORDER_BYTES = 1 << 20       # one NodeOrder as JSON (its replay plan's counts)
 _CHUNK = 1 << 20
 
 
@@ -54,7 +55,9 @@ class NodeRun:
     code there, the cores its ranks ran on, and ``why`` where it brought no figures (the line
     its launcher said: a ``--progress-timeout``, a job that died). ``nonce``: fresh for every
     run, so a marker left by an earlier profile on a shared ``--out`` is never taken for this
-    one's (no clock of another machine is compared)."""
+    one's (no clock of another machine is compared). ``stopped``: node rank 0 ended this run
+    (a tune's trial, once its rate was known: ``NodeOrder.stopped``), so an exit by signal,
+    or by the peers' loss, is that stop and the figures up to it count."""
 
     node: int
     nodes: int
@@ -65,6 +68,7 @@ class NodeRun:
     cores: float = 0.0
     why: str = ""
     nonce: str = ""
+    stopped: str = ""
 
     MARKER = "node-run.json"
 
@@ -72,7 +76,7 @@ class NodeRun:
         return {"v": VERSION, "node": self.node, "nodes": self.nodes, "host": self.host,
                 "run": self.run, "fingerprint": self.fingerprint,
                 "exit_code": self.exit_code, "cores": self.cores, "why": self.why,
-                "nonce": self.nonce}
+                "nonce": self.nonce, "stopped": self.stopped}
 
     @classmethod
     def from_json(cls, d: Any) -> Optional["NodeRun"]:
@@ -83,7 +87,8 @@ class NodeRun:
                    host=str(d.get("host", ""))[:255], run=str(d.get("run", ""))[:64],
                    fingerprint=str(d.get("fingerprint", ""))[:64],
                    exit_code=whole(d.get("exit_code")), cores=num(d.get("cores")),
-                   why=str(d.get("why", ""))[:2000], nonce=str(d.get("nonce", ""))[:64])
+                   why=str(d.get("why", ""))[:2000], nonce=str(d.get("nonce", ""))[:64],
+                   stopped=str(d.get("stopped", ""))[:2000])
 
     @classmethod
     def read(cls, folder: Any) -> Optional["NodeRun"]:
@@ -93,6 +98,57 @@ class NodeRun:
             with open(os.path.join(folder, cls.MARKER)) as fh:
                 return cls.from_json(json.load(fh))
         except (OSError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class NodeOrder:
+    """What node rank 0's launcher asks the other nodes' launchers to run next, where it
+    chooses the runs as it goes (``stallbench tune``: each trial from the ones before): the
+    ``seq``-th run, named ``run`` (``t<n>``), with the ``--set`` ``overrides`` its hooks get
+    and the ``replay`` plan (``ReplayPlan.to_json``; None: the job as it is), in words
+    ``label``. ``stopped``: node rank 0 ended this run (its rule, said), so the node ends its
+    job as well; ``done``: there is no next run, and ``why_done`` "" where the tune ended well,
+    else the line node rank 0 ended with. One record both ways: the answer to every ask."""
+
+    seq: int = 0
+    run: str = ""
+    overrides: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    replay: Optional[Dict[str, Any]] = None
+    label: str = ""
+    stopped: str = ""
+    done: bool = False
+    why_done: str = ""
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"v": VERSION, "seq": self.seq, "run": self.run, "overrides": self.overrides,
+                "replay": self.replay, "label": self.label, "stopped": self.stopped,
+                "done": self.done, "why_done": self.why_done}
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["NodeOrder"]:
+        """The record; None for anything that is not one of this version (a section of
+        ``overrides`` that is not a mapping is dropped: the hooks read mappings only)."""
+        if not current(d) or not isinstance(d, dict):
+            return None
+        over = d.get("overrides") if isinstance(d.get("overrides"), dict) else {}
+        replay = d.get("replay")
+        return cls(seq=whole(d.get("seq")), run=str(d.get("run", ""))[:64],
+                   overrides={str(k): dict(v) for k, v in over.items() if isinstance(v, dict)},
+                   replay=replay if isinstance(replay, dict) else None,
+                   label=str(d.get("label", ""))[:500], stopped=str(d.get("stopped", ""))[:2000],
+                   done=bool(d.get("done")), why_done=str(d.get("why_done", ""))[:2000])
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json()).encode()
+
+    @classmethod
+    def from_bytes(cls, body: bytes) -> Optional["NodeOrder"]:
+        """An answer's body as the record; None for anything else (bounded by the caller:
+        ``MAX_ORDER_BYTES``)."""
+        try:
+            return cls.from_json(json.loads(body))
+        except (ValueError, UnicodeError):
             return None
 
 
