@@ -445,10 +445,16 @@ def _post(topo: Address, body: bytes, headers: dict[str, str], path: str) -> str
     return f"node rank 0 at {topo.host}:{topo.port} answered {resp.status}: {one_line(text)}"
 
 
+class OrderRefused(Exception):
+    """Node rank 0 answered an ask for orders with a refusal, or with something that is not
+    its signed order: asking again changes nothing (the line says why)."""
+
+
 def ask_order(topo: Address, token: str | None, fingerprint: str, node: int, after: int,
               wait: float) -> wire.NodeOrder | str:
     """Node rank 0's current order once newer than ``after`` (or after ``wait`` s: the same
-    one); else why not, in words (not reached: an ``OSError``'s line; refused: its answer)."""
+    one); the line of an ``OSError`` where node rank 0 was not reached (worth asking again);
+    ``OrderRefused`` where it answered with anything but its signed order."""
     nonce = uuid.uuid4().hex
     headers = {"X-Stallbench-Node": str(node), "X-Stallbench-After": str(after),
                "X-Stallbench-Wait": f"{wait:g}", "X-Stallbench-Fingerprint": fingerprint,
@@ -466,15 +472,18 @@ def ask_order(topo: Address, token: str | None, fingerprint: str, node: int, aft
     finally:
         conn.close()
     from ..outputs import one_line
+    at = f"{topo.host}:{topo.port}"
     if resp.status != 200:
-        return (f"node rank 0 at {topo.host}:{topo.port} answered {resp.status}: "
-                f"{one_line(body[:500].decode('utf-8', 'replace'))}")
+        raise OrderRefused(f"node rank 0 at {at} answered {resp.status}: "
+                           f"{one_line(body[:500].decode('utf-8', 'replace'))}")
     if len(body) > wire.nodes.MAX_ORDER_BYTES:
-        return f"node rank 0 at {topo.host}:{topo.port} answered more than an order may be"
+        raise OrderRefused(f"node rank 0 at {at} answered more than an order may be")
     if token is not None and not tokens.same(mac.encode(), _order_mac(
             token, "answer", fingerprint, node, after, nonce,
             hashlib.sha256(body).hexdigest()).encode()):
-        return (f"the answer from {topo.host}:{topo.port} is not node rank 0's (no valid "
-                f"signature: ${TOKEN_ENV} differs, or something else holds the port)")
+        raise OrderRefused(f"the answer from {at} is not node rank 0's (no valid signature: "
+                           f"${TOKEN_ENV} differs, or something else holds the port)")
     got = wire.NodeOrder.from_bytes(body)
-    return got if got is not None else f"node rank 0 at {topo.host}:{topo.port} sent no order"
+    if got is None:
+        raise OrderRefused(f"node rank 0 at {at} sent no order")
+    return got

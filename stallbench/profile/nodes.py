@@ -47,8 +47,8 @@ from typing import Any, Callable, Iterator, Mapping
 from .. import interrupts
 from ..errors import UserError
 from .agent import wire
-from .endpoint import (ORDER_WAIT_S, TOKEN_ENV, Address, Collector, ask_order, deliver,
-                       node_token)
+from .endpoint import (ORDER_WAIT_S, TOKEN_ENV, Address, Collector, OrderRefused, ask_order,
+                       deliver, node_token)
 
 __all__ = ["Gather", "Link", "NODE_WAIT_S", "NodeReport", "PORT_OFFSET", "TOKEN_ENV",
            "Topology", "annotate", "cores", "merge_into", "missing_lines", "nnodes",
@@ -401,12 +401,13 @@ class Link:
         gone (no answer for ``wait_s``, or it refused this node: ``ended`` says which)."""
         seen, lost_since = 0, None
         while True:
-            got = ask_order(self.topo.address, self.token, self.fingerprint, self.topo.rank,
-                            seen, ORDER_WAIT_S)
+            try:
+                got = ask_order(self.topo.address, self.token, self.fingerprint,
+                                self.topo.rank, seen, ORDER_WAIT_S)
+            except OrderRefused as exc:
+                self.ended = str(exc)
+                return
             if isinstance(got, str):
-                if "answered" in got or "signature" in got:
-                    self.ended = got          # refused: asking again changes nothing
-                    return
                 lost_since = lost_since if lost_since is not None else time.monotonic()
                 if time.monotonic() - lost_since > self.wait_s:
                     self.ended = (f"no order from node rank 0 for {self.wait_s:g} s: {got}")
@@ -431,8 +432,11 @@ class Link:
         return stop
 
     def stopped_by_leader(self, order: wire.NodeOrder) -> str:
-        got = ask_order(self.topo.address, self.token, self.fingerprint, self.topo.rank,
-                        order.seq, 0.0)
+        try:
+            got = ask_order(self.topo.address, self.token, self.fingerprint, self.topo.rank,
+                            order.seq, 0.0)
+        except OrderRefused:
+            return ""
         if isinstance(got, str):
             return ""
         if got.seq == order.seq:

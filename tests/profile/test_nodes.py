@@ -5,7 +5,7 @@ are missing. The jobs themselves run in ``test_profile_nodes.py``."""
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import socket
 import threading
@@ -252,18 +252,60 @@ def test_orders_reach_the_other_nodes_signed_and_in_order(tmp_path: Path) -> Non
         c.stop("t1", "its steady rate was known")
         stopped = endpoint.ask_order(addr, TOKEN, "fp", 1, 1, 0.0)
         assert isinstance(stopped, wire.NodeOrder) and stopped.stopped == "its steady rate was known"
-        bad = endpoint.ask_order(addr, "u" * 24, "fp", 1, 1, 0.0)
-        assert isinstance(bad, str) and "401" in bad and "refused: no valid signature" in c.refusals(1)[-1]
-        other = endpoint.ask_order(addr, TOKEN, "zz", 1, 1, 0.0)
-        assert isinstance(other, str) and "409" in other
-        # an answer signed for another ask is not taken (the nonce is in its signature)
-        body = json.dumps(stopped.to_json()).encode()
-        mac = endpoint._order_mac(TOKEN, "answer", "fp", 1, 1, "a" * 32,   # noqa: SLF001
-                                  hashlib.sha256(body).hexdigest())
-        assert mac != endpoint._order_mac(TOKEN, "answer", "fp", 1, 1, "b" * 32,  # noqa: SLF001
-                                          hashlib.sha256(body).hexdigest())
+        with pytest.raises(endpoint.OrderRefused, match="answered 401"):
+            endpoint.ask_order(addr, "u" * 24, "fp", 1, 1, 0.0)
+        assert "refused: no valid signature" in c.refusals(1)[-1]
+        with pytest.raises(endpoint.OrderRefused, match="answered 409"):
+            endpoint.ask_order(addr, TOKEN, "zz", 1, 1, 0.0)
+        # an answer node rank 0 signed for one ask, replayed to another by whatever holds
+        # the port, is not taken (the ask's fresh nonce is in the answer's signature)
+        replayed = _answer_of(addr, nonce="a" * 32)
+        with _replaying(*replayed) as fake, \
+                pytest.raises(endpoint.OrderRefused, match="is not node rank 0's"):
+            endpoint.ask_order(fake, TOKEN, "fp", 1, 1, 0.0)
     # closed: the last word was "done"; an ask now cannot reach node rank 0
     assert isinstance(endpoint.ask_order(addr, TOKEN, "fp", 1, 1, 0.0), str)
+
+
+def _answer_of(addr: endpoint.Address, nonce: str) -> tuple[bytes, str]:
+    """Node rank 0's signed answer to one ask (its body and signature), as a wire sees it."""
+    import http.client
+    conn = http.client.HTTPConnection(addr.host, addr.port, timeout=10)
+    conn.request("GET", endpoint.ORDER_PATH, headers={
+        "X-Stallbench-Node": "1", "X-Stallbench-After": "1", "X-Stallbench-Wait": "0",
+        "X-Stallbench-Fingerprint": "fp", "X-Stallbench-Nonce": nonce,
+        "X-Stallbench-Mac": endpoint._order_mac(TOKEN, "ask", "fp", 1, 1, nonce)})  # noqa: SLF001
+    resp = conn.getresponse()
+    body, mac = resp.read(), resp.getheader("X-Stallbench-Mac", "")
+    conn.close()
+    assert resp.status == 200 and mac
+    return body, mac
+
+
+@contextlib.contextmanager
+def _replaying(body: bytes, mac: str):
+    """Something else on a port that answers every ask with ``body`` and ``mac``."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Replay(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:       # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("X-Stallbench-Mac", mac)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Replay)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield endpoint.Address("127.0.0.1", server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_node_follows_until_done_and_hears_node_rank_0s_failure(
