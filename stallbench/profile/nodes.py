@@ -329,6 +329,7 @@ class Link:
         self.wait_s = wait_s
         self.live: Any = None       # --live's ``live.Live`` (issue 60), set by the profile
         self.ended = ""             # another node following orders: why it stopped early
+        self._done: wire.NodeOrder | None = None     # node rank 0's "done", once heard
 
     def __enter__(self) -> "Link":
         if self.topo.count > 1 and self.topo.rank == 0:
@@ -401,6 +402,9 @@ class Link:
         gone (no answer for ``wait_s``, or it refused this node: ``ended`` says which)."""
         seen, lost_since = 0, None
         while True:
+            if self._done is not None:      # heard while its last run was ended
+                self.ended = self._done.why_done
+                return
             try:
                 got = ask_order(self.topo.address, self.token, self.fingerprint,
                                 self.topo.rank, seen, ORDER_WAIT_S)
@@ -437,8 +441,10 @@ class Link:
                             order.seq, 0.0)
         except OrderRefused:
             return ""
-        if isinstance(got, str):
-            return ""
+        if isinstance(got, str):        # gone: as it said it would be, or not
+            return (self._done.why_done or "node rank 0 ended") if self._done else ""
+        if got.done:
+            self._done = got
         if got.seq == order.seq:
             return got.stopped or (got.why_done if got.done else "")
         return f"node rank 0 moved on to its run {got.run}"

@@ -77,13 +77,15 @@ def _local(order: NodeOrder, run_root: Path, made: set[Path]) -> ReplayPlan | No
 def lead(link: nodes_mod.Link | None, argv: list[str], run_root: Path, run_dir: Path,
          overrides: dict[str, Any], max_batches: int | None, replay: ReplayPlan | None,
          label: str, say: Callable[[str], None],
-         stop: Callable[[Path], str] | None = None) -> JobRun:
+         stop: Callable[[Path], str] | None = None, said: str = "") -> JobRun:
     """One run of node rank 0's choosing, on every node (one node, or no ``link``: just the
-    run). ``stop``: ``run_once``'s; when it ends the run here, the other nodes end theirs."""
+    run). ``stop``: ``run_once``'s; when it ends the run here, the other nodes end theirs.
+    ``label`` names the run in lines; ``said``, where given, is what the other nodes say
+    they run."""
     if link is None or not link.multi:
         return run_once(argv, run_dir, overrides, max_batches, replay, stop=stop)
     link.before(run_dir)
-    link.order(run_dir, overrides, _portable(replay, run_root), label)
+    link.order(run_dir, overrides, _portable(replay, run_root), said or label)
 
     def everywhere(d: Path) -> str:
         late = link.late()
@@ -152,7 +154,7 @@ def _follow(link: nodes_mod.Link, argv: list[str], run_root: Path, say: Callable
         run_dir = run_root / n
         node_dir = link.node_dir(run_dir)
         shutil.rmtree(node_dir, ignore_errors=True)
-        say(f"{link.topo.label}: {n}: {order.label} (as node rank 0 ordered)")
+        say(f"{link.topo.label}: {order.label} (as node rank 0 ordered)")
         try:
             run = run_once(argv, node_dir, order.overrides, max_batches,
                            _local(order, run_root, made), stop=link.stop_rule(order))

@@ -392,7 +392,7 @@ class _Tuner:
         enough = Enough(opts.trial_batches, self.clock.t0 + opts.budget_s, opts.budget_s / 8)
         run = orders.lead(link, opts.argv, self.run_root, self.run_root / f"t{self.runs}",
                           v.overrides(), None, replay, f"run {self.runs}", self.say,
-                          stop=enough)
+                          stop=enough, said=f"run {self.runs}: {label}")
         self.clock.ran(run.wall_s)
         jobrun.trace_run(opts.trace, f"run {self.runs} ({label.split(':')[0]})", run.parts)
         if run.stopped:

@@ -285,10 +285,12 @@ def test_tune_across_two_nodes_runs_each_trial_on_every_rank(tmp_path: Path) -> 
 
 
 @pytest.mark.e2e
-def test_tune_ends_naming_a_node_whose_launcher_is_gone(tmp_path: Path) -> None:
-    """SIGTERM to node 1's tune in a trial: node rank 0's run hangs on its lost peer, and the
-    tune ends there naming node 1 (exit 2, no result), never recording the trial's setting
-    as one the job fails under; nothing is left on either node."""
+@pytest.mark.parametrize("victim", [0, 1])
+def test_tune_ends_on_every_node_when_one_launcher_is_gone(tmp_path: Path, victim: int) -> None:
+    """SIGTERM to one node's tune in a trial. Node 1's: node rank 0's run hangs on its lost
+    peer, and the tune ends there naming node 1 (exit 2, no result), never recording the
+    trial's setting as one the job fails under. Node rank 0's: node 1 hears it ended (its
+    run stopped, exit 3 with node rank 0's line). Nothing is left on either node."""
     port, master = _free_port(), _free_port()
     tune = ("tune", "--budget-minutes", "4", "--trial-batches", "40", "--node-wait", "5",
             "--progress-timeout", "15")
@@ -298,16 +300,19 @@ def test_tune_ends_naming_a_node_whose_launcher_is_gone(tmp_path: Path) -> None:
     while _beats(tmp_path / "out1", run="t3") < 3:
         assert time.monotonic() < deadline and procs[1].poll() is None, "no trial ran"
         time.sleep(0.3)
-    procs[1].send_signal(signal.SIGTERM)
+    procs[victim].send_signal(signal.SIGTERM)
     got = _both(procs)
-    assert procs[1].returncode == 143, got[1][1][-2000:]
-    assert procs[0].returncode == 2, got[0][1][-2000:]
-    assert "run 3: node rank 1: no figures: never reported within 5 s" in got[0][1]
-    assert "cannot go on without one of its nodes" in got[0][1]
+    assert procs[victim].returncode == 143, got[victim][1][-2000:]
+    if victim == 1:
+        assert procs[0].returncode == 2, got[0][1][-2000:]
+        assert "run 3: node rank 1: no figures: never reported within 5 s" in got[0][1]
+        assert "cannot go on without one of its nodes" in got[0][1]
+    else:
+        assert procs[1].returncode == 3, got[1][1][-2000:]
+        assert "t3: ended by node rank 0: node rank 0 ended: SIGTERM" in got[1][1]
     assert not helpers.result_files(tmp_path / "out0")
     left = _left_behind(tmp_path, port)
     assert not left, left
-
 
 
 @pytest.mark.e2e
