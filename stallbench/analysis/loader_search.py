@@ -99,6 +99,21 @@ class Context:
     keys: frozenset[str]          # the dotted keys the search may change
     as_written: dict[str, Any] = field(default_factory=dict)   # the loader's recorded
                                   # settings as written (a knob's value where no trial set it)
+    ranks: int = 1                # the job's ranks on this machine: each loader's workers
+                                  # (and its trainer's threads) share the cores with theirs
+
+    @property
+    def rank_cores(self) -> float:
+        """The cores one rank's loader and trainer have: the machine's over its ranks (8
+        ranks of a torchrun on 32 cores: 4 each, so "8 workers" is 64 processes)."""
+        return self.cores / max(1, self.ranks)
+
+    @property
+    def cores_text(self) -> str:
+        """The cores as the advice says them: the machine's, and its share per rank."""
+        return (f"{self.cores:g} cores" if self.ranks <= 1 else
+                f"{self.cores:g} cores shared by its {self.ranks} ranks "
+                f"({self.rank_cores:g} each)")
 
 
 @dataclass
@@ -277,7 +292,7 @@ def _workers_knee(r: _Round, k: knob_table.Knob) -> None:
     b, ctx, L, step, trials = r.b, r.ctx, r.L, r.step, r.trials
     if not (L and math.isfinite(step) and step > 0 and b.steady_wait >= WAITS):
         return
-    cap = _worker_cap(ctx.cores, trials)
+    cap = _worker_cap(ctx.rank_cores, trials)
     knee = max(1, math.ceil(L / step - 1e-9))
     n = min(knee, cap)
     if n == b.workers and n < cap and b.steady_wait >= SHORT \
@@ -293,7 +308,7 @@ def _workers_knee(r: _Round, k: knob_table.Knob) -> None:
     if n != b.workers:
         pred = r.capped(b.rows / (max(step, L / n) + r.hand))
         beyond = (f"; the knee ({knee}) is beyond the {cap} workers the machine's "
-                  f"{ctx.cores:g} cores allow" if knee > cap else "")
+                  f"{ctx.cores_text} allow" if knee > cap else "")
         r.add(_with(b, **{k.key: n}), f"{k.name}: {b.workers} -> {n}",
               f"the loop waited {b.wait_share:.0%} of its steady state; one producer "
               f"needs {L * 1e3:.1f} ms per batch (fitted on {len(trials)} trial(s)) "
@@ -319,10 +334,10 @@ def _thread_storm(r: _Round, k: knob_table.Knob) -> None:
     """A trial whose step computes on the CPU beside its workers, threads over the cores."""
     ctx, L, trials = r.ctx, r.L, r.trials
     for t in trials:
-        if not (t.ok and not t.cuda and t.threads and t.threads + t.workers > ctx.cores
+        if not (t.ok and not t.cuda and t.threads and t.threads + t.workers > ctx.rank_cores
                 and k.key not in t.settings):
             continue
-        n = max(1, int(ctx.cores) - t.workers)
+        n = max(1, int(ctx.rank_cores) - t.workers)
         if n >= t.threads:
             continue
         ref = min((u for u in trials if u.ok and u.workers < t.workers
@@ -333,17 +348,17 @@ def _thread_storm(r: _Round, k: knob_table.Knob) -> None:
             r.add(_with(t, **{k.key: n}),
                   f"{k.key}: {t.threads} -> {n} (at num_workers={t.workers})",
                   f"the step took {t.step_s * 1e3:.1f} ms with {t.workers} worker(s) beside "
-                  f"the trainer's {t.threads} torch threads on {ctx.cores:g} cores, "
+                  f"the trainer's {t.threads} torch threads on {ctx.cores_text}, "
                   f"{t.step_s / ref.step_s:.2f}x its {ref.step_s * 1e3:.1f} ms with "
                   f"{ref.workers}: threads oversubscribe the cores; PREDICTED "
                   f"{pred:,.0f} samples/s", pred, pred / r.b.rate - 1)
-        elif ref is None and t.workers >= ctx.cores:
+        elif ref is None and t.workers >= ctx.rank_cores:
             # no trial with fewer workers to compare the step with: the oversubscription
             # read in the job is the evidence; no figure is predicted
             r.add(_with(t, **{k.key: n}),
                   f"{k.key}: {t.threads} -> {n} (at num_workers={t.workers})",
                   f"the trainer's {t.threads} torch threads and {t.workers} worker(s) share "
-                  f"{ctx.cores:g} cores (read in the job): threads oversubscribe the cores",
+                  f"{ctx.cores_text} (read in the job): threads oversubscribe the cores",
                   None, BETTER)
 
 

@@ -317,7 +317,7 @@ def _tune(opts: Options, say: Callable[[str], None]) -> Result:
         ceiling, ceiling_note = _ceiling(base_run, base, t.run, clock)
         say(f"ceiling: {ceiling_note}")
         ctx = search.Context(cores=machine.cores, ceiling=ceiling, keys=keys,
-                             as_written=dict(base.settings))
+                             as_written=dict(base.settings), ranks=ranks_here(base_run.parts))
         stop = t.search(ctx, groups, base, _hang_limit(base_run, opts.progress_timeout))
         best = t.confirm(ctx, groups, base, stop)
         variants = t.variants(groups)
@@ -346,6 +346,18 @@ def nodes_of(argv: list[str], node_port: int | None) -> nodes_mod.Topology:
                         f"other nodes over its endpoint, signed, and {why} (docs/profile.md, "
                         "Across machines)")
     return topo
+
+
+def ranks_here(parts: Parts) -> int:
+    """The job's ranks on this machine (its launched processes with a world: torchrun's
+    ranks, Ray Train's workers here), whose loaders and trainers share its cores; 1 for a
+    job of one process. A rank on another machine (another node's, a Ray worker elsewhere)
+    has its own."""
+    import socket
+    here = socket.gethostname()
+    ranks = {p.header.rank for p in parts.trainers
+             if p.header.launched and p.header.world_size > 1 and p.header.host == here}
+    return max(1, len(ranks))
 
 
 def _loader_groups(opts: Options, base: Measured, say: Callable[[str], None]

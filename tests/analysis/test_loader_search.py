@@ -60,6 +60,22 @@ def test_the_knee_is_bounded_by_the_cores_where_the_stages_burn_cpu() -> None:
     assert d.choice.settings == {"dataloader.num_workers": 4}
 
 
+def test_the_cores_are_shared_by_the_ranks_on_the_machine() -> None:
+    """8 ranks on 16 cores (a torchrun node): each rank's loader has 2 cores, so a CPU-bound
+    stage's knee stops at 2 workers per rank (16 more processes), not 16 (128); where the
+    stages mostly wait, more per core as on one rank."""
+    base = trial(rate=ROWS / 0.1, wait_s=0.080, cpu_share=0.98)
+    node = ls.Context(cores=16.0, ceiling=None, ranks=8,
+                      keys=frozenset(k.key for k in knob_table.searched_for(TORCH_DOOR)))
+    d = ls.decide(node, [base], [{}])
+    assert d.choice.settings == {"dataloader.num_workers": 2}
+    assert "16 cores shared by its 8 ranks (2 each)" in d.choice.why
+    io = trial(rate=ROWS / 0.1, wait_s=0.080, cpu_share=0.05)
+    assert ls.decide(node, [io], [{}]).choice.settings == {"dataloader.num_workers": 4}
+    alone = ls.Context(cores=16.0, ceiling=None, keys=node.keys)     # one rank: all 16
+    assert ls.decide(alone, [base], [{}]).choice.settings == {"dataloader.num_workers": 4}
+
+
 def test_workers_forked_every_epoch_call_for_persistent_workers() -> None:
     """The worker trial lost to the job as written (its workers' start-up each epoch): the
     next trial keeps them, at the same worker count, predicted from the start-up share."""
