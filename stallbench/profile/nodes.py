@@ -373,7 +373,8 @@ class Link:
             self._send(run_dir, code, why, stopped)
         return []
 
-    # ---- orders: node rank 0 chooses each run, the others follow (``stallbench tune``)
+    # ---- orders: runs node rank 0 chooses as it goes, the others follow (``orders``;
+    # "done" is said as node rank 0's endpoint closes, ``Collector``)
 
     def order(self, run_dir: Path, overrides: dict[str, dict[str, Any]],
               replay: dict[str, Any] | None, label: str) -> None:
@@ -391,11 +392,6 @@ class Link:
         """Node rank 0: the nodes that have not taken the current run ``wait_s`` after it
         was handed out (its rendezvous would wait for them)."""
         return self.gather.collector.late(self.wait_s) if self.gather is not None else []
-
-    def finish(self, why: str = "") -> None:
-        """Node rank 0: no run follows (``why`` "" where the tune ended well)."""
-        if self.gather is not None:
-            self.gather.collector.finish(why)
 
     def follow(self) -> Iterator[wire.NodeOrder]:
         """Another node: each run node rank 0 publishes, in order, until it says done or is

@@ -31,6 +31,7 @@ from . import nodes as nodes_mod
 from .agent.wire import NodeOrder, ReplayPlan
 from .launcher import JobRun, NoProgress, exit_status, run_once
 
+
 def reach(topo: nodes_mod.Topology) -> str:
     """"" where node rank 0 can hand runs to the other nodes (one node; a token; node rank
     0 on loopback), else why not, in words."""
