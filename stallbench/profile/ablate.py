@@ -170,10 +170,8 @@ def compute_only(run: JobRun, headline: str, batches: float,
     for p in _replay_parts(run):
         served_from[p.pid] = p.served_from
     best = None
-    eps = run.parts.epochs_by_image()
     for p in run.parts.trainers:
         served = served_from.get(p.header.pid, {})
-        mine = eps.get(p.header.image_key, {})
         for s in p.streams:
             if s.name != headline:
                 continue
@@ -181,7 +179,8 @@ def compute_only(run: JobRun, headline: str, batches: float,
             # loader served, in order
             marks = served.get(s.fed_by or headline) or []
             per, steps, zs = [], [], []
-            for e, ep in enumerate(mine.get(s.key, [])):
+            # the epoch a tune's trial stopped in as well (open at the stop: ``Trainer.open``)
+            for e, ep in enumerate(run.parts.stream_epochs(p, s.key)):
                 k = marks[e] if e < len(marks) else None
                 if k is None:
                     continue

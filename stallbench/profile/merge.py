@@ -193,7 +193,6 @@ def _streams(parts: Parts) -> list[StreamRun]:
     workers: dict[str, list[Worker]] = {}
     for w in parts.workers:
         workers.setdefault(w.loader, []).append(w)
-    epochs = parts.epochs_by_image()
     roles = process_roles(parts)
     node_of = parts.cache.get("node_of") or {}      # a multi-node job's (``nodes.merge_into``)
     trainers = sorted(parts.trainers,
@@ -204,7 +203,6 @@ def _streams(parts: Parts) -> list[StreamRun]:
         h = p.header
         proc = (h.host, h.pid)
         rank, helper = roles.get(proc, (h.rank, 0))
-        mine = epochs.get(h.image_key, {})
         for s in p.streams:
             if s.unmeasured:
                 continue
@@ -223,12 +221,9 @@ def _streams(parts: Parts) -> list[StreamRun]:
                     node_rank=node_of.get(proc))
                 offsets[rk] = 0.0
             sr.torch_threads = h.torch_threads or sr.torch_threads      # the latest flush
-            mine_eps = list(mine.get(s.key, []))
-            op = p.open.get(s.key)
-            if op and op[0] == len(mine_eps):
-                # the epochs its process had not finished (or not written) at its last flush:
-                # it ended without atexit (killed by Ray, os._exit); they end early
-                mine_eps += list(op[1])
+            # with the epochs its process had not finished (or not written) at its last
+            # flush: it ended without atexit (killed by Ray, os._exit); they end early
+            mine_eps = parts.stream_epochs(p, s.key)
             if all(ep.cpu_s is not None for ep in mine_eps):
                 # the process's CPU over this stream's epochs, not its start-up (imports)
                 sr.trainer_cpu_s += sum(float(ep.cpu_s or 0.0) for ep in mine_eps)

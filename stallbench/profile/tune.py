@@ -654,7 +654,9 @@ def _ceiling(base_run: JobRun, base: Measured, one, clock: _Budget
     if why:
         return None, f"not measured: {why}"
     counts = batch_counts(base_run.parts)
-    first = (counts.get(base.name) or [0])[0]
+    # the first epoch's batches; where the tune stopped the job inside it (one long epoch),
+    # none ended: the batches it ran (the served run then serves to the loader's own end)
+    first = (counts.get(base.name) or [base.batches])[0]
     keep = max(1, min(KEEP_BATCHES, first // 4))
     rule = budget.machine_budget(max(base.trial.workers, 1))
     run = one({}, "the compute-only ceiling (the loader served from memory)",

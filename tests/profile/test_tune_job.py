@@ -171,7 +171,10 @@ def test_a_setting_the_job_fails_under_is_a_finding(tmp_path: Path) -> None:
 def test_trial_batches_end_a_long_epoch_and_say_so(tmp_path: Path) -> None:
     """One long epoch: the trial ends at --trial-batches, its rate is its steady window's
     (said), the job's processes are gone when the command returns, and --trace holds every
-    run's batches (the job as written and its ceiling)."""
+    run's batches (the job as written and its ceiling). The ceiling is measured though no
+    epoch of either run ended (the epoch the tune stopped in is read as the merge reads it):
+    by construction between the job as written's rate and 8 rows per 5 ms step (a sleep
+    never ends early)."""
     out = tmp_path / "out"
     trace = tmp_path / "tune.trace.json"
     cp = tune(["--out", str(out), "--trial-batches", "40", "--keys", "torch.num_threads",
@@ -183,6 +186,9 @@ def test_trial_batches_end_a_long_epoch_and_say_so(tmp_path: Path) -> None:
     assert base.ended_by_tune == "--trial-batches 40 reached", base
     assert "steady window" in base.rate_basis and 40 <= base.batches < 500, base   # flushed first
     assert base.steady_samples_s > 0 and t.best.stop_reason == "no_gain_predicted"
+    assert t.ceiling_samples_s is not None, t.ceiling_note
+    assert 0.95 * base.steady_samples_s <= t.ceiling_samples_s <= 8 / 0.005, (
+        base.steady_samples_s, t.ceiling_note)
     assert "rate: " not in cp.stdout          # the job never reached its own end
     assert not list(out.glob(".stallbench-profile-*"))
     events = json.loads(trace.read_text())["traceEvents"]       # every run's batches

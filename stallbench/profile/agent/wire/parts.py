@@ -244,6 +244,17 @@ class Parts:
     def __bool__(self) -> bool:
         return bool(self.trainers or self.epochs or self.workers or self.replays)
 
+    def stream_epochs(self, p: "Trainer", key: str) -> List[Epoch]:
+        """A trainer process's epochs of stream ``key``, in order: those in its epochs files,
+        then the ones it had not finished (or written) at its last flush (``Trainer.open``:
+        a process that ended without atexit, or one ``stallbench tune`` stopped mid-epoch),
+        which end early. One rule for every reader (``merge``, ``ablate``)."""
+        mine = list(self.epochs_by_image().get(p.header.image_key, {}).get(key, []))
+        op = p.open.get(key)
+        if op and op[0] == len(mine):
+            mine += list(op[1])
+        return mine
+
     def epochs_by_image(self) -> dict[tuple[str, int, str], dict[str, list[Epoch]]]:
         """(host, pid, image) -> stream key -> its epochs in order, from the epoch files."""
         got = self.cache.get("epochs_by_image")
